@@ -1,0 +1,1 @@
+//! JSONPath subset used by additionalPrinterColumns and `kubectl get -o jsonpath`.

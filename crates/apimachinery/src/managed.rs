@@ -1,0 +1,1 @@
+//! Server-side apply: field sets (fieldsV1), ownership, conflicts and managedFields bookkeeping.

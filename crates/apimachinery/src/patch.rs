@@ -1,0 +1,1 @@
+//! JSON patch (RFC 6902), JSON merge patch (RFC 7386) and strategic merge patch.

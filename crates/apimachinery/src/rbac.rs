@@ -1,0 +1,1 @@
+//! RBAC: evaluation of Roles, ClusterRoles and their bindings for a request.

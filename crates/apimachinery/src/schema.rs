@@ -1,0 +1,1 @@
+//! Structural schemas of CustomResourceDefinitions: defaulting, pruning and validation.

@@ -1,0 +1,1 @@
+//! Label selectors (string form and metav1.LabelSelector) and field selectors.
