@@ -728,10 +728,15 @@ impl FieldSelector {
                     term: term.to_string(),
                 });
             };
+            let value = unescape_field_value(raw)?;
+            // kube's term Transform turns a term with neither field nor value into Everything.
+            if field.is_empty() && value.is_empty() {
+                continue;
+            }
             requirements.push(FieldRequirement {
                 field: field.to_string(),
                 op,
-                value: unescape_field_value(raw)?,
+                value,
             });
         }
         Ok(FieldSelector { requirements })
@@ -1315,6 +1320,9 @@ mod tests {
                 "a!=b\\,c,d=e",
             ),
             ("a=b c", vec![eq("a", "b c")], "a=b c"),
+            ("=", vec![], ""),
+            ("!=,a=b", vec![eq("a", "b")], "a=b"),
+            ("=x", vec![eq("", "x")], "=x"),
         ];
         for (input, reqs, canonical) in cases {
             let sel = FieldSelector::parse(input)
