@@ -135,6 +135,69 @@ impl PolicyRule {
     }
 }
 
+impl PolicyRule {
+    /// `BreakdownRule`: one rule per verb x group x resource (x name), and per verb x URL.
+    fn breakdown(&self) -> Vec<PolicyRule> {
+        let one = |s: &String| vec![s.clone()];
+        let mut out = Vec::new();
+        for group in &self.api_groups {
+            for resource in &self.resources {
+                for verb in &self.verbs {
+                    let names: Vec<Vec<String>> = if self.resource_names.is_empty() {
+                        vec![Vec::new()]
+                    } else {
+                        self.resource_names.iter().map(one).collect()
+                    };
+                    for resource_names in names {
+                        out.push(PolicyRule {
+                            verbs: one(verb),
+                            api_groups: one(group),
+                            resources: one(resource),
+                            resource_names,
+                            non_resource_urls: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        for url in &self.non_resource_urls {
+            for verb in &self.verbs {
+                out.push(PolicyRule {
+                    verbs: one(verb),
+                    non_resource_urls: one(url),
+                    ..PolicyRule::default()
+                });
+            }
+        }
+        out
+    }
+
+    /// `ruleCovers`: whether holding `self` includes every permission of `sub`.
+    fn covers(&self, sub: &PolicyRule) -> bool {
+        let has = |set: &[String], item: &str| set.iter().any(|s| s == item);
+        let has_all = |set: &[String], items: &[String]| items.iter().all(|i| has(set, i));
+        let verbs = has(&self.verbs, "*") || has_all(&self.verbs, &sub.verbs);
+        let groups = has(&self.api_groups, "*") || has_all(&self.api_groups, &sub.api_groups);
+        let resources = has(&self.resources, "*")
+            || sub.resources.iter().all(|r| {
+                has(&self.resources, r)
+                    || r.split_once('/').is_some_and(|(_, subresource)| {
+                        has(&self.resources, &format!("*/{subresource}"))
+                    })
+            });
+        let urls = sub.non_resource_urls.iter().all(|url| {
+            self.non_resource_urls.iter().any(|owner| {
+                owner == url
+                    || (owner.ends_with('*') && url.starts_with(owner.trim_end_matches('*')))
+            })
+        });
+        let names = self.resource_names.is_empty()
+            || (!sub.resource_names.is_empty()
+                && has_all(&self.resource_names, &sub.resource_names));
+        verbs && groups && resources && urls && names
+    }
+}
+
 /// The strings of a JSON array; absent, `null` and non-string items count as nothing.
 fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
@@ -417,6 +480,32 @@ impl RbacIndex {
             true
         });
         rules
+    }
+
+    /// Kube's escalation check (`ConfirmNoEscalation`): the permissions in `rules` (rbac/v1
+    /// PolicyRule JSON) that `user` does not hold in `namespace` ("" = cluster-wide), each
+    /// broken down to one verb on one resource, name or URL. Creating a Role, or binding one,
+    /// with these rules is allowed without the `escalate` / `bind` verbs only when this is
+    /// empty. Members of system:masters hold everything.
+    pub fn missing_rules(&self, user: &UserInfo, namespace: &str, rules: &[Value]) -> Vec<Value> {
+        if user.groups.iter().any(|g| g == SYSTEM_MASTERS) {
+            return Vec::new();
+        }
+        let mut owned = Vec::new();
+        self.visit_rules_for(user, namespace, |_, rule| {
+            owned.push(rule.clone());
+            true
+        });
+        let mut missing: Vec<PolicyRule> = Vec::new();
+        for simple in rules
+            .iter()
+            .flat_map(|r| PolicyRule::from_json(r).breakdown())
+        {
+            if !owned.iter().any(|o| o.covers(&simple)) && !missing.contains(&simple) {
+                missing.push(simple);
+            }
+        }
+        missing.iter().map(PolicyRule::to_json).collect()
     }
 
     /// `DefaultRuleResolver.VisitRulesFor`: calls `visit` with each rule granted to `user` in
@@ -2035,6 +2124,115 @@ mod tests {
             vec![json!({"verbs": ["get"], "nonResourceURLs": ["/healthz"]})]
         );
         assert!(idx.rules_for(&user("anon", &[]), "a").is_empty());
+    }
+
+    #[test]
+    fn missing_rules_reports_escalation() {
+        let objects = vec![
+            role(
+                "a",
+                "r",
+                json!([
+                    {"verbs": ["get", "list"], "apiGroups": [""], "resources": ["pods", "*/status"]},
+                    {"verbs": ["*"], "apiGroups": ["apps"], "resources": ["deployments"]},
+                    {"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["web"]},
+                ]),
+            ),
+            role_binding("a", "rb", "Role", "r", user_subject("alice")),
+            cluster_role(
+                "urls",
+                json!({}),
+                json!([{"verbs": ["get"], "nonResourceURLs": ["/apis/*"]}]),
+            ),
+            cluster_binding("crb", "ClusterRole", "urls", user_subject("alice")),
+        ];
+        let idx = index(&objects);
+        let cases: Vec<(&str, &str, Value, Vec<Value>)> = vec![
+            (
+                "held exactly",
+                "a",
+                json!([{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]),
+                vec![],
+            ),
+            (
+                "held through */status and verb *",
+                "a",
+                json!([
+                    {"verbs": ["list"], "apiGroups": [""], "resources": ["pods/status"]},
+                    {"verbs": ["delete", "patch"], "apiGroups": ["apps"], "resources": ["deployments"]},
+                ]),
+                vec![],
+            ),
+            (
+                "one verb too many",
+                "a",
+                json!([{"verbs": ["get", "delete"], "apiGroups": [""], "resources": ["pods"]}]),
+                vec![json!({"verbs": ["delete"], "apiGroups": [""], "resources": ["pods"]})],
+            ),
+            (
+                "a subresource not held",
+                "a",
+                json!([{"verbs": ["get"], "apiGroups": [""], "resources": ["pods/log"]}]),
+                vec![json!({"verbs": ["get"], "apiGroups": [""], "resources": ["pods/log"]})],
+            ),
+            (
+                "named objects held, any object not",
+                "a",
+                json!([
+                    {"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["web"]},
+                    {"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["web", "db"]},
+                    {"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"]},
+                ]),
+                vec![
+                    json!({"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["db"]}),
+                    json!({"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"]}),
+                ],
+            ),
+            (
+                "wildcards are not held by specific grants",
+                "a",
+                json!([{"verbs": ["get"], "apiGroups": ["*"], "resources": ["pods"]}]),
+                vec![json!({"verbs": ["get"], "apiGroups": ["*"], "resources": ["pods"]})],
+            ),
+            (
+                "the namespace grant is not held elsewhere",
+                "b",
+                json!([{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]),
+                vec![json!({"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]})],
+            ),
+            (
+                "URL under a held prefix",
+                "",
+                json!([{"verbs": ["get"], "nonResourceURLs": ["/apis/apps", "/apis/*"]}]),
+                vec![],
+            ),
+            (
+                "URL outside held prefixes",
+                "",
+                json!([{"verbs": ["get"], "nonResourceURLs": ["/api", "/apis"]}]),
+                vec![
+                    json!({"verbs": ["get"], "nonResourceURLs": ["/api"]}),
+                    json!({"verbs": ["get"], "nonResourceURLs": ["/apis"]}),
+                ],
+            ),
+        ];
+        for (name, namespace, rules, missing) in cases {
+            let rules = rules.as_array().unwrap().clone();
+            assert_eq!(
+                idx.missing_rules(&alice(), namespace, &rules),
+                missing,
+                "{name}"
+            );
+        }
+        let everything = [json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})];
+        assert!(
+            idx.missing_rules(&user("root", &["system:masters"]), "a", &everything)
+                .is_empty()
+        );
+        assert_eq!(
+            idx.missing_rules(&alice(), "a", &everything),
+            everything.to_vec()
+        );
     }
 
     #[test]
