@@ -55,7 +55,7 @@ struct Node {
 
 impl Node {
     fn child(&self, name: &str) -> Option<&Node> {
-        self.fields.get(name).or_else(|| self.values.as_deref())
+        self.fields.get(name).or(self.values.as_deref())
     }
 }
 
