@@ -201,8 +201,29 @@ pub fn merge_patch(doc: &Value, patch: &Value) -> Result<Value, PatchError> {
         });
     }
     let mut out = doc.clone();
-    json_patch::merge(&mut out, patch);
+    merge_into(&mut out, patch);
     Ok(out)
+}
+
+/// RFC 7386 `MergePatch`. Written out rather than `json_patch::merge` because that removes
+/// keys with `swap_remove`, which reorders the object's fields as `kubectl get -o yaml` shows them.
+fn merge_into(doc: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *doc = patch.clone();
+        return;
+    };
+    if !doc.is_object() {
+        *doc = Value::Object(Map::new());
+    }
+    if let Value::Object(doc) = doc {
+        for (key, value) in patch {
+            if value.is_null() {
+                doc.shift_remove(key);
+            } else {
+                merge_into(doc.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
 }
 
 /// Kubernetes strategic merge patch, as kube-apiserver applies it to a stored object.
@@ -985,7 +1006,29 @@ mod tests {
 
     #[test]
     fn set_and_atomic_lists() {
+        let crd = PatchSchema::from_openapi(&json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "selector": {"type": "object", "x-kubernetes-map-type": "atomic"},
+                "routes": {"type": "array", "x-kubernetes-list-type": "map",
+                           "x-kubernetes-list-map-keys": ["host"],
+                           "items": {"type": "object"}},
+                "tags": {"type": "array", "x-kubernetes-list-type": "set",
+                         "items": {"type": "string"}}}}}}));
         check(vec![
+            Case {
+                name: "schema: atomic map replaced whole",
+                schema: crd.clone(),
+                doc: json!({"spec": {"selector": {"a": "1"}}}),
+                patch: json!({"spec": {"selector": {"b": "2"}}}),
+                want: json!({"spec": {"selector": {"b": "2"}}}),
+            },
+            Case {
+                name: "schema: list-type map merged on its key, list-type set unioned",
+                schema: crd,
+                doc: json!({"spec": {"routes": [{"host": "a", "port": 1}], "tags": ["x"]}}),
+                patch: json!({"spec": {"routes": [{"host": "a", "port": 2}], "tags": ["y"]}}),
+                want: json!({"spec": {"routes": [{"host": "a", "port": 2}], "tags": ["y", "x"]}}),
+            },
             Case {
                 name: "finalizers are a set: union without duplicates",
                 schema: pod(),
@@ -1486,10 +1529,20 @@ mod tests {
                 json!({"spec": null}),
                 json!({"metadata": {"name": "p", "labels": {"a": "1", "b": "2"}}}),
             ),
+            (
+                "a map replaces a scalar",
+                json!({"spec": {"replicas": {"min": 1}}}),
+                json!({"metadata": {"name": "p", "labels": {"a": "1", "b": "2"}},
+                       "spec": {"args": ["x", "y"], "replicas": {"min": 1}}}),
+            ),
         ];
         for (name, patch, want) in cases {
             assert_eq!(merge_patch(&doc, &patch).unwrap(), want, "{name}");
         }
+        // Deleting a field keeps the others in place (Value equality ignores key order).
+        let got = merge_patch(&json!({"a": 1, "b": 2, "c": 3}), &json!({"a": null})).unwrap();
+        let keys: Vec<&String> = got.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["b", "c"]);
         for bad in [json!([1]), json!("x"), json!(null), json!(3)] {
             assert!(
                 matches!(
