@@ -1227,17 +1227,31 @@ mod tests {
         ]);
     }
 
-    /// What `kubectl apply` sends (`CreateThreeWayMergePatch`) when the user changes the
-    /// container image and removes the `DEBUG` env var from the manifest last applied.
+    // Request bodies the real `kubectl apply` (v1.32, client-side) sent to a stub server
+    // holding the live objects below, captured verbatim.
+
+    /// Manifest change: container image 1.25 -> 1.26, env var `DEBUG` removed.
+    const APPLY_IMAGE_AND_ENV: &str = r#"{"metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\",\"metadata\":{\"annotations\":{},\"name\":\"web\",\"namespace\":\"default\"},\"spec\":{\"replicas\":2,\"selector\":{\"matchLabels\":{\"app\":\"web\"}},\"template\":{\"metadata\":{\"labels\":{\"app\":\"web\"}},\"spec\":{\"containers\":[{\"env\":[{\"name\":\"MODE\",\"value\":\"prod\"}],\"image\":\"nginx:1.26\",\"name\":\"web\",\"ports\":[{\"containerPort\":80}]}]}}}}\n"}},"spec":{"template":{"spec":{"$setElementOrder/containers":[{"name":"web"}],"containers":[{"$setElementOrder/env":[{"name":"MODE"}],"env":[{"$patch":"delete","name":"DEBUG"}],"image":"nginx:1.26","name":"web"}]}}}}"#;
+
+    /// Manifest change: finalizer x dropped and z added, strategy RollingUpdate -> Recreate,
+    /// volume `data` emptyDir -> configMap, volume `cache` removed, an arg removed, a
+    /// container `exporter` added.
+    const APPLY_FINALIZERS_STRATEGY_VOLUMES: &str = r#"{"metadata":{"$deleteFromPrimitiveList/finalizers":["example.com/x"],"$setElementOrder/finalizers":["example.com/y","example.com/z"],"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\",\"metadata\":{\"annotations\":{},\"finalizers\":[\"example.com/y\",\"example.com/z\"],\"name\":\"web\",\"namespace\":\"default\"},\"spec\":{\"replicas\":2,\"selector\":{\"matchLabels\":{\"app\":\"web\"}},\"strategy\":{\"type\":\"Recreate\"},\"template\":{\"metadata\":{\"labels\":{\"app\":\"web\"}},\"spec\":{\"containers\":[{\"args\":[\"--b\"],\"image\":\"nginx:1.25\",\"name\":\"web\",\"volumeMounts\":[{\"mountPath\":\"/data\",\"name\":\"data\"}]},{\"image\":\"exporter:1\",\"name\":\"exporter\"}],\"volumes\":[{\"configMap\":{\"name\":\"web-config\"},\"name\":\"data\"}]}}}}\n"},"finalizers":["example.com/z"]},"spec":{"strategy":{"$retainKeys":["type"],"rollingUpdate":null,"type":"Recreate"},"template":{"spec":{"$setElementOrder/containers":[{"name":"web"},{"name":"exporter"}],"$setElementOrder/volumes":[{"name":"data"}],"containers":[{"args":["--b"],"name":"web"},{"image":"exporter:1","name":"exporter"}],"volumes":[{"$retainKeys":["configMap","name"],"configMap":{"name":"web-config"},"emptyDir":null,"name":"data"},{"$patch":"delete","name":"cache"}]}}}}"#;
+
+    /// The last-applied configuration an apply compares against, as kubectl stores it.
+    fn last_applied(patch: &str) -> Value {
+        let patch: Value = serde_json::from_str(patch).unwrap();
+        patch["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].clone()
+    }
+
     #[test]
     fn kubectl_apply_changes_image_and_removes_env() {
-        let last_applied = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"annotations":{},"name":"web","namespace":"default"},"spec":{"replicas":2,"selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"env":[{"name":"MODE","value":"prod"}],"image":"nginx:1.26","name":"web","ports":[{"containerPort":80}]}]}}}}
-"#;
         let live = json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": "default", "generation": 1,
+            "metadata": {"name": "web", "namespace": "default", "uid": "u-1",
+                "resourceVersion": "7", "generation": 1,
                 "annotations": {"deployment.kubernetes.io/revision": "1",
-                    "kubectl.kubernetes.io/last-applied-configuration": "{\"old\":true}\n"}},
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}\n"}},
             "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
                 "strategy": {"type": "RollingUpdate",
                     "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
@@ -1247,28 +1261,62 @@ mod tests {
                          "env": [{"name": "MODE", "value": "prod"}, {"name": "DEBUG", "value": "1"}],
                          "ports": [{"containerPort": 80, "protocol": "TCP"}],
                          "imagePullPolicy": "IfNotPresent", "resources": {}},
+                        // Injected by someone else: apply must keep it, after `web`.
                         {"name": "mesh-proxy", "image": "proxy:1"}],
                     "restartPolicy": "Always", "dnsPolicy": "ClusterFirst"}}},
             "status": {"replicas": 2, "readyReplicas": 2}
         });
-        let patch = json!({
-            "metadata": {"annotations": {
-                "kubectl.kubernetes.io/last-applied-configuration": last_applied}},
-            "spec": {"template": {"spec": {
-                "$setElementOrder/containers": [{"name": "web"}],
-                "containers": [{
-                    "$setElementOrder/env": [{"name": "MODE"}],
-                    "env": [{"$patch": "delete", "name": "DEBUG"}],
-                    "image": "nginx:1.26",
-                    "name": "web"}]}}}
-        });
         let mut want = live.clone();
         want["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
-            json!(last_applied);
+            last_applied(APPLY_IMAGE_AND_ENV);
         let web = &mut want["spec"]["template"]["spec"]["containers"][0];
         web["image"] = json!("nginx:1.26");
         web["env"] = json!([{"name": "MODE", "value": "prod"}]);
 
+        let patch = serde_json::from_str(APPLY_IMAGE_AND_ENV).unwrap();
+        let got = strategic_merge_patch(&live, &patch, &deployment()).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn kubectl_apply_finalizers_strategy_volumes_containers() {
+        let live = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "uid": "u-1",
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}\n"},
+                // `example.com/server` was added by a controller, not by the manifest.
+                "finalizers": ["example.com/x", "example.com/y", "example.com/server"]},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                "strategy": {"type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "25%"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                    "containers": [{"name": "web", "image": "nginx:1.25", "args": ["--a", "--b"],
+                        "volumeMounts": [{"mountPath": "/data", "name": "data"}],
+                        "imagePullPolicy": "IfNotPresent"}],
+                    "volumes": [{"name": "data", "emptyDir": {"medium": ""}},
+                                {"name": "cache", "emptyDir": {}},
+                                {"name": "injected", "emptyDir": {}}]}}},
+            "status": {"replicas": 2}
+        });
+        let want = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "uid": "u-1",
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration":
+                    last_applied(APPLY_FINALIZERS_STRATEGY_VOLUMES)},
+                "finalizers": ["example.com/y", "example.com/z", "example.com/server"]},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                "strategy": {"type": "Recreate"},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                    "containers": [
+                        {"name": "web", "image": "nginx:1.25", "args": ["--b"],
+                         "volumeMounts": [{"mountPath": "/data", "name": "data"}],
+                         "imagePullPolicy": "IfNotPresent"},
+                        {"name": "exporter", "image": "exporter:1"}],
+                    "volumes": [{"name": "data", "configMap": {"name": "web-config"}},
+                                {"name": "injected", "emptyDir": {}}]}}},
+            "status": {"replicas": 2}
+        });
+        let patch = serde_json::from_str(APPLY_FINALIZERS_STRATEGY_VOLUMES).unwrap();
         let got = strategic_merge_patch(&live, &patch, &deployment()).unwrap();
         assert_eq!(got, want);
     }
