@@ -1321,6 +1321,36 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// `kubectl set image`, `kubectl rollout restart` and `kubectl set env`, in that order
+    /// (bodies captured as above: a 2-way patch with `$setElementOrder` for every merge list
+    /// the object has).
+    #[test]
+    fn kubectl_set_and_rollout_restart() {
+        let patches = [
+            r#"{"metadata":{"$setElementOrder/finalizers":["example.com/x","example.com/y","example.com/server"]},"spec":{"template":{"spec":{"$setElementOrder/containers":[{"name":"web"}],"containers":[{"image":"nginx:1.27","name":"web"}]}}}}"#,
+            r#"{"metadata":{"$setElementOrder/finalizers":["example.com/x","example.com/y","example.com/server"]},"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":"2026-11-22T14:30:09Z"}}}}}"#,
+            r#"{"metadata":{"$setElementOrder/finalizers":["example.com/x","example.com/y","example.com/server"]},"spec":{"template":{"spec":{"$setElementOrder/containers":[{"name":"web"}],"containers":[{"env":[{"name":"FOO","value":"bar"}],"name":"web"}]}}}}"#,
+        ];
+        let live = json!({
+            "metadata": {"name": "web", "finalizers": ["example.com/x", "example.com/y", "example.com/server"]},
+            "spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                "containers": [{"name": "web", "image": "nginx:1.25"}]}}}
+        });
+        let want = json!({
+            "metadata": {"name": "web", "finalizers": ["example.com/x", "example.com/y", "example.com/server"]},
+            "spec": {"template": {
+                "metadata": {"labels": {"app": "web"},
+                    "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-22T14:30:09Z"}},
+                "spec": {"containers": [{"name": "web", "image": "nginx:1.27",
+                                         "env": [{"name": "FOO", "value": "bar"}]}]}}}
+        });
+        let got = patches.iter().fold(live, |doc, patch| {
+            let patch = serde_json::from_str(patch).unwrap();
+            strategic_merge_patch(&doc, &patch, &deployment()).unwrap()
+        });
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn strategic_errors() {
         let doc = pod_with(json!([{"name": "a", "env": [{"name": "X"}]}]));
