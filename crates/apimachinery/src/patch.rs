@@ -228,6 +228,9 @@ fn merge_into(doc: &mut Value, patch: &Value) {
 
 /// Kubernetes strategic merge patch, as kube-apiserver applies it to a stored object.
 ///
+/// kube-apiserver accepts this patch type for built-in kinds only; for custom resources it
+/// answers 415 Unsupported Media Type, and callers serving the API should do the same.
+///
 /// Deliberate differences from kube-apiserver, all where its result depends on Go decoding
 /// the output into a typed object: directives and `null`s inside values that are new to the
 /// object are processed rather than copied through; `$patch: merge` is accepted (kube rejects
@@ -246,7 +249,7 @@ pub fn strategic_merge_patch(
         what: "document",
         got: type_name(doc),
     })?;
-    let merged = Strategic { schema }.merge_map(Some(doc.clone()), patch, &Loc::default())?;
+    let merged = StrategicMerge { schema }.merge_map(Some(doc.clone()), patch, &Loc::default())?;
     Ok(Value::Object(merged))
 }
 
@@ -292,11 +295,12 @@ impl fmt::Display for Loc {
     }
 }
 
-struct Strategic<'s> {
+/// One strategic merge, with the merge rules of the object's kind.
+struct StrategicMerge<'s> {
     schema: &'s PatchSchema,
 }
 
-impl Strategic<'_> {
+impl StrategicMerge<'_> {
     /// Merges `patch` into `original` (`None` when the field is absent), as Go's `mergeMap`.
     fn merge_map(
         &self,
