@@ -452,8 +452,8 @@ impl StrategicMerge<'_> {
         key: &str,
         at: &Loc,
     ) -> Result<Vec<Value>, PatchError> {
-        for item in &original {
-            expect_map(item, &at.item("?"))?;
+        for (i, item) in original.iter().enumerate() {
+            expect_map(item, &at.item(i))?;
         }
         let mut plain = Vec::with_capacity(patch.len());
         let mut replace = false;
@@ -672,9 +672,9 @@ fn merge_primitives(
             }
         }
     }
-    if let Some(item) = original.iter().find(|v| v.is_object()) {
+    if let Some((i, item)) = original.iter().enumerate().find(|(_, v)| v.is_object()) {
         return Err(PatchError::WrongType {
-            at: at.item("?").to_string(),
+            at: at.item(i).to_string(),
             expected: "a primitive value (the list has no merge key)",
             got: type_name(item),
         });
