@@ -72,6 +72,7 @@ const POD_SPEC: &[(&str, &[&str])] = &[
     ("ephemeralContainers", &["name"]),
     ("containers.ports", &["containerPort", "protocol"]),
     ("initContainers.ports", &["containerPort", "protocol"]),
+    ("ephemeralContainers.ports", &["containerPort", "protocol"]),
     ("containers.env", &["name"]),
     ("initContainers.env", &["name"]),
     ("ephemeralContainers.env", &["name"]),
@@ -80,7 +81,8 @@ const POD_SPEC: &[(&str, &[&str])] = &[
     ("ephemeralContainers.volumeMounts", &["mountPath"]),
     ("containers.volumeDevices", &["devicePath"]),
     ("initContainers.volumeDevices", &["devicePath"]),
-    ("containers.resizePolicy", &["resourceName"]),
+    ("ephemeralContainers.volumeDevices", &["devicePath"]),
+    // `resizePolicy` is `+listType=atomic` with no patch strategy, so it is left out.
     ("volumes", &["name"]),
     ("imagePullSecrets", &["name"]),
     ("hostAliases", &["ip"]),
@@ -91,6 +93,14 @@ const POD_SPEC: &[(&str, &[&str])] = &[
     ("schedulingGates", &["name"]),
     ("resourceClaims", &["name"]),
 ];
+
+/// Lists of primitives that built-in kinds merge as sets, besides `metadata.finalizers`.
+fn kind_sets(group: &str, kind: &str) -> &'static [&'static str] {
+    match (group, kind) {
+        ("", "Node") => &["spec.podCIDRs"],
+        _ => &[],
+    }
+}
 
 /// Where a kind keeps a PodSpec.
 fn pod_spec_prefix(group: &str, kind: &str) -> Option<&'static str> {
@@ -112,7 +122,9 @@ fn kind_rules(group: &str, kind: &str) -> &'static [(&'static str, &'static [&'s
             ("status.conditions", &["type"]),
             ("status.podIPs", &["ip"]),
             ("status.hostIPs", &["ip"]),
+            ("status.resourceClaimStatuses", &["name"]),
         ],
+        ("", "ServiceAccount") => &[("secrets", &["name"])],
         ("", "Node") => &[
             ("status.conditions", &["type"]),
             ("status.addresses", &["type"]),
@@ -157,10 +169,17 @@ impl PatchSchema {
                 // A template's metadata has the same list rules as an object's.
                 let meta = prefix.trim_end_matches(".spec");
                 schema.set(&format!("{meta}.metadata.finalizers"), ListType::Set);
+                schema.set(
+                    &format!("{meta}.metadata.ownerReferences"),
+                    ListType::map(&["uid"]),
+                );
             }
         }
         for (path, keys) in kind_rules(group, kind) {
             schema.set(path, ListType::map(keys));
+        }
+        for path in kind_sets(group, kind) {
+            schema.set(path, ListType::Set);
         }
         schema
     }
@@ -258,6 +277,26 @@ mod tests {
             ),
             ("", "Pod", &["spec", "tolerations"], ListType::Atomic),
             ("", "Pod", &["spec", "containers", "args"], ListType::Atomic),
+            (
+                "",
+                "Pod",
+                &["spec", "containers", "resizePolicy"],
+                ListType::Atomic,
+            ),
+            (
+                "",
+                "Pod",
+                &["spec", "ephemeralContainers", "ports"],
+                ListType::map(&["containerPort", "protocol"]),
+            ),
+            ("", "ServiceAccount", &["secrets"], ListType::map(&["name"])),
+            ("", "Node", &["spec", "podCIDRs"], ListType::Set),
+            (
+                "apps",
+                "StatefulSet",
+                &["spec", "template", "metadata", "ownerReferences"],
+                ListType::map(&["uid"]),
+            ),
             ("", "Pod", &["metadata", "finalizers"], ListType::Set),
             (
                 "",
