@@ -32,7 +32,7 @@ const STRIPPED_METADATA: &[&str] = &[
     "selfLink",
 ];
 
-/// Struct fields present (as empty values) in the Go zero value of their parent. kube compares
+/// Structs and lists present (empty or null) in the Go zero value of their parent. kube compares
 /// an update against a typed object, so creating one of these does not record the node itself
 /// (`.`), only what is under it; without Go types we mimic that for the common ones.
 const ZERO_VALUE_STRUCTS: &[&str] = &[
@@ -1255,7 +1255,13 @@ impl<'a> Walk<'a> {
                 let empty = Map::new();
                 let l = lhs.and_then(Value::as_object).unwrap_or(&empty);
                 let r = rhs.and_then(Value::as_object).unwrap_or(&empty);
-                let empty_value = Value::Object(Map::new());
+                let (empty_map, empty_list) = (Value::Object(Map::new()), Value::Array(Vec::new()));
+                // A struct or list of a Go zero value exists (empty) as soon as its parent does.
+                let zero_like = |v: Option<&Value>| match v {
+                    Some(Value::Object(_)) => Some(&empty_map),
+                    Some(Value::Array(_)) => Some(&empty_list),
+                    _ => None,
+                };
                 let keys: Vec<&String> = l
                     .keys()
                     .chain(r.keys().filter(|k| !l.contains_key(*k)))
@@ -1263,12 +1269,11 @@ impl<'a> Walk<'a> {
                 for k in keys {
                     let (mut lc, mut rc) = (l.get(k), r.get(k));
                     if ZERO_VALUE_STRUCTS.contains(&k.as_str()) {
-                        // A struct of a Go zero value exists as soon as its parent does.
-                        if lc.is_none() && lhs.is_some() && rc.is_some_and(Value::is_object) {
-                            lc = Some(&empty_value);
+                        if lc.is_none() && lhs.is_some() {
+                            lc = zero_like(rc);
                         }
-                        if rc.is_none() && rhs.is_some() && lc.is_some_and(Value::is_object) {
-                            rc = Some(&empty_value);
+                        if rc.is_none() && rhs.is_some() {
+                            rc = zero_like(lc);
                         }
                     }
                     names.push(k.clone());
@@ -1327,4 +1332,749 @@ fn is_label_selector(m: &Map<String, Value>) -> bool {
             .all(|k| k == "matchLabels" || k == "matchExpressions")
         && m.get("matchLabels").is_none_or(Value::is_object)
         && m.get("matchExpressions").is_none_or(Value::is_array)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const T1: &str = "2026-01-01T10:00:00Z";
+    const T2: &str = "2026-01-01T11:00:00Z";
+    const MAIN: &[&str] = &["status"];
+
+    fn deployments() -> PatchSchema {
+        PatchSchema::builtin("apps", "Deployment")
+    }
+
+    fn ctx<'a>(manager: &'a str, time: &'a str, schema: &'a PatchSchema) -> ManagedContext<'a> {
+        ManagedContext {
+            manager,
+            api_version: "apps/v1",
+            time,
+            schema,
+            subresource: None,
+            ignored: MAIN,
+        }
+    }
+
+    /// The Deployment of the Kubernetes docs, as a user writes it for `kubectl apply`.
+    fn deployment(replicas: i64, image: &str) -> Value {
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "nginx", "namespace": "default", "labels": {"app": "nginx"}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "nginx"}},
+                "template": {
+                    "metadata": {"labels": {"app": "nginx"}},
+                    "spec": {"containers": [{
+                        "name": "nginx",
+                        "image": image,
+                        "ports": [{"containerPort": 80}]
+                    }]}
+                }
+            }
+        })
+    }
+
+    /// The fieldsV1 of the entry of `manager` with `operation`, if any.
+    fn fields_of(obj: &Value, manager: &str, operation: &str) -> Option<Value> {
+        obj.pointer("/metadata/managedFields")?
+            .as_array()?
+            .iter()
+            .find(|e| e["manager"] == manager && e["operation"] == operation)
+            .map(|e| e["fieldsV1"].clone())
+    }
+
+    fn managers(obj: &Value) -> Vec<(String, String)> {
+        obj.pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| {
+                        (
+                            e["manager"].as_str().unwrap_or_default().to_string(),
+                            e["operation"].as_str().unwrap_or_default().to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// fieldsV1 of `kubectl apply --server-side` of [`deployment`], as kube-apiserver stores it.
+    const KUBECTL_APPLY: &str = r#"{"f:metadata":{"f:labels":{"f:app":{}}},"f:spec":{"f:replicas":{},"f:selector":{},"f:template":{"f:metadata":{"f:labels":{"f:app":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"nginx\"}":{".":{},"f:image":{},"f:name":{},"f:ports":{"k:{\"containerPort\":80,\"protocol\":\"TCP\"}":{".":{},"f:containerPort":{}}}}}}}}}"#;
+
+    #[test]
+    fn fields_v1_round_trips_kube_samples() {
+        let samples = [
+            ("kubectl server-side apply", KUBECTL_APPLY),
+            (
+                "kube-controller-manager status update",
+                r#"{"f:metadata":{"f:annotations":{".":{},"f:deployment.kubernetes.io/revision":{}}},"f:status":{"f:availableReplicas":{},"f:conditions":{".":{},"k:{\"type\":\"Available\"}":{".":{},"f:lastTransitionTime":{},"f:lastUpdateTime":{},"f:message":{},"f:reason":{},"f:status":{},"f:type":{}},"k:{\"type\":\"Progressing\"}":{".":{},"f:lastTransitionTime":{},"f:lastUpdateTime":{},"f:message":{},"f:reason":{},"f:status":{},"f:type":{}}},"f:observedGeneration":{},"f:readyReplicas":{},"f:replicas":{},"f:updatedReplicas":{}}}"#,
+            ),
+            (
+                "kubectl-client-side-apply create",
+                r#"{"f:metadata":{"f:annotations":{".":{},"f:kubectl.kubernetes.io/last-applied-configuration":{}}},"f:spec":{"f:progressDeadlineSeconds":{},"f:replicas":{},"f:strategy":{"f:rollingUpdate":{".":{},"f:maxSurge":{},"f:maxUnavailable":{}},"f:type":{}},"f:template":{"f:spec":{"f:containers":{"k:{\"name\":\"nginx\"}":{".":{},"f:image":{},"f:ports":{".":{},"k:{\"containerPort\":80,\"protocol\":\"TCP\"}":{".":{},"f:containerPort":{},"f:protocol":{}}},"f:resources":{}}},"f:securityContext":{}}}}}"#,
+            ),
+            (
+                "service ports sorted numerically",
+                r#"{"f:spec":{"f:ports":{".":{},"k:{\"port\":80,\"protocol\":\"TCP\"}":{".":{},"f:port":{}},"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:port":{}}}}}"#,
+            ),
+            (
+                "finalizers and owner references",
+                r#"{"f:metadata":{"f:finalizers":{".":{},"v:\"kubernetes.io/pvc-protection\"":{}},"f:ownerReferences":{".":{},"k:{\"uid\":\"5b1f4c7e-0c5d-4c1e-9a7c-3f2d1e0b9a8c\"}":{}}}}"#,
+            ),
+            ("empty", "{}"),
+        ];
+        for (name, sample) in samples {
+            let parsed: Value = serde_json::from_str(sample).unwrap();
+            let set = FieldSet::from_fields_v1(&parsed).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(set.to_fields_v1().to_string(), sample, "{name}");
+            assert_eq!(set.is_empty(), sample == "{}", "{name}");
+        }
+    }
+
+    #[test]
+    fn fields_v1_sorts_and_escapes_like_kube() {
+        // Written out of order: kube's encoder sorts fields before keys, keys by value.
+        let unsorted = json!({
+            "k:{\"port\":443}": {},
+            "k:{\"port\":80}": {},
+            "f:b": {},
+            "v:\"<x>\"": {},
+            "f:a": {"f:z": {}, ".": {}}
+        });
+        let set = FieldSet::from_fields_v1(&unsorted).unwrap();
+        assert_eq!(
+            set.to_fields_v1().to_string(),
+            r#"{"f:a":{".":{},"f:z":{}},"f:b":{},"k:{\"port\":80}":{},"k:{\"port\":443}":{},"v:\"\\u003cx\\u003e\"":{}}"#
+        );
+        assert!(set.has(&[PathElement::Field("a".into())]));
+        assert!(set.has(&[
+            PathElement::Field("a".into()),
+            PathElement::Field("z".into())
+        ]));
+    }
+
+    #[test]
+    fn fields_v1_rejects_malformed_input() {
+        let cases = [
+            (json!([]), "fieldsV1 must be a JSON object"),
+            (
+                json!({"x:foo": {}}),
+                "fieldsV1 key \"x:foo\": unknown prefix",
+            ),
+            (json!({"foo": {}}), "no f:, k:, v: or i: prefix"),
+            (json!({"k:[1]": {}}), "key is not a JSON object"),
+            (
+                json!({"f:a": 1}),
+                "fieldsV1 key \"f:a\": value must be an object",
+            ),
+            (json!({"i:x": {}}), "index is not a non-negative integer"),
+        ];
+        for (input, want) in cases {
+            let err = FieldSet::from_fields_v1(&input).unwrap_err().to_string();
+            assert!(err.contains(want), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn of_object_matches_kubectl_apply() {
+        let set = FieldSet::of_object(&deployment(3, "nginx:1.25"), &deployments());
+        assert_eq!(set.to_fields_v1().to_string(), KUBECTL_APPLY);
+    }
+
+    #[test]
+    fn apply_creates_with_one_apply_entry() {
+        let schema = deployments();
+        let out = apply(
+            None,
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T1, &schema),
+        )
+        .unwrap();
+        let mut want = deployment(3, "nginx:1.25");
+        want["metadata"]["managedFields"] = json!([{
+            "manager": "kubectl",
+            "operation": "Apply",
+            "apiVersion": "apps/v1",
+            "time": T1,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": serde_json::from_str::<Value>(KUBECTL_APPLY).unwrap()
+        }]);
+        assert_eq!(out.to_string(), want.to_string());
+    }
+
+    #[test]
+    fn reapplying_the_same_config_changes_nothing() {
+        let schema = deployments();
+        let config = deployment(3, "nginx:1.25");
+        let first = apply(None, &config, false, &ctx("kubectl", T1, &schema)).unwrap();
+        let second = apply(Some(&first), &config, false, &ctx("kubectl", T2, &schema)).unwrap();
+        assert_eq!(second, first);
+        // A change stamps the new time.
+        let third = apply(
+            Some(&second),
+            &deployment(4, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert_eq!(third["spec"]["replicas"], 4);
+        assert_eq!(third["metadata"]["managedFields"][0]["time"], T2);
+    }
+
+    /// A Deployment created by client-side `kubectl apply` (an Update), with replicas 2.
+    fn created_client_side(schema: &PatchSchema) -> Value {
+        let mut live = deployment(2, "nginx:1.25");
+        live["spec"]["template"]["spec"]["containers"][0]["ports"][0]["protocol"] = json!("TCP");
+        record_update(
+            None,
+            &mut live,
+            &ctx("kubectl-client-side-apply", T1, schema),
+        );
+        live
+    }
+
+    #[test]
+    fn update_on_create_records_new_maps_like_kube() {
+        let schema = deployments();
+        let live = created_client_side(&schema);
+        assert_eq!(
+            fields_of(&live, "kubectl-client-side-apply", "Update")
+                .unwrap()
+                .to_string(),
+            r#"{"f:metadata":{"f:labels":{".":{},"f:app":{}}},"f:spec":{"f:replicas":{},"f:selector":{},"f:template":{"f:metadata":{"f:labels":{".":{},"f:app":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"nginx\"}":{".":{},"f:image":{},"f:name":{},"f:ports":{".":{},"k:{\"containerPort\":80,\"protocol\":\"TCP\"}":{".":{},"f:containerPort":{},"f:protocol":{}}}}}}}}}"#
+        );
+    }
+
+    #[test]
+    fn apply_conflicts_name_the_other_manager_exactly() {
+        let schema = deployments();
+        let live = created_client_side(&schema);
+        let cases = [
+            (
+                deployment(3, "nginx:1.25"),
+                "Apply failed with 1 conflict: conflict with \"kubectl-client-side-apply\" using apps/v1: .spec.replicas",
+            ),
+            (
+                deployment(3, "nginx:1.26"),
+                "Apply failed with 2 conflicts: conflicts with \"kubectl-client-side-apply\" using apps/v1:\n- .spec.replicas\n- .spec.template.spec.containers[name=\"nginx\"].image",
+            ),
+        ];
+        for (config, want) in cases {
+            let err = apply(Some(&live), &config, false, &ctx("kubectl", T2, &schema)).unwrap_err();
+            assert_eq!(err.to_string(), want);
+            let ManagedError::Conflicts(conflicts) = err else {
+                panic!("not a conflict: {err}");
+            };
+            assert_eq!(conflicts[0].manager, "kubectl-client-side-apply");
+            assert_eq!(conflicts[0].api_version, "apps/v1");
+            assert_eq!(conflicts[0].field, ".spec.replicas");
+        }
+    }
+
+    #[test]
+    fn conflict_message_names_apply_and_subresource_managers() {
+        let conflict = |manager: &str, operation: &str, sub: Option<&str>, field: &str| Conflict {
+            manager: manager.into(),
+            api_version: "v1".into(),
+            field: field.into(),
+            operation: operation.into(),
+            subresource: sub.map(Into::into),
+        };
+        let cases = [
+            (
+                vec![conflict("helm", "Apply", None, ".data.a")],
+                "Apply failed with 1 conflict: conflict with \"helm\": .data.a",
+            ),
+            (
+                vec![conflict(
+                    "kubelet",
+                    "Update",
+                    Some("status"),
+                    ".status.phase",
+                )],
+                "Apply failed with 1 conflict: conflict with \"kubelet\" with subresource \"status\" using v1: .status.phase",
+            ),
+            (
+                vec![
+                    conflict("zeta", "Apply", None, ".a"),
+                    conflict("alpha", "Update", None, ".b"),
+                    conflict("zeta", "Apply", None, ".c"),
+                ],
+                "Apply failed with 3 conflicts: conflicts with \"alpha\" using v1:\n- .b\nconflicts with \"zeta\":\n- .a\n- .c",
+            ),
+        ];
+        for (conflicts, want) in cases {
+            assert_eq!(ManagedError::Conflicts(conflicts).to_string(), want);
+        }
+    }
+
+    #[test]
+    fn force_takes_ownership_of_conflicting_fields() {
+        let schema = deployments();
+        let live = created_client_side(&schema);
+        let out = apply(
+            Some(&live),
+            &deployment(3, "nginx:1.25"),
+            true,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["replicas"], 3);
+        let replicas = [
+            PathElement::Field("spec".into()),
+            PathElement::Field("replicas".into()),
+        ];
+        let csa = FieldSet::from_fields_v1(
+            &fields_of(&out, "kubectl-client-side-apply", "Update").unwrap(),
+        )
+        .unwrap();
+        let ssa = FieldSet::from_fields_v1(&fields_of(&out, "kubectl", "Apply").unwrap()).unwrap();
+        assert!(!csa.has(&replicas), "old owner keeps .spec.replicas");
+        assert!(ssa.has(&replicas));
+        // Fields applied with the same value are shared, not taken.
+        let image = [
+            PathElement::Field("spec".into()),
+            PathElement::Field("template".into()),
+            PathElement::Field("spec".into()),
+            PathElement::Field("containers".into()),
+            PathElement::Key(vec![("name".into(), json!("nginx"))]),
+            PathElement::Field("image".into()),
+        ];
+        assert!(csa.has(&image) && ssa.has(&image));
+        // Now the applier owns replicas, re-applying without force works.
+        apply(
+            Some(&out),
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn applying_the_same_value_shares_ownership() {
+        let schema = deployments();
+        let live = created_client_side(&schema);
+        let out = apply(
+            Some(&live),
+            &deployment(2, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert_eq!(
+            managers(&out),
+            [
+                ("kubectl".to_string(), "Apply".to_string()),
+                (
+                    "kubectl-client-side-apply".to_string(),
+                    "Update".to_string()
+                )
+            ]
+        );
+        assert_eq!(without_managed_fields(&out), without_managed_fields(&live));
+    }
+
+    #[test]
+    fn dropped_fields_are_removed_unless_someone_else_owns_them() {
+        let schema = PatchSchema::builtin("", "ConfigMap");
+        let cm = |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": data});
+        let v1 = |manager| ManagedContext {
+            api_version: "v1",
+            ..ctx(manager, T1, &schema)
+        };
+        // (other manager's action on key b, whether b survives kubectl dropping it)
+        let cases = [
+            ("nobody else", None, false),
+            ("another applier with the same value", Some(true), true),
+            ("an updater that changed it", Some(false), true),
+        ];
+        for (name, other, survives) in cases {
+            let mut live = apply(
+                None,
+                &cm(json!({"a": "1", "b": "2"})),
+                false,
+                &v1("kubectl"),
+            )
+            .unwrap();
+            match other {
+                Some(true) => {
+                    live = apply(Some(&live), &cm(json!({"b": "2"})), false, &v1("helm")).unwrap();
+                }
+                Some(false) => {
+                    let mut new = live.clone();
+                    new["data"]["b"] = json!("3");
+                    record_update(Some(&live), &mut new, &v1("kubectl-edit"));
+                    live = new;
+                }
+                None => {}
+            }
+            let out = apply(Some(&live), &cm(json!({"a": "1"})), false, &v1("kubectl")).unwrap();
+            assert_eq!(out["data"].get("b").is_some(), survives, "{name}: {out}");
+            assert_eq!(out["data"]["a"], "1", "{name}");
+            assert_eq!(
+                fields_of(&out, "kubectl", "Apply").unwrap(),
+                json!({"f:data": {"f:a": {}}}),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn dropping_a_whole_struct_removes_it() {
+        let schema = deployments();
+        let mut config = deployment(3, "nginx:1.25");
+        config["spec"]["strategy"] =
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}});
+        let live = apply(None, &config, false, &ctx("kubectl", T1, &schema)).unwrap();
+        assert_eq!(live["spec"]["strategy"]["rollingUpdate"]["maxSurge"], 1);
+        let out = apply(
+            Some(&live),
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert!(out["spec"].get("strategy").is_none(), "{}", out["spec"]);
+        assert_eq!(out["metadata"]["name"], "nginx", "identity is never pruned");
+    }
+
+    fn with_containers(names: &[&str]) -> Value {
+        let mut d = deployment(1, "unused");
+        d["spec"]["template"]["spec"]["containers"] = names
+            .iter()
+            .map(|n| json!({"name": n, "image": format!("{n}:1"), "args": ["--v=2"]}))
+            .collect();
+        d
+    }
+
+    #[test]
+    fn keyed_list_items_are_removed_when_no_field_stays_owned() {
+        let schema = deployments();
+        let containers = |obj: &Value| obj["spec"]["template"]["spec"]["containers"].clone();
+        let live = apply(
+            None,
+            &with_containers(&["app", "sidecar"]),
+            false,
+            &ctx("kubectl", T1, &schema),
+        )
+        .unwrap();
+
+        let out = apply(
+            Some(&live),
+            &with_containers(&["app"]),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert_eq!(
+            containers(&out),
+            json!([{"name": "app", "image": "app:1", "args": ["--v=2"]}])
+        );
+
+        // `kubectl set image` on the sidecar: the updater owns its image, so the item stays,
+        // with only its key and the updater's field.
+        let mut edited = live.clone();
+        edited["spec"]["template"]["spec"]["containers"][1]["image"] = json!("sidecar:2");
+        record_update(Some(&live), &mut edited, &ctx("kubectl-set", T2, &schema));
+        let out = apply(
+            Some(&edited),
+            &with_containers(&["app"]),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert_eq!(
+            containers(&out),
+            json!([
+                {"name": "app", "image": "app:1", "args": ["--v=2"]},
+                {"name": "sidecar", "image": "sidecar:2"}
+            ])
+        );
+    }
+
+    #[test]
+    fn keyed_list_merge_keeps_other_items_in_place() {
+        let schema = deployments();
+        let live = apply(
+            None,
+            &with_containers(&["a", "c"]),
+            false,
+            &ctx("other", T1, &schema),
+        )
+        .unwrap();
+        let out = apply(
+            Some(&live),
+            &with_containers(&["a", "b"]),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        let names: Vec<&Value> = out["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["name"])
+            .collect();
+        assert_eq!(names, [&json!("a"), &json!("c"), &json!("b")]);
+    }
+
+    #[test]
+    fn set_lists_merge_as_a_union() {
+        let schema = PatchSchema::builtin("", "ConfigMap");
+        let v1 = |manager| ManagedContext {
+            api_version: "v1",
+            ..ctx(manager, T1, &schema)
+        };
+        let cm = |finalizers: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "finalizers": finalizers}});
+        let mut live = cm(json!(["example.com/x"]));
+        record_update(None, &mut live, &v1("controller"));
+        let out = apply(
+            Some(&live),
+            &cm(json!(["example.com/y"])),
+            false,
+            &v1("kubectl"),
+        )
+        .unwrap();
+        assert_eq!(
+            out["metadata"]["finalizers"],
+            json!(["example.com/x", "example.com/y"])
+        );
+        assert_eq!(
+            fields_of(&out, "kubectl", "Apply").unwrap(),
+            json!({"f:metadata": {"f:finalizers": {"v:\"example.com/y\"": {}}}})
+        );
+        assert_eq!(
+            fields_of(&out, "controller", "Update").unwrap(),
+            json!({"f:metadata": {"f:finalizers": {".": {}, "v:\"example.com/x\"": {}}}})
+        );
+        let out = apply(Some(&out), &cm(json!([])), false, &v1("kubectl")).unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["example.com/x"]));
+        assert_eq!(
+            managers(&out),
+            [("controller".to_string(), "Update".to_string())]
+        );
+    }
+
+    #[test]
+    fn update_takes_fields_from_an_applier() {
+        let schema = deployments();
+        let live = apply(
+            None,
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T1, &schema),
+        )
+        .unwrap();
+        let mut scaled = live.clone();
+        scaled["spec"]["replicas"] = json!(5);
+        record_update(Some(&live), &mut scaled, &ctx("kubectl-scale", T2, &schema));
+        assert_eq!(
+            fields_of(&scaled, "kubectl-scale", "Update").unwrap(),
+            json!({"f:spec": {"f:replicas": {}}})
+        );
+        let applied =
+            FieldSet::from_fields_v1(&fields_of(&scaled, "kubectl", "Apply").unwrap()).unwrap();
+        assert!(!applied.has(&[
+            PathElement::Field("spec".into()),
+            PathElement::Field("replicas".into())
+        ]));
+        assert_eq!(
+            scaled["metadata"]["managedFields"][1],
+            json!({"manager": "kubectl-scale", "operation": "Update", "apiVersion": "apps/v1",
+                   "time": T2, "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+        );
+        // The applier now conflicts with the updater.
+        let err = apply(
+            Some(&scaled),
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Apply failed with 1 conflict: conflict with \"kubectl-scale\" using apps/v1: .spec.replicas"
+        );
+        // An update that changes nothing records nothing and keeps the entry's time.
+        let mut same = scaled.clone();
+        record_update(
+            Some(&scaled),
+            &mut same,
+            &ctx("kubectl-scale", "2026-01-02T00:00:00Z", &schema),
+        );
+        assert_eq!(same, scaled);
+    }
+
+    #[test]
+    fn update_keeps_stored_managed_fields_unless_the_client_resets_them() {
+        let schema = deployments();
+        let live = apply(
+            None,
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T1, &schema),
+        )
+        .unwrap();
+        let changed = |managed: Option<Value>| {
+            let mut new = live.clone();
+            new["spec"]["replicas"] = json!(4);
+            let meta = new["metadata"].as_object_mut().unwrap();
+            match managed {
+                Some(m) => meta.insert("managedFields".into(), m),
+                None => meta.shift_remove("managedFields"),
+            };
+            record_update(Some(&live), &mut new, &ctx("editor", T2, &schema));
+            managers(&new)
+        };
+        let both = vec![
+            ("kubectl".to_string(), "Apply".to_string()),
+            ("editor".to_string(), "Update".to_string()),
+        ];
+        assert_eq!(
+            changed(None),
+            both,
+            "omitted managedFields keep the stored ones"
+        );
+        assert_eq!(
+            changed(Some(json!([]))),
+            both,
+            "an empty list keeps the stored ones"
+        );
+        assert_eq!(
+            changed(Some(json!([{}]))),
+            [("editor".to_string(), "Update".to_string())]
+        );
+    }
+
+    #[test]
+    fn status_is_not_owned_through_the_main_resource() {
+        let schema = deployments();
+        let mut config = deployment(3, "nginx:1.25");
+        config["status"] = json!({"replicas": 99});
+        let created = apply(None, &config, false, &ctx("kubectl", T1, &schema)).unwrap();
+        assert!(created.get("status").is_none());
+        assert_eq!(
+            fields_of(&created, "kubectl", "Apply").unwrap().to_string(),
+            KUBECTL_APPLY
+        );
+
+        // The controller writes status through /status.
+        let status_ctx = ManagedContext {
+            subresource: Some("status"),
+            ignored: &["apiVersion", "kind", "metadata", "spec"],
+            ..ctx("kube-controller-manager", T2, &schema)
+        };
+        let mut with_status = created.clone();
+        with_status["status"] =
+            json!({"replicas": 3, "conditions": [{"type": "Available", "status": "True"}]});
+        with_status["spec"]["replicas"] = json!(7); // ignored by /status: not recorded
+        record_update(Some(&created), &mut with_status, &status_ctx);
+        let entry = with_status["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["manager"] == "kube-controller-manager")
+            .unwrap()
+            .clone();
+        assert_eq!(entry["subresource"], "status");
+        assert_eq!(
+            entry["fieldsV1"].to_string(),
+            r#"{"f:status":{"f:conditions":{".":{},"k:{\"type\":\"Available\"}":{".":{},"f:status":{},"f:type":{}}},"f:replicas":{}}}"#
+        );
+        with_status["spec"]["replicas"] = json!(3);
+
+        // Applying status through the main resource leaves it alone and conflicts with no one.
+        let out = apply(
+            Some(&with_status),
+            &config,
+            false,
+            &ctx("kubectl", T2, &schema),
+        )
+        .unwrap();
+        assert_eq!(out["status"]["replicas"], 3);
+        // And a main-resource update that touches only status records nothing.
+        let mut new = out.clone();
+        new["status"]["replicas"] = json!(1);
+        record_update(Some(&out), &mut new, &ctx("someone", T2, &schema));
+        assert!(fields_of(&new, "someone", "Update").is_none());
+    }
+
+    #[test]
+    fn objects_without_managed_fields_get_a_before_first_apply_owner() {
+        let schema = deployments();
+        let live = deployment(2, "nginx:1.25");
+        let err = apply(
+            Some(&live),
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T1, &schema),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Apply failed with 1 conflict: conflict with \"before-first-apply\" using apps/v1: .spec.replicas"
+        );
+    }
+
+    #[test]
+    fn service_port_keys_default_the_protocol() {
+        let schema = PatchSchema::builtin("", "Service");
+        let v1 = ManagedContext {
+            api_version: "v1",
+            ..ctx("kubectl", T1, &schema)
+        };
+        let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                         "spec": {"ports": [{"port": 80}, {"port": 443, "protocol": "TCP"}]}});
+        let out = apply(None, &svc, false, &v1).unwrap();
+        assert_eq!(
+            fields_of(&out, "kubectl", "Apply").unwrap().to_string(),
+            r#"{"f:spec":{"f:ports":{"k:{\"port\":80,\"protocol\":\"TCP\"}":{".":{},"f:port":{}},"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:port":{},"f:protocol":{}}}}}"#
+        );
+        assert_eq!(apply(Some(&out), &svc, false, &v1).unwrap(), out);
+    }
+
+    #[test]
+    fn invalid_configurations_are_rejected() {
+        let schema = deployments();
+        let c = ctx("kubectl", T1, &schema);
+        let mut no_name = deployment(1, "x");
+        no_name["spec"]["template"]["spec"]["containers"][0]
+            .as_object_mut()
+            .unwrap()
+            .shift_remove("name");
+        let mut duplicate = deployment(1, "x");
+        duplicate["spec"]["template"]["spec"]["containers"] = json!([{"name": "a"}, {"name": "a"}]);
+        let mut managed = deployment(1, "x");
+        managed["metadata"]["managedFields"] = json!([]);
+        let cases = [
+            (json!("text"), "apply configuration must be a JSON object"),
+            (managed, "metadata.managedFields must be nil"),
+            (no_name, "omits key field \"name\""),
+            (
+                duplicate,
+                ".spec.template.spec.containers: duplicate entries for key [name=\"a\"]",
+            ),
+        ];
+        for (config, want) in cases {
+            let err = apply(None, &config, false, &c).unwrap_err();
+            assert!(matches!(err, ManagedError::Invalid(_)), "{err}");
+            assert!(err.to_string().contains(want), "{err}");
+        }
+        let mut bad_live = deployment(1, "x");
+        bad_live["metadata"]["managedFields"] = json!([{"manager": "m", "operation": "Bogus", "apiVersion": "v1", "fieldsType": "FieldsV1"}]);
+        let err = apply(Some(&bad_live), &deployment(1, "x"), false, &c).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "metadata.managedFields[0]: operation must be `Apply` or `Update`, got \"Bogus\""
+        );
+    }
 }
