@@ -50,6 +50,13 @@ const ZERO_VALUE_STRUCTS: &[&str] = &[
 /// first apply, so that the applier conflicts with them instead of silently taking them.
 const BEFORE_FIRST_APPLY: &str = "before-first-apply";
 
+/// kube-apiserver keeps at most this many Update entries; older ones merge into
+/// [`ANCIENT_CHANGES`] buckets, one per apiVersion, so managedFields cannot grow without bound.
+const MAX_UPDATE_MANAGERS: usize = 10;
+
+/// Manager of the bucket the oldest Update entries merge into.
+const ANCIENT_CHANGES: &str = "ancient-changes";
+
 /// One step of a field path, as a key of the fieldsV1 format.
 #[derive(Clone, Debug)]
 pub enum PathElement {
@@ -859,7 +866,61 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, ctx: &ManagedContext)
             fields,
         });
     }
+    cap_update_managers(&mut entries);
     encode_entries(new, entries);
+}
+
+/// kube's `capUpdateManagers`: while there are more than [`MAX_UPDATE_MANAGERS`] Update
+/// entries, the oldest merge into an `ancient-changes` entry of their apiVersion (the first
+/// one seen of a version becomes the bucket), which takes the time of the last merged.
+fn cap_update_managers(entries: &mut Vec<Entry>) {
+    let mut updaters: Vec<usize> = (0..entries.len())
+        .filter(|&i| entries[i].operation == UPDATE)
+        .collect();
+    if updaters.len() <= MAX_UPDATE_MANAGERS {
+        return;
+    }
+    updaters.sort_by(|&a, &b| {
+        let (a, b) = (&entries[a], &entries[b]);
+        a.time
+            .cmp(&b.time)
+            .then_with(|| a.manager.cmp(&b.manager))
+            .then_with(|| a.api_version.cmp(&b.api_version))
+            .then_with(|| a.subresource.cmp(&b.subresource))
+    });
+    let mut first_of_version: BTreeMap<String, usize> = BTreeMap::new();
+    let mut merged = BTreeSet::new();
+    let mut length = updaters.len();
+    for i in updaters {
+        if length <= MAX_UPDATE_MANAGERS {
+            break;
+        }
+        let version = entries[i].api_version.clone();
+        let Some(&first) = first_of_version.get(&version) else {
+            first_of_version.insert(version, i);
+            continue;
+        };
+        let existing = (0..entries.len()).find(|&b| {
+            !merged.contains(&b) && entries[b].same_manager(ANCIENT_CHANGES, UPDATE, &version, None)
+        });
+        let bucket = existing.unwrap_or_else(|| {
+            entries[first].manager = ANCIENT_CHANGES.to_string();
+            entries[first].subresource = None;
+            first
+        });
+        if bucket == i {
+            continue;
+        }
+        entries[bucket].fields = entries[bucket].fields.union(&entries[i].fields);
+        entries[bucket].time = entries[i].time.clone();
+        merged.insert(i);
+        length -= 1;
+    }
+    let mut index = 0;
+    entries.retain(|_| {
+        index += 1;
+        !merged.contains(&(index - 1))
+    });
 }
 
 /// The applied configuration with the fields this endpoint does not own taken from the live
@@ -1912,6 +1973,39 @@ mod tests {
             &ctx("kubectl-scale", "2026-01-02T00:00:00Z", &schema),
         );
         assert_eq!(same, scaled);
+    }
+
+    #[test]
+    fn update_entries_are_capped_into_ancient_changes() {
+        let schema = PatchSchema::builtin("", "ConfigMap");
+        let mut live = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {}});
+        let mut times = Vec::new();
+        for i in 0..12 {
+            let (manager, time) = (
+                format!("writer-{i:02}"),
+                format!("2026-01-01T10:{i:02}:00Z"),
+            );
+            let mut new = live.clone();
+            new["data"][format!("k{i}")] = json!("v");
+            let c = ManagedContext {
+                api_version: "v1",
+                ..ctx(&manager, &time, &schema)
+            };
+            record_update(Some(&live), &mut new, &c);
+            live = new;
+            times.push(time);
+        }
+        let entries = live["metadata"]["managedFields"].as_array().unwrap();
+        assert_eq!(entries.len(), MAX_UPDATE_MANAGERS);
+        // The three oldest writers became one bucket stamped with the newest of them.
+        assert_eq!(entries[0]["manager"], "ancient-changes");
+        assert_eq!(entries[0]["time"], times[2].as_str());
+        assert_eq!(
+            entries[0]["fieldsV1"],
+            json!({"f:data": {"f:k0": {}, "f:k1": {}, "f:k2": {}}})
+        );
+        assert_eq!(entries[1]["manager"], "writer-03");
+        assert_eq!(entries[9]["manager"], "writer-11");
     }
 
     #[test]
