@@ -431,8 +431,9 @@ impl FieldSet {
         out
     }
 
-    /// This set without the top-level fields `names` and everything under them.
-    fn without_top_fields(&self, names: &[&str]) -> FieldSet {
+    /// This set without the top-level fields `names` and everything under them (e.g. the
+    /// fields an endpoint ignores).
+    pub fn without_top_fields(&self, names: &[&str]) -> FieldSet {
         let drop =
             |pe: &PathElement| matches!(pe, PathElement::Field(n) if names.contains(&n.as_str()));
         FieldSet {
@@ -745,13 +746,18 @@ pub fn apply(
         });
     }
 
-    let config = keep_ignored(config, live, ctx.ignored);
-    let walk = Walk::new(ctx.schema);
-    let applied = walk
-        .field_set(&config)
+    // The configuration must key every list item; stored objects are walked leniently.
+    let mut owned_by_config = config.clone();
+    if let Some(fields) = owned_by_config.as_object_mut() {
+        fields.retain(|k, _| !ctx.ignored.contains(&k.as_str()));
+    }
+    let applied = Walk::new(ctx.schema)
+        .field_set(&owned_by_config)
         .map_err(|e| ManagedError::Invalid(format!("apply configuration: {e}")))?
-        .strip_meta()
-        .without_top_fields(ctx.ignored);
+        .strip_meta();
+    let mut walk = Walk::new(ctx.schema);
+    walk.lenient = true;
+    let config = keep_ignored(config, live, ctx.ignored);
     let mut result = walk.merge(Some(&base), &config, &mut Vec::new());
 
     let previous = entries
@@ -1072,6 +1078,23 @@ impl<'a> Walk<'a> {
         Ok(out)
     }
 
+    /// Path elements of the items of a stored list, which must never fail: items that cannot be
+    /// keyed, or repeat a key, are addressed by index.
+    fn stored_elements(
+        &self,
+        list: &ListType,
+        items: &[Value],
+        names: &[String],
+    ) -> Vec<PathElement> {
+        let lenient = Walk {
+            schema: self.schema,
+            lenient: true,
+        };
+        lenient
+            .item_elements(list, items, names)
+            .unwrap_or_else(|_| (0..items.len()).map(PathElement::Index).collect())
+    }
+
     /// The field set under `v` (structured-merge-diff's `ToFieldSet`), relative to it.
     fn field_set(&self, v: &Value) -> Result<FieldSet, String> {
         self.field_set_at(v, &mut Vec::new())
@@ -1157,14 +1180,10 @@ impl<'a> Walk<'a> {
         r: &[Value],
         names: &mut Vec<String>,
     ) -> Vec<Value> {
-        let pes = |items: &[Value]| {
-            let mut lenient = Walk::new(self.schema);
-            lenient.lenient = true;
-            lenient
-                .item_elements(list, items, names)
-                .unwrap_or_else(|_| (0..items.len()).map(PathElement::Index).collect())
-        };
-        let (lpes, rpes) = (pes(l), pes(r));
+        let (lpes, rpes) = (
+            self.stored_elements(list, l, names),
+            self.stored_elements(list, r, names),
+        );
         let lindex: BTreeMap<&PathElement, usize> =
             lpes.iter().enumerate().map(|(i, pe)| (pe, i)).collect();
         let rindex: BTreeMap<&PathElement, usize> =
@@ -1245,10 +1264,7 @@ impl<'a> Walk<'a> {
                 let Some(items) = v.as_array_mut() else {
                     return;
                 };
-                let pes = match self.item_elements(&list, items, names) {
-                    Ok(pes) => pes,
-                    Err(_) => return,
-                };
+                let pes = self.stored_elements(&list, items, names);
                 let keys: Vec<&str> = match &list {
                     ListType::Map(keys) => keys.iter().map(String::as_str).collect(),
                     _ => Vec::new(),
@@ -1288,10 +1304,10 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn compare_at(
+    fn compare_at<'v>(
         &self,
-        lhs: Option<&Value>,
-        rhs: Option<&Value>,
+        lhs: Option<&'v Value>,
+        rhs: Option<&'v Value>,
         names: &mut Vec<String>,
         path: &mut Vec<PathElement>,
         c: &mut Comparison,
@@ -1351,14 +1367,14 @@ impl<'a> Walk<'a> {
                 if rhs.is_none() {
                     c.removed.insert(path);
                 }
-                let items = |v: Option<&'_ Value>| -> Vec<Value> {
-                    v.and_then(Value::as_array).cloned().unwrap_or_default()
+                let items = |v: Option<&'v Value>| -> &'v [Value] {
+                    v.and_then(Value::as_array)
+                        .map(Vec::as_slice)
+                        .unwrap_or(&[])
                 };
                 let (l, r) = (items(lhs), items(rhs));
-                let mut lenient = Walk::new(self.schema);
-                lenient.lenient = true;
-                let lpes = lenient.item_elements(&list, &l, names).unwrap_or_default();
-                let rpes = lenient.item_elements(&list, &r, names).unwrap_or_default();
+                let lpes = self.stored_elements(&list, l, names);
+                let rpes = self.stored_elements(&list, r, names);
                 let rindex: BTreeMap<&PathElement, usize> =
                     rpes.iter().enumerate().map(|(i, pe)| (pe, i)).collect();
                 let lset: BTreeSet<&PathElement> = lpes.iter().collect();
@@ -2100,6 +2116,55 @@ mod tests {
         new["status"]["replicas"] = json!(1);
         record_update(Some(&out), &mut new, &ctx("someone", T2, &schema));
         assert!(fields_of(&new, "someone", "Update").is_none());
+    }
+
+    #[test]
+    fn status_apply_touches_only_status() {
+        let schema = deployments();
+        let live = apply(
+            None,
+            &deployment(3, "nginx:1.25"),
+            false,
+            &ctx("kubectl", T1, &schema),
+        )
+        .unwrap();
+        let status_ctx = ManagedContext {
+            subresource: Some("status"),
+            ignored: &["apiVersion", "kind", "metadata", "spec"],
+            ..ctx("my-controller", T2, &schema)
+        };
+        let mut config = deployment(9, "evil:1");
+        config["metadata"]["labels"]["extra"] = json!("x");
+        config["status"] = json!({"readyReplicas": 3});
+        let out = apply(Some(&live), &config, false, &status_ctx).unwrap();
+        assert_eq!(out["spec"], live["spec"]);
+        assert_eq!(out["metadata"]["labels"], live["metadata"]["labels"]);
+        assert_eq!(out["status"], json!({"readyReplicas": 3}));
+        let entry = out["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["manager"] == "my-controller")
+            .unwrap();
+        assert_eq!(entry["subresource"], "status");
+        assert_eq!(entry["operation"], "Apply");
+        assert_eq!(
+            entry["fieldsV1"],
+            json!({"f:status": {"f:readyReplicas": {}}})
+        );
+    }
+
+    #[test]
+    fn null_in_a_config_removes_the_field() {
+        let schema = PatchSchema::builtin("", "ConfigMap");
+        let c = ManagedContext {
+            api_version: "v1",
+            ..ctx("kubectl", T1, &schema)
+        };
+        let cm = |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": data});
+        let live = apply(None, &cm(json!({"a": "1", "b": "2"})), false, &c).unwrap();
+        let out = apply(Some(&live), &cm(json!({"a": null, "b": "2"})), false, &c).unwrap();
+        assert_eq!(out["data"], json!({"b": "2"}));
     }
 
     #[test]
