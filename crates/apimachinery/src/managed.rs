@@ -396,7 +396,8 @@ impl FieldSet {
         }
     }
 
-    /// Every path in the set, members of a node before its children, in fieldsV1 order.
+    /// Every path in the set in structured-merge-diff's `Iterate` order (the order of kube's
+    /// conflict lists): a node's members, then the paths under each of its children.
     pub fn paths(&self) -> Vec<Vec<PathElement>> {
         let mut out = Vec::new();
         self.collect_paths(&mut Vec::new(), &mut out);
@@ -404,16 +405,14 @@ impl FieldSet {
     }
 
     fn collect_paths(&self, prefix: &mut Vec<PathElement>, out: &mut Vec<Vec<PathElement>>) {
-        let elements: BTreeSet<&PathElement> =
-            self.members.iter().chain(self.children.keys()).collect();
-        for pe in elements {
+        for pe in &self.members {
             prefix.push(pe.clone());
-            if self.members.contains(pe) {
-                out.push(prefix.clone());
-            }
-            if let Some(child) = self.children.get(pe) {
-                child.collect_paths(prefix, out);
-            }
+            out.push(prefix.clone());
+            prefix.pop();
+        }
+        for (pe, child) in &self.children {
+            prefix.push(pe.clone());
+            child.collect_paths(prefix, out);
             prefix.pop();
         }
     }
@@ -1535,6 +1534,17 @@ mod tests {
             PathElement::Field("a".into()),
             PathElement::Field("z".into())
         ]));
+    }
+
+    #[test]
+    fn paths_list_members_before_children() {
+        let set = FieldSet::from_fields_v1(&json!({
+            "f:alpha": {".": {}, "f:x": {}},
+            "f:zeta": {}
+        }))
+        .unwrap();
+        let paths: Vec<String> = set.paths().iter().map(|p| path_string(p)).collect();
+        assert_eq!(paths, [".alpha", ".zeta", ".alpha.x"]);
     }
 
     #[test]
