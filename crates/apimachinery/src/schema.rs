@@ -164,11 +164,9 @@ impl FieldError {
             self.kind,
             FieldErrorKind::Required | FieldErrorKind::Forbidden | FieldErrorKind::TooLong
         );
-        if shows_value {
-            if let Some(value) = &self.value {
-                s.push_str(": ");
-                s.push_str(&go_value(value));
-            }
+        if shows_value && let Some(value) = &self.value {
+            s.push_str(": ");
+            s.push_str(&go_value(value));
         }
         if !self.detail.is_empty() {
             s.push_str(": ");
@@ -268,7 +266,7 @@ pub(crate) fn go_float(f: f64) -> String {
 }
 
 /// Go's `json.Marshal` of a decoded JSON value: sorted keys, HTML-safe escapes.
-fn go_json(v: &Value) -> String {
+pub(crate) fn go_json(v: &Value) -> String {
     let mut out = String::new();
     write_go_json(v, &mut out);
     out
@@ -467,10 +465,11 @@ fn default_node(x: &mut Value, s: &Value) {
                 if let Some(prop) = property(s, k) {
                     default_node(v, prop);
                 } else if let Some(ap) = additional(s).and_then(|a| a.schema()) {
-                    if v.is_null() && !nullable(ap) {
-                        if let Some(default) = default_of(ap) {
-                            *v = default.clone();
-                        }
+                    if v.is_null()
+                        && !nullable(ap)
+                        && let Some(default) = default_of(ap)
+                    {
+                        *v = default.clone();
                     }
                     default_node(v, ap);
                 }
@@ -479,10 +478,11 @@ fn default_node(x: &mut Value, s: &Value) {
         Value::Array(list) => {
             if let Some(is) = items(s) {
                 for v in list {
-                    if v.is_null() && !nullable(is) {
-                        if let Some(default) = default_of(is) {
-                            *v = default.clone();
-                        }
+                    if v.is_null()
+                        && !nullable(is)
+                        && let Some(default) = default_of(is)
+                    {
+                        *v = default.clone();
                     }
                     default_node(v, is);
                 }
@@ -516,11 +516,11 @@ fn child_path(parent: &str, key: &str) -> String {
 
 /// `root` marks the resource root, which kube-apiserver treats as an embedded resource.
 fn prune_node(x: &mut Value, s: Option<&Value>, root: bool, path: &str, out: &mut Vec<String>) {
-    if let Some(s) = s {
-        if flag(s, PRESERVE_UNKNOWN) {
-            skip_prune(x, s, root, path, out);
-            return;
-        }
+    if let Some(s) = s
+        && flag(s, PRESERVE_UNKNOWN)
+    {
+        skip_prune(x, s, root, path, out);
+        return;
     }
     match x {
         Value::Object(map) => {
@@ -711,17 +711,17 @@ fn validate_node(data: &Value, s: &Value, path: &str, out: &mut Vec<FieldError>)
     match data {
         Value::String(text) => {
             check_string(text, s, path, out);
-            if let Some(format) = format {
-                if !format_matches(format, text) {
-                    out.push(FieldError::type_invalid(
-                        error_field(path),
-                        data.clone(),
-                        format!(
-                            "{path} in body must be of type {format}: {}",
-                            go_quote(text)
-                        ),
-                    ));
-                }
+            if let Some(format) = format
+                && !format_matches(format, text)
+            {
+                out.push(FieldError::type_invalid(
+                    error_field(path),
+                    data.clone(),
+                    format!(
+                        "{path} in body must be of type {format}: {}",
+                        go_quote(text)
+                    ),
+                ));
             }
         }
         Value::Number(n) => check_number(n, s, path, out),
@@ -765,9 +765,9 @@ fn check_type(
     let int_is_number = actual == "integer" && types.contains(&"number");
     let string_or_array = matches!(data, Value::String(_) | Value::Array(_));
     if let Some(format) = format {
-        if !string_or_array
-            && !(types.contains(&actual) || go_format == format || float_is_int || int_is_number)
-        {
+        let matches_type =
+            types.contains(&actual) || go_format == format || float_is_int || int_is_number;
+        if !string_or_array && !matches_type {
             out.push(type_error(path, format, go_format));
             return;
         }
@@ -861,34 +861,34 @@ fn check_junctors(data: &Value, s: &Value, path: &str, out: &mut Vec<FieldError>
         }
     }
 
-    if let Some(not) = s.get("not").filter(|n| n.is_object()) {
-        if run(not).is_empty() {
-            out.push(composite_error(format!(
-                "{} must not validate the schema (not)",
-                go_quote(path)
-            )));
-        }
+    if let Some(not) = s.get("not").filter(|n| n.is_object())
+        && run(not).is_empty()
+    {
+        out.push(composite_error(format!(
+            "{} must not validate the schema (not)",
+            go_quote(path)
+        )));
     }
 }
 
 /// maxLength, minLength, pattern: kube-openapi stops at the first failure.
 fn check_string(text: &str, s: &Value, path: &str, out: &mut Vec<FieldError>) {
     let len = text.chars().count() as i64;
-    if let Some(max) = int_of(s, "maxLength") {
-        if len > max {
-            out.push(FieldError::too_long(error_field(path), max));
-            return;
-        }
+    if let Some(max) = int_of(s, "maxLength")
+        && len > max
+    {
+        out.push(FieldError::too_long(error_field(path), max));
+        return;
     }
-    if let Some(min) = int_of(s, "minLength") {
-        if len < min {
-            out.push(FieldError::invalid(
-                error_field(path),
-                Value::String(text.to_string()),
-                format!("{path} in body should be at least {min} chars long"),
-            ));
-            return;
-        }
+    if let Some(min) = int_of(s, "minLength")
+        && len < min
+    {
+        out.push(FieldError::invalid(
+            error_field(path),
+            Value::String(text.to_string()),
+            format!("{path} in body should be at least {min} chars long"),
+        ));
+        return;
     }
     if let Some(pattern) = string_of(s, "pattern") {
         let detail = match compiled(pattern) {
@@ -1085,19 +1085,19 @@ fn check_array(list: &[Value], s: &Value, path: &str, out: &mut Vec<FieldError>)
         }
     }
     let len = list.len();
-    if let Some(min) = int_of(s, "minItems") {
-        if (len as i64) < min {
-            out.push(FieldError::invalid(
-                error_field(path),
-                Value::from(len),
-                format!("{path} in body should have at least {min} items"),
-            ));
-        }
+    if let Some(min) = int_of(s, "minItems")
+        && (len as i64) < min
+    {
+        out.push(FieldError::invalid(
+            error_field(path),
+            Value::from(len),
+            format!("{path} in body should have at least {min} items"),
+        ));
     }
-    if let Some(max) = int_of(s, "maxItems") {
-        if len as i64 > max {
-            out.push(FieldError::too_many(error_field(path), len, max));
-        }
+    if let Some(max) = int_of(s, "maxItems")
+        && len as i64 > max
+    {
+        out.push(FieldError::too_many(error_field(path), len, max));
     }
     if flag(s, "uniqueItems") {
         let duplicated = list.iter().enumerate().any(|(i, a)| list[..i].contains(a));
@@ -1148,21 +1148,21 @@ fn check_enum(data: &Value, s: &Value, path: &str, out: &mut Vec<FieldError>) {
 fn check_object(map: &Map<String, Value>, s: &Value, path: &str, out: &mut Vec<FieldError>) {
     let count = map.len();
     // kube-openapi reports a property count violation alone, skipping the fields.
-    if let Some(min) = int_of(s, "minProperties") {
-        if (count as i64) < min {
-            out.push(FieldError::invalid(
-                error_field(path),
-                Value::from(count),
-                format!("{path} in body should have at least {min} properties"),
-            ));
-            return;
-        }
+    if let Some(min) = int_of(s, "minProperties")
+        && (count as i64) < min
+    {
+        out.push(FieldError::invalid(
+            error_field(path),
+            Value::from(count),
+            format!("{path} in body should have at least {min} properties"),
+        ));
+        return;
     }
-    if let Some(max) = int_of(s, "maxProperties") {
-        if count as i64 > max {
-            out.push(FieldError::too_many(error_field(path), count, max));
-            return;
-        }
+    if let Some(max) = int_of(s, "maxProperties")
+        && count as i64 > max
+    {
+        out.push(FieldError::too_many(error_field(path), count, max));
+        return;
     }
     let declared = |k: &str| property(s, k).is_some();
     match additional(s) {
@@ -1513,26 +1513,25 @@ fn structural_invariants(s: &Value, lvl: Level, path: &str, out: &mut Vec<FieldE
             ("apiVersion", "string"),
             ("metadata", "object"),
         ] {
-            if let Some(prop) = property(s, name) {
-                if string_of(prop, "type").unwrap_or_default() != want {
-                    out.push(FieldError::invalid(
-                        format!("{}.type", key_path(path, "properties", name)),
-                        type_value(prop),
-                        format!("must be {want}"),
-                    ));
-                }
-            }
-        }
-    }
-    if lvl == Level::Root {
-        if let Some(metadata) = property(s, "metadata") {
-            if !is_plain_root_metadata(metadata) {
-                out.push(FieldError::forbidden(
-                    key_path(path, "properties", "metadata"),
-                    "must not specify anything other than name and generateName, but metadata is implicitly specified",
+            if let Some(prop) = property(s, name)
+                && string_of(prop, "type").unwrap_or_default() != want
+            {
+                out.push(FieldError::invalid(
+                    format!("{}.type", key_path(path, "properties", name)),
+                    type_value(prop),
+                    format!("must be {want}"),
                 ));
             }
         }
+    }
+    if lvl == Level::Root
+        && let Some(metadata) = property(s, "metadata")
+        && !is_plain_root_metadata(metadata)
+    {
+        out.push(FieldError::forbidden(
+                    key_path(path, "properties", "metadata"),
+                    "must not specify anything other than name and generateName, but metadata is implicitly specified",
+                ));
     }
     if embedded && !preserve && properties(s).is_none_or(Map::is_empty) {
         out.push(FieldError::required(
@@ -1594,14 +1593,14 @@ fn value_validation(
     if let Some(not) = s.get("not") {
         nested_value_validation(not, false, false, &format!("{path}.not"), out);
     }
-    if let Some(pattern) = string_of(s, "pattern").filter(|p| !p.is_empty()) {
-        if let Err(err) = Regex::new(pattern) {
-            out.push(FieldError::invalid(
-                format!("{path}.pattern"),
-                Value::String(pattern.to_string()),
-                format!("must be a valid regular expression, but isn't: {err}"),
-            ));
-        }
+    if let Some(pattern) = string_of(s, "pattern").filter(|p| !p.is_empty())
+        && let Err(err) = Regex::new(pattern)
+    {
+        out.push(FieldError::invalid(
+            format!("{path}.pattern"),
+            Value::String(pattern.to_string()),
+            format!("must be a valid regular expression, but isn't: {err}"),
+        ));
     }
 }
 
@@ -1743,23 +1742,20 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             "uniqueItems cannot be set to true since the runtime complexity becomes quadratic",
         ));
     }
-    match additional(s) {
-        Some(ap) => {
-            let has_properties = properties(s).is_some_and(|p| !p.is_empty());
-            let restricts = !matches!(ap, Additional::Allows(true));
-            if has_properties && restricts {
-                out.push(FieldError::forbidden(
-                    format!("{path}.additionalProperties"),
-                    "additionalProperties and properties are mutual exclusive",
-                ));
-            } else if matches!(ap, Additional::Allows(false)) {
-                out.push(FieldError::forbidden(
-                    format!("{path}.additionalProperties"),
-                    "additionalProperties cannot be set to false",
-                ));
-            }
+    if let Some(ap) = additional(s) {
+        let has_properties = properties(s).is_some_and(|p| !p.is_empty());
+        let restricts = !matches!(ap, Additional::Allows(true));
+        if has_properties && restricts {
+            out.push(FieldError::forbidden(
+                format!("{path}.additionalProperties"),
+                "additionalProperties and properties are mutual exclusive",
+            ));
+        } else if matches!(ap, Additional::Allows(false)) {
+            out.push(FieldError::forbidden(
+                format!("{path}.additionalProperties"),
+                "additionalProperties cannot be set to false",
+            ));
         }
-        None => {}
     }
     if let Some(ty) = string_of(s, "type").filter(|t| !t.is_empty()) {
         const TYPES: [&str; 6] = ["array", "boolean", "integer", "number", "object", "string"];
@@ -1820,15 +1816,15 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
         .and_then(Value::as_array)
         .map(|k| k.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    if let Some(lt) = list_type {
-        if !matches!(lt.as_str(), Some("atomic" | "set" | "map")) {
-            let supported = ["atomic".to_string(), "set".to_string(), "map".to_string()];
-            out.push(FieldError::not_supported(
-                format!("{path}.{LIST_TYPE}"),
-                lt.clone(),
-                &supported,
-            ));
-        }
+    if let Some(lt) = list_type
+        && !matches!(lt.as_str(), Some("atomic" | "set" | "map"))
+    {
+        let supported = ["atomic".to_string(), "set".to_string(), "map".to_string()];
+        out.push(FieldError::not_supported(
+            format!("{path}.{LIST_TYPE}"),
+            lt.clone(),
+            &supported,
+        ));
     }
     let lt = list_type.and_then(Value::as_str);
     if !map_keys.is_empty() && lt != Some("map") {
@@ -1885,33 +1881,33 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             }
         }
     }
-    if lt == Some("set") {
-        if let Some(is) = item_schema {
-            match string_of(is, "type") {
-                Some("array") => out.push(FieldError::invalid(
-                    format!("{path}.items.type"),
-                    type_value(is),
-                    "must be a scalar type if parent array's x-kubernetes-list-type is set",
-                )),
-                Some("object") if string_of(is, MAP_TYPE) != Some("atomic") => {
-                    out.push(FieldError::invalid(
-                        format!("{path}.items.{MAP_TYPE}"),
-                        is.get(MAP_TYPE).cloned().unwrap_or(Value::Null),
-                        "must be atomic if parent array's x-kubernetes-list-type is set",
-                    ))
-                }
-                _ => {}
+    if lt == Some("set")
+        && let Some(is) = item_schema
+    {
+        match string_of(is, "type") {
+            Some("array") => out.push(FieldError::invalid(
+                format!("{path}.items.type"),
+                type_value(is),
+                "must be a scalar type if parent array's x-kubernetes-list-type is set",
+            )),
+            Some("object") if string_of(is, MAP_TYPE) != Some("atomic") => {
+                out.push(FieldError::invalid(
+                    format!("{path}.items.{MAP_TYPE}"),
+                    is.get(MAP_TYPE).cloned().unwrap_or(Value::Null),
+                    "must be atomic if parent array's x-kubernetes-list-type is set",
+                ))
             }
+            _ => {}
         }
     }
-    if let Some(mt) = s.get(MAP_TYPE) {
-        if !matches!(mt.as_str(), Some("atomic" | "granular")) {
-            let supported = ["atomic".to_string(), "granular".to_string()];
-            out.push(FieldError::not_supported(
-                format!("{path}.{MAP_TYPE}"),
-                mt.clone(),
-                &supported,
-            ));
-        }
+    if let Some(mt) = s.get(MAP_TYPE)
+        && !matches!(mt.as_str(), Some("atomic" | "granular"))
+    {
+        let supported = ["atomic".to_string(), "granular".to_string()];
+        out.push(FieldError::not_supported(
+            format!("{path}.{MAP_TYPE}"),
+            mt.clone(),
+            &supported,
+        ));
     }
 }
