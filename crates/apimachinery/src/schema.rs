@@ -1662,7 +1662,8 @@ fn nested_value_validation(
     }
 }
 
-/// Every field or item named under a junctor must also be specified structurally.
+/// Every field or item named under a junctor must also be specified structurally. Like
+/// kube-apiserver this starts from the root's junctors only.
 fn structural_completeness(
     v: &Value,
     s: Option<&Value>,
@@ -1909,5 +1910,790 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             mt.clone(),
             &supported,
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A CRD root schema whose `spec.f` field has the given schema.
+    fn with_field(field: Value) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "spec": {"type": "object", "properties": {"f": field}}
+            }
+        })
+    }
+
+    fn messages(obj: &Value, schema: &Value) -> Vec<String> {
+        validate(obj, schema)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn validation_messages_match_kube_apiserver() {
+        let cases: Vec<(&str, Value, Value, Vec<&str>)> = vec![
+            (
+                "integer given a string",
+                json!({"type": "integer"}),
+                json!("string"),
+                vec![
+                    r#"spec.f: Invalid value: "string": spec.f in body must be of type integer: "string""#,
+                ],
+            ),
+            (
+                "string given an integer",
+                json!({"type": "string"}),
+                json!(5),
+                vec![
+                    r#"spec.f: Invalid value: "integer": spec.f in body must be of type string: "integer""#,
+                ],
+            ),
+            (
+                "boolean given a string",
+                json!({"type": "boolean"}),
+                json!("yes"),
+                vec![
+                    r#"spec.f: Invalid value: "string": spec.f in body must be of type boolean: "string""#,
+                ],
+            ),
+            (
+                "number given a boolean",
+                json!({"type": "number"}),
+                json!(true),
+                vec![
+                    r#"spec.f: Invalid value: "boolean": spec.f in body must be of type number: "boolean""#,
+                ],
+            ),
+            (
+                "integer given a fraction",
+                json!({"type": "integer"}),
+                json!(1.5),
+                vec![
+                    r#"spec.f: Invalid value: "number": spec.f in body must be of type integer: "number""#,
+                ],
+            ),
+            (
+                "integer given a whole float",
+                json!({"type": "integer"}),
+                json!(2.0),
+                vec![],
+            ),
+            (
+                "number given an integer",
+                json!({"type": "number"}),
+                json!(2),
+                vec![],
+            ),
+            (
+                "array given an object",
+                json!({"type": "array", "items": {"type": "string"}}),
+                json!({}),
+                vec![
+                    r#"spec.f: Invalid value: "object": spec.f in body must be of type array: "object""#,
+                ],
+            ),
+            (
+                "object given an array",
+                json!({"type": "object"}),
+                json!([]),
+                vec![
+                    r#"spec.f: Invalid value: "array": spec.f in body must be of type object: "array""#,
+                ],
+            ),
+            (
+                "null where not nullable",
+                json!({"type": "string"}),
+                Value::Null,
+                vec![
+                    r#"spec.f: Invalid value: "null": spec.f in body must be of type string: "null""#,
+                ],
+            ),
+            (
+                "null where nullable",
+                json!({"type": "string", "nullable": true}),
+                Value::Null,
+                vec![],
+            ),
+            (
+                "minimum",
+                json!({"type": "integer", "minimum": 1}),
+                json!(0),
+                vec![
+                    "spec.f: Invalid value: 0: spec.f in body should be greater than or equal to 1",
+                ],
+            ),
+            (
+                "exclusive minimum",
+                json!({"type": "integer", "minimum": 1, "exclusiveMinimum": true}),
+                json!(1),
+                vec!["spec.f: Invalid value: 1: spec.f in body should be greater than 1"],
+            ),
+            (
+                "maximum",
+                json!({"type": "integer", "maximum": 10}),
+                json!(11),
+                vec![
+                    "spec.f: Invalid value: 11: spec.f in body should be less than or equal to 10",
+                ],
+            ),
+            (
+                "exclusive maximum",
+                json!({"type": "integer", "maximum": 10, "exclusiveMaximum": true}),
+                json!(10),
+                vec!["spec.f: Invalid value: 10: spec.f in body should be less than 10"],
+            ),
+            (
+                "fractional maximum",
+                json!({"type": "number", "maximum": 1.5}),
+                json!(2.5),
+                vec![
+                    "spec.f: Invalid value: 2.5: spec.f in body should be less than or equal to 1.5",
+                ],
+            ),
+            (
+                "within bounds",
+                json!({"type": "integer", "minimum": 1, "maximum": 3}),
+                json!(2),
+                vec![],
+            ),
+            (
+                "integer multipleOf",
+                json!({"type": "integer", "multipleOf": 3}),
+                json!(7),
+                vec!["spec.f: Invalid value: 7: spec.f in body should be a multiple of 3"],
+            ),
+            (
+                "fractional multipleOf",
+                json!({"type": "number", "multipleOf": 0.5}),
+                json!(1.25),
+                vec!["spec.f: Invalid value: 1.25: spec.f in body should be a multiple of 0.5"],
+            ),
+            (
+                "multipleOf tolerates rounding",
+                json!({"type": "number", "multipleOf": 0.1}),
+                json!(0.3),
+                vec![],
+            ),
+            (
+                "minLength",
+                json!({"type": "string", "minLength": 3}),
+                json!("ab"),
+                vec![
+                    r#"spec.f: Invalid value: "ab": spec.f in body should be at least 3 chars long"#,
+                ],
+            ),
+            (
+                "maxLength omits the value",
+                json!({"type": "string", "maxLength": 3}),
+                json!("abcd"),
+                vec!["spec.f: Too long: may not be more than 3 bytes"],
+            ),
+            (
+                "maxLength of one",
+                json!({"type": "string", "maxLength": 1}),
+                json!("ab"),
+                vec!["spec.f: Too long: may not be more than 1 byte"],
+            ),
+            (
+                "maxLength counts characters",
+                json!({"type": "string", "maxLength": 3}),
+                json!("héé"),
+                vec![],
+            ),
+            (
+                "pattern",
+                json!({"type": "string", "pattern": "^[a-z]+$"}),
+                json!("ABC"),
+                vec![r#"spec.f: Invalid value: "ABC": spec.f in body should match '^[a-z]+$'"#],
+            ),
+            (
+                "string checks stop at the first failure",
+                json!({"type": "string", "minLength": 3, "pattern": "^[a-z]+$"}),
+                json!("A"),
+                vec![
+                    r#"spec.f: Invalid value: "A": spec.f in body should be at least 3 chars long"#,
+                ],
+            ),
+            (
+                "string enum",
+                json!({"type": "string", "enum": ["red", "blue"]}),
+                json!("pink"),
+                vec![r#"spec.f: Unsupported value: "pink": supported values: "red", "blue""#],
+            ),
+            (
+                "integer enum",
+                json!({"type": "integer", "enum": [1, 2]}),
+                json!(3),
+                vec![r#"spec.f: Unsupported value: 3: supported values: "1", "2""#],
+            ),
+            (
+                "enum member",
+                json!({"type": "string", "enum": ["red", "blue"]}),
+                json!("blue"),
+                vec![],
+            ),
+            (
+                "date-time format",
+                json!({"type": "string", "format": "date-time"}),
+                json!("yesterday"),
+                vec![
+                    r#"spec.f: Invalid value: "yesterday": spec.f in body must be of type date-time: "yesterday""#,
+                ],
+            ),
+            (
+                "valid date-time",
+                json!({"type": "string", "format": "date-time"}),
+                json!("2024-01-02T03:04:05Z"),
+                vec![],
+            ),
+            (
+                "date format",
+                json!({"type": "string", "format": "date"}),
+                json!("2024-13-01"),
+                vec![
+                    r#"spec.f: Invalid value: "2024-13-01": spec.f in body must be of type date: "2024-13-01""#,
+                ],
+            ),
+            (
+                "unknown formats are not checked",
+                json!({"type": "string", "format": "my-format"}),
+                json!("x"),
+                vec![],
+            ),
+            (
+                "int32 format is stripped",
+                json!({"type": "integer", "format": "int32"}),
+                json!(1),
+                vec![],
+            ),
+            (
+                "int-or-string takes an integer",
+                json!({"x-kubernetes-int-or-string": true}),
+                json!(80),
+                vec![],
+            ),
+            (
+                "int-or-string takes a string",
+                json!({"x-kubernetes-int-or-string": true}),
+                json!("http"),
+                vec![],
+            ),
+            (
+                "int-or-string rejects a boolean",
+                json!({"x-kubernetes-int-or-string": true}),
+                json!(true),
+                vec![
+                    r#"spec.f: Invalid value: "boolean": spec.f in body must be of type integer,string: "boolean""#,
+                ],
+            ),
+            (
+                "minItems",
+                json!({"type": "array", "items": {"type": "integer"}, "minItems": 1}),
+                json!([]),
+                vec!["spec.f: Invalid value: 0: spec.f in body should have at least 1 items"],
+            ),
+            (
+                "maxItems",
+                json!({"type": "array", "items": {"type": "integer"}, "maxItems": 2}),
+                json!([1, 2, 3]),
+                vec!["spec.f: Too many: 3: must have at most 2 items"],
+            ),
+            (
+                "uniqueItems",
+                json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true}),
+                json!([1, 2, 1]),
+                vec![r#"spec.f: Invalid value: "": spec.f in body shouldn't contain duplicates"#],
+            ),
+            (
+                "item types",
+                json!({"type": "array", "items": {"type": "integer"}}),
+                json!([1, "x"]),
+                vec![
+                    r#"spec.f[1]: Invalid value: "string": spec.f[1] in body must be of type integer: "string""#,
+                ],
+            ),
+            (
+                "minProperties",
+                json!({"type": "object", "additionalProperties": {"type": "string"}, "minProperties": 1}),
+                json!({}),
+                vec!["spec.f: Invalid value: 0: spec.f in body should have at least 1 properties"],
+            ),
+            (
+                "maxProperties",
+                json!({"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 1}),
+                json!({"a": "x", "b": "y"}),
+                vec!["spec.f: Too many: 2: must have at most 1 item"],
+            ),
+            (
+                "additionalProperties schema",
+                json!({"type": "object", "additionalProperties": {"type": "integer"}}),
+                json!({"a": 1, "b": "x"}),
+                vec![
+                    r#"spec.f.b: Invalid value: "string": spec.f.b in body must be of type integer: "string""#,
+                ],
+            ),
+            (
+                "required",
+                json!({"type": "object", "properties": {"size": {"type": "integer"}}, "required": ["size"]}),
+                json!({}),
+                vec!["spec.f.size: Required value"],
+            ),
+            (
+                "anyOf reports the closest branch",
+                json!({"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}),
+                json!({}),
+                vec![
+                    r#"<nil>: Invalid value: "": "spec.f" must validate at least one schema (anyOf)"#,
+                    "spec.f.a: Required value",
+                ],
+            ),
+            (
+                "anyOf satisfied",
+                json!({"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}),
+                json!({"b": 1}),
+                vec![],
+            ),
+            (
+                "oneOf with two matches",
+                json!({"type": "integer", "oneOf": [{"minimum": 0}, {"minimum": 5}]}),
+                json!(6),
+                vec![
+                    r#"<nil>: Invalid value: "": "spec.f" must validate one and only one schema (oneOf). Found 2 valid alternatives"#,
+                ],
+            ),
+            (
+                "oneOf with no match",
+                json!({"type": "integer", "oneOf": [{"maximum": 1}, {"maximum": 2}]}),
+                json!(5),
+                vec![
+                    r#"<nil>: Invalid value: "": "spec.f" must validate one and only one schema (oneOf). Found none valid"#,
+                    "spec.f: Invalid value: 5: spec.f in body should be less than or equal to 1",
+                ],
+            ),
+            (
+                "allOf",
+                json!({"type": "integer", "allOf": [{"minimum": 1}, {"maximum": 3}]}),
+                json!(5),
+                vec![
+                    "spec.f: Invalid value: 5: spec.f in body should be less than or equal to 3",
+                    r#"<nil>: Invalid value: "": "spec.f" must validate all the schemas (allOf)"#,
+                ],
+            ),
+            (
+                "not",
+                json!({"type": "string", "not": {"enum": ["x"]}}),
+                json!("x"),
+                vec![r#"<nil>: Invalid value: "": "spec.f" must not validate the schema (not)"#],
+            ),
+            (
+                "list-type set reports each repeated item once",
+                json!({"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "set"}),
+                json!(["a", "b", "a", "a"]),
+                vec![r#"spec.f[2]: Duplicate value: "a""#],
+            ),
+            (
+                "list-type map names the key",
+                json!({
+                    "type": "array",
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"}, "x": {"type": "integer"}}}
+                }),
+                json!([{"name": "a"}, {"name": "b"}, {"name": "a", "x": 1}]),
+                vec![r#"spec.f[2]: Duplicate value: {"name":"a"}"#],
+            ),
+            (
+                "list-type map keys take their defaults",
+                json!({
+                    "type": "array",
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["port", "protocol"],
+                    "items": {"type": "object", "properties": {
+                        "port": {"type": "integer"},
+                        "protocol": {"type": "string", "default": "TCP"}
+                    }}
+                }),
+                json!([{"port": 80}, {"port": 80, "protocol": "UDP"}, {"port": 80, "protocol": "TCP"}]),
+                vec![r#"spec.f[2]: Duplicate value: {"port":80,"protocol":"TCP"}"#],
+            ),
+            (
+                "embedded resources need apiVersion and kind",
+                json!({"type": "object", "x-kubernetes-embedded-resource": true, "x-kubernetes-preserve-unknown-fields": true}),
+                json!({"metadata": {}}),
+                vec![
+                    "spec.f.apiVersion: Required value: must not be empty",
+                    "spec.f.kind: Required value: must not be empty",
+                ],
+            ),
+            (
+                "embedded resource kinds are DNS labels",
+                json!({"type": "object", "x-kubernetes-embedded-resource": true, "x-kubernetes-preserve-unknown-fields": true}),
+                json!({"apiVersion": "v1", "kind": "Con_figMap"}),
+                vec![
+                    r#"spec.f.kind: Invalid value: "Con_figMap": may have mixed case, but should otherwise match: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"#,
+                ],
+            ),
+        ];
+        for (name, field, value, expected) in cases {
+            let schema = with_field(field);
+            let obj =
+                json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"f": value}});
+            assert_eq!(messages(&obj, &schema), expected, "case {name:?}");
+        }
+    }
+
+    #[test]
+    fn errors_carry_status_cause_reasons_and_values() {
+        let schema = with_field(json!({"type": "object", "properties": {
+            "replicas": {"type": "integer"},
+            "color": {"type": "string", "enum": ["red"]},
+            "name": {"type": "string", "maxLength": 2}
+        }, "required": ["size"]}));
+        let obj = json!({"spec": {"f": {"replicas": "x", "color": "blue", "name": "abc"}}});
+        let got: Vec<(String, &str, Option<Value>)> = validate(&obj, &schema)
+            .into_iter()
+            .map(|e| (e.field, e.kind.reason(), e.value))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "spec.f.replicas".to_string(),
+                    "FieldValueTypeInvalid",
+                    Some(json!("string"))
+                ),
+                (
+                    "spec.f.color".to_string(),
+                    "FieldValueNotSupported",
+                    Some(json!("blue"))
+                ),
+                ("spec.f.name".to_string(), "FieldValueTooLong", None),
+                ("spec.f.size".to_string(), "FieldValueRequired", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn field_error_bodies_render_values_like_go() {
+        let cases = vec![
+            (
+                FieldError::invalid("a", json!("q\"\n"), "d"),
+                r#"a: Invalid value: "q\"\n": d"#,
+            ),
+            (
+                FieldError::invalid("a", json!(1_000_000.0), "d"),
+                "a: Invalid value: 1e+06: d",
+            ),
+            (
+                FieldError::invalid("a", json!(0.00001), "d"),
+                "a: Invalid value: 1e-05: d",
+            ),
+            (
+                FieldError::invalid("a", json!(123456.5), "d"),
+                "a: Invalid value: 123456.5: d",
+            ),
+            (
+                FieldError::invalid("a", json!({"b": "<", "a": [1]}), "d"),
+                r#"a: Invalid value: {"a":[1],"b":"\u003c"}: d"#,
+            ),
+            (
+                FieldError::invalid("a", Value::Null, "d"),
+                "a: Invalid value: null: d",
+            ),
+            (FieldError::forbidden("a", "no"), "a: Forbidden: no"),
+            (
+                FieldError::duplicate("a[1]", json!(true)),
+                "a[1]: Duplicate value: true",
+            ),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.to_string(), want);
+        }
+        assert_eq!(FieldErrorKind::Duplicate.reason(), "FieldValueDuplicate");
+        assert_eq!(FieldErrorKind::Forbidden.reason(), "FieldValueForbidden");
+        assert_eq!(FieldErrorKind::Invalid.reason(), "FieldValueInvalid");
+        assert_eq!(FieldErrorKind::TooMany.reason(), "FieldValueTooMany");
+    }
+
+    #[test]
+    fn defaulting() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "default": {},
+                    "properties": {
+                        "replicas": {"type": "integer", "default": 1},
+                        "mode": {"type": "string", "default": "auto"},
+                        "note": {"type": "string", "nullable": true, "default": "n"},
+                        "extra": {"type": "string"},
+                        "ports": {
+                            "type": "array",
+                            "items": {"type": "object", "properties": {
+                                "port": {"type": "integer", "default": 80},
+                                "protocol": {"type": "string", "default": "TCP"}
+                            }}
+                        },
+                        "limits": {
+                            "type": "object",
+                            "additionalProperties": {"type": "object", "properties": {
+                                "max": {"type": "integer", "default": 10}
+                            }}
+                        }
+                    }
+                }
+            }
+        });
+        let cases = vec![
+            (
+                "absent object gets its default, then the defaults inside it",
+                json!({}),
+                json!({"spec": {"replicas": 1, "mode": "auto", "note": "n"}}),
+            ),
+            (
+                "present values are kept",
+                json!({"spec": {"replicas": 3, "mode": "manual", "note": "x"}}),
+                json!({"spec": {"replicas": 3, "mode": "manual", "note": "x"}}),
+            ),
+            (
+                "array items are defaulted one by one",
+                json!({"spec": {"ports": [{}, {"port": 8080, "protocol": "UDP"}]}}),
+                json!({"spec": {"replicas": 1, "mode": "auto", "note": "n", "ports": [
+                    {"port": 80, "protocol": "TCP"},
+                    {"port": 8080, "protocol": "UDP"}
+                ]}}),
+            ),
+            (
+                "additionalProperties values are defaulted",
+                json!({"spec": {"limits": {"cpu": {}, "mem": {"max": 2}}}}),
+                json!({"spec": {"replicas": 1, "mode": "auto", "note": "n", "limits": {"cpu": {"max": 10}, "mem": {"max": 2}}}}),
+            ),
+            (
+                "null of a non-nullable field takes the default, a nullable one stays null",
+                json!({"spec": {"replicas": null, "note": null}}),
+                json!({"spec": {"replicas": 1, "mode": "auto", "note": null}}),
+            ),
+            (
+                "null of a non-nullable field without default is dropped",
+                json!({"spec": {"extra": null}}),
+                json!({"spec": {"replicas": 1, "mode": "auto", "note": "n"}}),
+            ),
+        ];
+        for (name, mut obj, want) in cases {
+            apply_defaults(&mut obj, &schema);
+            assert_eq!(obj, want, "case {name:?}");
+        }
+    }
+
+    #[test]
+    fn pruning() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "spec": {"type": "object", "properties": {
+                    "replicas": {"type": "integer"},
+                    "template": {"type": "object", "properties": {"x": {"type": "integer"}}},
+                    "list": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+                    "labels": {"type": "object", "additionalProperties": {"type": "object", "properties": {"v": {"type": "string"}}}},
+                    "config": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true,
+                        "properties": {"known": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+                    },
+                    "pod": {
+                        "type": "object",
+                        "x-kubernetes-embedded-resource": true,
+                        "properties": {"spec": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+                    }
+                }}
+            }
+        });
+        let cases = vec![
+            (
+                "unknown nested fields",
+                json!({"spec": {"replicas": 1, "foo": 1, "template": {"x": 1, "y": {"z": 2}}}}),
+                json!({"spec": {"replicas": 1, "template": {"x": 1}}}),
+                vec!["spec.foo", "spec.template.y"],
+            ),
+            (
+                "root keeps apiVersion, kind and all of metadata",
+                json!({"apiVersion": "a/v1", "kind": "K", "metadata": {"name": "n", "whatever": 1}, "extra": true}),
+                json!({"apiVersion": "a/v1", "kind": "K", "metadata": {"name": "n", "whatever": 1}}),
+                vec!["extra"],
+            ),
+            (
+                "list items are pruned with their index",
+                json!({"spec": {"list": [{"name": "a"}, {"name": "b", "bad": 1}]}}),
+                json!({"spec": {"list": [{"name": "a"}, {"name": "b"}]}}),
+                vec!["spec.list[1].bad"],
+            ),
+            (
+                "additionalProperties values are pruned by their schema",
+                json!({"spec": {"labels": {"k": {"v": "x", "w": "y"}}}}),
+                json!({"spec": {"labels": {"k": {"v": "x"}}}}),
+                vec!["spec.labels.k.w"],
+            ),
+            (
+                "preserve-unknown-fields keeps unknown fields but prunes declared ones",
+                json!({"spec": {"config": {"anything": {"deep": 1}, "known": {"a": 1, "b": 2}}}}),
+                json!({"spec": {"config": {"anything": {"deep": 1}, "known": {"a": 1}}}}),
+                vec!["spec.config.known.b"],
+            ),
+            (
+                "embedded resources keep apiVersion, kind and metadata",
+                json!({"spec": {"pod": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "foo": 1}, "spec": {"x": 1, "y": 2}, "other": 3}}}),
+                json!({"spec": {"pod": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "foo": 1}, "spec": {"x": 1}}}}),
+                vec!["spec.pod.other", "spec.pod.spec.y"],
+            ),
+            (
+                "metadata is only special at the root and in embedded resources",
+                json!({"spec": {"template": {"metadata": {"name": "x"}}}}),
+                json!({"spec": {"template": {}}}),
+                vec!["spec.template.metadata"],
+            ),
+        ];
+        for (name, mut obj, want, want_paths) in cases {
+            let paths = prune(&mut obj, &schema);
+            assert_eq!(obj, want, "case {name:?}");
+            assert_eq!(paths, want_paths, "case {name:?}");
+        }
+    }
+
+    #[test]
+    fn root_preserve_unknown_fields_prunes_nothing_unknown() {
+        let schema = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+        let mut obj = json!({"apiVersion": "v1", "spec": {"a": 1}, "x": [1]});
+        let before = obj.clone();
+        assert!(prune(&mut obj, &schema).is_empty());
+        assert_eq!(obj, before);
+    }
+
+    #[test]
+    fn structural_checks() {
+        let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+            (
+                "a well-formed schema",
+                json!({"type": "object", "properties": {
+                    "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}},
+                    "spec": {"type": "object", "required": ["port"], "properties": {
+                        "port": {"x-kubernetes-int-or-string": true, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                        "raw": {"x-kubernetes-preserve-unknown-fields": true},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "items": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                                  "items": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}},
+                        "choice": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                                   "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+                    }}
+                }}),
+                vec![],
+            ),
+            (
+                "missing root type",
+                json!({"properties": {}}),
+                vec!["openAPIV3Schema.type: Required value: must not be empty at the root"],
+            ),
+            (
+                "root must be an object",
+                json!({"type": "string"}),
+                vec![
+                    r#"openAPIV3Schema.type: Invalid value: "string": must be object at the root"#,
+                ],
+            ),
+            (
+                "missing field type",
+                json!({"type": "object", "properties": {"spec": {"properties": {"a": {"type": "string"}}}}}),
+                vec![
+                    "openAPIV3Schema.properties[spec].type: Required value: must not be empty for specified object fields",
+                ],
+            ),
+            (
+                "missing item type",
+                json!({"type": "object", "properties": {"l": {"type": "array", "items": {}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].items.type: Required value: must not be empty for specified array items",
+                ],
+            ),
+            (
+                "array without items",
+                json!({"type": "object", "properties": {"l": {"type": "array"}}}),
+                vec!["openAPIV3Schema.properties[l].items: Required value: must be specified"],
+            ),
+            (
+                "additionalProperties with properties",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "string"}}}}),
+                vec![
+                    "openAPIV3Schema.properties[spec].additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive",
+                ],
+            ),
+            (
+                "additionalProperties at the root",
+                json!({"type": "object", "additionalProperties": {"type": "string"}}),
+                vec![
+                    "openAPIV3Schema.additionalProperties: Forbidden: must not be used at the root",
+                ],
+            ),
+            (
+                "structure under a junctor",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "anyOf": [{"type": "object", "description": "d"}]}}}),
+                vec![
+                    "openAPIV3Schema.properties[spec].anyOf[0].description: Forbidden: must be empty to be structural",
+                    "openAPIV3Schema.properties[spec].anyOf[0].type: Forbidden: must be empty to be structural",
+                ],
+            ),
+            (
+                "field named only under a root junctor",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}},
+                    "anyOf": [{"properties": {"spec": {"properties": {"b": {"minLength": 1}}}}}]}),
+                vec![
+                    "openAPIV3Schema.properties[spec].properties[b]: Required value: because it is defined in openAPIV3Schema.anyOf[0].properties[spec].properties[b]",
+                ],
+            ),
+            (
+                "uniqueItems",
+                json!({"type": "object", "properties": {"l": {"type": "array", "uniqueItems": true, "items": {"type": "string"}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].uniqueItems: Forbidden: uniqueItems cannot be set to true since the runtime complexity becomes quadratic",
+                ],
+            ),
+            (
+                "root metadata beyond name and generateName",
+                json!({"type": "object", "properties": {"metadata": {"type": "object", "properties": {"labels": {"type": "object"}}}}}),
+                vec![
+                    "openAPIV3Schema.properties[metadata]: Forbidden: must not specify anything other than name and generateName, but metadata is implicitly specified",
+                ],
+            ),
+            (
+                "embedded resource without fields",
+                json!({"type": "object", "properties": {"t": {"type": "object", "x-kubernetes-embedded-resource": true}}}),
+                vec![
+                    "openAPIV3Schema.properties[t].properties: Required value: must not be empty if x-kubernetes-embedded-resource is true without x-kubernetes-preserve-unknown-fields",
+                ],
+            ),
+            (
+                "list-type map without keys",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-type": "map", "items": {"type": "object"}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map",
+                ],
+            ),
+            (
+                "int-or-string with preserve-unknown-fields",
+                json!({"type": "object", "properties": {"p": {"x-kubernetes-int-or-string": true, "x-kubernetes-preserve-unknown-fields": true}}}),
+                vec![
+                    "openAPIV3Schema.properties[p].x-kubernetes-preserve-unknown-fields: Invalid value: true: must be false if x-kubernetes-int-or-string is true",
+                ],
+            ),
+        ];
+        for (name, schema, expected) in cases {
+            assert_eq!(structural_errors(&schema), expected, "case {name:?}");
+        }
     }
 }
