@@ -699,3 +699,237 @@ fn filter_matches(filter: &Filter, item: &Value, root: &Value) -> Result<bool, J
         Op::Ge => ordering.is_ge(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod() -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "web-0",
+                "labels": {"app.kubernetes.io/name": "web", "tier": "front"},
+                "annotations": {"example.com/owner": "team-a"}
+            },
+            "spec": {
+                "replicas": 3,
+                "containers": [
+                    {"name": "app", "image": "nginx:1.27", "ports": [{"containerPort": 80}]},
+                    {"name": "sidecar", "image": "envoy:1.30"},
+                    {"name": "metrics", "image": "prom:2"}
+                ]
+            },
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "PodScheduled", "status": "True", "reason": "Scheduled"},
+                    {"type": "Initialized", "status": "False"}
+                ],
+                "containerStatuses": [
+                    {"name": "app", "restartCount": 0},
+                    {"name": "sidecar", "restartCount": 4},
+                    {"name": "metrics", "restartCount": 1.5}
+                ]
+            }
+        })
+    }
+
+    #[test]
+    fn expressions_select_what_kubectl_selects() {
+        let cases: Vec<(&str, Value)> = vec![
+            (".spec.replicas", json!([3])),
+            ("{.spec.replicas}", json!([3])),
+            ("{ .spec.replicas }", json!([3])),
+            ("$.spec.replicas", json!([3])),
+            ("spec.replicas", json!([3])),
+            (".metadata.labels['app.kubernetes.io/name']", json!(["web"])),
+            (".metadata.labels[\"tier\"]", json!(["front"])),
+            (
+                r".metadata.annotations.example\.com/owner",
+                json!(["team-a"]),
+            ),
+            (
+                ".metadata.labels['tier','app.kubernetes.io/name']",
+                json!(["front", "web"]),
+            ),
+            (".spec.containers[0].name", json!(["app"])),
+            (".spec.containers[-1].name", json!(["metrics"])),
+            (
+                ".spec.containers[*].name",
+                json!(["app", "sidecar", "metrics"]),
+            ),
+            (".spec.containers[0,2].name", json!(["app", "metrics"])),
+            (".spec.containers[0:2].name", json!(["app", "sidecar"])),
+            (".spec.containers[1:].name", json!(["sidecar", "metrics"])),
+            (".spec.containers[-2:].name", json!(["sidecar", "metrics"])),
+            (".spec.containers[::2].name", json!(["app", "metrics"])),
+            (
+                ".spec.containers[0:10].name",
+                json!(["app", "sidecar", "metrics"]),
+            ),
+            (".spec.containers[2:1].name", json!([])),
+            (".spec.containers[0].ports[0].containerPort", json!([80])),
+            ("..image", json!(["nginx:1.27", "envoy:1.30", "prom:2"])),
+            ("..containerPort", json!([80])),
+            (".metadata.labels.*", json!(["web", "front"])),
+            (
+                ".status.conditions[?(@.type==\"Ready\")].status",
+                json!(["True"]),
+            ),
+            (
+                ".status.conditions[?(@.type == 'Ready')].status",
+                json!(["True"]),
+            ),
+            (
+                ".status.conditions[?(@.status!=\"True\")].type",
+                json!(["Initialized"]),
+            ),
+            (
+                ".status.conditions[?(@.reason)].type",
+                json!(["PodScheduled"]),
+            ),
+            (
+                ".status.containerStatuses[?(@.restartCount > 1)].name",
+                json!(["sidecar", "metrics"]),
+            ),
+            (
+                ".status.containerStatuses[?(@.restartCount < 1)].name",
+                json!(["app"]),
+            ),
+            (
+                ".status.containerStatuses[?(@.restartCount >= 1.5)].name",
+                json!(["sidecar", "metrics"]),
+            ),
+            (
+                ".status.containerStatuses[?(@.restartCount <= 0)].name",
+                json!(["app"]),
+            ),
+            (".status.conditions[?(@.missing==\"x\")].type", json!([])),
+            (".spec.missing.deeper", json!([])),
+            (".metadata.labels.nope", json!([])),
+            (".spec", json!([pod()["spec"].clone()])),
+        ];
+        let obj = pod();
+        for (expr, want) in cases {
+            let got = evaluate(expr, &obj).unwrap_or_else(|e| panic!("{expr}: {e}"));
+            assert_eq!(Value::Array(got), want, "expression {expr}");
+        }
+    }
+
+    #[test]
+    fn filters_on_scalar_lists_use_the_item_itself() {
+        let obj = json!({"finalizers": ["a", "b", "a"]});
+        assert_eq!(
+            evaluate("{.finalizers[?(@ == 'a')]}", &obj).unwrap(),
+            vec![json!("a"), json!("a")]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let obj = pod();
+        let cases: Vec<(&str, JsonPathError)> = vec![
+            (
+                ".spec.containers[5]",
+                JsonPathError::IndexOutOfBounds { index: 5, len: 3 },
+            ),
+            (
+                ".spec.containers[-4]",
+                JsonPathError::IndexOutOfBounds { index: -4, len: 3 },
+            ),
+            (
+                ".spec.replicas[0]",
+                JsonPathError::NotAnArray {
+                    step: "[0]".into(),
+                    found: "number",
+                },
+            ),
+            (
+                ".metadata[?(@.a)]",
+                JsonPathError::NotAnArray {
+                    step: "[?(@.a)]".into(),
+                    found: "object",
+                },
+            ),
+            (
+                ".status.containerStatuses[?(@.name > 1)]",
+                JsonPathError::IncomparableTypes {
+                    filter: "@.name > 1".into(),
+                    left: "string",
+                    right: "number",
+                },
+            ),
+        ];
+        for (expr, want) in cases {
+            assert_eq!(evaluate(expr, &obj), Err(want), "expression {expr}");
+        }
+        // Missing fields yield nothing, even under array steps.
+        assert_eq!(evaluate(".spec.nope[*].name", &obj), Ok(vec![]));
+        assert_eq!(evaluate(".spec.nope[0]", &obj), Ok(vec![]));
+        for bad in [
+            "{.spec",
+            ".spec[",
+            ".spec[?(@.a ==)]",
+            ".spec['x]",
+            ".spec..",
+            "",
+            ".spec.[0]",
+        ] {
+            assert!(
+                matches!(evaluate(bad, &obj), Err(JsonPathError::Syntax { .. })),
+                "{bad:?} should be a syntax error"
+            );
+        }
+        let message = evaluate("{.spec", &obj).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            r#"invalid jsonpath "{.spec" at offset 6: expected closing '}'"#
+        );
+    }
+
+    #[test]
+    fn ambiguous_filter_operands_are_rejected() {
+        let obj = json!({"items": [{"tags": ["a", "b"]}]});
+        assert_eq!(
+            evaluate(".items[?(@.tags[*] == 'a')]", &obj),
+            Err(JsonPathError::AmbiguousComparison {
+                filter: "@.tags[*] == 'a'".into()
+            })
+        );
+    }
+
+    #[test]
+    fn cells_format_like_kubectl() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!([]), ""),
+            (json!(["Running"]), "Running"),
+            (json!(["a", "b"]), "a,b"),
+            (json!([3]), "3"),
+            (json!([1.5]), "1.5"),
+            (json!([1000000.0]), "1e+06"),
+            (json!([true]), "true"),
+            (json!([null]), "null"),
+            (json!([{"b": 1, "a": "x"}]), r#"{"a":"x","b":1}"#),
+            (json!([["x", 1]]), r#"["x",1]"#),
+        ];
+        for (values, want) in cases {
+            let Value::Array(values) = values else {
+                unreachable!()
+            };
+            assert_eq!(format_cell(&values), want);
+        }
+    }
+
+    #[test]
+    fn printer_column_round_trip() {
+        let obj = pod();
+        let ready = evaluate(".status.conditions[?(@.type==\"Ready\")].status", &obj).unwrap();
+        assert_eq!(format_cell(&ready), "True");
+        let images = evaluate("{.spec.containers[*].image}", &obj).unwrap();
+        assert_eq!(format_cell(&images), "nginx:1.27,envoy:1.30,prom:2");
+    }
+}
