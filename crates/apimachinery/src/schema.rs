@@ -1398,6 +1398,10 @@ pub fn structural_errors(schema: &Value) -> Vec<String> {
     structural_invariants(schema, Level::Root, ROOT, &mut errs);
     structural_completeness(schema, Some(schema), ROOT, ROOT, &mut errs);
     crd_schema_rules(schema, ROOT, &mut errs);
+    // Defaults are only meaningful (and only checked by kube-apiserver) on a structural schema.
+    if errs.is_empty() {
+        default_rules(schema, ROOT, false, &mut errs);
+    }
     let mut messages: Vec<String> = errs.iter().map(ToString::to_string).collect();
     messages.sort();
     messages.dedup();
@@ -1807,6 +1811,73 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
     }
     for (child_path, child) in children {
         crd_schema_rules(child, &child_path, out);
+    }
+}
+
+/// Every `default` must survive pruning and validate against its own node, and root metadata
+/// may not have any (apiextensions defaulting.ValidateDefaults).
+fn default_rules(s: &Value, path: &str, in_root_metadata: bool, out: &mut Vec<FieldError>) {
+    if !s.is_object() {
+        return;
+    }
+    if let Some(default) = default_of(s) {
+        let at = format!("{path}.default");
+        if in_root_metadata {
+            out.push(FieldError::forbidden(
+                at,
+                "must not be set in top-level metadata",
+            ));
+        } else {
+            let mut pruned = default.clone();
+            prune_node(
+                &mut pruned,
+                Some(s),
+                flag(s, EMBEDDED_RESOURCE),
+                "",
+                &mut Vec::new(),
+            );
+            if &pruned != default {
+                out.push(FieldError::invalid(
+                    at,
+                    default.clone(),
+                    "must not have unknown fields",
+                ));
+            } else {
+                let before = out.len();
+                validate_embedded(default, s, &at, false, out);
+                if out.len() == before {
+                    // The default is validated as a document of its own: kube-openapi names fields
+                    // relative to it and Kubernetes hangs them below `.default`.
+                    let mut errs = Vec::new();
+                    validate_node(default, s, "", &mut errs);
+                    out.extend(errs.into_iter().map(|mut e| {
+                        e.field = if e.field == "<nil>" {
+                            at.clone()
+                        } else {
+                            format!("{at}.{}", e.field)
+                        };
+                        e
+                    }));
+                }
+            }
+        }
+    }
+    if let Some(props) = properties(s) {
+        for (k, p) in props {
+            let meta = in_root_metadata || (path == "openAPIV3Schema" && k == "metadata");
+            default_rules(p, &key_path(path, "properties", k), meta, out);
+        }
+    }
+    if let Some(is) = items(s) {
+        default_rules(is, &format!("{path}.items"), in_root_metadata, out);
+    }
+    if let Some(ap) = additional(s).and_then(|a| a.schema()) {
+        default_rules(
+            ap,
+            &format!("{path}.additionalProperties"),
+            in_root_metadata,
+            out,
+        );
     }
 }
 
@@ -2683,6 +2754,42 @@ mod tests {
                 vec![
                     "openAPIV3Schema.properties[l].x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map",
                 ],
+            ),
+            (
+                "default of the wrong type",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+                    "replicas": {"type": "integer", "default": "one"}}}}}),
+                vec![
+                    r#"openAPIV3Schema.properties[spec].properties[replicas].default: Invalid value: "string":  in body must be of type integer: "string""#,
+                ],
+            ),
+            (
+                "object default missing a required field",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "default": {"a": "x"}, "required": ["b"],
+                    "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}}}),
+                vec!["openAPIV3Schema.properties[spec].default.b: Required value"],
+            ),
+            (
+                "default with unknown fields",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "default": {"a": "x", "zzz": 1},
+                    "properties": {"a": {"type": "string"}}}}}),
+                vec![
+                    r#"openAPIV3Schema.properties[spec].default: Invalid value: {"a":"x","zzz":1}: must not have unknown fields"#,
+                ],
+            ),
+            (
+                "default in root metadata",
+                json!({"type": "object", "properties": {"metadata": {"type": "object", "properties": {"name": {"type": "string", "default": "x"}}}}}),
+                vec![
+                    "openAPIV3Schema.properties[metadata].properties[name].default: Forbidden: must not be set in top-level metadata",
+                ],
+            ),
+            (
+                "valid defaults",
+                json!({"type": "object", "properties": {"spec": {"type": "object", "default": {"a": "x"},
+                    "properties": {"a": {"type": "string", "default": "y", "enum": ["x", "y"]},
+                                   "ports": {"type": "array", "items": {"type": "integer", "default": 80}}}}}}),
+                vec![],
             ),
             (
                 "int-or-string with preserve-unknown-fields",
