@@ -61,10 +61,20 @@ pub enum JsonPathError {
 }
 
 /// Evaluates `expr` (with or without the surrounding `{}`: `.spec.replicas`, `{.status.conditions[?(@.type=="Ready")].status}`) against `obj`; returns the matched values in order.
+///
+/// Templates with several blocks (`{.a}/{.b}`, `{"\n"}`) yield their literal text as strings
+/// between the matches; `range`/`end` blocks are not supported.
 pub fn evaluate(expr: &str, obj: &Value) -> Result<Vec<Value>, JsonPathError> {
-    let path = Parser::new(expr).parse_expression()?;
-    let found = eval_steps(&path, vec![obj], obj)?;
-    Ok(found.into_iter().cloned().collect())
+    let mut out = Vec::new();
+    for segment in Parser::new(expr).parse_template()? {
+        match segment {
+            Segment::Text(text) => out.push(Value::String(text)),
+            Segment::Path(steps) => {
+                out.extend(eval_steps(&steps, vec![obj], obj)?.into_iter().cloned())
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Formats matches for a Table cell as kubectl does (strings bare, others as JSON, several joined by ",").
@@ -84,6 +94,13 @@ pub fn format_cell(values: &[Value]) -> String {
 // ---------------------------------------------------------------------------------------------
 // Syntax
 // ---------------------------------------------------------------------------------------------
+
+/// A piece of a template: literal text or a path to evaluate.
+#[derive(Clone, Debug, PartialEq)]
+enum Segment {
+    Text(String),
+    Path(Vec<Step>),
+}
 
 #[derive(Clone, Debug, PartialEq)]
 enum Step {
@@ -226,10 +243,48 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// A whole expression, optionally wrapped in `{}` and starting with `$`.
-    fn parse_expression(&mut self) -> Result<Vec<Step>, JsonPathError> {
+    /// A bare path, or a template of `{path}` blocks, `{"literal"}` blocks and text.
+    fn parse_template(&mut self) -> Result<Vec<Segment>, JsonPathError> {
+        if self.expr.trim().is_empty() {
+            return Err(self.error("empty expression"));
+        }
+        if !self.expr.contains('{') {
+            let steps = self.parse_path()?;
+            self.skip_spaces();
+            if self.pos != self.src.len() {
+                return Err(self.error("unexpected character"));
+            }
+            return Ok(vec![Segment::Path(steps)]);
+        }
+        // Surrounding blanks are not part of a one-block template.
+        let end = self.expr.trim_end().len();
         self.skip_spaces();
-        let braced = self.eat(b'{');
+        let mut segments = Vec::new();
+        while self.pos < end {
+            if self.eat(b'{') {
+                self.skip_spaces();
+                if matches!(self.peek(), Some(b'\'' | b'"')) {
+                    segments.push(Segment::Text(self.parse_quoted()?));
+                } else {
+                    segments.push(Segment::Path(self.parse_path()?));
+                }
+                self.skip_spaces();
+                if !self.eat(b'}') {
+                    return Err(self.error("expected closing '}'"));
+                }
+            } else {
+                let start = self.pos;
+                while self.pos < end && self.peek() != Some(b'{') {
+                    self.pos += 1;
+                }
+                segments.push(Segment::Text(self.expr[start..self.pos].to_string()));
+            }
+        }
+        Ok(segments)
+    }
+
+    /// `$`, an optional relaxed leading field, then steps.
+    fn parse_path(&mut self) -> Result<Vec<Step>, JsonPathError> {
         self.skip_spaces();
         self.eat(b'$');
         let mut steps = Vec::new();
@@ -238,17 +293,6 @@ impl<'a> Parser<'a> {
             steps.push(Step::Field(self.parse_name()?));
         }
         steps.extend(self.parse_steps()?);
-        self.skip_spaces();
-        if braced && !self.eat(b'}') {
-            return Err(self.error("expected closing '}'"));
-        }
-        self.skip_spaces();
-        if self.pos != self.src.len() {
-            return Err(self.error("unexpected character"));
-        }
-        if steps.is_empty() && !braced && self.expr.trim().is_empty() {
-            return Err(self.error("empty expression"));
-        }
         Ok(steps)
     }
 
@@ -818,6 +862,19 @@ mod tests {
             let got = evaluate(expr, &obj).unwrap_or_else(|e| panic!("{expr}: {e}"));
             assert_eq!(Value::Array(got), want, "expression {expr}");
         }
+    }
+
+    #[test]
+    fn templates_mix_text_and_paths() {
+        let obj = pod();
+        assert_eq!(
+            evaluate("{.metadata.name}/{.spec.replicas}{\"\\n\"}", &obj).unwrap(),
+            vec![json!("web-0"), json!("/"), json!(3), json!("\n")]
+        );
+        assert_eq!(
+            evaluate("  {.metadata.name}  ", &obj).unwrap(),
+            vec![json!("web-0")]
+        );
     }
 
     #[test]
