@@ -2647,6 +2647,105 @@ mod tests {
         assert_eq!(obj, before);
     }
 
+    /// The shape kubebuilder generates for a CRD with metav1.Conditions and an IntOrString.
+    fn kubebuilder_schema() -> Value {
+        json!({
+            "description": "Widget is the Schema for the widgets API",
+            "type": "object",
+            "properties": {
+                "apiVersion": {"description": "APIVersion defines the versioned schema", "type": "string"},
+                "kind": {"description": "Kind is a string value", "type": "string"},
+                "metadata": {"type": "object"},
+                "spec": {
+                    "type": "object",
+                    "required": ["size"],
+                    "properties": {
+                        "size": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 10},
+                        "port": {
+                            "anyOf": [{"type": "integer"}, {"type": "string"}],
+                            "x-kubernetes-int-or-string": true
+                        },
+                        "mode": {"type": "string", "enum": ["Fast", "Safe"], "default": "Safe"},
+                        "selector": {
+                            "type": "object",
+                            "x-kubernetes-map-type": "atomic",
+                            "additionalProperties": {"type": "string"}
+                        },
+                        "args": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"}
+                    }
+                },
+                "status": {
+                    "type": "object",
+                    "properties": {
+                        "conditions": {
+                            "type": "array",
+                            "x-kubernetes-list-type": "map",
+                            "x-kubernetes-list-map-keys": ["type"],
+                            "items": {
+                                "type": "object",
+                                "required": ["lastTransitionTime", "message", "reason", "status", "type"],
+                                "properties": {
+                                    "lastTransitionTime": {"type": "string", "format": "date-time"},
+                                    "message": {"type": "string", "maxLength": 32768},
+                                    "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+                                    "reason": {
+                                        "type": "string",
+                                        "maxLength": 1024,
+                                        "minLength": 1,
+                                        "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+                                    },
+                                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                                    "type": {"type": "string", "maxLength": 316}
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn kubebuilder_crd_round_trip() {
+        let schema = kubebuilder_schema();
+        assert_eq!(structural_errors(&schema), Vec::<String>::new());
+
+        let mut obj = json!({
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "default", "labels": {"a": "b"}},
+            "spec": {"size": 3, "port": "http", "selector": {"app": "w"}, "args": ["-v"], "legacy": true},
+            "status": {"conditions": [{
+                "type": "Ready", "status": "True", "reason": "Done", "message": "",
+                "lastTransitionTime": "2026-11-22T14:00:00Z", "observedGeneration": 1
+            }]}
+        });
+        assert_eq!(prune(&mut obj, &schema), vec!["spec.legacy"]);
+        apply_defaults(&mut obj, &schema);
+        assert_eq!(obj["spec"]["mode"], json!("Safe"));
+        assert_eq!(messages(&obj, &schema), Vec::<String>::new());
+
+        obj["spec"]["size"] = json!(0);
+        obj["status"]["conditions"][0]["status"] = json!("Maybe");
+        obj["status"]["conditions"][0]["reason"] = json!("not ok");
+        let copy = obj["status"]["conditions"][0].clone();
+        obj["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(copy);
+        assert_eq!(
+            messages(&obj, &schema),
+            vec![
+                "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1",
+                r#"status.conditions[0].reason: Invalid value: "not ok": status.conditions[0].reason in body should match '^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$'"#,
+                r#"status.conditions[0].status: Unsupported value: "Maybe": supported values: "True", "False", "Unknown""#,
+                r#"status.conditions[1].reason: Invalid value: "not ok": status.conditions[1].reason in body should match '^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$'"#,
+                r#"status.conditions[1].status: Unsupported value: "Maybe": supported values: "True", "False", "Unknown""#,
+                r#"status.conditions[1]: Duplicate value: {"type":"Ready"}"#,
+            ]
+        );
+    }
+
     #[test]
     fn structural_checks() {
         let cases: Vec<(&str, Value, Vec<&str>)> = vec![
