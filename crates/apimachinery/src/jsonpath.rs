@@ -445,6 +445,9 @@ impl<'a> Parser<'a> {
                     } else {
                         None
                     };
+                    if step.is_some_and(|s| s <= 0) {
+                        return Err(self.error("slice step must be > 0"));
+                    }
                     Step::Slice(first, end, step)
                 } else {
                     let first = first.ok_or_else(|| {
@@ -611,9 +614,7 @@ fn eval_steps<'v>(
                         next.push(index(items, *i)?);
                     }
                 }
-                Step::Slice(start, end, stride) => {
-                    next.extend(slice(items, *start, *end, *stride)?)
-                }
+                Step::Slice(start, end, stride) => next.extend(slice(items, *start, *end, *stride)),
                 Step::Filter(filter) => {
                     for item in items {
                         if filter_matches(filter, item, root)? {
@@ -663,29 +664,20 @@ fn slice(
     start: Option<i64>,
     end: Option<i64>,
     stride: Option<i64>,
-) -> Result<Vec<&Value>, JsonPathError> {
+) -> Vec<&Value> {
     let len = items.len() as i64;
     let clamp = |v: i64| if v < 0 { (v + len).max(0) } else { v.min(len) };
     let start = clamp(start.unwrap_or(0));
     let end = clamp(end.unwrap_or(len));
-    let stride = match stride {
-        None => 1,
-        Some(s) if s > 0 => s as usize,
-        Some(s) => {
-            return Err(JsonPathError::Syntax {
-                expr: format!("[{start}:{end}:{s}]"),
-                offset: 0,
-                reason: "step must be > 0".into(),
-            });
-        }
-    };
+    // The parser rejects steps below 1.
+    let stride = stride.unwrap_or(1).max(1) as usize;
     if start >= end {
-        return Ok(Vec::new());
+        return Vec::new();
     }
-    Ok(items[start as usize..end as usize]
+    items[start as usize..end as usize]
         .iter()
         .step_by(stride)
-        .collect())
+        .collect()
 }
 
 fn operand_values<'v>(
@@ -935,6 +927,7 @@ mod tests {
             ".spec..",
             "",
             ".spec.[0]",
+            ".spec.containers[::0]",
         ] {
             assert!(
                 matches!(evaluate(bad, &obj), Err(JsonPathError::Syntax { .. })),
