@@ -1,0 +1,360 @@
+//! Dynamic admission: mutating then validating webhooks from the *WebhookConfiguration
+//! objects, called with AdmissionReview v1 over HTTPS verified with their caBundle.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+use tandem_apimachinery::selector::LabelSelector;
+
+use crate::error::{ApiError, ApiResult};
+use crate::registry::ResourceInfo;
+use crate::server::{Call, State};
+
+/// Sends AdmissionReviews. Holds no connections: each call verifies against the caBundle of
+/// the webhook it calls, and webhook calls are rare enough not to need pooling.
+#[derive(Default)]
+pub struct WebhookClient;
+
+const MUTATING: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";
+const VALIDATING: &str = "admissionregistration.k8s.io/validatingwebhookconfigurations";
+
+struct Request<'a> {
+    res: &'a ResourceInfo,
+    call: &'a Call,
+    operation: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+/// Runs the mutating webhooks that match; they may change `obj`.
+pub async fn mutate(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    old: Option<&Value>,
+    obj: &mut Value,
+    operation: &str,
+) -> ApiResult<()> {
+    run(state, MUTATING, call, res, old, Some(obj), operation).await
+}
+
+/// Runs the validating webhooks that match.
+pub async fn validate(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    old: Option<&Value>,
+    obj: &mut Value,
+    operation: &str,
+) -> ApiResult<()> {
+    let mut copy = obj.clone();
+    run(
+        state,
+        VALIDATING,
+        call,
+        res,
+        old,
+        Some(&mut copy),
+        operation,
+    )
+    .await
+}
+
+/// Runs the validating webhooks for a DELETE.
+pub async fn validate_delete(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    old: &Value,
+) -> ApiResult<()> {
+    run(state, VALIDATING, call, res, Some(old), None, "DELETE").await
+}
+
+fn exempt(res: &ResourceInfo) -> bool {
+    // As in kube, webhooks never intercept their own configurations (so a broken webhook can
+    // always be removed), nor reviews.
+    res.group == "admissionregistration.k8s.io" || !res.stored
+}
+
+async fn run(
+    state: &State,
+    key: &str,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    old: Option<&Value>,
+    mut obj: Option<&mut Value>,
+    operation: &str,
+) -> ApiResult<()> {
+    if exempt(res) {
+        return Ok(());
+    }
+    let (_, configs) = state.store.list(key, None, None);
+    if configs.is_empty() {
+        return Ok(());
+    }
+    let source = obj.as_deref().or(old).cloned().unwrap_or(Value::Null);
+    let namespace = source["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let name = source["metadata"]["name"]
+        .as_str()
+        .unwrap_or(&call.info.name)
+        .to_string();
+    let req = Request {
+        res,
+        call,
+        operation,
+        namespace: &namespace,
+        name: &name,
+    };
+    for config in configs {
+        let config = config.value();
+        for hook in config["webhooks"].as_array().into_iter().flatten() {
+            if !matches(state, &req, hook, old, obj.as_deref()) {
+                continue;
+            }
+            let hook_name = hook["name"].as_str().unwrap_or("");
+            let ignore = hook["failurePolicy"] == "Ignore";
+            match call_hook(&req, hook, old, obj.as_deref()).await {
+                Ok(response) => {
+                    if response["allowed"] != true {
+                        let status = &response["status"];
+                        let message = status["message"].as_str().unwrap_or("");
+                        let code = status["code"].as_u64().unwrap_or(400) as u16;
+                        return Err(ApiError {
+                            code,
+                            reason: if code == 403 {
+                                "Forbidden"
+                            } else {
+                                "BadRequest"
+                            },
+                            message: format!(
+                                "admission webhook \"{hook_name}\" denied the request: {message}"
+                            ),
+                            details: None,
+                        });
+                    }
+                    if let (Some(patch), Some(target)) =
+                        (response["patch"].as_str(), obj.as_deref_mut())
+                    {
+                        let patch: Value = base64::engine::general_purpose::STANDARD
+                            .decode(patch)
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .ok_or_else(|| ApiError::internal(format!("admission webhook \"{hook_name}\" returned an undecodable patch")))?;
+                        *target = tandem_apimachinery::patch::json_patch(target, &patch).map_err(|e| {
+                            ApiError::internal(format!("admission webhook \"{hook_name}\" returned a patch that does not apply: {e}"))
+                        })?;
+                    }
+                }
+                Err(e) if ignore => {
+                    tracing::warn!(
+                        webhook = hook_name,
+                        "failed calling webhook, failing open (failurePolicy Ignore): {e}"
+                    );
+                }
+                Err(e) => {
+                    return Err(ApiError::internal(format!(
+                        "failed calling webhook \"{hook_name}\": {e}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn list_has(list: &Value, want: &str) -> bool {
+    list.as_array()
+        .is_some_and(|l| l.iter().any(|v| v == "*" || v == want))
+}
+
+fn resource_matches(patterns: &Value, resource: &str, sub: &str) -> bool {
+    patterns.as_array().is_some_and(|l| {
+        l.iter().filter_map(Value::as_str).any(|p| {
+            let (pr, ps) = p.split_once('/').unwrap_or((p, ""));
+            (pr == "*" || pr == resource) && (ps == "*" || ps == sub)
+        })
+    })
+}
+
+fn matches(
+    state: &State,
+    req: &Request,
+    hook: &Value,
+    old: Option<&Value>,
+    obj: Option<&Value>,
+) -> bool {
+    let res = req.res;
+    let rule_match = hook["rules"].as_array().is_some_and(|rules| {
+        rules.iter().any(|r| {
+            let scope = r["scope"].as_str().unwrap_or("*");
+            let scope_ok = scope == "*" || (scope == "Namespaced") == res.namespaced;
+            list_has(&r["operations"], req.operation)
+                && list_has(&r["apiGroups"], &res.group)
+                && list_has(&r["apiVersions"], &res.version)
+                && resource_matches(&r["resources"], &res.resource, &req.call.info.subresource)
+                && scope_ok
+        })
+    });
+    if !rule_match {
+        return false;
+    }
+    let object_selector =
+        LabelSelector::from_metav1(Some(hook.get("objectSelector").unwrap_or(&json!({}))))
+            .unwrap_or_else(|_| LabelSelector::nothing());
+    if !object_selector.is_everything()
+        && !obj.is_some_and(|o| object_selector.matches_object(o))
+        && !old.is_some_and(|o| object_selector.matches_object(o))
+    {
+        return false;
+    }
+    let ns_selector =
+        LabelSelector::from_metav1(Some(hook.get("namespaceSelector").unwrap_or(&json!({}))))
+            .unwrap_or_else(|_| LabelSelector::nothing());
+    if ns_selector.is_everything() {
+        return true;
+    }
+    if res.group.is_empty() && res.resource == "namespaces" {
+        return obj.or(old).is_some_and(|o| ns_selector.matches_object(o));
+    }
+    if !res.namespaced {
+        return true;
+    }
+    match state.store.get("/namespaces", "", req.namespace) {
+        Some(ns) => ns_selector.matches(|k| ns.label(k)),
+        None => false,
+    }
+}
+
+async fn call_hook(
+    req: &Request<'_>,
+    hook: &Value,
+    old: Option<&Value>,
+    obj: Option<&Value>,
+) -> Result<Value, String> {
+    let cc = &hook["clientConfig"];
+    let url = match cc["url"].as_str() {
+        Some(url) => url.to_string(),
+        None => {
+            let svc = &cc["service"];
+            return Err(format!(
+                "service references ({}/{}) are not reachable from the embedded API server; use clientConfig.url",
+                svc["namespace"].as_str().unwrap_or(""),
+                svc["name"].as_str().unwrap_or("")
+            ));
+        }
+    };
+    let uid = uuid::Uuid::new_v4().to_string();
+    let res = req.res;
+    let gvk = json!({"group": res.group, "version": res.version, "kind": res.kind});
+    let gvr = json!({"group": res.group, "version": res.version, "resource": res.resource});
+    let mut request = json!({
+        "uid": uid, "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+        "name": req.name, "namespace": req.namespace, "operation": req.operation,
+        "userInfo": {"username": req.call.user.name, "groups": req.call.user.groups},
+        "object": obj.cloned().unwrap_or(Value::Null), "oldObject": old.cloned().unwrap_or(Value::Null),
+        "dryRun": req.call.query.get("dryRun").is_some_and(|v| v == "All"),
+    });
+    if !req.call.info.subresource.is_empty() {
+        request["subResource"] = json!(req.call.info.subresource);
+    }
+    let review =
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request});
+    let timeout = Duration::from_secs(hook["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30));
+    let ca = cc["caBundle"]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
+    let response = tokio::time::timeout(timeout, post(&url, ca.as_deref(), review.to_string()))
+        .await
+        .map_err(|_| format!("Post {url:?}: context deadline exceeded"))??;
+    let review: Value = serde_json::from_slice(&response)
+        .map_err(|e| format!("Post {url:?}: response is not an AdmissionReview: {e}"))?;
+    let response = review["response"].clone();
+    if response["uid"] != uid {
+        return Err(format!(
+            "Post {url:?}: expected response.uid={uid:?}, got {}",
+            response["uid"]
+        ));
+    }
+    Ok(response)
+}
+
+async fn post(url: &str, ca_pem: Option<&[u8]>, body: String) -> Result<Bytes, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(pem) = ca_pem {
+        for cert in rustls_pemfile::certs(&mut &pem[..]).flatten() {
+            roots.add(cert).map_err(|e| format!("caBundle: {e}"))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector);
+    let request = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| format!("Post {url:?}: {e}"))?;
+    let response = client.request(request).await.map_err(|e| {
+        let mut msg = format!("Post {url:?}: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        msg
+    })?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("Post {url:?}: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("Post {url:?}: HTTP {status}"));
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_patterns_like_kube() {
+        let cases = [
+            (json!(["pods"]), "pods", "", true),
+            (json!(["pods"]), "pods", "status", false),
+            (json!(["pods/status"]), "pods", "status", true),
+            (json!(["pods/*"]), "pods", "status", true),
+            (json!(["pods/*"]), "pods", "", true),
+            (json!(["*"]), "deployments", "", true),
+            (json!(["*"]), "deployments", "scale", false),
+            (json!(["*/*"]), "deployments", "scale", true),
+            (json!(["*/scale"]), "deployments", "scale", true),
+            (json!(["services"]), "pods", "", false),
+        ];
+        for (patterns, resource, sub, want) in cases {
+            assert_eq!(
+                resource_matches(&patterns, resource, sub),
+                want,
+                "{patterns} {resource}/{sub}"
+            );
+        }
+    }
+}

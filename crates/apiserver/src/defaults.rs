@@ -1,0 +1,295 @@
+//! Built-in defaulting that clients rely on (pods, services, workloads, namespaces, secrets),
+//! ClusterIP allocation, and schema defaulting of custom resources.
+
+use std::net::Ipv4Addr;
+
+use base64::Engine;
+use serde_json::{Map, Value, json};
+
+use crate::error::{ApiError, ApiResult};
+use crate::registry::ResourceInfo;
+use crate::server::State;
+
+fn default(obj: &mut Map<String, Value>, key: &str, value: Value) {
+    if obj.get(key).is_none_or(Value::is_null) {
+        obj.insert(key.to_string(), value);
+    }
+}
+
+fn object_at<'a>(v: &'a mut Value, key: &str) -> &'a mut Map<String, Value> {
+    if !v[key].is_object() {
+        v[key] = json!({});
+    }
+    v[key].as_object_mut().expect("just made an object")
+}
+
+/// Defaults of a PodSpec (also inside workload templates).
+pub fn pod_spec(spec: &mut Value) {
+    let Some(map) = spec.as_object_mut() else {
+        return;
+    };
+    default(map, "restartPolicy", json!("Always"));
+    default(map, "terminationGracePeriodSeconds", json!(30));
+    default(map, "dnsPolicy", json!("ClusterFirst"));
+    default(map, "securityContext", json!({}));
+    default(map, "schedulerName", json!("default-scheduler"));
+    default(map, "enableServiceLinks", json!(true));
+    default(map, "preemptionPolicy", json!("PreemptLowerPriority"));
+    for key in ["containers", "initContainers"] {
+        for c in map
+            .get_mut(key)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let Some(c) = c.as_object_mut() else { continue };
+            let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+            let last = image.rsplit('/').next().unwrap_or(image);
+            let latest = !last.contains(':') || last.ends_with(":latest");
+            let untagged_digest = image.contains('@');
+            default(
+                c,
+                "imagePullPolicy",
+                json!(if latest && !untagged_digest {
+                    "Always"
+                } else {
+                    "IfNotPresent"
+                }),
+            );
+            default(c, "terminationMessagePath", json!("/dev/termination-log"));
+            default(c, "terminationMessagePolicy", json!("File"));
+            default(c, "resources", json!({}));
+            for p in c
+                .get_mut("ports")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(p) = p.as_object_mut() {
+                    default(p, "protocol", json!("TCP"));
+                }
+            }
+        }
+    }
+}
+
+fn pod_template(obj: &mut Value) {
+    if obj["spec"]["template"]["spec"].is_object() {
+        pod_spec(&mut obj["spec"]["template"]["spec"]);
+    }
+}
+
+/// Fills defaults for `obj` of resource `res`; `old` is the stored object on updates.
+pub fn apply(
+    state: &State,
+    res: &ResourceInfo,
+    obj: &mut Value,
+    old: Option<&Value>,
+) -> ApiResult<()> {
+    if let Some(custom) = &res.custom {
+        if let Some(schema) = &custom.schema {
+            tandem_apimachinery::schema::apply_defaults(obj, schema);
+        }
+        return Ok(());
+    }
+    match (res.group.as_str(), res.kind.as_str()) {
+        ("", "Pod") => {
+            let Some(spec) = obj.get_mut("spec") else {
+                return Ok(());
+            };
+            pod_spec(spec);
+            let spec = object_at(obj, "spec");
+            default(spec, "serviceAccountName", json!("default"));
+            default(spec, "priority", json!(0));
+            // The DefaultTolerationSeconds admission plugin: evict after 5 minutes.
+            let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
+            if let Some(list) = tolerations.as_array_mut() {
+                for key in [
+                    "node.kubernetes.io/not-ready",
+                    "node.kubernetes.io/unreachable",
+                ] {
+                    if !list.iter().any(|t| {
+                        t["key"] == key && (t["effect"] == "NoExecute" || t["effect"].is_null())
+                    }) {
+                        list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+                    }
+                }
+            }
+            if old.is_none() {
+                let status = object_at(obj, "status");
+                default(status, "phase", json!("Pending"));
+                default(status, "qosClass", json!("BestEffort"));
+            }
+        }
+        ("", "Service") => service(state, obj, old)?,
+        ("", "Namespace") => {
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+            let labels = object_at(
+                object_at(obj, "metadata")
+                    .entry("labels")
+                    .or_insert_with(|| json!({})),
+                "_",
+            );
+            let _ = labels;
+            if let Some(meta) = obj["metadata"].as_object_mut() {
+                if let Some(l) = meta.get_mut("labels").and_then(Value::as_object_mut) {
+                    l.remove("_");
+                    l.insert("kubernetes.io/metadata.name".into(), json!(name));
+                }
+            }
+            if old.is_none() {
+                default(object_at(obj, "spec"), "finalizers", json!(["kubernetes"]));
+                default(object_at(obj, "status"), "phase", json!("Active"));
+            }
+        }
+        ("", "Secret") => {
+            let map = obj.as_object_mut().expect("objects are maps");
+            default(map, "type", json!("Opaque"));
+            // stringData is write-only: it is merged into data, base64 encoded.
+            if let Some(Value::Object(string_data)) = map.remove("stringData") {
+                let data = map.entry("data").or_insert_with(|| json!({}));
+                for (k, v) in string_data {
+                    let text = v.as_str().unwrap_or_default().to_string();
+                    data[k.as_str()] =
+                        json!(base64::engine::general_purpose::STANDARD.encode(text));
+                }
+            }
+        }
+        ("apps", "Deployment") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "replicas", json!(1));
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(spec, "progressDeadlineSeconds", json!(600));
+            default(spec, "strategy", json!({"type": "RollingUpdate"}));
+            if spec["strategy"]["type"] == "RollingUpdate" {
+                let ru = object_at(&mut spec["strategy"], "rollingUpdate");
+                default(ru, "maxUnavailable", json!("25%"));
+                default(ru, "maxSurge", json!("25%"));
+            }
+            pod_template(obj);
+        }
+        ("apps", "ReplicaSet") => {
+            default(object_at(obj, "spec"), "replicas", json!(1));
+            pod_template(obj);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn service(state: &State, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {
+    let spec = object_at(obj, "spec");
+    default(spec, "type", json!("ClusterIP"));
+    default(spec, "sessionAffinity", json!("None"));
+    default(spec, "internalTrafficPolicy", json!("Cluster"));
+    for p in spec
+        .get_mut("ports")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(p) = p.as_object_mut() {
+            default(p, "protocol", json!("TCP"));
+            let port = p.get("port").cloned().unwrap_or(Value::Null);
+            default(p, "targetPort", port);
+        }
+    }
+    let kind = spec["type"].as_str().unwrap_or("ClusterIP").to_string();
+    if kind == "ExternalName" {
+        return Ok(());
+    }
+    let old_ip = old
+        .and_then(|o| o["spec"]["clusterIP"].as_str())
+        .map(str::to_string);
+    let requested = spec
+        .get("clusterIP")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let ip = match (old_ip, requested.as_str()) {
+        (Some(ip), "") => ip,
+        (Some(ip), r) if r == ip => ip,
+        (Some(ip), _) => {
+            return Err(ApiError::invalid_field(
+                "",
+                "Service",
+                obj["metadata"]["name"].as_str().unwrap_or(""),
+                "spec.clusterIPs[0]",
+                &format!("Invalid value: []string{{{ip:?}}}: may not change once set"),
+            ));
+        }
+        (None, "None") => "None".to_string(),
+        (None, "") => allocate_cluster_ip(state)?,
+        (None, r) => r.to_string(),
+    };
+    let spec = object_at(obj, "spec");
+    spec.insert("clusterIP".into(), json!(ip));
+    spec.insert("clusterIPs".into(), json!([ip]));
+    default(spec, "ipFamilies", json!(["IPv4"]));
+    default(spec, "ipFamilyPolicy", json!("SingleStack"));
+    Ok(())
+}
+
+fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
+    let (ip, len) = cidr.split_once('/')?;
+    let ip: Ipv4Addr = ip.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| *l <= 30)?;
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    Some((u32::from(ip) & mask, 1 << (32 - len)))
+}
+
+/// A free ClusterIP from the service CIDR (the first usable address is kept for `kubernetes`).
+fn allocate_cluster_ip(state: &State) -> ApiResult<String> {
+    let (base, size) = parse_cidr(&state.config.service_cidr).ok_or_else(|| {
+        ApiError::internal(format!(
+            "service CIDR {} is not a valid IPv4 CIDR",
+            state.config.service_cidr
+        ))
+    })?;
+    let (_, services) = state.store.list("/services", None, None);
+    let used: std::collections::HashSet<String> = services
+        .iter()
+        .filter_map(|d| d.value()["spec"]["clusterIP"].as_str().map(str::to_string))
+        .collect();
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..size.min(4096) {
+        let offset = rng.random_range(10..size - 1);
+        let ip = Ipv4Addr::from(base + offset).to_string();
+        if !used.contains(&ip) {
+            return Ok(ip);
+        }
+    }
+    (2..size - 1)
+        .map(|o| Ipv4Addr::from(base + o).to_string())
+        .find(|ip| !used.contains(ip))
+        .ok_or_else(|| ApiError::internal("failed to allocate a serviceIP: range is full"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_spec_defaults() {
+        let mut spec = json!({"containers": [
+            {"name": "a", "image": "nginx"}, {"name": "b", "image": "reg:5000/app:1.2", "ports": [{"containerPort": 80}]},
+            {"name": "c", "image": "busybox:latest", "imagePullPolicy": "Never"}]});
+        pod_spec(&mut spec);
+        let c = &spec["containers"];
+        assert_eq!(c[0]["imagePullPolicy"], "Always");
+        assert_eq!(c[1]["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(c[2]["imagePullPolicy"], "Never");
+        assert_eq!(c[1]["ports"][0]["protocol"], "TCP");
+        assert_eq!(spec["restartPolicy"], "Always");
+        assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    }
+
+    #[test]
+    fn cidr_parsing() {
+        assert_eq!(parse_cidr("10.96.0.0/12"), Some((0x0a60_0000, 1 << 20)));
+        assert_eq!(parse_cidr("10.96.0.7/24"), Some((0x0a60_0000, 256)));
+        assert_eq!(parse_cidr("nonsense"), None);
+        assert_eq!(parse_cidr("10.0.0.0/31"), None);
+    }
+}

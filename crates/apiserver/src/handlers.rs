@@ -1,0 +1,920 @@
+//! Resource requests: get, list, watch, create, update, patch, delete, deletecollection and
+//! the subresources (status, scale, binding, eviction, approval, finalize, token, reviews).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use serde_json::{Value, json};
+use tandem_apimachinery::managed::{self, ManagedContext};
+use tandem_apimachinery::patchmeta::PatchSchema;
+use tandem_apimachinery::selector::{FieldSelector, LabelSelector};
+
+use crate::error::{ApiError, ApiResult};
+use crate::objects::{self, meta_mut};
+use crate::registry::ResourceInfo;
+use crate::request::is_true;
+use crate::server::{Body, Call, State, bytes_response, json_response};
+use crate::store::{Doc, StoreError};
+
+/// Dispatches a resource request.
+pub async fn resource(state: &Arc<State>, call: &Call) -> ApiResult<Response<Body>> {
+    let info = &call.info;
+    let res = state
+        .registry
+        .read()
+        .get(&info.group, &info.version, &info.resource)
+        .ok_or_else(ApiError::no_route)?;
+    if !res.namespaced && !info.namespace.is_empty() && res.resource != "namespaces" {
+        return Err(ApiError::no_route());
+    }
+    if !info.subresource.is_empty() && !res.has_subresource(&info.subresource) {
+        return Err(ApiError::no_route());
+    }
+    if !res.stored {
+        return crate::reviews::create(state, call, &res).await;
+    }
+    match (info.verb.as_str(), info.subresource.as_str()) {
+        ("get", "scale") => crate::scale::get(state, call, &res),
+        ("update" | "patch", "scale") => crate::scale::write(state, call, &res).await,
+        ("create", "binding") => crate::subresources::bind(state, call, &res).await,
+        ("create", "eviction") => crate::subresources::evict(state, call, &res).await,
+        ("create", "token") => crate::subresources::token_request(state, call, &res),
+        ("get", _) => get(state, call, &res),
+        ("list", "") => list(state, call, &res),
+        ("watch", "") => crate::watch::watch(state.clone(), call, res),
+        ("create", "") => create(state, call, &res).await,
+        ("update", _) => update(state, call, &res).await,
+        ("patch", _) => patch(state, call, &res).await,
+        ("delete", "") => delete(state, call, &res).await,
+        ("deletecollection", "") => delete_collection(state, call, &res).await,
+        (verb, _) => Err(ApiError::method_not_allowed(verb, &res.resource)),
+    }
+}
+
+/// The namespace objects of `res` live in for this request ("" for cluster scope).
+fn namespace_of(call: &Call, res: &ResourceInfo) -> String {
+    if res.namespaced {
+        call.info.namespace.clone()
+    } else {
+        String::new()
+    }
+}
+
+/// Maps a store failure to the API error kube-apiserver returns.
+pub fn store_error(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
+    match e {
+        StoreError::NotFound => ApiError::not_found(&res.group, &res.resource, name),
+        StoreError::AlreadyExists => ApiError::already_exists(&res.group, &res.resource, name),
+        StoreError::Conflict => ApiError::conflict(
+            &res.group,
+            &res.resource,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ),
+        StoreError::TooOld { .. } => ApiError::gone("too old resource version"),
+        StoreError::Io(e) => ApiError::internal(e),
+    }
+}
+
+/// The stored object, or 404.
+pub fn fetch(state: &State, res: &ResourceInfo, ns: &str, name: &str) -> ApiResult<Arc<Doc>> {
+    state
+        .store
+        .get(&res.storage_key(), ns, name)
+        .ok_or_else(|| ApiError::not_found(&res.group, &res.resource, name))
+}
+
+/// Rewrites a stored object's apiVersion for the version the client asked for.
+pub fn for_version(res: &ResourceInfo, doc: &Doc) -> Bytes {
+    let stored_prefix = format!("\"apiVersion\":\"{}\"", res.api_version());
+    if doc
+        .json
+        .windows(stored_prefix.len())
+        .any(|w| w == stored_prefix.as_bytes())
+    {
+        return doc.json.clone();
+    }
+    let mut v = doc.value();
+    v["apiVersion"] = json!(res.api_version());
+    Bytes::from(serde_json::to_vec(&v).expect("JSON serializes"))
+}
+
+fn wants_table(call: &Call) -> bool {
+    call.headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"))
+}
+
+fn get(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
+    let ns = namespace_of(call, res);
+    let doc = fetch(state, res, &ns, &call.info.name)?;
+    if wants_table(call) && call.info.subresource.is_empty() {
+        let table = crate::table::render(res, &[doc], &call.query, state.store.current_rv(), None);
+        return Ok(json_response(200, &table));
+    }
+    Ok(bytes_response(200, for_version(res, &doc)))
+}
+
+/// Parsed label and field selectors of a list or watch.
+pub struct Selectors {
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
+}
+
+impl Selectors {
+    /// Parses `labelSelector` and `fieldSelector`, refusing fields the resource cannot select on.
+    pub fn parse(call: &Call, res: &ResourceInfo) -> ApiResult<Selectors> {
+        let labels =
+            match call.query.get("labelSelector").filter(|s| !s.is_empty()) {
+                Some(s) => Some(LabelSelector::parse(s).map_err(|e| {
+                    ApiError::bad_request(format!("unable to parse requirement: {e}"))
+                })?),
+                None => None,
+            };
+        let fields = match call.query.get("fieldSelector").filter(|s| !s.is_empty()) {
+            Some(s) => {
+                let sel =
+                    FieldSelector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                for req in sel.requirements() {
+                    let f = req.field.as_str();
+                    if !matches!(f, "metadata.name" | "metadata.namespace")
+                        && !res.selectable_fields.iter().any(|s| s == f)
+                    {
+                        return Err(ApiError::bad_request(format!(
+                            "field label not supported: {f}"
+                        )));
+                    }
+                }
+                Some(sel)
+            }
+            None => None,
+        };
+        Ok(Selectors { labels, fields })
+    }
+
+    /// Whether a stored object of resource `key` matches.
+    pub fn matches(&self, key: &str, doc: &Doc) -> bool {
+        self.labels
+            .as_ref()
+            .is_none_or(|l| l.matches(|k| doc.label(k)))
+            && self
+                .fields
+                .as_ref()
+                .is_none_or(|f| f.matches(|path| doc.field(key, path)))
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    rv: u64,
+    ns: String,
+    name: String,
+}
+
+fn list(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let ns = namespace_of(call, res);
+    let key = res.storage_key();
+    let selectors = Selectors::parse(call, res)?;
+    let limit: usize = call
+        .query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    let token: Option<ContinueToken> = match call.query.get("continue").filter(|c| !c.is_empty()) {
+        Some(c) => Some(
+            b64.decode(c)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .ok_or_else(|| ApiError::bad_request("continue key is not valid"))?,
+        ),
+        None => None,
+    };
+    let after = token.as_ref().map(|t| (t.ns.as_str(), t.name.as_str()));
+    let ns_filter = (!ns.is_empty()).then_some(ns.as_str());
+    let (now_rv, docs) = state.store.list(&key, ns_filter, after);
+    // Pages after the first report the first page's version, so a watch started from it
+    // misses nothing.
+    let rv = token.as_ref().map_or(now_rv, |t| t.rv);
+    let mut items: Vec<Arc<Doc>> = Vec::new();
+    let mut remaining = 0usize;
+    let mut next = None;
+    for doc in docs {
+        if !selectors.matches(&key, &doc) {
+            continue;
+        }
+        if limit > 0 && items.len() == limit {
+            remaining += 1;
+            if next.is_none() {
+                let last = items.last().expect("limit > 0");
+                next = Some(ContinueToken {
+                    rv,
+                    ns: last.namespace.to_string(),
+                    name: last.name.to_string(),
+                });
+            }
+            continue;
+        }
+        items.push(doc);
+    }
+    let continue_token = next.map(|t| b64.encode(serde_json::to_vec(&t).expect("serializes")));
+    if wants_table(call) {
+        let mut table =
+            crate::table::render(res, &items, &call.query, rv, continue_token.as_deref());
+        if remaining > 0 {
+            table["metadata"]["remainingItemCount"] = json!(remaining);
+        }
+        return Ok(json_response(200, &table));
+    }
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = continue_token {
+        meta["continue"] = json!(c);
+        meta["remainingItemCount"] = json!(remaining);
+    }
+    let head = json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": meta});
+    let head = serde_json::to_string(&head).expect("serializes");
+    let mut out =
+        Vec::with_capacity(head.len() + items.iter().map(|d| d.json.len() + 1).sum::<usize>() + 16);
+    out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, doc) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&for_version(res, doc));
+    }
+    out.extend_from_slice(b"]}");
+    Ok(bytes_response(200, Bytes::from(out)))
+}
+
+/// The field manager of a write: `fieldManager`, else the User-Agent's program name.
+pub fn field_manager(call: &Call) -> String {
+    if let Some(m) = call.query.get("fieldManager").filter(|m| !m.is_empty()) {
+        return m.clone();
+    }
+    call.headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Merge rules of a resource's objects, for strategic merge patch and apply.
+pub fn patch_schema(res: &ResourceInfo) -> PatchSchema {
+    match res.custom.as_ref().and_then(|c| c.schema.as_ref()) {
+        Some(schema) => PatchSchema::from_openapi(schema),
+        None if res.custom.is_some() => PatchSchema::empty(),
+        None => PatchSchema::builtin(&res.group, &res.kind),
+    }
+}
+
+/// Top-level fields an endpoint does not own, for managedFields.
+fn ignored_fields(res: &ResourceInfo, subresource: &str) -> &'static [&'static str] {
+    match (res.has_status(), subresource) {
+        (true, "status") => &["spec", "data", "metadata", "rules", "subjects"],
+        (true, _) => &["status"],
+        _ => &[],
+    }
+}
+
+fn is_dry_run(call: &Call) -> bool {
+    call.query.get("dryRun").is_some_and(|v| v == "All")
+}
+
+/// Everything a write must do between the client's object and the store: defaulting,
+/// admission, validation, managedFields. `old` is None for creates.
+pub async fn admit(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    old: Option<&Value>,
+    obj: &mut Value,
+    operation: &str,
+) -> ApiResult<()> {
+    crate::defaults::apply(state, res, obj, old)?;
+    crate::admission::mutate(state, call, res, old, obj, operation).await?;
+    crate::defaults::apply(state, res, obj, old)?;
+    crate::validation::validate(state, call, res, old, obj)?;
+    crate::admission::validate(state, call, res, old, obj, operation).await?;
+    Ok(())
+}
+
+fn record_update(call: &Call, res: &ResourceInfo, old: Option<&Value>, obj: &mut Value) {
+    let manager = field_manager(call);
+    let schema = patch_schema(res);
+    let api_version = res.api_version();
+    let time = objects::now();
+    let ctx = ManagedContext {
+        manager: &manager,
+        api_version: &api_version,
+        time: &time,
+        schema: &schema,
+        subresource: (!call.info.subresource.is_empty()).then_some(call.info.subresource.as_str()),
+        ignored: ignored_fields(res, &call.info.subresource),
+    };
+    managed::record_update(old, obj, &ctx);
+}
+
+async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
+    let content_type = content_type(call);
+    let mut obj = objects::parse_body(&call.body, &content_type)?;
+    objects::check_type(res, &mut obj)?;
+    let ns = namespace_of(call, res);
+    set_name_and_namespace(res, &ns, &mut obj)?;
+    objects::prepare_create(res, &mut obj);
+    admit(state, call, res, None, &mut obj, "CREATE").await?;
+    record_update(call, res, None, &mut obj);
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if is_dry_run(call) {
+        return Ok(json_response(201, &obj));
+    }
+    let doc = state.create_object(res, &ns, &name, &mut obj)?;
+    Ok(bytes_response(201, for_version(res, &doc)))
+}
+
+/// Fills metadata.name (from generateName) and metadata.namespace, and checks them.
+pub fn set_name_and_namespace(res: &ResourceInfo, ns: &str, obj: &mut Value) -> ApiResult<()> {
+    let meta = meta_mut(obj);
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if name.is_empty() {
+        if let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
+            let generated = format!("{prefix}{}", objects::random_suffix());
+            meta.insert("name".into(), json!(generated));
+        }
+    }
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if res.namespaced {
+        match meta.get("namespace").and_then(Value::as_str) {
+            Some(body_ns) if !body_ns.is_empty() && body_ns != ns => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            _ => {
+                meta.insert("namespace".into(), json!(ns));
+            }
+        }
+    } else {
+        meta.remove("namespace");
+    }
+    objects::validate_name(res, &name)
+}
+
+fn content_type(call: &Call) -> String {
+    call.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string()
+}
+
+fn requested_rv(obj: &Value) -> Option<u64> {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok())
+}
+
+async fn update(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
+    let mut body = objects::parse_body(&call.body, &content_type(call))?;
+    objects::check_type(res, &mut body)?;
+    let name = call.info.name.clone();
+    match body["metadata"]["name"].as_str() {
+        Some(n) if n == name => {}
+        None => meta_mut(&mut body)
+            .insert("name".into(), json!(name))
+            .map(|_| ())
+            .unwrap_or(()),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "the name of the object does not match the name on the URL",
+            ));
+        }
+    }
+    let want_rv = requested_rv(&body);
+    let body = Arc::new(body);
+    write_loop(state, call, res, want_rv, move |_old| Ok((*body).clone())).await
+}
+
+async fn patch(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
+    let ct = content_type(call);
+    let patch_type = ct.split(';').next().unwrap_or("").trim().to_string();
+    let is_apply = patch_type == "application/apply-patch+yaml";
+    let patch = objects::parse_body(&call.body, &ct)?;
+    if patch_type == "application/strategic-merge-patch+json" && res.custom.is_some() {
+        return Err(ApiError::unsupported_media_type(&patch_type));
+    }
+    if is_apply {
+        return apply(state, call, res, patch).await;
+    }
+    let schema = patch_schema(res);
+    let want_rv = requested_rv(&patch);
+    write_loop(state, call, res, want_rv, move |old| {
+        let old =
+            old.ok_or_else(|| ApiError::not_found(&res.group, &res.resource, &call.info.name))?;
+        let patched = match patch_type.as_str() {
+            "application/json-patch+json" => tandem_apimachinery::patch::json_patch(old, &patch),
+            "application/merge-patch+json" => tandem_apimachinery::patch::merge_patch(old, &patch),
+            "application/strategic-merge-patch+json" => {
+                tandem_apimachinery::patch::strategic_merge_patch(old, &patch, &schema)
+            }
+            other => return Err(ApiError::unsupported_media_type(other)),
+        };
+        // A patch that cannot be applied is the client's error (400), as in kube.
+        patched.map_err(|e| ApiError::bad_request(e.to_string()))
+    })
+    .await
+}
+
+async fn apply(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    config: Value,
+) -> ApiResult<Response<Body>> {
+    let manager = call
+        .query
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::invalid_field(
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                "fieldManager",
+                "Required value: is required for apply patch",
+            )
+        })?;
+    let force = is_true(call.query.get("force"));
+    let mut config = config;
+    objects::check_type(res, &mut config)?;
+    if let Some(n) = config["metadata"]["name"].as_str() {
+        if n != call.info.name {
+            return Err(ApiError::bad_request(
+                "the name of the object does not match the name on the URL",
+            ));
+        }
+    }
+    let schema = patch_schema(res);
+    let api_version = res.api_version();
+    let sub = call.info.subresource.clone();
+    let ignored = ignored_fields(res, &sub);
+    let config = Arc::new(config);
+    write_loop(state, call, res, None, move |old| {
+        let time = objects::now();
+        let ctx = ManagedContext {
+            manager: &manager,
+            api_version: &api_version,
+            time: &time,
+            schema: &schema,
+            subresource: (!sub.is_empty()).then_some(sub.as_str()),
+            ignored,
+        };
+        managed::apply(old, &config, force, &ctx).map_err(|e| match e {
+            managed::ManagedError::Conflicts(_) => ApiError::conflict_message(e.to_string()),
+            other => ApiError::bad_request(other.to_string()),
+        })
+    })
+    .await
+}
+
+/// Read, compute, admit, write; retried on conflicts unless the client named a version.
+/// `compute` gets the current object (None if absent) and returns the desired one.
+async fn write_loop(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    want_rv: Option<u64>,
+    compute: impl Fn(Option<&Value>) -> ApiResult<Value>,
+) -> ApiResult<Response<Body>> {
+    let ns = namespace_of(call, res);
+    let name = call.info.name.clone();
+    let sub = call.info.subresource.as_str();
+    let is_apply_create =
+        call.info.verb == "patch" && content_type(call).starts_with("application/apply-patch");
+    for _attempt in 0..16 {
+        let current = state.store.get(&res.storage_key(), &ns, &name);
+        let Some(current) = current else {
+            if is_apply_create && sub.is_empty() {
+                // Server-side apply creates what does not exist.
+                let mut obj = compute(None)?;
+                set_name_and_namespace(res, &ns, &mut obj)?;
+                objects::prepare_create(res, &mut obj);
+                admit(state, call, res, None, &mut obj, "CREATE").await?;
+                if is_dry_run(call) {
+                    return Ok(json_response(201, &obj));
+                }
+                let doc = state.create_object(res, &ns, &name, &mut obj)?;
+                return Ok(bytes_response(201, for_version(res, &doc)));
+            }
+            return Err(ApiError::not_found(&res.group, &res.resource, &name));
+        };
+        if let Some(want) = want_rv {
+            if want != current.rv {
+                return Err(store_error(res, &name, StoreError::Conflict));
+            }
+        }
+        let old = current.value();
+        let mut obj = compute(Some(&old))?;
+        objects::check_type(res, &mut obj)?;
+        match sub {
+            "approval" => {
+                // Only the approval conditions change through /approval.
+                let conditions = obj["status"]["conditions"].clone();
+                obj = old.clone();
+                obj["status"]["conditions"] = conditions;
+            }
+            "finalize" => {
+                let finalizers = obj["spec"]["finalizers"].clone();
+                obj = old.clone();
+                obj["spec"]["finalizers"] = finalizers;
+            }
+            _ => objects::prepare_update(res, &old, &mut obj, sub),
+        }
+        if objects::is_deleting(&old) {
+            let added: Vec<String> = objects::finalizers(&obj)
+                .into_iter()
+                .filter(|f| !objects::finalizers(&old).contains(f))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::invalid_field(
+                    &res.group,
+                    &res.kind,
+                    &name,
+                    "metadata.finalizers",
+                    &format!(
+                        "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                    ),
+                ));
+            }
+        }
+        admit(state, call, res, Some(&old), &mut obj, "UPDATE").await?;
+        if !content_type(call).starts_with("application/apply-patch") {
+            record_update(call, res, Some(&old), &mut obj);
+        }
+        if objects::same_object(&old, &obj) {
+            return Ok(bytes_response(200, for_version(res, &current)));
+        }
+        if is_dry_run(call) {
+            return Ok(json_response(200, &obj));
+        }
+        // The last finalizer removed from an object being deleted: it goes now.
+        if objects::is_deleting(&obj) && objects::finalizers(&obj).is_empty() {
+            match state.remove_object(res, &ns, &name, Some(current.rv)) {
+                Ok(doc) => return Ok(bytes_response(200, for_version(res, &doc))),
+                Err(e) if e.code == 409 && want_rv.is_none() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        match state.update_object(res, &ns, &name, current.rv, &mut obj) {
+            Ok(doc) => return Ok(bytes_response(200, for_version(res, &doc))),
+            Err(e) if e.code == 409 && want_rv.is_none() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(
+        &res.group,
+        &res.resource,
+        &name,
+        "too many concurrent writers, try again",
+    ))
+}
+
+/// DeleteOptions from the body and the query.
+#[derive(Debug, Default, Clone)]
+pub struct DeleteOptions {
+    /// gracePeriodSeconds.
+    pub grace: Option<i64>,
+    /// propagationPolicy.
+    pub propagation: Option<String>,
+    /// preconditions.uid.
+    pub uid: Option<String>,
+    /// preconditions.resourceVersion.
+    pub rv: Option<u64>,
+    /// dryRun=All.
+    pub dry_run: bool,
+}
+
+impl DeleteOptions {
+    fn from_call(call: &Call) -> ApiResult<DeleteOptions> {
+        let body: Value = if call.body.is_empty() {
+            json!({})
+        } else {
+            serde_json::from_slice(&call.body)
+                .map_err(|e| ApiError::bad_request(format!("DeleteOptions: {e}")))?
+        };
+        let q = &call.query;
+        let mut propagation = body["propagationPolicy"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| q.get("propagationPolicy").cloned());
+        if propagation.is_none() {
+            let orphan = body["orphanDependents"]
+                .as_bool()
+                .or_else(|| q.get("orphanDependents").map(|v| v == "true"));
+            if orphan == Some(true) {
+                propagation = Some("Orphan".into());
+            }
+        }
+        if let Some(p) = &propagation {
+            if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
+                return Err(ApiError::invalid_field(
+                    "",
+                    "DeleteOptions",
+                    "",
+                    "propagationPolicy",
+                    &format!(
+                        "Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\"",
+                        json!(p)
+                    ),
+                ));
+            }
+        }
+        Ok(DeleteOptions {
+            grace: body["gracePeriodSeconds"]
+                .as_i64()
+                .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok())),
+            propagation,
+            uid: body["preconditions"]["uid"].as_str().map(str::to_string),
+            rv: body["preconditions"]["resourceVersion"]
+                .as_str()
+                .and_then(|r| r.parse().ok()),
+            dry_run: body["dryRun"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|v| v == "All"))
+                || is_dry_run(call),
+        })
+    }
+}
+
+async fn delete(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
+    let opts = DeleteOptions::from_call(call)?;
+    let ns = namespace_of(call, res);
+    let (code, body) = delete_one(state, call, res, &ns, &call.info.name, &opts).await?;
+    Ok(json_response(code, &body))
+}
+
+/// Deletes one object honouring grace periods, finalizers and propagation; returns the
+/// response code and body (the object while deletion is pending, a Status once gone).
+pub async fn delete_one(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    ns: &str,
+    name: &str,
+    opts: &DeleteOptions,
+) -> ApiResult<(u16, Value)> {
+    for _attempt in 0..16 {
+        let current = fetch(state, res, ns, name)?;
+        let mut obj = current.value();
+        if let Some(uid) = &opts.uid {
+            if *uid != *current.uid {
+                return Err(ApiError::conflict(
+                    &res.group,
+                    &res.resource,
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        current.uid
+                    ),
+                ));
+            }
+        }
+        if let Some(rv) = opts.rv {
+            if rv != current.rv {
+                return Err(ApiError::conflict(
+                    &res.group,
+                    &res.resource,
+                    name,
+                    &format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        current.rv
+                    ),
+                ));
+            }
+        }
+        crate::admission::validate_delete(state, call, res, &obj).await?;
+        let mut finalizers = objects::finalizers(&obj);
+        let policy = opts.propagation.as_deref().unwrap_or("Background");
+        let special = match policy {
+            "Foreground" => Some("foregroundDeletion"),
+            "Orphan" => Some("orphan"),
+            _ => None,
+        };
+        let already_deleting = objects::is_deleting(&obj);
+        if let Some(f) = special {
+            if !finalizers.iter().any(|x| x == f) {
+                finalizers.retain(|x| x != "foregroundDeletion" && x != "orphan");
+                finalizers.push(f.to_string());
+            }
+        }
+        // Pods bound to a node wait for their kubelet, which deletes them with grace 0.
+        let pod_grace =
+            if res.group.is_empty() && res.resource == "pods" && !obj["spec"]["nodeName"].is_null()
+            {
+                let phase = obj["status"]["phase"].as_str().unwrap_or("");
+                let grace = opts.grace.unwrap_or_else(|| {
+                    obj["spec"]["terminationGracePeriodSeconds"]
+                        .as_i64()
+                        .unwrap_or(30)
+                });
+                if matches!(phase, "Succeeded" | "Failed") {
+                    0
+                } else {
+                    grace.max(0)
+                }
+            } else {
+                0
+            };
+        let namespace_lifecycle = res.group.is_empty() && res.resource == "namespaces";
+        let pending = !finalizers.is_empty() || pod_grace > 0 || namespace_lifecycle;
+        if !pending {
+            if opts.dry_run {
+                return Ok((200, objects::success_status(res, name, &current.uid)));
+            }
+            match state.remove_object(res, ns, name, Some(current.rv)) {
+                Ok(_) => return Ok((200, objects::success_status(res, name, &current.uid))),
+                Err(e) if e.code == 409 => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let meta = meta_mut(&mut obj);
+        if !already_deleting {
+            let when = chrono::Utc::now() + chrono::Duration::seconds(pod_grace);
+            meta.insert(
+                "deletionTimestamp".into(),
+                json!(when.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            );
+            meta.insert("deletionGracePeriodSeconds".into(), json!(pod_grace));
+            let generation = meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
+            meta.insert("generation".into(), json!(generation + 1));
+        } else if pod_grace
+            < meta
+                .get("deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+        {
+            // A shorter grace period shortens a pending deletion.
+            let when = chrono::Utc::now() + chrono::Duration::seconds(pod_grace);
+            meta.insert(
+                "deletionTimestamp".into(),
+                json!(when.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            );
+            meta.insert("deletionGracePeriodSeconds".into(), json!(pod_grace));
+        }
+        if finalizers.is_empty() {
+            meta.remove("finalizers");
+        } else {
+            meta.insert("finalizers".into(), json!(finalizers));
+        }
+        if namespace_lifecycle {
+            obj["status"]["phase"] = json!("Terminating");
+        }
+        if opts.dry_run {
+            return Ok((200, obj));
+        }
+        if objects::same_object(&current.value(), &obj) {
+            return Ok((200, current.value()));
+        }
+        match state.update_object(res, ns, name, current.rv, &mut obj) {
+            Ok(doc) => return Ok((200, doc.value())),
+            Err(e) if e.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(
+        &res.group,
+        &res.resource,
+        name,
+        "too many concurrent writers, try again",
+    ))
+}
+
+async fn delete_collection(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+) -> ApiResult<Response<Body>> {
+    let opts = DeleteOptions::from_call(call)?;
+    let ns = namespace_of(call, res);
+    let selectors = Selectors::parse(call, res)?;
+    let key = res.storage_key();
+    let (_, docs) = state
+        .store
+        .list(&key, (!ns.is_empty()).then_some(ns.as_str()), None);
+    let mut deleted = Vec::new();
+    for doc in docs.iter().filter(|d| selectors.matches(&key, d)) {
+        match delete_one(state, call, res, &doc.namespace, &doc.name, &opts).await {
+            Ok((_, obj)) => deleted.push(obj),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(json_response(
+        200,
+        &json!({
+            "kind": format!("{}List", res.kind), "apiVersion": res.api_version(),
+            "metadata": {"resourceVersion": state.store.current_rv().to_string()}, "items": deleted,
+        }),
+    ))
+}
+
+impl State {
+    /// Stores a new object and updates the in-memory indexes that follow it.
+    pub fn create_object(
+        &self,
+        res: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        obj: &mut Value,
+    ) -> ApiResult<Arc<Doc>> {
+        if res.namespaced {
+            self.check_namespace_open(ns)?;
+        }
+        let doc = self
+            .store
+            .create(&res.storage_key(), ns, name, obj)
+            .map_err(|e| store_error(res, name, e))?;
+        self.observe(res, Some(obj), ns, name);
+        Ok(doc)
+    }
+
+    /// Replaces an object at `expected_rv`.
+    pub fn update_object(
+        &self,
+        res: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        expected_rv: u64,
+        obj: &mut Value,
+    ) -> ApiResult<Arc<Doc>> {
+        let doc = self
+            .store
+            .update(&res.storage_key(), ns, name, expected_rv, obj)
+            .map_err(|e| store_error(res, name, e))?;
+        self.observe(res, Some(obj), ns, name);
+        Ok(doc)
+    }
+
+    /// Removes an object (at `expected_rv` if given).
+    pub fn remove_object(
+        &self,
+        res: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        expected_rv: Option<u64>,
+    ) -> ApiResult<Arc<Doc>> {
+        let doc = self
+            .store
+            .delete(&res.storage_key(), ns, name, expected_rv)
+            .map_err(|e| store_error(res, name, e))?;
+        self.observe(res, None, ns, name);
+        Ok(doc)
+    }
+
+    /// Refuses writes into a namespace that does not exist or is being terminated.
+    fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
+        match self.store.get("/namespaces", "", ns) {
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+            Some(doc) if doc.deleting => Err(ApiError {
+                code: 403,
+                reason: "Forbidden",
+                message: format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+                details: None,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Keeps derived in-memory state (RBAC index, served CRDs) in step with a write.
+    pub fn observe(&self, res: &ResourceInfo, obj: Option<&Value>, ns: &str, name: &str) {
+        if res.group == "rbac.authorization.k8s.io" {
+            let mut rbac = self.rbac.write();
+            match obj {
+                Some(obj) => rbac.apply(&res.kind, obj),
+                None => rbac.delete(&res.kind, ns, name),
+            }
+        } else if res.group == "apiextensions.k8s.io" && res.resource == "customresourcedefinitions"
+        {
+            crate::crd::sync(self, obj, name);
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Embedded Kubernetes-compatible API server.
+//!
+//! It serves the Kubernetes REST API over HTTPS on 127.0.0.1 from a generic JSON object
+//! store, so that kube-rs and the real `kubectl` can drive it like a kube-apiserver: discovery,
+//! CRUD, watch, patches and server-side apply, RBAC, admission webhooks, CRDs, garbage
+//! collection, and durable storage in a data directory.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let server = tandem_apiserver::ApiServer::start(Default::default()).await?;
+//! let client = server.client().await?;
+//! # Ok(()) }
+//! ```
+
+mod admission;
+mod authn;
+mod crd;
+mod defaults;
+mod discovery;
+pub mod error;
+mod fsutil;
+mod gc;
+mod handlers;
+mod objects;
+mod openapi;
+pub mod pki;
+pub mod registry;
+mod request;
+mod reviews;
+mod scale;
+mod server;
+pub mod store;
+mod subresources;
+mod table;
+mod validation;
+mod wal;
+mod watch;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine;
+use parking_lot::RwLock;
+use serde_json::{Value, json};
+use tandem_apimachinery::rbac::RbacIndex;
+
+pub use server::{Config, State};
+
+/// A running API server.
+pub struct ApiServer {
+    state: Arc<State>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Namespaces every cluster starts with.
+const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+impl ApiServer {
+    /// Opens the store, bootstraps the cluster's built-in objects and starts serving.
+    pub async fn start(config: Config) -> anyhow::Result<ApiServer> {
+        let store = store::Store::open(config.data_dir.as_deref(), config.watch_window)
+            .map_err(|e| anyhow::anyhow!("opening the store in {:?}: {e}", config.data_dir))?;
+        let pki = pki::ClusterPki::load_or_create(config.data_dir.as_deref(), &config.name)?;
+        let admin_token = match &config.data_dir {
+            Some(dir) => load_or_create_token(dir)?,
+            None => random_token(),
+        };
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port)).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            config,
+            store,
+            registry: RwLock::new(registry::Registry::builtin()),
+            rbac: RwLock::new(RbacIndex::default()),
+            pki,
+            admin_token,
+            webhooks: admission::WebhookClient,
+        });
+        bootstrap(&state)?;
+        let gc_state = state.clone();
+        let serve_state = state.clone();
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                _ = server::serve(serve_state, listener) => {}
+                _ = gc::run(gc_state) => {}
+            }
+        });
+        tracing::info!(url = %format!("https://{addr}"), "API server ready");
+        Ok(ApiServer { state, addr, task })
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Shared state (store, registry), for in-process tests and benchmarks.
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    /// The cluster CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.state.pki.ca.cert_pem
+    }
+
+    /// A kubeconfig for the admin (a client certificate in group system:masters).
+    pub fn admin_kubeconfig(&self) -> anyhow::Result<String> {
+        self.kubeconfig_for("admin", &["system:masters"])
+    }
+
+    /// A kubeconfig whose client certificate names `user` with `groups`.
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<String> {
+        let cert = self.state.pki.ca.issue(user, groups, &[], false)?;
+        Ok(self.kubeconfig_with(
+            user,
+            json!({
+                "client-certificate-data": b64(&cert.cert_pem),
+                "client-key-data": b64(&cert.key_pem),
+            }),
+        ))
+    }
+
+    /// A kubeconfig that authenticates with a bearer token.
+    pub fn kubeconfig_with_token(&self, user: &str, token: &str) -> String {
+        self.kubeconfig_with(user, json!({"token": token}))
+    }
+
+    fn kubeconfig_with(&self, user: &str, credentials: Value) -> String {
+        let name = &self.state.config.name;
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": name, "cluster": {"server": self.url(), "certificate-authority-data": b64(self.ca_pem())}}],
+            "users": [{"name": format!("{name}-{user}"), "user": credentials}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": format!("{name}-{user}"), "namespace": "default"}}],
+            "current-context": name,
+        });
+        serde_yaml::to_string(&config).expect("kubeconfig serializes")
+    }
+
+    /// A kube client for the admin.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        client_from_kubeconfig(&self.admin_kubeconfig()?).await
+    }
+
+    /// Stops serving (the store stays on disk).
+    pub fn shutdown(self) {
+        self.task.abort();
+    }
+}
+
+/// A kube client from kubeconfig YAML.
+pub async fn client_from_kubeconfig(yaml: &str) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn random_token() -> String {
+    use rand::Rng;
+    let bytes: [u8; 24] = rand::rng().random();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn load_or_create_token(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join("admin.token");
+    if let Ok(token) = std::fs::read_to_string(&path) {
+        return Ok(token.trim().to_string());
+    }
+    let token = random_token();
+    fsutil::write_atomic(&path, token.as_bytes())?;
+    Ok(token)
+}
+
+/// Creates what a fresh cluster has (system namespaces, the default RBAC policy, the
+/// `kubernetes` Service) and loads stored RBAC objects and CRDs into memory.
+fn bootstrap(state: &State) -> anyhow::Result<()> {
+    let registry = state.registry.read().stored_resources();
+    let find = |group: &str, resource: &str| {
+        registry
+            .iter()
+            .find(|r| r.group == group && r.resource == resource)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("built-in resource {group}/{resource} missing"))
+    };
+    // Stored CRDs and RBAC objects first, so they are served and enforced from the start.
+    let (_, crds) = state
+        .store
+        .list("apiextensions.k8s.io/customresourcedefinitions", None, None);
+    for doc in crds {
+        crd::sync(state, Some(&doc.value()), &doc.name);
+    }
+    for kind in [
+        "roles",
+        "clusterroles",
+        "rolebindings",
+        "clusterrolebindings",
+    ] {
+        let res = find("rbac.authorization.k8s.io", kind)?;
+        let (_, docs) = state.store.list(&res.storage_key(), None, None);
+        for doc in docs {
+            state.rbac.write().apply(&res.kind, &doc.value());
+        }
+    }
+    let create_missing = |res: &registry::ResourceInfo, mut obj: Value| -> anyhow::Result<()> {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+        if state.store.get(&res.storage_key(), &ns, &name).is_some() {
+            return Ok(());
+        }
+        objects::prepare_create(res, &mut obj);
+        defaults::apply(state, res, &mut obj, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+        state
+            .create_object(res, &ns, &name, &mut obj)
+            .map_err(|e| anyhow::anyhow!("bootstrapping {}/{name}: {e}", res.resource))?;
+        Ok(())
+    };
+    let namespaces = find("", "namespaces")?;
+    for ns in SYSTEM_NAMESPACES {
+        create_missing(
+            &namespaces,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )?;
+    }
+    for obj in tandem_apimachinery::rbac::bootstrap_policy() {
+        let kind = obj["kind"].as_str().unwrap_or("");
+        let res = registry
+            .iter()
+            .find(|r| r.group == "rbac.authorization.k8s.io" && r.kind == kind)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("bootstrap policy has unknown kind {kind}"))?;
+        create_missing(&res, obj)?;
+    }
+    let services = find("", "services")?;
+    create_missing(
+        &services,
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+            "spec": {"type": "ClusterIP", "clusterIP": first_service_ip(&state.config.service_cidr),
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
+        }),
+    )?;
+    Ok(())
+}
+
+fn first_service_ip(cidr: &str) -> String {
+    let base = cidr.split('/').next().unwrap_or("10.96.0.0");
+    match base.parse::<std::net::Ipv4Addr>() {
+        Ok(ip) => std::net::Ipv4Addr::from(u32::from(ip) + 1).to_string(),
+        Err(_) => "10.96.0.1".into(),
+    }
+}

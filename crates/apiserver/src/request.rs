@@ -1,0 +1,287 @@
+//! What a request asks for, parsed from its method, path and query like kube-apiserver's
+//! RequestInfoFactory does.
+
+use std::collections::HashMap;
+
+/// A parsed API request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestInfo {
+    /// Whether the path names a resource (as opposed to /version, /api, /openapi/…).
+    pub resource_request: bool,
+    /// The raw path.
+    pub path: String,
+    /// Kubernetes verb: get, list, watch, create, update, patch, delete, deletecollection.
+    pub verb: String,
+    /// API group ("" for core).
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Namespace from the path ("" for cluster scope).
+    pub namespace: String,
+    /// Resource (plural).
+    pub resource: String,
+    /// Object name, if the path names one.
+    pub name: String,
+    /// Subresource, if any.
+    pub subresource: String,
+    /// Number of path segments after the group/version (to tell collection from object).
+    pub parts: usize,
+}
+
+/// Decoded query parameters.
+pub type Query = HashMap<String, String>;
+
+/// Decodes a query string.
+pub fn parse_query(query: Option<&str>) -> Query {
+    query
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+/// Parses method + path + query into a RequestInfo.
+pub fn parse(method: &http::Method, path: &str, query: &Query) -> RequestInfo {
+    let mut info = RequestInfo {
+        path: path.to_string(),
+        verb: method.as_str().to_lowercase(),
+        ..Default::default()
+    };
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest: &[&str] = match segments.as_slice() {
+        ["api", version, rest @ ..] if !rest.is_empty() => {
+            info.version = version.to_string();
+            rest
+        }
+        ["apis", group, version, rest @ ..] if !rest.is_empty() => {
+            info.group = group.to_string();
+            info.version = version.to_string();
+            rest
+        }
+        _ => return info,
+    };
+    info.resource_request = true;
+    let mut parts: Vec<&str> = rest.to_vec();
+    let mut legacy_watch = false;
+    if parts.first() == Some(&"watch") {
+        legacy_watch = true;
+        parts.remove(0);
+    }
+    if parts.first() == Some(&"namespaces") && parts.len() > 1 {
+        info.namespace = parts[1].to_string();
+        if parts.len() > 2 && !matches!(parts[2], "status" | "finalize") {
+            parts.drain(..2);
+        }
+    }
+    info.parts = parts.len();
+    info.resource = parts.first().copied().unwrap_or_default().to_string();
+    info.name = parts.get(1).copied().unwrap_or_default().to_string();
+    info.subresource = parts.get(2).copied().unwrap_or_default().to_string();
+    info.verb = match (method.as_str(), info.name.is_empty()) {
+        ("GET" | "HEAD", true) => {
+            if legacy_watch || is_true(query.get("watch")) {
+                "watch"
+            } else {
+                "list"
+            }
+        }
+        ("GET" | "HEAD", false) => {
+            if legacy_watch || is_true(query.get("watch")) {
+                "watch"
+            } else {
+                "get"
+            }
+        }
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "deletecollection",
+        ("DELETE", false) => "delete",
+        (other, _) => {
+            return RequestInfo {
+                verb: other.to_lowercase(),
+                ..info
+            };
+        }
+    }
+    .to_string();
+    // A watch of one object is a list-watch with a name field selector, as in kube.
+    info
+}
+
+/// "true" or "1".
+pub fn is_true(v: Option<&String>) -> bool {
+    matches!(v.map(String::as_str), Some("true" | "1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    #[test]
+    fn parses_like_kube_apiserver() {
+        let q = Query::new();
+        let mut watch = Query::new();
+        watch.insert("watch".into(), "true".into());
+        let cases: &[(&Method, &str, &Query, &str, &str, &str, &str, &str, &str)] = &[
+            // method, path, query => verb, group, ns, resource, name, sub
+            (
+                &Method::GET,
+                "/api/v1/pods",
+                &q,
+                "list",
+                "",
+                "",
+                "pods",
+                "",
+                "",
+            ),
+            (
+                &Method::GET,
+                "/api/v1/pods",
+                &watch,
+                "watch",
+                "",
+                "",
+                "pods",
+                "",
+                "",
+            ),
+            (
+                &Method::GET,
+                "/api/v1/watch/namespaces/a/pods",
+                &q,
+                "watch",
+                "",
+                "a",
+                "pods",
+                "",
+                "",
+            ),
+            (
+                &Method::GET,
+                "/api/v1/namespaces/a/pods/p",
+                &q,
+                "get",
+                "",
+                "a",
+                "pods",
+                "p",
+                "",
+            ),
+            (
+                &Method::PUT,
+                "/api/v1/namespaces/a/pods/p/status",
+                &q,
+                "update",
+                "",
+                "a",
+                "pods",
+                "p",
+                "status",
+            ),
+            (
+                &Method::GET,
+                "/api/v1/namespaces",
+                &q,
+                "list",
+                "",
+                "",
+                "namespaces",
+                "",
+                "",
+            ),
+            (
+                &Method::GET,
+                "/api/v1/namespaces/a",
+                &q,
+                "get",
+                "",
+                "a",
+                "namespaces",
+                "a",
+                "",
+            ),
+            (
+                &Method::PUT,
+                "/api/v1/namespaces/a/finalize",
+                &q,
+                "update",
+                "",
+                "a",
+                "namespaces",
+                "a",
+                "finalize",
+            ),
+            (
+                &Method::DELETE,
+                "/apis/apps/v1/namespaces/a/deployments",
+                &q,
+                "deletecollection",
+                "apps",
+                "a",
+                "deployments",
+                "",
+                "",
+            ),
+            (
+                &Method::DELETE,
+                "/apis/apps/v1/namespaces/a/deployments/d",
+                &q,
+                "delete",
+                "apps",
+                "a",
+                "deployments",
+                "d",
+                "",
+            ),
+            (
+                &Method::PATCH,
+                "/apis/apps/v1/namespaces/a/deployments/d/scale",
+                &q,
+                "patch",
+                "apps",
+                "a",
+                "deployments",
+                "d",
+                "scale",
+            ),
+            (
+                &Method::POST,
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                &q,
+                "create",
+                "rbac.authorization.k8s.io",
+                "",
+                "clusterroles",
+                "",
+                "",
+            ),
+        ];
+        for (method, path, query, verb, group, ns, resource, name, sub) in cases {
+            let info = parse(method, path, query);
+            assert!(info.resource_request, "{path}");
+            assert_eq!(
+                (
+                    info.verb.as_str(),
+                    info.group.as_str(),
+                    info.namespace.as_str(),
+                    info.resource.as_str(),
+                    info.name.as_str(),
+                    info.subresource.as_str()
+                ),
+                (*verb, *group, *ns, *resource, *name, *sub),
+                "{method} {path}"
+            );
+        }
+        for path in [
+            "/version",
+            "/api",
+            "/apis",
+            "/apis/apps",
+            "/openapi/v2",
+            "/healthz",
+        ] {
+            assert!(!parse(&Method::GET, path, &q).resource_request, "{path}");
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The HTTPS server: TLS with optional client certificates, then authentication,
+//! impersonation, authorization and dispatch of every request.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use parking_lot::RwLock;
+use serde_json::Value;
+use tandem_apimachinery::rbac::{Attributes, Decision, RbacIndex, UserInfo, forbidden_message};
+use tokio::net::TcpListener;
+
+use crate::error::{ApiError, ApiResult};
+use crate::pki::ClusterPki;
+use crate::registry::Registry;
+use crate::request::{self, Query, RequestInfo};
+use crate::store::Store;
+
+/// Response body: a full buffer or a watch stream.
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+/// How to run a server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Name of the cluster (CA common name, kubeconfig cluster and context names).
+    pub name: String,
+    /// Where objects and the CA live; None keeps everything in memory.
+    pub data_dir: Option<PathBuf>,
+    /// Port on 127.0.0.1; 0 picks a free one.
+    pub port: u16,
+    /// Events kept per resource for watches to resume from.
+    pub watch_window: usize,
+    /// The range ClusterIPs are allocated from.
+    pub service_cidr: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: "tandem".into(),
+            data_dir: None,
+            port: 0,
+            watch_window: 20_000,
+            service_cidr: "10.96.0.0/12".into(),
+        }
+    }
+}
+
+/// Everything request handlers share.
+pub struct State {
+    /// Settings.
+    pub config: Config,
+    /// Objects.
+    pub store: Store,
+    /// Served resources.
+    pub registry: RwLock<Registry>,
+    /// RBAC objects, indexed for authorization.
+    pub rbac: RwLock<RbacIndex>,
+    /// Key material.
+    pub pki: ClusterPki,
+    /// Bearer token of the static admin user.
+    pub admin_token: String,
+    /// Client for admission webhooks.
+    pub webhooks: crate::admission::WebhookClient,
+}
+
+/// Who a connection authenticated as with its client certificate.
+#[derive(Clone, Debug, Default)]
+pub struct PeerIdentity(pub Option<UserInfo>);
+
+/// Starts serving on `listener` until the process ends.
+pub async fn serve(state: Arc<State>, listener: TcpListener) {
+    let tls = match tls_config(&state.pki) {
+        Ok(c) => tokio_rustls::TlsAcceptor::from(Arc::new(c)),
+        Err(e) => {
+            tracing::error!("TLS configuration: {e}");
+            return;
+        }
+    };
+    loop {
+        let (tcp, remote) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let state = state.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let stream = match tls.accept(tcp).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%remote, "TLS handshake: {e}");
+                    return;
+                }
+            };
+            let peer = PeerIdentity(
+                stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|certs| certs.first())
+                    .and_then(|c| crate::authn::user_from_certificate(c.as_ref())),
+            );
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                let peer = peer.clone();
+                async move { Ok::<_, Infallible>(handle(state, peer, remote, req).await) }
+            });
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            if let Err(e) = builder
+                .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%remote, "connection: {e}");
+            }
+        });
+    }
+}
+
+fn tls_config(pki: &ClusterPki) -> anyhow::Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let ca =
+        rustls_pemfile::certs(&mut pki.ca.cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in ca {
+        roots.add(cert)?;
+    }
+    // Client certificates are optional: bearer tokens authenticate the rest.
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()?;
+    let certs = rustls_pemfile::certs(&mut pki.serving.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()?;
+    let key = rustls_pemfile::private_key(&mut pki.serving.key_pem.as_bytes())?
+        .ok_or_else(|| anyhow::anyhow!("serving key missing"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// A buffered JSON response.
+pub fn json_response(code: u16, body: &Value) -> Response<Body> {
+    bytes_response(
+        code,
+        Bytes::from(serde_json::to_vec(body).expect("JSON serializes")),
+    )
+}
+
+/// A buffered response of already serialized JSON.
+pub fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body).map_err(|e: Infallible| match e {}).boxed())
+        .expect("valid response")
+}
+
+/// The Status response for an error.
+pub fn error_response(err: &ApiError) -> Response<Body> {
+    json_response(err.code, &err.to_status())
+}
+
+/// One request in flight, after authentication.
+pub struct Call {
+    /// The parsed request.
+    pub info: RequestInfo,
+    /// Query parameters.
+    pub query: Query,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// The authenticated (and possibly impersonated) user.
+    pub user: UserInfo,
+    /// The request body.
+    pub body: Bytes,
+}
+
+async fn handle(
+    state: Arc<State>,
+    peer: PeerIdentity,
+    remote: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let query = request::parse_query(parts.uri.query());
+    let info = request::parse(&parts.method, parts.uri.path(), &query);
+    let user = match crate::authn::authenticate(&state, &peer, &parts.headers) {
+        Some(user) => user,
+        None => {
+            tracing::debug!(%remote, path = %info.path, "unauthenticated request refused");
+            return error_response(&ApiError::unauthorized());
+        }
+    };
+    let user = match impersonate(&state, user, &parts.headers) {
+        Ok(user) => user,
+        Err(e) => return error_response(&e),
+    };
+    if let Err(e) = authorize(&state, &user, &info) {
+        return error_response(&e);
+    }
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error_response(&ApiError::bad_request(format!("reading body: {e}"))),
+    };
+    let call = Call {
+        info,
+        query,
+        headers: parts.headers,
+        user,
+        body,
+    };
+    let started = std::time::Instant::now();
+    let result = if call.info.resource_request {
+        crate::handlers::resource(&state, &call).await
+    } else {
+        crate::discovery::non_resource(&state, &call, &parts.method)
+    };
+    let response = result.unwrap_or_else(|e| error_response(&e));
+    tracing::debug!(
+        verb = %call.info.verb, path = %call.info.path, user = %call.user.name,
+        code = response.status().as_u16(), elapsed = ?started.elapsed(), "request"
+    );
+    response
+}
+
+/// Applies `Impersonate-User` / `Impersonate-Group` headers if the caller may impersonate.
+fn impersonate(state: &State, user: UserInfo, headers: &HeaderMap) -> ApiResult<UserInfo> {
+    let Some(target) = headers
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+    else {
+        if headers.contains_key("impersonate-group") {
+            return Err(ApiError::internal(
+                "requested [{Group ...}] without impersonating a user",
+            ));
+        }
+        return Ok(user);
+    };
+    let mut groups = Vec::new();
+    let mut checks = vec![("users", target.to_string())];
+    for g in headers.get_all("impersonate-group") {
+        if let Ok(g) = g.to_str() {
+            groups.push(g.to_string());
+            checks.push(("groups", g.to_string()));
+        }
+    }
+    for (resource, name) in checks {
+        let attrs = Attributes {
+            verb: "impersonate",
+            namespace: "",
+            api_group: "",
+            resource,
+            subresource: "",
+            name: &name,
+            path: "",
+            resource_request: true,
+        };
+        if !allowed(state, &user, &attrs) {
+            return Err(ApiError::forbidden(
+                "",
+                resource,
+                &name,
+                &forbidden_message(&user, &attrs),
+            ));
+        }
+    }
+    if !groups.iter().any(|g| g == "system:authenticated") {
+        groups.push("system:authenticated".into());
+    }
+    Ok(UserInfo {
+        name: target.to_string(),
+        groups,
+    })
+}
+
+/// Whether RBAC allows `attrs` for `user` (members of system:masters always may).
+pub fn allowed(state: &State, user: &UserInfo, attrs: &Attributes) -> bool {
+    user.groups.iter().any(|g| g == "system:masters")
+        || matches!(state.rbac.read().authorize(user, attrs), Decision::Allow(_))
+}
+
+fn authorize(state: &State, user: &UserInfo, info: &RequestInfo) -> ApiResult<()> {
+    let attrs = Attributes {
+        verb: &info.verb,
+        namespace: &info.namespace,
+        api_group: &info.group,
+        resource: &info.resource,
+        subresource: &info.subresource,
+        name: &info.name,
+        path: &info.path,
+        resource_request: info.resource_request,
+    };
+    if allowed(state, user, &attrs) {
+        return Ok(());
+    }
+    let why = forbidden_message(user, &attrs);
+    Err(if info.resource_request {
+        let resource = if info.subresource.is_empty() {
+            info.resource.clone()
+        } else {
+            format!("{}/{}", info.resource, info.subresource)
+        };
+        ApiError::forbidden(&info.group, &resource, &info.name, &why)
+    } else {
+        ApiError::forbidden_path(&why)
+    })
+}

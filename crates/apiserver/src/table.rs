@@ -1,0 +1,659 @@
+//! Server-side printing: `meta.k8s.io/v1` Table responses, the columns `kubectl get` shows.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::registry::ResourceInfo;
+use crate::request::Query;
+use crate::store::Doc;
+
+struct Column {
+    name: &'static str,
+    kind: &'static str,
+    priority: u8,
+}
+
+const fn col(name: &'static str) -> Column {
+    Column {
+        name,
+        kind: "string",
+        priority: 0,
+    }
+}
+const fn int(name: &'static str) -> Column {
+    Column {
+        name,
+        kind: "integer",
+        priority: 0,
+    }
+}
+const fn wide(name: &'static str) -> Column {
+    Column {
+        name,
+        kind: "string",
+        priority: 1,
+    }
+}
+
+/// Renders objects as a Table with the columns kubectl shows for their kind.
+pub fn render(
+    res: &ResourceInfo,
+    docs: &[Arc<Doc>],
+    query: &Query,
+    rv: u64,
+    continue_token: Option<&str>,
+) -> Value {
+    let include = query
+        .get("includeObject")
+        .map(String::as_str)
+        .unwrap_or("Metadata");
+    let custom_columns = res.custom.as_ref().map(|c| c.printer_columns.clone());
+    let (columns, custom): (Vec<Value>, bool) = match &custom_columns {
+        Some(cols) if !cols.is_empty() => {
+            let mut defs = vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0})];
+            for c in cols {
+                defs.push(json!({
+                    "name": c["name"], "type": c["type"].as_str().unwrap_or("string"),
+                    "format": c["format"].as_str().unwrap_or(""),
+                    "description": c["description"].as_str().unwrap_or(""),
+                    "priority": c["priority"].as_i64().unwrap_or(0),
+                }));
+            }
+            if !cols.iter().any(|c| c["jsonPath"] == ".metadata.creationTimestamp") {
+                defs.push(json!({"name": "Age", "type": "date", "format": "", "description": "", "priority": 0}));
+            }
+            (defs, true)
+        }
+        _ => (
+            builtin_columns(&res.kind)
+                .iter()
+                .map(|c| {
+                    json!({"name": c.name, "type": c.kind, "format": if c.name == "Name" { "name" } else { "" },
+                           "description": "", "priority": c.priority})
+                })
+                .collect(),
+            false,
+        ),
+    };
+    let rows: Vec<Value> = docs
+        .iter()
+        .map(|doc| {
+            let obj = doc.value();
+            let cells = if custom {
+                custom_cells(&obj, custom_columns.as_deref().unwrap_or_default())
+            } else {
+                builtin_cells(&res.kind, &obj)
+            };
+            let mut row = json!({"cells": cells});
+            match include {
+                "None" => {}
+                "Object" => row["object"] = obj,
+                _ => {
+                    row["object"] = json!({
+                        "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                        "metadata": obj["metadata"],
+                    })
+                }
+            }
+            row
+        })
+        .collect();
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = continue_token {
+        meta["continue"] = json!(c);
+    }
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows})
+}
+
+fn custom_cells(obj: &Value, cols: &[Value]) -> Vec<Value> {
+    let mut cells = vec![obj["metadata"]["name"].clone()];
+    for c in cols {
+        let path = c["jsonPath"].as_str().unwrap_or("");
+        let values = tandem_apimachinery::jsonpath::evaluate(path, obj).unwrap_or_default();
+        let cell = match (c["type"].as_str(), values.as_slice()) {
+            (_, []) => Value::Null,
+            (Some("date"), [Value::String(t)]) => json!(age(&t)),
+            (Some("integer" | "number" | "boolean"), [v]) => v.clone(),
+            _ => json!(tandem_apimachinery::jsonpath::format_cell(&values)),
+        };
+        cells.push(cell);
+    }
+    if !cols
+        .iter()
+        .any(|c| c["jsonPath"] == ".metadata.creationTimestamp")
+    {
+        cells.push(json!(age(obj["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or(""))));
+    }
+    cells
+}
+
+fn builtin_columns(kind: &str) -> Vec<Column> {
+    match kind {
+        "Pod" => vec![
+            col("Name"),
+            col("Ready"),
+            col("Status"),
+            col("Restarts"),
+            col("Age"),
+            wide("IP"),
+            wide("Node"),
+            wide("Nominated Node"),
+            wide("Readiness Gates"),
+        ],
+        "Node" => vec![
+            col("Name"),
+            col("Status"),
+            col("Roles"),
+            col("Age"),
+            col("Version"),
+            wide("Internal-IP"),
+            wide("External-IP"),
+            wide("OS-Image"),
+            wide("Kernel-Version"),
+            wide("Container-Runtime"),
+        ],
+        "Namespace" => vec![col("Name"), col("Status"), col("Age")],
+        "Deployment" => vec![
+            col("Name"),
+            col("Ready"),
+            int("Up-to-date"),
+            int("Available"),
+            col("Age"),
+            wide("Containers"),
+            wide("Images"),
+            wide("Selector"),
+        ],
+        "ReplicaSet" => vec![
+            col("Name"),
+            int("Desired"),
+            int("Current"),
+            int("Ready"),
+            col("Age"),
+            wide("Containers"),
+            wide("Images"),
+            wide("Selector"),
+        ],
+        "Service" => vec![
+            col("Name"),
+            col("Type"),
+            col("Cluster-IP"),
+            col("External-IP"),
+            col("Port(s)"),
+            col("Age"),
+            wide("Selector"),
+        ],
+        "ConfigMap" => vec![col("Name"), int("Data"), col("Age")],
+        "Secret" => vec![col("Name"), col("Type"), int("Data"), col("Age")],
+        "ServiceAccount" => vec![col("Name"), int("Secrets"), col("Age")],
+        "Endpoints" => vec![col("Name"), col("Endpoints"), col("Age")],
+        "EndpointSlice" => vec![
+            col("Name"),
+            col("AddressType"),
+            col("Ports"),
+            col("Endpoints"),
+            col("Age"),
+        ],
+        "Event" => vec![
+            col("Last Seen"),
+            col("Type"),
+            col("Reason"),
+            col("Object"),
+            col("Message"),
+        ],
+        "Lease" => vec![col("Name"), col("Holder"), col("Age")],
+        "CertificateSigningRequest" => vec![
+            col("Name"),
+            col("Age"),
+            col("SignerName"),
+            col("Requestor"),
+            col("RequestedDuration"),
+            col("Condition"),
+        ],
+        "CustomResourceDefinition" => vec![col("Name"), col("Created At")],
+        "RoleBinding" | "ClusterRoleBinding" => vec![
+            col("Name"),
+            col("Role"),
+            col("Age"),
+            wide("Users"),
+            wide("Groups"),
+            wide("ServiceAccounts"),
+        ],
+        _ => vec![col("Name"), col("Age")],
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn or_none(v: String) -> String {
+    if v.is_empty() { "<none>".into() } else { v }
+}
+
+fn selector_string(sel: &Value) -> String {
+    let mut parts: Vec<String> = sel
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
+        .unwrap_or_default();
+    parts.sort();
+    parts.join(",")
+}
+
+fn containers_and_images(spec: &Value) -> (String, String) {
+    let containers = spec["containers"].as_array().cloned().unwrap_or_default();
+    (
+        containers
+            .iter()
+            .map(|c| s(&c["name"]))
+            .collect::<Vec<_>>()
+            .join(","),
+        containers
+            .iter()
+            .map(|c| s(&c["image"]))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+fn builtin_cells(kind: &str, o: &Value) -> Vec<Value> {
+    let name = json!(o["metadata"]["name"]);
+    let created = age(o["metadata"]["creationTimestamp"].as_str().unwrap_or(""));
+    let int_of = |v: &Value| json!(v.as_i64().unwrap_or(0));
+    match kind {
+        "Pod" => {
+            let statuses = o["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let total = o["spec"]["containers"].as_array().map_or(0, Vec::len);
+            let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+            let restarts: i64 = statuses
+                .iter()
+                .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+                .sum();
+            let mut status = o["status"]["reason"]
+                .as_str()
+                .or(o["status"]["phase"].as_str())
+                .unwrap_or("Pending")
+                .to_string();
+            for c in &statuses {
+                if let Some(reason) = c["state"]["waiting"]["reason"].as_str() {
+                    status = reason.to_string();
+                } else if let Some(reason) = c["state"]["terminated"]["reason"].as_str() {
+                    if status == "Running" {
+                        status = reason.to_string();
+                    }
+                }
+            }
+            if crate::objects::is_deleting(o) {
+                status = "Terminating".into();
+            }
+            vec![
+                name,
+                json!(format!("{ready}/{total}")),
+                json!(status),
+                json!(restarts.to_string()),
+                json!(created),
+                json!(or_none(s(&o["status"]["podIP"]))),
+                json!(or_none(s(&o["spec"]["nodeName"]))),
+                json!(or_none(s(&o["status"]["nominatedNodeName"]))),
+                json!("<none>"),
+            ]
+        }
+        "Node" => {
+            let ready = o["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+                .map(|c| c["status"] == "True");
+            let mut status = match ready {
+                Some(true) => "Ready",
+                Some(false) => "NotReady",
+                None => "Unknown",
+            }
+            .to_string();
+            if o["spec"]["unschedulable"] == true {
+                status.push_str(",SchedulingDisabled");
+            }
+            let mut roles: Vec<String> = o["metadata"]["labels"]
+                .as_object()
+                .map(|l| {
+                    l.keys()
+                        .filter_map(|k| {
+                            k.strip_prefix("node-role.kubernetes.io/")
+                                .map(str::to_string)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            roles.sort();
+            let addr = |t: &str| {
+                o["status"]["addresses"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|x| x["type"] == t))
+                    .map(|x| s(&x["address"]))
+                    .unwrap_or_default()
+            };
+            let info = &o["status"]["nodeInfo"];
+            vec![
+                name,
+                json!(status),
+                json!(if roles.is_empty() {
+                    "<none>".into()
+                } else {
+                    roles.join(",")
+                }),
+                json!(created),
+                json!(s(&info["kubeletVersion"])),
+                json!(or_none(addr("InternalIP"))),
+                json!(or_none(addr("ExternalIP"))),
+                json!(s(&info["osImage"])),
+                json!(s(&info["kernelVersion"])),
+                json!(s(&info["containerRuntimeVersion"])),
+            ]
+        }
+        "Namespace" => vec![name, json!(s(&o["status"]["phase"])), json!(created)],
+        "Deployment" => {
+            let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
+            vec![
+                name,
+                json!(format!(
+                    "{}/{}",
+                    o["status"]["readyReplicas"].as_i64().unwrap_or(0),
+                    o["spec"]["replicas"].as_i64().unwrap_or(0)
+                )),
+                int_of(&o["status"]["updatedReplicas"]),
+                int_of(&o["status"]["availableReplicas"]),
+                json!(created),
+                json!(c),
+                json!(i),
+                json!(selector_string(&o["spec"]["selector"]["matchLabels"])),
+            ]
+        }
+        "ReplicaSet" => {
+            let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
+            vec![
+                name,
+                int_of(&o["spec"]["replicas"]),
+                int_of(&o["status"]["replicas"]),
+                int_of(&o["status"]["readyReplicas"]),
+                json!(created),
+                json!(c),
+                json!(i),
+                json!(selector_string(&o["spec"]["selector"]["matchLabels"])),
+            ]
+        }
+        "Service" => {
+            let ports: Vec<String> = o["spec"]["ports"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| {
+                            let base = format!("{}", p["port"].as_i64().unwrap_or(0));
+                            let base = match p["nodePort"].as_i64() {
+                                Some(np) => format!("{base}:{np}"),
+                                None => base,
+                            };
+                            format!("{base}/{}", p["protocol"].as_str().unwrap_or("TCP"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let external = o["spec"]["externalIPs"]
+                .as_array()
+                .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            let external = if external.is_empty() && o["spec"]["type"] == "LoadBalancer" {
+                "<pending>".into()
+            } else {
+                or_none(external)
+            };
+            vec![
+                name,
+                json!(s(&o["spec"]["type"])),
+                json!(or_none(s(&o["spec"]["clusterIP"]))),
+                json!(external),
+                json!(or_none(ports.join(","))),
+                json!(created),
+                json!(or_none(selector_string(&o["spec"]["selector"]))),
+            ]
+        }
+        "ConfigMap" => {
+            let n = o["data"].as_object().map_or(0, |m| m.len())
+                + o["binaryData"].as_object().map_or(0, |m| m.len());
+            vec![name, json!(n), json!(created)]
+        }
+        "Secret" => vec![
+            name,
+            json!(s(&o["type"])),
+            json!(o["data"].as_object().map_or(0, |m| m.len())),
+            json!(created),
+        ],
+        "ServiceAccount" => vec![
+            name,
+            json!(o["secrets"].as_array().map_or(0, Vec::len)),
+            json!(created),
+        ],
+        "Endpoints" => {
+            let eps: Vec<String> = o["subsets"]
+                .as_array()
+                .map(|subsets| {
+                    subsets
+                        .iter()
+                        .flat_map(|ss| {
+                            let ports: Vec<i64> = ss["ports"]
+                                .as_array()
+                                .map(|p| p.iter().filter_map(|x| x["port"].as_i64()).collect())
+                                .unwrap_or_default();
+                            ss["addresses"]
+                                .as_array()
+                                .cloned()
+                                .unwrap_or_default()
+                                .into_iter()
+                                .flat_map(move |a| {
+                                    let ip = s(&a["ip"]);
+                                    if ports.is_empty() {
+                                        vec![ip]
+                                    } else {
+                                        ports.iter().map(|p| format!("{ip}:{p}")).collect()
+                                    }
+                                })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            vec![name, json!(or_none(eps.join(","))), json!(created)]
+        }
+        "EndpointSlice" => {
+            let ports: Vec<String> = o["ports"]
+                .as_array()
+                .map(|p| p.iter().map(|x| s(&x["port"])).collect())
+                .unwrap_or_default();
+            let eps: Vec<String> = o["endpoints"]
+                .as_array()
+                .map(|e| {
+                    e.iter()
+                        .flat_map(|x| x["addresses"].as_array().cloned().unwrap_or_default())
+                        .map(|a| s(&a))
+                        .collect()
+                })
+                .unwrap_or_default();
+            vec![
+                name,
+                json!(s(&o["addressType"])),
+                json!(or_none(ports.join(","))),
+                json!(or_none(eps.join(","))),
+                json!(created),
+            ]
+        }
+        "Event" => {
+            let last = o["lastTimestamp"]
+                .as_str()
+                .or(o["eventTime"].as_str())
+                .or(o["metadata"]["creationTimestamp"].as_str())
+                .unwrap_or("");
+            let obj = &o["involvedObject"];
+            vec![
+                json!(age(last)),
+                json!(s(&o["type"])),
+                json!(s(&o["reason"])),
+                json!(format!(
+                    "{}/{}",
+                    s(&obj["kind"]).to_lowercase(),
+                    s(&obj["name"])
+                )),
+                json!(s(&o["message"])),
+            ]
+        }
+        "Lease" => vec![
+            name,
+            json!(or_none(s(&o["spec"]["holderIdentity"]))),
+            json!(created),
+        ],
+        "CertificateSigningRequest" => {
+            let conds: Vec<String> = o["status"]["conditions"]
+                .as_array()
+                .map(|c| {
+                    c.iter()
+                        .filter(|c| c["status"] != "False")
+                        .map(|c| s(&c["type"]))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut condition = if conds.is_empty() {
+                "Pending".to_string()
+            } else {
+                conds.join(",")
+            };
+            if o["status"]["certificate"].is_string()
+                && !o["status"]["certificate"].as_str().unwrap_or("").is_empty()
+            {
+                condition.push_str(",Issued");
+            }
+            let duration = o["spec"]["expirationSeconds"]
+                .as_i64()
+                .map(|secs| human_duration(chrono::Duration::seconds(secs)))
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                name,
+                json!(created),
+                json!(s(&o["spec"]["signerName"])),
+                json!(s(&o["spec"]["username"])),
+                json!(duration),
+                json!(condition),
+            ]
+        }
+        "CustomResourceDefinition" => vec![name, json!(s(&o["metadata"]["creationTimestamp"]))],
+        "RoleBinding" | "ClusterRoleBinding" => {
+            let subjects = o["subjects"].as_array().cloned().unwrap_or_default();
+            let of = |k: &str| {
+                subjects
+                    .iter()
+                    .filter(|x| x["kind"] == k)
+                    .map(|x| {
+                        if k == "ServiceAccount" {
+                            format!("{}/{}", s(&x["namespace"]), s(&x["name"]))
+                        } else {
+                            s(&x["name"])
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                name,
+                json!(format!(
+                    "{}/{}",
+                    s(&o["roleRef"]["kind"]),
+                    s(&o["roleRef"]["name"])
+                )),
+                json!(created),
+                json!(of("User")),
+                json!(of("Group")),
+                json!(of("ServiceAccount")),
+            ]
+        }
+        _ => vec![name, json!(created)],
+    }
+}
+
+/// How long ago an RFC 3339 time was, as kubectl's AGE column shows it.
+pub fn age(timestamp: &str) -> String {
+    match chrono::DateTime::parse_from_rfc3339(timestamp) {
+        Ok(t) => human_duration(chrono::Utc::now().signed_duration_since(t)),
+        Err(_) => "<unknown>".into(),
+    }
+}
+
+/// Kubernetes' duration.HumanDuration.
+pub fn human_duration(d: chrono::Duration) -> String {
+    let secs = d.num_seconds();
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let secs = secs.max(0);
+    let (mins, hours, days) = (secs / 60, secs / 3600, secs / 86400);
+    if secs < 120 {
+        format!("{secs}s")
+    } else if mins < 10 {
+        match secs % 60 {
+            0 => format!("{mins}m"),
+            s => format!("{mins}m{s}s"),
+        }
+    } else if mins < 180 {
+        format!("{mins}m")
+    } else if hours < 8 {
+        match mins % 60 {
+            0 => format!("{hours}h"),
+            m => format!("{hours}h{m}m"),
+        }
+    } else if hours < 48 {
+        format!("{hours}h")
+    } else if hours < 24 * 8 {
+        match hours % 24 {
+            0 => format!("{days}d"),
+            h => format!("{days}d{h}h"),
+        }
+    } else if hours < 24 * 365 * 2 {
+        format!("{days}d")
+    } else if hours < 24 * 365 * 8 {
+        let years = days / 365;
+        match days % 365 {
+            0 => format!("{years}y"),
+            d => format!("{years}y{d}d"),
+        }
+    } else {
+        format!("{}y", days / 365)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations_like_kubectl() {
+        for (secs, want) in [
+            (5, "5s"),
+            (119, "119s"),
+            (150, "2m30s"),
+            (600, "10m"),
+            (3 * 3600 + 5 * 60, "3h5m"),
+            (10 * 3600, "10h"),
+            (3 * 86400 + 7200, "3d2h"),
+            (30 * 86400, "30d"),
+        ] {
+            assert_eq!(
+                human_duration(chrono::Duration::seconds(secs)),
+                want,
+                "{secs}s"
+            );
+        }
+    }
+}
