@@ -320,7 +320,7 @@ fn record_update(call: &Call, res: &ResourceInfo, old: Option<&Value>, obj: &mut
 }
 
 async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
-    let content_type = content_type(call);
+    let content_type = call.content_type().to_string();
     let mut obj = objects::parse_body(&call.body, &content_type)?;
     objects::check_type(res, &mut obj)?;
     let ns = namespace_of(call, res);
@@ -375,14 +375,6 @@ pub fn set_name_and_namespace(res: &ResourceInfo, ns: &str, obj: &mut Value) -> 
     objects::validate_name(res, &name)
 }
 
-fn content_type(call: &Call) -> String {
-    call.headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string()
-}
-
 fn requested_rv(obj: &Value) -> Option<u64> {
     obj["metadata"]["resourceVersion"]
         .as_str()
@@ -391,7 +383,7 @@ fn requested_rv(obj: &Value) -> Option<u64> {
 }
 
 async fn update(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
-    let mut body = objects::parse_body(&call.body, &content_type(call))?;
+    let mut body = objects::parse_body(&call.body, &call.content_type().to_string())?;
     objects::check_type(res, &mut body)?;
     let name = call.info.name.clone();
     match body["metadata"]["name"].as_str() {
@@ -412,7 +404,7 @@ async fn update(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResul
 }
 
 async fn patch(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
-    let ct = content_type(call);
+    let ct = call.content_type().to_string();
     let patch_type = ct.split(';').next().unwrap_or("").trim().to_string();
     let is_apply = patch_type == "application/apply-patch+yaml";
     let patch = objects::parse_body(&call.body, &ct)?;
@@ -506,8 +498,11 @@ async fn write_loop(
     let ns = namespace_of(call, res);
     let name = call.info.name.clone();
     let sub = call.info.subresource.as_str();
-    let is_apply_create =
-        call.info.verb == "patch" && content_type(call).starts_with("application/apply-patch");
+    let is_apply_create = call.info.verb == "patch"
+        && call
+            .content_type()
+            .to_string()
+            .starts_with("application/apply-patch");
     for _attempt in 0..16 {
         let current = state.store.get(&res.storage_key(), &ns, &name);
         let Some(current) = current else {
@@ -565,7 +560,11 @@ async fn write_loop(
             }
         }
         admit(state, call, res, Some(&old), &mut obj, "UPDATE").await?;
-        if !content_type(call).starts_with("application/apply-patch") {
+        if !call
+            .content_type()
+            .to_string()
+            .starts_with("application/apply-patch")
+        {
             record_update(call, res, Some(&old), &mut obj);
         }
         if objects::same_object(&old, &obj) {

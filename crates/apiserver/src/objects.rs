@@ -16,6 +16,10 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
+    // Protobuf and CBOR are not decoded here; 415 makes client-go fall back to JSON.
+    if content_type.contains("protobuf") || content_type.contains("cbor") {
+        return Err(ApiError::unsupported_media_type(content_type));
+    }
     if content_type.contains("yaml") {
         serde_yaml::from_slice::<Value>(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))

@@ -67,7 +67,7 @@ pub async fn create(
     if call.info.verb != "create" {
         return Err(ApiError::method_not_allowed(&call.info.verb, &res.resource));
     }
-    let mut obj: Value = crate::objects::parse_body(&call.body, "application/json")?;
+    let mut obj: Value = crate::objects::parse_body(&call.body, call.content_type())?;
     crate::objects::check_type(res, &mut obj)?;
     let spec = obj["spec"].clone();
     let status = match res.kind.as_str() {

@@ -189,6 +189,16 @@ pub struct Call {
     pub body: Bytes,
 }
 
+impl Call {
+    /// The request's Content-Type (JSON when absent).
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+    }
+}
+
 async fn handle(
     state: Arc<State>,
     peer: PeerIdentity,

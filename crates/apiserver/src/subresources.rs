@@ -21,7 +21,7 @@ pub async fn bind(
     call: &Call,
     res: &Arc<ResourceInfo>,
 ) -> ApiResult<Response<Body>> {
-    let binding: Value = crate::objects::parse_body(&call.body, "application/json")?;
+    let binding: Value = crate::objects::parse_body(&call.body, call.content_type())?;
     let node = binding["target"]["name"].as_str().unwrap_or("").to_string();
     if node.is_empty() {
         return Err(ApiError::invalid_field(
@@ -85,7 +85,7 @@ pub async fn evict(
     call: &Call,
     res: &Arc<ResourceInfo>,
 ) -> ApiResult<Response<Body>> {
-    let eviction: Value = crate::objects::parse_body(&call.body, "application/json")?;
+    let eviction: Value = crate::objects::parse_body(&call.body, call.content_type())?;
     let opts = &eviction["deleteOptions"];
     let delete = DeleteOptions {
         grace: opts["gracePeriodSeconds"].as_i64(),
@@ -117,7 +117,7 @@ pub fn token_request(
     res: &Arc<ResourceInfo>,
 ) -> ApiResult<Response<Body>> {
     let sa = fetch(state, res, &call.info.namespace, &call.info.name)?;
-    let mut request: Value = crate::objects::parse_body(&call.body, "application/json")?;
+    let mut request: Value = crate::objects::parse_body(&call.body, call.content_type())?;
     let seconds = request["spec"]["expirationSeconds"]
         .as_i64()
         .unwrap_or(3600);
