@@ -138,32 +138,30 @@ impl ApiError {
         )
     }
 
-    /// 422 Invalid, with one cause per field error.
+    /// 422 Invalid, with one cause per field error: (reason, field, message). A message
+    /// may start with its field (`spec.x: Required value`); causes carry it without, as kube's do.
     pub fn invalid(
         group: &str,
         kind: &str,
         name: &str,
         causes: Vec<(String, String, String)>,
     ) -> Self {
-        let summary: Vec<String> = causes.iter().map(|(_, _, m)| m.clone()).collect();
-        let message = match summary.len() {
-            1 => format!(
-                "{} \"{name}\" is invalid: {}",
-                qualified(group, kind),
-                summary[0]
-            ),
-            _ => format!(
-                "{} \"{name}\" is invalid: [{}]",
-                qualified(group, kind),
-                summary.join(", ")
-            ),
+        let summary: Vec<&str> = causes.iter().map(|(_, _, m)| m.as_str()).collect();
+        let what = qualified(group, kind);
+        let message = match summary.as_slice() {
+            [one] => format!("{what} \"{name}\" is invalid: {one}"),
+            many => format!("{what} \"{name}\" is invalid: [{}]", many.join(", ")),
         };
         let mut err = Self::new(422, "Invalid", message).with_details(group, kind, name);
         if let Some(details) = err.details.as_mut() {
             details["causes"] = causes
-                .into_iter()
+                .iter()
                 .map(|(reason, field, message)| {
-                    json!({"reason": reason, "message": message, "field": field})
+                    let bare = message
+                        .strip_prefix(field.as_str())
+                        .and_then(|m| m.strip_prefix(": "))
+                        .unwrap_or(message);
+                    json!({"reason": reason, "message": bare, "field": field})
                 })
                 .collect();
         }

@@ -231,14 +231,14 @@ pub fn prepare_update(info: &ResourceInfo, old: &Value, new: &mut Value, subreso
     }
 }
 
-/// Whether two versions of an object differ in anything but resourceVersion and
-/// managedFields timestamps (a no-op update is not written, as in kube).
+/// Whether two versions of an object differ in anything but resourceVersion (a no-op
+/// update is not written, as in kube). managedFields count: an apply that only takes
+/// ownership is a change; their timestamps stay put when ownership does not move.
 pub fn same_object(a: &Value, b: &Value) -> bool {
     let strip = |v: &Value| {
         let mut v = v.clone();
         if let Some(meta) = v["metadata"].as_object_mut() {
             meta.remove("resourceVersion");
-            meta.remove("managedFields");
         }
         v
     };

@@ -115,7 +115,8 @@ fn custom_cells(obj: &Value, cols: &[Value]) -> Vec<Value> {
             (_, []) => Value::Null,
             (Some("date"), [Value::String(t)]) => json!(age(&t)),
             (Some("integer" | "number" | "boolean"), [v]) => v.clone(),
-            _ => json!(tandem_apimachinery::jsonpath::format_cell(&values)),
+            // kube-apiserver prints the first match only.
+            _ => json!(tandem_apimachinery::jsonpath::format_cell(&values[..1])),
         };
         cells.push(cell);
     }

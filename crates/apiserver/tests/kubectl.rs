@@ -1,0 +1,726 @@
+//! The real `kubectl` against the embedded API server: what a cluster admin would type.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kube::CustomResourceExt;
+use serde::{Deserialize, Serialize};
+use tandem_apiserver::{ApiServer, Config};
+
+/// A server with a kubeconfig on disk, and kubectl pointed at it.
+struct Cluster {
+    server: ApiServer,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+struct Out {
+    ok: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let server = ApiServer::start(Config::default())
+            .await
+            .expect("server starts");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("admin.kubeconfig");
+        std::fs::write(&kubeconfig, server.admin_kubeconfig().unwrap()).unwrap();
+        Cluster {
+            server,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    /// A kubeconfig for another user, written next to the admin's.
+    fn kubeconfig_as(&self, user: &str, groups: &[&str]) -> PathBuf {
+        let path = self.dir.path().join(format!("{user}.kubeconfig"));
+        std::fs::write(&path, self.server.kubeconfig_for(user, groups).unwrap()).unwrap();
+        path
+    }
+
+    async fn kubectl_with(&self, kubeconfig: &PathBuf, args: &[&str], stdin: Option<&str>) -> Out {
+        use tokio::io::AsyncWriteExt;
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .env("HOME", self.dir.path());
+        let mut child = cmd.spawn().expect("kubectl is installed");
+        let mut input = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            input.write_all(s.as_bytes()).await.unwrap();
+        }
+        drop(input);
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("kubectl finishes")
+            .unwrap();
+        Out {
+            ok: out.status.success(),
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    async fn kubectl(&self, args: &[&str]) -> Out {
+        self.kubectl_with(&self.kubeconfig.clone(), args, None)
+            .await
+    }
+
+    async fn kubectl_in(&self, args: &[&str], stdin: &str) -> Out {
+        self.kubectl_with(&self.kubeconfig.clone(), args, Some(stdin))
+            .await
+    }
+
+    /// Runs kubectl and fails the test with its output unless it succeeds.
+    async fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args).await;
+        assert!(
+            out.ok,
+            "kubectl {args:?} failed:\n{}\n{}",
+            out.stdout, out.stderr
+        );
+        out.stdout
+    }
+
+    async fn ok_in(&self, args: &[&str], stdin: &str) -> String {
+        let out = self.kubectl_in(args, stdin).await;
+        assert!(
+            out.ok,
+            "kubectl {args:?} failed:\n{}\n{}",
+            out.stdout, out.stderr
+        );
+        out.stdout
+    }
+
+    async fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut full = args.to_vec();
+        full.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&full).await).expect("kubectl -o json prints JSON")
+    }
+}
+
+const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: nginx
+        image: nginx:1.25
+        env: [{name: A, value: "1"}, {name: B, value: "2"}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_resources_and_discovery() {
+    let c = Cluster::start().await;
+    let out = c.ok(&["api-resources"]).await;
+    for line in [
+        "pods ",
+        "deployments ",
+        "customresourcedefinitions ",
+        "certificatesigningrequests ",
+        "mutatingwebhookconfigurations ",
+        "selfsubjectaccessreviews ",
+        "leases ",
+        "endpointslices ",
+    ] {
+        assert!(out.contains(line), "api-resources lacks {line}:\n{out}");
+    }
+    let pods = out.lines().find(|l| l.starts_with("pods ")).unwrap();
+    assert!(
+        pods.contains(" po ")
+            && pods.contains(" v1 ")
+            && pods.contains("true")
+            && pods.contains("Pod"),
+        "{pods}"
+    );
+    let version = c.ok(&["version", "-o", "json"]).await;
+    assert!(version.contains("\"serverVersion\""), "{version}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_apply_get_and_diff() {
+    let c = Cluster::start().await;
+    assert!(
+        c.ok_in(&["apply", "-f", "-"], DEPLOYMENT)
+            .await
+            .contains("deployment.apps/web created")
+    );
+    let again = c.kubectl_in(&["create", "-f", "-"], DEPLOYMENT).await;
+    assert!(
+        !again.ok && again.stderr.contains("AlreadyExists"),
+        "{}",
+        again.stderr
+    );
+
+    // Client-side apply: a changed image and a removed env var reach the object.
+    let changed = DEPLOYMENT
+        .replace("nginx:1.25", "nginx:1.26")
+        .replace(r#", {name: B, value: "2"}"#, "");
+    let diff = c.kubectl_in(&["diff", "-f", "-"], &changed).await;
+    assert_eq!(
+        diff.code,
+        Some(1),
+        "diff exits 1 when there are differences: {}",
+        diff.stderr
+    );
+    assert!(
+        diff.stdout.contains("+        image: nginx:1.26")
+            && diff.stdout.contains("-          value: \"2\""),
+        "{}",
+        diff.stdout
+    );
+    assert!(
+        c.ok_in(&["apply", "-f", "-"], &changed)
+            .await
+            .contains("configured")
+    );
+    let d = c.json(&["get", "deploy", "web"]).await;
+    let container = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "nginx:1.26");
+    assert_eq!(
+        container["env"],
+        serde_json::json!([{"name": "A", "value": "1"}])
+    );
+    assert_eq!(d["metadata"]["generation"], 2);
+    let no_diff = c.kubectl_in(&["diff", "-f", "-"], &changed).await;
+    assert_eq!(
+        no_diff.code,
+        Some(0),
+        "no differences after apply: {}{}",
+        no_diff.stdout,
+        no_diff.stderr
+    );
+    // Re-applying the same configuration writes nothing.
+    let rv = d["metadata"]["resourceVersion"].clone();
+    c.ok_in(&["apply", "-f", "-"], &changed).await;
+    assert_eq!(
+        c.json(&["get", "deploy", "web"]).await["metadata"]["resourceVersion"],
+        rv,
+        "a no-op apply is not a write"
+    );
+
+    // Server-side apply by a second manager conflicts on a field the first one set.
+    let ssa = changed.replace("replicas: 2", "replicas: 4");
+    let conflict = c
+        .kubectl_in(
+            &["apply", "--server-side", "--field-manager=ops", "-f", "-"],
+            &ssa,
+        )
+        .await;
+    assert!(
+        !conflict.ok
+            && conflict.stderr.contains("conflict")
+            && conflict.stderr.contains(".spec.replicas"),
+        "{}",
+        conflict.stderr
+    );
+    c.ok_in(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=ops",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        &ssa,
+    )
+    .await;
+    // Taking ownership without changing a value is stored too.
+    c.ok_in(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=auditor",
+            "-f",
+            "-",
+        ],
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {replicas: 4}\n",
+    )
+    .await;
+    let d = c
+        .json(&["get", "deploy", "web", "--show-managed-fields"])
+        .await;
+    assert_eq!(d["spec"]["replicas"], 4);
+    let managers: Vec<&str> = d["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["manager"].as_str().unwrap())
+        .collect();
+    assert!(
+        managers.contains(&"ops") && managers.contains(&"auditor"),
+        "{managers:?}"
+    );
+
+    let yaml = c.ok(&["get", "deploy", "web", "-o", "yaml"]).await;
+    assert!(
+        yaml.contains("kind: Deployment") && yaml.contains("resourceVersion:"),
+        "{yaml}"
+    );
+    let wide = c.ok(&["get", "deploy", "-o", "wide"]).await;
+    let header = wide.lines().next().unwrap();
+    assert!(
+        header.split_whitespace().collect::<Vec<_>>().starts_with(&[
+            "NAME",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "AGE",
+            "CONTAINERS",
+            "IMAGES",
+            "SELECTOR"
+        ]),
+        "{wide}"
+    );
+    assert!(
+        wide.contains("nginx:1.26") && wide.contains("app=web"),
+        "{wide}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_annotate_patch_and_scale() {
+    let c = Cluster::start().await;
+    c.ok_in(&["apply", "-f", "-"], DEPLOYMENT).await;
+    c.ok(&["label", "deploy", "web", "tier=frontend"]).await;
+    c.ok(&["annotate", "deploy", "web", "owner=team-a"]).await;
+    let listed = c
+        .ok(&["get", "deploy", "-l", "tier=frontend", "-o", "name"])
+        .await;
+    assert_eq!(listed.trim(), "deployment.apps/web");
+    assert!(
+        c.ok(&["get", "deploy", "-l", "tier!=frontend", "-o", "name"])
+            .await
+            .trim()
+            .is_empty()
+    );
+
+    c.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#,
+    ])
+    .await;
+    c.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"tier":null}}}"#,
+    ])
+    .await;
+    c.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "--type=strategic",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"sidecar","image":"busybox"}]}}}}"#,
+    ])
+    .await;
+    let d = c.json(&["get", "deploy", "web"]).await;
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert!(d["metadata"]["labels"].get("tier").is_none());
+    assert_eq!(d["metadata"]["annotations"]["owner"], "team-a");
+    let names: Vec<&str> = d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "strategic merge keeps nginx and adds the sidecar: {names:?}"
+    );
+    assert!(names.contains(&"nginx") && names.contains(&"sidecar"));
+
+    c.ok(&["scale", "deploy", "web", "--replicas=5"]).await;
+    assert_eq!(
+        c.json(&["get", "deploy", "web"]).await["spec"]["replicas"],
+        5
+    );
+    let bad = c
+        .kubectl(&[
+            "patch",
+            "deploy",
+            "web",
+            "--type=json",
+            "-p",
+            r#"[{"op":"test","path":"/spec/replicas","value":9}]"#,
+        ])
+        .await;
+    assert!(!bad.ok, "a failing JSON patch test op is refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_streams_changes() {
+    let c = Cluster::start().await;
+    c.ok_in(
+        &["apply", "-f", "-"],
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: first}\n",
+    )
+    .await;
+    let mut watch = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["get", "configmaps", "-w", "--output-watch-events"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut step = 0;
+    while Instant::now() < deadline {
+        let line = match tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await {
+            Ok(Ok(Some(l))) => l,
+            Ok(_) => break,
+            Err(_) => String::new(),
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        if step == 0 && seen.contains("first") {
+            c.ok_in(
+                &["apply", "-f", "-"],
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: second}\n",
+            )
+            .await;
+            step = 1;
+        } else if step == 1 && seen.contains("second") {
+            c.ok(&["delete", "configmap", "first"]).await;
+            step = 2;
+        } else if step == 2
+            && seen
+                .lines()
+                .any(|l| l.starts_with("DELETED") && l.contains("first"))
+        {
+            step = 3;
+            break;
+        }
+    }
+    assert_eq!(step, 3, "watch output:\n{seen}");
+    assert!(
+        seen.lines()
+            .any(|l| l.starts_with("ADDED") && l.contains("second")),
+        "{seen}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_cascades_and_waits() {
+    let c = Cluster::start().await;
+    c.ok_in(&["apply", "-f", "-"], DEPLOYMENT).await;
+    let uid = c.json(&["get", "deploy", "web"]).await["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A dependent like the one the Deployment controller would create.
+    let rs = |uid: &str| {
+        format!(
+            r#"
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata:
+  name: web-1
+  labels: {{app: web}}
+  ownerReferences: [{{apiVersion: apps/v1, kind: Deployment, name: web, uid: {uid}, controller: true, blockOwnerDeletion: true}}]
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec: {{containers: [{{name: c, image: nginx}}]}}
+"#
+        )
+    };
+    c.ok_in(&["create", "-f", "-"], &rs(&uid)).await;
+    c.ok(&[
+        "delete",
+        "deploy",
+        "web",
+        "--cascade=foreground",
+        "--wait",
+        "--timeout=20s",
+    ])
+    .await;
+    assert!(
+        c.ok(&["get", "deploy,rs", "-o", "name"])
+            .await
+            .trim()
+            .is_empty(),
+        "owner and dependent are gone"
+    );
+
+    // Orphan keeps the dependent and cuts its owner reference.
+    c.ok_in(&["apply", "-f", "-"], DEPLOYMENT).await;
+    let uid = c.json(&["get", "deploy", "web"]).await["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.ok_in(&["create", "-f", "-"], &rs(&uid)).await;
+    c.ok(&[
+        "delete",
+        "deploy",
+        "web",
+        "--cascade=orphan",
+        "--wait",
+        "--timeout=20s",
+    ])
+    .await;
+    let orphan = c.json(&["get", "rs", "web-1"]).await;
+    assert!(
+        orphan["metadata"]
+            .get("ownerReferences")
+            .is_none_or(|r| r.as_array().unwrap().is_empty()),
+        "{orphan}"
+    );
+
+    // Namespaces delete their content, then themselves.
+    c.ok_in(
+        &["apply", "-f", "-"],
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: scratch}\n",
+    )
+    .await;
+    c.ok_in(
+        &["apply", "-n", "scratch", "-f", "-"],
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+    )
+    .await;
+    c.ok(&["delete", "namespace", "scratch", "--wait", "--timeout=20s"])
+        .await;
+    let gone = c.kubectl(&["get", "namespace", "scratch"]).await;
+    assert!(
+        !gone.ok && gone.stderr.contains("NotFound"),
+        "{}",
+        gone.stderr
+    );
+}
+
+/// A custom resource defined in Rust, as Tandem's own CRDs are.
+#[derive(kube::CustomResource, Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[kube(
+    group = "example.com",
+    version = "v1",
+    kind = "Gadget",
+    namespaced,
+    status = "GadgetStatus",
+    shortname = "gd",
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".spec.size"}"#
+)]
+pub struct GadgetSpec {
+    /// How big.
+    #[schemars(range(min = 1))]
+    size: i64,
+}
+
+/// Status of a Gadget.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema, Default)]
+pub struct GadgetStatus {
+    /// Conditions.
+    #[serde(default)]
+    conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_resources_from_a_kube_derive_type() {
+    let c = Cluster::start().await;
+    let crd = serde_yaml::to_string(&Gadget::crd()).unwrap();
+    c.ok_in(&["apply", "-f", "-"], &crd).await;
+    c.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/gadgets.example.com",
+        "--timeout=10s",
+    ])
+    .await;
+    c.ok_in(
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Gadget\nmetadata: {name: g1}\nspec: {size: 3}\n",
+    )
+    .await;
+    let table = c.ok(&["get", "gd"]).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "SIZE", "AGE"], "{table}");
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .take(2)
+            .eq(["g1", "3"]),
+        "{table}"
+    );
+
+    let invalid = c
+        .kubectl_in(
+            &["apply", "-f", "-"],
+            "apiVersion: example.com/v1\nkind: Gadget\nmetadata: {name: g2}\nspec: {size: 0}\n",
+        )
+        .await;
+    assert!(
+        !invalid.ok
+            && invalid.stderr.contains("spec.size")
+            && invalid.stderr.contains("greater than or equal to 1"),
+        "{}",
+        invalid.stderr
+    );
+
+    // A condition set through the status subresource satisfies kubectl wait.
+    c.ok(&["patch", "gadget", "g1", "--subresource=status", "--type=merge", "-p",
+           r#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"Test","message":"","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#]).await;
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "gadget/g1",
+        "--timeout=10s",
+    ])
+    .await;
+    // A main-resource write cannot change status.
+    c.ok(&[
+        "patch",
+        "gadget",
+        "g1",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[]},"spec":{"size":4}}"#,
+    ])
+    .await;
+    let g = c.json(&["get", "gadget", "g1"]).await;
+    assert_eq!(g["spec"]["size"], 4);
+    assert_eq!(g["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(g["metadata"]["generation"], 2);
+
+    let explain = c.ok(&["explain", "gadget.spec"]).await;
+    assert!(
+        explain.contains("size") && explain.contains("<integer>"),
+        "{explain}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_refusals_through_kubectl() {
+    let c = Cluster::start().await;
+    c.ok_in(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: cm-reader, namespace: default}
+rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-reads, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: cm-reader}
+subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
+"#,
+    )
+    .await;
+    let alice = c.kubeconfig_as("alice", &["devs"]);
+    let allowed = c.kubectl_with(&alice, &["get", "configmaps"], None).await;
+    assert!(allowed.ok, "{}", allowed.stderr);
+    let denied = c.kubectl_with(&alice, &["get", "secrets"], None).await;
+    assert!(!denied.ok, "alice may not list secrets");
+    assert!(denied.stderr.contains(r#"secrets is forbidden: User "alice" cannot list resource "secrets" in API group "" in the namespace "default""#), "{}", denied.stderr);
+    let other_ns = c
+        .kubectl_with(&alice, &["get", "configmaps", "-n", "kube-system"], None)
+        .await;
+    assert!(
+        !other_ns.ok && other_ns.stderr.contains("forbidden"),
+        "{}",
+        other_ns.stderr
+    );
+    let write = c
+        .kubectl_with(
+            &alice,
+            &["apply", "-f", "-"],
+            Some("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"),
+        )
+        .await;
+    assert!(
+        !write.ok && write.stderr.contains("forbidden"),
+        "{}",
+        write.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_can_i_also_impersonated() {
+    let c = Cluster::start().await;
+    c.ok_in(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: alice-view}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}
+subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
+"#,
+    )
+    .await;
+    assert_eq!(
+        c.ok(&["auth", "can-i", "create", "pods"]).await.trim(),
+        "yes"
+    );
+    let as_alice = c
+        .kubectl(&["auth", "can-i", "create", "pods", "--as", "alice"])
+        .await;
+    assert_eq!(as_alice.stdout.trim(), "no", "{}", as_alice.stderr);
+    assert_eq!(
+        c.ok(&["auth", "can-i", "list", "pods", "--as", "alice"])
+            .await
+            .trim(),
+        "yes"
+    );
+    let alice = c.kubeconfig_as("alice", &[]);
+    let own = c
+        .kubectl_with(&alice, &["auth", "can-i", "delete", "configmaps"], None)
+        .await;
+    assert_eq!(own.stdout.trim(), "no", "{}", own.stderr);
+    // Impersonation itself is authorized: alice may not act as the admin.
+    let escalate = c
+        .kubectl_with(
+            &alice,
+            &[
+                "get",
+                "pods",
+                "--as",
+                "admin",
+                "--as-group",
+                "system:masters",
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        !escalate.ok && escalate.stderr.contains("cannot impersonate"),
+        "{}",
+        escalate.stderr
+    );
+}
