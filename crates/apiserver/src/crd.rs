@@ -200,10 +200,10 @@ fn update_status(state: &State, crd: &Value) {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    if let Some(s) = storage {
-        if !stored.contains(&s) {
-            stored.push(s);
-        }
+    if let Some(s) = storage
+        && !stored.contains(&s)
+    {
+        stored.push(s);
     }
     desired["status"] = json!({
         "conditions": [

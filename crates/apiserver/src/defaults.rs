@@ -124,18 +124,10 @@ pub fn apply(
         ("", "Service") => service(state, obj, old)?,
         ("", "Namespace") => {
             let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
-            let labels = object_at(
-                object_at(obj, "metadata")
-                    .entry("labels")
-                    .or_insert_with(|| json!({})),
-                "_",
-            );
-            let _ = labels;
-            if let Some(meta) = obj["metadata"].as_object_mut() {
-                if let Some(l) = meta.get_mut("labels").and_then(Value::as_object_mut) {
-                    l.remove("_");
-                    l.insert("kubernetes.io/metadata.name".into(), json!(name));
-                }
+            let meta = object_at(obj, "metadata");
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Some(labels) = labels.as_object_mut() {
+                labels.insert("kubernetes.io/metadata.name".into(), json!(name));
             }
             if old.is_none() {
                 default(object_at(obj, "spec"), "finalizers", json!(["kubernetes"]));

@@ -159,10 +159,10 @@ async fn delete(state: &State, at: &ObjectRef, propagation: &str) {
         propagation: Some(propagation.into()),
         ..Default::default()
     };
-    if let Err(e) = delete_one(state, &call, &res, ns, name, &opts).await {
-        if e.code != 404 {
-            tracing::warn!(resource = %res.resource, namespace = %ns, %name, "garbage collector: delete failed: {e}");
-        }
+    if let Err(e) = delete_one(state, &call, &res, ns, name, &opts).await
+        && e.code != 404
+    {
+        tracing::warn!(resource = %res.resource, namespace = %ns, %name, "garbage collector: delete failed: {e}");
     }
 }
 
@@ -331,10 +331,10 @@ async fn terminate_namespace(state: &State, index: &mut Index, ns: &str, obj: &V
         .unwrap_or_default();
     if !spec_finalizers.iter().any(|f| f == "kubernetes") {
         // Nothing of ours left: the namespace goes once other finalizers are done.
-        if crate::objects::finalizers(obj).is_empty() {
-            if let Some(res) = resource_for(state, "/namespaces") {
-                let _ = state.remove_object(&res, "", ns, None);
-            }
+        if crate::objects::finalizers(obj).is_empty()
+            && let Some(res) = resource_for(state, "/namespaces")
+        {
+            let _ = state.remove_object(&res, "", ns, None);
         }
         return;
     }

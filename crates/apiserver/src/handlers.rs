@@ -347,11 +347,11 @@ pub fn set_name_and_namespace(res: &ResourceInfo, ns: &str, obj: &mut Value) -> 
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    if name.is_empty() {
-        if let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
-            let generated = format!("{prefix}{}", objects::random_suffix());
-            meta.insert("name".into(), json!(generated));
-        }
+    if name.is_empty()
+        && let Some(prefix) = meta.get("generateName").and_then(Value::as_str)
+    {
+        let generated = format!("{prefix}{}", objects::random_suffix());
+        meta.insert("name".into(), json!(generated));
     }
     let name = meta
         .get("name")
@@ -383,7 +383,7 @@ fn requested_rv(obj: &Value) -> Option<u64> {
 }
 
 async fn update(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
-    let mut body = objects::parse_body(&call.body, &call.content_type().to_string())?;
+    let mut body = objects::parse_body(&call.body, call.content_type())?;
     objects::check_type(res, &mut body)?;
     let name = call.info.name.clone();
     match body["metadata"]["name"].as_str() {
@@ -456,12 +456,12 @@ async fn apply(
     let force = is_true(call.query.get("force"));
     let mut config = config;
     objects::check_type(res, &mut config)?;
-    if let Some(n) = config["metadata"]["name"].as_str() {
-        if n != call.info.name {
-            return Err(ApiError::bad_request(
-                "the name of the object does not match the name on the URL",
-            ));
-        }
+    if let Some(n) = config["metadata"]["name"].as_str()
+        && n != call.info.name
+    {
+        return Err(ApiError::bad_request(
+            "the name of the object does not match the name on the URL",
+        ));
     }
     let schema = patch_schema(res);
     let api_version = res.api_version();
@@ -520,10 +520,10 @@ async fn write_loop(
             }
             return Err(ApiError::not_found(&res.group, &res.resource, &name));
         };
-        if let Some(want) = want_rv {
-            if want != current.rv {
-                return Err(store_error(res, &name, StoreError::Conflict));
-            }
+        if let Some(want) = want_rv
+            && want != current.rv
+        {
+            return Err(store_error(res, &name, StoreError::Conflict));
         }
         let old = current.value();
         let mut obj = compute(Some(&old))?;
@@ -631,19 +631,19 @@ impl DeleteOptions {
                 propagation = Some("Orphan".into());
             }
         }
-        if let Some(p) = &propagation {
-            if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
-                return Err(ApiError::invalid_field(
-                    "",
-                    "DeleteOptions",
-                    "",
-                    "propagationPolicy",
-                    &format!(
-                        "Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\"",
-                        json!(p)
-                    ),
-                ));
-            }
+        if let Some(p) = &propagation
+            && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
+        {
+            return Err(ApiError::invalid_field(
+                "",
+                "DeleteOptions",
+                "",
+                "propagationPolicy",
+                &format!(
+                    "Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\"",
+                    json!(p)
+                ),
+            ));
         }
         Ok(DeleteOptions {
             grace: body["gracePeriodSeconds"]
@@ -682,31 +682,31 @@ pub async fn delete_one(
     for _attempt in 0..16 {
         let current = fetch(state, res, ns, name)?;
         let mut obj = current.value();
-        if let Some(uid) = &opts.uid {
-            if *uid != *current.uid {
-                return Err(ApiError::conflict(
-                    &res.group,
-                    &res.resource,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                        current.uid
-                    ),
-                ));
-            }
+        if let Some(uid) = &opts.uid
+            && *uid != *current.uid
+        {
+            return Err(ApiError::conflict(
+                &res.group,
+                &res.resource,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current.uid
+                ),
+            ));
         }
-        if let Some(rv) = opts.rv {
-            if rv != current.rv {
-                return Err(ApiError::conflict(
-                    &res.group,
-                    &res.resource,
-                    name,
-                    &format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                        current.rv
-                    ),
-                ));
-            }
+        if let Some(rv) = opts.rv
+            && rv != current.rv
+        {
+            return Err(ApiError::conflict(
+                &res.group,
+                &res.resource,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    current.rv
+                ),
+            ));
         }
         crate::admission::validate_delete(state, call, res, &obj).await?;
         let mut finalizers = objects::finalizers(&obj);
@@ -717,11 +717,11 @@ pub async fn delete_one(
             _ => None,
         };
         let already_deleting = objects::is_deleting(&obj);
-        if let Some(f) = special {
-            if !finalizers.iter().any(|x| x == f) {
-                finalizers.retain(|x| x != "foregroundDeletion" && x != "orphan");
-                finalizers.push(f.to_string());
-            }
+        if let Some(f) = special
+            && !finalizers.iter().any(|x| x == f)
+        {
+            finalizers.retain(|x| x != "foregroundDeletion" && x != "orphan");
+            finalizers.push(f.to_string());
         }
         // Pods bound to a node wait for their kubelet, which deletes them with grace 0.
         let pod_grace =

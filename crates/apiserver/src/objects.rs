@@ -159,10 +159,11 @@ pub fn prepare_create(info: &ResourceInfo, obj: &mut Value) {
     ] {
         meta.remove(owned);
     }
-    if info.has_status() && !info.keeps_status_on_create {
-        if let Some(map) = obj.as_object_mut() {
-            map.remove("status");
-        }
+    if info.has_status()
+        && !info.keeps_status_on_create
+        && let Some(map) = obj.as_object_mut()
+    {
+        map.remove("status");
     }
 }
 

@@ -445,7 +445,7 @@ impl Registry {
         let versions = self.groups.entry(info.group.clone()).or_default();
         if !versions.contains(&info.version) {
             versions.push(info.version.clone());
-            versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         }
         if !self.group_order.contains(&info.group) {
             self.group_order.push(info.group.clone());
@@ -525,12 +525,11 @@ impl Registry {
         let mut seen = std::collections::BTreeSet::new();
         let mut out = Vec::new();
         for ((g, _, r), _) in self.by_gvr.iter() {
-            if seen.insert((g.clone(), r.clone())) {
-                if let Some(info) = self.preferred(g, r) {
-                    if info.stored {
-                        out.push(info);
-                    }
-                }
+            if seen.insert((g.clone(), r.clone()))
+                && let Some(info) = self.preferred(g, r)
+                && info.stored
+            {
+                out.push(info);
             }
         }
         out
@@ -572,7 +571,7 @@ mod tests {
         let mut versions = vec![
             "v1alpha1", "v2beta1", "v1", "v1beta2", "v2", "foo", "v1beta1",
         ];
-        versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         assert_eq!(
             versions,
             vec![

@@ -122,8 +122,19 @@ mod tests {
         let q = Query::new();
         let mut watch = Query::new();
         watch.insert("watch".into(), "true".into());
-        let cases: &[(&Method, &str, &Query, &str, &str, &str, &str, &str, &str)] = &[
-            // method, path, query => verb, group, ns, resource, name, sub
+        // method, path, query => verb, group, namespace, resource, name, subresource
+        type Case<'a> = (
+            &'a Method,
+            &'a str,
+            &'a Query,
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a str,
+        );
+        let cases: &[Case] = &[
             (
                 &Method::GET,
                 "/api/v1/pods",

@@ -134,10 +134,9 @@ pub async fn write(
         if let Some(rv) = wanted["metadata"]["resourceVersion"]
             .as_str()
             .and_then(|r| r.parse::<u64>().ok())
+            && rv != doc.rv
         {
-            if rv != doc.rv {
-                return Err(store_error(res, name, crate::store::StoreError::Conflict));
-            }
+            return Err(store_error(res, name, crate::store::StoreError::Conflict));
         }
         let Some(replicas) = wanted["spec"]["replicas"].as_i64() else {
             return Err(ApiError::invalid_field(

@@ -214,6 +214,8 @@ struct Collection {
 
 struct Inner {
     rv: u64,
+    /// The resourceVersion the store opened at: every event since is logged (until evicted).
+    opened_at: u64,
     collections: HashMap<String, Collection>,
     wal: Option<Wal>,
 }
@@ -231,6 +233,7 @@ impl Store {
     pub fn open(dir: Option<&Path>, window: usize) -> std::io::Result<Store> {
         let mut inner = Inner {
             rv: 0,
+            opened_at: 0,
             collections: HashMap::new(),
             wal: None,
         };
@@ -273,6 +276,7 @@ impl Store {
             }
             inner.wal = Some(wal);
         }
+        inner.opened_at = inner.rv;
         let rv = inner.rv;
         for c in inner.collections.values_mut() {
             c.floor = rv;
@@ -475,10 +479,10 @@ impl Store {
                     })
                 })
                 .collect();
-            if let Some(wal) = inner.wal.as_mut() {
-                if let Err(e) = wal.compact(records.into_iter()) {
-                    tracing::error!("compacting the write-ahead log: {e}");
-                }
+            if let Some(wal) = inner.wal.as_mut()
+                && let Err(e) = wal.compact(records.into_iter())
+            {
+                tracing::error!("compacting the write-ahead log: {e}");
             }
         }
         Ok(doc)
@@ -509,6 +513,8 @@ impl Store {
 
 impl Inner {
     fn collection(&mut self, key: &str) -> &mut Collection {
+        // Nothing of this resource was ever evicted: it can be watched from the opening on.
+        let floor = self.opened_at;
         let rv = self.rv;
         self.collections
             .entry(key.to_string())
@@ -516,7 +522,7 @@ impl Inner {
                 key: Arc::from(key),
                 objects: BTreeMap::new(),
                 log: VecDeque::new(),
-                floor: rv,
+                floor,
                 notify: watch::channel(rv).0,
             })
     }
@@ -546,8 +552,10 @@ mod tests {
         assert_eq!(a.rv, 1);
         assert_eq!(a.label("x"), Some("1"));
         assert_eq!(
-            store.create("/configmaps", "default", "a", &mut cm("a", json!({}))),
-            Err(StoreError::AlreadyExists)
+            store
+                .create("/configmaps", "default", "a", &mut cm("a", json!({})))
+                .err(),
+            Some(StoreError::AlreadyExists)
         );
         let b = store
             .update("/configmaps", "default", "a", 1, &mut cm("a", json!({})))
@@ -595,6 +603,11 @@ mod tests {
         assert_eq!(store.events_since("/configmaps", 7).unwrap().len(), 3);
         // A resource untouched since start can be watched from any version.
         assert!(store.events_since("/secrets", 0).is_ok());
+        // Also one first written after other resources moved the version on.
+        store
+            .create("/secrets", "default", "s", &mut cm("s", json!({})))
+            .unwrap();
+        assert_eq!(store.events_since("/secrets", 3).unwrap().len(), 1);
     }
 
     #[test]

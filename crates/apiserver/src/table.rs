@@ -113,7 +113,7 @@ fn custom_cells(obj: &Value, cols: &[Value]) -> Vec<Value> {
         let values = tandem_apimachinery::jsonpath::evaluate(path, obj).unwrap_or_default();
         let cell = match (c["type"].as_str(), values.as_slice()) {
             (_, []) => Value::Null,
-            (Some("date"), [Value::String(t)]) => json!(age(&t)),
+            (Some("date"), [Value::String(t)]) => json!(age(t)),
             (Some("integer" | "number" | "boolean"), [v]) => v.clone(),
             // kube-apiserver prints the first match only.
             _ => json!(tandem_apimachinery::jsonpath::format_cell(&values[..1])),
@@ -287,10 +287,10 @@ fn builtin_cells(kind: &str, o: &Value) -> Vec<Value> {
             for c in &statuses {
                 if let Some(reason) = c["state"]["waiting"]["reason"].as_str() {
                     status = reason.to_string();
-                } else if let Some(reason) = c["state"]["terminated"]["reason"].as_str() {
-                    if status == "Running" {
-                        status = reason.to_string();
-                    }
+                } else if let Some(reason) = c["state"]["terminated"]["reason"].as_str()
+                    && status == "Running"
+                {
+                    status = reason.to_string();
                 }
             }
             if crate::objects::is_deleting(o) {

@@ -84,7 +84,7 @@ fn metadata(obj: &Value) -> Vec<Cause> {
             for (k, v) in map {
                 if !v.is_string() {
                     causes.push(cause(
-                        &format!("{field}"),
+                        field,
                         "FieldValueTypeInvalid",
                         format!("{field}: Invalid value: {v}: {k} must be a string"),
                     ));
@@ -136,14 +136,14 @@ fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value)
                     }
                     Err(e) => causes.push(cause("spec.selector", "FieldValueInvalid", format!("spec.selector: Invalid value: {selector}: {e}"))),
                 }
-                if let Some(old) = old {
-                    if old["spec"]["selector"] != *selector {
-                        causes.push(cause(
-                            "spec.selector",
-                            "FieldValueInvalid",
-                            format!("spec.selector: Invalid value: {selector}: field is immutable"),
-                        ));
-                    }
+                if let Some(old) = old
+                    && old["spec"]["selector"] != *selector
+                {
+                    causes.push(cause(
+                        "spec.selector",
+                        "FieldValueInvalid",
+                        format!("spec.selector: Invalid value: {selector}: field is immutable"),
+                    ));
                 }
             }
             if obj["spec"]["replicas"].as_i64().is_some_and(|r| r < 0) {
