@@ -116,6 +116,12 @@ impl ApiServer {
         self.kubeconfig_for("admin", &["system:masters"])
     }
 
+    /// Writes the admin kubeconfig to `path` atomically (a reader never sees half a file).
+    pub fn write_admin_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        fsutil::write_atomic(path, self.admin_kubeconfig()?.as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    }
+
     /// A kubeconfig whose client certificate names `user` with `groups`.
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<String> {
         let cert = self.state.pki.ca.issue(user, groups, &[], false)?;

@@ -35,8 +35,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await
     .with_context(|| format!("starting the API server on 127.0.0.1:{}", args.port))?;
     let kubeconfig = args.data_dir.join("admin.kubeconfig");
-    std::fs::write(&kubeconfig, server.admin_kubeconfig()?)
-        .with_context(|| format!("writing {}", kubeconfig.display()))?;
+    server.write_admin_kubeconfig(&kubeconfig)?;
     tracing::info!(
         url = %server.url(),
         kubeconfig = %kubeconfig.display(),
