@@ -1015,6 +1015,103 @@ mod tests {
         assert!(untested.is_empty(), "kinds without a test: {untested:?}");
     }
 
+    fn unhex(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Bodies captured from kubectl v1.33 (`-v=9` hex dumps), with the JSON each must become.
+    #[test]
+    fn decodes_bodies_captured_from_kubectl() {
+        let cases = [
+            (
+                "kubectl auth can-i create pods -n default",
+                "6b3873000a320a17617574686f72697a6174696f6e2e6b38732e696f2f7631121753656c665375626a6563\
+                 74416363657373526576696577123f0a100a0012001a0022002a0032003800420012210a1f0a0764656661\
+                 756c7412066372656174651a0022002a04706f647332003a001a08080012001a0020001a002200",
+                json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                       "spec": {"resourceAttributes":
+                           {"namespace": "default", "verb": "create", "resource": "pods"}},
+                       "status": {"allowed": false}}),
+            ),
+            (
+                "kubectl auth can-i --list -n team-a",
+                "6b3873000a310a17617574686f72697a6174696f6e2e6b38732e696f2f7631121653656c665375626a6563\
+                 7452756c657352657669657712220a100a0012001a0022002a0032003800420012080a067465616d2d611a\
+                 04180022001a002200",
+                json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+                       "spec": {"namespace": "team-a"}}),
+            ),
+            (
+                "kubectl auth whoami",
+                "6b3873000a2d0a1861757468656e7469636174696f6e2e6b38732e696f2f7631121153656c665375626a65\
+                 6374526576696577121a0a100a0012001a0022002a0032003800420012060a040a0012001a002200",
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+            ),
+            (
+                "kubectl create token builder -n team-a --duration=1h --audience=vault",
+                "6b3873000a280a1861757468656e7469636174696f6e2e6b38732e696f2f7631120c546f6b656e52657175\
+                 65737412240a100a0012001a0022002a00320038004200120a0a057661756c7420901c1a040a0012001a00\
+                 2200",
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                       "spec": {"audiences": ["vault"], "expirationSeconds": 3600}}),
+            ),
+            (
+                "kubectl create namespace team-b",
+                "6b3873000a0f0a02763112094e616d657370616365121e0a160a067465616d2d6212001a0022002a003200\
+                 3800420012001a020a001a002200",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}}),
+            ),
+            (
+                "kubectl create serviceaccount robot -n team-b",
+                "6b3873000a140a027631120e536572766963654163636f756e74121d0a1b0a05726f626f7412001a067465\
+                 616d2d6222002a003200380042001a002200",
+                json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "robot", "namespace": "team-b"}}),
+            ),
+            (
+                "kubectl create secret generic s2 --from-literal=k=v -n team-b",
+                "6b3873000a0c0a027631120653656372657412240a180a02733212001a067465616d2d6222002a00320038\
+                 00420012060a016b1201761a001a002200",
+                json!({"apiVersion": "v1", "kind": "Secret",
+                       "metadata": {"name": "s2", "namespace": "team-b"}, "data": {"k": "dg=="}}),
+            ),
+            (
+                "kubectl create quota q2 --hard=cpu=2 -n team-b",
+                "6b3873000a130a027631120d5265736f7572636551756f7461122a0a180a02713212001a067465616d2d62\
+                 22002a00320038004200120c0a0a0a0363707512030a01321a001a002200",
+                json!({"apiVersion": "v1", "kind": "ResourceQuota",
+                       "metadata": {"name": "q2", "namespace": "team-b"},
+                       "spec": {"hard": {"cpu": "2"}}}),
+            ),
+            (
+                "kubectl create rolebinding rb2 --clusterrole=view --group=g -n team-b",
+                "6b3873000a2b0a1c726261632e617574686f72697a6174696f6e2e6b38732e696f2f7631120b526f6c6542\
+                 696e64696e6712740a190a0372623212001a067465616d2d6222002a0032003800420012270a0547726f75\
+                 701219726261632e617574686f72697a6174696f6e2e6b38732e696f1a016722001a2e0a19726261632e61\
+                 7574686f72697a6174696f6e2e6b38732e696f120b436c7573746572526f6c651a04766965771a002200",
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": "rb2", "namespace": "team-b"},
+                       "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                     "name": "g"}],
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                   "kind": "ClusterRole", "name": "view"}}),
+            ),
+            (
+                "kubectl drain n1 --disable-eviction --grace-period=0 (DELETE pod)",
+                "6b3873000a130a027631120d44656c6574654f7074696f6e73120208001a002200",
+                json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}),
+            ),
+        ];
+        for (command, hex, want) in cases {
+            let hex: String = hex.split_whitespace().collect();
+            let got = decode(&unhex(&hex)).unwrap_or_else(|e| panic!("{command}: {e}"));
+            assert_eq!(got, want, "{command}");
+        }
+    }
+
     #[test]
     fn object_meta_maps_every_field() {
         let metadata = meta::ObjectMeta {
