@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use chrono::{DateTime, SecondsFormat};
-use k8s_pb::api::{authentication, authorization, certificates, core, policy, rbac};
+use k8s_pb::api::{authentication, authorization, certificates, core, policy, rbac, scheduling};
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
+use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
 use prost::Message;
 use serde_json::{Map, Value};
 
@@ -111,6 +112,7 @@ const KINDS: &[(&str, &str, Converter)] = &[
     ("v1", "Namespace", typed::<core::v1::Namespace>),
     ("v1", "ServiceAccount", typed::<core::v1::ServiceAccount>),
     ("v1", "ResourceQuota", typed::<core::v1::ResourceQuota>),
+    ("v1", "Service", typed::<core::v1::Service>),
     ("v1", "DeleteOptions", typed::<meta::DeleteOptions>),
     (
         "meta.k8s.io/v1",
@@ -178,6 +180,11 @@ const KINDS: &[(&str, &str, Converter)] = &[
         "CertificateSigningRequest",
         typed::<certificates::v1::CertificateSigningRequest>,
     ),
+    (
+        "scheduling.k8s.io/v1",
+        "PriorityClass",
+        typed::<scheduling::v1::PriorityClass>,
+    ),
 ];
 
 /// A value's Kubernetes JSON encoding.
@@ -219,6 +226,16 @@ impl ToJson for Vec<u8> {
 impl ToJson for Quantity {
     fn to_json(&self) -> Value {
         self.string.clone().unwrap_or_default().to_json()
+    }
+}
+
+/// intstr.IntOrString: a JSON number or string, as its type says.
+impl ToJson for IntOrString {
+    fn to_json(&self) -> Value {
+        match self.r#type {
+            Some(1) => self.str_val.clone().unwrap_or_default().to_json(),
+            _ => self.int_val.unwrap_or_default().to_json(),
+        }
     }
 }
 
@@ -501,6 +518,46 @@ to_json! {
     rbac::v1::RoleRef { req "apiGroup" api_group, req "kind" kind, req "name" name }
 
     policy::v1::Eviction { opt "metadata" metadata, ptr "deleteOptions" delete_options }
+
+    meta::Condition {
+        req "type" r#type, req "status" status, opt "observedGeneration" observed_generation,
+        req "lastTransitionTime" last_transition_time, req "reason" reason,
+        req "message" message,
+    }
+
+    core::v1::Service { opt "metadata" metadata, opt "spec" spec, opt "status" status }
+    core::v1::ServiceSpec {
+        list "ports" ports, map "selector" selector, opt "clusterIP" cluster_ip,
+        list "clusterIPs" cluster_ips, opt "type" r#type, list "externalIPs" external_ips,
+        opt "sessionAffinity" session_affinity, opt "loadBalancerIP" load_balancer_ip,
+        list "loadBalancerSourceRanges" load_balancer_source_ranges,
+        opt "externalName" external_name, opt "externalTrafficPolicy" external_traffic_policy,
+        opt "healthCheckNodePort" health_check_node_port,
+        opt "publishNotReadyAddresses" publish_not_ready_addresses,
+        ptr "sessionAffinityConfig" session_affinity_config, list "ipFamilies" ip_families,
+        ptr "ipFamilyPolicy" ip_family_policy,
+        ptr "allocateLoadBalancerNodePorts" allocate_load_balancer_node_ports,
+        ptr "loadBalancerClass" load_balancer_class,
+        ptr "internalTrafficPolicy" internal_traffic_policy,
+        ptr "trafficDistribution" traffic_distribution,
+    }
+    core::v1::ServicePort {
+        opt "name" name, opt "protocol" protocol, ptr "appProtocol" app_protocol,
+        req "port" port, opt "targetPort" target_port, opt "nodePort" node_port,
+    }
+    core::v1::SessionAffinityConfig { ptr "clientIP" client_ip }
+    core::v1::ClientIpConfig { ptr "timeoutSeconds" timeout_seconds }
+    core::v1::ServiceStatus { opt "loadBalancer" load_balancer, list "conditions" conditions }
+    core::v1::LoadBalancerStatus { list "ingress" ingress }
+    core::v1::LoadBalancerIngress {
+        opt "ip" ip, opt "hostname" hostname, ptr "ipMode" ip_mode, list "ports" ports,
+    }
+    core::v1::PortStatus { req "port" port, req "protocol" protocol, ptr "error" error }
+
+    scheduling::v1::PriorityClass {
+        opt "metadata" metadata, req "value" value, opt "globalDefault" global_default,
+        opt "description" description, ptr "preemptionPolicy" preemption_policy,
+    }
 
     certificates::v1::CertificateSigningRequest {
         opt "metadata" metadata, opt "spec" spec, opt "status" status,
@@ -990,6 +1047,91 @@ mod tests {
                            "message": "This CSR was approved by kubectl certificate approve.",
                            "lastUpdateTime": "2023-11-14T22:14:20Z"}]}}),
             ),
+            (
+                "v1",
+                "Service",
+                core::v1::Service {
+                    metadata: meta("web", "prod"),
+                    spec: Some(core::v1::ServiceSpec {
+                        ports: vec![
+                            core::v1::ServicePort {
+                                name: s("http"),
+                                protocol: s("TCP"),
+                                port: Some(80),
+                                target_port: Some(IntOrString {
+                                    r#type: Some(0),
+                                    int_val: Some(8080),
+                                    str_val: s(""),
+                                }),
+                                node_port: Some(30080),
+                                ..Default::default()
+                            },
+                            core::v1::ServicePort {
+                                name: s("metrics"),
+                                protocol: s("TCP"),
+                                app_protocol: s("http"),
+                                port: Some(9090),
+                                target_port: Some(IntOrString {
+                                    r#type: Some(1),
+                                    int_val: Some(0),
+                                    str_val: s("metrics"),
+                                }),
+                                node_port: Some(0),
+                            },
+                            // kubectl leaves targetPort zero for the server to default.
+                            core::v1::ServicePort {
+                                name: s("dns"),
+                                protocol: s("UDP"),
+                                port: Some(53),
+                                target_port: Some(IntOrString::default()),
+                                ..Default::default()
+                            },
+                        ],
+                        selector: string_map(&[("app", "web")]),
+                        cluster_ip: s(""),
+                        r#type: s("NodePort"),
+                        session_affinity: s("ClientIP"),
+                        session_affinity_config: Some(core::v1::SessionAffinityConfig {
+                            client_ip: Some(core::v1::ClientIpConfig {
+                                timeout_seconds: Some(600),
+                            }),
+                        }),
+                        ip_family_policy: s("SingleStack"),
+                        health_check_node_port: Some(0),
+                        publish_not_ready_addresses: Some(false),
+                        ..Default::default()
+                    }),
+                    status: Some(core::v1::ServiceStatus {
+                        load_balancer: Some(Default::default()),
+                        conditions: vec![],
+                    }),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "web", "namespace": "prod"},
+                       "spec": {"ports": [
+                                    {"name": "http", "protocol": "TCP", "port": 80,
+                                     "targetPort": 8080, "nodePort": 30080},
+                                    {"name": "metrics", "protocol": "TCP", "appProtocol": "http",
+                                     "port": 9090, "targetPort": "metrics"},
+                                    {"name": "dns", "protocol": "UDP", "port": 53}],
+                                "selector": {"app": "web"}, "type": "NodePort",
+                                "sessionAffinity": "ClientIP",
+                                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                                "ipFamilyPolicy": "SingleStack"}}),
+            ),
+            (
+                "scheduling.k8s.io/v1",
+                "PriorityClass",
+                scheduling::v1::PriorityClass {
+                    metadata: meta("low", ""),
+                    value: Some(0),
+                    global_default: Some(false),
+                    description: s(""),
+                    preemption_policy: s("Never"),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "low"}, "value": 0, "preemptionPolicy": "Never"}),
+            ),
         ]
     }
 
@@ -1098,6 +1240,27 @@ mod tests {
                                      "name": "g"}],
                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
                                    "kind": "ClusterRole", "name": "view"}}),
+            ),
+            (
+                "kubectl create service nodeport svc6 --tcp=80:http",
+                "6b3873000a0d0a027631120753657276696365126e0a210a047376633612001a0022002a003200380042\
+                 005a0b0a0361707012047376633612450a1e0a0738302d6874747012035443501850220a080110001a0468\
+                 7474702800120b0a036170701204737663361a0022084e6f6465506f72743a00420052005a00600068001a\
+                 020a001a002200",
+                json!({"apiVersion": "v1", "kind": "Service",
+                       "metadata": {"name": "svc6", "labels": {"app": "svc6"}},
+                       "spec": {"ports": [{"name": "80-http", "protocol": "TCP", "port": 80,
+                                           "targetPort": "http"}],
+                                "selector": {"app": "svc6"}, "type": "NodePort"}}),
+            ),
+            (
+                "kubectl create priorityclass pc2 --value=7",
+                "6b3873000a250a147363686564756c696e672e6b38732e696f2f7631120d5072696f72697479436c6173\
+                 7312310a130a0370633212001a0022002a003200380042001007180022002a14507265656d70744c6f7765\
+                 725072696f726974791a002200",
+                json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                       "metadata": {"name": "pc2"}, "value": 7,
+                       "preemptionPolicy": "PreemptLowerPriority"}),
             ),
             (
                 "kubectl drain n1 --disable-eviction --grace-period=0 (DELETE pod)",
