@@ -85,7 +85,7 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
     }
     let (_, _, convert) = KINDS
         .iter()
-        .find(|(v, k, _)| *v == api_version && *k == kind)
+        .find(|(v, k, _)| (*v == api_version || *v == ANY_VERSION) && *k == kind)
         .ok_or_else(|| ProtobufError::UnsupportedKind(gvk.clone()))?;
     let fields = convert(unknown.raw.as_deref().unwrap_or_default())
         .map_err(|source| ProtobufError::Object { gvk, source })?;
@@ -105,6 +105,9 @@ fn typed<M: Message + Default + ToJson>(raw: &[u8]) -> Result<Value, prost::Deco
     Ok(M::decode(raw)?.to_json())
 }
 
+/// Matches the apiVersion of any group.
+const ANY_VERSION: &str = "*";
+
 /// Every kind kubectl's typed clients send as protobuf that this server understands.
 const KINDS: &[(&str, &str, Converter)] = &[
     ("v1", "ConfigMap", typed::<core::v1::ConfigMap>),
@@ -113,12 +116,8 @@ const KINDS: &[(&str, &str, Converter)] = &[
     ("v1", "ServiceAccount", typed::<core::v1::ServiceAccount>),
     ("v1", "ResourceQuota", typed::<core::v1::ResourceQuota>),
     ("v1", "Service", typed::<core::v1::Service>),
-    ("v1", "DeleteOptions", typed::<meta::DeleteOptions>),
-    (
-        "meta.k8s.io/v1",
-        "DeleteOptions",
-        typed::<meta::DeleteOptions>,
-    ),
+    // Registered in every group version: a typed client sends its own (`v1`, `apps/v1`, ...).
+    (ANY_VERSION, "DeleteOptions", typed::<meta::DeleteOptions>),
     (
         "authorization.k8s.io/v1",
         "SelfSubjectAccessReview",
@@ -712,7 +711,7 @@ mod tests {
                                 "scopes": ["BestEffort"]}}),
             ),
             (
-                "v1",
+                "apps/v1",
                 "DeleteOptions",
                 meta::DeleteOptions {
                     propagation_policy: s("Background"),
@@ -1147,11 +1146,15 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{api_version} {kind}: {e}"));
             assert_eq!(got, want, "{api_version} {kind}");
         }
-        // Every entry of the table is exercised (meta.k8s.io/v1 DeleteOptions shares the v1 one).
-        let tested = |v: &str, k: &str| cases.iter().any(|(cv, ck, ..)| *cv == v && *ck == k);
+        // Every entry of the table is exercised.
+        let tested = |v: &str, k: &str| {
+            cases
+                .iter()
+                .any(|(cv, ck, ..)| (*cv == v || v == ANY_VERSION) && *ck == k)
+        };
         let untested: Vec<_> = KINDS
             .iter()
-            .filter(|(v, k, _)| !tested(v, k) && *k != "DeleteOptions")
+            .filter(|(v, k, _)| !tested(v, k))
             .map(|(v, k, _)| format!("{v} {k}"))
             .collect();
         assert!(untested.is_empty(), "kinds without a test: {untested:?}");
