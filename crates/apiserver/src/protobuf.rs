@@ -1343,6 +1343,39 @@ mod tests {
         );
     }
 
+    /// What a request handler answers: the object, 415 for an unmapped kind, 400 otherwise.
+    #[test]
+    fn request_bodies_in_protobuf_reach_handlers_as_json() {
+        const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+        let namespace = core::v1::Namespace {
+            metadata: meta("team-a", ""),
+            ..Default::default()
+        };
+        let body = envelope("v1", "Namespace", namespace.encode_to_vec());
+        let parsed = crate::objects::parse_body(&body, PROTOBUF).unwrap();
+        assert_eq!(
+            parsed,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+        );
+
+        let deployment = envelope("apps/v1", "Deployment", vec![]);
+        let err = crate::objects::parse_body(&deployment, PROTOBUF).unwrap_err();
+        assert_eq!((err.code, err.reason), (415, "UnsupportedMediaType"));
+        assert!(
+            err.message.contains("apps/v1, Kind=Deployment"),
+            "{}",
+            err.message
+        );
+
+        let err = crate::objects::parse_body(&body[..body.len() - 3], PROTOBUF).unwrap_err();
+        assert_eq!(
+            (err.code, err.reason),
+            (400, "BadRequest"),
+            "{}",
+            err.message
+        );
+    }
+
     #[test]
     fn rejects_bodies_it_cannot_decode() {
         let config_map = core::v1::ConfigMap {
