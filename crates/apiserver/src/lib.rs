@@ -24,6 +24,7 @@ mod handlers;
 mod objects;
 mod openapi;
 pub mod pki;
+mod protobuf;
 pub mod registry;
 mod request;
 mod reviews;

@@ -16,8 +16,25 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    // Protobuf and CBOR are not decoded here; 415 makes client-go fall back to JSON.
-    if content_type.contains("protobuf") || content_type.contains("cbor") {
+    // kubectl's typed clients send protobuf and do not fall back to JSON, so it is decoded;
+    // a kind without a mapping gets 415 with a hint, a malformed body 400.
+    if content_type.contains("protobuf") {
+        return crate::protobuf::decode(body).map_err(|e| {
+            let message = e.to_string();
+            if e.is_unsupported() {
+                ApiError {
+                    code: 415,
+                    reason: "UnsupportedMediaType",
+                    message,
+                    details: None,
+                }
+            } else {
+                ApiError::bad_request(message)
+            }
+        });
+    }
+    // CBOR is not decoded; 415 makes client-go fall back to JSON.
+    if content_type.contains("cbor") {
         return Err(ApiError::unsupported_media_type(content_type));
     }
     if content_type.contains("yaml") {
