@@ -326,6 +326,15 @@ async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResul
     let ns = namespace_of(call, res);
     set_name_and_namespace(res, &ns, &mut obj)?;
     objects::prepare_create(res, &mut obj);
+    if res.group == "certificates.k8s.io" && res.kind == "CertificateSigningRequest" {
+        // The requester is whoever files the CSR, never what the body claims.
+        obj["spec"]["username"] = json!(call.user.name);
+        obj["spec"]["groups"] = json!(call.user.groups);
+        if let Some(spec) = obj["spec"].as_object_mut() {
+            spec.remove("uid");
+            spec.remove("extra");
+        }
+    }
     admit(state, call, res, None, &mut obj, "CREATE").await?;
     record_update(call, res, None, &mut obj);
     let name = obj["metadata"]["name"]
@@ -612,11 +621,11 @@ pub struct DeleteOptions {
 
 impl DeleteOptions {
     fn from_call(call: &Call) -> ApiResult<DeleteOptions> {
+        // kubectl sends DeleteOptions as protobuf for typed deletes, JSON otherwise.
         let body: Value = if call.body.is_empty() {
             json!({})
         } else {
-            serde_json::from_slice(&call.body)
-                .map_err(|e| ApiError::bad_request(format!("DeleteOptions: {e}")))?
+            objects::parse_body(&call.body, call.content_type())?
         };
         let q = &call.query;
         let mut propagation = body["propagationPolicy"]
@@ -761,8 +770,9 @@ pub async fn delete_one(
                 json!(when.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             );
             meta.insert("deletionGracePeriodSeconds".into(), json!(pod_grace));
-            let generation = meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
-            meta.insert("generation".into(), json!(generation + 1));
+            if let Some(generation) = meta.get("generation").and_then(Value::as_i64) {
+                meta.insert("generation".into(), json!(generation + 1));
+            }
         } else if pod_grace
             < meta
                 .get("deletionGracePeriodSeconds")

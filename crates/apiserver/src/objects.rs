@@ -167,7 +167,6 @@ pub fn prepare_create(info: &ResourceInfo, obj: &mut Value) {
     let meta = meta_mut(obj);
     meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
     meta.insert("creationTimestamp".into(), json!(now()));
-    meta.insert("generation".into(), json!(1));
     for owned in [
         "resourceVersion",
         "deletionTimestamp",
@@ -242,10 +241,16 @@ pub fn prepare_update(info: &ResourceInfo, old: &Value, new: &mut Value, subreso
     }
     // deletionTimestamp is set by deletion only; finalizers may only shrink once it is set
     // (kube forbids adding finalizers to an object being deleted).
-    let generation = old_meta["generation"].as_i64().unwrap_or(1);
-    meta.insert("generation".into(), json!(generation));
-    if spec_part(old) != spec_part(new) {
-        new["metadata"]["generation"] = json!(generation + 1);
+    match old_meta["generation"].as_i64() {
+        Some(generation) => {
+            meta.insert("generation".into(), json!(generation));
+            if spec_part(old) != spec_part(new) {
+                new["metadata"]["generation"] = json!(generation + 1);
+            }
+        }
+        None => {
+            meta.remove("generation");
+        }
     }
 }
 
