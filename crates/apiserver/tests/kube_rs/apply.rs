@@ -1,0 +1,102 @@
+//! Item 4: server-side apply conflicts between field managers, and force.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::common::{Cluster, api_status};
+
+fn applied(data: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": data})
+}
+
+#[tokio::test]
+async fn apply_conflict_names_the_other_manager_and_force_takes_the_field() {
+    let cluster = Cluster::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
+
+    let created = cms
+        .patch(
+            "shared",
+            &PatchParams::apply("alpha"),
+            &Patch::Apply(applied(json!({"color": "red", "size": "1"}))),
+        )
+        .await
+        .expect("the first apply creates the object");
+    assert_eq!(created.data.unwrap()["color"], "red");
+
+    // The same manager re-applying its own value is no conflict.
+    cms.patch(
+        "shared",
+        &PatchParams::apply("alpha"),
+        &Patch::Apply(applied(json!({"color": "red", "size": "1"}))),
+    )
+    .await
+    .expect("idempotent re-apply");
+
+    let status = api_status(
+        cms.patch(
+            "shared",
+            &PatchParams::apply("beta"),
+            &Patch::Apply(applied(json!({"color": "blue"}))),
+        )
+        .await,
+    );
+    assert_eq!(status.code, 409, "{status:?}");
+    assert_eq!(status.reason, "Conflict", "{status:?}");
+    assert!(
+        status.message.contains("alpha") && status.message.contains(".data.color"),
+        "the conflict names the other manager and the field: {:?}",
+        status.message
+    );
+    assert_eq!(
+        cms.get("shared").await.unwrap().data.unwrap()["color"],
+        "red",
+        "a refused apply changes nothing"
+    );
+
+    let forced = cms
+        .patch(
+            "shared",
+            &PatchParams::apply("beta").force(),
+            &Patch::Apply(applied(json!({"color": "blue"}))),
+        )
+        .await
+        .expect("forced apply");
+    let data = forced.data.clone().unwrap();
+    assert_eq!(data["color"], "blue", "force wins the field");
+    assert_eq!(data["size"], "1", "alpha's other field stays");
+
+    let managed = forced.metadata.managed_fields.clone().unwrap_or_default();
+    let fields_of = |manager: &str| -> String {
+        managed
+            .iter()
+            .filter(|m| m.manager.as_deref() == Some(manager))
+            .map(|m| {
+                assert_eq!(m.operation.as_deref(), Some("Apply"), "{manager}: {m:?}");
+                serde_json::to_string(&m.fields_v1).unwrap()
+            })
+            .collect()
+    };
+    let (alpha, beta) = (fields_of("alpha"), fields_of("beta"));
+    assert!(
+        alpha.contains("f:size") && !alpha.contains("f:color"),
+        "alpha lost color: {alpha}"
+    );
+    assert!(
+        beta.contains("f:color") && !beta.contains("f:size"),
+        "beta owns color: {beta}"
+    );
+
+    // Now alpha is the one in conflict.
+    let status = api_status(
+        cms.patch(
+            "shared",
+            &PatchParams::apply("alpha"),
+            &Patch::Apply(applied(json!({"color": "red", "size": "1"}))),
+        )
+        .await,
+    );
+    assert_eq!(status.code, 409);
+    assert!(status.message.contains("beta"), "{:?}", status.message);
+}
