@@ -93,13 +93,21 @@ async fn rbac_grants_only_what_the_role_says() {
     assert_eq!(list.code, 403, "list is not granted: {list:?}");
     assert_eq!(list.reason, "Forbidden");
     assert!(
-        list.message.contains("alice") && list.message.contains("list"),
-        "the refusal names the user and the verb: {:?}",
+        list.message.contains(
+            r#"User "alice" cannot list resource "configmaps" in API group "" in the namespace "team-a""#
+        ),
+        "the refusal names the user, verb, resource and namespace: {:?}",
         list.message
     );
     let other = api_status(team_b.get("cfg").await);
     assert_eq!(other.code, 403, "the Role is namespaced: {other:?}");
-    assert!(other.message.contains("team-b"), "{:?}", other.message);
+    assert!(
+        other.message.contains(
+            r#"User "alice" cannot get resource "configmaps" in API group "" in the namespace "team-b""#
+        ),
+        "{:?}",
+        other.message
+    );
     let write = api_status(
         team_a
             .patch(
@@ -160,6 +168,7 @@ async fn bootstrap_tokens_authenticate_until_they_expire() {
         expired.code, 401,
         "an expired bootstrap token is refused: {expired:?}"
     );
+    assert_eq!(expired.reason, "Unauthorized", "{expired:?}");
 
     let mut renewed = secrets.get("bootstrap-token-abcdef").await.unwrap();
     let fresh = bootstrap_secret(chrono::Utc::now() + hour);
@@ -207,8 +216,15 @@ async fn custom_resources_violating_their_schema_are_refused_naming_the_field() 
             .map(|d| d.causes.iter().map(|c| c.field.clone()).collect())
             .unwrap_or_default();
         assert!(
-            status.message.contains("spec.size") || causes.iter().any(|f| f == "spec.size"),
-            "size {size}: the refusal names spec.size: {:?} causes {causes:?}",
+            status.message.contains("spec.size") && causes.iter().any(|f| f == "spec.size"),
+            "size {size}: the message and the causes name spec.size: {:?} causes {causes:?}",
+            status.message
+        );
+        assert!(
+            status
+                .message
+                .contains(&format!(r#"Widget.tandem.test "{name}" is invalid"#)),
+            "the message names the object: {:?}",
             status.message
         );
     }
