@@ -92,6 +92,17 @@ async fn builtin_config_map_crud_with_selectors_and_every_patch_type() {
         );
     }
 
+    let unsupported = api_status(
+        cms.list(&ListParams::default().fields("data.k=web-1"))
+            .await,
+    );
+    assert_eq!(unsupported.code, 400, "{unsupported:?}");
+    assert!(
+        unsupported.message.contains("data.k"),
+        "the refusal names the field label: {:?}",
+        unsupported.message
+    );
+
     // Replace: the whole object, with the resourceVersion read.
     let mut cm = cms.get("web-1").await.expect("get");
     let old_rv = cm.resource_version();
@@ -139,11 +150,34 @@ async fn builtin_config_map_crud_with_selectors_and_every_patch_type() {
         patched.data.unwrap(),
         BTreeMap::from([("added".into(), "2".into())])
     );
+    // generateName: the server picks a unique name with the prefix.
+    let mut generated = config_map("", "gen", &[]);
+    generated.metadata.name = None;
+    generated.metadata.generate_name = Some("gen-".into());
+    let (a, b) = (
+        cms.create(&pp, &generated)
+            .await
+            .expect("generateName create"),
+        cms.create(&pp, &generated)
+            .await
+            .expect("generateName create"),
+    );
+    for name in [a.name_any(), b.name_any()] {
+        assert!(name.starts_with("gen-") && name.len() > 4, "{name}");
+    }
+    assert_ne!(a.name_any(), b.name_any());
     // Delete: gone from get and list.
     cms.delete("web-1", &DeleteParams::default())
         .await
         .expect("delete");
-    assert_eq!(api_status(cms.get("web-1").await).code, 404);
+    let missing = api_status(cms.get("web-1").await);
+    assert_eq!(missing.code, 404);
+    assert_eq!(missing.reason, "NotFound");
+    assert!(
+        missing.message.contains(r#"configmaps "web-1" not found"#),
+        "{:?}",
+        missing.message
+    );
     assert_eq!(
         names(
             &cms.list(&ListParams::default().labels("app=web"))
@@ -375,4 +409,31 @@ async fn json_patch_test_of_null_on_an_absent_member_passes() {
         .await
         .expect("test null on an absent member passes");
     assert_eq!(patched.finalizers(), ["tandem.test/first"]);
+}
+
+/// DELETE on a collection answers with the list of deleted objects (the registry's
+/// DeleteCollection returns the listed items), which kube decodes as `ObjectList<K>`.
+#[tokio::test]
+#[ignore = "server bug: deletecollection answers a List whose items are Status objects, not the deleted ConfigMaps"]
+async fn delete_collection_removes_only_the_selected_objects() {
+    let cluster = Cluster::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
+    let pp = PostParams::default();
+    for (name, app) in [("gen-1", "gen"), ("gen-2", "gen"), ("keep", "other")] {
+        cms.create(&pp, &config_map(name, app, &[])).await.unwrap();
+    }
+    let deleted = cms
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("app=gen"),
+        )
+        .await
+        .expect("delete collection")
+        .left()
+        .expect("a list of the deleted objects");
+    assert_eq!(names(&deleted.items), vec!["gen-1", "gen-2"]);
+    assert_eq!(
+        names(&cms.list(&ListParams::default()).await.unwrap().items),
+        vec!["keep"]
+    );
 }

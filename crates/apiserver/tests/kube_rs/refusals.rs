@@ -120,7 +120,20 @@ async fn rbac_grants_only_what_the_role_says() {
     assert_eq!(write.code, 403, "patch is not granted: {write:?}");
 }
 
-fn bootstrap_secret(expiration: chrono::DateTime<chrono::Utc>) -> Secret {
+/// The Secret behind token `abcdef.0123456789abcdef`; `extra` entries override the defaults.
+fn bootstrap_secret(expiration: chrono::DateTime<chrono::Utc>, extra: &[(&str, &str)]) -> Secret {
+    let mut data: BTreeMap<String, String> = [
+        ("token-id", "abcdef".to_string()),
+        ("token-secret", "0123456789abcdef".to_string()),
+        ("usage-bootstrap-authentication", "true".to_string()),
+        (
+            "expiration",
+            expiration.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        ),
+    ]
+    .map(|(k, v)| (k.to_string(), v))
+    .into();
+    data.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Secret {
         metadata: ObjectMeta {
             name: Some("bootstrap-token-abcdef".into()),
@@ -128,18 +141,7 @@ fn bootstrap_secret(expiration: chrono::DateTime<chrono::Utc>) -> Secret {
             ..Default::default()
         },
         type_: Some("bootstrap.kubernetes.io/token".into()),
-        string_data: Some(BTreeMap::from(
-            [
-                ("token-id", "abcdef".to_string()),
-                ("token-secret", "0123456789abcdef".to_string()),
-                ("usage-bootstrap-authentication", "true".to_string()),
-                (
-                    "expiration",
-                    expiration.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                ),
-            ]
-            .map(|(k, v)| (k.to_string(), v)),
-        )),
+        string_data: Some(data),
         ..Default::default()
     }
 }
@@ -158,7 +160,7 @@ async fn bootstrap_tokens_authenticate_until_they_expire() {
     secrets
         .create(
             &PostParams::default(),
-            &bootstrap_secret(chrono::Utc::now() - hour),
+            &bootstrap_secret(chrono::Utc::now() - hour, &[]),
         )
         .await
         .unwrap();
@@ -170,24 +172,43 @@ async fn bootstrap_tokens_authenticate_until_they_expire() {
     );
     assert_eq!(expired.reason, "Unauthorized", "{expired:?}");
 
-    let mut renewed = secrets.get("bootstrap-token-abcdef").await.unwrap();
-    let fresh = bootstrap_secret(chrono::Utc::now() + hour);
-    renewed.data = None;
-    renewed.string_data = fresh.string_data;
-    secrets
-        .replace("bootstrap-token-abcdef", &PostParams::default(), &renewed)
-        .await
-        .unwrap();
+    let renew = |extra: &'static [(&'static str, &'static str)]| {
+        let secrets = secrets.clone();
+        async move {
+            let mut renewed = secrets.get("bootstrap-token-abcdef").await.unwrap();
+            renewed.data = None;
+            renewed.string_data = bootstrap_secret(chrono::Utc::now() + hour, extra).string_data;
+            secrets
+                .replace("bootstrap-token-abcdef", &PostParams::default(), &renewed)
+                .await
+                .unwrap();
+        }
+    };
+    renew(&[("usage-bootstrap-authentication", "false")]).await;
+    assert_eq!(
+        api_status(whoami(token_client.clone()).await).code,
+        401,
+        "a token not meant for authentication is refused"
+    );
+
+    renew(&[(
+        "auth-extra-groups",
+        "system:bootstrappers:kubeadm:default-node-token",
+    )])
+    .await;
     let review = whoami(token_client)
         .await
         .expect("a valid bootstrap token authenticates");
     let user = review.status.and_then(|s| s.user_info).expect("userInfo");
     assert_eq!(user.username.as_deref(), Some("system:bootstrap:abcdef"));
     let groups = user.groups.unwrap_or_default();
-    assert!(
-        groups.iter().any(|g| g == "system:bootstrappers"),
-        "groups: {groups:?}"
-    );
+    for want in [
+        "system:bootstrappers",
+        "system:bootstrappers:kubeadm:default-node-token",
+        "system:authenticated",
+    ] {
+        assert!(groups.iter().any(|g| g == want), "{want} in {groups:?}");
+    }
 
     let wrong = cluster.client_with_token("abcdef.0000000000000000").await;
     assert_eq!(
