@@ -14,6 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
+use parking_lot::Mutex;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::{Value, json};
 
@@ -113,6 +114,7 @@ struct LabellingWebhook {
     url: String,
     ca_pem: String,
     calls: Arc<AtomicUsize>,
+    reviews: Arc<Mutex<Vec<Value>>>,
 }
 
 impl LabellingWebhook {
@@ -148,17 +150,20 @@ impl LabellingWebhook {
         let port = listener.local_addr().unwrap().port();
         let calls = Arc::new(AtomicUsize::new(0));
         let counter = calls.clone();
+        let reviews = Arc::new(Mutex::new(Vec::new()));
+        let seen = reviews.clone();
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
                 let counter = counter.clone();
+                let seen = seen.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let service = hyper::service::service_fn(move |req| {
                         counter.fetch_add(1, Ordering::SeqCst);
-                        review(req)
+                        review(req, seen.clone())
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), service)
@@ -170,14 +175,19 @@ impl LabellingWebhook {
             url: format!("https://127.0.0.1:{port}/mutate"),
             ca_pem: ca_cert.pem(),
             calls,
+            reviews,
         }
     }
 }
 
 /// Answers an AdmissionReview with a JSON patch adding the label.
-async fn review(req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
+async fn review(
+    req: http::Request<Incoming>,
+    seen: Arc<Mutex<Vec<Value>>>,
+) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
     let body = req.into_body().collect().await?.to_bytes();
     let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    seen.lock().push(review.clone());
     let request = &review["request"];
     let patch = if request["object"]["metadata"]["labels"].is_object() {
         json!([{"op": "add", "path": "/metadata/labels/mutated-by", "value": "webhook"}])
@@ -242,6 +252,28 @@ async fn https_webhook_patches_a_label_onto_created_config_maps() {
         2,
         "one review per create"
     );
+    let first = webhook.reviews.lock()[0].clone();
+    assert_eq!(first["apiVersion"], "admission.k8s.io/v1", "{first}");
+    assert_eq!(first["kind"], "AdmissionReview", "{first}");
+    let request = &first["request"];
+    assert!(
+        request["uid"].as_str().is_some_and(|u| !u.is_empty()),
+        "{request}"
+    );
+    assert_eq!(request["operation"], "CREATE", "{request}");
+    assert_eq!(
+        request["kind"],
+        json!({"group": "", "version": "v1", "kind": "ConfigMap"})
+    );
+    assert_eq!(
+        request["resource"],
+        json!({"group": "", "version": "v1", "resource": "configmaps"})
+    );
+    assert_eq!(request["namespace"], "default");
+    assert_eq!(request["name"], "plain");
+    assert_eq!(request["object"]["data"]["k"], "v");
+    assert_eq!(request["userInfo"]["username"], "admin");
+    assert_eq!(request["dryRun"], false);
 
     // The rules say CREATE only: an update is not sent to the webhook.
     let mut cm = cms.get("plain").await.unwrap();
