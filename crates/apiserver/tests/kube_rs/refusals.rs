@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -118,6 +118,40 @@ async fn rbac_grants_only_what_the_role_says() {
             .await,
     );
     assert_eq!(write.code, 403, "patch is not granted: {write:?}");
+
+    // The certificate's organisation is a group: a ClusterRoleBinding to `devs` applies.
+    let namespaces: Api<Namespace> = Api::all(alice);
+    assert_eq!(code_of(namespaces.list(&Default::default()).await), 403);
+    let reader: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "ns-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]}],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&pp, &reader)
+        .await
+        .unwrap();
+    let devs: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "devs-read-ns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ns-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "devs"}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&pp, &devs)
+        .await
+        .unwrap();
+    let listed = eventually("group devs may list namespaces", || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.list(&Default::default()).await.ok() }
+    })
+    .await;
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|n| n.metadata.name.as_deref() == Some("team-b"))
+    );
 }
 
 /// The Secret behind token `abcdef.0123456789abcdef`; `extra` entries override the defaults.
