@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Cluster, api_status};
+use crate::common::{Cluster, Widget, WidgetStatus, api_status};
 
 fn applied(data: serde_json::Value) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": data})
@@ -142,4 +142,92 @@ async fn apply_conflict_lists_each_field_as_a_cause() {
                 && message.contains("alpha")),
         "causes carry the conflicting field and manager: {causes:?}"
     );
+}
+
+/// The controller-rs pattern: spec applied by one manager, status applied through the status
+/// subresource by the controller; neither write touches the other half.
+#[tokio::test]
+async fn apply_to_spec_and_to_the_status_subresource_stay_separate() {
+    let cluster = Cluster::start().await;
+    cluster.install_widget_crd().await;
+    let widgets: Api<Widget> = Api::namespaced(cluster.client.clone(), "default");
+    let body = |spec: serde_json::Value, status: serde_json::Value| {
+        json!({
+            "apiVersion": "tandem.test/v1", "kind": "Widget",
+            "metadata": {"name": "cog"}, "spec": spec, "status": status,
+        })
+    };
+    let created = widgets
+        .patch(
+            "cog",
+            &PatchParams::apply("author"),
+            &Patch::Apply(body(
+                json!({"size": 2, "color": "red"}),
+                json!({"ready": true}),
+            )),
+        )
+        .await
+        .expect("apply creates the widget");
+    assert_eq!(created.spec.size, 2);
+    assert_eq!(
+        created.status, None,
+        "status sent to the main resource is ignored"
+    );
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let status = json!({"apiVersion": "tandem.test/v1", "kind": "Widget", "status": {"ready": true, "message": "ok"}});
+    let reported = widgets
+        .patch_status(
+            "cog",
+            &PatchParams::apply("widget-controller").force(),
+            &Patch::Apply(status),
+        )
+        .await
+        .expect("status apply");
+    assert_eq!(
+        reported.status,
+        Some(WidgetStatus {
+            ready: true,
+            message: Some("ok".into())
+        })
+    );
+    assert_eq!(reported.spec.size, 2, "a status apply keeps spec");
+    assert_eq!(
+        reported.metadata.generation,
+        Some(1),
+        "a status apply keeps generation"
+    );
+
+    let resized = widgets
+        .patch(
+            "cog",
+            &PatchParams::apply("author"),
+            &Patch::Apply(body(json!({"size": 3, "color": "red"}), json!(null))),
+        )
+        .await
+        .expect("spec re-apply");
+    assert_eq!(resized.spec.size, 3);
+    assert_eq!(resized.metadata.generation, Some(2));
+    assert_eq!(
+        resized.status, reported.status,
+        "the author's apply leaves the controller's status alone"
+    );
+    let managers: Vec<(String, String)> = resized
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            (
+                m.manager.clone().unwrap_or_default(),
+                m.subresource.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    for want in [("author", ""), ("widget-controller", "status")] {
+        assert!(
+            managers.contains(&(want.0.to_string(), want.1.to_string())),
+            "{want:?} (manager, subresource) in {managers:?}"
+        );
+    }
 }
