@@ -372,3 +372,72 @@ async fn watch_from_the_list_version_of_an_empty_resource_sees_the_first_create(
         other => panic!("expected ADDED first, got {other:?}"),
     }
 }
+
+/// A burst of writes between the watcher's list and its watch moves the window past the
+/// listed version: the watch gets 410, the watcher relists, and the store still converges.
+#[tokio::test]
+async fn reflector_recovers_from_a_burst_between_list_and_watch() {
+    let cluster = Cluster::start_with(Config {
+        watch_window: 50,
+        ..Default::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
+    let pp = PostParams::default();
+    for i in 0..5 {
+        api.create(&pp, &labelled(&format!("cm-{i}"), "burst"))
+            .await
+            .unwrap();
+    }
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().labels("set=burst")),
+    );
+    let mut stream = Box::pin(stream);
+    // The watcher is a lazy stream: after InitDone it starts watching only when polled again.
+    tokio::time::timeout(crate::common::DEADLINE, async {
+        while let Some(event) = stream.next().await {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("initial list before the deadline");
+    assert_eq!(cached(&store).len(), 5);
+
+    for round in 0..12 {
+        for i in 0..5 {
+            api.patch(
+                &format!("cm-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"v": round.to_string()}})),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    api.delete("cm-0", &DeleteParams::default()).await.unwrap();
+
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = errors.clone();
+    let task = tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            if let Err(watcher::Error::WatchError(status)) = item {
+                seen.lock().push(status.code);
+            }
+        }
+    });
+    converge(&api, &store, "burst", "after the burst").await;
+    assert_eq!(
+        cached(&store).into_keys().collect::<Vec<_>>(),
+        vec!["cm-1", "cm-2", "cm-3", "cm-4"]
+    );
+    assert!(
+        errors.lock().contains(&410),
+        "the watch from the listed version was refused with 410: {:?}",
+        errors.lock()
+    );
+    task.abort();
+}
