@@ -81,6 +81,17 @@ async fn rbac_grants_only_what_the_role_says() {
         .unwrap();
 
     let alice = cluster.client_for("alice", &["devs"]).await;
+    let me = whoami(alice.clone())
+        .await
+        .expect("anyone may review themselves")
+        .status
+        .and_then(|s| s.user_info)
+        .expect("userInfo");
+    assert_eq!(me.username.as_deref(), Some("alice"));
+    let groups = me.groups.unwrap_or_default();
+    for want in ["devs", "system:authenticated"] {
+        assert!(groups.iter().any(|g| g == want), "{want} in {groups:?}");
+    }
     let team_a: Api<ConfigMap> = Api::namespaced(alice.clone(), "team-a");
     let team_b: Api<ConfigMap> = Api::namespaced(alice.clone(), "team-b");
     // Authorizers learn of new bindings asynchronously on a kube-apiserver too.
