@@ -16,7 +16,9 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A running server and its admin client.
 pub struct Cluster {
+    /// The server under test.
     pub server: ApiServer,
+    /// A client in group system:masters.
     pub client: kube::Client,
 }
 
