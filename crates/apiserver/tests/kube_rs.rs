@@ -1,0 +1,20 @@
+//! Tandem's embedded API server driven through kube-rs only: what a controller author
+//! relies on (CRUD, CRDs, watch and reflectors, controllers with finalizers, server-side
+//! apply, refusals, deletion propagation) behaves as on a kube-apiserver.
+
+#[path = "kube_rs/apply.rs"]
+mod apply;
+#[path = "kube_rs/common.rs"]
+mod common;
+#[path = "kube_rs/controller.rs"]
+mod controller;
+#[path = "kube_rs/crud.rs"]
+mod crud;
+#[path = "kube_rs/deletion.rs"]
+mod deletion;
+#[path = "kube_rs/refusals.rs"]
+mod refusals;
+#[path = "kube_rs/watch.rs"]
+mod watch;
+#[path = "kube_rs/webhook.rs"]
+mod webhook;

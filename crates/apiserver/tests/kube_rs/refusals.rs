@@ -1,0 +1,336 @@
+//! Item 5: what the server refuses, and with which code: stale writes (409), RBAC (403),
+//! expired bootstrap tokens (401), schema violations (422).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::common::{Cluster, Widget, api_status, code_of, eventually, widget};
+
+#[tokio::test]
+async fn replace_with_a_stale_resource_version_is_a_conflict() {
+    let cluster = Cluster::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
+    let pp = PostParams::default();
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("cfg".into());
+    let stale = cms.create(&pp, &cm).await.unwrap();
+    let mut fresh = stale.clone();
+    fresh.data = Some(BTreeMap::from([("by".into(), "first".into())]));
+    cms.replace("cfg", &pp, &fresh)
+        .await
+        .expect("replace at the current version");
+
+    let mut late = stale.clone();
+    late.data = Some(BTreeMap::from([("by".into(), "second".into())]));
+    let status = api_status(cms.replace("cfg", &pp, &late).await);
+    assert_eq!(status.code, 409, "{status:?}");
+    assert_eq!(status.reason, "Conflict");
+    assert!(
+        status.message.contains("cfg"),
+        "the message names the object: {:?}",
+        status.message
+    );
+    assert_eq!(
+        cms.get("cfg").await.unwrap().data.unwrap()["by"],
+        "first",
+        "the stale write changed nothing"
+    );
+}
+
+#[tokio::test]
+async fn rbac_grants_only_what_the_role_says() {
+    let cluster = Cluster::start().await;
+    let admin = cluster.client.clone();
+    let pp = PostParams::default();
+    for ns in ["team-a", "team-b"] {
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(admin.clone())
+            .create(&pp, &namespace)
+            .await
+            .unwrap();
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cfg"}})).unwrap();
+        Api::<ConfigMap>::namespaced(admin.clone(), ns)
+            .create(&pp, &cm)
+            .await
+            .unwrap();
+    }
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "cm-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), "team-a")
+        .create(&pp, &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "alice-reads"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), "team-a")
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+
+    let alice = cluster.client_for("alice", &["devs"]).await;
+    let me = whoami(alice.clone())
+        .await
+        .expect("anyone may review themselves")
+        .status
+        .and_then(|s| s.user_info)
+        .expect("userInfo");
+    assert_eq!(me.username.as_deref(), Some("alice"));
+    let groups = me.groups.unwrap_or_default();
+    for want in ["devs", "system:authenticated"] {
+        assert!(groups.iter().any(|g| g == want), "{want} in {groups:?}");
+    }
+    let team_a: Api<ConfigMap> = Api::namespaced(alice.clone(), "team-a");
+    let team_b: Api<ConfigMap> = Api::namespaced(alice.clone(), "team-b");
+    // Authorizers learn of new bindings asynchronously on a kube-apiserver too.
+    eventually("alice may get configmaps in team-a", || {
+        let team_a = team_a.clone();
+        async move { (code_of(team_a.get("cfg").await) == 200).then_some(()) }
+    })
+    .await;
+    let list = api_status(team_a.list(&Default::default()).await);
+    assert_eq!(list.code, 403, "list is not granted: {list:?}");
+    assert_eq!(list.reason, "Forbidden");
+    assert!(
+        list.message.contains(
+            r#"User "alice" cannot list resource "configmaps" in API group "" in the namespace "team-a""#
+        ),
+        "the refusal names the user, verb, resource and namespace: {:?}",
+        list.message
+    );
+    let other = api_status(team_b.get("cfg").await);
+    assert_eq!(other.code, 403, "the Role is namespaced: {other:?}");
+    assert!(
+        other.message.contains(
+            r#"User "alice" cannot get resource "configmaps" in API group "" in the namespace "team-b""#
+        ),
+        "{:?}",
+        other.message
+    );
+    let write = api_status(
+        team_a
+            .patch(
+                "cfg",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"x": "y"}})),
+            )
+            .await,
+    );
+    assert_eq!(write.code, 403, "patch is not granted: {write:?}");
+
+    // The certificate's organisation is a group: a ClusterRoleBinding to `devs` applies.
+    let namespaces: Api<Namespace> = Api::all(alice);
+    assert_eq!(code_of(namespaces.list(&Default::default()).await), 403);
+    let reader: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "ns-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]}],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&pp, &reader)
+        .await
+        .unwrap();
+    let devs: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "devs-read-ns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ns-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "devs"}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&pp, &devs)
+        .await
+        .unwrap();
+    let listed = eventually("group devs may list namespaces", || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.list(&Default::default()).await.ok() }
+    })
+    .await;
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|n| n.metadata.name.as_deref() == Some("team-b"))
+    );
+}
+
+/// The Secret behind token `abcdef.0123456789abcdef`; `extra` entries override the defaults.
+fn bootstrap_secret(expiration: chrono::DateTime<chrono::Utc>, extra: &[(&str, &str)]) -> Secret {
+    let mut data: BTreeMap<String, String> = [
+        ("token-id", "abcdef".to_string()),
+        ("token-secret", "0123456789abcdef".to_string()),
+        ("usage-bootstrap-authentication", "true".to_string()),
+        (
+            "expiration",
+            expiration.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        ),
+    ]
+    .map(|(k, v)| (k.to_string(), v))
+    .into();
+    data.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Secret {
+        metadata: ObjectMeta {
+            name: Some("bootstrap-token-abcdef".into()),
+            namespace: Some("kube-system".into()),
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".into()),
+        string_data: Some(data),
+        ..Default::default()
+    }
+}
+
+async fn whoami(client: kube::Client) -> kube::Result<SelfSubjectReview> {
+    Api::<SelfSubjectReview>::all(client)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+}
+
+#[tokio::test]
+async fn bootstrap_tokens_authenticate_until_they_expire() {
+    let cluster = Cluster::start().await;
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), "kube-system");
+    let hour = chrono::Duration::hours(1);
+    secrets
+        .create(
+            &PostParams::default(),
+            &bootstrap_secret(chrono::Utc::now() - hour, &[]),
+        )
+        .await
+        .unwrap();
+    let token_client = cluster.client_with_token("abcdef.0123456789abcdef").await;
+    let expired = api_status(whoami(token_client.clone()).await);
+    assert_eq!(
+        expired.code, 401,
+        "an expired bootstrap token is refused: {expired:?}"
+    );
+    assert_eq!(expired.reason, "Unauthorized", "{expired:?}");
+
+    let renew = |extra: &'static [(&'static str, &'static str)]| {
+        let secrets = secrets.clone();
+        async move {
+            let mut renewed = secrets.get("bootstrap-token-abcdef").await.unwrap();
+            renewed.data = None;
+            renewed.string_data = bootstrap_secret(chrono::Utc::now() + hour, extra).string_data;
+            secrets
+                .replace("bootstrap-token-abcdef", &PostParams::default(), &renewed)
+                .await
+                .unwrap();
+        }
+    };
+    renew(&[("usage-bootstrap-authentication", "false")]).await;
+    assert_eq!(
+        api_status(whoami(token_client.clone()).await).code,
+        401,
+        "a token not meant for authentication is refused"
+    );
+
+    renew(&[(
+        "auth-extra-groups",
+        "system:bootstrappers:kubeadm:default-node-token",
+    )])
+    .await;
+    let review = whoami(token_client)
+        .await
+        .expect("a valid bootstrap token authenticates");
+    let user = review.status.and_then(|s| s.user_info).expect("userInfo");
+    assert_eq!(user.username.as_deref(), Some("system:bootstrap:abcdef"));
+    let groups = user.groups.unwrap_or_default();
+    for want in [
+        "system:bootstrappers",
+        "system:bootstrappers:kubeadm:default-node-token",
+        "system:authenticated",
+    ] {
+        assert!(groups.iter().any(|g| g == want), "{want} in {groups:?}");
+    }
+
+    let wrong = cluster.client_with_token("abcdef.0000000000000000").await;
+    assert_eq!(
+        api_status(whoami(wrong).await).code,
+        401,
+        "a wrong secret is refused"
+    );
+}
+
+#[tokio::test]
+async fn custom_resources_violating_their_schema_are_refused_naming_the_field() {
+    let cluster = Cluster::start().await;
+    cluster.install_widget_crd().await;
+    let widgets: Api<Widget> = Api::namespaced(cluster.client.clone(), "default");
+    for (name, size) in [("zero", 0), ("huge", 11)] {
+        let status = api_status(
+            widgets
+                .create(&PostParams::default(), &widget(name, size, "red"))
+                .await,
+        );
+        assert_eq!(status.code, 422, "size {size}: {status:?}");
+        assert_eq!(status.reason, "Invalid");
+        let causes: Vec<String> = status
+            .details
+            .as_ref()
+            .map(|d| d.causes.iter().map(|c| c.field.clone()).collect())
+            .unwrap_or_default();
+        assert!(
+            status.message.contains("spec.size") && causes.iter().any(|f| f == "spec.size"),
+            "size {size}: the message and the causes name spec.size: {:?} causes {causes:?}",
+            status.message
+        );
+        assert!(
+            status
+                .message
+                .contains(&format!(r#"Widget.tandem.test "{name}" is invalid"#)),
+            "the message names the object: {:?}",
+            status.message
+        );
+    }
+    widgets
+        .create(&PostParams::default(), &widget("ok", 10, "red"))
+        .await
+        .expect("size 10 is within bounds");
+    let wrong_type = api_status(
+        widgets
+            .patch(
+                "ok",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": "big"}})),
+            )
+            .await,
+    );
+    assert_eq!(wrong_type.code, 422, "{wrong_type:?}");
+    assert!(
+        wrong_type.message.contains("spec.size"),
+        "{:?}",
+        wrong_type.message
+    );
+    let missing = api_status(
+        widgets
+            .patch(
+                "ok",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"color": null}})),
+            )
+            .await,
+    );
+    assert_eq!(missing.code, 422, "color is required: {missing:?}");
+    assert!(
+        missing.message.contains("spec.color"),
+        "{:?}",
+        missing.message
+    );
+    assert_eq!(
+        widgets.get("ok").await.unwrap().spec.size,
+        10,
+        "refused patches change nothing"
+    );
+}
