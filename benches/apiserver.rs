@@ -12,7 +12,10 @@ use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use tandem_apiserver::{ApiServer, Config};
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn config_map(name: &str) -> ConfigMap {
@@ -34,7 +37,11 @@ async fn create_all(clients: &[kube::Client], prefix: &str, total: usize) -> any
             let prefix = prefix.to_string();
             tokio::spawn(async move {
                 for i in 0..per {
-                    api.create(&PostParams::default(), &config_map(&format!("{prefix}-{c}-{i}"))).await?;
+                    api.create(
+                        &PostParams::default(),
+                        &config_map(&format!("{prefix}-{c}-{i}")),
+                    )
+                    .await?;
                 }
                 anyhow::Ok(())
             })
@@ -52,9 +59,16 @@ async fn main() -> anyhow::Result<()> {
     let watchers = env("BENCH_WATCHERS", 100);
     let watch_events = env("BENCH_WATCH_EVENTS", 1_000);
     let objects = env("BENCH_OBJECTS", 100_000);
-    println!("tandem-apiserver benchmark ({} cores)", std::thread::available_parallelism()?.get());
+    println!(
+        "tandem-apiserver benchmark ({} cores)",
+        std::thread::available_parallelism()?.get()
+    );
 
-    let server = ApiServer::start(Config { watch_window: 200_000, ..Default::default() }).await?;
+    let server = ApiServer::start(Config {
+        watch_window: 200_000,
+        ..Default::default()
+    })
+    .await?;
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(server.client().await?);
@@ -64,7 +78,10 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     create_all(&clients, "c", creates).await?;
     let secs = started.elapsed().as_secs_f64();
-    println!("create: {creates} ConfigMaps, 8 clients: {secs:.2} s = {:.0} creates/s", creates as f64 / secs);
+    println!(
+        "create: {creates} ConfigMaps, 8 clients: {secs:.2} s = {:.0} creates/s",
+        creates as f64 / secs
+    );
 
     // 2. Lists of everything.
     let api: Api<ConfigMap> = Api::namespaced(clients[0].clone(), "default");
@@ -75,18 +92,36 @@ async fn main() -> anyhow::Result<()> {
         listed = api.list(&ListParams::default()).await?.items.len();
     }
     let per_list = started.elapsed().as_secs_f64() / rounds as f64;
-    println!("list: {listed} objects in {:.0} ms = {:.0} objects/s (client decoding included)", per_list * 1e3, listed as f64 / per_list);
+    println!(
+        "list: {listed} objects in {:.0} ms = {:.0} objects/s (client decoding included)",
+        per_list * 1e3,
+        listed as f64 / per_list
+    );
 
     // 3. Watch fan-out: `watchers` streams each receive every one of `watch_events` creates.
-    let rv = api.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+    let rv = api
+        .list(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
     let received = Arc::new(AtomicUsize::new(0));
     let mut streams = Vec::new();
     for w in 0..watchers {
-        let client = if w < 8 { clients[w].clone() } else { server.client().await? };
+        let client = if w < 8 {
+            clients[w].clone()
+        } else {
+            server.client().await?
+        };
         let api: Api<ConfigMap> = Api::namespaced(client, "default");
         let received = received.clone();
         let rv = rv.clone();
-        let stream = api.watch(&WatchParams::default().labels("bench=true").timeout(290), &rv).await?;
+        let stream = api
+            .watch(
+                &WatchParams::default().labels("bench=true").timeout(290),
+                &rv,
+            )
+            .await?;
         streams.push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             let mut mine = 0;
@@ -114,7 +149,11 @@ async fn main() -> anyhow::Result<()> {
         "watch fan-out: {watchers} watchers x {watch_events} events = {delivered} delivered in {secs:.2} s = {:.0} events/s",
         delivered as f64 / secs
     );
-    assert_eq!(delivered, watchers * watch_events, "every watcher saw every event");
+    assert_eq!(
+        delivered,
+        watchers * watch_events,
+        "every watcher saw every event"
+    );
     drop(clients);
     server.shutdown();
 

@@ -147,7 +147,30 @@ pub fn json_patch(doc: &Value, patch: &Value) -> Result<Value, PatchError> {
             got: ops.len(),
         });
     }
-    let parsed: json_patch::Patch = serde_json::from_value(patch.clone())
+    // As kube-apiserver's JSON patch library does, a `test` of null passes on an absent
+    // member (kube-rs' finalizer helper relies on it to add the first finalizer). Such ops
+    // are dropped once the document before them is known not to have the member.
+    let mut kept = Vec::with_capacity(ops.len());
+    let mut current = doc.clone();
+    for op in ops {
+        let absent_null_test = op["op"] == "test"
+            && op.get("value").is_some_and(Value::is_null)
+            && op["path"]
+                .as_str()
+                .is_some_and(|p| current.pointer(p).is_none());
+        if absent_null_test {
+            continue;
+        }
+        // Track the document as the ops before the next test leave it; errors are reported
+        // by the real application below.
+        if let Ok(single) =
+            serde_json::from_value::<json_patch::Patch>(Value::Array(vec![op.clone()]))
+        {
+            let _ = json_patch::patch(&mut current, &single.0);
+        }
+        kept.push(op.clone());
+    }
+    let parsed: json_patch::Patch = serde_json::from_value(Value::Array(kept))
         .map_err(|e| PatchError::InvalidJsonPatch(e.to_string()))?;
     let mut out = doc.clone();
     json_patch::patch(&mut out, &parsed.0).map_err(|e| {
@@ -1637,5 +1660,25 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn json_patch_test_of_null_passes_on_absent_member() {
+        let doc = json!({"metadata": {"name": "a"}});
+        let patch = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]},
+            {"op": "test", "path": "/metadata/finalizers", "value": null}
+        ]);
+        // The second test sees the member the add created, so it fails like kube's would.
+        assert!(json_patch(&doc, &patch).is_err());
+        let ok = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}
+        ]);
+        assert_eq!(
+            json_patch(&doc, &ok).unwrap(),
+            json!({"metadata": {"name": "a", "finalizers": ["f"]}})
+        );
     }
 }

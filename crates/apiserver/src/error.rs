@@ -182,6 +182,11 @@ impl ApiError {
         )
     }
 
+    /// 422 Invalid without field causes (a JSON patch that does not apply).
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Self::new(422, "Invalid", message)
+    }
+
     /// 429 TooManyRequests (an eviction blocked by a disruption budget, for instance).
     pub fn too_many_requests(message: impl Into<String>) -> Self {
         Self::new(429, "TooManyRequests", message)

@@ -295,6 +295,7 @@ pub async fn admit(
     obj: &mut Value,
     operation: &str,
 ) -> ApiResult<()> {
+    objects::normalize_metadata(obj);
     crate::defaults::apply(state, res, obj, old)?;
     crate::admission::mutate(state, call, res, old, obj, operation).await?;
     crate::defaults::apply(state, res, obj, old)?;
@@ -436,8 +437,12 @@ async fn patch(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult
             }
             other => return Err(ApiError::unsupported_media_type(other)),
         };
-        // A patch that cannot be applied is the client's error (400), as in kube.
-        patched.map_err(|e| ApiError::bad_request(e.to_string()))
+        // A malformed patch is 400; a well-formed one that does not apply (a failed test
+        // op, a missing path) is 422, as in kube.
+        patched.map_err(|e| match e.http_status() {
+            422 => ApiError::unprocessable(e.to_string()),
+            _ => ApiError::bad_request(e.to_string()),
+        })
     })
     .await
 }
@@ -487,8 +492,16 @@ async fn apply(
             subresource: (!sub.is_empty()).then_some(sub.as_str()),
             ignored,
         };
-        managed::apply(old, &config, force, &ctx).map_err(|e| match e {
-            managed::ManagedError::Conflicts(_) => ApiError::conflict_message(e.to_string()),
+        managed::apply(old, &config, force, &ctx).map_err(|e| match &e {
+            managed::ManagedError::Conflicts(conflicts) => {
+                let mut err = ApiError::conflict_message(e.to_string());
+                let causes: Vec<Value> = conflicts
+                    .iter()
+                    .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with {:?}", c.manager), "field": c.field}))
+                    .collect();
+                err.details = Some(json!({"causes": causes}));
+                err
+            }
             other => ApiError::bad_request(other.to_string()),
         })
     })
@@ -674,12 +687,28 @@ impl DeleteOptions {
 async fn delete(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
     let opts = DeleteOptions::from_call(call)?;
     let ns = namespace_of(call, res);
-    let (code, body) = delete_one(state, call, res, &ns, &call.info.name, &opts).await?;
-    Ok(json_response(code, &body))
+    let deletion = delete_one(state, call, res, &ns, &call.info.name, &opts).await?;
+    let body = if deletion.gone {
+        objects::success_status(
+            res,
+            &call.info.name,
+            deletion.object["metadata"]["uid"].as_str().unwrap_or(""),
+        )
+    } else {
+        deletion.object
+    };
+    Ok(json_response(200, &body))
 }
 
-/// Deletes one object honouring grace periods, finalizers and propagation; returns the
-/// response code and body (the object while deletion is pending, a Status once gone).
+/// What a delete did.
+pub struct Deletion {
+    /// The object: its last state if gone, its state with deletionTimestamp if pending.
+    pub object: Value,
+    /// Whether the object is gone (false while finalizers or a grace period hold it).
+    pub gone: bool,
+}
+
+/// Deletes one object honouring grace periods, finalizers and propagation.
 pub async fn delete_one(
     state: &State,
     call: &Call,
@@ -687,7 +716,7 @@ pub async fn delete_one(
     ns: &str,
     name: &str,
     opts: &DeleteOptions,
-) -> ApiResult<(u16, Value)> {
+) -> ApiResult<Deletion> {
     for _attempt in 0..16 {
         let current = fetch(state, res, ns, name)?;
         let mut obj = current.value();
@@ -754,10 +783,18 @@ pub async fn delete_one(
         let pending = !finalizers.is_empty() || pod_grace > 0 || namespace_lifecycle;
         if !pending {
             if opts.dry_run {
-                return Ok((200, objects::success_status(res, name, &current.uid)));
+                return Ok(Deletion {
+                    object: obj,
+                    gone: true,
+                });
             }
             match state.remove_object(res, ns, name, Some(current.rv)) {
-                Ok(_) => return Ok((200, objects::success_status(res, name, &current.uid))),
+                Ok(doc) => {
+                    return Ok(Deletion {
+                        object: doc.value(),
+                        gone: true,
+                    });
+                }
                 Err(e) if e.code == 409 => continue,
                 Err(e) => return Err(e),
             }
@@ -796,13 +833,24 @@ pub async fn delete_one(
             obj["status"]["phase"] = json!("Terminating");
         }
         if opts.dry_run {
-            return Ok((200, obj));
+            return Ok(Deletion {
+                object: obj,
+                gone: false,
+            });
         }
         if objects::same_object(&current.value(), &obj) {
-            return Ok((200, current.value()));
+            return Ok(Deletion {
+                object: current.value(),
+                gone: false,
+            });
         }
         match state.update_object(res, ns, name, current.rv, &mut obj) {
-            Ok(doc) => return Ok((200, doc.value())),
+            Ok(doc) => {
+                return Ok(Deletion {
+                    object: doc.value(),
+                    gone: false,
+                });
+            }
             Err(e) if e.code == 409 => continue,
             Err(e) => return Err(e),
         }
@@ -830,7 +878,7 @@ async fn delete_collection(
     let mut deleted = Vec::new();
     for doc in docs.iter().filter(|d| selectors.matches(&key, d)) {
         match delete_one(state, call, res, &doc.namespace, &doc.name, &opts).await {
-            Ok((_, obj)) => deleted.push(obj),
+            Ok(deletion) => deleted.push(deletion.object),
             Err(e) if e.code == 404 => {}
             Err(e) => return Err(e),
         }

@@ -161,6 +161,32 @@ pub fn random_suffix() -> String {
         .collect()
 }
 
+/// Drops empty metadata lists and maps, as kube-apiserver's Go encoding (omitempty) does, so
+/// clients see `finalizers` absent rather than `[]`.
+pub fn normalize_metadata(obj: &mut Value) {
+    if let Some(meta) = obj["metadata"].as_object_mut() {
+        meta.retain(|k, v| {
+            let empty = match v {
+                Value::Array(a) => a.is_empty(),
+                Value::Object(o) => o.is_empty(),
+                Value::Null => true,
+                _ => false,
+            };
+            !(empty
+                && matches!(
+                    k.as_str(),
+                    "finalizers"
+                        | "ownerReferences"
+                        | "labels"
+                        | "annotations"
+                        | "managedFields"
+                        | "deletionTimestamp"
+                        | "generateName"
+                ))
+        });
+    }
+}
+
 /// Sets the metadata a create owns: uid, creationTimestamp, generation; drops what clients
 /// may not set; resets status where the kind does.
 pub fn prepare_create(info: &ResourceInfo, obj: &mut Value) {
@@ -180,6 +206,16 @@ pub fn prepare_create(info: &ResourceInfo, obj: &mut Value) {
         && let Some(map) = obj.as_object_mut()
     {
         map.remove("status");
+    }
+    // Kinds with a spec track generations (as do all custom resources); ConfigMaps and the
+    // like have none.
+    if info.custom.is_some()
+        || obj.get("spec").is_some()
+        || info.kind.ends_with("WebhookConfiguration")
+    {
+        meta_mut(obj).insert("generation".into(), json!(1));
+    } else {
+        meta_mut(obj).remove("generation");
     }
 }
 

@@ -104,7 +104,6 @@ async fn apply_conflict_names_the_other_manager_and_force_takes_the_field() {
 /// kube-apiserver lists each conflict as a `FieldManagerConflict` cause (field path and
 /// `conflict with "<manager>"`), which clients such as kubectl and Flux read.
 #[tokio::test]
-#[ignore = "server bug: an apply conflict's Status has no details.causes (FieldManagerConflict per field)"]
 async fn apply_conflict_lists_each_field_as_a_cause() {
     let cluster = Cluster::start().await;
     let cms: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");

@@ -132,7 +132,6 @@ async fn reconcile_and_delete_one_widget(other_finalizers: &[&str]) {
 }
 
 #[tokio::test]
-#[ignore = "server bug: JSON patch test op {value: null} on an absent path is refused (400), so kube's finalizer helper can never add the first finalizer"]
 async fn controller_with_finalizer_sets_status_and_cleans_up_before_deletion() {
     reconcile_and_delete_one_widget(&[]).await;
 }

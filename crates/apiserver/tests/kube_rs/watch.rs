@@ -344,7 +344,6 @@ async fn watch_from_a_compacted_version_yields_a_410_event() {
 /// A watch from the resourceVersion of a list taken while the resource was empty must
 /// deliver the first object created afterwards (nothing was compacted).
 #[tokio::test]
-#[ignore = "server bug: watching a resource from a version before its first write answers 410 (collection floor set to the first write's rv)"]
 async fn watch_from_the_list_version_of_an_empty_resource_sees_the_first_create() {
     let cluster = Cluster::start().await;
     let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
