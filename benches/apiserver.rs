@@ -108,10 +108,9 @@ async fn main() -> anyhow::Result<()> {
     let received = Arc::new(AtomicUsize::new(0));
     let mut streams = Vec::new();
     for w in 0..watchers {
-        let client = if w < 8 {
-            clients[w].clone()
-        } else {
-            server.client().await?
+        let client = match clients.get(w) {
+            Some(c) => c.clone(),
+            None => server.client().await?,
         };
         let api: Api<ConfigMap> = Api::namespaced(client, "default");
         let received = received.clone();
