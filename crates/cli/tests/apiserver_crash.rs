@@ -31,10 +31,10 @@ async fn start(dir: &Path) -> Server {
         .expect("tandem starts");
     let deadline = Instant::now() + Duration::from_secs(20);
     let yaml = loop {
-        if let Ok(yaml) = std::fs::read_to_string(&kubeconfig) {
-            if !yaml.is_empty() {
-                break yaml;
-            }
+        if let Ok(yaml) = std::fs::read_to_string(&kubeconfig)
+            && !yaml.is_empty()
+        {
+            break yaml;
         }
         assert!(Instant::now() < deadline, "the server wrote no kubeconfig");
         tokio::time::sleep(Duration::from_millis(20)).await;
