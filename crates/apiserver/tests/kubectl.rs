@@ -544,6 +544,9 @@ pub struct GadgetStatus {
     /// Conditions.
     #[serde(default)]
     conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    /// Replicas running.
+    #[serde(default)]
+    replicas: i64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
