@@ -304,20 +304,42 @@ pub async fn admit(
     Ok(())
 }
 
+/// What managedFields bookkeeping needs to know about a write, owned so the retry loop can
+/// build a `ManagedContext` on each attempt.
+struct FieldOwnership {
+    manager: String,
+    api_version: String,
+    schema: PatchSchema,
+    subresource: String,
+    ignored: &'static [&'static str],
+}
+
+impl FieldOwnership {
+    fn new(call: &Call, res: &ResourceInfo, manager: String) -> Self {
+        FieldOwnership {
+            manager,
+            api_version: res.api_version(),
+            schema: patch_schema(res),
+            subresource: call.info.subresource.clone(),
+            ignored: ignored_fields(res, &call.info.subresource),
+        }
+    }
+
+    fn context<'a>(&'a self, time: &'a str) -> ManagedContext<'a> {
+        ManagedContext {
+            manager: &self.manager,
+            api_version: &self.api_version,
+            time,
+            schema: &self.schema,
+            subresource: (!self.subresource.is_empty()).then_some(self.subresource.as_str()),
+            ignored: self.ignored,
+        }
+    }
+}
+
 fn record_update(call: &Call, res: &ResourceInfo, old: Option<&Value>, obj: &mut Value) {
-    let manager = field_manager(call);
-    let schema = patch_schema(res);
-    let api_version = res.api_version();
-    let time = objects::now();
-    let ctx = ManagedContext {
-        manager: &manager,
-        api_version: &api_version,
-        time: &time,
-        schema: &schema,
-        subresource: (!call.info.subresource.is_empty()).then_some(call.info.subresource.as_str()),
-        ignored: ignored_fields(res, &call.info.subresource),
-    };
-    managed::record_update(old, obj, &ctx);
+    let ownership = FieldOwnership::new(call, res, field_manager(call));
+    managed::record_update(old, obj, &ownership.context(&objects::now()));
 }
 
 async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
@@ -477,21 +499,11 @@ async fn apply(
             "the name of the object does not match the name on the URL",
         ));
     }
-    let schema = patch_schema(res);
-    let api_version = res.api_version();
-    let sub = call.info.subresource.clone();
-    let ignored = ignored_fields(res, &sub);
+    let ownership = FieldOwnership::new(call, res, manager);
     let config = Arc::new(config);
     write_loop(state, call, res, None, move |old| {
         let time = objects::now();
-        let ctx = ManagedContext {
-            manager: &manager,
-            api_version: &api_version,
-            time: &time,
-            schema: &schema,
-            subresource: (!sub.is_empty()).then_some(sub.as_str()),
-            ignored,
-        };
+        let ctx = ownership.context(&time);
         managed::apply(old, &config, force, &ctx).map_err(|e| match &e {
             managed::ManagedError::Conflicts(conflicts) => {
                 let mut err = ApiError::conflict_message(e.to_string());

@@ -102,7 +102,6 @@ struct Builtin {
     categories: &'static [&'static str],
     subresources: &'static [&'static str],
     stored: bool,
-    fields: &'static [&'static str],
 }
 
 const fn b(
@@ -124,7 +123,6 @@ const fn b(
         categories: &[],
         subresources: &[],
         stored: true,
-        fields: &[],
     }
 }
 
@@ -141,60 +139,30 @@ impl Builtin {
         self.subresources = subs;
         self
     }
-    const fn fields(mut self, fields: &'static [&'static str]) -> Self {
-        self.fields = fields;
-        self
-    }
     const fn review(mut self) -> Self {
         self.stored = false;
         self
     }
 }
 
-const EVENT_FIELDS: &[&str] = &[
-    "involvedObject.kind",
-    "involvedObject.namespace",
-    "involvedObject.name",
-    "involvedObject.uid",
-    "involvedObject.apiVersion",
-    "involvedObject.resourceVersion",
-    "involvedObject.fieldPath",
-    "reason",
-    "reportingComponent",
-    "source",
-    "type",
-];
-
 const BUILTINS: &[Builtin] = &[
     b("", "v1", "namespaces", "namespace", "Namespace", false)
         .short(&["ns"])
-        .subs(&["status", "finalize"])
-        .fields(&["status.phase"]),
+        .subs(&["status", "finalize"]),
     b("", "v1", "pods", "pod", "Pod", true)
         .short(&["po"])
         .all()
-        .subs(&["status", "binding", "eviction"])
-        .fields(&[
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        ]),
+        .subs(&["status", "binding", "eviction"]),
     b("", "v1", "nodes", "node", "Node", false)
         .short(&["no"])
-        .subs(&["status"])
-        .fields(&["spec.unschedulable"]),
+        .subs(&["status"]),
     b("", "v1", "services", "service", "Service", true)
         .short(&["svc"])
         .all()
         .subs(&["status"]),
     b("", "v1", "endpoints", "endpoints", "Endpoints", true).short(&["ep"]),
     b("", "v1", "configmaps", "configmap", "ConfigMap", true).short(&["cm"]),
-    b("", "v1", "secrets", "secret", "Secret", true).fields(&["type"]),
+    b("", "v1", "secrets", "secret", "Secret", true),
     b(
         "",
         "v1",
@@ -205,9 +173,7 @@ const BUILTINS: &[Builtin] = &[
     )
     .short(&["sa"])
     .subs(&["token"]),
-    b("", "v1", "events", "event", "Event", true)
-        .short(&["ev"])
-        .fields(EVENT_FIELDS),
+    b("", "v1", "events", "event", "Event", true).short(&["ev"]),
     b(
         "",
         "v1",
@@ -255,11 +221,8 @@ const BUILTINS: &[Builtin] = &[
         "endpointslice",
         "EndpointSlice",
         true,
-    )
-    .fields(&["addressType"]),
-    b("events.k8s.io", "v1", "events", "event", "Event", true)
-        .short(&["ev"])
-        .fields(EVENT_FIELDS),
+    ),
+    b("events.k8s.io", "v1", "events", "event", "Event", true).short(&["ev"]),
     b(
         "rbac.authorization.k8s.io",
         "v1",
@@ -311,8 +274,7 @@ const BUILTINS: &[Builtin] = &[
         false,
     )
     .short(&["csr"])
-    .subs(&["status", "approval"])
-    .fields(&["spec.signerName"]),
+    .subs(&["status", "approval"]),
     b(
         "admissionregistration.k8s.io",
         "v1",
@@ -431,7 +393,13 @@ impl Registry {
                     .iter()
                     .map(|s| s.to_string())
                     .collect(),
-                selectable_fields: bi.fields.iter().map(|s| s.to_string()).collect(),
+                selectable_fields: crate::store::selectable_fields(&format!(
+                    "{}/{}",
+                    bi.group, bi.resource
+                ))
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
                 stored: bi.stored,
                 keeps_status_on_create: matches!(bi.kind, "Node" | "Lease" | "Event"),
                 custom: None,

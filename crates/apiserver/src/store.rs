@@ -115,7 +115,7 @@ pub fn lookup<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 /// Fields a field selector may name for the resource stored under `key`, besides
-/// metadata.name and metadata.namespace (see registry.rs, which advertises the same lists).
+/// metadata.name and metadata.namespace. The registry advertises these same lists.
 pub fn selectable_fields(key: &str) -> &'static [&'static str] {
     match key {
         "/pods" => &[
