@@ -440,3 +440,53 @@ async fn reflector_recovers_from_a_burst_between_list_and_watch() {
     );
     task.abort();
 }
+
+/// Counts ADDED events on `stream` until `want` have arrived (or the stream ends).
+async fn count_added(
+    stream: impl futures::Stream<Item = kube::Result<WatchEvent<ConfigMap>>>,
+    want: usize,
+) -> usize {
+    let mut stream = std::pin::pin!(stream);
+    let mut seen = 0;
+    while seen < want {
+        match stream.try_next().await {
+            Ok(Some(WatchEvent::Added(_))) => seen += 1,
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_stalled_watcher_blocks_neither_writers_nor_other_watchers() {
+    let cluster = Cluster::start().await;
+    let writer: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
+    // Its own connection, so its stall is a TCP-level stall and not shared flow control.
+    let stalled_client = cluster.client_for("stalled", &["system:masters"]).await;
+    let stalled_api: Api<ConfigMap> = Api::namespaced(stalled_client, "default");
+    let params = WatchParams::default().labels("set=big");
+    let stalled = stalled_api.watch(&params, "0").await.unwrap();
+    let live = writer.watch(&params, "0").await.unwrap();
+    const N: usize = 400;
+    let live_count = tokio::spawn(count_added(live, N));
+    // ~6.5 MB of events: far more than socket buffers hold for a reader that never reads.
+    let payload = "x".repeat(16 * 1024);
+    let started = std::time::Instant::now();
+    for i in 0..N {
+        let mut cm = labelled(&format!("big-{i}"), "big");
+        cm.data = Some(BTreeMap::from([("p".to_string(), payload.clone())]));
+        writer.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let write_time = started.elapsed();
+    let seen = tokio::time::timeout(crate::common::DEADLINE, live_count)
+        .await
+        .expect("the live watcher is not held up by the stalled one")
+        .unwrap();
+    assert_eq!(seen, N, "the live watcher saw every create");
+    // The stalled watcher, once it reads, still gets every event: nothing was dropped for it.
+    let late = tokio::time::timeout(crate::common::DEADLINE, count_added(stalled, N))
+        .await
+        .expect("the stalled watcher drains");
+    assert_eq!(late, N, "writes took {write_time:?}");
+}
