@@ -151,13 +151,25 @@ pub async fn run_gateway_until(
 }
 
 impl Shared {
+    /// The current status; also refreshes the gauges derived from it.
     fn status(&self) -> GatewayStatus {
         let now = Instant::now();
         let health = self.health.lock();
         let (since, ..) = self.tunn.lock().stats();
+        let state = health.state(now);
+        self.metrics
+            .connected
+            .set(i64::from(state == TunnelState::Connected));
+        if let Some(since) = since
+            && let Ok(unix) = SystemTime::now().duration_since(UNIX_EPOCH)
+        {
+            self.metrics
+                .last_handshake_timestamp_seconds
+                .set(unix.saturating_sub(since).as_secs_f64());
+        }
         GatewayStatus {
             interface: self.config.interface.clone(),
-            state: health.state(now),
+            state,
             rtt_ms: health.rtt(now).map(|d| d.as_secs_f64() * 1000.0),
             last_handshake_seconds_ago: since.map(|d| d.as_secs_f64()),
             peer_endpoint: *self.endpoint.read(),
@@ -340,19 +352,7 @@ async fn probes(shared: Arc<Shared>) {
         let n = packet::build_probe(Probe::Request(seq), &mut probe);
         shared.encapsulate_and_send(&probe[..n], &mut out).await;
 
-        let state = shared.health.lock().state(now);
-        shared
-            .metrics
-            .connected
-            .set(i64::from(state == TunnelState::Connected));
-        if let (Some(since), ..) = shared.tunn.lock().stats()
-            && let Ok(unix) = SystemTime::now().duration_since(UNIX_EPOCH)
-        {
-            shared
-                .metrics
-                .last_handshake_timestamp_seconds
-                .set((unix.saturating_sub(since)).as_secs_f64());
-        }
+        let state = shared.status().state;
         if last_state != Some(state) {
             tracing::info!(state = state.as_str(), "tunnel state");
             last_state = Some(state);

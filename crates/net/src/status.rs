@@ -135,6 +135,8 @@ fn route(
 ) -> Response<Full<Bytes>> {
     let (code, ctype, body) = match req.uri().path() {
         "/metrics" => {
+            // Computing the status refreshes the gauges derived from it.
+            let _ = status();
             let mut text = String::new();
             match encode(&mut text, registry) {
                 Ok(()) => (
