@@ -8,19 +8,23 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use boringtun::noise::{Tunn, TunnResult};
 use parking_lot::{Mutex, RwLock};
+use std::io::IoSliceMut;
+
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+use tokio::io::Interest;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::time::{Instant, MissedTickBehavior};
-use tun_rs::{AsyncDevice, DeviceBuilder};
+use tun_rs::{AsyncDevice, DeviceBuilder, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 
 use crate::health::{Health, TunnelState};
 use crate::packet::{self, Probe};
 use crate::status::{GatewayStatus, Metrics};
 use crate::{GatewayConfig, GatewayError, nft, route};
 
-/// Largest datagram or packet handled; TUN packets are at most the MTU (≤ 9000).
-const BUF: usize = 65536;
 /// How often boringtun's timers run (handshake retries, keepalives, rekeying).
 const TIMER_TICK: Duration = Duration::from_millis(100);
+/// UDP socket buffer size: room for a few GSO batches in flight (capped by net.core.*mem_max).
+const SOCKET_BUFFER: usize = 4 << 20;
 
 /// State shared by the data-path tasks.
 struct Shared {
@@ -30,6 +34,7 @@ struct Shared {
     health: Mutex<Health>,
     metrics: Metrics,
     udp: UdpSocket,
+    udp_state: UdpSocketState,
     tun: AsyncDevice,
 }
 
@@ -71,6 +76,8 @@ pub async fn run_gateway_until(
     let tun = DeviceBuilder::new()
         .name(&config.interface)
         .mtu(config.mtu)
+        // IFF_VNET_HDR with TSO/USO: the kernel hands us and takes 64 KiB super-packets.
+        .offload(true)
         .enable(true)
         .build_async()
         .map_err(tun_err)?;
@@ -97,6 +104,19 @@ pub async fn run_gateway_until(
             addr: config.listen,
             source,
         })?;
+    // Enables UDP GRO and detects UDP GSO support on the socket.
+    let udp_state = UdpSocketState::new((&udp).into()).map_err(|source| GatewayError::Udp {
+        addr: config.listen,
+        source,
+    })?;
+    for (what, result) in [
+        ("send", udp_state.set_send_buffer_size((&udp).into(), SOCKET_BUFFER)),
+        ("receive", udp_state.set_recv_buffer_size((&udp).into(), SOCKET_BUFFER)),
+    ] {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "setting UDP {what} buffer size");
+        }
+    }
     let index: u32 = rand::random::<u32>() >> 8;
     let tunn = Tunn::new(
         config.private_key.clone(),
@@ -112,6 +132,7 @@ pub async fn run_gateway_until(
         health: Mutex::new(Health::new(config.probe_timeout)),
         metrics: Metrics::default(),
         udp,
+        udp_state,
         tun,
         config,
     });
@@ -198,13 +219,35 @@ impl Shared {
     }
 }
 
+/// Headroom before each packet written to the TUN, where tun-rs puts the virtio-net header.
+const OFFSET: usize = VIRTIO_NET_HDR_LEN;
+/// recvmmsg batch: each buffer can hold one GRO-coalesced run of datagrams (≤ 64 KiB).
+const RX_BATCH: usize = 8;
+/// Most datagrams one GRO buffer can hold (kernel limit for UDP GRO/GSO segments).
+const MAX_SEGMENTS: usize = 64;
+/// Largest payload of one UDP GSO send (the IPv4 datagram limit, with headroom).
+const MAX_GSO_BYTES: usize = 65000;
+
 /// Packets from local pods and hosts, routed to the TUN, go into the tunnel — but only
 /// when their destination is one of the peer's prefixes (WireGuard's cryptokey routing).
+///
+/// The hot path is batched end to end: one TUN read returns a TSO super-packet split into
+/// segments, all are encrypted under one lock into one contiguous buffer, and runs of
+/// equal-size datagrams leave in one UDP GSO `sendmsg`. Buffers are allocated once.
 async fn tun_to_network(shared: Arc<Shared>) {
-    let mut buf = vec![0u8; BUF];
-    let mut out = vec![0u8; BUF + 32];
+    let seg_cap = usize::from(shared.config.mtu).max(1500) + 128;
+    let mut original = vec![0u8; VIRTIO_NET_HDR_LEN + 65535];
+    let mut bufs = vec![vec![0u8; seg_cap]; IDEAL_BATCH_SIZE];
+    let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
+    // Each encrypted datagram is the packet plus 32 bytes; a handshake initiation is 148.
+    let mut out = vec![0u8; IDEAL_BATCH_SIZE * (seg_cap + 32) + 256];
+    let mut lens: Vec<usize> = Vec::with_capacity(IDEAL_BATCH_SIZE);
     loop {
-        let n = match shared.tun.recv(&mut buf).await {
+        let n = match shared
+            .tun
+            .recv_multiple(&mut original, &mut bufs, &mut sizes, 0)
+            .await
+        {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "reading TUN");
@@ -212,68 +255,219 @@ async fn tun_to_network(shared: Arc<Shared>) {
                 continue;
             }
         };
-        let packet = &buf[..n];
-        let routed = packet::addresses(packet)
-            .is_some_and(|(_, dst)| shared.config.plan.routes_into_tunnel(dst));
-        if !routed {
-            shared.metrics.dropped_unrouted.inc();
-            continue;
+        lens.clear();
+        let (mut off, mut tx_bytes, mut dropped) = (0usize, 0u64, 0u64);
+        {
+            let mut tunn = shared.tunn.lock();
+            for (buf, &size) in bufs.iter().zip(&sizes).take(n) {
+                let packet = &buf[..size];
+                let routed = packet::addresses(packet)
+                    .is_some_and(|(_, dst)| shared.config.plan.routes_into_tunnel(dst));
+                if !routed {
+                    dropped += 1;
+                    continue;
+                }
+                let dst = &mut out[off..];
+                let dst_start = dst.as_ptr();
+                match tunn.encapsulate(packet, dst) {
+                    TunnResult::WriteToNetwork(d) => {
+                        // boringtun writes at the start of the buffer it is given, which
+                        // keeps the datagrams contiguous for GSO.
+                        debug_assert_eq!(d.as_ptr(), dst_start);
+                        let len = d.len();
+                        lens.push(len);
+                        off += len;
+                        tx_bytes += size as u64;
+                    }
+                    TunnResult::Err(e) => tracing::debug!(error = ?e, "encapsulate"),
+                    _ => {}
+                }
+            }
         }
-        shared.metrics.tx_bytes.inc_by(n as u64);
-        shared.encapsulate_and_send(packet, &mut out).await;
+        shared.metrics.tx_bytes.inc_by(tx_bytes);
+        if dropped > 0 {
+            shared.metrics.dropped_unrouted.inc_by(dropped);
+        }
+        shared.send_batch(&out[..off], &lens).await;
     }
 }
 
-/// Datagrams from the peer: decrypted, probes answered, the rest written to the TUN if
-/// their source is one of the peer's prefixes.
+impl Shared {
+    /// Sends consecutive datagrams (lengths `lens`, packed in `data`) to the peer, one UDP
+    /// GSO `sendmsg` per run of equal sizes (the last of a run may be shorter).
+    async fn send_batch(&self, data: &[u8], lens: &[usize]) {
+        let Some(destination) = *self.endpoint.read() else {
+            return;
+        };
+        let max = self.udp_state.max_gso_segments().clamp(1, MAX_SEGMENTS);
+        let (mut start, mut i) = (0usize, 0usize);
+        while i < lens.len() {
+            let seg = lens[i];
+            let limit = max.min((MAX_GSO_BYTES / seg).max(1));
+            let mut end = start + seg;
+            let mut j = i + 1;
+            while j < lens.len() && j - i < limit && lens[j] <= seg {
+                end += lens[j];
+                j += 1;
+                if lens[j - 1] < seg {
+                    break;
+                }
+            }
+            let transmit = Transmit {
+                destination,
+                ecn: None,
+                contents: &data[start..end],
+                segment_size: (j - i > 1).then_some(seg),
+                src_ip: None,
+            };
+            let sent = self
+                .udp
+                .async_io(Interest::WRITABLE, || {
+                    self.udp_state.try_send((&self.udp).into(), &transmit)
+                })
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(%destination, error = %e, "sending datagrams");
+            }
+            start = end;
+            i = j;
+        }
+    }
+}
+
+/// Datagrams from the peer: received in batches (recvmmsg + UDP GRO), decrypted under one
+/// lock, probes answered, the rest written to the TUN coalesced (TUN GRO) if their source
+/// is one of the peer's prefixes.
 async fn network_to_tun(shared: Arc<Shared>) {
-    let mut buf = vec![0u8; BUF];
-    let mut out = vec![0u8; BUF];
+    let mut rx: [Vec<u8>; RX_BATCH] = std::array::from_fn(|_| vec![0u8; 65536]);
+    let mut meta = [RecvMeta::default(); RX_BATCH];
+    let mut pkts: Vec<Vec<u8>> = (0..RX_BATCH * MAX_SEGMENTS)
+        .map(|_| Vec::with_capacity(2048 + OFFSET))
+        .collect();
+    let mut gro = GROTable::default();
+    // Rare-path messages (handshake replies, probe replies) sent after the lock is released.
+    let mut replies: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let mut probe_requests: Vec<u16> = Vec::new();
     let mut probe_out = vec![0u8; 256];
     loop {
-        let (n, from) = match shared.udp.recv_from(&mut buf).await {
-            Ok(x) => x,
+        let received = shared
+            .udp
+            .async_io(Interest::READABLE, || {
+                let mut slices = rx.each_mut().map(|b| IoSliceMut::new(&mut b[..]));
+                shared
+                    .udp_state
+                    .recv((&shared.udp).into(), &mut slices, &mut meta)
+            })
+            .await;
+        let n = match received {
+            Ok(n) => n,
             Err(e) => {
-                tracing::debug!(error = %e, "receiving datagram");
+                tracing::debug!(error = %e, "receiving datagrams");
                 continue;
             }
         };
-        let mut datagram: &[u8] = &buf[..n];
-        loop {
-            let result = shared
-                .tunn
-                .lock()
-                .decapsulate(Some(from.ip()), datagram, &mut out);
-            let first = !datagram.is_empty();
-            datagram = &[];
-            match result {
-                TunnResult::Done => {
-                    if first {
-                        roam(&shared, from);
+        let mut k = 0usize;
+        let (mut rx_bytes, mut dropped, mut errors) = (0u64, 0u64, 0u64);
+        let mut roamed_to = None;
+        {
+            let mut tunn = shared.tunn.lock();
+            for (buf, m) in rx.iter().zip(&meta).take(n) {
+                let from = m.addr;
+                let stride = if m.stride == 0 { m.len } else { m.stride };
+                for datagram in buf[..m.len].chunks(stride.max(1)) {
+                    let out = &mut pkts[k];
+                    out.clear();
+                    out.resize(OFFSET + datagram.len().max(256), 0);
+                    let mut input = datagram;
+                    loop {
+                        let first = !input.is_empty();
+                        let result = tunn.decapsulate(Some(from.ip()), input, &mut out[OFFSET..]);
+                        input = &[];
+                        match result {
+                            TunnResult::Done => {
+                                if first {
+                                    roamed_to = Some(from);
+                                }
+                                break;
+                            }
+                            TunnResult::Err(e) => {
+                                errors += 1;
+                                tracing::debug!(%from, error = ?e, "decapsulate");
+                                break;
+                            }
+                            TunnResult::WriteToNetwork(d) => {
+                                // A handshake message or queued packets: the sender proved
+                                // its key. boringtun asks to be called again to flush.
+                                if first {
+                                    roamed_to = Some(from);
+                                }
+                                replies.push((d.to_vec(), from));
+                            }
+                            TunnResult::WriteToTunnelV4(p, _)
+                            | TunnResult::WriteToTunnelV6(p, _) => {
+                                roamed_to = Some(from);
+                                let len = p.len();
+                                match packet::parse_probe(p) {
+                                    Some(Probe::Request(seq)) => probe_requests.push(seq),
+                                    Some(Probe::Reply(seq)) => {
+                                        let rtt =
+                                            shared.health.lock().reply_received(seq, Instant::now());
+                                        if let Some(rtt) = rtt {
+                                            shared.metrics.rtt_seconds.set(rtt.as_secs_f64());
+                                        }
+                                    }
+                                    None => {
+                                        let allowed =
+                                            packet::addresses(p).is_some_and(|(src, _)| {
+                                                shared
+                                                    .config
+                                                    .plan
+                                                    .tunnel_sources
+                                                    .iter()
+                                                    .any(|net| net.contains(&src))
+                                            });
+                                        if allowed {
+                                            out.truncate(OFFSET + len);
+                                            rx_bytes += len as u64;
+                                            k += 1;
+                                        } else {
+                                            dropped += 1;
+                                        }
+                                    }
+                                }
+                                break;
+                            }
+                        }
                     }
-                    break;
-                }
-                TunnResult::Err(e) => {
-                    shared.metrics.decrypt_errors.inc();
-                    tracing::debug!(%from, error = ?e, "decapsulate");
-                    break;
-                }
-                TunnResult::WriteToNetwork(d) => {
-                    // A handshake message or queued packets: the sender proved its key.
-                    if first {
-                        roam(&shared, from);
-                    }
-                    if let Err(e) = shared.udp.send_to(d, from).await {
-                        tracing::debug!(%from, error = %e, "sending datagram");
-                    }
-                    // boringtun asks to be called again with an empty datagram to flush.
-                }
-                TunnResult::WriteToTunnelV4(p, _) | TunnResult::WriteToTunnelV6(p, _) => {
-                    roam(&shared, from);
-                    deliver(&shared, p, &mut probe_out).await;
-                    break;
                 }
             }
+        }
+        if let Some(from) = roamed_to {
+            roam(&shared, from);
+        }
+        shared.metrics.rx_bytes.inc_by(rx_bytes);
+        if dropped > 0 {
+            shared.metrics.dropped_unrouted.inc_by(dropped);
+        }
+        if errors > 0 {
+            shared.metrics.decrypt_errors.inc_by(errors);
+        }
+        for (datagram, to) in replies.drain(..) {
+            if let Err(e) = shared.udp.send_to(&datagram, to).await {
+                tracing::debug!(%to, error = %e, "sending datagram");
+            }
+        }
+        for seq in probe_requests.drain(..) {
+            let mut reply = [0u8; 28];
+            let len = packet::build_probe(Probe::Reply(seq), &mut reply);
+            shared
+                .encapsulate_and_send(&reply[..len], &mut probe_out)
+                .await;
+        }
+        if k > 0
+            && let Err(e) = shared.tun.send_multiple(&mut gro, &mut pkts[..k], OFFSET).await
+        {
+            tracing::debug!(error = %e, "writing TUN");
         }
     }
 }
@@ -283,42 +477,6 @@ fn roam(shared: &Shared, from: SocketAddr) {
     if *shared.endpoint.read() != Some(from) {
         tracing::info!(%from, "peer endpoint changed");
         *shared.endpoint.write() = Some(from);
-    }
-}
-
-async fn deliver(shared: &Shared, packet: &[u8], probe_out: &mut [u8]) {
-    match packet::parse_probe(packet) {
-        Some(Probe::Request(seq)) => {
-            let mut reply = [0u8; 28];
-            let n = packet::build_probe(Probe::Reply(seq), &mut reply);
-            shared.encapsulate_and_send(&reply[..n], probe_out).await;
-            return;
-        }
-        Some(Probe::Reply(seq)) => {
-            let rtt = shared.health.lock().reply_received(seq, Instant::now());
-            if let Some(rtt) = rtt {
-                shared.metrics.rtt_seconds.set(rtt.as_secs_f64());
-                shared.metrics.connected.set(1);
-            }
-            return;
-        }
-        None => {}
-    }
-    let allowed = packet::addresses(packet).is_some_and(|(src, _)| {
-        shared
-            .config
-            .plan
-            .tunnel_sources
-            .iter()
-            .any(|p| p.contains(&src))
-    });
-    if !allowed {
-        shared.metrics.dropped_unrouted.inc();
-        return;
-    }
-    shared.metrics.rx_bytes.inc_by(packet.len() as u64);
-    if let Err(e) = shared.tun.send(packet).await {
-        tracing::debug!(error = %e, "writing TUN");
     }
 }
 
