@@ -111,7 +111,7 @@ start_tandem() {
         "peerAsSeenLocally":{"podCidr":"$3.0.0/16","externalCidr":"$4.0.0/16"}},
  "statusListen":"127.0.0.1:9100"}
 EOF
-    RUST_LOG=warn ip netns exec ${P}${c}g "$TANDEM" "$WORK/$c.json" 2>"$WORK/$c.log" &
+    RUST_LOG=${RUST_LOG:-warn} ip netns exec ${P}${c}g "$TANDEM" "$WORK/$c.json" 2>"${GW_LOG_DIR:-$WORK}/$c.log" &
     PIDS+=($!); eval "GW_$c=$!"
   done
 }
@@ -120,10 +120,11 @@ stop_tandem() { kill "$GW_a" "$GW_b"; wait "$GW_a" "$GW_b" 2>/dev/null || true; 
 # boringtun-cli and wireguard-go: same UAPI, configured with `wg`.
 start_uapi() {
   local impl=$1
-  for c in a b; do wg genkey > "$WORK/$c.key"; done
+  for c in a b; do (umask 077; wg genkey > "$WORK/$c.key"); done
   for c in a b; do
     local ifc=wg${c}0 o
     o=$(other $c)
+    rm -f /var/run/wireguard/$ifc.sock
     if [ "$impl" = boringtun ]; then
       WG_LOG_LEVEL=error ip netns exec ${P}${c}g "$BORINGTUN" --foreground --disable-drop-privileges "$ifc" >"$WORK/$c.log" 2>&1 &
     else

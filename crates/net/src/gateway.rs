@@ -110,8 +110,14 @@ pub async fn run_gateway_until(
         source,
     })?;
     for (what, result) in [
-        ("send", udp_state.set_send_buffer_size((&udp).into(), SOCKET_BUFFER)),
-        ("receive", udp_state.set_recv_buffer_size((&udp).into(), SOCKET_BUFFER)),
+        (
+            "send",
+            udp_state.set_send_buffer_size((&udp).into(), SOCKET_BUFFER),
+        ),
+        (
+            "receive",
+            udp_state.set_recv_buffer_size((&udp).into(), SOCKET_BUFFER),
+        ),
     ] {
         if let Err(e) = result {
             tracing::warn!(error = %e, "setting UDP {what} buffer size");
@@ -157,6 +163,10 @@ pub async fn run_gateway_until(
     tracing::info!(
         interface = %shared.config.interface,
         listen = %shared.config.listen,
+        tun_tcp_gso = shared.tun.tcp_gso(),
+        tun_udp_gso = shared.tun.udp_gso(),
+        udp_gso_segments = shared.udp_state.max_gso_segments(),
+        udp_gro_segments = shared.udp_state.gro_segments(),
         "gateway running"
     );
 
@@ -221,6 +231,8 @@ impl Shared {
 
 /// Headroom before each packet written to the TUN, where tun-rs puts the virtio-net header.
 const OFFSET: usize = VIRTIO_NET_HDR_LEN;
+/// Packets gathered from the TUN before one round of encryption and sending.
+const TX_BATCH: usize = 2 * IDEAL_BATCH_SIZE;
 /// recvmmsg batch: each buffer can hold one GRO-coalesced run of datagrams (≤ 64 KiB).
 const RX_BATCH: usize = 8;
 /// Most datagrams one GRO buffer can hold (kernel limit for UDP GRO/GSO segments).
@@ -237,15 +249,20 @@ const MAX_GSO_BYTES: usize = 65000;
 async fn tun_to_network(shared: Arc<Shared>) {
     let seg_cap = usize::from(shared.config.mtu).max(1500) + 128;
     let mut original = vec![0u8; VIRTIO_NET_HDR_LEN + 65535];
-    let mut bufs = vec![vec![0u8; seg_cap]; IDEAL_BATCH_SIZE];
-    let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
+    let mut bufs = vec![vec![0u8; seg_cap]; TX_BATCH];
+    let mut sizes = vec![0usize; TX_BATCH];
     // Each encrypted datagram is the packet plus 32 bytes; a handshake initiation is 148.
-    let mut out = vec![0u8; IDEAL_BATCH_SIZE * (seg_cap + 32) + 256];
-    let mut lens: Vec<usize> = Vec::with_capacity(IDEAL_BATCH_SIZE);
+    let mut out = vec![0u8; TX_BATCH * (seg_cap + 32) + 256];
+    let mut lens: Vec<usize> = Vec::with_capacity(TX_BATCH);
     loop {
         let n = match shared
             .tun
-            .recv_multiple(&mut original, &mut bufs, &mut sizes, 0)
+            .recv_multiple(
+                &mut original,
+                &mut bufs[..IDEAL_BATCH_SIZE],
+                &mut sizes[..IDEAL_BATCH_SIZE],
+                0,
+            )
             .await
         {
             Ok(n) => n,
@@ -255,6 +272,29 @@ async fn tun_to_network(shared: Arc<Shared>) {
                 continue;
             }
         };
+        // Drain what else is queued (typically small packets such as ACKs, one per read)
+        // so it leaves in the same GSO send instead of one sendmsg each.
+        let mut n = n;
+        let mut reads = 1u64;
+        while n + MAX_SEGMENTS <= bufs.len() {
+            match shared
+                .tun
+                .try_recv_multiple(&mut original, &mut bufs[n..], &mut sizes[n..], 0)
+            {
+                Ok(m) => {
+                    n += m;
+                    reads += 1;
+                }
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        tracing::debug!(error = %e, "reading TUN");
+                    }
+                    break;
+                }
+            }
+        }
+        shared.metrics.tun_reads.inc_by(reads);
+        shared.metrics.tun_read_packets.inc_by(n as u64);
         lens.clear();
         let (mut off, mut tx_bytes, mut dropped) = (0usize, 0u64, 0u64);
         {
@@ -341,8 +381,11 @@ impl Shared {
 async fn network_to_tun(shared: Arc<Shared>) {
     let mut rx: [Vec<u8>; RX_BATCH] = std::array::from_fn(|_| vec![0u8; 65536]);
     let mut meta = [RecvMeta::default(); RX_BATCH];
+    // Each buffer must be able to grow to a whole coalesced 64 KiB packet: tun-rs's GRO
+    // appends to the first packet of a flow in place and skips coalescing otherwise.
+    // Untouched capacity costs no memory.
     let mut pkts: Vec<Vec<u8>> = (0..RX_BATCH * MAX_SEGMENTS)
-        .map(|_| Vec::with_capacity(2048 + OFFSET))
+        .map(|_| Vec::with_capacity(65536 + 2 * OFFSET))
         .collect();
     let mut gro = GROTable::default();
     // Rare-path messages (handshake replies, probe replies) sent after the lock is released.
@@ -366,6 +409,18 @@ async fn network_to_tun(shared: Arc<Shared>) {
                 continue;
             }
         };
+        shared.metrics.udp_recv_calls.inc();
+        let datagrams: usize = meta[..n]
+            .iter()
+            .map(|m| {
+                m.len.div_ceil(if m.stride == 0 {
+                    m.len.max(1)
+                } else {
+                    m.stride
+                })
+            })
+            .sum();
+        shared.metrics.udp_recv_datagrams.inc_by(datagrams as u64);
         let mut k = 0usize;
         let (mut rx_bytes, mut dropped, mut errors) = (0u64, 0u64, 0u64);
         let mut roamed_to = None;
@@ -410,8 +465,10 @@ async fn network_to_tun(shared: Arc<Shared>) {
                                 match packet::parse_probe(p) {
                                     Some(Probe::Request(seq)) => probe_requests.push(seq),
                                     Some(Probe::Reply(seq)) => {
-                                        let rtt =
-                                            shared.health.lock().reply_received(seq, Instant::now());
+                                        let rtt = shared
+                                            .health
+                                            .lock()
+                                            .reply_received(seq, Instant::now());
                                         if let Some(rtt) = rtt {
                                             shared.metrics.rtt_seconds.set(rtt.as_secs_f64());
                                         }
@@ -465,7 +522,10 @@ async fn network_to_tun(shared: Arc<Shared>) {
                 .await;
         }
         if k > 0
-            && let Err(e) = shared.tun.send_multiple(&mut gro, &mut pkts[..k], OFFSET).await
+            && let Err(e) = shared
+                .tun
+                .send_multiple(&mut gro, &mut pkts[..k], OFFSET)
+                .await
         {
             tracing::debug!(error = %e, "writing TUN");
         }

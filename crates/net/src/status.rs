@@ -37,6 +37,14 @@ pub struct Metrics {
     pub last_handshake_timestamp_seconds: Gauge<f64, AtomicU64>,
     /// 1 when connected.
     pub connected: Gauge,
+    /// TUN reads; with `tun_read_packets` it shows how well TSO batches packets.
+    pub tun_reads: Counter,
+    /// Packets (segments) those TUN reads returned.
+    pub tun_read_packets: Counter,
+    /// recvmmsg calls on the UDP socket.
+    pub udp_recv_calls: Counter,
+    /// Datagrams those calls returned (GRO and recvmmsg batching).
+    pub udp_recv_datagrams: Counter,
 }
 
 impl Metrics {
@@ -77,6 +85,26 @@ impl Metrics {
             "connected",
             "1 when the tunnel answers probes",
             self.connected.clone(),
+        );
+        r.register(
+            "tun_reads",
+            "Reads from the TUN device",
+            self.tun_reads.clone(),
+        );
+        r.register(
+            "tun_read_packets",
+            "Packets returned by TUN reads (after splitting TSO super-packets)",
+            self.tun_read_packets.clone(),
+        );
+        r.register(
+            "udp_recv_calls",
+            "Receive calls on the UDP socket",
+            self.udp_recv_calls.clone(),
+        );
+        r.register(
+            "udp_recv_datagrams",
+            "Datagrams returned by those calls",
+            self.udp_recv_datagrams.clone(),
         );
         r
     }
