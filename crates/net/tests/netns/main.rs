@@ -297,3 +297,64 @@ fn tunnel_loss_is_reported_within_3s() {
     assert!(ok, "{out}");
     pair.wait_connected(Side::A, Duration::from_secs(5));
 }
+
+/// Rules of the gateway's table as (rule text without handle, handle), from `nft -a`.
+fn rules_with_handles(pair: &Pair, side: Side) -> Vec<(String, u64)> {
+    let table = format!("tandem_{}", pair.args(side).interface);
+    let (ok, text) = exec(
+        &pair.gw(side),
+        &["nft", "-a", "list", "table", "inet", &table],
+    );
+    assert!(ok, "{text}");
+    text.lines()
+        .filter_map(|l| {
+            let (rule, handle) = l.trim().rsplit_once(" # handle ")?;
+            rule.contains("comment")
+                .then(|| (rule.to_string(), handle.parse().unwrap()))
+        })
+        .collect()
+}
+
+#[test]
+fn changed_plan_replaces_only_the_rules_that_differ() {
+    if !require_root() {
+        return;
+    }
+    let mut pair = started_pair();
+    let before = rules_with_handles(&pair, Side::A);
+    pair.kill(Side::A);
+    // The peer renamed our external CIDR: only the two rules about it may change.
+    pair.args_mut(Side::A)
+        .nat
+        .local_as_seen_by_peer
+        .external_cidr = "10.200.0.0/16".parse().unwrap();
+    pair.start(Side::A);
+    pair.wait_connected(Side::A, CONNECT);
+    let after = rules_with_handles(&pair, Side::A);
+    assert_eq!(after.len(), before.len(), "{after:#?}");
+    let kept: Vec<_> = before.iter().filter(|r| after.contains(r)).collect();
+    let added: Vec<_> = after.iter().filter(|r| !before.contains(r)).collect();
+    assert_eq!(
+        kept.len(),
+        before.len() - 2,
+        "kept (same text and handle): {kept:#?}"
+    );
+    assert_eq!(added.len(), 2, "{added:#?}");
+    assert!(
+        added
+            .iter()
+            .any(|(r, _)| r.contains("ip daddr 10.200.0.0/16 dnat ip prefix to 10.70.0.0/16")),
+        "{added:#?}"
+    );
+    assert!(
+        added
+            .iter()
+            .any(|(r, _)| r.contains("snat ip to 10.200.0.0")),
+        "{added:#?}"
+    );
+    // Pods are untouched by the change and still connect.
+    assert!(ping(
+        &pair.pod(Side::A, 1),
+        &pair.pod_ip_seen_by(Side::A, 2)
+    ));
+}
