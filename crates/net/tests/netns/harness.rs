@@ -403,23 +403,31 @@ impl Pair {
         std::fs::read_to_string(&self.gateways[side.idx()].log_path).unwrap_or_default()
     }
 
-    /// GET `path` from a side's status API.
+    /// GET `path` from a side's status API (retried: under a parallel test run the gateway
+    /// may be slow to answer).
     pub fn http_get(&self, side: Side, path: &str) -> Option<String> {
-        let path = path.to_string();
-        in_ns(&self.gw(side), move || {
-            let addr: SocketAddr = format!("127.0.0.1:{STATUS_PORT}").parse().unwrap();
-            let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-            write!(
-                s,
-                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            )
-            .ok()?;
-            let mut text = String::new();
-            s.read_to_string(&mut text).ok()?;
-            text.split_once("\r\n\r\n")
-                .map(|(_, body)| body.to_string())
-        })
+        for _ in 0..3 {
+            let path = path.to_string();
+            let body = in_ns(&self.gw(side), move || {
+                let addr: SocketAddr = format!("127.0.0.1:{STATUS_PORT}").parse().unwrap();
+                let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                .ok()?;
+                let mut text = String::new();
+                s.read_to_string(&mut text).ok()?;
+                text.split_once("\r\n\r\n")
+                    .map(|(_, body)| body.to_string())
+            });
+            if body.is_some() {
+                return body;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
     }
 
     /// A side's `/status` as JSON.
