@@ -281,6 +281,23 @@ externalCidr = "10.3.0.0/16"
     }
 
     #[test]
+    fn example_file_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.example.toml");
+        let cfg = GatewayArgs::from_file(&path)
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!(cfg.interface, "tandem-milan");
+        assert_eq!(cfg.nft_table, "tandem_tandem_milan");
+        assert_eq!(cfg.plan.unknown_source.to.to_string(), "10.129.0.0");
+        let unknown = GatewayArgs::from_file(Path::new("/nonexistent.toml")).unwrap_err();
+        assert!(
+            unknown.to_string().contains("/nonexistent.toml"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
     fn public_key_matches_known_vector() {
         // RFC 7748 §6.1: Alice's private and public key.
         let private = B64.encode([

@@ -1,6 +1,15 @@
 //! Tandem's network data plane: a per-peer userspace WireGuard gateway (boringtun's noise
 //! protocol over a TUN device and one UDP socket), the NAT plan rendered to nftables,
 //! routes over rtnetlink, and tunnel health. Never depends on kube.
+//!
+//! Entry point: [`run_gateway`] with a [`GatewayConfig`], usually from
+//! [`GatewayArgs::from_file`] (see `gateway.example.toml`); the `tandem-gateway` binary does
+//! exactly that. Needs CAP_NET_ADMIN, `/dev/net/tun` and the `nft` binary.
+//!
+//! Why boringtun 0.7 (crates.io) and not a fork: its `noise` module is sans-IO and stable,
+//! and it is what the rest of the ecosystem packages; the one maintained fork on crates.io
+//! (Mullvad's gotatun) requires Rust 1.95, above the workspace MSRV, and its speed-ups are in
+//! the device layer, which Tandem replaces with its own batched data path anyway.
 
 pub mod config;
 pub mod gateway;
