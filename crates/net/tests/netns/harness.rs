@@ -385,6 +385,27 @@ impl Pair {
         }
     }
 
+    /// Stops a side's gateway with SIGTERM, as on unpeer, and returns its exit status.
+    pub fn terminate(&mut self, side: Side) -> std::process::ExitStatus {
+        let mut child = self.gateways[side.idx()]
+            .child
+            .take()
+            .expect("gateway running");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("gateway {side:?} ignored SIGTERM for 5s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Whether a side's gateway process has exited (and its log, to explain why).
     pub fn exited(&mut self, side: Side) -> Option<String> {
         let g = &mut self.gateways[side.idx()];

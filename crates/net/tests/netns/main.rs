@@ -358,3 +358,33 @@ fn changed_plan_replaces_only_the_rules_that_differ() {
         &pair.pod_ip_seen_by(Side::A, 2)
     ));
 }
+
+#[test]
+fn orderly_stop_removes_rules_routes_and_device() {
+    if !require_root() {
+        return;
+    }
+    let mut pair = started_pair();
+    let gw = pair.gw(Side::A);
+    assert!(pair.ruleset(Side::A).contains("tandem_tandem0"));
+    let status = pair.terminate(Side::A);
+    assert!(
+        status.success(),
+        "exit status {status}\n{}",
+        pair.log(Side::A)
+    );
+    assert!(
+        !pair.ruleset(Side::A).contains("tandem"),
+        "{}",
+        pair.ruleset(Side::A)
+    );
+    let (_, links) = exec(&gw, &["ip", "link", "show"]);
+    assert!(!links.contains("tandem0"), "{links}");
+    let (_, routes) = exec(&gw, &["ip", "route", "show"]);
+    assert!(!routes.contains("10.0.0.0/16"), "{routes}");
+    // Nothing is routed towards the peer any more.
+    assert!(!ping(
+        &pair.pod(Side::A, 1),
+        &pair.pod_ip_seen_by(Side::A, 1)
+    ));
+}
