@@ -70,6 +70,9 @@ pub struct NatPlan {
     pub tunnel_destinations: Vec<IpNet>,
     /// Sources accepted from the tunnel (after the peer's own source translation).
     pub tunnel_sources: Vec<IpNet>,
+    /// Destinations accepted from the tunnel: the names the peer gave our prefixes. Anything
+    /// else a peer sends (say, a node address) is dropped before it reaches the kernel.
+    pub tunnel_arrival_destinations: Vec<IpNet>,
 }
 
 /// Why no plan could be made from the input.
@@ -230,6 +233,10 @@ impl NatPlan {
             },
             tunnel_destinations: vec![peer.pod_cidr, peer.external_cidr],
             tunnel_sources: vec![peer.pod_cidr, peer.external_cidr],
+            tunnel_arrival_destinations: vec![
+                input.local_as_seen_by_peer.pod_cidr,
+                input.local_as_seen_by_peer.external_cidr,
+            ],
         })
     }
 
@@ -257,6 +264,16 @@ impl NatPlan {
     /// Whether a packet to `dst` may enter the tunnel.
     pub fn routes_into_tunnel(&self, dst: IpAddr) -> bool {
         self.tunnel_destinations.iter().any(|p| p.contains(&dst))
+    }
+
+    /// Whether a decrypted packet from `src` to `dst` may leave the tunnel (WireGuard's
+    /// allowed IPs for the source, plus the destinations the peer may address).
+    pub fn accepts_from_tunnel(&self, src: IpAddr, dst: IpAddr) -> bool {
+        self.tunnel_sources.iter().any(|p| p.contains(&src))
+            && self
+                .tunnel_arrival_destinations
+                .iter()
+                .any(|p| p.contains(&dst))
     }
 }
 
@@ -406,6 +423,22 @@ mod tests {
         ];
         for (dst, want) in cases {
             assert_eq!(plan.routes_into_tunnel(ip(dst)), want, "{dst}");
+        }
+    }
+
+    #[test]
+    fn only_the_peer_names_and_our_names_leave_the_tunnel() {
+        let plan = NatPlan::build(&double_nat()).unwrap();
+        let cases = [
+            ("peer pod to our pod", "10.2.0.5", "10.0.1.10", true),
+            ("peer host to our pod", "10.3.0.0", "10.0.1.10", true),
+            ("reply to our host source", "10.2.0.5", "10.1.0.0", true),
+            ("spoofed source", "10.244.1.1", "10.0.1.10", false),
+            ("our real pod address", "10.2.0.5", "10.244.1.10", false),
+            ("a node address", "10.2.0.5", "172.16.0.11", false),
+        ];
+        for (name, src, dst, want) in cases {
+            assert_eq!(plan.accepts_from_tunnel(ip(src), ip(dst)), want, "{name}");
         }
     }
 

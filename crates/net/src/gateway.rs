@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use boringtun::noise::{Tunn, TunnResult};
-use parking_lot::{Mutex, RwLock};
 use std::io::IoSliceMut;
 
+use boringtun::noise::{Tunn, TunnResult};
+use parking_lot::{Mutex, RwLock};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use tokio::io::Interest;
 use tokio::net::{TcpListener, UdpSocket};
@@ -170,7 +170,19 @@ pub async fn run_gateway_until(
         "gateway running"
     );
 
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        ended = tasks.join_next() => {
+            // A data-path task never returns; if one did (a panic), fail loudly and leave
+            // the rules in place for the restarted process to reconcile.
+            tasks.abort_all();
+            let reason = match ended {
+                Some(Err(e)) => e.to_string(),
+                _ => "returned".to_string(),
+            };
+            return Err(GatewayError::TaskEnded(reason));
+        }
+    }
     tasks.abort_all();
     tracing::info!("shutting down: removing nftables table");
     nft::delete_table(&shared.config.nft_table)
@@ -377,7 +389,7 @@ impl Shared {
 
 /// Datagrams from the peer: received in batches (recvmmsg + UDP GRO), decrypted under one
 /// lock, probes answered, the rest written to the TUN coalesced (TUN GRO) if their source
-/// is one of the peer's prefixes.
+/// is one of the peer's prefixes and their destination one of the names it gave ours.
 async fn network_to_tun(shared: Arc<Shared>) {
     let mut rx: [Vec<u8>; RX_BATCH] = std::array::from_fn(|_| vec![0u8; 65536]);
     let mut meta = [RecvMeta::default(); RX_BATCH];
@@ -475,13 +487,8 @@ async fn network_to_tun(shared: Arc<Shared>) {
                                     }
                                     None => {
                                         let allowed =
-                                            packet::addresses(p).is_some_and(|(src, _)| {
-                                                shared
-                                                    .config
-                                                    .plan
-                                                    .tunnel_sources
-                                                    .iter()
-                                                    .any(|net| net.contains(&src))
+                                            packet::addresses(p).is_some_and(|(src, dst)| {
+                                                shared.config.plan.accepts_from_tunnel(src, dst)
                                             });
                                         if allowed {
                                             out.truncate(OFFSET + len);

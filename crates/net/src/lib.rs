@@ -68,6 +68,9 @@ pub enum GatewayError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A data-path task stopped (it only does on a bug).
+    #[error("gateway task ended unexpectedly: {0}")]
+    TaskEnded(String),
     /// A sysctl could not be written.
     #[error("sysctl {name}: {source}")]
     Sysctl {
