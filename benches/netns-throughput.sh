@@ -10,7 +10,8 @@
 #   veth        no tunnel: gateways route over the WAN veth, same nftables NAT
 #   tandem      tandem-gateway (this repo, release build)
 #   boringtun   boringtun-cli from crates.io (cargo install boringtun-cli)
-#   wg-go       wireguard-go from Debian (needs wireguard-tools' `wg` to configure)
+#   wg-go       wireguard-go from Debian
+# boringtun-cli and wireguard-go are configured with `wg` (Debian package wireguard-tools).
 #
 # Usage: sudo benches/netns-throughput.sh [seconds-per-run]   (default 10)
 # Env: TANDEM_GATEWAY, BORINGTUN_CLI override binary paths; IMPLS="veth tandem" limits the set.
