@@ -388,3 +388,27 @@ fn orderly_stop_removes_rules_routes_and_device() {
         &pair.pod_ip_seen_by(Side::A, 1)
     ));
 }
+
+#[test]
+fn side_without_endpoint_learns_it_from_the_handshake() {
+    if !require_root() {
+        return;
+    }
+    let mut pair = Pair::new();
+    // B only listens (e.g. behind a load balancer); A knows where to find it.
+    pair.args_mut(Side::B).peer_endpoint = None;
+    pair.start(Side::B);
+    pair.start(Side::A);
+    pair.wait_connected(Side::A, CONNECT);
+    pair.wait_connected(Side::B, CONNECT);
+    let endpoint = pair.status(Side::B).unwrap()["peerEndpoint"].clone();
+    assert_eq!(endpoint, "192.0.2.1:51820");
+    let seen = tcp_exchange(
+        &pair.pod(Side::A, 1),
+        5008,
+        &pair.pod(Side::B, 2),
+        &pair.pod_ip_seen_by(Side::B, 1),
+    )
+    .expect("B to A after learning the endpoint");
+    assert_eq!(seen, pair.pod_ip_seen_by(Side::A, 2));
+}
