@@ -1,0 +1,5 @@
+//! Pure domain logic of Tandem: no I/O, no kube. Callers persist the state these types return.
+
+pub mod ipam;
+pub mod nat;
+pub mod prefix;
