@@ -1,12 +1,18 @@
 //! The `tandem` binary.
 
 mod apiserver;
+mod gateway;
 
 use clap::{Parser, Subcommand};
 
 /// Tandem peers Kubernetes clusters so they work as one.
 #[derive(Parser)]
-#[command(name = "tandem", version, about, long_about = None)]
+#[command(
+    name = "tandem",
+    version,
+    about = "Tandem peers Kubernetes clusters so they work as one.",
+    long_about = None
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,9 +22,22 @@ struct Cli {
 enum Command {
     /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
     Apiserver(apiserver::Args),
+    /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
+    Gateway(gateway::Args),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole chain of causes on one line, kubectl style.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -30,6 +49,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
+            Command::Gateway(args) => gateway::run(args).await,
         }
     })
 }
