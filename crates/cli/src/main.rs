@@ -1,6 +1,7 @@
 //! The `tandem` binary.
 
 mod apiserver;
+mod lab;
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +17,8 @@ struct Cli {
 enum Command {
     /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
     Apiserver(apiserver::Args),
+    /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
+    Lab(lab::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
+            Command::Lab(args) => lab::run(args).await,
         }
     })
 }

@@ -6,6 +6,8 @@
 pub mod cluster;
 pub mod controllers;
 pub mod kubelet;
+pub mod lab;
 pub mod scheduler;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
+pub use lab::{Lab, LabSpec};
