@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -196,7 +196,10 @@ impl PodInfo {
             .as_ref()
             .and_then(|s| s.affinity.as_ref())
             .and_then(|a| a.pod_anti_affinity.as_ref())
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_deref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_deref()
+            })
             .unwrap_or(&[])
     }
 }
@@ -352,7 +355,10 @@ impl fmt::Display for FitError {
             histogram(&self.reasons)
         )?;
         if self.preemption_never {
-            write!(f, " preemption: not eligible due to preemptionPolicy=Never.")
+            write!(
+                f,
+                " preemption: not eligible due to preemptionPolicy=Never."
+            )
         } else {
             write!(
                 f,
@@ -441,19 +447,22 @@ pub fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
         return false;
     }
     let labels = node.metadata.labels.as_ref();
-    exprs.iter().all(|r| {
-        requirement_matches(r, labels.and_then(|l| l.get(&r.key)).map(String::as_str))
-    }) && fields.iter().all(|r| {
-        r.key == "metadata.name" && requirement_matches(r, node.metadata.name.as_deref())
-    })
+    exprs
+        .iter()
+        .all(|r| requirement_matches(r, labels.and_then(|l| l.get(&r.key)).map(String::as_str)))
+        && fields.iter().all(|r| {
+            r.key == "metadata.name" && requirement_matches(r, node.metadata.name.as_deref())
+        })
 }
 
 fn node_affinity_matches(pod: &Pod, node: &Node) -> bool {
     let Some(spec) = &pod.spec else { return true };
     let labels = node.metadata.labels.as_ref();
-    let selector_ok = spec.node_selector.iter().flatten().all(|(k, v)| {
-        labels.and_then(|l| l.get(k)) == Some(v)
-    });
+    let selector_ok = spec
+        .node_selector
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
     if !selector_ok {
         return false;
     }
@@ -461,9 +470,15 @@ fn node_affinity_matches(pod: &Pod, node: &Node) -> bool {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     match required {
-        Some(sel) => sel.node_selector_terms.iter().any(|t| term_matches(t, node)),
+        Some(sel) => sel
+            .node_selector_terms
+            .iter()
+            .any(|t| term_matches(t, node)),
         None => true,
     }
 }
@@ -498,8 +513,9 @@ pub fn label_selector_matches(
 /// Whether an affinity term of `owner` (a pod in `owner_ns`) selects `target`.
 fn affinity_term_selects(term: &PodAffinityTerm, owner_ns: &str, target: &PodInfo) -> bool {
     let ns_ok = match (&term.namespaces, &term.namespace_selector) {
-        (_, Some(sel)) if sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
-            && sel.match_expressions.as_ref().is_none_or(|m| m.is_empty()) =>
+        (_, Some(sel))
+            if sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+                && sel.match_expressions.as_ref().is_none_or(|m| m.is_empty()) =>
         {
             true
         }
@@ -517,7 +533,13 @@ fn topology_value<'a>(state: &'a NodeState, key: &str) -> Option<&'a str> {
     state.labels()?.get(key).map(String::as_str)
 }
 
-fn filter(snap: &Snapshot, pod: &PodInfo, name: &str, state: &NodeState, anti: &AntiAffinity) -> Result<(), Failure> {
+fn filter(
+    snap: &Snapshot,
+    pod: &PodInfo,
+    name: &str,
+    state: &NodeState,
+    anti: &AntiAffinity,
+) -> Result<(), Failure> {
     let Some(node) = state.node.as_deref() else {
         return Err(Failure::unresolvable("node(s) not found"));
     };
@@ -615,7 +637,8 @@ impl AntiAffinity {
                 if affinity_term_selects(term, other.namespace(), pod)
                     && let Some(v) = topology_value(state, &term.topology_key)
                 {
-                    out.existing.insert((term.topology_key.clone(), v.to_string()));
+                    out.existing
+                        .insert((term.topology_key.clone(), v.to_string()));
                 }
             }
         }
@@ -643,7 +666,10 @@ fn preferred_affinity(pod: &Pod, node: &Node) -> i64 {
         .as_ref()
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
         .into_iter()
         .flatten()
         .filter(|p| term_matches(&p.preference, node))
@@ -758,7 +784,12 @@ pub fn decide(snap: &Snapshot, pod: &PodInfo) -> Result<String, FitError> {
                 100
             };
             let score = 2 * aff + 3 * taints + alloc + 2 * spread_score;
-            (score, std::cmp::Reverse(spread), std::cmp::Reverse(state.pods.len()), std::cmp::Reverse(*name))
+            (
+                score,
+                std::cmp::Reverse(spread),
+                std::cmp::Reverse(state.pods.len()),
+                std::cmp::Reverse(*name),
+            )
         })
         .max()
         .expect("at least one feasible node");
@@ -769,7 +800,10 @@ fn responsible_for(pod: &Pod) -> bool {
     let spec = pod.spec.as_ref();
     let name = spec.and_then(|s| s.scheduler_name.as_deref()).unwrap_or("");
     (name.is_empty() || name == SCHEDULER_NAME)
-        && spec.and_then(|s| s.node_name.as_deref()).unwrap_or("").is_empty()
+        && spec
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or("")
+            .is_empty()
 }
 
 fn is_terminal(pod: &Pod) -> bool {
@@ -889,7 +923,8 @@ impl Queue {
                     if is_terminal(&pod) {
                         self.changed |= self.snap.forget(&uid);
                     } else if self.snap.node_of(&uid) != Some(node.as_str()) {
-                        self.snap.place(Arc::new(PodInfo::new(Arc::new(pod))), &node);
+                        self.snap
+                            .place(Arc::new(PodInfo::new(Arc::new(pod))), &node);
                     }
                 } else if responsible_for(&pod)
                     && pod.metadata.deletion_timestamp.is_none()
@@ -1017,9 +1052,7 @@ where
 {
     watcher::watcher(api, watcher::Config::default())
         .default_backoff()
-        .filter_map(|ev| async move {
-            ev.map_err(|e| tracing::warn!("scheduler watch: {e}")).ok()
-        })
+        .filter_map(|ev| async move { ev.map_err(|e| tracing::warn!("scheduler watch: {e}")).ok() })
 }
 
 async fn bind(
@@ -1046,7 +1079,12 @@ async fn bind(
         },
     };
     let result = Api::<Pod>::namespaced(client, &ns)
-        .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            &name,
+            &PostParams::default(),
+            &binding,
+        )
         .await
         .map(|_| ());
     let _ = done.send(Bound { uid, node, result });
@@ -1070,10 +1108,7 @@ async fn report(client: kube::Client, pod: Arc<Pod>, message: String) {
     }
     let event = CoreEvent {
         metadata: ObjectMeta {
-            name: Some(format!(
-                "{name}.{:x}",
-                now.as_nanosecond()
-            )),
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
             namespace: Some(ns.clone()),
             ..Default::default()
         },
