@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod controllers;
 pub mod kubelet;
+pub mod nodelifecycle;
 pub mod scheduler;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
