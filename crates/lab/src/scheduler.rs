@@ -533,13 +533,7 @@ fn topology_value<'a>(state: &'a NodeState, key: &str) -> Option<&'a str> {
     state.labels()?.get(key).map(String::as_str)
 }
 
-fn filter(
-    snap: &Snapshot,
-    pod: &PodInfo,
-    name: &str,
-    state: &NodeState,
-    anti: &AntiAffinity,
-) -> Result<(), Failure> {
+fn filter(pod: &PodInfo, state: &NodeState, anti: &AntiAffinity) -> Result<(), Failure> {
     let Some(node) = state.node.as_deref() else {
         return Err(Failure::unresolvable("node(s) not found"));
     };
@@ -593,17 +587,6 @@ fn filter(
             resolvable: true,
         });
     }
-    let _ = (snap, name);
-    if anti
-        .existing
-        .iter()
-        .any(|(key, value)| topology_value(state, key) == Some(value.as_str()))
-    {
-        return Err(Failure {
-            reasons: vec!["node(s) didn't satisfy existing pods anti-affinity rules".into()],
-            resolvable: true,
-        });
-    }
     if anti
         .own
         .iter()
@@ -611,6 +594,16 @@ fn filter(
     {
         return Err(Failure {
             reasons: vec!["node(s) didn't match pod anti-affinity rules".into()],
+            resolvable: true,
+        });
+    }
+    if anti
+        .existing
+        .iter()
+        .any(|(key, value)| topology_value(state, key) == Some(value.as_str()))
+    {
+        return Err(Failure {
+            reasons: vec!["node(s) didn't satisfy existing pods anti-affinity rules".into()],
             resolvable: true,
         });
     }
@@ -735,7 +728,7 @@ pub fn decide(snap: &Snapshot, pod: &PodInfo) -> Result<String, FitError> {
             continue;
         }
         error.nodes += 1;
-        match filter(snap, pod, name, state, &anti) {
+        match filter(pod, state, &anti) {
             Ok(()) => feasible.push((name, state)),
             Err(failure) => {
                 for r in failure.reasons {
@@ -1142,5 +1135,519 @@ async fn report(client: kube::Client, pod: Arc<Pod>, message: String) {
         .await
     {
         tracing::debug!(pod = %name, "recording FailedScheduling: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// A node under construction: `NodeFixture::new("n1").alloc("2", "4Gi").label("k", "v")`.
+    struct NodeFixture(Value);
+
+    impl NodeFixture {
+        fn new(name: &str) -> Self {
+            NodeFixture(json!({
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                "spec": {},
+                "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}},
+            }))
+        }
+        fn alloc(mut self, cpu: &str, memory: &str) -> Self {
+            self.0["status"]["allocatable"]["cpu"] = json!(cpu);
+            self.0["status"]["allocatable"]["memory"] = json!(memory);
+            self
+        }
+        fn max_pods(mut self, n: u32) -> Self {
+            self.0["status"]["allocatable"]["pods"] = json!(n.to_string());
+            self
+        }
+        fn label(mut self, k: &str, v: &str) -> Self {
+            self.0["metadata"]["labels"][k] = json!(v);
+            self
+        }
+        fn taint(mut self, key: &str, value: &str, effect: &str) -> Self {
+            let t = json!({"key": key, "value": value, "effect": effect});
+            match self.0["spec"]["taints"].as_array_mut() {
+                Some(list) => list.push(t),
+                None => self.0["spec"]["taints"] = json!([t]),
+            }
+            self
+        }
+        fn unschedulable(mut self) -> Self {
+            self.0["spec"]["unschedulable"] = json!(true);
+            self
+        }
+        fn build(self) -> Node {
+            serde_json::from_value(self.0).expect("valid node fixture")
+        }
+    }
+
+    /// A pod under construction: `PodFixture::new("web").requests("100m", "64Mi")`.
+    struct PodFixture(Value);
+
+    impl PodFixture {
+        fn new(name: &str) -> Self {
+            PodFixture(json!({
+                "metadata": {"name": name, "namespace": "default", "uid": name,
+                             "labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+            }))
+        }
+        fn requests(mut self, cpu: &str, memory: &str) -> Self {
+            self.0["spec"]["containers"][0]["resources"] =
+                json!({"requests": {"cpu": cpu, "memory": memory}});
+            self
+        }
+        fn uid(mut self, uid: &str) -> Self {
+            self.0["metadata"]["uid"] = json!(uid);
+            self
+        }
+        fn label(mut self, k: &str, v: &str) -> Self {
+            self.0["metadata"]["labels"][k] = json!(v);
+            self
+        }
+        fn owner(mut self, uid: &str) -> Self {
+            self.0["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+                "kind": "ReplicaSet", "name": "rs", "uid": uid, "controller": true}]);
+            self
+        }
+        fn node_selector(mut self, k: &str, v: &str) -> Self {
+            self.0["spec"]["nodeSelector"][k] = json!(v);
+            self
+        }
+        fn required_node_affinity(mut self, terms: Value) -> Self {
+            self.0["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] =
+                json!({"nodeSelectorTerms": terms});
+            self
+        }
+        fn preferred_node_affinity(mut self, weight: i32, expr: Value) -> Self {
+            self.0["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] =
+                json!([{"weight": weight, "preference": {"matchExpressions": [expr]}}]);
+            self
+        }
+        fn tolerate(mut self, toleration: Value) -> Self {
+            match self.0["spec"]["tolerations"].as_array_mut() {
+                Some(list) => list.push(toleration),
+                None => self.0["spec"]["tolerations"] = json!([toleration]),
+            }
+            self
+        }
+        fn anti_affinity(mut self, app: &str) -> Self {
+            self.0["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = json!([{
+                    "labelSelector": {"matchLabels": {"app": app}},
+                    "topologyKey": "kubernetes.io/hostname"}]);
+            self
+        }
+        fn info(self) -> Arc<PodInfo> {
+            Arc::new(PodInfo::new(Arc::new(
+                serde_json::from_value(self.0).expect("valid pod fixture"),
+            )))
+        }
+    }
+
+    fn snapshot(nodes: Vec<NodeFixture>, placed: Vec<(PodFixture, &str)>) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for n in nodes {
+            snap.apply_node(n.build());
+        }
+        for (p, node) in placed {
+            snap.place(p.info(), node);
+        }
+        snap
+    }
+
+    fn nodes(names: &[&str]) -> Vec<NodeFixture> {
+        names.iter().map(|n| NodeFixture::new(n)).collect()
+    }
+
+    /// (case, nodes, placed pods, pod, expected node or FailedScheduling message)
+    type Case = (
+        &'static str,
+        Vec<NodeFixture>,
+        Vec<(PodFixture, &'static str)>,
+        PodFixture,
+        Result<&'static str, &'static str>,
+    );
+
+    fn run_cases(cases: Vec<Case>) {
+        for (name, nodes, placed, pod, want) in cases {
+            let snap = snapshot(nodes, placed);
+            let got = decide(&snap, &pod.info()).map_err(|e| e.to_string());
+            let want = want.map(str::to_string).map_err(str::to_string);
+            assert_eq!(got, want, "case: {name}");
+        }
+    }
+
+    #[test]
+    fn resource_fit() {
+        run_cases(vec![
+            (
+                "requests count against what is already placed",
+                vec![
+                    NodeFixture::new("a").alloc("1", "1Gi"),
+                    NodeFixture::new("b").alloc("1", "1Gi"),
+                ],
+                vec![(PodFixture::new("big").requests("800m", "100Mi"), "b")],
+                PodFixture::new("web").requests("500m", "64Mi"),
+                Ok("a"),
+            ),
+            (
+                "cpu fits nowhere",
+                vec![
+                    NodeFixture::new("a").alloc("1", "1Gi"),
+                    NodeFixture::new("b").alloc("1", "1Gi"),
+                ],
+                vec![],
+                PodFixture::new("web").requests("1500m", "64Mi"),
+                Err(
+                    "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are \
+                     available: 2 No preemption victims found for incoming pod.",
+                ),
+            ),
+            (
+                "cpu and memory both reported",
+                vec![NodeFixture::new("a").alloc("1", "1Gi")],
+                vec![],
+                PodFixture::new("web").requests("2", "2Gi"),
+                Err(
+                    "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory. \
+                     preemption: 0/1 nodes are available: 1 No preemption victims found for \
+                     incoming pod.",
+                ),
+            ),
+            (
+                "pods count",
+                vec![
+                    NodeFixture::new("a").max_pods(1),
+                    NodeFixture::new("b").max_pods(2),
+                ],
+                vec![(PodFixture::new("x"), "a"), (PodFixture::new("y"), "b")],
+                PodFixture::new("web"),
+                Ok("b"),
+            ),
+            (
+                "pods count exhausted",
+                vec![NodeFixture::new("a").max_pods(1)],
+                vec![(PodFixture::new("x"), "a")],
+                PodFixture::new("web"),
+                Err(
+                    "0/1 nodes are available: 1 Too many pods. preemption: 0/1 nodes are \
+                     available: 1 No preemption victims found for incoming pod.",
+                ),
+            ),
+            (
+                "no nodes at all",
+                vec![],
+                vec![],
+                PodFixture::new("web"),
+                Err("no nodes available to schedule pods"),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn node_selectors_and_affinity() {
+        let zoned = || {
+            vec![
+                NodeFixture::new("a").label("zone", "z1").label("gen", "3"),
+                NodeFixture::new("b").label("zone", "z2").label("gen", "5"),
+                NodeFixture::new("c").label("gen", "7"),
+            ]
+        };
+        let mismatch = "0/3 nodes are available: 3 node(s) didn't match Pod's node \
+                        affinity/selector. preemption: 0/3 nodes are available: 3 Preemption \
+                        is not helpful for scheduling.";
+        let expr = |key: &str, op: &str, values: &[&str]| json!([{"matchExpressions": [{"key": key, "operator": op, "values": values}]}]);
+        run_cases(vec![
+            (
+                "nodeSelector",
+                zoned(),
+                vec![],
+                PodFixture::new("p").node_selector("zone", "z2"),
+                Ok("b"),
+            ),
+            (
+                "nodeSelector unmatched",
+                zoned(),
+                vec![],
+                PodFixture::new("p").node_selector("zone", "z9"),
+                Err(mismatch),
+            ),
+            (
+                "In",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(expr("zone", "In", &["z1"])),
+                Ok("a"),
+            ),
+            (
+                "NotIn (a missing label is not in)",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(expr("zone", "NotIn", &["z1", "z2"])),
+                Ok("c"),
+            ),
+            (
+                "Exists",
+                zoned(),
+                vec![(PodFixture::new("x"), "a")],
+                PodFixture::new("p").required_node_affinity(expr("zone", "Exists", &[])),
+                Ok("b"),
+            ),
+            (
+                "DoesNotExist",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(expr("zone", "DoesNotExist", &[])),
+                Ok("c"),
+            ),
+            (
+                "Gt",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(expr("gen", "Gt", &["6"])),
+                Ok("c"),
+            ),
+            (
+                "Lt",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(expr("gen", "Lt", &["4"])),
+                Ok("a"),
+            ),
+            (
+                "Gt nothing",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(expr("gen", "Gt", &["7"])),
+                Err(mismatch),
+            ),
+            (
+                "matchFields metadata.name",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(json!([{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["b"]}]}])),
+                Ok("b"),
+            ),
+            (
+                "terms are ORed",
+                zoned(),
+                vec![(PodFixture::new("x"), "a")],
+                PodFixture::new("p").required_node_affinity(json!([
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+                    {"matchExpressions": [{"key": "gen", "operator": "In", "values": ["5"]}]}])),
+                Ok("b"),
+            ),
+            (
+                "an empty term matches nothing",
+                zoned(),
+                vec![],
+                PodFixture::new("p").required_node_affinity(json!([{}])),
+                Err(mismatch),
+            ),
+            (
+                "preferred affinity scores",
+                zoned(),
+                vec![],
+                PodFixture::new("p").preferred_node_affinity(
+                    50,
+                    json!({"key": "zone", "operator": "In", "values": ["z2"]}),
+                ),
+                Ok("b"),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn taints_tolerations_and_unschedulable_nodes() {
+        let cp = |n: &str| {
+            NodeFixture::new(n).taint("node-role.kubernetes.io/control-plane", "", "NoSchedule")
+        };
+        run_cases(vec![
+            (
+                "control-plane taint everywhere",
+                vec![cp("a"), cp("b"), cp("c")],
+                vec![],
+                PodFixture::new("p"),
+                Err("0/3 nodes are available: 3 node(s) had untolerated taint \
+                     {node-role.kubernetes.io/control-plane: }. preemption: 0/3 nodes are \
+                     available: 3 Preemption is not helpful for scheduling."),
+            ),
+            ("only the untainted node", vec![cp("a"), NodeFixture::new("b"), cp("c")], vec![(PodFixture::new("x"), "b")], PodFixture::new("p"), Ok("b")),
+            (
+                "tolerated by Exists",
+                vec![cp("a")],
+                vec![],
+                PodFixture::new("p").tolerate(json!({"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"})),
+                Ok("a"),
+            ),
+            (
+                "Equal needs the value",
+                vec![NodeFixture::new("a").taint("dedicated", "gpu", "NoExecute")],
+                vec![],
+                PodFixture::new("p").tolerate(json!({"key": "dedicated", "operator": "Equal", "value": "cpu"})),
+                Err("0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}. \
+                     preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."),
+            ),
+            (
+                "a NotReady node takes tolerating pods",
+                vec![NodeFixture::new("a").taint("node.kubernetes.io/not-ready", "", "NoSchedule").taint("node.kubernetes.io/not-ready", "", "NoExecute")],
+                vec![],
+                PodFixture::new("p").tolerate(json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists"})),
+                Ok("a"),
+            ),
+            (
+                "PreferNoSchedule only scores",
+                vec![NodeFixture::new("a").taint("soft", "", "PreferNoSchedule"), NodeFixture::new("b")],
+                vec![(PodFixture::new("x").requests("1", "1Gi"), "b")],
+                PodFixture::new("p"),
+                Ok("b"),
+            ),
+            ("PreferNoSchedule everywhere still schedules", vec![NodeFixture::new("a").taint("soft", "", "PreferNoSchedule")], vec![], PodFixture::new("p"), Ok("a")),
+            (
+                "unschedulable, untolerated taint and full node, sorted like kube-scheduler",
+                vec![
+                    NodeFixture::new("a").unschedulable(),
+                    NodeFixture::new("b").taint("k", "v", "NoSchedule"),
+                    NodeFixture::new("c").alloc("1", "1Gi"),
+                ],
+                vec![],
+                PodFixture::new("p").requests("2", "1Mi"),
+                Err("0/3 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint \
+                     {k: v}, 1 node(s) were unschedulable. preemption: 0/3 nodes are available: \
+                     1 No preemption victims found for incoming pod, 2 Preemption is not helpful \
+                     for scheduling."),
+            ),
+            (
+                "unschedulable is tolerable",
+                vec![NodeFixture::new("a").unschedulable()],
+                vec![],
+                PodFixture::new("p").tolerate(json!({"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"})),
+                Ok("a"),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn pod_anti_affinity() {
+        run_cases(vec![
+            (
+                "the pod avoids nodes with pods it repels",
+                nodes(&["a", "b"]),
+                vec![(PodFixture::new("w1").label("app", "web"), "a")],
+                PodFixture::new("w2")
+                    .label("app", "web")
+                    .anti_affinity("web"),
+                Ok("b"),
+            ),
+            (
+                "existing pods repel the pod",
+                nodes(&["a", "b"]),
+                vec![
+                    (
+                        PodFixture::new("w1")
+                            .label("app", "web")
+                            .anti_affinity("web"),
+                        "b",
+                    ),
+                    (PodFixture::new("x"), "a"),
+                ],
+                PodFixture::new("w2").label("app", "web"),
+                Ok("a"),
+            ),
+            (
+                "no node left",
+                nodes(&["a", "b"]),
+                vec![
+                    (PodFixture::new("w1").label("app", "web"), "a"),
+                    (
+                        PodFixture::new("d1")
+                            .label("app", "db")
+                            .anti_affinity("web"),
+                        "b",
+                    ),
+                ],
+                PodFixture::new("w3")
+                    .label("app", "web")
+                    .anti_affinity("web"),
+                Err(
+                    "0/2 nodes are available: 1 node(s) didn't match pod anti-affinity rules, \
+                     1 node(s) didn't satisfy existing pods anti-affinity rules. preemption: \
+                     0/2 nodes are available: 2 No preemption victims found for incoming pod.",
+                ),
+            ),
+            (
+                "other namespaces do not count",
+                nodes(&["a"]),
+                vec![(PodFixture::new("w1").label("app", "web"), "a")],
+                {
+                    let mut p = PodFixture::new("w2").anti_affinity("web");
+                    p.0["metadata"]["namespace"] = json!("other");
+                    p
+                },
+                Ok("a"),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn replicas_spread_across_nodes() {
+        let mut snap = snapshot(nodes(&["a", "b", "c"]), vec![]);
+        // Uneven background load that replicas should not simply pile onto the emptiest node.
+        snap.place(PodFixture::new("bg").requests("100m", "64Mi").info(), "a");
+        for i in 0..20 {
+            let pod = PodFixture::new("web")
+                .uid(&format!("web-{i}"))
+                .owner("rs-1")
+                .requests("100m", "64Mi")
+                .info();
+            let node = decide(&snap, &pod).expect("fits");
+            snap.place(pod, &node);
+        }
+        let mut per_node: Vec<u32> = ["a", "b", "c"]
+            .iter()
+            .map(|n| {
+                snap.nodes[*n]
+                    .spread
+                    .get("owner:rs-1")
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .collect();
+        per_node.sort();
+        assert_eq!(per_node, [6, 7, 7]);
+        // Forgetting releases the accounting.
+        for i in 0..20 {
+            snap.forget(&format!("web-{i}"));
+        }
+        assert!(
+            snap.nodes
+                .values()
+                .all(|n| !n.spread.contains_key("owner:rs-1"))
+        );
+        assert_eq!(snap.nodes["b"].requested, Resources::default());
+    }
+
+    #[test]
+    fn quantities() {
+        let cases = [
+            ("100m", 1000.0, Some(100)),
+            ("0.1", 1000.0, Some(100)),
+            ("2", 1000.0, Some(2000)),
+            ("1.5", 1000.0, Some(1500)),
+            ("64Mi", 1.0, Some(64 << 20)),
+            ("1Gi", 1.0, Some(1 << 30)),
+            ("1k", 1.0, Some(1000)),
+            ("129M", 1.0, Some(129_000_000)),
+            ("1e3", 1.0, Some(1000)),
+            ("1m", 1.0, Some(1)),
+            ("lots", 1.0, None),
+        ];
+        for (q, scale, want) in cases {
+            assert_eq!(parse_quantity(q, scale), want, "{q}");
+        }
     }
 }
