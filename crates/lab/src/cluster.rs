@@ -124,6 +124,9 @@ pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
                 cpu: config.node_cpu.clone(),
                 memory: config.node_memory.clone(),
                 pods: config.node_pods,
+                lease_renew_interval: crate::kubelet::lease_renew_interval(
+                    config.node_monitor_grace_period,
+                ),
             }
         })
         .collect()

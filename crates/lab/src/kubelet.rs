@@ -33,11 +33,8 @@ use crate::cluster::NodePower;
 
 /// Pod annotation that chooses what a hollow container does (see the module documentation).
 pub const BEHAVIOR_ANNOTATION: &str = "lab.tandem.dev/behavior";
-/// How often a hollow kubelet renews its node Lease (short, so lab clusters can use a short
-/// node-monitor grace period).
-pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_millis(500);
 /// How often a hollow kubelet posts its node status (the Ready condition's heartbeat).
-pub const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+pub const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(30);
 /// `nodeInfo.kubeletVersion` of hollow nodes.
 pub const KUBELET_VERSION: &str = "v1.33.0-tandem";
 /// Namespace of node Leases.
@@ -63,6 +60,16 @@ pub struct HollowNode {
     pub memory: String,
     /// Maximum pods.
     pub pods: u32,
+    /// How often the kubelet renews its Lease (see [`lease_renew_interval`]).
+    pub lease_renew_interval: Duration,
+}
+
+/// The Lease renewal period for a node-monitor grace period: a quarter of it, at most 10 s
+/// (the kubelet renews every 10 s against kube-controller-manager's 40 s), so a lab cluster
+/// with a short grace period still sees several renewals per period, and a large one does
+/// not spend the API server's time on leases.
+pub fn lease_renew_interval(grace: Duration) -> Duration {
+    (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
 }
 
 /// Errors of a hollow kubelet.
@@ -515,7 +522,7 @@ impl Kubelet {
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.node.name));
         let stream = watcher::watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
-        let mut lease = tokio::time::interval(LEASE_RENEW_INTERVAL);
+        let mut lease = tokio::time::interval(self.node.lease_renew_interval);
         let mut status = tokio::time::interval(NODE_STATUS_INTERVAL);
         let mut power_tick = tokio::time::interval(POWER_POLL);
         let mut restart_tick = tokio::time::interval(Duration::from_millis(250));
@@ -814,6 +821,23 @@ mod tests {
             // The status parses as a core/v1 PodStatus and its key is stable.
             let typed: PodStatus = serde_json::from_value(status).expect("PodStatus");
             assert!(!status_key(Some(&typed)).is_empty());
+        }
+    }
+
+    #[test]
+    fn leases_renew_four_times_per_grace_period_at_most_every_10s() {
+        let cases = [
+            (40_000, 10_000),
+            (2_000, 500),
+            (100_000, 10_000),
+            (200, 100),
+        ];
+        for (grace, want) in cases {
+            assert_eq!(
+                lease_renew_interval(Duration::from_millis(grace)),
+                Duration::from_millis(want),
+                "grace {grace} ms"
+            );
         }
     }
 
