@@ -450,7 +450,7 @@ impl Kubelet {
         })
     }
 
-    /// Creates the Node (or finds it) and posts its status, then renews the Lease.
+    /// Creates the Node (or finds it), renews the Lease and posts the node status.
     async fn register(&mut self) -> Result<(), kube::Error> {
         let nodes = Api::<Node>::all(self.client.clone());
         let n = &self.node;
@@ -469,8 +469,10 @@ impl Kubelet {
             Err(e) => return Err(e),
         };
         self.node_uid = created.metadata.uid.clone();
-        self.post_node_status().await?;
-        self.renew_lease().await
+        // Lease first: once the node lifecycle controller sees it renewed it no longer marks
+        // the node unknown, so the Ready status posted next is not overwritten.
+        self.renew_lease().await?;
+        self.post_node_status().await
     }
 
     async fn post_node_status(&self) -> Result<(), kube::Error> {

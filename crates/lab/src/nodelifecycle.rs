@@ -270,6 +270,9 @@ async fn mark_node(
     let api = Api::<Node>::all(client.clone());
     let name = node.metadata.name.clone().unwrap_or_default();
     let now = Timestamp::now();
+    // Each write carries the resourceVersion it was computed from: if the kubelet posted a
+    // status (or someone edited the taints) meanwhile, it fails and the next pass decides again.
+    let mut rv = node.metadata.resource_version.clone();
     if unreachable {
         let conditions: Vec<serde_json::Value> = node
             .status
@@ -287,20 +290,24 @@ async fn mark_node(
                 serde_json::to_value(c).unwrap_or_default()
             })
             .collect();
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"conditions": conditions}})),
-        )
-        .await?;
+        let updated = api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {"resourceVersion": rv},
+                    "status": {"conditions": conditions},
+                })),
+            )
+            .await?;
+        rv = updated.metadata.resource_version;
     }
-    // The resourceVersion makes the taint update fail rather than drop a concurrent edit.
     let taints = with_unreachable(taints(node), unreachable, now);
     api.patch(
         &name,
         &PatchParams::default(),
         &Patch::Merge(json!({
-            "metadata": {"resourceVersion": node.metadata.resource_version},
+            "metadata": {"resourceVersion": rv},
             "spec": {"taints": taints},
         })),
     )

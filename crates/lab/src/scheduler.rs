@@ -799,6 +799,13 @@ fn responsible_for(pod: &Pod) -> bool {
             .is_empty()
 }
 
+fn is_bound(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
+}
+
 fn is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -806,8 +813,10 @@ fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
-/// How many bindings may be in flight at once.
-const MAX_IN_FLIGHT: usize = 256;
+/// How many bindings may be in flight at once (more only queues in the API server).
+const MAX_IN_FLIGHT: usize = 64;
+/// How many failure reports (status patch and event) may be in flight at once.
+const MAX_REPORTS: usize = 16;
 /// How many pods one loop turn decides before it looks at events again.
 const BATCH: usize = 512;
 /// Unschedulable pods are retried at least this often when nothing changes.
@@ -996,6 +1005,7 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Bound>();
     let mut q = Queue::new();
     let mut in_flight = 0usize;
+    let reports = Arc::new(tokio::sync::Semaphore::new(MAX_REPORTS));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
@@ -1030,7 +1040,11 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
                     q.unschedulable.insert(uid.clone());
                     if q.reported.get(&uid) != Some(&message) {
                         q.reported.insert(uid, message.clone());
-                        tokio::spawn(report(client.clone(), pod, message));
+                        let (client, reports) = (client.clone(), reports.clone());
+                        tokio::spawn(async move {
+                            let _permit = reports.acquire_owned().await;
+                            report(client, pod, message).await;
+                        });
                     }
                 }
             }
@@ -1088,16 +1102,34 @@ async fn report(client: kube::Client, pod: Arc<Pod>, message: String) {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let now = k8s_openapi::jiff::Timestamp::now();
-    let status = serde_json::json!({"status": {"conditions": [{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": message, "lastProbeTime": null, "lastTransitionTime": Time(now),
-    }]}});
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    if let Err(e) = pods
-        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
-        .await
-    {
-        tracing::debug!(pod = %name, "setting PodScheduled=False: {e}");
+    // The patch carries the pod's resourceVersion so that it cannot land after a binding
+    // (which would leave a bound pod with PodScheduled=False); on conflict, look again.
+    let mut rv = pod.metadata.resource_version.clone();
+    for _ in 0..3 {
+        let status = serde_json::json!({
+            "metadata": {"resourceVersion": rv},
+            "status": {"conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": message, "lastProbeTime": null, "lastTransitionTime": Time(now),
+            }]},
+        });
+        match pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(e)) if e.code == 409 => match pods.get_opt(&name).await {
+                Ok(Some(fresh)) if fresh.metadata.uid == pod.metadata.uid && !is_bound(&fresh) => {
+                    rv = fresh.metadata.resource_version;
+                }
+                _ => return,
+            },
+            Err(e) => {
+                tracing::debug!(pod = %name, "setting PodScheduled=False: {e}");
+                return;
+            }
+        }
     }
     let event = CoreEvent {
         metadata: ObjectMeta {
