@@ -150,7 +150,6 @@ async fn powered_off_node_goes_unreachable_evicts_pods_and_recovers() {
         "grace period is 2 s; took {:?}",
         started.elapsed()
     );
-    let _ = node;
     let api = pods(&lab.client);
     until(
         "the short-tolerating pod to be deleted",
