@@ -150,6 +150,15 @@ async fn powered_off_node_goes_unreachable_evicts_pods_and_recovers() {
         "grace period is 2 s; took {:?}",
         started.elapsed()
     );
+    let conditions = node
+        .status
+        .and_then(|s| s.conditions)
+        .expect("node conditions");
+    let ready_condition = conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready condition");
+    assert_eq!(ready_condition.reason.as_deref(), Some("NodeStatusUnknown"));
     let api = pods(&lab.client);
     until(
         "the short-tolerating pod to be deleted",
