@@ -174,6 +174,30 @@ async fn powered_off_node_goes_unreachable_evicts_pods_and_recovers() {
         },
     )
     .await;
+    let events =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(lab.client.clone(), "default");
+    let eviction = until(
+        "a TaintManagerEviction event",
+        Duration::from_secs(10),
+        || {
+            let events = events.clone();
+            async move {
+                events
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("TaintManagerEviction"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(eviction.involved_object.name.as_deref(), Some("short"));
+    assert_eq!(
+        eviction.message.as_deref(),
+        Some("Marking for deletion Pod default/short")
+    );
     let patient_now = until(
         "the patient pod to be marked unready",
         Duration::from_secs(10),

@@ -47,6 +47,45 @@ async fn kubectl_delete_of_a_running_pod_completes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pods_address_is_reused_on_its_node() {
+    let lab = cluster().await;
+    let node = lab.node_names()[0].clone();
+    let pinned = |name: &str| {
+        pod(
+            name,
+            json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": node}}}),
+        )
+    };
+    let ip = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .expect("podIP")
+    };
+    create(&lab.client, &pinned("first")).await;
+    let first = ip(&running(&lab.client, "first").await);
+    create(&lab.client, &pinned("second")).await;
+    let second = ip(&running(&lab.client, "second").await);
+    assert_ne!(first, second, "two running pods never share an address");
+    let api = pods(&lab.client);
+    api.delete("first", &Default::default())
+        .await
+        .expect("delete first");
+    until("pod first gone", Duration::from_secs(15), || {
+        let api = api.clone();
+        async move { api.get_opt("first").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    create(&lab.client, &pinned("third")).await;
+    assert_eq!(
+        ip(&running(&lab.client, "third").await),
+        first,
+        "the freed address is handed out again"
+    );
+    lab.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaviour_annotations_drive_container_state() {
     let lab = cluster().await;
     let annotated = |name: &str, behavior: &str, policy: &str| {
