@@ -831,6 +831,20 @@ struct Bound {
     result: Result<(), kube::Error>,
 }
 
+/// What the scheduling loop does next for one pod.
+enum Step {
+    /// Nothing (the pod went away, or its failure was already reported).
+    Skip,
+    /// Bind the pod, already assumed on `node`.
+    Bind {
+        uid: String,
+        pod: Arc<Pod>,
+        node: String,
+    },
+    /// Report why the pod fits nowhere.
+    Report { pod: Arc<Pod>, message: String },
+}
+
 /// The scheduling queue and cache, fed by watch events.
 struct Queue {
     snap: Snapshot,
@@ -981,11 +995,49 @@ impl Queue {
         self.changed = true;
     }
 
+    /// Decides the next pod of the active queue: assumes it on its node (to be bound), or
+    /// parks it as unschedulable (to be reported if the reason changed). None when the active
+    /// queue is empty.
+    fn step(&mut self) -> Option<Step> {
+        let uid = self.active.pop_front()?;
+        self.in_active.remove(&uid);
+        let Some(pod) = self.pending.get(&uid).cloned() else {
+            return Some(Step::Skip);
+        };
+        let info = Arc::new(PodInfo::new(pod.clone()));
+        Some(match decide(&self.snap, &info) {
+            Ok(node) => {
+                self.snap.place(info, &node);
+                self.assumed.insert(uid.clone(), node.clone());
+                Step::Bind { uid, pod, node }
+            }
+            Err(fit) => {
+                let message = fit.to_string();
+                self.unschedulable.insert(uid.clone());
+                if self.reported.get(&uid) == Some(&message) {
+                    Step::Skip
+                } else {
+                    self.reported.insert(uid, message.clone());
+                    Step::Report { pod, message }
+                }
+            }
+        })
+    }
+
     /// Moves unschedulable pods back to the active queue when the cluster changed (or
     /// periodically).
     fn maybe_retry(&mut self) {
+        self.retry_if(false);
+    }
+
+    #[cfg(test)]
+    fn maybe_retry_now(&mut self) {
+        self.retry_if(true);
+    }
+
+    fn retry_if(&mut self, force: bool) {
         let since = self.last_retry.elapsed();
-        if (self.changed && since >= RETRY_MIN) || since >= RETRY_PERIOD {
+        if force || (self.changed && since >= RETRY_MIN) || since >= RETRY_PERIOD {
             self.changed = false;
             self.last_retry = Instant::now();
             for uid in self.unschedulable.drain() {
@@ -1019,33 +1071,20 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
         }
         let mut budget = BATCH;
         while in_flight < MAX_IN_FLIGHT && budget > 0 {
-            let Some(uid) = q.active.pop_front() else {
-                break;
-            };
             budget -= 1;
-            q.in_active.remove(&uid);
-            let Some(pod) = q.pending.get(&uid).cloned() else {
-                continue;
-            };
-            let info = Arc::new(PodInfo::new(pod.clone()));
-            match decide(&q.snap, &info) {
-                Ok(node) => {
-                    q.snap.place(info, &node);
-                    q.assumed.insert(uid.clone(), node.clone());
+            match q.step() {
+                None => break,
+                Some(Step::Skip) => {}
+                Some(Step::Bind { uid, pod, node }) => {
                     in_flight += 1;
                     tokio::spawn(bind(client.clone(), pod, uid, node, tx.clone()));
                 }
-                Err(fit) => {
-                    let message = fit.to_string();
-                    q.unschedulable.insert(uid.clone());
-                    if q.reported.get(&uid) != Some(&message) {
-                        q.reported.insert(uid, message.clone());
-                        let (client, reports) = (client.clone(), reports.clone());
-                        tokio::spawn(async move {
-                            let _permit = reports.acquire_owned().await;
-                            report(client, pod, message).await;
-                        });
-                    }
+                Some(Step::Report { pod, message }) => {
+                    let (client, reports) = (client.clone(), reports.clone());
+                    tokio::spawn(async move {
+                        let _permit = reports.acquire_owned().await;
+                        report(client, pod, message).await;
+                    });
                 }
             }
         }
@@ -1661,6 +1700,104 @@ mod tests {
                 .all(|n| !n.spread.contains_key("owner:rs-1"))
         );
         assert_eq!(snap.nodes["b"].requested, Resources::default());
+    }
+
+    fn node_event(n: NodeFixture) -> Event<Node> {
+        Event::Apply(n.build())
+    }
+
+    fn pod_event(p: PodFixture) -> Event<Pod> {
+        Event::Apply(serde_json::from_value(p.0).expect("valid pod fixture"))
+    }
+
+    fn synced_queue(nodes: Vec<NodeFixture>) -> Queue {
+        let mut q = Queue::new();
+        q.on_node(Event::Init);
+        for n in nodes {
+            q.on_node(Event::InitApply(n.build()));
+        }
+        q.on_node(Event::InitDone);
+        q.on_pod(Event::Init);
+        q.on_pod(Event::InitDone);
+        q
+    }
+
+    #[test]
+    fn queue_assumes_binds_and_accounts_bound_pods() {
+        let mut q = synced_queue(vec![NodeFixture::new("a").alloc("1", "1Gi")]);
+        q.on_pod(pod_event(PodFixture::new("web").requests("600m", "64Mi")));
+        q.on_pod(pod_event(PodFixture::new("api").requests("600m", "64Mi")));
+        let Some(Step::Bind { uid, node, .. }) = q.step() else {
+            panic!("web is bound first");
+        };
+        assert_eq!((uid.as_str(), node.as_str()), ("web", "a"));
+        // web is assumed: api no longer fits, and the failure is reported once.
+        let Some(Step::Report { message, .. }) = q.step() else {
+            panic!("api does not fit");
+        };
+        assert!(message.contains("1 Insufficient cpu"), "{message}");
+        assert!(q.step().is_none());
+        q.maybe_retry_now();
+        assert!(
+            matches!(q.step(), Some(Step::Skip)),
+            "same reason, not reported twice"
+        );
+        // web's binding failed: it is forgotten, and api fits after the next retry.
+        q.on_bound(Bound {
+            uid: "web".into(),
+            node: "a".into(),
+            result: Err(kube::Error::LinesCodecMaxLineLengthExceeded),
+        });
+        q.maybe_retry_now();
+        let bound: Vec<String> = std::iter::from_fn(|| q.step())
+            .filter_map(|s| match s {
+                Step::Bind { uid, .. } => Some(uid),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(bound.len(), 1, "one of the two fits: {bound:?}");
+        // A pod bound by someone else counts against its node; deleting it frees the node.
+        q.on_pod(pod_event({
+            let mut p = PodFixture::new("other").requests("100m", "1Mi");
+            p.0["spec"]["nodeName"] = json!("a");
+            p
+        }));
+        assert_eq!(q.snap.node_of("other"), Some("a"));
+        q.on_pod(Event::Delete(
+            serde_json::from_value(PodFixture::new("other").0).expect("pod"),
+        ));
+        assert_eq!(q.snap.node_of("other"), None);
+    }
+
+    #[test]
+    fn queue_ignores_other_schedulers_and_waits_for_sync() {
+        let mut q = Queue::new();
+        q.on_pod(pod_event(PodFixture::new("early")));
+        assert!(!q.nodes_synced, "no decisions before the node list is in");
+        let mut q = synced_queue(nodes(&["a"]));
+        let mut custom = PodFixture::new("custom");
+        custom.0["spec"]["schedulerName"] = json!("my-scheduler");
+        q.on_pod(pod_event(custom));
+        assert!(
+            q.step().is_none(),
+            "pods of other schedulers are not queued"
+        );
+        q.on_pod(pod_event(PodFixture::new("mine")));
+        assert!(matches!(q.step(), Some(Step::Bind { .. })));
+    }
+
+    #[test]
+    fn unschedulable_pods_retry_when_a_node_changes() {
+        let mut q = synced_queue(vec![NodeFixture::new("a").taint("k", "v", "NoSchedule")]);
+        q.on_pod(pod_event(PodFixture::new("web")));
+        assert!(matches!(q.step(), Some(Step::Report { .. })));
+        q.last_retry = Instant::now() - RETRY_MIN;
+        q.on_node(node_event(NodeFixture::new("a").label("unrelated", "yes")));
+        q.maybe_retry();
+        let Some(Step::Bind { node, .. }) = q.step() else {
+            panic!("retried and bound once the taint is gone");
+        };
+        assert_eq!(node, "a");
     }
 
     #[test]
