@@ -7,35 +7,65 @@ use serde_json::json;
 
 use crate::support::{cluster, condition, create, pod, pods, running, until};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_delete_of_a_running_pod_completes() {
-    let lab = cluster().await;
-    create(&lab.client, &pod("doomed", json!({}))).await;
-    running(&lab.client, "doomed").await;
+/// Runs kubectl with `args` against the cluster; returns (success, stdout, stderr).
+async fn kubectl(lab: &tandem_lab::LabCluster, args: &[&str]) -> (bool, String, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = dir.path().join("kubeconfig");
     lab.server
         .write_admin_kubeconfig(&kubeconfig)
         .expect("kubeconfig written");
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let out = tokio::task::spawn_blocking(move || {
         Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(&kubeconfig)
-            .args(["delete", "pod", "doomed", "--timeout=20s"])
+            .args(&args)
             .output()
             .expect("kubectl runs")
     })
     .await
     .expect("kubectl task");
-    assert!(
+    (
         out.status.success(),
-        "kubectl delete failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "pod \"doomed\" deleted"
-    );
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_sees_ready_nodes_and_running_pods_and_delete_completes() {
+    let lab = cluster().await;
+    create(&lab.client, &pod("doomed", json!({}))).await;
+    let running_pod = running(&lab.client, "doomed").await;
+    let ip = running_pod.status.and_then(|s| s.pod_ip).expect("podIP");
+
+    let (ok, out, err) = kubectl(&lab, &["get", "nodes", "--no-headers"]).await;
+    assert!(ok, "kubectl get nodes: {err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for cols in &lines {
+        // NAME STATUS ROLES AGE VERSION
+        assert_eq!(cols.get(1), Some(&"Ready"), "{out}");
+        assert_eq!(cols.last(), Some(&"v1.33.0-tandem"), "{out}");
+    }
+
+    let (ok, out, err) = kubectl(
+        &lab,
+        &["get", "pod", "doomed", "-o", "wide", "--no-headers"],
+    )
+    .await;
+    assert!(ok, "kubectl get pod: {err}");
+    let cols: Vec<&str> = out.split_whitespace().collect();
+    // NAME READY STATUS RESTARTS AGE IP NODE ...
+    assert_eq!(&cols[..3], ["doomed", "1/1", "Running"], "{out}");
+    assert_eq!(cols.get(5), Some(&ip.as_str()), "{out}");
+
+    let (ok, out, err) = kubectl(&lab, &["delete", "pod", "doomed", "--timeout=20s"]).await;
+    assert!(ok, "kubectl delete failed: {err}");
+    assert_eq!(out.trim(), "pod \"doomed\" deleted");
     assert!(
         pods(&lab.client)
             .get_opt("doomed")
