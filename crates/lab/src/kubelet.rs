@@ -599,6 +599,9 @@ impl Kubelet {
             if !self.deleting.insert(uid.clone()) {
                 return;
             }
+            if let Some(rt) = self.runtimes.get_mut(&uid) {
+                rt.next_restart = None;
+            }
             // Hollow containers stop at once: report them terminated, then finish the
             // graceful deletion without waiting for the grace period.
             let terminated = terminated_status(&pod);
