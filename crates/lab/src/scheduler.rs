@@ -5,7 +5,8 @@
 //! from a snapshot and a pod to a node name or a [`FitError`] worded like kube-scheduler's.
 //! [`run`] only feeds watch events into the snapshot, binds and reports.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -850,8 +851,11 @@ struct Queue {
     snap: Snapshot,
     /// Unbound pods this scheduler is responsible for, by uid.
     pending: HashMap<String, Arc<Pod>>,
-    active: VecDeque<String>,
+    /// Pods to decide, highest `spec.priority` first, then in arrival order. Entries whose
+    /// uid is no longer in `in_active` are stale and skipped (removal is lazy, O(1)).
+    active: BinaryHeap<(i32, Reverse<u64>, String)>,
     in_active: HashSet<String>,
+    arrivals: u64,
     unschedulable: HashSet<String>,
     /// Pods assumed on a node while their binding is in flight.
     assumed: HashMap<String, String>,
@@ -870,8 +874,9 @@ impl Queue {
         Queue {
             snap: Snapshot::default(),
             pending: HashMap::new(),
-            active: VecDeque::new(),
+            active: BinaryHeap::new(),
             in_active: HashSet::new(),
+            arrivals: 0,
             unschedulable: HashSet::new(),
             assumed: HashMap::new(),
             reported: HashMap::new(),
@@ -917,9 +922,7 @@ impl Queue {
         self.pending.remove(uid);
         self.unschedulable.remove(uid);
         self.reported.remove(uid);
-        if self.in_active.remove(uid) {
-            self.active.retain(|u| u != uid);
-        }
+        self.in_active.remove(uid);
     }
 
     fn on_pod(&mut self, event: Event<Pod>) {
@@ -950,8 +953,8 @@ impl Queue {
                         return;
                     }
                     self.pending.insert(uid.clone(), Arc::new(pod));
-                    if !self.unschedulable.contains(&uid) && self.in_active.insert(uid.clone()) {
-                        self.active.push_back(uid);
+                    if !self.unschedulable.contains(&uid) {
+                        self.enqueue(uid);
                     }
                 } else {
                     self.drop_pod(&uid);
@@ -995,12 +998,29 @@ impl Queue {
         self.changed = true;
     }
 
+    /// Adds a pending pod to the active queue (once).
+    fn enqueue(&mut self, uid: String) {
+        if self.in_active.insert(uid.clone()) {
+            let priority = self
+                .pending
+                .get(&uid)
+                .and_then(|p| p.spec.as_ref()?.priority)
+                .unwrap_or(0);
+            self.arrivals += 1;
+            self.active.push((priority, Reverse(self.arrivals), uid));
+        }
+    }
+
     /// Decides the next pod of the active queue: assumes it on its node (to be bound), or
     /// parks it as unschedulable (to be reported if the reason changed). None when the active
     /// queue is empty.
     fn step(&mut self) -> Option<Step> {
-        let uid = self.active.pop_front()?;
-        self.in_active.remove(&uid);
+        let uid = loop {
+            let (_, _, uid) = self.active.pop()?;
+            if self.in_active.remove(&uid) {
+                break uid;
+            }
+        };
         let Some(pod) = self.pending.get(&uid).cloned() else {
             return Some(Step::Skip);
         };
@@ -1040,10 +1060,9 @@ impl Queue {
         if force || (self.changed && since >= RETRY_MIN) || since >= RETRY_PERIOD {
             self.changed = false;
             self.last_retry = Instant::now();
-            for uid in self.unschedulable.drain() {
-                if self.in_active.insert(uid.clone()) {
-                    self.active.push_back(uid);
-                }
+            let parked: Vec<String> = self.unschedulable.drain().collect();
+            for uid in parked {
+                self.enqueue(uid);
             }
         }
     }
@@ -1767,6 +1786,27 @@ mod tests {
             serde_json::from_value(PodFixture::new("other").0).expect("pod"),
         ));
         assert_eq!(q.snap.node_of("other"), None);
+    }
+
+    #[test]
+    fn queue_decides_higher_priority_first_then_in_arrival_order() {
+        let mut q = synced_queue(nodes(&["a"]));
+        for (name, priority) in [("low", 0), ("high", 1000), ("low-2", 0), ("mid", 10)] {
+            let mut p = PodFixture::new(name);
+            p.0["spec"]["priority"] = json!(priority);
+            q.on_pod(pod_event(p));
+        }
+        // Deleted while queued: skipped.
+        q.on_pod(Event::Delete(
+            serde_json::from_value(PodFixture::new("mid").0).expect("pod"),
+        ));
+        let order: Vec<String> = std::iter::from_fn(|| q.step())
+            .filter_map(|s| match s {
+                Step::Bind { uid, .. } => Some(uid),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(order, ["high", "low", "low-2"]);
     }
 
     #[test]
