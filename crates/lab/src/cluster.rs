@@ -31,6 +31,9 @@ pub struct LabConfig {
     pub data_dir: Option<PathBuf>,
     /// API server port on 127.0.0.1 (0 picks a free one).
     pub port: u16,
+    /// How long a node's Lease may go unrenewed before the node is NotReady and unreachable
+    /// (kube-controller-manager's `--node-monitor-grace-period`).
+    pub node_monitor_grace_period: std::time::Duration,
 }
 
 impl Default for LabConfig {
@@ -45,6 +48,7 @@ impl Default for LabConfig {
             node_pods: 110,
             data_dir: None,
             port: 0,
+            node_monitor_grace_period: std::time::Duration::from_secs(40),
         }
     }
 }
@@ -120,6 +124,9 @@ pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
                 cpu: config.node_cpu.clone(),
                 memory: config.node_memory.clone(),
                 pods: config.node_pods,
+                lease_renew_interval: crate::kubelet::lease_renew_interval(
+                    config.node_monitor_grace_period,
+                ),
             }
         })
         .collect()
@@ -149,6 +156,13 @@ impl LabCluster {
         tasks.push(spawn(
             "scheduler",
             Box::pin(crate::scheduler::run(client.clone())),
+        ));
+        tasks.push(spawn(
+            "node lifecycle controller",
+            Box::pin(crate::nodelifecycle::run(
+                client.clone(),
+                config.node_monitor_grace_period,
+            )),
         ));
         tasks.push(spawn(
             "controllers",

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod controllers;
 pub mod kubelet;
 pub mod lab;
+pub mod nodelifecycle;
 pub mod scheduler;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
