@@ -1,0 +1,1038 @@
+//! The Deployment controller: one ReplicaSet per pod template (`<deploy>-<pod-template-hash>`),
+//! rolled by the RollingUpdate or Recreate strategy, old ones pruned to
+//! revisionHistoryLimit, and the status `kubectl rollout status` reads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec,
+};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::{
+    Error, StepExt, controller_of, drain, is_conflict, is_not_found, key, retry_after_error,
+};
+
+/// Label (and RS name suffix) naming the pod template a ReplicaSet runs.
+pub const HASH_LABEL: &str = "pod-template-hash";
+/// Annotation carrying the rollout revision on Deployments and ReplicaSets.
+pub const REVISION: &str = "deployment.kubernetes.io/revision";
+const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";
+const MAX_REPLICAS: &str = "deployment.kubernetes.io/max-replicas";
+
+/// Runs the Deployment controller until its watches end.
+pub async fn run(client: Client) {
+    let controller = Controller::new(
+        Api::<Deployment>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<ReplicaSet>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    drain(
+        "deployment",
+        controller.run(reconcile, retry_after_error("deployment"), Arc::new(client)),
+    )
+    .await;
+}
+
+/// One ReplicaSet of a Deployment, as the planner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RsState {
+    /// spec.replicas.
+    pub replicas: i32,
+    /// status.availableReplicas.
+    pub available: i32,
+}
+
+/// Resolves maxSurge/maxUnavailable against `total`: ints as they are, percentages of
+/// `total` rounded up (surge) or down (unavailable), as kube's intstr helper does.
+pub fn resolve(
+    value: Option<&IntOrString>,
+    default: &str,
+    total: i32,
+    round_up: bool,
+) -> Result<i32, String> {
+    let value = value
+        .cloned()
+        .unwrap_or_else(|| IntOrString::String(default.into()));
+    match value {
+        IntOrString::Int(i) => Ok(i.max(0)),
+        IntOrString::String(s) => {
+            let percent: i64 = s
+                .strip_suffix('%')
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| {
+                    format!("invalid value {s:?}: must be an integer or a percentage")
+                })?;
+            let scaled = percent * i64::from(total);
+            let v = if round_up {
+                (scaled + 99).div_euclid(100)
+            } else {
+                scaled.div_euclid(100)
+            };
+            Ok(i32::try_from(v.max(0)).unwrap_or(i32::MAX))
+        }
+    }
+}
+
+/// kube's ResolveFenceposts: (maxSurge, maxUnavailable) for `desired` replicas; both zero
+/// would deadlock a rollout, so maxUnavailable becomes 1 then.
+pub fn fenceposts(
+    surge: Option<&IntOrString>,
+    unavailable: Option<&IntOrString>,
+    desired: i32,
+) -> Result<(i32, i32), String> {
+    let surge = resolve(surge, "25%", desired, true).map_err(|e| format!("maxSurge: {e}"))?;
+    let unavailable =
+        resolve(unavailable, "25%", desired, false).map_err(|e| format!("maxUnavailable: {e}"))?;
+    Ok(if surge == 0 && unavailable == 0 {
+        (0, 1)
+    } else {
+        (surge, unavailable)
+    })
+}
+
+/// kube's NewRSNewReplicas: how big the new ReplicaSet may grow now without exceeding
+/// desired + maxSurge pods in total (`total` counts spec.replicas of every ReplicaSet).
+pub fn new_rs_size(desired: i32, max_surge: i32, new: i32, total: i32) -> i32 {
+    if new >= desired {
+        return desired;
+    }
+    let max_total = desired + max_surge;
+    if total >= max_total {
+        return new;
+    }
+    new + (max_total - total).min(desired - new)
+}
+
+/// kube's reconcileOldReplicaSets: new sizes of the old ReplicaSets (oldest first) so that
+/// at least desired - maxUnavailable pods stay available. Unhealthy old pods go first;
+/// healthy ones only as far as availability allows. An RS never counts more available pods
+/// than its spec keeps, so a status not yet updated after a scale-down cannot make the
+/// controller scale down twice.
+pub fn old_rs_sizes(
+    desired: i32,
+    max_unavailable: i32,
+    new: &RsState,
+    olds: &[RsState],
+) -> Vec<i32> {
+    let mut sizes: Vec<i32> = olds.iter().map(|r| r.replicas).collect();
+    let all: i32 = new.replicas + sizes.iter().sum::<i32>();
+    let min_available = desired - max_unavailable.min(desired);
+    let new_unavailable = (new.replicas - new.available).max(0);
+    let mut budget = all - min_available - new_unavailable;
+    if budget <= 0 {
+        return sizes;
+    }
+    for (size, rs) in sizes.iter_mut().zip(olds) {
+        let unhealthy = *size - rs.available.min(*size);
+        let cut = unhealthy.min(budget);
+        if cut > 0 {
+            *size -= cut;
+            budget -= cut;
+        }
+    }
+    let available: i32 = new.available.min(new.replicas)
+        + sizes
+            .iter()
+            .zip(olds)
+            .map(|(s, r)| r.available.min(*s))
+            .sum::<i32>();
+    let mut excess = (available - min_available).min(budget);
+    for size in sizes.iter_mut() {
+        if excess <= 0 {
+            break;
+        }
+        let cut = (*size).min(excess);
+        *size -= cut;
+        excess -= cut;
+    }
+    sizes
+}
+
+/// What one pass of a rollout changes: the new ReplicaSet's size and the old ones' sizes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// spec.replicas of the new ReplicaSet.
+    pub new: i32,
+    /// spec.replicas of each old ReplicaSet, in the order given.
+    pub olds: Vec<i32>,
+}
+
+/// One RollingUpdate pass, as kube's rolloutRolling: grow the new RS if surge allows,
+/// otherwise shrink old ones if availability allows.
+pub fn rolling_step(
+    desired: i32,
+    max_surge: i32,
+    max_unavailable: i32,
+    new: &RsState,
+    olds: &[RsState],
+) -> Step {
+    let total = new.replicas + olds.iter().map(|r| r.replicas).sum::<i32>();
+    let grown = if new.replicas > desired {
+        desired
+    } else {
+        new_rs_size(desired, max_surge, new.replicas, total)
+    };
+    if grown != new.replicas {
+        return Step {
+            new: grown,
+            olds: olds.iter().map(|r| r.replicas).collect(),
+        };
+    }
+    Step {
+        new: new.replicas,
+        olds: old_rs_sizes(desired, max_unavailable, new, olds),
+    }
+}
+
+/// One Recreate pass: every old pod goes before the new RS gets any. `old_pods` counts the
+/// old ReplicaSets' pods still existing (their status.replicas).
+pub fn recreate_step(desired: i32, new: &RsState, olds: &[RsState], old_pods: i32) -> Step {
+    if olds.iter().any(|r| r.replicas > 0) || old_pods > 0 {
+        return Step {
+            new: new.replicas.min(0),
+            olds: vec![0; olds.len()],
+        };
+    }
+    Step {
+        new: desired,
+        olds: vec![0; olds.len()],
+    }
+}
+
+/// The pod-template-hash of a template: FNV-1a (32 bit) of its JSON form and the collision
+/// count, written with kube's vowel-free alphabet so names never spell words.
+pub fn template_hash(template: &PodTemplateSpec, collision_count: Option<i32>) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes {
+            hash ^= u32::from(*b);
+            hash = hash.wrapping_mul(0x0100_0193);
+        }
+    };
+    feed(&serde_json::to_vec(template).unwrap_or_default());
+    if let Some(c) = collision_count {
+        feed(&c.to_le_bytes());
+    }
+    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    hash.to_string()
+        .bytes()
+        .map(|b| ALPHANUMS[usize::from(b) % ALPHANUMS.len()] as char)
+        .collect()
+}
+
+/// Whether a ReplicaSet runs `template` (its pod-template-hash label aside).
+pub fn runs_template(rs: &ReplicaSet, template: &PodTemplateSpec) -> bool {
+    let Some(mut rs_template) = rs.spec.as_ref().and_then(|s| s.template.clone()) else {
+        return false;
+    };
+    if let Some(labels) = rs_template
+        .metadata
+        .as_mut()
+        .and_then(|m| m.labels.as_mut())
+    {
+        labels.remove(HASH_LABEL);
+    }
+    serde_json::to_value(&rs_template).ok() == serde_json::to_value(template).ok()
+}
+
+fn revision_of(rs: &ReplicaSet) -> i64 {
+    rs.annotations()
+        .get(REVISION)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+fn state_of(rs: &ReplicaSet) -> RsState {
+    RsState {
+        replicas: rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
+        available: rs
+            .status
+            .as_ref()
+            .and_then(|s| s.available_replicas)
+            .unwrap_or(0),
+    }
+}
+
+async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Action, Error> {
+    let object = key(&deploy.metadata);
+    let (Some(ns), Some(uid), Some(spec)) =
+        (deploy.namespace(), deploy.uid(), deploy.spec.as_ref())
+    else {
+        return Ok(Action::await_change());
+    };
+    if deploy.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let name = deploy.name_any();
+    let desired = spec.replicas.unwrap_or(1).max(0);
+    let rs_api = Api::<ReplicaSet>::namespaced((*client).clone(), &ns);
+    let mut owned: Vec<ReplicaSet> = rs_api
+        .list(&ListParams::default())
+        .await
+        .step(&object, "listing replicasets")?
+        .items
+        .into_iter()
+        .filter(|rs| controller_of(&rs.metadata).is_some_and(|r| r.uid == uid))
+        .filter(|rs| rs.metadata.deletion_timestamp.is_none())
+        .collect();
+    owned.sort_by_key(|rs| {
+        (
+            rs.metadata.creation_timestamp.clone().map(|t| t.0),
+            rs.name_any(),
+        )
+    });
+
+    let (max_surge, max_unavailable) = match spec.strategy.as_ref().and_then(|s| s.type_.as_deref())
+    {
+        Some("Recreate") => (0, 0),
+        _ => {
+            let ru = spec
+                .strategy
+                .as_ref()
+                .and_then(|s| s.rolling_update.as_ref());
+            fenceposts(
+                ru.and_then(|r| r.max_surge.as_ref()),
+                ru.and_then(|r| r.max_unavailable.as_ref()),
+                desired,
+            )
+            .map_err(|reason| Error::Invalid {
+                object: object.clone(),
+                reason: format!("spec.strategy.rollingUpdate.{reason}"),
+            })?
+        }
+    };
+    let recreate = matches!(
+        spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        Some("Recreate")
+    );
+
+    let new_index = owned
+        .iter()
+        .position(|rs| runs_template(rs, &spec.template));
+    let max_old_revision = owned
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != new_index)
+        .map(|(_, rs)| revision_of(rs))
+        .max()
+        .unwrap_or(0);
+    let new_revision = max_old_revision + 1;
+
+    let Some(new_index) = new_index else {
+        if spec.paused == Some(true) {
+            return write_status(&client, &deploy, &owned, None, max_unavailable, None).await;
+        }
+        let olds: Vec<RsState> = owned.iter().map(state_of).collect();
+        let old_pods: i32 = owned
+            .iter()
+            .map(|rs| rs.status.as_ref().map_or(0, |s| s.replicas))
+            .sum();
+        let empty = RsState {
+            replicas: 0,
+            available: 0,
+        };
+        let initial = if recreate {
+            if old_pods > 0 || olds.iter().any(|r| r.replicas > 0) {
+                0
+            } else {
+                desired
+            }
+        } else {
+            rolling_step(desired, max_surge, max_unavailable, &empty, &olds).new
+        };
+        let collision = deploy.status.as_ref().and_then(|s| s.collision_count);
+        let created = create_new_rs(
+            &rs_api,
+            &deploy,
+            initial,
+            new_revision,
+            max_surge,
+            collision,
+        )
+        .await;
+        return match created {
+            Ok(rs) => {
+                let rs_name = rs.name_any();
+                owned.push(rs);
+                let progressing = condition(
+                    "Progressing",
+                    "True",
+                    "NewReplicaSetCreated",
+                    format!("Created new replica set \"{rs_name}\""),
+                );
+                write_status(
+                    &client,
+                    &deploy,
+                    &owned,
+                    Some(owned.len() - 1),
+                    max_unavailable,
+                    Some(progressing),
+                )
+                .await
+            }
+            Err(e) if is_conflict(&e) => {
+                // A ReplicaSet of that name exists but is not ours or runs another template:
+                // a hash collision. Count it so the next hash differs, as kube does.
+                let bumped = collision.unwrap_or(0).saturating_add(1);
+                Api::<Deployment>::namespaced((*client).clone(), &ns)
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": {"collisionCount": bumped}})),
+                    )
+                    .await
+                    .step(&object, "recording a pod-template-hash collision")?;
+                Ok(Action::requeue(Duration::from_millis(200)))
+            }
+            Err(e) => Err(e).step(&object, "creating the new replicaset"),
+        };
+    };
+
+    // An old template rolled back to becomes the newest revision again.
+    if revision_of(&owned[new_index]) < new_revision {
+        let rs_name = owned[new_index].name_any();
+        owned[new_index] = rs_api
+            .patch(
+                &rs_name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {REVISION: new_revision.to_string()}}}),
+                ),
+            )
+            .await
+            .step(
+                &object,
+                format!("setting the revision of replicaset {rs_name}"),
+            )?;
+    }
+    if deploy.annotations().get(REVISION) != Some(&revision_of(&owned[new_index]).to_string()) {
+        Api::<Deployment>::namespaced((*client).clone(), &ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {REVISION: revision_of(&owned[new_index]).to_string()}}})))
+            .await
+            .step(&object, "setting the revision annotation")?;
+    }
+
+    if spec.paused != Some(true) {
+        let new = state_of(&owned[new_index]);
+        let old_rs: Vec<ReplicaSet> = owned
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != new_index)
+            .map(|(_, rs)| rs.clone())
+            .collect();
+        let olds: Vec<RsState> = old_rs.iter().map(state_of).collect();
+        let step = if recreate {
+            let old_pods = old_rs
+                .iter()
+                .map(|rs| rs.status.as_ref().map_or(0, |s| s.replicas))
+                .sum();
+            recreate_step(desired, &new, &olds, old_pods)
+        } else {
+            rolling_step(desired, max_surge, max_unavailable, &new, &olds)
+        };
+        if step.new != new.replicas {
+            let rs_name = owned[new_index].name_any();
+            owned[new_index] = scale(&rs_api, &rs_name, step.new, desired, max_surge)
+                .await
+                .step(
+                    &object,
+                    format!("scaling replicaset {rs_name} to {}", step.new),
+                )?;
+        }
+        let mut scaled = Vec::new();
+        for (rs, size) in old_rs.iter().zip(&step.olds) {
+            if state_of(rs).replicas != *size {
+                let rs_name = rs.name_any();
+                scaled.push(
+                    scale(&rs_api, &rs_name, *size, desired, max_surge)
+                        .await
+                        .step(&object, format!("scaling replicaset {rs_name} to {size}"))?,
+                );
+            }
+        }
+        for rs in scaled {
+            if let Some(slot) = owned.iter_mut().find(|o| o.uid() == rs.uid()) {
+                *slot = rs;
+            }
+        }
+        cleanup(
+            &rs_api,
+            &object,
+            &owned,
+            new_index,
+            spec.revision_history_limit.unwrap_or(10),
+        )
+        .await?;
+    }
+    write_status(
+        &client,
+        &deploy,
+        &owned,
+        Some(new_index),
+        max_unavailable,
+        None,
+    )
+    .await
+}
+
+async fn create_new_rs(
+    api: &Api<ReplicaSet>,
+    deploy: &Deployment,
+    replicas: i32,
+    revision: i64,
+    max_surge: i32,
+    collision: Option<i32>,
+) -> Result<ReplicaSet, kube::Error> {
+    let spec = deploy.spec.as_ref().expect("checked by the caller");
+    let hash = template_hash(&spec.template, collision);
+    let mut template = spec.template.clone();
+    let meta = template.metadata.get_or_insert_with(Default::default);
+    meta.labels
+        .get_or_insert_with(Default::default)
+        .insert(HASH_LABEL.into(), hash.clone());
+    let mut selector = spec.selector.clone();
+    selector
+        .match_labels
+        .get_or_insert_with(Default::default)
+        .insert(HASH_LABEL.into(), hash.clone());
+    let desired = spec.replicas.unwrap_or(1);
+    let rs = ReplicaSet {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-{hash}", deploy.name_any())),
+            namespace: deploy.namespace(),
+            labels: meta.labels.clone(),
+            annotations: Some(
+                [
+                    (REVISION.to_string(), revision.to_string()),
+                    (DESIRED_REPLICAS.to_string(), desired.to_string()),
+                    (MAX_REPLICAS.to_string(), (desired + max_surge).to_string()),
+                ]
+                .into(),
+            ),
+            owner_references: Some(vec![
+                deploy
+                    .controller_owner_ref(&())
+                    .expect("Deployment has a name and uid"),
+            ]),
+            ..Default::default()
+        },
+        spec: Some(ReplicaSetSpec {
+            replicas: Some(replicas),
+            min_ready_seconds: spec.min_ready_seconds,
+            selector,
+            template: Some(template),
+        }),
+        status: None,
+    };
+    match api.create(&PostParams::default(), &rs).await {
+        Ok(rs) => Ok(rs),
+        Err(e) if is_conflict(&e) => {
+            // Ours from an earlier pass whose result we did not see: use it.
+            let existing = api.get(&rs.name_any()).await?;
+            let ours = controller_of(&existing.metadata)
+                .is_some_and(|r| Some(&r.uid) == deploy.metadata.uid.as_ref());
+            if ours && runs_template(&existing, &spec.template) {
+                Ok(existing)
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn scale(
+    api: &Api<ReplicaSet>,
+    name: &str,
+    replicas: i32,
+    desired: i32,
+    max_surge: i32,
+) -> Result<ReplicaSet, kube::Error> {
+    let patch = json!({
+        "metadata": {"annotations": {DESIRED_REPLICAS: desired.to_string(), MAX_REPLICAS: (desired + max_surge).to_string()}},
+        "spec": {"replicas": replicas},
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// Deletes the oldest fully scaled-down old ReplicaSets beyond revisionHistoryLimit.
+async fn cleanup(
+    api: &Api<ReplicaSet>,
+    object: &str,
+    owned: &[ReplicaSet],
+    new_index: usize,
+    limit: i32,
+) -> Result<(), Error> {
+    let mut idle: Vec<&ReplicaSet> = owned
+        .iter()
+        .enumerate()
+        .filter(|(i, rs)| {
+            *i != new_index
+                && state_of(rs).replicas == 0
+                && rs.status.as_ref().is_none_or(|s| s.replicas == 0)
+        })
+        .map(|(_, rs)| rs)
+        .collect();
+    let limit = usize::try_from(limit.max(0)).unwrap_or(0);
+    if idle.len() <= limit {
+        return Ok(());
+    }
+    idle.sort_by_key(|rs| revision_of(rs));
+    for rs in &idle[..idle.len() - limit] {
+        let rs_name = rs.name_any();
+        match api.delete(&rs_name, &DeleteParams::default()).await {
+            Err(e) if !is_not_found(&e) => {
+                return Err(e).step(object, format!("deleting old replicaset {rs_name}"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: String) -> DeploymentCondition {
+    let now = Time(Timestamp::now());
+    DeploymentCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    }
+}
+
+/// Sets `cond` in `conditions` as kube's SetDeploymentCondition: nothing changes if status
+/// and reason are the same; the transition time is kept if only the reason changes.
+fn set_condition(conditions: &mut Vec<DeploymentCondition>, mut cond: DeploymentCondition) {
+    if let Some(current) = conditions.iter_mut().find(|c| c.type_ == cond.type_) {
+        if current.status == cond.status && current.reason == cond.reason {
+            return;
+        }
+        if current.status == cond.status {
+            cond.last_transition_time = current.last_transition_time.clone();
+        }
+        *current = cond;
+    } else {
+        conditions.push(cond);
+    }
+}
+
+/// The counters of a Deployment's status from its ReplicaSets.
+pub fn counters(desired: i32, owned: &[ReplicaSet], new_index: Option<usize>) -> DeploymentStatus {
+    let sum = |f: &dyn Fn(&ReplicaSet) -> i32| owned.iter().map(f).sum::<i32>();
+    let status = |rs: &ReplicaSet| rs.status.clone().unwrap_or_default();
+    let available = sum(&|rs| status(rs).available_replicas.unwrap_or(0));
+    DeploymentStatus {
+        replicas: Some(sum(&|rs| status(rs).replicas)),
+        updated_replicas: Some(new_index.map_or(0, |i| status(&owned[i]).replicas)),
+        ready_replicas: Some(sum(&|rs| status(rs).ready_replicas.unwrap_or(0))),
+        available_replicas: Some(available),
+        unavailable_replicas: Some((desired - available).max(0)),
+        ..Default::default()
+    }
+}
+
+async fn write_status(
+    client: &Client,
+    deploy: &Deployment,
+    owned: &[ReplicaSet],
+    new_index: Option<usize>,
+    max_unavailable: i32,
+    progressing: Option<DeploymentCondition>,
+) -> Result<Action, Error> {
+    let object = key(&deploy.metadata);
+    let spec = deploy.spec.as_ref().expect("checked by the caller");
+    let desired = spec.replicas.unwrap_or(1).max(0);
+    let old = deploy.status.clone().unwrap_or_default();
+    let mut status = counters(desired, owned, new_index);
+    status.observed_generation = deploy.metadata.generation;
+    status.collision_count = old.collision_count;
+    let mut conditions = old.conditions.clone().unwrap_or_default();
+    let min_available = desired - max_unavailable.min(desired);
+    set_condition(
+        &mut conditions,
+        if status.available_replicas.unwrap_or(0) >= min_available {
+            condition(
+                "Available",
+                "True",
+                "MinimumReplicasAvailable",
+                "Deployment has minimum availability.".into(),
+            )
+        } else {
+            condition(
+                "Available",
+                "False",
+                "MinimumReplicasUnavailable",
+                "Deployment does not have minimum availability.".into(),
+            )
+        },
+    );
+    let mut recheck = None;
+    if let Some(cond) = progressing {
+        set_condition(&mut conditions, cond);
+    } else if let Some(i) = new_index {
+        let rs_name = owned[i].name_any();
+        let current = conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .cloned();
+        let complete = status.updated_replicas == Some(desired)
+            && status.replicas == Some(desired)
+            && status.available_replicas == Some(desired);
+        let was_complete = current
+            .as_ref()
+            .is_some_and(|c| c.reason.as_deref() == Some("NewReplicaSetAvailable"));
+        let progressed = status.updated_replicas > old.updated_replicas
+            || status.replicas < old.replicas
+            || status.ready_replicas > old.ready_replicas
+            || status.available_replicas > old.available_replicas;
+        if spec.paused == Some(true) {
+            set_condition(
+                &mut conditions,
+                condition(
+                    "Progressing",
+                    "Unknown",
+                    "DeploymentPaused",
+                    "Deployment is paused".into(),
+                ),
+            );
+        } else if complete {
+            if !was_complete {
+                set_condition(
+                    &mut conditions,
+                    condition(
+                        "Progressing",
+                        "True",
+                        "NewReplicaSetAvailable",
+                        format!("ReplicaSet \"{rs_name}\" has successfully progressed."),
+                    ),
+                );
+            }
+        } else if progressed || current.is_none() || was_complete {
+            let mut cond = condition(
+                "Progressing",
+                "True",
+                "ReplicaSetUpdated",
+                format!("ReplicaSet \"{rs_name}\" is progressing."),
+            );
+            if let Some(c) = conditions.iter_mut().find(|c| c.type_ == "Progressing") {
+                if c.status == "True" {
+                    cond.last_transition_time = c.last_transition_time.clone();
+                }
+                *c = cond;
+            } else {
+                conditions.push(cond);
+            }
+        } else if let Some(deadline) = spec.progress_deadline_seconds {
+            let since = current
+                .as_ref()
+                .and_then(|c| c.last_update_time.as_ref())
+                .map(|t| t.0);
+            if let Some(since) = since {
+                let at = since + SignedDuration::from_secs(i64::from(deadline));
+                if at <= Timestamp::now() {
+                    set_condition(
+                        &mut conditions,
+                        condition(
+                            "Progressing",
+                            "False",
+                            "ProgressDeadlineExceeded",
+                            format!("ReplicaSet \"{rs_name}\" has timed out progressing."),
+                        ),
+                    );
+                } else {
+                    recheck = Duration::try_from(at.duration_since(Timestamp::now())).ok();
+                }
+            }
+        }
+    }
+    status.conditions = Some(conditions);
+    let unchanged = serde_json::to_value(&status).ok() == serde_json::to_value(&old).ok();
+    if !unchanged {
+        Api::<Deployment>::namespaced(
+            client.clone(),
+            deploy.namespace().as_deref().unwrap_or_default(),
+        )
+        .patch_status(
+            &deploy.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .step(&object, "updating status")?;
+    }
+    Ok(match recheck {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rs(replicas: i32, available: i32) -> RsState {
+        RsState {
+            replicas,
+            available,
+        }
+    }
+
+    #[test]
+    fn surge_rounds_up_and_unavailable_rounds_down() {
+        let int = |i| Some(IntOrString::Int(i));
+        let pct = |s: &str| Some(IntOrString::String(s.into()));
+        // (surge, unavailable, desired, expected (surge, unavailable))
+        let cases = [
+            (pct("25%"), pct("25%"), 10, (3, 2)),
+            (pct("25%"), pct("25%"), 4, (1, 1)),
+            (pct("25%"), pct("25%"), 1, (1, 0)),
+            (int(0), int(0), 5, (0, 1)),
+            (int(2), pct("50%"), 5, (2, 2)),
+            (None, None, 20, (5, 5)),
+            (pct("0%"), pct("100%"), 3, (0, 3)),
+        ];
+        for (surge, unavailable, desired, want) in cases {
+            assert_eq!(
+                fenceposts(surge.as_ref(), unavailable.as_ref(), desired),
+                Ok(want),
+                "{surge:?} {unavailable:?} of {desired}"
+            );
+        }
+        assert!(
+            fenceposts(Some(&IntOrString::String("lots".into())), None, 3)
+                .unwrap_err()
+                .contains("maxSurge")
+        );
+    }
+
+    #[test]
+    fn rolling_steps_follow_kube() {
+        // (what, desired, surge, unavailable, new, olds, expected step)
+        let cases = [
+            (
+                "first rollout creates everything",
+                20,
+                5,
+                5,
+                rs(0, 0),
+                vec![],
+                Step {
+                    new: 20,
+                    olds: vec![],
+                },
+            ),
+            (
+                "new RS grows by the surge",
+                4,
+                1,
+                1,
+                rs(0, 0),
+                vec![rs(4, 4)],
+                Step {
+                    new: 1,
+                    olds: vec![4],
+                },
+            ),
+            (
+                "then old shrinks down to min available",
+                4,
+                1,
+                1,
+                rs(1, 0),
+                vec![rs(4, 4)],
+                Step {
+                    new: 1,
+                    olds: vec![3],
+                },
+            ),
+            (
+                "then new grows again",
+                4,
+                1,
+                1,
+                rs(1, 0),
+                vec![rs(3, 3)],
+                Step {
+                    new: 2,
+                    olds: vec![3],
+                },
+            ),
+            (
+                "nothing while new pods are unavailable",
+                4,
+                1,
+                1,
+                rs(2, 0),
+                vec![rs(3, 3)],
+                Step {
+                    new: 2,
+                    olds: vec![3],
+                },
+            ),
+            (
+                "one new available frees one old",
+                4,
+                1,
+                1,
+                rs(2, 1),
+                vec![rs(3, 3)],
+                Step {
+                    new: 2,
+                    olds: vec![2],
+                },
+            ),
+            (
+                "stale old status never double-counts",
+                4,
+                1,
+                1,
+                rs(3, 2),
+                vec![rs(2, 3)],
+                Step {
+                    new: 3,
+                    olds: vec![1],
+                },
+            ),
+            (
+                "unhealthy old pods go first",
+                4,
+                1,
+                1,
+                rs(1, 1),
+                vec![rs(2, 0), rs(2, 2)],
+                Step {
+                    new: 1,
+                    olds: vec![0, 2],
+                },
+            ),
+            (
+                "surge 0 scales old first",
+                3,
+                0,
+                1,
+                rs(0, 0),
+                vec![rs(3, 3)],
+                Step {
+                    new: 0,
+                    olds: vec![2],
+                },
+            ),
+            (
+                "scale down of a finished rollout",
+                5,
+                2,
+                1,
+                rs(20, 20),
+                vec![],
+                Step {
+                    new: 5,
+                    olds: vec![],
+                },
+            ),
+            (
+                "scale up of a finished rollout",
+                20,
+                5,
+                5,
+                rs(5, 5),
+                vec![],
+                Step {
+                    new: 20,
+                    olds: vec![],
+                },
+            ),
+            (
+                "done",
+                4,
+                1,
+                1,
+                rs(4, 4),
+                vec![rs(0, 0)],
+                Step {
+                    new: 4,
+                    olds: vec![0],
+                },
+            ),
+        ];
+        for (what, desired, surge, unavailable, new, olds, want) in cases {
+            assert_eq!(
+                rolling_step(desired, surge, unavailable, &new, &olds),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn recreate_waits_for_old_pods() {
+        let cases = [
+            (
+                "old RS still sized",
+                rs(0, 0),
+                vec![rs(3, 3)],
+                3,
+                Step {
+                    new: 0,
+                    olds: vec![0],
+                },
+            ),
+            (
+                "old pods still terminating",
+                rs(0, 0),
+                vec![rs(0, 0)],
+                2,
+                Step {
+                    new: 0,
+                    olds: vec![0],
+                },
+            ),
+            (
+                "old pods gone",
+                rs(0, 0),
+                vec![rs(0, 0)],
+                0,
+                Step {
+                    new: 3,
+                    olds: vec![0],
+                },
+            ),
+        ];
+        for (what, new, olds, old_pods, want) in cases {
+            assert_eq!(recreate_step(3, &new, &olds, old_pods), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn template_hash_depends_on_template_and_collisions() {
+        let mut a = PodTemplateSpec::default();
+        let h = template_hash(&a, None);
+        assert_eq!(h, template_hash(&a, None), "stable");
+        assert!(
+            h.bytes()
+                .all(|b| b"bcdfghjklmnpqrstvwxz2456789".contains(&b)),
+            "{h}"
+        );
+        assert_ne!(h, template_hash(&a, Some(1)));
+        a.metadata = Some(ObjectMeta {
+            labels: Some([("app".to_string(), "x".to_string())].into()),
+            ..Default::default()
+        });
+        assert_ne!(h, template_hash(&a, None));
+    }
+}
