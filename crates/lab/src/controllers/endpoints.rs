@@ -126,7 +126,7 @@ fn pod_endpoints<'a>(svc: &Service, pods: &'a [Pod]) -> Vec<PodEndpoint<'a>> {
             })
         })
         .collect();
-    out.sort_by(|a, b| a.pod.name_any().cmp(&b.pod.name_any()));
+    out.sort_by_key(|e| e.pod.name_any());
     out
 }
 

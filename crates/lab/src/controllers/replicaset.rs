@@ -385,19 +385,24 @@ pub(crate) mod tests {
 
     #[test]
     fn status_counts_ready_available_and_labeled_pods() {
-        let mut rs = ReplicaSet::default();
-        rs.metadata.generation = Some(4);
-        let mut spec = k8s_openapi::api::apps::v1::ReplicaSetSpec {
-            min_ready_seconds: Some(30),
-            ..Default::default()
+        let rs = ReplicaSet {
+            metadata: ObjectMeta {
+                generation: Some(4),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::apps::v1::ReplicaSetSpec {
+                min_ready_seconds: Some(30),
+                template: Some(k8s_openapi::api::core::v1::PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some([("app".to_string(), "web".to_string())].into()),
+                        ..Default::default()
+                    }),
+                    spec: None,
+                }),
+                ..Default::default()
+            }),
+            status: None,
         };
-        let mut template = k8s_openapi::api::core::v1::PodTemplateSpec::default();
-        template.metadata = Some(ObjectMeta {
-            labels: Some([("app".to_string(), "web".to_string())].into()),
-            ..Default::default()
-        });
-        spec.template = Some(template);
-        rs.spec = Some(spec);
         let mut labeled = PodFixture::new("a").running().ready_at(0).0;
         labeled.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
         let pods = [
