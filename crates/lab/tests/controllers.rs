@@ -11,5 +11,7 @@ mod csr;
 mod deployments;
 #[path = "controllers/endpoints.rs"]
 mod endpoints;
+#[path = "controllers/replicasets.rs"]
+mod replicasets;
 #[path = "controllers/serviceaccounts.rs"]
 mod serviceaccounts;

@@ -285,6 +285,7 @@ async fn reconcile(svc: Arc<Service>, client: Arc<Client>) -> Result<Action, Err
     labels.insert(SERVICE_NAME.into(), name.clone());
     labels.insert(MANAGED_BY.into(), CONTROLLER_NAME.into());
     let desired = desired_slices(&svc, &pods);
+    let keep = desired.len();
     for (i, (ports, endpoints)) in desired.into_iter().enumerate() {
         let mut slice = EndpointSlice {
             metadata: ObjectMeta {
@@ -325,7 +326,6 @@ async fn reconcile(svc: Arc<Service>, client: Arc<Client>) -> Result<Action, Err
             }
         }
     }
-    let keep = desired_slices_len(&svc, &pods);
     for surplus in existing.iter().skip(keep) {
         match slices_api
             .delete(&surplus.name_any(), &DeleteParams::default())
@@ -394,6 +394,188 @@ async fn reconcile(svc: Arc<Service>, client: Arc<Client>) -> Result<Action, Err
     Ok(Action::await_change())
 }
 
-fn desired_slices_len(svc: &Service, pods: &[Pod]) -> usize {
-    desired_slices(svc, pods).len()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, app: &str, ip: Option<&str>, ready: bool, terminating: bool) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": format!("uid-{name}"),
+                "labels": {"app": app},
+                "deletionTimestamp": terminating.then_some("2026-01-01T00:00:00Z"),
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
+                {"name": "http", "containerPort": 8080},
+                {"name": "dns", "containerPort": 5353, "protocol": "UDP"},
+            ]}]},
+            "status": {
+                "phase": "Running",
+                "podIP": ip,
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            },
+        }))
+        .unwrap()
+    }
+
+    fn service(ports: serde_json::Value, publish_not_ready: bool) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"selector": {"app": "web"}, "ports": ports, "publishNotReadyAddresses": publish_not_ready},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn target_ports_resolve_by_number_name_and_protocol() {
+        // (service port, resolved (name, port, protocol) or None when the pod lacks it)
+        let cases = [
+            (json!({"name": "a", "port": 80}), Some(("a", 80, "TCP"))),
+            (
+                json!({"name": "a", "port": 80, "targetPort": 9090}),
+                Some(("a", 9090, "TCP")),
+            ),
+            (
+                json!({"name": "a", "port": 80, "targetPort": "http"}),
+                Some(("a", 8080, "TCP")),
+            ),
+            (
+                json!({"name": "a", "port": 53, "targetPort": "dns", "protocol": "UDP"}),
+                Some(("a", 5353, "UDP")),
+            ),
+            // The pod's `dns` port is UDP: a TCP service port does not match it.
+            (json!({"name": "a", "port": 53, "targetPort": "dns"}), None),
+            (
+                json!({"name": "a", "port": 80, "targetPort": "missing"}),
+                None,
+            ),
+        ];
+        let p = pod("p", "web", Some("10.0.0.1"), true, false);
+        for (port, want) in cases {
+            let got = resolve_ports(&service(json!([port.clone()]), false), &p);
+            let got = got.first().map(|e| {
+                (
+                    e.name.clone().unwrap(),
+                    e.port.unwrap(),
+                    e.protocol.clone().unwrap(),
+                )
+            });
+            let want = want.map(|(n, p, proto)| (n.to_string(), p, proto.to_string()));
+            assert_eq!(got, want, "{port}");
+        }
+    }
+
+    #[test]
+    fn endpoints_list_selected_pods_with_an_ip_by_readiness() {
+        let pods = [
+            pod("ready", "web", Some("10.0.0.1"), true, false),
+            pod("starting", "web", Some("10.0.0.2"), false, false),
+            pod("leaving", "web", Some("10.0.0.3"), true, true),
+            pod("no-ip", "web", None, true, false),
+            pod("ipv6", "web", Some("fd00::1"), true, false),
+            pod("other", "db", Some("10.0.0.4"), true, false),
+        ];
+        // (publishNotReadyAddresses, slice endpoints (pod, ready, serving, terminating),
+        //  Endpoints (ready, not ready))
+        let cases = [
+            (
+                false,
+                vec![
+                    ("leaving", false, true, true),
+                    ("ready", true, true, false),
+                    ("starting", false, false, false),
+                ],
+                (vec!["ready"], vec!["starting"]),
+            ),
+            (
+                true,
+                vec![
+                    ("leaving", true, true, true),
+                    ("ready", true, true, false),
+                    ("starting", true, true, false),
+                ],
+                (vec!["leaving", "ready", "starting"], vec![]),
+            ),
+        ];
+        for (publish, want_slice, want_endpoints) in cases {
+            let svc = service(
+                json!([{"name": "http", "port": 80, "targetPort": "http"}]),
+                publish,
+            );
+            let slices = desired_slices(&svc, &pods);
+            assert_eq!(slices.len(), 1, "publish={publish}");
+            let got: Vec<_> = slices[0]
+                .1
+                .iter()
+                .map(|e| {
+                    let c = e.conditions.clone().unwrap();
+                    (
+                        e.target_ref.clone().unwrap().name.unwrap(),
+                        c.ready.unwrap(),
+                        c.serving.unwrap(),
+                        c.terminating.unwrap(),
+                    )
+                })
+                .collect();
+            let want: Vec<_> = want_slice
+                .iter()
+                .map(|(n, r, s, t)| (n.to_string(), *r, *s, *t))
+                .collect();
+            assert_eq!(got, want, "slice, publish={publish}");
+            let subsets = desired_subsets(&svc, &pods);
+            let names = |list: Option<&Vec<EndpointAddress>>| -> Vec<String> {
+                list.map(|l| {
+                    l.iter()
+                        .map(|a| a.target_ref.clone().unwrap().name.unwrap())
+                        .collect()
+                })
+                .unwrap_or_default()
+            };
+            let got = (
+                names(subsets[0].addresses.as_ref()),
+                names(subsets[0].not_ready_addresses.as_ref()),
+            );
+            let want = (
+                want_endpoints
+                    .0
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>(),
+                want_endpoints
+                    .1
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>(),
+            );
+            assert_eq!(got, want, "endpoints, publish={publish}");
+        }
+    }
+
+    #[test]
+    fn slices_hold_at_most_100_endpoints_and_one_placeholder_when_empty() {
+        let svc = service(json!([{"name": "http", "port": 80}]), false);
+        let pods: Vec<Pod> = (0..250)
+            .map(|i| {
+                pod(
+                    &format!("p{i:03}"),
+                    "web",
+                    Some(&format!("10.0.{}.{}", i / 200, i % 200 + 1)),
+                    true,
+                    false,
+                )
+            })
+            .collect();
+        let sizes: Vec<usize> = desired_slices(&svc, &pods)
+            .iter()
+            .map(|s| s.1.len())
+            .collect();
+        assert_eq!(sizes, vec![100, 100, 50]);
+        let empty = desired_slices(&svc, &[]);
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].1.is_empty());
+        assert!(desired_subsets(&svc, &[]).is_empty());
+    }
 }

@@ -1,13 +1,16 @@
 //! Deployments through their ReplicaSets down to pods: creation, status, scaling, rolling
 //! and recreate updates, revision history.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
 use crate::common::{Cluster, DEADLINE, eventually, next_ip, ready_and_active, set_pod_status};
@@ -144,6 +147,7 @@ async fn twenty_replicas_converge_then_scale_down_to_five() {
     let cluster = Cluster::start().await;
     let client = &cluster.client;
     cluster.namespace("web20").await;
+    let history = PodHistory::watch(client, "web20");
     create_deployment(client, "web20", "web", 20, json!({"type": "RollingUpdate"})).await;
 
     let rs = eventually("one replicaset with 20 pods", || async {
@@ -222,6 +226,65 @@ async fn twenty_replicas_converge_then_scale_down_to_five() {
     assert_eq!(rss.len(), 1, "scaling creates no replicaset");
     assert_eq!(rss[0].spec.as_ref().and_then(|s| s.replicas), Some(5));
     assert_eq!(rss[0].status.as_ref().map(|s| s.replicas), Some(5));
+    // Deletions are watched after the creations they follow: once 15 are seen, every pod
+    // ever created has been seen too.
+    eventually("15 deletions watched", || async {
+        (history.deleted() >= 15).then_some(())
+    })
+    .await;
+    assert_eq!(
+        history.created(),
+        20,
+        "pods created in all (a burst must not over-create)"
+    );
+}
+
+/// Every pod ever created and deleted in a namespace, from a watch.
+struct PodHistory {
+    seen: Arc<Mutex<(HashSet<String>, HashSet<String>)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodHistory {
+    fn watch(client: &kube::Client, ns: &str) -> PodHistory {
+        let seen = Arc::new(Mutex::new((HashSet::new(), HashSet::new())));
+        let stream = watcher(
+            Api::<Pod>::namespaced(client.clone(), ns),
+            watcher::Config::default(),
+        );
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let mut seen = record.lock().unwrap();
+                match event {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                        seen.0.insert(p.uid().unwrap_or_default());
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        seen.0.insert(p.uid().unwrap_or_default());
+                        seen.1.insert(p.uid().unwrap_or_default());
+                    }
+                    _ => {}
+                }
+            }
+        });
+        PodHistory { seen, task }
+    }
+
+    fn created(&self) -> usize {
+        self.seen.lock().unwrap().0.len()
+    }
+
+    fn deleted(&self) -> usize {
+        self.seen.lock().unwrap().1.len()
+    }
+}
+
+impl Drop for PodHistory {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
