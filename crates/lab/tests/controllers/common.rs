@@ -116,3 +116,23 @@ pub fn ready_and_active(pod: &Pod) -> bool {
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
+
+/// Runs the real `kubectl` as the admin; returns whether it succeeded and its output.
+pub async fn kubectl(cluster: &Cluster, args: &[&str]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.server.write_admin_kubeconfig(&kubeconfig).unwrap();
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .output()
+        .await
+        .expect("kubectl runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}

@@ -7,7 +7,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually};
+use crate::common::{Cluster, eventually, kubectl};
 
 /// A PEM CSR for `cn` in groups `orgs`, and its private key.
 fn csr_pem(cn: &str, orgs: &[&str]) -> (String, String) {
@@ -108,7 +108,9 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
     let (pem, key) = csr_pem("robot-1", &["team-a"]);
     file_csr(&carol, "denied", &denied_pem, None).await;
     file_csr(&carol, "pending", &pending_pem, None).await;
-    decide(admin, "denied", "Denied").await;
+    // Denied the way an admin does it: kubectl (an update of the approval subresource).
+    let (ok, out) = kubectl(&cluster, &["certificate", "deny", "denied"]).await;
+    assert!(ok, "kubectl certificate deny: {out}");
     file_csr(&carol, "robot-1", &pem, Some(3600)).await;
     assert_eq!(
         certificate(admin, "robot-1").await,

@@ -13,7 +13,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
-use crate::common::{Cluster, DEADLINE, eventually, next_ip, ready_and_active, set_pod_status};
+use crate::common::{
+    Cluster, DEADLINE, eventually, kubectl, next_ip, ready_and_active, set_pod_status,
+};
 
 const HASH: &str = "pod-template-hash";
 
@@ -117,29 +119,12 @@ async fn rolled_out(client: &kube::Client, ns: &str, name: &str, replicas: i32) 
 
 /// `kubectl rollout status` against the cluster, as a user would run it.
 async fn kubectl_rollout_status(cluster: &Cluster, ns: &str, name: &str) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.server.write_admin_kubeconfig(&kubeconfig).unwrap();
-    let out = tokio::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args([
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            &format!("deployment/{name}"),
-            "--timeout=20s",
-        ])
-        .output()
-        .await
-        .expect("kubectl runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let deployment = format!("deployment/{name}");
+    kubectl(
+        cluster,
+        &["-n", ns, "rollout", "status", &deployment, "--timeout=20s"],
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
