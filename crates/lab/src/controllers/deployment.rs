@@ -20,6 +20,7 @@ use serde_json::json;
 
 use super::{
     Error, StepExt, controller_of, drain, is_conflict, is_not_found, key, retry_after_error,
+    selects,
 };
 
 /// Label (and RS name suffix) naming the pod template a ReplicaSet runs.
@@ -279,15 +280,42 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
     let name = deploy.name_any();
     let desired = spec.replicas.unwrap_or(1).max(0);
     let rs_api = Api::<ReplicaSet>::namespaced((*client).clone(), &ns);
-    let mut owned: Vec<ReplicaSet> = rs_api
+    let listed = rs_api
         .list(&ListParams::default())
         .await
         .step(&object, "listing replicasets")?
-        .items
-        .into_iter()
-        .filter(|rs| controller_of(&rs.metadata).is_some_and(|r| r.uid == uid))
-        .filter(|rs| rs.metadata.deletion_timestamp.is_none())
-        .collect();
+        .items;
+    let mut owned: Vec<ReplicaSet> = Vec::new();
+    for rs in listed {
+        if rs.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match controller_of(&rs.metadata) {
+            Some(r) if r.uid == uid => owned.push(rs),
+            // An orphan the selector matches is adopted, as kube does.
+            None if selects(&spec.selector, rs.metadata.labels.as_ref()) => {
+                let rs_name = rs.name_any();
+                let mut refs = rs.owner_references().to_vec();
+                refs.push(
+                    deploy
+                        .controller_owner_ref(&())
+                        .expect("Deployment has a name and uid"),
+                );
+                let patch = json!({"metadata": {"ownerReferences": refs}});
+                match rs_api
+                    .patch(&rs_name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    Ok(adopted) => owned.push(adopted),
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => {
+                        return Err(e).step(&object, format!("adopting replicaset {rs_name}"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
     owned.sort_by_key(|rs| {
         (
             rs.metadata.creation_timestamp.clone().map(|t| t.0),
@@ -336,10 +364,11 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
             return write_status(&client, &deploy, &owned, None, max_unavailable, None).await;
         }
         let olds: Vec<RsState> = owned.iter().map(state_of).collect();
-        let old_pods: i32 = owned
-            .iter()
-            .map(|rs| rs.status.as_ref().map_or(0, |s| s.replicas))
-            .sum();
+        let old_pods = if recreate {
+            running_pods(&client, &ns, &object, &owned).await?
+        } else {
+            0
+        };
         let empty = RsState {
             replicas: 0,
             available: 0,
@@ -425,6 +454,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
             .step(&object, "setting the revision annotation")?;
     }
 
+    let mut wait = None;
     if spec.paused != Some(true) {
         let new = state_of(&owned[new_index]);
         let old_rs: Vec<ReplicaSet> = owned
@@ -435,10 +465,11 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
             .collect();
         let olds: Vec<RsState> = old_rs.iter().map(state_of).collect();
         let step = if recreate {
-            let old_pods = old_rs
-                .iter()
-                .map(|rs| rs.status.as_ref().map_or(0, |s| s.replicas))
-                .sum();
+            let old_pods = running_pods(&client, &ns, &object, &old_rs).await?;
+            if old_pods > 0 {
+                // Pods going away change no ReplicaSet status: look again soon.
+                wait = Some(Duration::from_millis(500));
+            }
             recreate_step(desired, &new, &olds, old_pods)
         } else {
             rolling_step(desired, max_surge, max_unavailable, &new, &olds)
@@ -477,7 +508,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
         )
         .await?;
     }
-    write_status(
+    let action = write_status(
         &client,
         &deploy,
         &owned,
@@ -485,7 +516,35 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
         max_unavailable,
         None,
     )
-    .await
+    .await?;
+    Ok(wait.map_or(action, Action::requeue))
+}
+
+/// Pods of `replicasets` that still run or may run, terminating ones included: Recreate
+/// starts new pods only once these are gone, as kube's oldPodsRunning.
+async fn running_pods(
+    client: &Client,
+    ns: &str,
+    object: &str,
+    replicasets: &[ReplicaSet],
+) -> Result<i32, Error> {
+    let uids: Vec<String> = replicasets.iter().filter_map(|rs| rs.uid()).collect();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .step(object, "listing pods of old replicasets")?;
+    let running = pods
+        .items
+        .iter()
+        .filter(|p| controller_of(&p.metadata).is_some_and(|r| uids.contains(&r.uid)))
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .count();
+    Ok(i32::try_from(running).unwrap_or(i32::MAX))
 }
 
 async fn create_new_rs(

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
@@ -380,28 +380,45 @@ async fn recreate_never_mixes_templates_and_history_is_pruned() {
     let client = &cluster.client;
     cluster.namespace("rec").await;
     create_deployment(client, "rec", "db", 3, json!({"type": "Recreate"})).await;
+    // Pods bound to a node stay terminating until their kubelet (this test) removes them,
+    // and revisionHistoryLimit 1 keeps a single old ReplicaSet.
+    let patch =
+        json!({"spec": {"revisionHistoryLimit": 1, "template": {"spec": {"nodeName": "node-1"}}}});
     Api::<Deployment>::namespaced(client.clone(), "rec")
-        .patch(
-            "db",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"revisionHistoryLimit": 1}})),
-        )
+        .patch("db", &PatchParams::default(), &Patch::Merge(patch))
         .await
         .unwrap();
+    let pods_api = Api::<Pod>::namespaced(client.clone(), "rec");
+    let mut stopping = std::collections::HashMap::<String, u32>::new();
     for (round, image) in ["nginx:1", "nginx:2", "nginx:3"].into_iter().enumerate() {
         if round > 0 {
             set_image(client, "rec", "db", image).await;
         }
         let deadline = tokio::time::Instant::now() + DEADLINE;
         loop {
-            let pods = active_pods(client, "rec").await;
+            let pods = pods_api.list(&ListParams::default()).await.unwrap().items;
             let images: BTreeSet<String> = pods
                 .iter()
                 .filter_map(|p| p.spec.as_ref()?.containers[0].image.clone())
                 .collect();
-            assert!(images.len() <= 1, "old and new pods at once: {images:?}");
-            if pods.len() == 3 && images.iter().all(|i| i == image) {
+            assert!(
+                images.len() <= 1,
+                "old and new pods (terminating included) at once: {images:?}"
+            );
+            let bound = pods
+                .iter()
+                .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("node-1"));
+            if pods.len() == 3 && bound && images.iter().all(|i| i == image) {
                 break;
+            }
+            // Play the kubelet: a terminating pod is removed once it has stopped.
+            for pod in pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_some())
+            {
+                let _ = pods_api
+                    .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                    .await;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
