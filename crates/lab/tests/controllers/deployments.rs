@@ -411,14 +411,20 @@ async fn recreate_never_mixes_templates_and_history_is_pruned() {
             if pods.len() == 3 && bound && images.iter().all(|i| i == image) {
                 break;
             }
-            // Play the kubelet: a terminating pod is removed once it has stopped.
+            // Play a slow kubelet: a terminating pod goes after ten polls (its containers
+            // take a while to stop), which gives a controller that does not wait for it
+            // every chance to start new pods meanwhile.
             for pod in pods
                 .iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_some())
             {
-                let _ = pods_api
-                    .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
-                    .await;
+                let polls = stopping.entry(pod.name_any()).or_insert(0);
+                *polls += 1;
+                if *polls > 10 {
+                    let _ = pods_api
+                        .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                        .await;
+                }
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
