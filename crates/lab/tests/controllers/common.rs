@@ -36,18 +36,23 @@ impl Cluster {
             .await
             .expect("server starts");
         let client = server.client().await.expect("admin client");
-        let ca = server.state().pki.ca.clone();
-        let controller_client = client.clone();
-        let controllers = tokio::spawn(async move {
-            if let Err(e) = tandem_lab::controllers::run_all(controller_client, ca).await {
-                panic!("controllers stopped: {e:#}");
-            }
-        });
+        let controllers = spawn_controllers(&server, &client);
         Cluster {
             server,
             client,
             controllers,
         }
+    }
+
+    /// Stops the controllers, as a controller-manager going down.
+    pub async fn stop_controllers(&mut self) {
+        self.controllers.abort();
+        let _ = (&mut self.controllers).await;
+    }
+
+    /// Starts fresh controllers: they must pick up from what the API server holds.
+    pub fn start_controllers(&mut self) {
+        self.controllers = spawn_controllers(&self.server, &self.client);
     }
 
     /// Creates namespace `name`.
@@ -58,6 +63,16 @@ impl Cluster {
             .await
             .expect("namespace created");
     }
+}
+
+fn spawn_controllers(server: &ApiServer, client: &kube::Client) -> JoinHandle<()> {
+    let ca = server.state().pki.ca.clone();
+    let client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = tandem_lab::controllers::run_all(client, ca).await {
+            panic!("controllers stopped: {e:#}");
+        }
+    })
 }
 
 impl Drop for Cluster {

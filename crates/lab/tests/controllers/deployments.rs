@@ -224,6 +224,60 @@ async fn twenty_replicas_converge_then_scale_down_to_five() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_controllers_pick_up_where_they_left_off() {
+    let mut cluster = Cluster::start().await;
+    let client = cluster.client.clone();
+    cluster.namespace("restart").await;
+    let history = PodHistory::watch(&client, "restart");
+    create_deployment(
+        &client,
+        "restart",
+        "app",
+        4,
+        json!({"type": "RollingUpdate"}),
+    )
+    .await;
+    eventually("four pods", || async {
+        (active_pods(&client, "restart").await.len() == 4).then_some(())
+    })
+    .await;
+    make_all_ready(&client, "restart").await;
+    rolled_out(&client, "restart", "app", 4).await;
+
+    // Scaled while no controller runs; the restarted ones converge with no duplicates.
+    cluster.stop_controllers().await;
+    Api::<Deployment>::namespaced(client.clone(), "restart")
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 6}})),
+        )
+        .await
+        .unwrap();
+    cluster.start_controllers();
+    eventually("six pods", || async {
+        (active_pods(&client, "restart").await.len() == 6).then_some(())
+    })
+    .await;
+    make_all_ready(&client, "restart").await;
+    rolled_out(&client, "restart", "app", 6).await;
+    assert_eq!(replicasets(&client, "restart").await.len(), 1);
+    Api::<Deployment>::namespaced(client.clone(), "restart")
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    eventually("six deletions watched", || async {
+        (history.deleted() >= 6).then_some(())
+    })
+    .await;
+    assert_eq!(history.created(), 6, "pods created in all across restarts");
+}
+
 /// Every pod ever created and deleted in a namespace, from a watch.
 struct PodHistory {
     seen: Arc<Mutex<(HashSet<String>, HashSet<String>)>>,
