@@ -198,6 +198,65 @@ pub fn rolling_step(
     }
 }
 
+/// One ReplicaSet as kube's proportional scaling sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScalingRs {
+    /// spec.replicas.
+    pub replicas: i32,
+    /// The max-replicas annotation: desired + maxSurge when it was last sized.
+    pub max_replicas: Option<i32>,
+}
+
+/// kube's proportional scaling when spec.replicas changes while several ReplicaSets have
+/// pods: each grows or shrinks in proportion to its share, within desired + maxSurge, the
+/// rounding leftover going to the biggest. `rss` are ordered oldest first, the new one
+/// last; `status_replicas` stands in for a missing annotation. Returns new sizes in order.
+pub fn proportional_sizes(
+    desired: i32,
+    max_surge: i32,
+    rss: &[ScalingRs],
+    status_replicas: i32,
+) -> Vec<i32> {
+    let mut sizes: Vec<i32> = rss.iter().map(|r| r.replicas).collect();
+    let allowed = if desired > 0 { desired + max_surge } else { 0 };
+    let to_add = allowed - sizes.iter().sum::<i32>();
+    if to_add == 0 {
+        return sizes;
+    }
+    // Biggest first; among equals the newest when growing, the oldest when shrinking.
+    let mut order: Vec<usize> = (0..rss.len()).collect();
+    order.sort_by_key(|&i| {
+        let age = if to_add > 0 { -(i as i64) } else { i as i64 };
+        (-rss[i].replicas, age)
+    });
+    let mut added = 0;
+    for &i in &order {
+        let rs = &rss[i];
+        if rs.replicas == 0 || added == to_add {
+            continue;
+        }
+        let fraction = if desired == 0 {
+            -rs.replicas
+        } else {
+            let annotated = rs.max_replicas.unwrap_or(status_replicas).max(1);
+            let scaled = f64::from(rs.replicas) * f64::from(allowed) / f64::from(annotated);
+            scaled.round() as i32 - rs.replicas
+        };
+        let allowed_now = to_add - added;
+        let proportion = if to_add > 0 {
+            fraction.min(allowed_now)
+        } else {
+            fraction.max(allowed_now)
+        };
+        sizes[i] += proportion;
+        added += proportion;
+    }
+    if let Some(&biggest) = order.first() {
+        sizes[biggest] = (sizes[biggest] + to_add - added).max(0);
+    }
+    sizes
+}
+
 /// One Recreate pass: every old pod goes before the new RS gets any. `old_pods` counts the
 /// old ReplicaSets' pods still existing (their status.replicas).
 pub fn recreate_step(desired: i32, new: &RsState, olds: &[RsState], old_pods: i32) -> Step {
@@ -455,6 +514,50 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
     }
 
     let mut wait = None;
+    // A scaling event (spec.replicas changed since the ReplicaSets were sized) while
+    // several ReplicaSets have pods: resize them proportionally, roll on the next pass.
+    let active: Vec<usize> = (0..owned.len())
+        .filter(|&i| state_of(&owned[i]).replicas > 0)
+        .collect();
+    let scaling = active.iter().any(|&i| {
+        owned[i]
+            .annotations()
+            .get(DESIRED_REPLICAS)
+            .and_then(|d| d.parse::<i32>().ok())
+            .is_some_and(|d| d != desired)
+    });
+    if scaling && !recreate && active.len() > 1 && !saturated(&owned[new_index], desired) {
+        let mut order = active.clone();
+        order.retain(|&i| i != new_index);
+        order.push(new_index);
+        let input: Vec<ScalingRs> = order
+            .iter()
+            .map(|&i| ScalingRs {
+                replicas: state_of(&owned[i]).replicas,
+                max_replicas: owned[i]
+                    .annotations()
+                    .get(MAX_REPLICAS)
+                    .and_then(|m| m.parse().ok()),
+            })
+            .collect();
+        let status_replicas = deploy.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        let sizes = proportional_sizes(desired, max_surge, &input, status_replicas);
+        for (&i, size) in order.iter().zip(sizes) {
+            let rs_name = owned[i].name_any();
+            owned[i] = scale(&rs_api, &rs_name, size, desired, max_surge)
+                .await
+                .step(&object, format!("scaling replicaset {rs_name} to {size}"))?;
+        }
+        return write_status(
+            &client,
+            &deploy,
+            &owned,
+            Some(new_index),
+            max_unavailable,
+            None,
+        )
+        .await;
+    }
     if spec.paused != Some(true) {
         let new = state_of(&owned[new_index]);
         let old_rs: Vec<ReplicaSet> = owned
@@ -518,6 +621,16 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
     )
     .await?;
     Ok(wait.map_or(action, Action::requeue))
+}
+
+/// kube's IsSaturated: the new ReplicaSet alone runs every desired pod, all available.
+fn saturated(rs: &ReplicaSet, desired: i32) -> bool {
+    let annotated = rs
+        .annotations()
+        .get(DESIRED_REPLICAS)
+        .and_then(|d| d.parse::<i32>().ok());
+    let state = state_of(rs);
+    state.replicas == desired && annotated == Some(desired) && state.available == desired
 }
 
 /// Pods of `replicasets` that still run or may run, terminating ones included: Recreate
@@ -1288,5 +1401,48 @@ mod tests {
             done.unwrap().message.as_deref(),
             Some("ReplicaSet \"web-abc\" has successfully progressed.")
         );
+    }
+
+    #[test]
+    fn scaling_mid_rollout_is_proportional() {
+        let rs = |replicas, max| ScalingRs {
+            replicas,
+            max_replicas: Some(max),
+        };
+        // (what, desired, surge, [old..., new], expected sizes)
+        let cases = [
+            // kube's documented example: 10 -> 15 replicas, maxSurge 3, RSs of 8 and 5.
+            ("scale up", 15, 3, vec![rs(8, 13), rs(5, 13)], vec![11, 7]),
+            ("scale down", 5, 1, vec![rs(8, 13), rs(5, 13)], vec![4, 2]),
+            ("to zero", 0, 3, vec![rs(8, 13), rs(5, 13)], vec![0, 0]),
+            (
+                "nothing to add",
+                10,
+                3,
+                vec![rs(8, 13), rs(5, 13)],
+                vec![8, 5],
+            ),
+            (
+                "equals: the newest grows first",
+                20,
+                0,
+                vec![rs(1, 3), rs(1, 3), rs(1, 3)],
+                vec![6, 7, 7],
+            ),
+            (
+                "leftover goes to the biggest",
+                10,
+                0,
+                vec![rs(1, 3), rs(1, 3)],
+                vec![3, 7],
+            ),
+        ];
+        for (what, desired, surge, rss, want) in cases {
+            let got = proportional_sizes(desired, surge, &rss, 0);
+            assert_eq!(got, want, "{what}");
+            let total: i32 = got.iter().sum();
+            let allowed = if desired > 0 { desired + surge } else { 0 };
+            assert_eq!(total, allowed, "{what}: sizes add up to desired + maxSurge");
+        }
     }
 }

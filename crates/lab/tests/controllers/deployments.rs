@@ -278,6 +278,59 @@ async fn restarted_controllers_pick_up_where_they_left_off() {
     assert_eq!(history.created(), 6, "pods created in all across restarts");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_a_stalled_rollout_resizes_replicasets_proportionally() {
+    let cluster = Cluster::start().await;
+    let client = &cluster.client;
+    cluster.namespace("prop").await;
+    let strategy =
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 3, "maxUnavailable": 2}});
+    create_deployment(client, "prop", "svc", 10, strategy).await;
+    eventually("ten pods", || async {
+        (active_pods(client, "prop").await.len() == 10).then_some(())
+    })
+    .await;
+    make_all_ready(client, "prop").await;
+    rolled_out(client, "prop", "svc", 10).await;
+    let old_hash = replicasets(client, "prop").await[0].labels()[HASH].clone();
+
+    // New pods never become Ready: the rollout stalls at 8 old + 5 new (kube's example).
+    set_image(client, "prop", "svc", "nginx:broken").await;
+    let sizes = || async {
+        let mut old_new = (0, 0);
+        for rs in replicasets(client, "prop").await {
+            let n = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+            if rs.labels()[HASH] == old_hash {
+                old_new.0 = n
+            } else {
+                old_new.1 = n
+            }
+        }
+        old_new
+    };
+    eventually("rollout stalled at 8 old, 5 new", || async {
+        (sizes().await == (8, 5)).then_some(())
+    })
+    .await;
+
+    Api::<Deployment>::namespaced(client.clone(), "prop")
+        .patch(
+            "svc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 15}})),
+        )
+        .await
+        .unwrap();
+    eventually("old grows by 3 and new by 2", || async {
+        (sizes().await == (11, 7)).then_some(())
+    })
+    .await;
+    eventually("18 pods", || async {
+        (active_pods(client, "prop").await.len() == 18).then_some(())
+    })
+    .await;
+}
+
 /// Every pod ever created and deleted in a namespace, from a watch.
 struct PodHistory {
     seen: Arc<Mutex<(HashSet<String>, HashSet<String>)>>,
