@@ -360,7 +360,10 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
                         .controller_owner_ref(&())
                         .expect("Deployment has a name and uid"),
                 );
-                let patch = json!({"metadata": {"ownerReferences": refs}});
+                let patch = json!({"metadata": {
+                    "ownerReferences": refs,
+                    "resourceVersion": rs.metadata.resource_version,
+                }});
                 match rs_api
                     .patch(&rs_name, &PatchParams::default(), &Patch::Merge(patch))
                     .await

@@ -103,7 +103,10 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
                     .patch(
                         &name,
                         &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"ownerReferences": refs}})),
+                        &Patch::Merge(json!({"metadata": {
+                            "ownerReferences": refs,
+                            "resourceVersion": pod.metadata.resource_version,
+                        }})),
                     )
                     .await
                     .or_else(|e| if is_not_found(&e) { Ok(pod) } else { Err(e) })
@@ -113,7 +116,12 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
                 let name = pod.name_any();
                 let mut refs = pod.owner_references().to_vec();
                 refs.push(owner.clone());
-                let patch = json!({"metadata": {"ownerReferences": refs, "uid": pod.metadata.uid}});
+                // The resourceVersion makes this a compare-and-swap: of two controllers
+                // racing for an orphan, one gets a conflict and looks again.
+                let patch = json!({"metadata": {
+                    "ownerReferences": refs,
+                    "resourceVersion": pod.metadata.resource_version,
+                }});
                 match pods_api
                     .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
