@@ -479,6 +479,51 @@ async fn rolling_update_keeps_minimum_availability_and_ends_on_the_new_template(
         ok && out.contains("successfully rolled out"),
         "kubectl rollout status: {out}"
     );
+
+    // kubectl reads the revisions from the ReplicaSets and rolls back to the first one,
+    // which becomes revision 3.
+    let (ok, out) = kubectl(
+        &cluster,
+        &["-n", "roll", "rollout", "history", "deployment/api"],
+    )
+    .await;
+    assert!(
+        ok && out.contains('1') && out.contains('2'),
+        "kubectl rollout history: {out}"
+    );
+    let (ok, out) = kubectl(
+        &cluster,
+        &["-n", "roll", "rollout", "undo", "deployment/api"],
+    )
+    .await;
+    assert!(ok, "kubectl rollout undo: {out}");
+    eventually("rolled back to the first template", || async {
+        make_all_ready(client, "roll").await;
+        let pods = active_pods(client, "roll").await;
+        let back = pods.len() == replicas as usize
+            && pods
+                .iter()
+                .all(|p| p.labels().get(HASH) == Some(&old_hash) && ready_and_active(p));
+        back.then_some(())
+    })
+    .await;
+    let d = rolled_out(client, "roll", "api", replicas).await;
+    assert_eq!(
+        d.annotations()
+            .get("deployment.kubernetes.io/revision")
+            .map(String::as_str),
+        Some("3")
+    );
+    let rss = replicasets(client, "roll").await;
+    assert_eq!(rss.len(), 2, "the rollback reuses the first replicaset");
+    let first = rss.iter().find(|rs| rs.labels()[HASH] == old_hash).unwrap();
+    assert_eq!(
+        first
+            .annotations()
+            .get("deployment.kubernetes.io/revision")
+            .map(String::as_str),
+        Some("3")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
