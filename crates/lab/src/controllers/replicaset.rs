@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
+use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -137,6 +138,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
     owned.retain(is_active);
 
     let want = usize::try_from(spec.replicas.unwrap_or(1).max(0)).unwrap_or(0);
+    let mut failure: Option<kube::Error> = None;
     if owned.len() < want {
         let count = (want - owned.len()).min(BURST);
         let template = spec.template.clone().unwrap_or_default();
@@ -158,12 +160,12 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
         // rejects costs one failed request, not hundreds.
         let mut created = 0;
         let mut batch = 1;
-        while created < count {
+        while created < count && failure.is_none() {
             let n = batch.min(count - created);
             let params = PostParams::default();
             let results = join_all((0..n).map(|_| pods_api.create(&params, &pod))).await;
-            for r in results {
-                r.step(&object, "creating pod")?;
+            if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+                failure = Some(e);
             }
             created += n;
             batch *= 2;
@@ -188,7 +190,8 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
         }
     }
 
-    let (status, recheck) = status_of(&rs, &owned, Timestamp::now());
+    let failed_create = failure.as_ref().map(|e| e.to_string());
+    let (status, recheck) = status_of(&rs, &owned, failed_create, Timestamp::now());
     if !same_status(rs.status.as_ref(), &status) {
         Api::<ReplicaSet>::namespaced((*client).clone(), &ns)
             .patch_status(
@@ -198,6 +201,9 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
             )
             .await
             .step(&object, "updating status")?;
+    }
+    if let Some(e) = failure {
+        return Err(e).step(&object, "creating pod");
     }
     Ok(match recheck {
         // A pod becomes available once minReadySeconds pass, with no event to say so.
@@ -239,10 +245,13 @@ pub fn deletion_rank(pod: &Pod) -> impl Ord {
 }
 
 /// The status a ReplicaSet should report for its active owned pods at `now`, and when to
-/// look again because a Ready pod will become available.
+/// look again because a Ready pod will become available. `failed_create` is why the last
+/// pod creation failed: it shows as the ReplicaFailure condition (reason FailedCreate), as
+/// kube reports quota or admission refusals.
 pub fn status_of(
     rs: &ReplicaSet,
     pods: &[Pod],
+    failed_create: Option<String>,
     now: Timestamp,
 ) -> (ReplicaSetStatus, Option<Duration>) {
     let spec = rs.spec.as_ref();
@@ -254,7 +263,24 @@ pub fn status_of(
         .unwrap_or_default();
     let mut status = ReplicaSetStatus {
         observed_generation: rs.metadata.generation,
-        conditions: rs.status.as_ref().and_then(|s| s.conditions.clone()),
+        conditions: {
+            let mut conditions: Vec<ReplicaSetCondition> = rs
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default();
+            conditions.retain(|c| c.type_ != "ReplicaFailure");
+            if let Some(message) = failed_create {
+                conditions.push(ReplicaSetCondition {
+                    type_: "ReplicaFailure".into(),
+                    status: "True".into(),
+                    reason: Some("FailedCreate".into()),
+                    message: Some(message),
+                    last_transition_time: Some(Time(now)),
+                });
+            }
+            (!conditions.is_empty()).then_some(conditions)
+        },
         ..Default::default()
     };
     let (mut ready, mut available, mut labeled) = (0, 0, 0);
@@ -290,6 +316,15 @@ fn same_status(old: Option<&ReplicaSetStatus>, new: &ReplicaSetStatus) -> bool {
         && old.available_replicas.unwrap_or(0) == new.available_replicas.unwrap_or(0)
         && old.fully_labeled_replicas.unwrap_or(0) == new.fully_labeled_replicas.unwrap_or(0)
         && old.observed_generation == new.observed_generation
+        && conditions_key(old) == conditions_key(new)
+}
+
+fn conditions_key(status: &ReplicaSetStatus) -> Vec<(String, String, Option<String>)> {
+    let conditions = status.conditions.as_deref().unwrap_or_default();
+    conditions
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone(), c.message.clone()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -418,12 +453,51 @@ pub(crate) mod tests {
             PodFixture::new("b").running().ready_at(90).0, // ready 10 s: not yet
             PodFixture::new("c").running().0,              // not ready
         ];
-        let (status, recheck) = status_of(&rs, &pods, at(100));
+        let (status, recheck) = status_of(&rs, &pods, None, at(100));
+        assert_eq!(status.conditions, None);
         assert_eq!(status.replicas, 3);
         assert_eq!(status.ready_replicas, Some(2));
         assert_eq!(status.available_replicas, Some(1));
         assert_eq!(status.fully_labeled_replicas, Some(1));
         assert_eq!(status.observed_generation, Some(4));
         assert_eq!(recheck, Some(Duration::from_secs(20)));
+    }
+
+    #[test]
+    fn failed_creations_show_as_replica_failure_until_one_succeeds() {
+        let mut rs = ReplicaSet::default();
+        let (failing, _) = status_of(
+            &rs,
+            &[],
+            Some("pods \"web-x\" is forbidden: exceeded quota".into()),
+            at(0),
+        );
+        let conditions = failing.conditions.clone().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(
+            (
+                conditions[0].type_.as_str(),
+                conditions[0].status.as_str(),
+                conditions[0].reason.as_deref()
+            ),
+            ("ReplicaFailure", "True", Some("FailedCreate"))
+        );
+        assert!(
+            conditions[0]
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("exceeded quota")
+        );
+        assert!(
+            !same_status(Some(&ReplicaSetStatus::default()), &failing),
+            "a new failure is written"
+        );
+        rs.status = Some(failing);
+        let (recovered, _) = status_of(&rs, &[], None, at(1));
+        assert_eq!(
+            recovered.conditions, None,
+            "the condition goes once creation works"
+        );
     }
 }
