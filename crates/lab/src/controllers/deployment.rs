@@ -19,8 +19,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::{
-    Error, StepExt, controller_of, drain, is_conflict, is_not_found, key, retry_after_error,
-    selects,
+    Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key,
+    retry_after_error, selects,
 };
 
 /// Label (and RS name suffix) naming the pod template a ReplicaSet runs.
@@ -42,7 +42,11 @@ pub async fn run(client: Client) {
     );
     drain(
         "deployment",
-        controller.run(reconcile, retry_after_error("deployment"), Arc::new(client)),
+        controller.run(
+            reconcile,
+            retry_after_error("deployment"),
+            Arc::new(Context::new(client, "deployment-controller")),
+        ),
     )
     .await;
 }
@@ -326,7 +330,8 @@ fn state_of(rs: &ReplicaSet) -> RsState {
     }
 }
 
-async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Action, Error> {
+async fn reconcile(deploy: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let client = &ctx.client;
     let object = key(&deploy.metadata);
     let (Some(ns), Some(uid), Some(spec)) =
         (deploy.namespace(), deploy.uid(), deploy.spec.as_ref())
@@ -338,7 +343,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
     }
     let name = deploy.name_any();
     let desired = spec.replicas.unwrap_or(1).max(0);
-    let rs_api = Api::<ReplicaSet>::namespaced((*client).clone(), &ns);
+    let rs_api = Api::<ReplicaSet>::namespaced(client.clone(), &ns);
     let listed = rs_api
         .list(&ListParams::default())
         .await
@@ -423,11 +428,11 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
 
     let Some(new_index) = new_index else {
         if spec.paused == Some(true) {
-            return write_status(&client, &deploy, &owned, None, max_unavailable, None).await;
+            return write_status(client, &deploy, &owned, None, max_unavailable, None).await;
         }
         let olds: Vec<RsState> = owned.iter().map(state_of).collect();
         let old_pods = if recreate {
-            running_pods(&client, &ns, &object, &owned).await?
+            running_pods(client, &ns, &object, &owned).await?
         } else {
             0
         };
@@ -457,6 +462,8 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
         return match created {
             Ok(rs) => {
                 let rs_name = rs.name_any();
+                let note = format!("Scaled up replica set {rs_name} from 0 to {initial}");
+                ctx.event(deploy.as_ref(), "ScalingReplicaSet", note).await;
                 owned.push(rs);
                 let progressing = condition(
                     "Progressing",
@@ -465,7 +472,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
                     format!("Created new replica set \"{rs_name}\""),
                 );
                 write_status(
-                    &client,
+                    client,
                     &deploy,
                     &owned,
                     Some(owned.len() - 1),
@@ -478,7 +485,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
                 // A ReplicaSet of that name exists but is not ours or runs another template:
                 // a hash collision. Count it so the next hash differs, as kube does.
                 let bumped = collision.unwrap_or(0).saturating_add(1);
-                Api::<Deployment>::namespaced((*client).clone(), &ns)
+                Api::<Deployment>::namespaced(client.clone(), &ns)
                     .patch_status(
                         &name,
                         &PatchParams::default(),
@@ -510,7 +517,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
             )?;
     }
     if deploy.annotations().get(REVISION) != Some(&revision_of(&owned[new_index]).to_string()) {
-        Api::<Deployment>::namespaced((*client).clone(), &ns)
+        Api::<Deployment>::namespaced(client.clone(), &ns)
             .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {REVISION: revision_of(&owned[new_index]).to_string()}}})))
             .await
             .step(&object, "setting the revision annotation")?;
@@ -547,12 +554,12 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
         let sizes = proportional_sizes(desired, max_surge, &input, status_replicas);
         for (&i, size) in order.iter().zip(sizes) {
             let rs_name = owned[i].name_any();
-            owned[i] = scale(&rs_api, &rs_name, size, desired, max_surge)
+            owned[i] = scale(&ctx, &deploy, &owned[i], size, desired, max_surge)
                 .await
                 .step(&object, format!("scaling replicaset {rs_name} to {size}"))?;
         }
         return write_status(
-            &client,
+            client,
             &deploy,
             &owned,
             Some(new_index),
@@ -571,7 +578,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
             .collect();
         let olds: Vec<RsState> = old_rs.iter().map(state_of).collect();
         let step = if recreate {
-            let old_pods = running_pods(&client, &ns, &object, &old_rs).await?;
+            let old_pods = running_pods(client, &ns, &object, &old_rs).await?;
             if old_pods > 0 {
                 // Pods going away change no ReplicaSet status: look again soon.
                 wait = Some(Duration::from_millis(500));
@@ -582,19 +589,26 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
         };
         if step.new != new.replicas {
             let rs_name = owned[new_index].name_any();
-            owned[new_index] = scale(&rs_api, &rs_name, step.new, desired, max_surge)
-                .await
-                .step(
-                    &object,
-                    format!("scaling replicaset {rs_name} to {}", step.new),
-                )?;
+            owned[new_index] = scale(
+                &ctx,
+                &deploy,
+                &owned[new_index],
+                step.new,
+                desired,
+                max_surge,
+            )
+            .await
+            .step(
+                &object,
+                format!("scaling replicaset {rs_name} to {}", step.new),
+            )?;
         }
         let mut scaled = Vec::new();
         for (rs, size) in old_rs.iter().zip(&step.olds) {
             if state_of(rs).replicas != *size {
                 let rs_name = rs.name_any();
                 scaled.push(
-                    scale(&rs_api, &rs_name, *size, desired, max_surge)
+                    scale(&ctx, &deploy, rs, *size, desired, max_surge)
                         .await
                         .step(&object, format!("scaling replicaset {rs_name} to {size}"))?,
                 );
@@ -615,7 +629,7 @@ async fn reconcile(deploy: Arc<Deployment>, client: Arc<Client>) -> Result<Actio
         .await?;
     }
     let action = write_status(
-        &client,
+        client,
         &deploy,
         &owned,
         Some(new_index),
@@ -729,19 +743,41 @@ async fn create_new_rs(
     }
 }
 
+/// Sets a ReplicaSet's size and the annotations recording what it was sized for, with the
+/// ScalingReplicaSet event kube emits.
 async fn scale(
-    api: &Api<ReplicaSet>,
-    name: &str,
+    ctx: &Context,
+    deploy: &Deployment,
+    rs: &ReplicaSet,
     replicas: i32,
     desired: i32,
     max_surge: i32,
 ) -> Result<ReplicaSet, kube::Error> {
+    let api = Api::<ReplicaSet>::namespaced(
+        ctx.client.clone(),
+        rs.namespace().as_deref().unwrap_or_default(),
+    );
     let patch = json!({
         "metadata": {"annotations": {DESIRED_REPLICAS: desired.to_string(), MAX_REPLICAS: (desired + max_surge).to_string()}},
         "spec": {"replicas": replicas},
     });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
+    let scaled = api
+        .patch(
+            &rs.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await?;
+    let before = state_of(rs).replicas;
+    if before != replicas {
+        let direction = if replicas > before { "up" } else { "down" };
+        let note = format!(
+            "Scaled {direction} replica set {} from {before} to {replicas}",
+            rs.name_any()
+        );
+        ctx.event(deploy, "ScalingReplicaSet", note).await;
+    }
+    Ok(scaled)
 }
 
 /// Deletes the oldest fully scaled-down old ReplicaSets beyond revisionHistoryLimit.

@@ -18,8 +18,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Resource;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tandem_apiserver::pki::CertPair;
 
 /// Runs every controller until one of them stops (they only stop on a bug).
@@ -30,6 +32,42 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
+    }
+}
+
+/// What a controller's reconciles share: its client and its event recorder.
+pub struct Context {
+    /// The client everything goes through.
+    pub client: kube::Client,
+    /// Publishes events as `kubectl describe` shows them.
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// A context for the controller named `reporter` (e.g. `deployment-controller`).
+    pub fn new(client: kube::Client, reporter: &str) -> Context {
+        Context {
+            recorder: Recorder::new(client.clone(), Reporter::from(reporter)),
+            client,
+        }
+    }
+
+    /// Publishes a Normal event about `obj`. Events are best effort: a failure is logged
+    /// and never fails the reconcile.
+    pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        // kube-rs folds events with the same action into one series that keeps its first
+        // note; the note as action keeps "scaled from 20 to 5" apart from "from 0 to 20".
+        let action: String = note.chars().take(128).collect();
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note),
+            action,
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::debug!("event {reason} on {}: {e}", key(obj.meta()));
+        }
     }
 }
 

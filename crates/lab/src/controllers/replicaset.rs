@@ -19,8 +19,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::{
-    Availability, Error, StepExt, availability, controller_of, drain, is_active, is_not_found,
-    is_ready, key, ready_since, retry_after_error, selects,
+    Availability, Context, Error, StepExt, availability, controller_of, drain, is_active,
+    is_not_found, is_ready, key, ready_since, retry_after_error, selects,
 };
 
 /// At most this many pods are created or deleted in one reconcile (kube's burstReplicas).
@@ -60,7 +60,11 @@ pub async fn run(client: Client) {
     );
     drain(
         "replicaset",
-        controller.run(reconcile, retry_after_error("replicaset"), Arc::new(client)),
+        controller.run(
+            reconcile,
+            retry_after_error("replicaset"),
+            Arc::new(Context::new(client, "replicaset-controller")),
+        ),
     )
     .await;
 }
@@ -69,7 +73,8 @@ pub async fn run(client: Client) {
 /// watch cache, so the pods created or deleted by the previous pass are always seen: this
 /// replaces kube's creation/deletion expectations (no burst can over-create), and the
 /// controller never reconciles the same ReplicaSet twice at once.
-async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, Error> {
+async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let client = &ctx.client;
     let object = key(&rs.metadata);
     let (Some(ns), Some(uid), Some(spec)) = (rs.namespace(), rs.uid(), rs.spec.as_ref()) else {
         return Ok(Action::await_change());
@@ -77,7 +82,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
     if rs.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let pods_api = Api::<Pod>::namespaced((*client).clone(), &ns);
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
     let listed = pods_api
         .list(&ListParams::default())
         .await
@@ -164,8 +169,14 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
             let n = batch.min(count - created);
             let params = PostParams::default();
             let results = join_all((0..n).map(|_| pods_api.create(&params, &pod))).await;
-            if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
-                failure = Some(e);
+            for result in results {
+                match result {
+                    Ok(pod) => {
+                        let note = format!("Created pod: {}", pod.name_any());
+                        ctx.event(rs.as_ref(), "SuccessfulCreate", note).await;
+                    }
+                    Err(e) => failure = Some(e),
+                }
             }
             created += n;
             batch *= 2;
@@ -185,7 +196,11 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
                 Err(e) if !is_not_found(&e) => {
                     return Err(e).step(&object, format!("deleting pod {name}"));
                 }
-                _ => {}
+                Err(_) => {}
+                Ok(_) => {
+                    let note = format!("Deleted pod: {name}");
+                    ctx.event(rs.as_ref(), "SuccessfulDelete", note).await;
+                }
             }
         }
     }
@@ -193,7 +208,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, client: Arc<Client>) -> Result<Action, E
     let failed_create = failure.as_ref().map(|e| e.to_string());
     let (status, recheck) = status_of(&rs, &owned, failed_create, Timestamp::now());
     if !same_status(rs.status.as_ref(), &status) {
-        Api::<ReplicaSet>::namespaced((*client).clone(), &ns)
+        Api::<ReplicaSet>::namespaced(client.clone(), &ns)
             .patch_status(
                 &rs.name_any(),
                 &PatchParams::default(),

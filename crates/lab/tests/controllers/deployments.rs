@@ -211,6 +211,26 @@ async fn twenty_replicas_converge_then_scale_down_to_five() {
     assert_eq!(rss.len(), 1, "scaling creates no replicaset");
     assert_eq!(rss[0].spec.as_ref().and_then(|s| s.replicas), Some(5));
     assert_eq!(rss[0].status.as_ref().map(|s| s.replicas), Some(5));
+    // What `kubectl describe deployment` shows under Events.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "web20");
+    let want = [
+        format!("Scaled up replica set web-{hash} from 0 to 20"),
+        format!("Scaled down replica set web-{hash} from 20 to 5"),
+    ];
+    eventually("ScalingReplicaSet events on the deployment", || async {
+        let notes: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ScalingReplicaSet"))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Deployment"))
+            .filter_map(|e| e.note)
+            .collect();
+        want.iter().all(|w| notes.contains(w)).then_some(())
+    })
+    .await;
     // Deletions are watched after the creations they follow: once 15 are seen, every pod
     // ever created has been seen too.
     eventually("15 deletions watched", || async {
