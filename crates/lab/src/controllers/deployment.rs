@@ -499,22 +499,23 @@ async fn reconcile(deploy: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action,
         };
     };
 
-    // An old template rolled back to becomes the newest revision again.
-    if revision_of(&owned[new_index]) < new_revision {
-        let rs_name = owned[new_index].name_any();
+    // An old template rolled back to becomes the newest revision again, and the new
+    // ReplicaSet follows the Deployment's minReadySeconds.
+    let new_rs = &owned[new_index];
+    let stale_revision = revision_of(new_rs) < new_revision;
+    let min_ready = new_rs.spec.as_ref().and_then(|s| s.min_ready_seconds);
+    // Unset and 0 are the same: comparing them raw would patch on every pass.
+    if stale_revision || min_ready.unwrap_or(0) != spec.min_ready_seconds.unwrap_or(0) {
+        let rs_name = new_rs.name_any();
+        let revision = revision_of(new_rs).max(new_revision).to_string();
+        let patch = json!({
+            "metadata": {"annotations": {REVISION: revision}},
+            "spec": {"minReadySeconds": spec.min_ready_seconds.unwrap_or(0)},
+        });
         owned[new_index] = rs_api
-            .patch(
-                &rs_name,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"annotations": {REVISION: new_revision.to_string()}}}),
-                ),
-            )
+            .patch(&rs_name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .step(
-                &object,
-                format!("setting the revision of replicaset {rs_name}"),
-            )?;
+            .step(&object, format!("updating replicaset {rs_name}"))?;
     }
     if deploy.annotations().get(REVISION) != Some(&revision_of(&owned[new_index]).to_string()) {
         Api::<Deployment>::namespaced(client.clone(), &ns)
