@@ -79,6 +79,8 @@ fn selector_of(svc: &Service) -> Option<&BTreeMap<String, String>> {
 struct PodEndpoint<'a> {
     pod: &'a Pod,
     ip: String,
+    /// The pod's hostname when its subdomain is this Service (DNS names the pod then).
+    hostname: Option<String>,
     ports: Vec<EndpointPort>,
     ready: bool,
     serving: bool,
@@ -116,9 +118,15 @@ fn pod_endpoints<'a>(svc: &Service, pods: &'a [Pod]) -> Vec<PodEndpoint<'a>> {
                 .filter(|ip| ip.parse::<std::net::Ipv4Addr>().is_ok())?;
             let terminating = pod.metadata.deletion_timestamp.is_some();
             let serving = publish_not_ready || is_ready(pod);
+            let pod_spec = pod.spec.as_ref();
+            let hostname = pod_spec
+                .filter(|s| s.subdomain.is_some() && s.subdomain == svc.metadata.name)
+                .and_then(|s| s.hostname.clone())
+                .filter(|h| !h.is_empty());
             Some(PodEndpoint {
                 pod,
                 ip,
+                hostname,
                 ports: resolve_ports(svc, pod),
                 ready: publish_not_ready || (serving && !terminating),
                 serving,
@@ -196,6 +204,7 @@ pub fn desired_slices(svc: &Service, pods: &[Pod]) -> Vec<(Vec<EndpointPort>, Ve
             }),
             node_name: pe.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             target_ref: Some(target_ref(pe.pod)),
+            hostname: pe.hostname.clone(),
             ..Default::default()
         });
     }
@@ -240,9 +249,9 @@ pub fn desired_subsets(svc: &Service, pods: &[Pod]) -> Vec<EndpointSubset> {
             });
         let address = EndpointAddress {
             ip: pe.ip.clone(),
+            hostname: pe.hostname.clone(),
             node_name: pe.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             target_ref: Some(target_ref(pe.pod)),
-            ..Default::default()
         };
         let list = if pe.ready {
             &mut subset.addresses
@@ -551,6 +560,37 @@ mod tests {
                     .collect::<Vec<_>>(),
             );
             assert_eq!(got, want, "endpoints, publish={publish}");
+        }
+    }
+
+    #[test]
+    fn pods_in_the_service_subdomain_carry_their_hostname() {
+        let svc = service(json!([{"name": "http", "port": 80}]), false);
+        // (hostname, subdomain, expected hostname on the endpoint)
+        let cases = [
+            (Some("db-0"), Some("web"), Some("db-0")),
+            (Some("db-0"), Some("other"), None),
+            (Some("db-0"), None, None),
+            (None, Some("web"), None),
+        ];
+        for (hostname, subdomain, want) in cases {
+            let mut p = pod("p", "web", Some("10.0.0.1"), true, false);
+            let spec = p.spec.as_mut().unwrap();
+            spec.hostname = hostname.map(String::from);
+            spec.subdomain = subdomain.map(String::from);
+            let slices = desired_slices(&svc, &[p.clone()]);
+            assert_eq!(
+                slices[0].1[0].hostname.as_deref(),
+                want,
+                "{hostname:?} in {subdomain:?}"
+            );
+            let subsets = desired_subsets(&svc, &[p]);
+            let address = &subsets[0].addresses.as_ref().unwrap()[0];
+            assert_eq!(
+                address.hostname.as_deref(),
+                want,
+                "{hostname:?} in {subdomain:?}"
+            );
         }
     }
 
