@@ -219,7 +219,7 @@ pub fn proportional_sizes(
 }
 
 /// One Recreate pass: every old pod goes before the new RS gets any. `old_pods` counts the
-/// old ReplicaSets' pods still existing (their status.replicas).
+/// old ReplicaSets' pods still existing, terminating ones included.
 pub fn recreate_step(desired: i32, new: &RsState, olds: &[RsState], old_pods: i32) -> Step {
     if olds.iter().any(|r| r.replicas > 0) || old_pods > 0 {
         return Step {
