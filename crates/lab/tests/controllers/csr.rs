@@ -105,21 +105,21 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
     let (denied_pem, _) = csr_pem("mallory", &["system:masters"]);
     let (pending_pem, _) = csr_pem("pending", &[]);
     // One O only: rcgen keeps one value per attribute type in a DistinguishedName.
-    let (pem, key) = csr_pem("robot-1", &["team-a"]);
+    let (pem, key) = csr_pem("carol", &["team-a"]);
     file_csr(&carol, "denied", &denied_pem, None).await;
     file_csr(&carol, "pending", &pending_pem, None).await;
     // Denied the way an admin does it: kubectl (an update of the approval subresource).
     let (ok, out) = kubectl(&cluster, &["certificate", "deny", "denied"]).await;
     assert!(ok, "kubectl certificate deny: {out}");
-    file_csr(&carol, "robot-1", &pem, Some(3600)).await;
+    file_csr(&carol, "carol-team-a", &pem, Some(3600)).await;
     assert_eq!(
-        certificate(admin, "robot-1").await,
+        certificate(admin, "carol-team-a").await,
         None,
         "nothing is signed before approval"
     );
-    decide(admin, "robot-1", "Approved").await;
+    decide(admin, "carol-team-a", "Approved").await;
 
-    let cert = eventually("robot-1 signed", || certificate(admin, "robot-1")).await;
+    let cert = eventually("carol-team-a signed", || certificate(admin, "carol-team-a")).await;
     // The signer handled the earlier requests before this one; they stay unsigned.
     assert_eq!(
         certificate(admin, "denied").await,
@@ -141,13 +141,14 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
         "expirationSeconds 3600 honoured, got {lifetime}s"
     );
 
-    // The certificate authenticates as its subject.
+    // The certificate authenticates as its subject, in the group the CSR asked for (the
+    // kubeconfig carol filed it with has no groups).
     let mut kubeconfig: serde_yaml::Value =
         serde_yaml::from_str(&cluster.server.kubeconfig_for("carol", &[]).unwrap()).unwrap();
     let user = &mut kubeconfig["users"][0]["user"];
     user["client-certificate-data"] = base64(&cert).into();
     user["client-key-data"] = base64(&key).into();
-    let robot =
+    let signed_client =
         tandem_apiserver::client_from_kubeconfig(&serde_yaml::to_string(&kubeconfig).unwrap())
             .await
             .unwrap();
@@ -155,12 +156,12 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
         json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
     )
     .unwrap();
-    let review = Api::<SelfSubjectReview>::all(robot)
+    let review = Api::<SelfSubjectReview>::all(signed_client)
         .create(&PostParams::default(), &review)
         .await
         .unwrap();
     let info = review.status.and_then(|s| s.user_info).expect("userInfo");
-    assert_eq!(info.username.as_deref(), Some("robot-1"));
+    assert_eq!(info.username.as_deref(), Some("carol"));
     let groups = info.groups.unwrap_or_default();
     for g in ["team-a", "system:authenticated"] {
         assert!(

@@ -612,3 +612,62 @@ async fn recreate_never_mixes_templates_and_history_is_pruned() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_replicaset_is_adopted_and_rolled_away() {
+    let cluster = Cluster::start().await;
+    let client = &cluster.client;
+    cluster.namespace("adopt").await;
+    let orphan: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "legacy", "labels": {"app": "web"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "main", "image": "nginx:0"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let rs_api = Api::<ReplicaSet>::namespaced(client.clone(), "adopt");
+    rs_api
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    eventually("legacy pods", || async {
+        (active_pods(client, "adopt").await.len() == 2).then_some(())
+    })
+    .await;
+    make_all_ready(client, "adopt").await;
+
+    let strategy =
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}});
+    create_deployment(client, "adopt", "web", 2, strategy).await;
+    let deploy = Api::<Deployment>::namespaced(client.clone(), "adopt")
+        .get("web")
+        .await
+        .unwrap();
+    eventually("rolled onto the deployment's template", || async {
+        make_all_ready(client, "adopt").await;
+        let pods = active_pods(client, "adopt").await;
+        let new = pods
+            .iter()
+            .all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some("nginx:1"));
+        (pods.len() == 2 && new).then_some(())
+    })
+    .await;
+    rolled_out(client, "adopt", "web", 2).await;
+    let legacy = rs_api.get("legacy").await.unwrap();
+    let owner = legacy
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .cloned();
+    assert_eq!(
+        owner.map(|o| o.uid),
+        deploy.metadata.uid,
+        "legacy adopted by the deployment"
+    );
+    assert_eq!(legacy.spec.and_then(|s| s.replicas), Some(0));
+}
