@@ -24,6 +24,9 @@ pub enum PkiError {
     },
 }
 
+/// The shortest validity a signed CSR gets (kube's minimum spec.expirationSeconds).
+pub const MIN_VALID_SECONDS: i64 = 600;
+
 /// A certificate and its private key, PEM encoded.
 #[derive(Clone, Debug)]
 pub struct CertPair {
@@ -125,9 +128,27 @@ impl CertPair {
     /// Signs the public key of a PEM certificate signing request (the CSR API's signer):
     /// the subject comes from the request, usages from `server`.
     pub fn sign_csr(&self, csr_pem: &str, server: bool) -> Result<String, PkiError> {
+        self.sign_csr_for(csr_pem, server, None)
+    }
+
+    /// Like [`CertPair::sign_csr`], valid for `valid_seconds` from now when given (at least
+    /// 600 s, as kube-apiserver's spec.expirationSeconds), so short-lived client
+    /// certificates really expire.
+    pub fn sign_csr_for(
+        &self,
+        csr_pem: &str,
+        server: bool,
+        valid_seconds: Option<i64>,
+    ) -> Result<String, PkiError> {
         let ca_key = KeyPair::from_pem(&self.key_pem)?;
         let issuer = Issuer::from_ca_cert_pem(&self.cert_pem, ca_key)?;
         let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)?;
+        if let Some(seconds) = valid_seconds {
+            let now = time::OffsetDateTime::now_utc();
+            // Backdated a little, as kube's signer does, to tolerate clock skew.
+            csr.params.not_before = now - time::Duration::minutes(5);
+            csr.params.not_after = now + time::Duration::seconds(seconds.max(MIN_VALID_SECONDS));
+        }
         csr.params.is_ca = IsCa::ExplicitNoCa;
         csr.params.extended_key_usages = vec![if server {
             ExtendedKeyUsagePurpose::ServerAuth
@@ -169,4 +190,32 @@ fn write(path: &Path, content: &str) -> Result<(), PkiError> {
         path: path.display().to_string(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validity(pem: &str) -> i64 {
+        let der = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap().1;
+        let cert = der.parse_x509().unwrap();
+        cert.validity().not_after.timestamp() - time::OffsetDateTime::now_utc().unix_timestamp()
+    }
+
+    #[test]
+    fn csr_validity_honours_expiration_seconds_with_a_floor() {
+        let ca = new_ca("test").unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "carol");
+        let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+        // (requested seconds, expected remaining validity)
+        let cases = [(Some(3600), 3600), (Some(60), MIN_VALID_SECONDS)];
+        for (requested, want) in cases {
+            let left = validity(&ca.sign_csr_for(&csr, false, requested).unwrap());
+            assert!((want - 5..=want).contains(&left), "{requested:?}: {left}");
+        }
+        let unbounded = validity(&ca.sign_csr(&csr, false).unwrap());
+        assert!(unbounded > 100 * 365 * 86400, "{unbounded}");
+    }
 }

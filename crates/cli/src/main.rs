@@ -2,6 +2,7 @@
 
 mod apiserver;
 mod gateway;
+mod lab;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,8 @@ enum Command {
     Apiserver(apiserver::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
     Gateway(gateway::Args),
+    /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
+    Lab(lab::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,6 +53,7 @@ fn run() -> anyhow::Result<()> {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
             Command::Gateway(args) => gateway::run(args).await,
+            Command::Lab(args) => lab::run(args).await,
         }
     })
 }

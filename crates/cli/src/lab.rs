@@ -1,0 +1,163 @@
+//! `tandem lab`: several embedded clusters in the foreground, one kubeconfig for all.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use tandem_lab::{Lab, LabSpec};
+
+/// Arguments of `tandem lab`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Start N lab clusters on 127.0.0.1 and run them until interrupted.
+    #[command(
+        after_help = "Example:\n  tandem lab up --clusters 3\n  kubectl --kubeconfig ~/.tandem/lab/kubeconfig --context lab-2 get nodes\n\nAll clusters use the pod CIDR 10.244.0.0/16 and differ in region\n(topology.kubernetes.io/region: eu-west, us-east, ap-south, …). Restarting on the\nsame --dir keeps every object."
+    )]
+    Up {
+        /// Number of clusters (contexts lab-1 … lab-N).
+        #[arg(long, default_value_t = 2)]
+        clusters: usize,
+        /// Hollow nodes per cluster.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/lab].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Show the clusters of a running lab and their health.
+    Status {
+        /// The lab's directory [default: ~/.tandem/lab].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn default_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join(".tandem/lab")
+}
+
+/// Runs `tandem lab …`.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Up {
+            clusters,
+            nodes,
+            dir,
+        } => up(clusters, nodes, dir.unwrap_or_else(default_dir)).await,
+        Command::Status { dir } => status(dir.unwrap_or_else(default_dir)).await,
+    }
+}
+
+async fn up(clusters: usize, nodes: usize, dir: PathBuf) -> anyhow::Result<()> {
+    anyhow::ensure!(clusters >= 1, "--clusters must be at least 1");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let spec = LabSpec {
+        clusters,
+        nodes,
+        dir: Some(dir.clone()),
+    };
+    eprintln!(
+        "starting {clusters} lab cluster(s) with {nodes} node(s) each in {}",
+        dir.display()
+    );
+    let lab = Lab::start(&spec, |c| {
+        eprintln!(
+            "  ✓ {} ({}) at {}",
+            c.config.name,
+            c.config.region,
+            c.server.url()
+        );
+    })
+    .await?;
+    let kubeconfig = dir.join("kubeconfig");
+    write_atomic(&kubeconfig, lab.kubeconfig()?.as_bytes())?;
+    eprintln!(
+        "lab ready; kubeconfig: {path}\n  kubectl --kubeconfig {path} --context lab-1 get nodes\nCtrl-C stops the lab (objects are kept in {dir}).",
+        path = kubeconfig.display(),
+        dir = dir.display()
+    );
+    tokio::signal::ctrl_c().await?;
+    eprintln!("stopping the lab");
+    lab.shutdown();
+    Ok(())
+}
+
+fn write_atomic(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+async fn status(dir: PathBuf) -> anyhow::Result<()> {
+    let path = dir.join("kubeconfig");
+    let yaml = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (is a lab running? start one with `tandem lab up`)",
+            path.display()
+        )
+    })?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml)?;
+    println!(
+        "{:<8} {:<34} {:<8} {:<7} {:<6}",
+        "CLUSTER", "SERVER", "HEALTH", "NODES", "PODS"
+    );
+    for ctx in &kubeconfig.contexts {
+        let options = kube::config::KubeConfigOptions {
+            context: Some(ctx.name.clone()),
+            ..Default::default()
+        };
+        let server = kubeconfig
+            .clusters
+            .iter()
+            .find(|c| Some(&c.name) == ctx.context.as_ref().map(|x| &x.cluster))
+            .and_then(|c| c.cluster.as_ref().and_then(|c| c.server.clone()))
+            .unwrap_or_default();
+        let row = async {
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options).await?;
+            let client = kube::Client::try_from(config)?;
+            let nodes = Api::<Node>::all(client.clone())
+                .list(&ListParams::default())
+                .await?;
+            let ready = nodes
+                .items
+                .iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .count();
+            let pods = Api::<Pod>::all(client)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .len();
+            anyhow::Ok((format!("{ready}/{}", nodes.items.len()), pods))
+        };
+        match tokio::time::timeout(Duration::from_secs(3), row).await {
+            Ok(Ok((nodes, pods))) => println!(
+                "{:<8} {:<34} {:<8} {:<7} {:<6}",
+                ctx.name, server, "ok", nodes, pods
+            ),
+            Ok(Err(e)) => println!("{:<8} {:<34} {:<8} ({e})", ctx.name, server, "down"),
+            Err(_) => println!(
+                "{:<8} {:<34} {:<8} (no answer in 3s)",
+                ctx.name, server, "down"
+            ),
+        }
+    }
+    Ok(())
+}

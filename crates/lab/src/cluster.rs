@@ -1,0 +1,201 @@
+//! One lab cluster: the API server, its hollow nodes and its controllers, in this process.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tandem_apiserver::{ApiServer, Config};
+use tokio::task::JoinHandle;
+
+use crate::kubelet::HollowNode;
+
+/// How to build a lab cluster.
+#[derive(Clone, Debug)]
+pub struct LabConfig {
+    /// Cluster name (`lab-1`); nodes are called `<name>-node-<i>`.
+    pub name: String,
+    /// Number of hollow nodes.
+    pub nodes: usize,
+    /// Pod CIDR of the cluster; each node gets the i-th /24 of it.
+    pub pod_cidr: String,
+    /// Value of `topology.kubernetes.io/region` on every node.
+    pub region: String,
+    /// Allocatable CPU of each node.
+    pub node_cpu: String,
+    /// Allocatable memory of each node.
+    pub node_memory: String,
+    /// Maximum pods per node.
+    pub node_pods: u32,
+    /// Where the API server keeps its objects; None keeps them in memory.
+    pub data_dir: Option<PathBuf>,
+    /// API server port on 127.0.0.1 (0 picks a free one).
+    pub port: u16,
+    /// How long a node's Lease may go unrenewed before the node is NotReady and unreachable
+    /// (kube-controller-manager's `--node-monitor-grace-period`).
+    pub node_monitor_grace_period: std::time::Duration,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        LabConfig {
+            name: "lab-1".into(),
+            nodes: 3,
+            pod_cidr: "10.244.0.0/16".into(),
+            region: "region-1".into(),
+            node_cpu: "8".into(),
+            node_memory: "32Gi".into(),
+            node_pods: 110,
+            data_dir: None,
+            port: 0,
+            node_monitor_grace_period: std::time::Duration::from_secs(40),
+        }
+    }
+}
+
+/// Which hollow nodes are switched off (their kubelet stops heartbeating and updating pods).
+#[derive(Clone, Default, Debug)]
+pub struct NodePower(Arc<RwLock<HashSet<String>>>);
+
+impl NodePower {
+    /// Whether `node` is running.
+    pub fn is_on(&self, node: &str) -> bool {
+        !self.0.read().contains(node)
+    }
+
+    /// Stops `node`'s kubelet from doing anything, as if the machine lost power.
+    pub fn power_off(&self, node: &str) {
+        self.0.write().insert(node.to_string());
+    }
+
+    /// Lets `node`'s kubelet resume.
+    pub fn power_on(&self, node: &str) {
+        self.0.write().remove(node);
+    }
+}
+
+/// A running lab cluster.
+pub struct LabCluster {
+    /// The configuration it was started with.
+    pub config: LabConfig,
+    /// Its API server.
+    pub server: ApiServer,
+    /// An admin client.
+    pub client: kube::Client,
+    /// Node power switches.
+    pub power: NodePower,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The hollow nodes a configuration describes.
+pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
+    let base: Vec<u8> = config
+        .pod_cidr
+        .split('/')
+        .next()
+        .unwrap_or("10.244.0.0")
+        .split('.')
+        .filter_map(|o| o.parse().ok())
+        .collect();
+    (1..=config.nodes)
+        .map(|i| {
+            let name = format!("{}-node-{i}", config.name);
+            let zone = format!("{}-{}", config.region, (b'a' + ((i - 1) % 3) as u8) as char);
+            let labels = BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.clone()),
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                ("kubernetes.io/arch".to_string(), "amd64".to_string()),
+                (
+                    "topology.kubernetes.io/region".to_string(),
+                    config.region.clone(),
+                ),
+                ("topology.kubernetes.io/zone".to_string(), zone),
+            ]);
+            HollowNode {
+                pod_cidr: format!(
+                    "{}.{}.{}.0/24",
+                    base.first().copied().unwrap_or(10),
+                    base.get(1).copied().unwrap_or(244),
+                    i % 256
+                ),
+                internal_ip: format!("172.18.{}.{}", i / 250, i % 250 + 2),
+                name,
+                labels,
+                cpu: config.node_cpu.clone(),
+                memory: config.node_memory.clone(),
+                pods: config.node_pods,
+                lease_renew_interval: crate::kubelet::lease_renew_interval(
+                    config.node_monitor_grace_period,
+                ),
+            }
+        })
+        .collect()
+}
+
+impl LabCluster {
+    /// Starts the API server, the hollow nodes and the controllers.
+    pub async fn start(config: LabConfig) -> anyhow::Result<LabCluster> {
+        let server = ApiServer::start(Config {
+            name: config.name.clone(),
+            data_dir: config.data_dir.clone(),
+            port: config.port,
+            ..Default::default()
+        })
+        .await?;
+        let client = server.client().await?;
+        let power = NodePower::default();
+        let mut tasks = Vec::new();
+        let spawn =
+            |name: &'static str, fut: futures::future::BoxFuture<'static, anyhow::Result<()>>| {
+                tokio::spawn(async move {
+                    if let Err(e) = fut.await {
+                        tracing::error!("lab {name} stopped: {e:#}");
+                    }
+                })
+            };
+        tasks.push(spawn(
+            "scheduler",
+            Box::pin(crate::scheduler::run(client.clone())),
+        ));
+        tasks.push(spawn(
+            "node lifecycle controller",
+            Box::pin(crate::nodelifecycle::run(
+                client.clone(),
+                config.node_monitor_grace_period,
+            )),
+        ));
+        tasks.push(spawn(
+            "controllers",
+            Box::pin(crate::controllers::run_all(
+                client.clone(),
+                server.state().pki.ca.clone(),
+            )),
+        ));
+        for node in nodes_of(&config) {
+            tasks.push(spawn(
+                "kubelet",
+                Box::pin(crate::kubelet::run(client.clone(), node, power.clone())),
+            ));
+        }
+        Ok(LabCluster {
+            config,
+            server,
+            client,
+            power,
+            tasks,
+        })
+    }
+
+    /// Names of the cluster's hollow nodes.
+    pub fn node_names(&self) -> Vec<String> {
+        nodes_of(&self.config).into_iter().map(|n| n.name).collect()
+    }
+
+    /// Stops everything (objects stay in the data directory, if any).
+    pub fn shutdown(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+        self.server.shutdown();
+    }
+}

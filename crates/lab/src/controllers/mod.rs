@@ -1,0 +1,232 @@
+//! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
+//! Deployment, EndpointSlice/Endpoints, the kube-apiserver-client CSR signer and the
+//! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
+//! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
+//! failures with the object and the step.
+
+pub mod csr;
+pub mod deployment;
+pub mod endpoints;
+pub mod replicaset;
+pub mod serviceaccount;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Resource;
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tandem_apiserver::pki::CertPair;
+
+/// Runs every controller until one of them stops (they only stop on a bug).
+pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
+    tokio::select! {
+        () = replicaset::run(client.clone()) => anyhow::bail!("replicaset controller stopped"),
+        () = deployment::run(client.clone()) => anyhow::bail!("deployment controller stopped"),
+        () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
+        () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
+        () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
+    }
+}
+
+/// What a controller's reconciles share: its client and its event recorder.
+pub struct Context {
+    /// The client everything goes through.
+    pub client: kube::Client,
+    /// Publishes events as `kubectl describe` shows them.
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// A context for the controller named `reporter` (e.g. `deployment-controller`).
+    pub fn new(client: kube::Client, reporter: &str) -> Context {
+        Context {
+            recorder: Recorder::new(client.clone(), Reporter::from(reporter)),
+            client,
+        }
+    }
+
+    /// Publishes a Normal event about `obj`. Events are best effort: a failure is logged
+    /// and never fails the reconcile.
+    pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        // kube-rs folds events with the same action into one series that keeps its first
+        // note; the note as action keeps "scaled from 20 to 5" apart from "from 0 to 20".
+        let action: String = note.chars().take(128).collect();
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note),
+            action,
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::debug!("event {reason} on {}: {e}", key(obj.meta()));
+        }
+    }
+}
+
+/// Why a reconcile failed: the object, the step, and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{object}: {step}: {source}")]
+    Api {
+        /// `namespace/name` of the object being reconciled.
+        object: String,
+        /// What the controller was doing.
+        step: String,
+        /// The client error.
+        source: kube::Error,
+    },
+    /// The object cannot be acted on as it is (the controller waits for it to change).
+    #[error("{object}: {reason}")]
+    Invalid {
+        /// `namespace/name` of the object.
+        object: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Attaches the object and step to a client error.
+pub(crate) trait StepExt<T> {
+    /// Names the object and the step that failed.
+    fn step(self, object: &str, step: impl Into<String>) -> Result<T, Error>;
+}
+
+impl<T> StepExt<T> for Result<T, kube::Error> {
+    fn step(self, object: &str, step: impl Into<String>) -> Result<T, Error> {
+        self.map_err(|source| Error::Api {
+            object: object.to_string(),
+            step: step.into(),
+            source,
+        })
+    }
+}
+
+/// `namespace/name` of an object, for logs and errors.
+pub(crate) fn key(meta: &ObjectMeta) -> String {
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or("")),
+        None => meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Whether a client error is the API's 404.
+pub(crate) fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Whether a client error is the API's 409 (already exists or conflict).
+pub(crate) fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Logs a failed reconcile and retries later; the next reconcile starts again from the
+/// listed state, so retrying is always safe.
+pub(crate) fn retry_after_error<K, C>(
+    controller: &'static str,
+) -> impl Fn(std::sync::Arc<K>, &Error, std::sync::Arc<C>) -> Action {
+    move |_, error, _| {
+        tracing::warn!("{controller} controller: {error}");
+        Action::requeue(Duration::from_secs(2))
+    }
+}
+
+/// Drains a controller's result stream; reconcile errors are logged by the error policy,
+/// watch errors here (the watcher retries on its own).
+pub(crate) async fn drain<S, T, E>(controller: &'static str, stream: S)
+where
+    S: futures::Stream<Item = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    stream
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!("{controller} controller: {e}");
+            }
+        })
+        .await;
+}
+
+/// The controller ownerReference of an object, if any.
+pub(crate) fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|r| r.controller == Some(true))
+}
+
+/// Whether `selector` selects `labels`. An empty or unparsable selector selects nothing,
+/// as a workload controller must never grab every pod of a namespace.
+pub(crate) fn selects(selector: &LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {
+    let Ok(selector) = Selector::try_from(selector.clone()) else {
+        return false;
+    };
+    if selector.selects_all() {
+        return false;
+    }
+    selector.matches(labels.unwrap_or(&BTreeMap::new()))
+}
+
+/// Whether a pod counts for its controller: not being deleted and not finished.
+pub(crate) fn is_active(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// When the pod's Ready condition last became True, if it is True.
+pub(crate) fn ready_since(pod: &Pod) -> Option<Option<Timestamp>> {
+    let cond = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_deref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    (cond.status == "True").then(|| cond.last_transition_time.as_ref().map(|t| t.0))
+}
+
+/// Whether the pod's Ready condition is True.
+pub(crate) fn is_ready(pod: &Pod) -> bool {
+    ready_since(pod).is_some()
+}
+
+/// Whether the pod has been Ready for `min_ready_seconds` at `now`; if not yet but it is
+/// Ready, how long until it will be.
+pub(crate) fn availability(pod: &Pod, min_ready_seconds: i32, now: Timestamp) -> Availability {
+    match ready_since(pod) {
+        None => Availability::Unavailable,
+        Some(_) if min_ready_seconds <= 0 => Availability::Available,
+        // Ready without a transition time: kube treats it as available.
+        Some(None) => Availability::Available,
+        Some(Some(since)) => {
+            let at = since + SignedDuration::from_secs(i64::from(min_ready_seconds));
+            if at <= now {
+                Availability::Available
+            } else {
+                Availability::ReadyFor(
+                    Duration::try_from(at.duration_since(now)).unwrap_or_default(),
+                )
+            }
+        }
+    }
+}
+
+/// Whether a pod counts as available.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Availability {
+    /// Not Ready.
+    Unavailable,
+    /// Ready, but for less than minReadySeconds: available after this long.
+    ReadyFor(Duration),
+    /// Ready for at least minReadySeconds.
+    Available,
+}

@@ -1,0 +1,854 @@
+//! Hollow kubelets: register Nodes, heartbeat Leases, run bound pods without containers.
+//!
+//! A hollow container starts instantly and does nothing; what it does instead is chosen by
+//! the pod annotation [`BEHAVIOR_ANNOTATION`] (`lab.tandem.dev/behavior`):
+//!
+//! - absent or `run`: containers run and are ready; the pod is `Running` and `Ready`.
+//! - `exit`: containers exit with code 0 — phase `Succeeded` under `restartPolicy`
+//!   `Never`/`OnFailure`, restarted (and backing off) under `Always`.
+//! - `fail`: containers exit with code 1 — phase `Failed` under `Never`, restarted (and
+//!   backing off) under `OnFailure`/`Always`.
+//! - `crashloop`: containers keep exiting with code 1; `restartCount` grows and the container
+//!   waits with reason `CrashLoopBackOff`; the pod stays `Running` but never `Ready`.
+//! - `never-ready`: containers run but never become ready; the pod is `Running`, not `Ready`.
+//!
+//! Restarts back off like the kubelet's, scaled down tenfold: 1 s, 2 s, 4 s, 8 s, then 10 s.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::cluster::NodePower;
+
+/// Pod annotation that chooses what a hollow container does (see the module documentation).
+pub const BEHAVIOR_ANNOTATION: &str = "lab.tandem.dev/behavior";
+/// How often a hollow kubelet posts its node status (the Ready condition's heartbeat).
+pub const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(30);
+/// `nodeInfo.kubeletVersion` of hollow nodes.
+pub const KUBELET_VERSION: &str = "v1.33.0-tandem";
+/// Namespace of node Leases.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// How often a powered-off kubelet checks whether it is back on.
+const POWER_POLL: Duration = Duration::from_millis(100);
+
+/// What a hollow node registers as.
+#[derive(Clone, Debug)]
+pub struct HollowNode {
+    /// Node name.
+    pub name: String,
+    /// The node's pod CIDR (pods get addresses from it).
+    pub pod_cidr: String,
+    /// The node's InternalIP.
+    pub internal_ip: String,
+    /// Node labels (hostname, os, arch, region, zone).
+    pub labels: BTreeMap<String, String>,
+    /// Allocatable CPU.
+    pub cpu: String,
+    /// Allocatable memory.
+    pub memory: String,
+    /// Maximum pods.
+    pub pods: u32,
+    /// How often the kubelet renews its Lease (see [`lease_renew_interval`]).
+    pub lease_renew_interval: Duration,
+}
+
+/// The Lease renewal period for a node-monitor grace period: a quarter of it, at most 10 s
+/// (the kubelet renews every 10 s against kube-controller-manager's 40 s), so a lab cluster
+/// with a short grace period still sees several renewals per period, and a large one does
+/// not spend the API server's time on leases.
+pub fn lease_renew_interval(grace: Duration) -> Duration {
+    (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
+}
+
+/// Errors of a hollow kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    /// The node's pod CIDR is not an IPv4 CIDR.
+    #[error("node {node}: pod CIDR {cidr:?} is not an IPv4 CIDR (a.b.c.d/len, len 8..=30)")]
+    PodCidr {
+        /// Node name.
+        node: String,
+        /// The CIDR as configured.
+        cidr: String,
+    },
+}
+
+/// What a hollow container does, from [`BEHAVIOR_ANNOTATION`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behavior {
+    /// Runs and is ready.
+    Run,
+    /// Exits with code 0.
+    Exit,
+    /// Exits with code 1.
+    Fail,
+    /// Exits with code 1 forever, restarting with back-off.
+    CrashLoop,
+    /// Runs but is never ready.
+    NeverReady,
+}
+
+impl Behavior {
+    /// The behaviour a pod asks for (unknown values run normally).
+    pub fn of(pod: &Pod) -> Behavior {
+        match pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(BEHAVIOR_ANNOTATION))
+            .map(String::as_str)
+        {
+            Some("exit") => Behavior::Exit,
+            Some("fail") => Behavior::Fail,
+            Some("crashloop") => Behavior::CrashLoop,
+            Some("never-ready") => Behavior::NeverReady,
+            _ => Behavior::Run,
+        }
+    }
+
+    /// Exit code of a container that exits, or None if it keeps running.
+    fn exit_code(self) -> Option<i32> {
+        match self {
+            Behavior::Exit => Some(0),
+            Behavior::Fail | Behavior::CrashLoop => Some(1),
+            Behavior::Run | Behavior::NeverReady => None,
+        }
+    }
+}
+
+/// Pod addresses of one node: the usable addresses of its pod CIDR, lowest free first.
+#[derive(Debug)]
+pub struct PodAddresses {
+    base: u32,
+    size: u32,
+    used: BTreeSet<u32>,
+}
+
+impl PodAddresses {
+    /// Parses an IPv4 CIDR; `.0` (network), `.1` (gateway) and the broadcast address are
+    /// never handed out.
+    pub fn parse(cidr: &str) -> Option<PodAddresses> {
+        let (addr, len) = cidr.split_once('/')?;
+        let addr: Ipv4Addr = addr.parse().ok()?;
+        let len: u32 = len.parse().ok()?;
+        if !(8..=30).contains(&len) {
+            return None;
+        }
+        let size = 1u32 << (32 - len);
+        Some(PodAddresses {
+            base: u32::from(addr) & !(size - 1),
+            size,
+            used: BTreeSet::new(),
+        })
+    }
+
+    /// The lowest free address, now in use.
+    pub fn allocate(&mut self) -> Option<Ipv4Addr> {
+        let offset = (2..self.size - 1).find(|o| !self.used.contains(o))?;
+        self.used.insert(offset);
+        Some(Ipv4Addr::from(self.base + offset))
+    }
+
+    /// Marks `ip` in use if it belongs to the CIDR; returns whether it does and was free.
+    pub fn reserve(&mut self, ip: Ipv4Addr) -> bool {
+        let offset = u32::from(ip).wrapping_sub(self.base);
+        offset >= 2 && offset < self.size - 1 && self.used.insert(offset)
+    }
+
+    /// Frees `ip`.
+    pub fn release(&mut self, ip: Ipv4Addr) {
+        self.used.remove(&u32::from(ip).wrapping_sub(self.base));
+    }
+}
+
+/// What the kubelet remembers about one pod it runs.
+#[derive(Clone, Debug)]
+pub struct PodRuntime {
+    /// The pod's address (None once released).
+    pub ip: Option<Ipv4Addr>,
+    /// When the pod started.
+    pub started: Timestamp,
+    /// Container restarts so far.
+    pub restarts: i32,
+    /// When the next restart is due (crash-looping containers).
+    pub next_restart: Option<Instant>,
+    /// When the containers last exited.
+    pub last_exit: Timestamp,
+}
+
+/// Back-off before restart number `restarts + 1`: 1 s doubling to 10 s.
+pub fn restart_backoff(restarts: i32) -> Duration {
+    Duration::from_secs(1u64 << restarts.clamp(0, 4)).min(Duration::from_secs(10))
+}
+
+/// Whether a container that exited with `code` is restarted under `policy`.
+fn restarts(policy: &str, code: i32) -> bool {
+    match policy {
+        "Never" => false,
+        "OnFailure" => code != 0,
+        _ => true,
+    }
+}
+
+fn restart_policy(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always")
+}
+
+/// Whether the pod's containers have exited for good under the pod's restart policy.
+fn exited_for_good(pod: &Pod) -> Option<i32> {
+    Behavior::of(pod)
+        .exit_code()
+        .filter(|code| !restarts(restart_policy(pod), *code))
+}
+
+/// The status a hollow kubelet reports for `pod` (decide; the caller only sends it).
+pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp) -> Value {
+    let behavior = Behavior::of(pod);
+    let uid = pod.metadata.uid.as_deref().unwrap_or("");
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let started = Time(rt.started);
+    let finished = Time(rt.last_exit);
+    let final_code = exited_for_good(pod);
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or(&[]);
+    let mut unready = Vec::new();
+    let statuses: Vec<Value> = containers
+        .iter()
+        .map(|c| {
+            let image = c.image.clone().unwrap_or_default();
+            let base = json!({
+                "name": c.name, "image": image, "imageID": format!("hollow://{image}"),
+                "containerID": format!("hollow://{uid}/{}/{}", c.name, rt.restarts),
+                "restartCount": rt.restarts,
+            });
+            let (state, last, ready, started_flag) = match (behavior.exit_code(), final_code) {
+                (Some(_), Some(code)) => (
+                    json!({"terminated": {"exitCode": code,
+                        "reason": if code == 0 { "Completed" } else { "Error" },
+                        "startedAt": started, "finishedAt": finished,
+                        "containerID": base["containerID"]}}),
+                    Value::Null,
+                    false,
+                    false,
+                ),
+                (Some(code), None) => (
+                    json!({"waiting": {"reason": "CrashLoopBackOff", "message": format!(
+                        "back-off {}s restarting failed container={} pod={name}_{ns}({uid})",
+                        restart_backoff(rt.restarts).as_secs(), c.name)}}),
+                    json!({"terminated": {"exitCode": code,
+                        "reason": if code == 0 { "Completed" } else { "Error" },
+                        "startedAt": started, "finishedAt": finished,
+                        "containerID": base["containerID"]}}),
+                    false,
+                    false,
+                ),
+                (None, _) => (
+                    json!({"running": {"startedAt": started}}),
+                    Value::Null,
+                    behavior != Behavior::NeverReady,
+                    true,
+                ),
+            };
+            if !ready {
+                unready.push(c.name.clone());
+            }
+            let mut status = base;
+            status["state"] = state;
+            status["lastState"] = if last.is_null() { json!({}) } else { last };
+            status["ready"] = json!(ready);
+            status["started"] = json!(started_flag);
+            status
+        })
+        .collect();
+    let phase = match final_code {
+        Some(0) => "Succeeded",
+        Some(_) => "Failed",
+        None => "Running",
+    };
+    let condition = |kind: &str, ok: bool, reason: Option<&str>, message: Option<String>| {
+        let mut c = json!({"type": kind, "status": if ok { "True" } else { "False" },
+                           "lastProbeTime": null, "lastTransitionTime": Time(now)});
+        if let Some(r) = reason {
+            c["reason"] = json!(r);
+        }
+        if let Some(m) = message {
+            c["message"] = json!(m);
+        }
+        c
+    };
+    let (ready, reason, message) = if final_code.is_some() {
+        (false, Some("PodCompleted"), None)
+    } else if unready.is_empty() {
+        (true, None, None)
+    } else {
+        (
+            false,
+            Some("ContainersNotReady"),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
+        )
+    };
+    let pod_ips = rt
+        .ip
+        .map(|ip| vec![json!({"ip": ip.to_string()})])
+        .unwrap_or_default();
+    json!({
+        "phase": phase,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "podIP": rt.ip.map(|ip| ip.to_string()),
+        "podIPs": pod_ips,
+        "startTime": started,
+        "qosClass": pod.status.as_ref().and_then(|s| s.qos_class.clone()).unwrap_or_else(|| "BestEffort".into()),
+        "conditions": [
+            condition("PodReadyToStartContainers", final_code.is_none(), None, None),
+            condition("Initialized", true, None, None),
+            condition("ContainersReady", ready, reason, message.clone()),
+            condition("Ready", ready, reason, message),
+            condition("PodScheduled", true, None, None),
+        ],
+        "containerStatuses": statuses,
+    })
+}
+
+/// The parts of a pod status whose change needs a write (timestamps excluded, so a status
+/// the kubelet wrote itself does not trigger another write when the watch echoes it).
+fn status_key(status: Option<&PodStatus>) -> String {
+    let Some(s) = status else {
+        return String::new();
+    };
+    let conditions: Vec<String> = s
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| format!("{}={}", c.type_, c.status))
+        .collect();
+    let containers: Vec<String> = s
+        .container_statuses
+        .iter()
+        .flatten()
+        .map(|c| {
+            let state = c.state.as_ref().map(|st| {
+                if st.running.is_some() {
+                    "running"
+                } else if st.terminated.is_some() {
+                    "terminated"
+                } else {
+                    "waiting"
+                }
+            });
+            format!("{}:{}:{}:{state:?}", c.name, c.ready, c.restart_count)
+        })
+        .collect();
+    format!(
+        "{:?}|{:?}|{:?}|{}|{}",
+        s.phase,
+        s.pod_ip,
+        s.host_ip,
+        conditions.join(","),
+        containers.join(",")
+    )
+}
+
+/// One hollow kubelet's state.
+struct Kubelet {
+    client: kube::Client,
+    node: HollowNode,
+    addresses: PodAddresses,
+    runtimes: HashMap<String, PodRuntime>,
+    pods: HashMap<String, Pod>,
+    deleting: HashSet<String>,
+    seen: HashSet<String>,
+    ready_since: Timestamp,
+    node_uid: Option<String>,
+}
+
+/// Runs one hollow kubelet until the process ends.
+pub async fn run(client: kube::Client, node: HollowNode, power: NodePower) -> anyhow::Result<()> {
+    let addresses = PodAddresses::parse(&node.pod_cidr).ok_or_else(|| KubeletError::PodCidr {
+        node: node.name.clone(),
+        cidr: node.pod_cidr.clone(),
+    })?;
+    let mut kubelet = Kubelet {
+        client,
+        node,
+        addresses,
+        runtimes: HashMap::new(),
+        pods: HashMap::new(),
+        deleting: HashSet::new(),
+        seen: HashSet::new(),
+        ready_since: Timestamp::now(),
+        node_uid: None,
+    };
+    loop {
+        while !power.is_on(&kubelet.node.name) {
+            tokio::time::sleep(POWER_POLL).await;
+        }
+        kubelet.ready_since = Timestamp::now();
+        if let Err(e) = kubelet.register().await {
+            tracing::warn!(node = %kubelet.node.name, "registering: {e}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        kubelet.serve(&power).await;
+    }
+}
+
+impl Kubelet {
+    fn node_status(&self) -> Value {
+        let n = &self.node;
+        let now = Time(Timestamp::now());
+        let since = Time(self.ready_since);
+        let resources = json!({"cpu": n.cpu, "memory": n.memory, "pods": n.pods.to_string(),
+                               "ephemeral-storage": "100Gi"});
+        let pressure = |kind: &str, reason: &str, message: &str| {
+            json!({"type": kind, "status": "False", "reason": reason, "message": message,
+                   "lastHeartbeatTime": now, "lastTransitionTime": since})
+        };
+        json!({
+            "capacity": resources,
+            "allocatable": resources,
+            "addresses": [{"type": "InternalIP", "address": n.internal_ip},
+                          {"type": "Hostname", "address": n.name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": n.name, "systemUUID": n.name, "bootID": n.name,
+                "kernelVersion": "6.1.0-hollow", "osImage": "Tandem Hollow Linux",
+                "containerRuntimeVersion": "hollow://1.0", "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux",
+                "architecture": n.labels.get("kubernetes.io/arch").cloned().unwrap_or_else(|| "amd64".into()),
+            },
+            "conditions": [
+                pressure("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                pressure("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                pressure("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                 "lastTransitionTime": since},
+            ],
+        })
+    }
+
+    /// Creates the Node (or finds it), renews the Lease and posts the node status.
+    async fn register(&mut self) -> Result<(), kube::Error> {
+        let nodes = Api::<Node>::all(self.client.clone());
+        let n = &self.node;
+        let object: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": n.name, "labels": n.labels,
+                         "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+            "spec": {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr],
+                     "providerID": format!("hollow://{}", n.name)},
+            "status": self.node_status(),
+        }))
+        .map_err(kube::Error::SerdeError)?;
+        let created = match nodes.create(&PostParams::default(), &object).await {
+            Ok(node) => node,
+            Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(&n.name).await?,
+            Err(e) => return Err(e),
+        };
+        self.node_uid = created.metadata.uid.clone();
+        // Lease first: once the node lifecycle controller sees it renewed it no longer marks
+        // the node unknown, so the Ready status posted next is not overwritten.
+        self.renew_lease().await?;
+        self.post_node_status().await
+    }
+
+    async fn post_node_status(&self) -> Result<(), kube::Error> {
+        Api::<Node>::all(self.client.clone())
+            .patch_status(
+                &self.node.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": self.node_status()})),
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn renew_lease(&self) -> Result<(), kube::Error> {
+        let leases = Api::<Lease>::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
+        let now = MicroTime(Timestamp::now());
+        let patch = json!({"spec": {"holderIdentity": self.node.name, "renewTime": now}});
+        match leases
+            .patch(
+                &self.node.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                let lease: Lease = serde_json::from_value(json!({
+                    "metadata": {"name": self.node.name, "namespace": NODE_LEASE_NAMESPACE,
+                        "ownerReferences": self.node_uid.as_ref().map(|uid| vec![json!({
+                            "apiVersion": "v1", "kind": "Node", "name": self.node.name, "uid": uid})])},
+                    "spec": {"holderIdentity": self.node.name, "leaseDurationSeconds": 40,
+                             "renewTime": now},
+                }))
+                .map_err(kube::Error::SerdeError)?;
+                leases
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs pods and heartbeats until the node is powered off.
+    async fn serve(&mut self, power: &NodePower) {
+        let api = Api::<Pod>::all(self.client.clone());
+        let config =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node.name));
+        let stream = watcher::watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut lease = tokio::time::interval(self.node.lease_renew_interval);
+        let mut status = tokio::time::interval(NODE_STATUS_INTERVAL);
+        let mut power_tick = tokio::time::interval(POWER_POLL);
+        let mut restart_tick = tokio::time::interval(Duration::from_millis(250));
+        status.tick().await;
+        loop {
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(Ok(ev)) => self.on_event(ev).await,
+                    Some(Err(e)) => tracing::debug!(node = %self.node.name, "pod watch: {e}"),
+                    None => return,
+                },
+                _ = lease.tick() => {
+                    if let Err(e) = self.renew_lease().await {
+                        tracing::warn!(node = %self.node.name, "renewing lease: {e}");
+                    }
+                }
+                _ = status.tick() => {
+                    if let Err(e) = self.post_node_status().await {
+                        tracing::warn!(node = %self.node.name, "posting node status: {e}");
+                    }
+                }
+                _ = restart_tick.tick() => self.restart_due().await,
+                _ = power_tick.tick() => {}
+            }
+            if !power.is_on(&self.node.name) {
+                return;
+            }
+        }
+    }
+
+    async fn on_event(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Init => self.seen.clear(),
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                self.seen.insert(uid.clone());
+                self.sync(pod).await;
+            }
+            Event::Delete(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                self.forget(&uid);
+            }
+            Event::InitDone => {
+                let gone: Vec<String> = self
+                    .pods
+                    .keys()
+                    .filter(|u| !self.seen.contains(*u))
+                    .cloned()
+                    .collect();
+                for uid in gone {
+                    self.forget(&uid);
+                }
+            }
+        }
+    }
+
+    fn forget(&mut self, uid: &str) {
+        self.pods.remove(uid);
+        self.deleting.remove(uid);
+        if let Some(ip) = self.runtimes.remove(uid).and_then(|rt| rt.ip) {
+            self.addresses.release(ip);
+        }
+    }
+
+    /// Brings one pod's reported status in line with its hollow containers.
+    async fn sync(&mut self, pod: Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let api = Api::<Pod>::namespaced(self.client.clone(), &ns);
+        if pod.metadata.deletion_timestamp.is_some() {
+            if !self.deleting.insert(uid.clone()) {
+                return;
+            }
+            if let Some(rt) = self.runtimes.get_mut(&uid) {
+                rt.next_restart = None;
+            }
+            // Hollow containers stop at once: report them terminated, then finish the
+            // graceful deletion without waiting for the grace period.
+            let terminated = terminated_status(&pod);
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&terminated))
+                .await
+            {
+                tracing::debug!(pod = %name, "reporting terminated containers: {e}");
+            }
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(pod = %name, "finishing deletion: {e}");
+                    self.deleting.remove(&uid);
+                }
+            }
+            return;
+        }
+        let terminal = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if terminal {
+            // Terminal pods keep their status but give their address back.
+            if let Some(rt) = self.runtimes.get_mut(&uid)
+                && let Some(ip) = rt.ip.take()
+            {
+                self.addresses.release(ip);
+            }
+            self.pods.insert(uid, pod);
+            return;
+        }
+        if !self.runtimes.contains_key(&uid) {
+            let previous = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+                .filter(|ip| self.addresses.reserve(*ip));
+            let ip = previous.or_else(|| self.addresses.allocate());
+            if ip.is_none() {
+                tracing::warn!(node = %self.node.name, pod = %name, "pod CIDR exhausted");
+            }
+            let now = Timestamp::now();
+            let behavior = Behavior::of(&pod);
+            self.runtimes.insert(
+                uid.clone(),
+                PodRuntime {
+                    ip,
+                    started: now,
+                    restarts: 0,
+                    next_restart: (behavior.exit_code().is_some()
+                        && exited_for_good(&pod).is_none())
+                    .then(|| Instant::now() + restart_backoff(0)),
+                    last_exit: now,
+                },
+            );
+        }
+        self.pods.insert(uid.clone(), pod);
+        self.report(&uid).await;
+    }
+
+    /// Writes the pod's status if it differs from what its runtime says.
+    async fn report(&mut self, uid: &str) {
+        let (Some(pod), Some(rt)) = (self.pods.get(uid), self.runtimes.get(uid)) else {
+            return;
+        };
+        let desired = desired_status(pod, rt, &self.node.internal_ip, Timestamp::now());
+        let desired_typed: Option<PodStatus> = serde_json::from_value(desired.clone()).ok();
+        if status_key(desired_typed.as_ref()) == status_key(pod.status.as_ref()) {
+            return;
+        }
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if let Err(e) = Api::<Pod>::namespaced(self.client.clone(), &ns)
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": desired})),
+            )
+            .await
+        {
+            tracing::debug!(pod = %name, "updating status: {e}");
+        }
+    }
+
+    /// Restarts crash-looping containers whose back-off has passed.
+    async fn restart_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .runtimes
+            .iter()
+            .filter(|(_, rt)| rt.next_restart.is_some_and(|t| t <= now))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            if let Some(rt) = self.runtimes.get_mut(&uid) {
+                rt.restarts += 1;
+                rt.last_exit = Timestamp::now();
+                rt.next_restart = Some(now + restart_backoff(rt.restarts));
+            }
+            self.report(&uid).await;
+        }
+    }
+}
+
+/// Status of a pod whose hollow containers were stopped for deletion.
+fn terminated_status(pod: &Pod) -> Value {
+    let now = Time(Timestamp::now());
+    let statuses: Vec<Value> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            let mut v = serde_json::to_value(&c).unwrap_or_default();
+            let started = c
+                .state
+                .as_ref()
+                .and_then(|s| s.running.as_ref())
+                .and_then(|r| r.started_at.clone());
+            v["state"] = json!({"terminated": {"exitCode": 0, "reason": "Completed",
+                                "startedAt": started, "finishedAt": now}});
+            v["ready"] = json!(false);
+            v["started"] = json!(false);
+            v
+        })
+        .collect();
+    json!({"status": {"containerStatuses": statuses}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_addresses_hand_out_lowest_free_and_reuse() {
+        let mut a = PodAddresses::parse("10.244.3.0/24").expect("valid CIDR");
+        let first = a.allocate().expect("free");
+        let second = a.allocate().expect("free");
+        assert_eq!(first, Ipv4Addr::new(10, 244, 3, 2));
+        assert_eq!(second, Ipv4Addr::new(10, 244, 3, 3));
+        a.release(first);
+        assert_eq!(a.allocate(), Some(first));
+        assert!(!a.reserve(Ipv4Addr::new(10, 244, 4, 9)), "outside the CIDR");
+        assert!(a.reserve(Ipv4Addr::new(10, 244, 3, 9)));
+        let mut small = PodAddresses::parse("10.0.0.0/30").expect("valid CIDR");
+        assert_eq!(small.allocate(), Some(Ipv4Addr::new(10, 0, 0, 2)));
+        assert_eq!(small.allocate(), None, "a /30 has one usable pod address");
+        assert!(PodAddresses::parse("10.0.0.0").is_none());
+        assert!(PodAddresses::parse("fd00::/64").is_none());
+    }
+
+    fn pod(behavior: Option<&str>, policy: &str) -> Pod {
+        let mut annotations = BTreeMap::new();
+        if let Some(b) = behavior {
+            annotations.insert(BEHAVIOR_ANNOTATION.to_string(), b.to_string());
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "u1", "annotations": annotations},
+            "spec": {"restartPolicy": policy, "containers": [{"name": "app", "image": "nginx"}]},
+        }))
+        .expect("valid pod")
+    }
+
+    #[test]
+    fn behaviours_give_phase_readiness_and_container_state() {
+        // (annotation, restartPolicy, phase, Ready, container state)
+        let cases = [
+            (None, "Always", "Running", "True", "running"),
+            (Some("never-ready"), "Always", "Running", "False", "running"),
+            (Some("exit"), "Never", "Succeeded", "False", "terminated"),
+            (
+                Some("exit"),
+                "OnFailure",
+                "Succeeded",
+                "False",
+                "terminated",
+            ),
+            (Some("exit"), "Always", "Running", "False", "waiting"),
+            (Some("fail"), "Never", "Failed", "False", "terminated"),
+            (Some("fail"), "OnFailure", "Running", "False", "waiting"),
+            (Some("crashloop"), "Always", "Running", "False", "waiting"),
+        ];
+        let now = Timestamp::now();
+        let rt = PodRuntime {
+            ip: Some(Ipv4Addr::new(10, 244, 1, 2)),
+            started: now,
+            restarts: 3,
+            next_restart: None,
+            last_exit: now,
+        };
+        for (behavior, policy, phase, ready, state) in cases {
+            let status = desired_status(&pod(behavior, policy), &rt, "172.18.0.3", now);
+            let case = format!("{behavior:?} under {policy}");
+            assert_eq!(status["phase"], phase, "{case}");
+            let ready_cond = status["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+                .expect("Ready condition");
+            assert_eq!(ready_cond["status"], ready, "{case}");
+            let c = &status["containerStatuses"][0];
+            assert!(c["state"].get(state).is_some(), "{case}: {c}");
+            assert_eq!(c["restartCount"], 3, "{case}");
+            assert_eq!(status["podIP"], "10.244.1.2", "{case}");
+            if state == "waiting" {
+                assert_eq!(
+                    c["state"]["waiting"]["reason"], "CrashLoopBackOff",
+                    "{case}"
+                );
+            }
+            // The status parses as a core/v1 PodStatus and its key is stable.
+            let typed: PodStatus = serde_json::from_value(status).expect("PodStatus");
+            assert!(!status_key(Some(&typed)).is_empty());
+        }
+    }
+
+    #[test]
+    fn leases_renew_four_times_per_grace_period_at_most_every_10s() {
+        let cases = [
+            (40_000, 10_000),
+            (2_000, 500),
+            (100_000, 10_000),
+            (200, 100),
+        ];
+        for (grace, want) in cases {
+            assert_eq!(
+                lease_renew_interval(Duration::from_millis(grace)),
+                Duration::from_millis(want),
+                "grace {grace} ms"
+            );
+        }
+    }
+
+    #[test]
+    fn restart_backoff_doubles_to_ten_seconds() {
+        let secs: Vec<u64> = (0..6).map(|n| restart_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 10, 10]);
+    }
+}

@@ -1,0 +1,107 @@
+//! Several lab clusters in one process, with one kubeconfig holding a context per cluster.
+
+use std::path::{Path, PathBuf};
+
+use serde_yaml::{Mapping, Value};
+
+use crate::cluster::{LabCluster, LabConfig};
+
+/// Regions the clusters of a lab are placed in, in order (`topology.kubernetes.io/region`).
+pub const REGIONS: &[&str] = &[
+    "eu-west", "us-east", "ap-south", "eu-north", "us-west", "ap-east", "sa-east", "af-south",
+];
+
+/// How to build a lab.
+#[derive(Clone, Debug)]
+pub struct LabSpec {
+    /// Number of clusters (`lab-1` … `lab-N`).
+    pub clusters: usize,
+    /// Hollow nodes per cluster.
+    pub nodes: usize,
+    /// Directory holding each cluster's data (`<dir>/lab-i`) and the kubeconfig.
+    pub dir: Option<PathBuf>,
+}
+
+/// A running lab.
+pub struct Lab {
+    /// The clusters, `lab-1` first.
+    pub clusters: Vec<LabCluster>,
+}
+
+/// The configuration of cluster `i` (1-based) of a lab: all share the pod CIDR 10.244.0.0/16
+/// (so peering them exercises CIDR remapping) and differ in region.
+pub fn cluster_config(i: usize, nodes: usize, dir: Option<&Path>) -> LabConfig {
+    let name = format!("lab-{i}");
+    LabConfig {
+        data_dir: dir.map(|d| d.join(&name)),
+        region: REGIONS[(i - 1) % REGIONS.len()].to_string(),
+        name,
+        nodes,
+        ..Default::default()
+    }
+}
+
+impl Lab {
+    /// Starts every cluster; `progress` hears about each one as it comes up.
+    pub async fn start(
+        spec: &LabSpec,
+        mut progress: impl FnMut(&LabCluster),
+    ) -> anyhow::Result<Lab> {
+        let mut clusters = Vec::with_capacity(spec.clusters);
+        for i in 1..=spec.clusters {
+            let cluster = LabCluster::start(cluster_config(i, spec.nodes, spec.dir.as_deref()))
+                .await
+                .map_err(|e| anyhow::anyhow!("starting cluster lab-{i}: {e:#}"))?;
+            progress(&cluster);
+            clusters.push(cluster);
+        }
+        Ok(Lab { clusters })
+    }
+
+    /// One kubeconfig with a context (and cluster and admin user) per lab cluster, named
+    /// after it; the current context is the first cluster.
+    pub fn kubeconfig(&self) -> anyhow::Result<String> {
+        let mut clusters = Vec::new();
+        let mut users = Vec::new();
+        let mut contexts = Vec::new();
+        for cluster in &self.clusters {
+            let single: Value = serde_yaml::from_str(&cluster.server.admin_kubeconfig()?)?;
+            let name = cluster.config.name.clone();
+            let cluster_body = single["clusters"][0]["cluster"].clone();
+            let user_body = single["users"][0]["user"].clone();
+            let mut c = Mapping::new();
+            c.insert("name".into(), name.clone().into());
+            c.insert("cluster".into(), cluster_body);
+            clusters.push(Value::Mapping(c));
+            let mut u = Mapping::new();
+            u.insert("name".into(), format!("{name}-admin").into());
+            u.insert("user".into(), user_body);
+            users.push(Value::Mapping(u));
+            let mut ctx = Mapping::new();
+            ctx.insert("cluster".into(), name.clone().into());
+            ctx.insert("user".into(), format!("{name}-admin").into());
+            ctx.insert("namespace".into(), "default".into());
+            let mut x = Mapping::new();
+            x.insert("name".into(), name.clone().into());
+            x.insert("context".into(), Value::Mapping(ctx));
+            contexts.push(Value::Mapping(x));
+        }
+        let mut root = Mapping::new();
+        root.insert("apiVersion".into(), "v1".into());
+        root.insert("kind".into(), "Config".into());
+        root.insert("clusters".into(), Value::Sequence(clusters));
+        root.insert("users".into(), Value::Sequence(users));
+        root.insert("contexts".into(), Value::Sequence(contexts));
+        if let Some(first) = self.clusters.first() {
+            root.insert("current-context".into(), first.config.name.clone().into());
+        }
+        Ok(serde_yaml::to_string(&Value::Mapping(root))?)
+    }
+
+    /// Stops every cluster.
+    pub fn shutdown(self) {
+        for c in self.clusters {
+            c.shutdown();
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Lab clusters: an embedded API server plus what makes it a cluster — a scheduler, hollow
+//! kubelets (pods run without containers, like kubemark/kwok), workload, endpoint, node
+//! lifecycle and certificate controllers. Every controller talks to its cluster only through
+//! a `kube::Client`, as it would to a real one.
+
+pub mod cluster;
+pub mod controllers;
+pub mod kubelet;
+pub mod lab;
+pub mod nodelifecycle;
+pub mod scheduler;
+
+pub use cluster::{LabCluster, LabConfig, NodePower};
+pub use lab::{Lab, LabSpec};

@@ -1,0 +1,508 @@
+//! The node lifecycle controller: notices nodes whose Lease stops being renewed, marks them
+//! NotReady and unreachable-tainted, marks their pods unready, and evicts pods according to
+//! their NoExecute tolerations (the taint manager's job in kube-controller-manager).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    Event as CoreEvent, EventSource, Node, ObjectReference, Pod, Taint, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::kubelet::NODE_LEASE_NAMESPACE;
+use crate::scheduler::tolerates;
+
+/// Taint key of nodes whose kubelet stopped renewing its Lease.
+pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+/// What to do with a pod on a node with NoExecute taints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// The pod tolerates every NoExecute taint forever.
+    Never,
+    /// Evict now: some NoExecute taint is not tolerated.
+    Now,
+    /// Evict this long after the taints appeared.
+    After(Duration),
+}
+
+/// How long `tolerations` let a pod stay on a node with `taints` (taint manager semantics:
+/// the smallest `tolerationSeconds` among the tolerations in use; none set means forever).
+pub fn eviction(taints: &[Taint], tolerations: &[Toleration]) -> Eviction {
+    let no_execute: Vec<&Taint> = taints.iter().filter(|t| t.effect == "NoExecute").collect();
+    if no_execute.is_empty() {
+        return Eviction::Never;
+    }
+    let mut min: Option<i64> = None;
+    for taint in no_execute {
+        let used: Vec<&Toleration> = tolerations
+            .iter()
+            .filter(|t| {
+                t.effect
+                    .as_deref()
+                    .is_none_or(|e| e.is_empty() || e == "NoExecute")
+                    && tolerates(t, taint)
+            })
+            .collect();
+        if used.is_empty() {
+            return Eviction::Now;
+        }
+        for t in used {
+            if let Some(secs) = t.toleration_seconds {
+                min = Some(min.map_or(secs, |m| m.min(secs)));
+            }
+        }
+    }
+    match min {
+        None => Eviction::Never,
+        Some(s) if s <= 0 => Eviction::Now,
+        Some(s) => Eviction::After(Duration::from_secs(s as u64)),
+    }
+}
+
+/// The taints with the unreachable ones added (NoSchedule and NoExecute), or removed.
+pub fn with_unreachable(taints: &[Taint], unreachable: bool, now: Timestamp) -> Vec<Taint> {
+    let mut out: Vec<Taint> = taints
+        .iter()
+        .filter(|t| t.key != TAINT_UNREACHABLE)
+        .cloned()
+        .collect();
+    if unreachable {
+        for effect in ["NoSchedule", "NoExecute"] {
+            out.push(Taint {
+                key: TAINT_UNREACHABLE.into(),
+                effect: effect.into(),
+                time_added: (effect == "NoExecute").then_some(Time(now)),
+                value: None,
+            });
+        }
+    }
+    out
+}
+
+fn taints(node: &Node) -> &[Taint] {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or(&[])
+}
+
+fn is_unreachable(node: &Node) -> bool {
+    let t = taints(node);
+    ["NoSchedule", "NoExecute"].iter().all(|e| {
+        t.iter()
+            .any(|x| x.key == TAINT_UNREACHABLE && x.effect == *e)
+    })
+}
+
+/// The controller's view: when each node last renewed its lease, and its pods.
+#[derive(Default)]
+struct View {
+    nodes: HashMap<String, Node>,
+    /// Node → (last renewTime seen, when this controller saw it change).
+    renewals: HashMap<String, (Option<String>, Instant)>,
+    /// Node → uid → pod.
+    pods: HashMap<String, HashMap<String, Pod>>,
+    pod_node: HashMap<String, String>,
+    /// Nodes with NoExecute taints, and when this controller first saw them so.
+    tainted_since: HashMap<String, Instant>,
+    /// Nodes whose pods were already marked unready for the current outage.
+    pods_marked: HashSet<String>,
+    /// Pods already deleted by eviction.
+    evicted: HashSet<String>,
+}
+
+impl View {
+    fn on_node(&mut self, event: Event<Node>) {
+        match event {
+            Event::InitApply(node) | Event::Apply(node) => {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                self.renewals
+                    .entry(name.clone())
+                    .or_insert_with(|| (None, Instant::now()));
+                if taints(&node).iter().any(|t| t.effect == "NoExecute") {
+                    self.tainted_since
+                        .entry(name.clone())
+                        .or_insert_with(Instant::now);
+                } else {
+                    self.tainted_since.remove(&name);
+                }
+                if !is_unreachable(&node) {
+                    self.pods_marked.remove(&name);
+                }
+                self.nodes.insert(name, node);
+            }
+            Event::Delete(node) => {
+                let name = node.metadata.name.unwrap_or_default();
+                self.nodes.remove(&name);
+                self.renewals.remove(&name);
+                self.tainted_since.remove(&name);
+            }
+            Event::Init | Event::InitDone => {}
+        }
+    }
+
+    fn on_lease(&mut self, event: Event<Lease>) {
+        if let Event::InitApply(lease) | Event::Apply(lease) = event {
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            let renew = lease
+                .spec
+                .and_then(|s| s.renew_time)
+                .map(|t| t.0.to_string());
+            let entry = self
+                .renewals
+                .entry(name)
+                .or_insert_with(|| (None, Instant::now()));
+            if entry.0 != renew {
+                *entry = (renew, Instant::now());
+            }
+        }
+    }
+
+    fn remove_pod(&mut self, uid: &str) {
+        if let Some(node) = self.pod_node.remove(uid)
+            && let Some(pods) = self.pods.get_mut(&node)
+        {
+            pods.remove(uid);
+        }
+    }
+
+    fn on_pod(&mut self, event: Event<Pod>) {
+        match event {
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                self.remove_pod(&uid);
+                if !node.is_empty() {
+                    self.pod_node.insert(uid.clone(), node.clone());
+                    self.pods.entry(node).or_default().insert(uid, pod);
+                }
+            }
+            Event::Delete(pod) => {
+                let uid = pod.metadata.uid.unwrap_or_default();
+                self.remove_pod(&uid);
+                self.evicted.remove(&uid);
+            }
+            Event::Init | Event::InitDone => {}
+        }
+    }
+}
+
+fn stream<K>(api: Api<K>) -> impl futures::Stream<Item = Event<K>> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(|ev| async move {
+            ev.map_err(|e| tracing::warn!("node lifecycle watch: {e}"))
+                .ok()
+        })
+}
+
+/// Runs the node lifecycle controller until the process ends; a node whose Lease is not
+/// renewed for `grace` becomes NotReady and unreachable.
+pub async fn run(client: kube::Client, grace: Duration) -> anyhow::Result<()> {
+    let nodes = stream(Api::<Node>::all(client.clone()));
+    let leases = stream(Api::<Lease>::namespaced(
+        client.clone(),
+        NODE_LEASE_NAMESPACE,
+    ));
+    let pods = stream(Api::<Pod>::all(client.clone()));
+    futures::pin_mut!(nodes, leases, pods);
+    let mut view = View::default();
+    let period = (grace / 8).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            Some(ev) = nodes.next() => view.on_node(ev),
+            Some(ev) = leases.next() => view.on_lease(ev),
+            Some(ev) = pods.next() => view.on_pod(ev),
+            _ = tick.tick() => monitor(&client, &mut view, grace).await,
+        }
+    }
+}
+
+/// One pass: mark expired nodes, clear recovered ones, evict pods whose toleration ran out.
+async fn monitor(client: &kube::Client, view: &mut View, grace: Duration) {
+    let now = Instant::now();
+    let names: Vec<String> = view.nodes.keys().cloned().collect();
+    for name in names {
+        let Some(node) = view.nodes.get(&name) else {
+            continue;
+        };
+        let expired = view
+            .renewals
+            .get(&name)
+            .is_some_and(|(_, seen)| now.duration_since(*seen) > grace);
+        let unreachable = is_unreachable(node);
+        if expired != unreachable
+            && let Err(e) = mark_node(client, node, expired).await
+        {
+            tracing::warn!(node = %name, expired, "updating unreachable taints: {e}");
+        }
+        if expired && !view.pods_marked.contains(&name) {
+            view.pods_marked.insert(name.clone());
+            for pod in view.pods.get(&name).into_iter().flat_map(|p| p.values()) {
+                mark_pod_unready(client, pod).await;
+            }
+        }
+        evict(client, view, &name, now).await;
+    }
+}
+
+async fn mark_node(
+    client: &kube::Client,
+    node: &Node,
+    unreachable: bool,
+) -> Result<(), kube::Error> {
+    let api = Api::<Node>::all(client.clone());
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    // Each write carries the resourceVersion it was computed from: if the kubelet posted a
+    // status (or someone edited the taints) meanwhile, it fails and the next pass decides again.
+    let mut rv = node.metadata.resource_version.clone();
+    if unreachable {
+        let conditions: Vec<serde_json::Value> = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut c| {
+                if c.status != "Unknown" {
+                    c.last_transition_time = Some(Time(now));
+                }
+                c.status = "Unknown".into();
+                c.reason = Some("NodeStatusUnknown".into());
+                c.message = Some("Kubelet stopped posting node status.".into());
+                serde_json::to_value(c).unwrap_or_default()
+            })
+            .collect();
+        let updated = api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {"resourceVersion": rv},
+                    "status": {"conditions": conditions},
+                })),
+            )
+            .await?;
+        rv = updated.metadata.resource_version;
+    }
+    let taints = with_unreachable(taints(node), unreachable, now);
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"resourceVersion": rv},
+            "spec": {"taints": taints},
+        })),
+    )
+    .await?;
+    tracing::info!(node = %name, unreachable, "node lease {}", if unreachable { "expired" } else { "renewed" });
+    Ok(())
+}
+
+async fn mark_pod_unready(client: &kube::Client, pod: &Pod) {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let patch = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "False", "reason": "NodeNotReady",
+        "lastProbeTime": null, "lastTransitionTime": Time(Timestamp::now()),
+    }]}});
+    if let Err(e) = Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        tracing::debug!(pod = %name, "marking pod unready: {e}");
+    }
+}
+
+async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant) {
+    let (Some(since), Some(n)) = (view.tainted_since.get(node), view.nodes.get(node)) else {
+        return;
+    };
+    let taints = taints(n);
+    let mut due = Vec::new();
+    for (uid, pod) in view.pods.get(node).into_iter().flatten() {
+        if pod.metadata.deletion_timestamp.is_some() || view.evicted.contains(uid) {
+            continue;
+        }
+        let tols = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.as_deref())
+            .unwrap_or(&[]);
+        let go = match eviction(taints, tols) {
+            Eviction::Never => false,
+            Eviction::Now => true,
+            Eviction::After(d) => now.duration_since(*since) >= d,
+        };
+        if go {
+            due.push((uid.clone(), pod.clone()));
+        }
+    }
+    for (uid, pod) in due {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        match Api::<Pod>::namespaced(client.clone(), &ns)
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(pod = %name, node, "taint manager: deleting pod");
+                record_eviction(client, &pod).await;
+                view.evicted.insert(uid);
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                view.evicted.insert(uid);
+            }
+            Err(e) => tracing::warn!(pod = %name, node, "evicting: {e}"),
+        }
+    }
+}
+
+/// Records the `TaintManagerEviction` event kube-controller-manager emits for an eviction.
+async fn record_eviction(client: &kube::Client, pod: &Pod) {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let event = CoreEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        },
+        reason: Some("TaintManagerEviction".into()),
+        message: Some(format!("Marking for deletion Pod {ns}/{name}")),
+        type_: Some("Normal".into()),
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        source: Some(EventSource {
+            component: Some("taint-eviction-controller".into()),
+            host: None,
+        }),
+        reporting_component: Some("taint-eviction-controller".into()),
+        ..Default::default()
+    };
+    if let Err(e) = Api::<CoreEvent>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &event)
+        .await
+    {
+        tracing::debug!(pod = %name, "recording TaintManagerEviction: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(key: &str, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: effect.into(),
+            ..Default::default()
+        }
+    }
+
+    fn tol(key: &str, effect: Option<&str>, secs: Option<i64>) -> Toleration {
+        Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            effect: effect.map(str::to_string),
+            toleration_seconds: secs,
+            value: None,
+        }
+    }
+
+    #[test]
+    fn eviction_follows_the_smallest_toleration() {
+        let unreachable = taint(TAINT_UNREACHABLE, "NoExecute");
+        let cases = [
+            (
+                "no NoExecute taint",
+                vec![taint("a", "NoSchedule")],
+                vec![],
+                Eviction::Never,
+            ),
+            (
+                "untolerated",
+                vec![unreachable.clone()],
+                vec![],
+                Eviction::Now,
+            ),
+            (
+                "tolerated for 300 s (the API server default)",
+                vec![unreachable.clone()],
+                vec![tol(TAINT_UNREACHABLE, Some("NoExecute"), Some(300))],
+                Eviction::After(Duration::from_secs(300)),
+            ),
+            (
+                "smallest of two tolerations",
+                vec![unreachable.clone()],
+                vec![
+                    tol(TAINT_UNREACHABLE, Some("NoExecute"), Some(300)),
+                    tol(TAINT_UNREACHABLE, None, Some(2)),
+                ],
+                Eviction::After(Duration::from_secs(2)),
+            ),
+            (
+                "tolerated forever",
+                vec![unreachable.clone()],
+                vec![tol(TAINT_UNREACHABLE, Some("NoExecute"), None)],
+                Eviction::Never,
+            ),
+            (
+                "a NoSchedule toleration does not count",
+                vec![unreachable.clone()],
+                vec![tol(TAINT_UNREACHABLE, Some("NoSchedule"), None)],
+                Eviction::Now,
+            ),
+            (
+                "second taint untolerated",
+                vec![unreachable.clone(), taint("other", "NoExecute")],
+                vec![tol(TAINT_UNREACHABLE, Some("NoExecute"), Some(5))],
+                Eviction::Now,
+            ),
+        ];
+        for (name, taints, tols, want) in cases {
+            assert_eq!(eviction(&taints, &tols), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn unreachable_taints_are_added_once_and_removed() {
+        let now = Timestamp::now();
+        let base = vec![taint("dedicated", "NoSchedule")];
+        let on = with_unreachable(&base, true, now);
+        assert_eq!(on.len(), 3);
+        let again = with_unreachable(&on, true, now);
+        assert_eq!(again.len(), 3, "adding twice keeps one pair");
+        let off = with_unreachable(&again, false, now);
+        assert_eq!(off, base);
+    }
+}

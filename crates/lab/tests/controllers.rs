@@ -1,0 +1,17 @@
+//! The lab controllers against a real embedded API server, observed only through kube-rs:
+//! what a user of `kubectl` would notice (pods, ReplicaSets, rollout status, endpoints,
+//! signed certificates, default ServiceAccounts). No kubelet runs here: the tests play the
+//! kubelet by writing pod status themselves.
+
+#[path = "controllers/common.rs"]
+mod common;
+#[path = "controllers/csr.rs"]
+mod csr;
+#[path = "controllers/deployments.rs"]
+mod deployments;
+#[path = "controllers/endpoints.rs"]
+mod endpoints;
+#[path = "controllers/replicasets.rs"]
+mod replicasets;
+#[path = "controllers/serviceaccounts.rs"]
+mod serviceaccounts;

@@ -1,0 +1,172 @@
+//! A user files a CSR, the admin approves it, and the signed certificate authenticates as
+//! the subject it names; denied and unapproved requests get nothing.
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::common::{Cluster, eventually, kubectl};
+
+/// A PEM CSR for `cn` in groups `orgs`, and its private key.
+fn csr_pem(cn: &str, orgs: &[&str]) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    for o in orgs {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, *o);
+    }
+    let csr = params.serialize_request(&key).unwrap();
+    (csr.pem().unwrap(), key.serialize_pem())
+}
+
+async fn file_csr(client: &kube::Client, name: &str, pem: &str, expiration: Option<i32>) {
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "request": base64(pem),
+            "signerName": "kubernetes.io/kube-apiserver-client",
+            "usages": ["client auth", "digital signature"],
+            "expirationSeconds": expiration,
+        },
+    }))
+    .unwrap();
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .create(&PostParams::default(), &csr)
+        .await
+        .unwrap_or_else(|e| panic!("filing csr {name}: {e}"));
+}
+
+fn base64(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// The admin adds an Approved or Denied condition through the approval subresource.
+async fn decide(client: &kube::Client, name: &str, type_: &str) {
+    let patch = json!({"status": {"conditions": [{
+        "type": type_, "status": "True", "reason": "AdminDecision", "message": "by the test admin",
+    }]}});
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .patch_subresource(
+            "approval",
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{type_} csr {name}: {e}"));
+}
+
+async fn certificate(client: &kube::Client, name: &str) -> Option<String> {
+    let csr = Api::<CertificateSigningRequest>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap();
+    let cert = csr.status?.certificate?;
+    (!cert.0.is_empty()).then(|| String::from_utf8(cert.0).expect("certificate is PEM"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get_none() {
+    let cluster = Cluster::start().await;
+    let admin = &cluster.client;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "csr-filer"},
+        "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]}],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "carol-files-csrs"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "csr-filer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "carol"}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let carol = tandem_apiserver::client_from_kubeconfig(
+        &cluster.server.kubeconfig_for("carol", &[]).unwrap(),
+    )
+    .await
+    .unwrap();
+
+    let (denied_pem, _) = csr_pem("mallory", &["system:masters"]);
+    let (pending_pem, _) = csr_pem("pending", &[]);
+    // One O only: rcgen keeps one value per attribute type in a DistinguishedName.
+    let (pem, key) = csr_pem("carol", &["team-a"]);
+    file_csr(&carol, "denied", &denied_pem, None).await;
+    file_csr(&carol, "pending", &pending_pem, None).await;
+    // Denied the way an admin does it: kubectl (an update of the approval subresource).
+    let (ok, out) = kubectl(&cluster, &["certificate", "deny", "denied"]).await;
+    assert!(ok, "kubectl certificate deny: {out}");
+    file_csr(&carol, "carol-team-a", &pem, Some(3600)).await;
+    assert_eq!(
+        certificate(admin, "carol-team-a").await,
+        None,
+        "nothing is signed before approval"
+    );
+    decide(admin, "carol-team-a", "Approved").await;
+
+    let cert = eventually("carol-team-a signed", || certificate(admin, "carol-team-a")).await;
+    // The signer handled the earlier requests before this one; they stay unsigned.
+    assert_eq!(
+        certificate(admin, "denied").await,
+        None,
+        "denied CSR signed"
+    );
+    assert_eq!(
+        certificate(admin, "pending").await,
+        None,
+        "unapproved CSR signed"
+    );
+
+    let der = x509_parser::pem::parse_x509_pem(cert.as_bytes()).unwrap().1;
+    let parsed = der.parse_x509().unwrap();
+    let lifetime =
+        parsed.validity().not_after.timestamp() - k8s_openapi::jiff::Timestamp::now().as_second();
+    assert!(
+        (3500..=3600).contains(&lifetime),
+        "expirationSeconds 3600 honoured, got {lifetime}s"
+    );
+
+    // The certificate authenticates as its subject, in the group the CSR asked for (the
+    // kubeconfig carol filed it with has no groups).
+    let mut kubeconfig: serde_yaml::Value =
+        serde_yaml::from_str(&cluster.server.kubeconfig_for("carol", &[]).unwrap()).unwrap();
+    let user = &mut kubeconfig["users"][0]["user"];
+    user["client-certificate-data"] = base64(&cert).into();
+    user["client-key-data"] = base64(&key).into();
+    let signed_client =
+        tandem_apiserver::client_from_kubeconfig(&serde_yaml::to_string(&kubeconfig).unwrap())
+            .await
+            .unwrap();
+    let review: SelfSubjectReview = serde_json::from_value(
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+    )
+    .unwrap();
+    let review = Api::<SelfSubjectReview>::all(signed_client)
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    let info = review.status.and_then(|s| s.user_info).expect("userInfo");
+    assert_eq!(info.username.as_deref(), Some("carol"));
+    let groups = info.groups.unwrap_or_default();
+    for g in ["team-a", "system:authenticated"] {
+        assert!(
+            groups.iter().any(|x| x == g),
+            "group {g} missing from {groups:?}"
+        );
+    }
+}

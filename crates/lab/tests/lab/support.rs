@@ -1,0 +1,110 @@
+//! Shared fixtures: cluster start-up, pod builders, polling with deadlines.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use tandem_lab::{LabCluster, LabConfig};
+
+/// Starts a 3-node lab cluster with a short node-monitor grace period.
+pub async fn cluster() -> LabCluster {
+    LabCluster::start(LabConfig {
+        nodes: 3,
+        node_monitor_grace_period: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await
+    .expect("lab cluster starts")
+}
+
+/// Polls `check` every 100 ms until it returns Some, panicking with `what` after `timeout`.
+pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A bare pod in `default` with one container; `extra` is merged into the manifest.
+pub fn pod(name: &str, extra: Value) -> Pod {
+    let mut manifest = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]},
+    });
+    merge(&mut manifest, extra);
+    serde_json::from_value(manifest).expect("valid pod manifest")
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Creates `pod` in `default`.
+pub async fn create(client: &kube::Client, pod: &Pod) -> Pod {
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), pod)
+        .await
+        .expect("pod created")
+}
+
+/// The pods API of `default`.
+pub fn pods(client: &kube::Client) -> Api<Pod> {
+    Api::namespaced(client.clone(), "default")
+}
+
+/// Waits until pod `name` is Running and returns it.
+pub async fn running(client: &kube::Client, name: &str) -> Pod {
+    let api = pods(client);
+    until(
+        &format!("pod {name} Running"),
+        Duration::from_secs(20),
+        || {
+            let api = api.clone();
+            async move {
+                let p = api.get(name).await.ok()?;
+                (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+            }
+        },
+    )
+    .await
+}
+
+/// The pod's node.
+pub fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// Status of the pod's condition `kind`.
+pub fn condition(pod: &Pod, kind: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind)
+        .map(|c| c.status.clone())
+}
