@@ -382,6 +382,180 @@ mod tests {
         cert.validity().not_after.timestamp() - time::OffsetDateTime::now_utc().unix_timestamp()
     }
 
+    fn der(pem: &str) -> Vec<u8> {
+        x509_parser::pem::parse_x509_pem(pem.as_bytes())
+            .unwrap()
+            .1
+            .contents
+    }
+
+    fn organizations(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
+        cert.subject()
+            .iter_organization()
+            .map(|o| o.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn extended_usages(cert: &x509_parser::certificate::X509Certificate<'_>) -> (bool, bool) {
+        let eku = cert
+            .extended_key_usage()
+            .unwrap()
+            .expect("extendedKeyUsage");
+        (eku.value.server_auth, eku.value.client_auth)
+    }
+
+    /// The subjectAltName entries as `dns:NAME` / `ip:ADDR`, in order; empty without one.
+    fn alt_names_of(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
+        use x509_parser::extensions::GeneralName as N;
+        let Some(ext) = cert.subject_alternative_name().unwrap() else {
+            return vec![];
+        };
+        ext.value
+            .general_names
+            .iter()
+            .map(|name| match name {
+                N::DNSName(dns) => format!("dns:{dns}"),
+                N::IPAddress(ip) => match <[u8; 4]>::try_from(*ip) {
+                    Ok(v4) => format!("ip:{}", IpAddr::from(v4)),
+                    Err(_) => {
+                        let v6 = <[u8; 16]>::try_from(*ip).expect("IPv4 or IPv6 length");
+                        format!("ip:{}", IpAddr::from(v6))
+                    }
+                },
+                other => format!("unexpected {other}"),
+            })
+            .collect()
+    }
+
+    /// A CSR for `subject` (x509-cert, since rcgen cannot repeat an attribute type),
+    /// optionally asking for `sans`.
+    fn csr(subject: &Name, sans: &[&str]) -> String {
+        let key = KeyPair::generate().unwrap();
+        let signer = p256::ecdsa::SigningKey::from_pkcs8_pem(&key.serialize_pem()).unwrap();
+        let mut builder =
+            x509_cert::builder::RequestBuilder::new(subject.clone(), &signer).unwrap();
+        if !sans.is_empty() {
+            builder.add_extension(&alt_names(sans).unwrap()).unwrap();
+        }
+        builder
+            .build::<p256::ecdsa::DerSignature>()
+            .unwrap()
+            .to_pem(LineEnding::LF)
+            .unwrap()
+    }
+
+    #[test]
+    fn issued_client_certificates_carry_every_group_in_order() {
+        let ca = new_ca("test").unwrap();
+        let ca_der = der(&ca.cert_pem);
+        let (_, ca_cert) = x509_parser::parse_x509_certificate(&ca_der).unwrap();
+        let cases: [&[&str]; 3] = [
+            &[],
+            &["system:masters"],
+            &["team-b", "team-a", "system:nodes"],
+        ];
+        for orgs in cases {
+            let pair = ca.issue("dana", orgs, &[], false).unwrap();
+            let der = der(&pair.cert_pem);
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+            assert_eq!(organizations(&cert), orgs, "subject {}", cert.subject());
+            let user = crate::authn::user_from_certificate(&der).expect("authenticates");
+            assert_eq!(user.name, "dana");
+            assert_eq!(user.groups, orgs);
+            assert_eq!(
+                extended_usages(&cert),
+                (false, true),
+                "{orgs:?}: client auth only"
+            );
+            assert_eq!(cert.issuer(), ca_cert.subject());
+            cert.verify_signature(Some(ca_cert.public_key()))
+                .unwrap_or_else(|e| panic!("{orgs:?}: not signed by the CA: {e:?}"));
+            // The key handed out is the one certified.
+            let key = KeyPair::from_pem(&pair.key_pem).unwrap();
+            assert_eq!(cert.public_key().raw, key.subject_public_key_info());
+        }
+    }
+
+    #[test]
+    fn signed_csr_keeps_the_requested_subject_exactly() {
+        let ca = new_ca("test").unwrap();
+        let mut subject = subject_name("carol", &["team-a", "team-b"]).unwrap();
+        // An attribute issue() never writes, to show the subject is copied, not rebuilt.
+        subject.0.push(RelativeDistinguishedName(
+            SetOfVec::try_from(vec![AttributeTypeAndValue {
+                oid: rfc4519::OU,
+                value: Any::encode_from(&Utf8StringRef::new("platform").unwrap()).unwrap(),
+            }])
+            .unwrap(),
+        ));
+        // (server, requested SANs)
+        let cases: [(bool, &[&str]); 2] = [(false, &[]), (true, &["carol.example", "10.0.0.7"])];
+        for (server, sans) in cases {
+            let request = csr(&subject, sans);
+            let der = der(&ca.sign_csr_for(&request, server, Some(3600)).unwrap());
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+            assert_eq!(
+                cert.subject().as_raw(),
+                subject.to_der().unwrap(),
+                "server={server}"
+            );
+            assert_eq!(organizations(&cert), ["team-a", "team-b"]);
+            let user = crate::authn::user_from_certificate(&der).expect("authenticates");
+            assert_eq!(
+                (user.name.as_str(), user.groups),
+                ("carol", vec!["team-a".to_string(), "team-b".into()])
+            );
+            assert_eq!(extended_usages(&cert), (server, !server));
+            let want: &[&str] = match sans {
+                [] => &[],
+                _ => &["dns:carol.example", "ip:10.0.0.7"],
+            };
+            assert_eq!(alt_names_of(&cert), want, "requested SANs are copied");
+        }
+    }
+
+    #[test]
+    fn csrs_that_are_not_signed_requests_are_refused() {
+        let ca = new_ca("test").unwrap();
+        let good = csr(&subject_name("carol", &["team-a"]).unwrap(), &[]);
+        // Flip a bit in the signature: proof of possession fails.
+        let mut tampered = der(&good);
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        let tampered =
+            x509_cert::der::pem::encode_string("CERTIFICATE REQUEST", LineEnding::LF, &tampered)
+                .unwrap();
+        let cases = [
+            ("garbage", "not a csr".to_string(), "not PEM"),
+            ("a certificate", ca.cert_pem.clone(), "CERTIFICATE REQUEST"),
+            ("bad signature", tampered, "signature does not verify"),
+        ];
+        for (what, pem, want) in cases {
+            let err = ca.sign_csr(&pem, false).expect_err(what).to_string();
+            assert!(err.contains(want), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn serving_certificate_names_every_address() {
+        let pki = ClusterPki::load_or_create(None, "test").unwrap();
+        let der = der(&pki.serving.cert_pem);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(
+            alt_names_of(&cert),
+            [
+                "dns:localhost",
+                "ip:127.0.0.1",
+                "ip:::1",
+                "dns:kubernetes.default.svc",
+            ]
+        );
+        assert_eq!(extended_usages(&cert), (true, false));
+        let usage = cert.key_usage().unwrap().expect("keyUsage").value;
+        assert!(usage.digital_signature() && usage.key_encipherment() && !usage.key_cert_sign());
+        assert!(!cert.is_ca());
+    }
+
     #[test]
     fn csr_validity_honours_expiration_seconds_with_a_floor() {
         let ca = new_ca("test").unwrap();
