@@ -28,7 +28,7 @@ async fn a_certificate_with_several_groups_authenticates_in_all_of_them() {
 }
 
 #[tokio::test]
-async fn rbac_bound_to_the_second_group_applies() {
+async fn rbac_bound_to_a_group_in_the_middle_applies() {
     let cluster = Cluster::start().await;
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "configmap-reader"},
@@ -50,7 +50,12 @@ async fn rbac_bound_to_the_second_group_applies() {
         .await
         .unwrap();
     // (groups in the certificate, expected HTTP code)
-    let cases: [(&[&str], u16); 3] = [(&["g1"], 403), (&["g1", "g2"], 200), (&["g2"], 200)];
+    // g2 neither first nor last, so a certificate keeping only one O cannot pass.
+    let cases: [(&[&str], u16); 3] = [
+        (&["g1", "g3"], 403),
+        (&["g1", "g2", "g3"], 200),
+        (&["g2"], 200),
+    ];
     for (groups, want) in cases {
         let client = cluster.client_for("dana", groups).await;
         let list = Api::<ConfigMap>::namespaced(client, "default")
