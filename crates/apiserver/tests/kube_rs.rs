@@ -12,6 +12,8 @@ mod controller;
 mod crud;
 #[path = "kube_rs/deletion.rs"]
 mod deletion;
+#[path = "kube_rs/identity.rs"]
+mod identity;
 #[path = "kube_rs/refusals.rs"]
 mod refusals;
 #[path = "kube_rs/watch.rs"]

@@ -9,21 +9,31 @@ use serde_json::json;
 
 use crate::common::{Cluster, eventually, kubectl};
 
-/// A PEM CSR for `cn` in groups `orgs`, and its private key.
+/// A PEM CSR for `cn` in groups `orgs`, and its private key. Built with x509-cert: rcgen
+/// keeps one value per attribute type in a DistinguishedName, so it cannot ask for two groups.
 fn csr_pem(cn: &str, orgs: &[&str]) -> (String, String) {
+    use p256::pkcs8::DecodePrivateKey;
+    use x509_cert::builder::{Builder, RequestBuilder};
+    use x509_cert::der::EncodePem;
+    use x509_cert::der::asn1::{Any, SetOfVec, Utf8StringRef};
+    use x509_cert::der::oid::db::rfc4519;
+    use x509_cert::der::pem::LineEnding;
+    use x509_cert::name::{RdnSequence, RelativeDistinguishedName};
+
     let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    for o in orgs {
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, *o);
-    }
-    let csr = params.serialize_request(&key).unwrap();
-    (csr.pem().unwrap(), key.serialize_pem())
+    let signer = p256::ecdsa::SigningKey::from_pkcs8_pem(&key.serialize_pem()).unwrap();
+    let rdn = |oid, value: &str| {
+        let value = Any::encode_from(&Utf8StringRef::new(value).unwrap()).unwrap();
+        let atv = x509_cert::attr::AttributeTypeAndValue { oid, value };
+        RelativeDistinguishedName(SetOfVec::try_from(vec![atv]).unwrap())
+    };
+    let mut rdns = vec![rdn(rfc4519::CN, cn)];
+    rdns.extend(orgs.iter().map(|o| rdn(rfc4519::O, o)));
+    let csr = RequestBuilder::new(RdnSequence(rdns), &signer)
+        .unwrap()
+        .build::<p256::ecdsa::DerSignature>()
+        .unwrap();
+    (csr.to_pem(LineEnding::LF).unwrap(), key.serialize_pem())
 }
 
 async fn file_csr(client: &kube::Client, name: &str, pem: &str, expiration: Option<i32>) {
@@ -104,8 +114,7 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
 
     let (denied_pem, _) = csr_pem("mallory", &["system:masters"]);
     let (pending_pem, _) = csr_pem("pending", &[]);
-    // One O only: rcgen keeps one value per attribute type in a DistinguishedName.
-    let (pem, key) = csr_pem("carol", &["team-a"]);
+    let (pem, key) = csr_pem("carol", &["team-a", "team-b"]);
     file_csr(&carol, "denied", &denied_pem, None).await;
     file_csr(&carol, "pending", &pending_pem, None).await;
     // Denied the way an admin does it: kubectl (an update of the approval subresource).
@@ -141,7 +150,18 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
         "expirationSeconds 3600 honoured, got {lifetime}s"
     );
 
-    // The certificate authenticates as its subject, in the group the CSR asked for (the
+    let orgs: Vec<_> = parsed
+        .subject()
+        .iter_organization()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        orgs,
+        ["team-a", "team-b"],
+        "the CSR's subject is kept whole"
+    );
+
+    // The certificate authenticates as its subject, in every group the CSR asked for (the
     // kubeconfig carol filed it with has no groups).
     let mut kubeconfig: serde_yaml::Value =
         serde_yaml::from_str(&cluster.server.kubeconfig_for("carol", &[]).unwrap()).unwrap();
@@ -163,7 +183,7 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
     let info = review.status.and_then(|s| s.user_info).expect("userInfo");
     assert_eq!(info.username.as_deref(), Some("carol"));
     let groups = info.groups.unwrap_or_default();
-    for g in ["team-a", "system:authenticated"] {
+    for g in ["team-a", "team-b", "system:authenticated"] {
         assert!(
             groups.iter().any(|x| x == g),
             "group {g} missing from {groups:?}"
