@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod controllers;
+pub mod events;
 pub mod kubelet;
 pub mod lab;
 pub mod nodelifecycle;

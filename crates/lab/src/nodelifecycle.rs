@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, EventSource, Node, ObjectReference, Pod, Taint, Toleration,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
@@ -366,7 +364,23 @@ async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant)
         {
             Ok(_) => {
                 tracing::info!(pod = %name, node, "taint manager: deleting pod");
-                record_eviction(client, &pod).await;
+                let message = format!(
+                    "Marking for deletion Pod {}/{}",
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default()
+                );
+                crate::events::record(
+                    client,
+                    &pod,
+                    crate::events::PodEvent {
+                        reason: "TaintManagerEviction",
+                        type_: "Normal",
+                        message,
+                        component: "taint-eviction-controller",
+                        action: "Evicting",
+                    },
+                )
+                .await;
                 view.evicted.insert(uid);
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {
@@ -374,46 +388,6 @@ async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant)
             }
             Err(e) => tracing::warn!(pod = %name, node, "evicting: {e}"),
         }
-    }
-}
-
-/// Records the `TaintManagerEviction` event kube-controller-manager emits for an eviction.
-async fn record_eviction(client: &kube::Client, pod: &Pod) {
-    let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let now = Timestamp::now();
-    let event = CoreEvent {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
-            uid: pod.metadata.uid.clone(),
-            ..Default::default()
-        },
-        reason: Some("TaintManagerEviction".into()),
-        message: Some(format!("Marking for deletion Pod {ns}/{name}")),
-        type_: Some("Normal".into()),
-        count: Some(1),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        source: Some(EventSource {
-            component: Some("taint-eviction-controller".into()),
-            host: None,
-        }),
-        reporting_component: Some("taint-eviction-controller".into()),
-        ..Default::default()
-    };
-    if let Err(e) = Api::<CoreEvent>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &event)
-        .await
-    {
-        tracing::debug!(pod = %name, "recording TaintManagerEviction: {e}");
     }
 }
 

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    Binding, Event as CoreEvent, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
-    Pod, PodAffinityTerm, Taint, Toleration,
+    Binding, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, Pod,
+    PodAffinityTerm, Taint, Toleration,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -1189,43 +1189,18 @@ async fn report(client: kube::Client, pod: Arc<Pod>, message: String) {
             }
         }
     }
-    let event = CoreEvent {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-            namespace: Some(ns.clone()),
-            ..Default::default()
+    crate::events::record(
+        &client,
+        &pod,
+        crate::events::PodEvent {
+            reason: "FailedScheduling",
+            type_: "Warning",
+            message,
+            component: SCHEDULER_NAME,
+            action: "Scheduling",
         },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
-            uid: pod.metadata.uid.clone(),
-            resource_version: pod.metadata.resource_version.clone(),
-            ..Default::default()
-        },
-        reason: Some("FailedScheduling".into()),
-        message: Some(message),
-        type_: Some("Warning".into()),
-        action: Some("Scheduling".into()),
-        count: Some(1),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        event_time: Some(MicroTime(now)),
-        reporting_component: Some(SCHEDULER_NAME.into()),
-        reporting_instance: Some(SCHEDULER_NAME.into()),
-        source: Some(k8s_openapi::api::core::v1::EventSource {
-            component: Some(SCHEDULER_NAME.into()),
-            host: None,
-        }),
-        ..Default::default()
-    };
-    if let Err(e) = Api::<CoreEvent>::namespaced(client, &ns)
-        .create(&PostParams::default(), &event)
-        .await
-    {
-        tracing::debug!(pod = %name, "recording FailedScheduling: {e}");
-    }
+    )
+    .await;
 }
 
 #[cfg(test)]
