@@ -2311,6 +2311,12 @@ mod tests {
                 ],
             ),
             (
+                "additionalProperties false names the forbidden key",
+                json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false}),
+                json!({"a": "x", "b": 1}),
+                vec![r#"spec.f: Invalid value: "b": spec.f.b in body is a forbidden property"#],
+            ),
+            (
                 "required",
                 json!({"type": "object", "properties": {"size": {"type": "integer"}}, "required": ["size"]}),
                 json!({}),
@@ -2491,6 +2497,62 @@ mod tests {
         assert_eq!(FieldErrorKind::Forbidden.reason(), "FieldValueForbidden");
         assert_eq!(FieldErrorKind::Invalid.reason(), "FieldValueInvalid");
         assert_eq!(FieldErrorKind::TooMany.reason(), "FieldValueTooMany");
+    }
+
+    #[test]
+    fn supported_formats() {
+        let cases = [
+            ("date-time", "2026-11-22T14:00:00.123+01:00", true),
+            ("date-time", "2026-11-22 14:00", false),
+            ("datetime", "2026-11-22T14:00:00Z", true),
+            ("date", "2026-02-28", true),
+            ("date", "2026-02-30", false),
+            ("ipv4", "10.0.0.1", true),
+            ("ipv4", "10.0.0.256", false),
+            ("ipv6", "fd00::1", true),
+            ("ipv6", "10.0.0.1", false),
+            ("cidr", "10.244.0.0/16", true),
+            ("cidr", "10.244.0.0/33", false),
+            ("cidr", "fd00::/64", true),
+            ("uuid", "123e4567-e89b-12d3-a456-426614174000", true),
+            ("uuid", "not-a-uuid", false),
+            ("uuid4", "123e4567-e89b-42d3-a456-426614174000", true),
+            ("uuid4", "123e4567-e89b-12d3-a456-426614174000", false),
+            ("hostname", "api.example.com", true),
+            ("hostname", "-bad-.example", false),
+            ("mac", "00:1a:2b:3c:4d:5e", true),
+            ("mac", "00:1a:2b", false),
+            ("byte", "aGVsbG8=", true),
+            ("byte", "not base64!", false),
+            ("hexcolor", "#ff00AA", true),
+            ("hexcolor", "#ff00A", false),
+            ("password", "anything", true),
+        ];
+        for (format, text, ok) in cases {
+            assert_eq!(format_matches(format, text), ok, "{format} {text:?}");
+        }
+    }
+
+    #[test]
+    fn go_formatting_helpers() {
+        let floats = [
+            (1.0, "1"),
+            (0.5, "0.5"),
+            (123456.0, "123456"),
+            (1234567.0, "1.234567e+06"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (-2.5, "-2.5"),
+            (0.1 + 0.2, "0.30000000000000004"),
+        ];
+        for (f, want) in floats {
+            assert_eq!(go_float(f), want);
+        }
+        assert_eq!(go_quote("tab\there \u{1} é"), r#""tab\there \x01 é""#);
+        assert_eq!(
+            go_json(&json!({"z": 1.0, "a": "&"})),
+            r#"{"a":"\u0026","z":1}"#
+        );
     }
 
     #[test]
