@@ -1397,10 +1397,10 @@ pub fn structural_errors(schema: &Value) -> Vec<String> {
     let mut errs = Vec::new();
     structural_invariants(schema, Level::Root, ROOT, &mut errs);
     structural_completeness(schema, Some(schema), ROOT, ROOT, &mut errs);
-    crd_schema_rules(schema, ROOT, &mut errs);
+    crd_schema_rules(schema, ROOT, true, false, &mut errs);
     // Defaults are only meaningful (and only checked by kube-apiserver) on a structural schema.
     if errs.is_empty() {
-        default_rules(schema, ROOT, false, &mut errs);
+        default_rules(schema, ROOT, true, DefaultScope::Field, &mut errs);
     }
     let mut messages: Vec<String> = errs.iter().map(ToString::to_string).collect();
     messages.sort();
@@ -1731,15 +1731,42 @@ fn nested_completeness(
 }
 
 /// The rules CRD validation adds to structurality (apiextensions ValidateCustomResourceDefinitionOpenAPISchema).
-fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
+fn crd_schema_rules(
+    s: &Value,
+    path: &str,
+    is_root: bool,
+    inside_meta: bool,
+    out: &mut Vec<FieldError>,
+) {
     if !s.is_object() {
         return;
     }
-    if s.get("$ref").is_some() {
+    if is_root && nullable(s) {
         out.push(FieldError::forbidden(
-            format!("{path}.$ref"),
-            "$ref is not supported",
+            format!("{path}.nullable"),
+            "nullable cannot be true at the root",
         ));
+    }
+    let unsupported = [
+        ("id", "id is not supported"),
+        ("additionalItems", "additionalItems is not supported"),
+        ("patternProperties", "patternProperties is not supported"),
+        ("definitions", "definitions is not supported"),
+        ("dependencies", "dependencies is not supported"),
+        ("$ref", "$ref is not supported"),
+    ];
+    for (key, detail) in unsupported {
+        let set = match s.get(key) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(v)) => !v.is_empty(),
+            Some(Value::Object(m)) => {
+                !m.is_empty() || key == "additionalItems" || key == "dependencies"
+            }
+            Some(_) => true,
+        };
+        if set {
+            out.push(FieldError::forbidden(format!("{path}.{key}"), detail));
+        }
     }
     if flag(s, "uniqueItems") {
         out.push(FieldError::forbidden(
@@ -1747,18 +1774,14 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             "uniqueItems cannot be set to true since the runtime complexity becomes quadratic",
         ));
     }
+    // Properties are for structs and additionalProperties for maps: both at once would
+    // contradict the convention of ignoring unknown fields.
     if let Some(ap) = additional(s) {
         let has_properties = properties(s).is_some_and(|p| !p.is_empty());
-        let restricts = !matches!(ap, Additional::Allows(true));
-        if has_properties && restricts {
+        if has_properties && !matches!(ap, Additional::Allows(true)) {
             out.push(FieldError::forbidden(
                 format!("{path}.additionalProperties"),
                 "additionalProperties and properties are mutual exclusive",
-            ));
-        } else if matches!(ap, Additional::Allows(false)) {
-            out.push(FieldError::forbidden(
-                format!("{path}.additionalProperties"),
-                "additionalProperties cannot be set to false",
             ));
         }
     }
@@ -1772,6 +1795,24 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
                 &supported,
             ));
         }
+        if ty == "null" {
+            out.push(FieldError::forbidden(
+                format!("{path}.type"),
+                "type cannot be set to null, use nullable as an alternative",
+            ));
+        }
+    }
+    if s.get("items").is_some_and(Value::is_array) {
+        out.push(FieldError::forbidden(
+            format!("{path}.items"),
+            "items must be a schema object and not an array",
+        ));
+    }
+    if inside_meta && flag(s, EMBEDDED_RESOURCE) {
+        out.push(FieldError::forbidden(
+            format!("{path}.{EMBEDDED_RESOURCE}"),
+            "must not be used inside of resource meta",
+        ));
     }
     if s.get(PRESERVE_UNKNOWN) == Some(&Value::Bool(false)) {
         out.push(FieldError::invalid(
@@ -1782,19 +1823,19 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
     }
     list_type_rules(s, path, out);
 
-    let mut children: Vec<(String, &Value)> = Vec::new();
+    let mut children: Vec<(String, &Value, bool)> = Vec::new();
     if let Some(props) = properties(s) {
-        children.extend(
-            props
-                .iter()
-                .map(|(k, v)| (key_path(path, "properties", k), v)),
-        );
+        let holds_meta = is_root || flag(s, EMBEDDED_RESOURCE);
+        children.extend(props.iter().map(|(k, v)| {
+            let meta = inside_meta || (holds_meta && META_FIELDS.contains(&k.as_str()));
+            (key_path(path, "properties", k), v, meta)
+        }));
     }
     if let Some(is) = items(s) {
-        children.push((format!("{path}.items"), is));
+        children.push((format!("{path}.items"), is, inside_meta));
     }
     if let Some(ap) = additional(s).and_then(|a| a.schema()) {
-        children.push((format!("{path}.additionalProperties"), ap));
+        children.push((format!("{path}.additionalProperties"), ap, inside_meta));
     }
     for key in ["allOf", "anyOf", "oneOf"] {
         if let Some(branches) = s.get(key).and_then(Value::as_array) {
@@ -1802,52 +1843,72 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
                 branches
                     .iter()
                     .enumerate()
-                    .map(|(i, b)| (format!("{path}.{key}[{i}]"), b)),
+                    .map(|(i, b)| (format!("{path}.{key}[{i}]"), b, inside_meta)),
             );
         }
     }
     if let Some(not) = s.get("not") {
-        children.push((format!("{path}.not"), not));
+        children.push((format!("{path}.not"), not, inside_meta));
     }
-    for (child_path, child) in children {
-        crd_schema_rules(child, &child_path, out);
+    for (child_path, child, meta) in children {
+        crd_schema_rules(child, &child_path, false, meta, out);
     }
 }
 
-/// Every `default` must survive pruning and validate against its own node, and root metadata
-/// may not have any (apiextensions defaulting.ValidateDefaults).
-fn default_rules(s: &Value, path: &str, in_root_metadata: bool, out: &mut Vec<FieldError>) {
+/// Where a default sits, which decides how it is checked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DefaultScope<'a> {
+    /// Ordinary fields: the default must survive pruning and validate.
+    Field,
+    /// Inside ObjectMeta/TypeMeta of an embedded resource: validated but not pruned, because
+    /// the implicitly known metadata fields would be pruned as well.
+    ResourceMeta,
+    /// Not allowed at all, for the reason given.
+    Forbidden(&'a str),
+}
+
+/// Every `default` must survive pruning and validate against its own node; none may sit in
+/// the root's apiVersion, kind or metadata (apiextensions specStandardValidatorV3).
+fn default_rules(
+    s: &Value,
+    path: &str,
+    is_root: bool,
+    scope: DefaultScope<'_>,
+    out: &mut Vec<FieldError>,
+) {
     if !s.is_object() {
         return;
     }
     if let Some(default) = default_of(s) {
         let at = format!("{path}.default");
-        if in_root_metadata {
-            out.push(FieldError::forbidden(
-                at,
-                "must not be set in top-level metadata",
-            ));
-        } else {
-            let mut pruned = default.clone();
-            prune_node(
-                &mut pruned,
-                Some(s),
-                flag(s, EMBEDDED_RESOURCE),
-                "",
-                &mut Vec::new(),
-            );
-            if &pruned != default {
-                out.push(FieldError::invalid(
+        match scope {
+            DefaultScope::Forbidden(reason) => {
+                out.push(FieldError::forbidden(
                     at,
-                    default.clone(),
-                    "must not have unknown fields",
+                    format!("must not be set {reason}"),
                 ));
-            } else {
-                let before = out.len();
-                validate_embedded(default, s, &at, false, out);
-                if out.len() == before {
-                    // The default is validated as a document of its own: kube-openapi names fields
-                    // relative to it and Kubernetes hangs them below `.default`.
+            }
+            DefaultScope::Field | DefaultScope::ResourceMeta => {
+                let mut pruned = default.clone();
+                if scope == DefaultScope::Field {
+                    prune_node(
+                        &mut pruned,
+                        Some(s),
+                        flag(s, EMBEDDED_RESOURCE),
+                        "",
+                        &mut Vec::new(),
+                    );
+                }
+                if &pruned != default {
+                    out.push(FieldError::invalid(
+                        at,
+                        default.clone(),
+                        "must not have unknown fields",
+                    ));
+                } else {
+                    validate_embedded(default, s, &at, false, out);
+                    // The default is validated as a document of its own: kube-openapi names
+                    // fields relative to it and Kubernetes hangs them below `.default`.
                     let mut errs = Vec::new();
                     validate_node(default, s, "", &mut errs);
                     out.extend(errs.into_iter().map(|mut e| {
@@ -1863,19 +1924,42 @@ fn default_rules(s: &Value, path: &str, in_root_metadata: bool, out: &mut Vec<Fi
         }
     }
     if let Some(props) = properties(s) {
+        let holds_meta = is_root || flag(s, EMBEDDED_RESOURCE);
         for (k, p) in props {
-            let meta = in_root_metadata || (path == "openAPIV3Schema" && k == "metadata");
-            default_rules(p, &key_path(path, "properties", k), meta, out);
+            let child_scope = if holds_meta && META_FIELDS.contains(&k.as_str()) {
+                if is_root {
+                    DefaultScope::Forbidden(match k.as_str() {
+                        "apiVersion" => "in top-level apiVersion",
+                        "kind" => "in top-level kind",
+                        _ => "in top-level metadata",
+                    })
+                } else if matches!(scope, DefaultScope::Forbidden(_)) {
+                    scope
+                } else {
+                    DefaultScope::ResourceMeta
+                }
+            } else {
+                scope
+            };
+            default_rules(p, &key_path(path, "properties", k), false, child_scope, out);
         }
     }
     if let Some(is) = items(s) {
-        default_rules(is, &format!("{path}.items"), in_root_metadata, out);
+        default_rules(is, &format!("{path}.items"), false, scope, out);
     }
     if let Some(ap) = additional(s).and_then(|a| a.schema()) {
+        // Pruning a map default without the actual object is ambiguous inside metadata.
+        let child_scope = match scope {
+            DefaultScope::ResourceMeta => {
+                DefaultScope::Forbidden("inside additionalProperties applying to object metadata")
+            }
+            other => other,
+        };
         default_rules(
             ap,
             &format!("{path}.additionalProperties"),
-            in_root_metadata,
+            false,
+            child_scope,
             out,
         );
     }
@@ -2951,6 +3035,37 @@ mod tests {
                     "properties": {"a": {"type": "string", "default": "y", "enum": ["x", "y"]},
                                    "ports": {"type": "array", "items": {"type": "integer", "default": 80}}}}}}),
                 vec![],
+            ),
+            (
+                "nullable root",
+                json!({"type": "object", "nullable": true}),
+                vec!["openAPIV3Schema.nullable: Forbidden: nullable cannot be true at the root"],
+            ),
+            (
+                "unsupported JSON-schema keywords",
+                json!({"type": "object", "properties": {
+                    "a": {"type": "string", "$ref": "#/definitions/x"},
+                    "b": {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+                    "c": {"type": "null"}
+                }}),
+                vec![
+                    "openAPIV3Schema.properties[a].$ref: Forbidden: $ref is not supported",
+                    "openAPIV3Schema.properties[b].patternProperties: Forbidden: patternProperties is not supported",
+                    "openAPIV3Schema.properties[c].type: Forbidden: type cannot be set to null, use nullable as an alternative",
+                    r#"openAPIV3Schema.properties[c].type: Unsupported value: "null": supported values: "array", "boolean", "integer", "number", "object", "string""#,
+                ],
+            ),
+            (
+                "default in an embedded resource's metadata is validated but not pruned",
+                json!({"type": "object", "properties": {"t": {
+                    "type": "object",
+                    "x-kubernetes-embedded-resource": true,
+                    "x-kubernetes-preserve-unknown-fields": true,
+                    "properties": {"metadata": {"type": "object", "default": {"name": 5}, "properties": {"name": {"type": "string"}}}}
+                }}}),
+                vec![
+                    r#"openAPIV3Schema.properties[t].properties[metadata].default.name: Invalid value: "integer": name in body must be of type string: "integer""#,
+                ],
             ),
             (
                 "int-or-string with preserve-unknown-fields",
