@@ -19,7 +19,6 @@ const EMBEDDED_RESOURCE: &str = "x-kubernetes-embedded-resource";
 const INT_OR_STRING: &str = "x-kubernetes-int-or-string";
 const LIST_TYPE: &str = "x-kubernetes-list-type";
 const LIST_MAP_KEYS: &str = "x-kubernetes-list-map-keys";
-const MAP_TYPE: &str = "x-kubernetes-map-type";
 
 /// TypeMeta and ObjectMeta fields that pruning leaves alone at the root and in embedded resources.
 const META_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
@@ -1965,6 +1964,8 @@ fn default_rules(
     }
 }
 
+/// x-kubernetes-list-type / list-map-keys consistency (apiextensions validation, including
+/// validateMapListKeysMapSet which applies to every new CRD).
 fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
     let list_type = s.get(LIST_TYPE);
     let map_keys: Vec<&str> = s
@@ -1972,6 +1973,7 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
         .and_then(Value::as_array)
         .map(|k| k.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
+    let keys_value = || s.get(LIST_MAP_KEYS).cloned().unwrap_or(Value::Null);
     if let Some(lt) = list_type
         && !matches!(lt.as_str(), Some("atomic" | "set" | "map"))
     {
@@ -1983,11 +1985,17 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
         ));
     }
     let lt = list_type.and_then(Value::as_str);
-    if !map_keys.is_empty() && lt != Some("map") {
-        out.push(FieldError::forbidden(
-            format!("{path}.{LIST_MAP_KEYS}"),
-            "must not be set if x-kubernetes-list-type is not map",
-        ));
+    if !map_keys.is_empty() {
+        let detail = "must be map if x-kubernetes-list-map-keys is non-empty";
+        match list_type {
+            None => out.push(FieldError::required(format!("{path}.{LIST_TYPE}"), detail)),
+            Some(other) if lt != Some("map") => out.push(FieldError::invalid(
+                format!("{path}.{LIST_TYPE}"),
+                other.clone(),
+                detail,
+            )),
+            Some(_) => {}
+        }
     }
     let item_schema = items(s);
     if lt == Some("map") {
@@ -1997,39 +2005,47 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
                 "must not be empty if x-kubernetes-list-type is map",
             ));
         }
-        match item_schema {
+        match s.get("items") {
             None => out.push(FieldError::required(
                 format!("{path}.items"),
                 "must have a schema if x-kubernetes-list-type is map",
             )),
-            Some(is) if string_of(is, "type") != Some("object") => out.push(FieldError::invalid(
-                format!("{path}.items.type"),
-                type_value(is),
-                "must be object if parent array's x-kubernetes-list-type is map",
+            Some(tuple @ Value::Array(_)) => out.push(FieldError::invalid(
+                format!("{path}.items"),
+                tuple.clone(),
+                "must only have a single schema if x-kubernetes-list-type is map",
             )),
-            Some(is) => {
-                let keys_value = Value::from(map_keys.clone());
+            Some(_) => {}
+        }
+        if let Some(is) = item_schema {
+            if string_of(is, "type") != Some("object") {
+                out.push(FieldError::invalid(
+                    format!("{path}.items.type"),
+                    type_value(is),
+                    "must be object if parent array's x-kubernetes-list-type is map",
+                ));
+            } else {
                 for (i, k) in map_keys.iter().enumerate() {
                     match property(is, k) {
-                        Some(kp) => {
-                            if matches!(string_of(kp, "type"), Some("array" | "object")) {
-                                out.push(FieldError::invalid(
-                                    format!("{}.type", key_path(&format!("{path}.items"), "properties", k)),
-                                    type_value(kp),
-                                    "must be a scalar type if parent array's x-kubernetes-list-type is map",
-                                ));
-                            }
+                        // Kubernetes shows the item type here, not the key's.
+                        Some(kp) if matches!(string_of(kp, "type"), Some("array" | "object")) => {
+                            out.push(FieldError::invalid(
+                                format!("{}.type", key_path(&format!("{path}.items"), "properties", k)),
+                                type_value(is),
+                                "must be a scalar type if parent array's x-kubernetes-list-type is map",
+                            ))
                         }
+                        Some(_) => {}
                         None => out.push(FieldError::invalid(
                             format!("{path}.{LIST_MAP_KEYS}"),
-                            keys_value.clone(),
+                            keys_value(),
                             "entries must all be names of item properties",
                         )),
                     }
                     if map_keys[..i].contains(k) {
                         out.push(FieldError::invalid(
                             format!("{path}.{LIST_MAP_KEYS}"),
-                            keys_value.clone(),
+                            keys_value(),
                             "must not contain duplicate entries",
                         ));
                     }
@@ -2037,34 +2053,37 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             }
         }
     }
-    if lt == Some("set")
-        && let Some(is) = item_schema
-    {
-        match string_of(is, "type") {
-            Some("array") => out.push(FieldError::invalid(
-                format!("{path}.items.type"),
-                type_value(is),
-                "must be a scalar type if parent array's x-kubernetes-list-type is set",
-            )),
-            Some("object") if string_of(is, MAP_TYPE) != Some("atomic") => {
-                out.push(FieldError::invalid(
-                    format!("{path}.items.{MAP_TYPE}"),
-                    is.get(MAP_TYPE).cloned().unwrap_or(Value::Null),
-                    "must be atomic if parent array's x-kubernetes-list-type is set",
-                ))
-            }
-            _ => {}
+    // Set and map items, and map keys, must be identifiable: never null, keys always present.
+    if let (Some(lt @ ("set" | "map")), Some(is)) = (lt, item_schema) {
+        if nullable(is) {
+            out.push(FieldError::forbidden(
+                format!("{path}.items.nullable"),
+                format!("cannot be nullable when x-kubernetes-list-type is {lt}"),
+            ));
         }
-    }
-    if let Some(mt) = s.get(MAP_TYPE)
-        && !matches!(mt.as_str(), Some("atomic" | "granular"))
-    {
-        let supported = ["atomic".to_string(), "granular".to_string()];
-        out.push(FieldError::not_supported(
-            format!("{path}.{MAP_TYPE}"),
-            mt.clone(),
-            &supported,
-        ));
+        if lt == "map" {
+            let required: Vec<&str> = is
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            for k in &map_keys {
+                let Some(kp) = property(is, k) else { continue };
+                let key_path = key_path(&format!("{path}.items"), "properties", k);
+                if !required.contains(k) && kp.get("default").is_none() {
+                    out.push(FieldError::required(
+                        format!("{key_path}.default"),
+                        "this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property",
+                    ));
+                }
+                if nullable(kp) {
+                    out.push(FieldError::forbidden(
+                        format!("{key_path}.nullable"),
+                        "this property is in x-kubernetes-list-map-keys, so it cannot be nullable",
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -3035,6 +3054,32 @@ mod tests {
                     "properties": {"a": {"type": "string", "default": "y", "enum": ["x", "y"]},
                                    "ports": {"type": "array", "items": {"type": "integer", "default": 80}}}}}}),
                 vec![],
+            ),
+            (
+                "list-map-keys without list-type map",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"}}}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].x-kubernetes-list-type: Required value: must be map if x-kubernetes-list-map-keys is non-empty",
+                ],
+            ),
+            (
+                "list map keys must be required or defaulted, and exist",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name", "missing"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"}}}}}}),
+                vec![
+                    r#"openAPIV3Schema.properties[l].items.properties[name].default: Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property"#,
+                    r#"openAPIV3Schema.properties[l].x-kubernetes-list-map-keys: Invalid value: ["name","missing"]: entries must all be names of item properties"#,
+                ],
+            ),
+            (
+                "nullable set items",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-type": "set",
+                    "items": {"type": "string", "nullable": true}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].items.nullable: Forbidden: cannot be nullable when x-kubernetes-list-type is set",
+                ],
             ),
             (
                 "nullable root",
