@@ -19,7 +19,6 @@ const EMBEDDED_RESOURCE: &str = "x-kubernetes-embedded-resource";
 const INT_OR_STRING: &str = "x-kubernetes-int-or-string";
 const LIST_TYPE: &str = "x-kubernetes-list-type";
 const LIST_MAP_KEYS: &str = "x-kubernetes-list-map-keys";
-const MAP_TYPE: &str = "x-kubernetes-map-type";
 
 /// TypeMeta and ObjectMeta fields that pruning leaves alone at the root and in embedded resources.
 const META_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
@@ -1397,10 +1396,10 @@ pub fn structural_errors(schema: &Value) -> Vec<String> {
     let mut errs = Vec::new();
     structural_invariants(schema, Level::Root, ROOT, &mut errs);
     structural_completeness(schema, Some(schema), ROOT, ROOT, &mut errs);
-    crd_schema_rules(schema, ROOT, &mut errs);
+    crd_schema_rules(schema, ROOT, true, false, &mut errs);
     // Defaults are only meaningful (and only checked by kube-apiserver) on a structural schema.
     if errs.is_empty() {
-        default_rules(schema, ROOT, false, &mut errs);
+        default_rules(schema, ROOT, true, DefaultScope::Field, &mut errs);
     }
     let mut messages: Vec<String> = errs.iter().map(ToString::to_string).collect();
     messages.sort();
@@ -1731,15 +1730,42 @@ fn nested_completeness(
 }
 
 /// The rules CRD validation adds to structurality (apiextensions ValidateCustomResourceDefinitionOpenAPISchema).
-fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
+fn crd_schema_rules(
+    s: &Value,
+    path: &str,
+    is_root: bool,
+    inside_meta: bool,
+    out: &mut Vec<FieldError>,
+) {
     if !s.is_object() {
         return;
     }
-    if s.get("$ref").is_some() {
+    if is_root && nullable(s) {
         out.push(FieldError::forbidden(
-            format!("{path}.$ref"),
-            "$ref is not supported",
+            format!("{path}.nullable"),
+            "nullable cannot be true at the root",
         ));
+    }
+    let unsupported = [
+        ("id", "id is not supported"),
+        ("additionalItems", "additionalItems is not supported"),
+        ("patternProperties", "patternProperties is not supported"),
+        ("definitions", "definitions is not supported"),
+        ("dependencies", "dependencies is not supported"),
+        ("$ref", "$ref is not supported"),
+    ];
+    for (key, detail) in unsupported {
+        let set = match s.get(key) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(v)) => !v.is_empty(),
+            Some(Value::Object(m)) => {
+                !m.is_empty() || key == "additionalItems" || key == "dependencies"
+            }
+            Some(_) => true,
+        };
+        if set {
+            out.push(FieldError::forbidden(format!("{path}.{key}"), detail));
+        }
     }
     if flag(s, "uniqueItems") {
         out.push(FieldError::forbidden(
@@ -1747,18 +1773,14 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             "uniqueItems cannot be set to true since the runtime complexity becomes quadratic",
         ));
     }
+    // Properties are for structs and additionalProperties for maps: both at once would
+    // contradict the convention of ignoring unknown fields.
     if let Some(ap) = additional(s) {
         let has_properties = properties(s).is_some_and(|p| !p.is_empty());
-        let restricts = !matches!(ap, Additional::Allows(true));
-        if has_properties && restricts {
+        if has_properties && !matches!(ap, Additional::Allows(true)) {
             out.push(FieldError::forbidden(
                 format!("{path}.additionalProperties"),
                 "additionalProperties and properties are mutual exclusive",
-            ));
-        } else if matches!(ap, Additional::Allows(false)) {
-            out.push(FieldError::forbidden(
-                format!("{path}.additionalProperties"),
-                "additionalProperties cannot be set to false",
             ));
         }
     }
@@ -1772,6 +1794,24 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
                 &supported,
             ));
         }
+        if ty == "null" {
+            out.push(FieldError::forbidden(
+                format!("{path}.type"),
+                "type cannot be set to null, use nullable as an alternative",
+            ));
+        }
+    }
+    if s.get("items").is_some_and(Value::is_array) {
+        out.push(FieldError::forbidden(
+            format!("{path}.items"),
+            "items must be a schema object and not an array",
+        ));
+    }
+    if inside_meta && flag(s, EMBEDDED_RESOURCE) {
+        out.push(FieldError::forbidden(
+            format!("{path}.{EMBEDDED_RESOURCE}"),
+            "must not be used inside of resource meta",
+        ));
     }
     if s.get(PRESERVE_UNKNOWN) == Some(&Value::Bool(false)) {
         out.push(FieldError::invalid(
@@ -1782,19 +1822,19 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
     }
     list_type_rules(s, path, out);
 
-    let mut children: Vec<(String, &Value)> = Vec::new();
+    let mut children: Vec<(String, &Value, bool)> = Vec::new();
     if let Some(props) = properties(s) {
-        children.extend(
-            props
-                .iter()
-                .map(|(k, v)| (key_path(path, "properties", k), v)),
-        );
+        let holds_meta = is_root || flag(s, EMBEDDED_RESOURCE);
+        children.extend(props.iter().map(|(k, v)| {
+            let meta = inside_meta || (holds_meta && META_FIELDS.contains(&k.as_str()));
+            (key_path(path, "properties", k), v, meta)
+        }));
     }
     if let Some(is) = items(s) {
-        children.push((format!("{path}.items"), is));
+        children.push((format!("{path}.items"), is, inside_meta));
     }
     if let Some(ap) = additional(s).and_then(|a| a.schema()) {
-        children.push((format!("{path}.additionalProperties"), ap));
+        children.push((format!("{path}.additionalProperties"), ap, inside_meta));
     }
     for key in ["allOf", "anyOf", "oneOf"] {
         if let Some(branches) = s.get(key).and_then(Value::as_array) {
@@ -1802,52 +1842,72 @@ fn crd_schema_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
                 branches
                     .iter()
                     .enumerate()
-                    .map(|(i, b)| (format!("{path}.{key}[{i}]"), b)),
+                    .map(|(i, b)| (format!("{path}.{key}[{i}]"), b, inside_meta)),
             );
         }
     }
     if let Some(not) = s.get("not") {
-        children.push((format!("{path}.not"), not));
+        children.push((format!("{path}.not"), not, inside_meta));
     }
-    for (child_path, child) in children {
-        crd_schema_rules(child, &child_path, out);
+    for (child_path, child, meta) in children {
+        crd_schema_rules(child, &child_path, false, meta, out);
     }
 }
 
-/// Every `default` must survive pruning and validate against its own node, and root metadata
-/// may not have any (apiextensions defaulting.ValidateDefaults).
-fn default_rules(s: &Value, path: &str, in_root_metadata: bool, out: &mut Vec<FieldError>) {
+/// Where a default sits, which decides how it is checked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DefaultScope<'a> {
+    /// Ordinary fields: the default must survive pruning and validate.
+    Field,
+    /// Inside ObjectMeta/TypeMeta of an embedded resource: validated but not pruned, because
+    /// the implicitly known metadata fields would be pruned as well.
+    ResourceMeta,
+    /// Not allowed at all, for the reason given.
+    Forbidden(&'a str),
+}
+
+/// Every `default` must survive pruning and validate against its own node; none may sit in
+/// the root's apiVersion, kind or metadata (apiextensions specStandardValidatorV3).
+fn default_rules(
+    s: &Value,
+    path: &str,
+    is_root: bool,
+    scope: DefaultScope<'_>,
+    out: &mut Vec<FieldError>,
+) {
     if !s.is_object() {
         return;
     }
     if let Some(default) = default_of(s) {
         let at = format!("{path}.default");
-        if in_root_metadata {
-            out.push(FieldError::forbidden(
-                at,
-                "must not be set in top-level metadata",
-            ));
-        } else {
-            let mut pruned = default.clone();
-            prune_node(
-                &mut pruned,
-                Some(s),
-                flag(s, EMBEDDED_RESOURCE),
-                "",
-                &mut Vec::new(),
-            );
-            if &pruned != default {
-                out.push(FieldError::invalid(
+        match scope {
+            DefaultScope::Forbidden(reason) => {
+                out.push(FieldError::forbidden(
                     at,
-                    default.clone(),
-                    "must not have unknown fields",
+                    format!("must not be set {reason}"),
                 ));
-            } else {
-                let before = out.len();
-                validate_embedded(default, s, &at, false, out);
-                if out.len() == before {
-                    // The default is validated as a document of its own: kube-openapi names fields
-                    // relative to it and Kubernetes hangs them below `.default`.
+            }
+            DefaultScope::Field | DefaultScope::ResourceMeta => {
+                let mut pruned = default.clone();
+                if scope == DefaultScope::Field {
+                    prune_node(
+                        &mut pruned,
+                        Some(s),
+                        flag(s, EMBEDDED_RESOURCE),
+                        "",
+                        &mut Vec::new(),
+                    );
+                }
+                if &pruned != default {
+                    out.push(FieldError::invalid(
+                        at,
+                        default.clone(),
+                        "must not have unknown fields",
+                    ));
+                } else {
+                    validate_embedded(default, s, &at, false, out);
+                    // The default is validated as a document of its own: kube-openapi names
+                    // fields relative to it and Kubernetes hangs them below `.default`.
                     let mut errs = Vec::new();
                     validate_node(default, s, "", &mut errs);
                     out.extend(errs.into_iter().map(|mut e| {
@@ -1863,24 +1923,49 @@ fn default_rules(s: &Value, path: &str, in_root_metadata: bool, out: &mut Vec<Fi
         }
     }
     if let Some(props) = properties(s) {
+        let holds_meta = is_root || flag(s, EMBEDDED_RESOURCE);
         for (k, p) in props {
-            let meta = in_root_metadata || (path == "openAPIV3Schema" && k == "metadata");
-            default_rules(p, &key_path(path, "properties", k), meta, out);
+            let child_scope = if holds_meta && META_FIELDS.contains(&k.as_str()) {
+                if is_root {
+                    DefaultScope::Forbidden(match k.as_str() {
+                        "apiVersion" => "in top-level apiVersion",
+                        "kind" => "in top-level kind",
+                        _ => "in top-level metadata",
+                    })
+                } else if matches!(scope, DefaultScope::Forbidden(_)) {
+                    scope
+                } else {
+                    DefaultScope::ResourceMeta
+                }
+            } else {
+                scope
+            };
+            default_rules(p, &key_path(path, "properties", k), false, child_scope, out);
         }
     }
     if let Some(is) = items(s) {
-        default_rules(is, &format!("{path}.items"), in_root_metadata, out);
+        default_rules(is, &format!("{path}.items"), false, scope, out);
     }
     if let Some(ap) = additional(s).and_then(|a| a.schema()) {
+        // Pruning a map default without the actual object is ambiguous inside metadata.
+        let child_scope = match scope {
+            DefaultScope::ResourceMeta => {
+                DefaultScope::Forbidden("inside additionalProperties applying to object metadata")
+            }
+            other => other,
+        };
         default_rules(
             ap,
             &format!("{path}.additionalProperties"),
-            in_root_metadata,
+            false,
+            child_scope,
             out,
         );
     }
 }
 
+/// x-kubernetes-list-type / list-map-keys consistency (apiextensions validation, including
+/// validateMapListKeysMapSet which applies to every new CRD).
 fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
     let list_type = s.get(LIST_TYPE);
     let map_keys: Vec<&str> = s
@@ -1888,6 +1973,7 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
         .and_then(Value::as_array)
         .map(|k| k.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
+    let keys_value = || s.get(LIST_MAP_KEYS).cloned().unwrap_or(Value::Null);
     if let Some(lt) = list_type
         && !matches!(lt.as_str(), Some("atomic" | "set" | "map"))
     {
@@ -1899,11 +1985,17 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
         ));
     }
     let lt = list_type.and_then(Value::as_str);
-    if !map_keys.is_empty() && lt != Some("map") {
-        out.push(FieldError::forbidden(
-            format!("{path}.{LIST_MAP_KEYS}"),
-            "must not be set if x-kubernetes-list-type is not map",
-        ));
+    if !map_keys.is_empty() {
+        let detail = "must be map if x-kubernetes-list-map-keys is non-empty";
+        match list_type {
+            None => out.push(FieldError::required(format!("{path}.{LIST_TYPE}"), detail)),
+            Some(other) if lt != Some("map") => out.push(FieldError::invalid(
+                format!("{path}.{LIST_TYPE}"),
+                other.clone(),
+                detail,
+            )),
+            Some(_) => {}
+        }
     }
     let item_schema = items(s);
     if lt == Some("map") {
@@ -1913,39 +2005,47 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
                 "must not be empty if x-kubernetes-list-type is map",
             ));
         }
-        match item_schema {
+        match s.get("items") {
             None => out.push(FieldError::required(
                 format!("{path}.items"),
                 "must have a schema if x-kubernetes-list-type is map",
             )),
-            Some(is) if string_of(is, "type") != Some("object") => out.push(FieldError::invalid(
-                format!("{path}.items.type"),
-                type_value(is),
-                "must be object if parent array's x-kubernetes-list-type is map",
+            Some(tuple @ Value::Array(_)) => out.push(FieldError::invalid(
+                format!("{path}.items"),
+                tuple.clone(),
+                "must only have a single schema if x-kubernetes-list-type is map",
             )),
-            Some(is) => {
-                let keys_value = Value::from(map_keys.clone());
+            Some(_) => {}
+        }
+        if let Some(is) = item_schema {
+            if string_of(is, "type") != Some("object") {
+                out.push(FieldError::invalid(
+                    format!("{path}.items.type"),
+                    type_value(is),
+                    "must be object if parent array's x-kubernetes-list-type is map",
+                ));
+            } else {
                 for (i, k) in map_keys.iter().enumerate() {
                     match property(is, k) {
-                        Some(kp) => {
-                            if matches!(string_of(kp, "type"), Some("array" | "object")) {
-                                out.push(FieldError::invalid(
-                                    format!("{}.type", key_path(&format!("{path}.items"), "properties", k)),
-                                    type_value(kp),
-                                    "must be a scalar type if parent array's x-kubernetes-list-type is map",
-                                ));
-                            }
+                        // Kubernetes shows the item type here, not the key's.
+                        Some(kp) if matches!(string_of(kp, "type"), Some("array" | "object")) => {
+                            out.push(FieldError::invalid(
+                                format!("{}.type", key_path(&format!("{path}.items"), "properties", k)),
+                                type_value(is),
+                                "must be a scalar type if parent array's x-kubernetes-list-type is map",
+                            ))
                         }
+                        Some(_) => {}
                         None => out.push(FieldError::invalid(
                             format!("{path}.{LIST_MAP_KEYS}"),
-                            keys_value.clone(),
+                            keys_value(),
                             "entries must all be names of item properties",
                         )),
                     }
                     if map_keys[..i].contains(k) {
                         out.push(FieldError::invalid(
                             format!("{path}.{LIST_MAP_KEYS}"),
-                            keys_value.clone(),
+                            keys_value(),
                             "must not contain duplicate entries",
                         ));
                     }
@@ -1953,34 +2053,37 @@ fn list_type_rules(s: &Value, path: &str, out: &mut Vec<FieldError>) {
             }
         }
     }
-    if lt == Some("set")
-        && let Some(is) = item_schema
-    {
-        match string_of(is, "type") {
-            Some("array") => out.push(FieldError::invalid(
-                format!("{path}.items.type"),
-                type_value(is),
-                "must be a scalar type if parent array's x-kubernetes-list-type is set",
-            )),
-            Some("object") if string_of(is, MAP_TYPE) != Some("atomic") => {
-                out.push(FieldError::invalid(
-                    format!("{path}.items.{MAP_TYPE}"),
-                    is.get(MAP_TYPE).cloned().unwrap_or(Value::Null),
-                    "must be atomic if parent array's x-kubernetes-list-type is set",
-                ))
-            }
-            _ => {}
+    // Set and map items, and map keys, must be identifiable: never null, keys always present.
+    if let (Some(lt @ ("set" | "map")), Some(is)) = (lt, item_schema) {
+        if nullable(is) {
+            out.push(FieldError::forbidden(
+                format!("{path}.items.nullable"),
+                format!("cannot be nullable when x-kubernetes-list-type is {lt}"),
+            ));
         }
-    }
-    if let Some(mt) = s.get(MAP_TYPE)
-        && !matches!(mt.as_str(), Some("atomic" | "granular"))
-    {
-        let supported = ["atomic".to_string(), "granular".to_string()];
-        out.push(FieldError::not_supported(
-            format!("{path}.{MAP_TYPE}"),
-            mt.clone(),
-            &supported,
-        ));
+        if lt == "map" {
+            let required: Vec<&str> = is
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            for k in &map_keys {
+                let Some(kp) = property(is, k) else { continue };
+                let key_path = key_path(&format!("{path}.items"), "properties", k);
+                if !required.contains(k) && kp.get("default").is_none() {
+                    out.push(FieldError::required(
+                        format!("{key_path}.default"),
+                        "this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property",
+                    ));
+                }
+                if nullable(kp) {
+                    out.push(FieldError::forbidden(
+                        format!("{key_path}.nullable"),
+                        "this property is in x-kubernetes-list-map-keys, so it cannot be nullable",
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -2311,6 +2414,12 @@ mod tests {
                 ],
             ),
             (
+                "additionalProperties false names the forbidden key",
+                json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false}),
+                json!({"a": "x", "b": 1}),
+                vec![r#"spec.f: Invalid value: "b": spec.f.b in body is a forbidden property"#],
+            ),
+            (
                 "required",
                 json!({"type": "object", "properties": {"size": {"type": "integer"}}, "required": ["size"]}),
                 json!({}),
@@ -2491,6 +2600,62 @@ mod tests {
         assert_eq!(FieldErrorKind::Forbidden.reason(), "FieldValueForbidden");
         assert_eq!(FieldErrorKind::Invalid.reason(), "FieldValueInvalid");
         assert_eq!(FieldErrorKind::TooMany.reason(), "FieldValueTooMany");
+    }
+
+    #[test]
+    fn supported_formats() {
+        let cases = [
+            ("date-time", "2026-11-22T14:00:00.123+01:00", true),
+            ("date-time", "2026-11-22 14:00", false),
+            ("datetime", "2026-11-22T14:00:00Z", true),
+            ("date", "2026-02-28", true),
+            ("date", "2026-02-30", false),
+            ("ipv4", "10.0.0.1", true),
+            ("ipv4", "10.0.0.256", false),
+            ("ipv6", "fd00::1", true),
+            ("ipv6", "10.0.0.1", false),
+            ("cidr", "10.244.0.0/16", true),
+            ("cidr", "10.244.0.0/33", false),
+            ("cidr", "fd00::/64", true),
+            ("uuid", "123e4567-e89b-12d3-a456-426614174000", true),
+            ("uuid", "not-a-uuid", false),
+            ("uuid4", "123e4567-e89b-42d3-a456-426614174000", true),
+            ("uuid4", "123e4567-e89b-12d3-a456-426614174000", false),
+            ("hostname", "api.example.com", true),
+            ("hostname", "-bad-.example", false),
+            ("mac", "00:1a:2b:3c:4d:5e", true),
+            ("mac", "00:1a:2b", false),
+            ("byte", "aGVsbG8=", true),
+            ("byte", "not base64!", false),
+            ("hexcolor", "#ff00AA", true),
+            ("hexcolor", "#ff00A", false),
+            ("password", "anything", true),
+        ];
+        for (format, text, ok) in cases {
+            assert_eq!(format_matches(format, text), ok, "{format} {text:?}");
+        }
+    }
+
+    #[test]
+    fn go_formatting_helpers() {
+        let floats = [
+            (1.0, "1"),
+            (0.5, "0.5"),
+            (123456.0, "123456"),
+            (1234567.0, "1.234567e+06"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (-2.5, "-2.5"),
+            (0.1 + 0.2, "0.30000000000000004"),
+        ];
+        for (f, want) in floats {
+            assert_eq!(go_float(f), want);
+        }
+        assert_eq!(go_quote("tab\there \u{1} é"), r#""tab\there \x01 é""#);
+        assert_eq!(
+            go_json(&json!({"z": 1.0, "a": "&"})),
+            r#"{"a":"\u0026","z":1}"#
+        );
     }
 
     #[test]
@@ -2889,6 +3054,63 @@ mod tests {
                     "properties": {"a": {"type": "string", "default": "y", "enum": ["x", "y"]},
                                    "ports": {"type": "array", "items": {"type": "integer", "default": 80}}}}}}),
                 vec![],
+            ),
+            (
+                "list-map-keys without list-type map",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"}}}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].x-kubernetes-list-type: Required value: must be map if x-kubernetes-list-map-keys is non-empty",
+                ],
+            ),
+            (
+                "list map keys must be required or defaulted, and exist",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name", "missing"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"}}}}}}),
+                vec![
+                    r#"openAPIV3Schema.properties[l].items.properties[name].default: Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property"#,
+                    r#"openAPIV3Schema.properties[l].x-kubernetes-list-map-keys: Invalid value: ["name","missing"]: entries must all be names of item properties"#,
+                ],
+            ),
+            (
+                "nullable set items",
+                json!({"type": "object", "properties": {"l": {"type": "array", "x-kubernetes-list-type": "set",
+                    "items": {"type": "string", "nullable": true}}}}),
+                vec![
+                    "openAPIV3Schema.properties[l].items.nullable: Forbidden: cannot be nullable when x-kubernetes-list-type is set",
+                ],
+            ),
+            (
+                "nullable root",
+                json!({"type": "object", "nullable": true}),
+                vec!["openAPIV3Schema.nullable: Forbidden: nullable cannot be true at the root"],
+            ),
+            (
+                "unsupported JSON-schema keywords",
+                json!({"type": "object", "properties": {
+                    "a": {"type": "string", "$ref": "#/definitions/x"},
+                    "b": {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+                    "c": {"type": "null"}
+                }}),
+                vec![
+                    "openAPIV3Schema.properties[a].$ref: Forbidden: $ref is not supported",
+                    "openAPIV3Schema.properties[b].patternProperties: Forbidden: patternProperties is not supported",
+                    "openAPIV3Schema.properties[c].type: Forbidden: type cannot be set to null, use nullable as an alternative",
+                    r#"openAPIV3Schema.properties[c].type: Unsupported value: "null": supported values: "array", "boolean", "integer", "number", "object", "string""#,
+                ],
+            ),
+            (
+                "default in an embedded resource's metadata is validated but not pruned",
+                json!({"type": "object", "properties": {"t": {
+                    "type": "object",
+                    "x-kubernetes-embedded-resource": true,
+                    "x-kubernetes-preserve-unknown-fields": true,
+                    "properties": {"metadata": {"type": "object", "default": {"name": 5}, "properties": {"name": {"type": "string"}}}}
+                }}}),
+                vec![
+                    r#"openAPIV3Schema.properties[t].properties[metadata].default.name: Invalid value: "integer": name in body must be of type string: "integer""#,
+                ],
             ),
             (
                 "int-or-string with preserve-unknown-fields",
