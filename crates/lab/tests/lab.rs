@@ -12,6 +12,3 @@ mod scheduling;
 
 #[path = "lab/pods.rs"]
 mod pods;
-
-#[path = "lab/throughput.rs"]
-mod throughput;
