@@ -197,8 +197,10 @@ impl Shared {
     /// The current status; also refreshes the gauges derived from it.
     fn status(&self) -> GatewayStatus {
         let now = Instant::now();
-        let health = self.health.lock();
+        // Lock order is tunn before health (the receive path holds tunn while it records a
+        // probe reply in health); take tunn's stats and release it before locking health.
         let (since, ..) = self.tunn.lock().stats();
+        let health = self.health.lock();
         let state = health.state(now);
         self.metrics
             .connected
