@@ -1,6 +1,7 @@
 //! The `tandem` binary.
 
 mod apiserver;
+mod crds;
 mod gateway;
 mod lab;
 
@@ -25,6 +26,8 @@ enum Command {
     Apiserver(apiserver::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
     Gateway(gateway::Args),
+    /// Print Tandem's CustomResourceDefinitions (YAML).
+    Crds(crds::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
     Lab(lab::Args),
 }
@@ -48,12 +51,16 @@ fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Command::Crds(args) = cli.command {
+        return crds::run(args);
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
             Command::Gateway(args) => gateway::run(args).await,
             Command::Lab(args) => lab::run(args).await,
+            Command::Crds(_) => unreachable!("handled above"),
         }
     })
 }

@@ -1,0 +1,30 @@
+//! Tandem's API: the custom resources of the `tandem.dev` group (v1alpha1), the well-known
+//! labels, annotations and names every component agrees on, and Kubernetes-style conditions.
+//!
+//! This crate owns the k8s-openapi version for the controller and the CLI.
+
+pub mod conditions;
+pub mod crds;
+pub mod names;
+pub mod offloading;
+pub mod peering;
+pub mod provider;
+pub mod shadowpod;
+
+pub use conditions::{ConditionStatus, set_condition};
+pub use offloading::{
+    NamespaceMappingStrategy, NamespaceOffloading, NamespaceOffloadingSpec,
+    NamespaceOffloadingStatus, PodOffloadingStrategy, RemoteNamespaceStatus,
+};
+pub use peering::{Peering, PeeringSpec, PeeringStatus};
+pub use provider::{
+    NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
+    PeeringRequestSpec, PeeringRequestStatus, RemoteNamespace, RemoteNamespaceSpec,
+    RemoteNamespaceStatusFields, Tenant, TenantSpec, TenantStatus,
+};
+pub use shadowpod::{ShadowPod, ShadowPodSpec, ShadowPodStatus};
+
+/// The API group of every Tandem custom resource.
+pub const GROUP: &str = "tandem.dev";
+/// The served (and stored) version.
+pub const VERSION: &str = "v1alpha1";

@@ -1,0 +1,94 @@
+//! Names, labels, annotations and taints that the controller, the CLI and tests agree on.
+
+/// Namespace Tandem is installed into (controller, cluster identity, invites, peering requests).
+pub const SYSTEM_NAMESPACE: &str = "tandem-system";
+/// Secret (in [`SYSTEM_NAMESPACE`]) holding this cluster's ID and key pair.
+pub const IDENTITY_SECRET: &str = "tandem-cluster-identity";
+/// Keys of the identity Secret.
+pub const IDENTITY_KEY_CLUSTER_ID: &str = "cluster-id";
+pub const IDENTITY_KEY_PRIVATE_KEY: &str = "private-key.pem";
+pub const IDENTITY_KEY_PUBLIC_KEY: &str = "public-key.pem";
+/// ConfigMap (in [`SYSTEM_NAMESPACE`]) with cluster-level settings written by `tandem install`.
+pub const CONFIG_MAP: &str = "tandem-config";
+/// ServiceAccount, ClusterRole and Deployment name of the controller.
+pub const CONTROLLER_NAME: &str = "tandem-controller";
+
+/// `app.kubernetes.io/managed-by` value on every object Tandem creates.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "tandem";
+/// The cluster a tenant namespace, twin namespace or reflected object belongs to (the peer).
+pub const REMOTE_CLUSTER_LABEL: &str = "tandem.dev/remote-cluster-id";
+/// On objects in a provider: the consumer cluster they were created for.
+pub const ORIGIN_CLUSTER_LABEL: &str = "tandem.dev/origin-cluster-id";
+/// On twin namespaces: the consumer namespace they mirror.
+pub const ORIGIN_NAMESPACE_LABEL: &str = "tandem.dev/origin-namespace";
+/// Marks tenant namespaces (`tandem-tenant-<peer>`).
+pub const TENANT_NAMESPACE_LABEL: &str = "tandem.dev/tenant-namespace";
+/// Marks twin namespaces on providers.
+pub const TWIN_NAMESPACE_LABEL: &str = "tandem.dev/twin-namespace";
+/// Node label marking a virtual node; value [`VIRTUAL_NODE_TYPE`].
+pub const NODE_TYPE_LABEL: &str = "tandem.dev/type";
+pub const VIRTUAL_NODE_TYPE: &str = "virtual-node";
+/// Taint key on virtual nodes; only pods of offloaded namespaces tolerate it.
+pub const VIRTUAL_NODE_TAINT: &str = "virtual-node.tandem.dev/not-allowed";
+/// Label on reflected objects: the kind of reflection that owns them.
+pub const REFLECTED_LABEL: &str = "tandem.dev/reflected";
+/// Annotation on invite bootstrap-token Secrets: what the invite is for.
+pub const INVITE_ANNOTATION: &str = "tandem.dev/invite";
+/// Bootstrap-token group prefix of invite tokens (one group per token).
+pub const INVITE_GROUP_PREFIX: &str = "system:bootstrappers:tandem:invite-";
+/// Group every peer identity belongs to.
+pub const PEERS_GROUP: &str = "tandem:peers";
+/// Finalizer of every Tandem reconciler that must undo state before deletion.
+pub const FINALIZER: &str = "tandem.dev/finalizer";
+/// Name a NamespaceOffloading must have (one per namespace).
+pub const OFFLOADING_NAME: &str = "offloading";
+/// Field manager used by every Tandem writer.
+pub const FIELD_MANAGER: &str = "tandem";
+
+/// `tandem-tenant-<peer>`: the namespace holding everything about one peering, on each side.
+pub fn tenant_namespace(peer_cluster_id: &str) -> String {
+    format!("tandem-tenant-{peer_cluster_id}")
+}
+
+/// User name of a consumer's peer identity in a provider.
+pub fn peer_user(consumer_cluster_id: &str) -> String {
+    format!("tandem:peer:{consumer_cluster_id}")
+}
+
+/// Name of the virtual node standing for a provider in a consumer.
+pub fn virtual_node_name(provider_cluster_id: &str) -> String {
+    format!("tandem-{provider_cluster_id}")
+}
+
+/// Whether `id` is usable as a cluster ID: a DNS-1123 label of at most 40 characters, so that
+/// derived names (`tandem-tenant-<id>`, `<ns>-<id>`) stay valid.
+pub fn validate_cluster_id(id: &str) -> Result<(), String> {
+    let ok_chars = id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if id.is_empty() || id.len() > 40 {
+        return Err(format!("cluster ID {id:?} must be 1 to 40 characters long"));
+    }
+    if !ok_chars || id.starts_with('-') || id.ends_with('-') {
+        return Err(format!(
+            "cluster ID {id:?} must consist of lower-case letters, digits and '-', and start and end with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ids() {
+        for ok in ["milan", "eu-west-1", "a", "0abc"] {
+            assert!(validate_cluster_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Milan", "-a", "a-", "a_b", "a.b", &"x".repeat(41)] {
+            assert!(validate_cluster_id(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! `NamespaceOffloading`: makes a consumer namespace offloaded — which providers get a twin
+//! namespace, how it is named, and where the namespace's pods may be scheduled.
+
+use k8s_openapi::api::core::v1::NodeSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Offloading of the namespace it lives in; must be named `offloading`.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "NamespaceOffloading",
+    namespaced,
+    status = "NamespaceOffloadingStatus",
+    shortname = "nso",
+    printcolumn = r#"{"name":"Pods","type":"string","jsonPath":".spec.podOffloadingStrategy"}"#,
+    printcolumn = r#"{"name":"Mapping","type":"string","jsonPath":".spec.namespaceMappingStrategy"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceOffloadingSpec {
+    /// How the twin namespace is named on providers.
+    #[serde(default)]
+    pub namespace_mapping_strategy: NamespaceMappingStrategy,
+    /// The twin namespace's name with `SelectedName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_namespace_name: Option<String>,
+    /// Where the namespace's pods may run.
+    #[serde(default)]
+    pub pod_offloading_strategy: PodOffloadingStrategy,
+    /// Which virtual nodes (by their labels) are eligible; none means all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<NodeSelector>,
+}
+
+/// Naming of twin namespaces.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum NamespaceMappingStrategy {
+    /// `<namespace>-<consumer cluster ID>`.
+    #[default]
+    DefaultName,
+    /// The same name as in the consumer.
+    EnforceSameName,
+    /// `spec.remoteNamespaceName`.
+    SelectedName,
+}
+
+/// Placement of an offloaded namespace's pods.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum PodOffloadingStrategy {
+    /// Only on local nodes.
+    Local,
+    /// Only on (selected) virtual nodes.
+    Remote,
+    /// On local nodes and selected virtual nodes.
+    #[default]
+    LocalAndRemote,
+}
+
+/// Where the namespace is offloaded.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceOffloadingStatus {
+    /// Ready when every selected provider has its twin namespace; Pending, Failed, Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// One entry per selected provider.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_namespaces: Vec<RemoteNamespaceStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The twin namespace on one provider.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteNamespaceStatus {
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    pub namespace: String,
+    /// Pending, Ready or Failed.
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

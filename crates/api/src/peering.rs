@@ -1,0 +1,91 @@
+//! `Peering`: the consumer's record of one provider it offloads to (cluster-scoped, named after
+//! the provider's cluster ID). `tandem peer INVITE` creates it; the consumer's controller carries
+//! the invite flow, the negotiation and the virtual node from it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What the consumer knows of a provider it peers with.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "Peering",
+    status = "PeeringStatus",
+    shortname = "peer",
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.clusterID"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Virtual node","type":"string","jsonPath":".status.virtualNode"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PeeringSpec {
+    /// The provider's cluster ID (also this object's name).
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    /// The provider's API endpoint (https://host:port) from the invite.
+    pub endpoint: String,
+    /// PEM of the CA that signs the provider's API serving certificate, from the invite.
+    pub ca_data: String,
+    /// Secret in the tenant namespace holding the invite token (removed once authenticated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invite_secret: Option<String>,
+}
+
+/// What the consumer's controller observed and negotiated.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeeringStatus {
+    /// Pending, Authenticating, Established, Failed or Unpeering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Authenticated, ResourcesGranted, NetworkNegotiated, ProviderReachable, VirtualNodeReady.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Secret (tenant namespace) with the peer identity: a kubeconfig for the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_secret: Option<String>,
+    /// The tenant namespace the provider created for us.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_tenant_namespace: Option<String>,
+    /// Resources the provider granted (capacity of the virtual node).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub granted: BTreeMap<String, Quantity>,
+    /// Labels the provider suggested for the virtual node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+    /// Name of the virtual node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_node: Option<String>,
+    /// The negotiated network parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<PeeringNetwork>,
+}
+
+/// The network view of a peering from the consumer's side.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeeringNetwork {
+    /// The provider's pod CIDR as the provider sees it.
+    pub remote_pod_cidr: String,
+    /// The CIDR the consumer uses for the provider's pods (remapped if it collided).
+    pub remapped_remote_pod_cidr: String,
+    /// The provider's external CIDR, and how the consumer maps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_external_cidr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_remote_external_cidr: Option<String>,
+    /// The CIDR the provider uses for our pods (its remap of our pod CIDR).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_pod_cidr_in_remote: Option<String>,
+    /// The provider gateway's endpoint and WireGuard public key, when networking is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_gateway_endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_public_key: Option<String>,
+}

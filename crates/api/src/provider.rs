@@ -1,0 +1,193 @@
+//! Objects that live in a provider: the request a consumer files with an invite token, the
+//! per-consumer tenant record with its resource grant, the network parameters both sides exchange,
+//! and the consumer's requests for twin namespaces.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A consumer's request to peer, filed in `tandem-system` with an invite's bootstrap token.
+/// Named after the invite's token ID, the only name the token may read back.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "PeeringRequest",
+    namespaced,
+    status = "PeeringRequestStatus",
+    printcolumn = r#"{"name":"Consumer","type":"string","jsonPath":".spec.clusterID"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PeeringRequestSpec {
+    /// The consumer's cluster ID.
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    /// ID (public half) of the invite token used.
+    #[serde(rename = "tokenID")]
+    pub token_id: String,
+    /// hex HMAC-SHA256, keyed with the token secret, over clusterID, tokenID and the CSR: proves
+    /// the filer holds the whole token, not just its ID.
+    pub token_proof: String,
+    /// PEM PKCS#10 request signed with the consumer's cluster key (proof of possession).
+    pub csr: String,
+}
+
+/// The provider's answer.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeeringRequestStatus {
+    /// Pending, Approved or Denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Why it was denied, or what is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// PEM client certificate of the peer identity, once approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+    /// The tenant namespace created for the consumer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_namespace: Option<String>,
+    /// The provider's cluster ID (so the consumer can check it matches the invite).
+    #[serde(
+        default,
+        rename = "providerClusterID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_cluster_id: Option<String>,
+}
+
+/// The provider's record of one consumer, in `tandem-tenant-<consumer>`: what it grants it.
+/// The provider's admin edits `spec.grant` to grow, shrink or revoke what is shared.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "Tenant",
+    namespaced,
+    status = "TenantStatus",
+    printcolumn = r#"{"name":"Consumer","type":"string","jsonPath":".spec.clusterID"}"#,
+    printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".spec.grant.cpu"}"#,
+    printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".spec.grant.memory"}"#,
+    printcolumn = r#"{"name":"Pods","type":"string","jsonPath":".spec.grant.pods"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantSpec {
+    /// The consumer's cluster ID.
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    /// Resources granted to the consumer (cpu, memory, pods, optional others); also the quota the
+    /// provider enforces on the consumer's pods. Empty revokes the grant.
+    #[serde(default)]
+    pub grant: BTreeMap<String, Quantity>,
+    /// Labels the provider suggests for the consumer's virtual node (region, zone, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+}
+
+/// What the consumer uses of its grant.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantStatus {
+    /// Sum of the requests of the consumer's running pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub used: BTreeMap<String, Quantity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One side's network parameters, in the provider's tenant namespace: `consumer` (written by the
+/// consumer) and `provider` (written by the provider). Each side writes into the other's object's
+/// status the CIDRs it remapped the other's ranges to.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "NetworkParameters",
+    plural = "networkparameters",
+    namespaced,
+    status = "NetworkParametersStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterID"}"#,
+    printcolumn = r#"{"name":"Pod CIDR","type":"string","jsonPath":".spec.podCIDR"}"#,
+    printcolumn = r#"{"name":"Remapped","type":"string","jsonPath":".status.remappedPodCIDR"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkParametersSpec {
+    /// Whose parameters these are.
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: String,
+    #[serde(
+        default,
+        rename = "externalCIDR",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub external_cidr: Option<String>,
+    /// host:port of this side's gateway, when networking is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_endpoint: Option<String>,
+    /// Base64 WireGuard public key of this side's gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+}
+
+/// How the other side maps these ranges.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkParametersStatus {
+    #[serde(
+        default,
+        rename = "remappedPodCIDR",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub remapped_pod_cidr: Option<String>,
+    #[serde(
+        default,
+        rename = "remappedExternalCIDR",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub remapped_external_cidr: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A consumer's request for a twin namespace, in its tenant namespace on the provider. The
+/// provider creates the namespace and lets the peer identity work in it; deleting the request
+/// removes the namespace.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "RemoteNamespace",
+    namespaced,
+    status = "RemoteNamespaceStatusFields",
+    printcolumn = r#"{"name":"Namespace","type":"string","jsonPath":".spec.namespace"}"#,
+    printcolumn = r#"{"name":"Origin","type":"string","jsonPath":".spec.originNamespace"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteNamespaceSpec {
+    /// Name of the twin namespace to create on the provider.
+    pub namespace: String,
+    /// The consumer namespace it mirrors.
+    pub origin_namespace: String,
+}
+
+/// Whether the twin namespace is ready for the consumer.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteNamespaceStatusFields {
+    /// Pending, Ready or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

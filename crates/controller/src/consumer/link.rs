@@ -1,0 +1,299 @@
+//! Links to providers: what the consumer needs to work in one provider (a client with the peer
+//! identity, the namespaces, the grant and the network view), derived level-based from the
+//! `Peering` objects' status, and the supervisor running the per-provider tasks (virtual node,
+//! virtual kubelet, reflection) while a link exists.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tandem_api::{Peering, conditions, names};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::context::Ctx;
+
+/// Key of the identity Secret holding the kubeconfig for the provider.
+pub const IDENTITY_KUBECONFIG_KEY: &str = "kubeconfig";
+
+/// Name of the Secret (in the consumer's `tandem-tenant-<provider>`) holding the peer identity.
+pub fn identity_secret_name(provider_id: &str) -> String {
+    format!("tandem-identity-{provider_id}")
+}
+
+/// How the two pod CIDRs translate between the clusters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkView {
+    /// The provider's pod CIDR as the provider sees it, and as the consumer sees it.
+    pub remote_pod_cidr: IpNet,
+    pub remote_pod_cidr_here: IpNet,
+    /// The consumer's pod CIDR, and as the provider sees it.
+    pub local_pod_cidr: Option<IpNet>,
+    pub local_pod_cidr_there: Option<IpNet>,
+}
+
+/// Everything a per-provider task needs about one provider.
+#[derive(Clone)]
+pub struct ProviderLink {
+    pub provider_id: String,
+    pub consumer_id: String,
+    /// The provider, as our peer identity.
+    pub client: Client,
+    /// `tandem-tenant-<consumer>` on the provider.
+    pub remote_tenant_namespace: String,
+    /// `tandem-tenant-<provider>` here.
+    pub local_tenant_namespace: String,
+    /// Name of the virtual node standing for the provider.
+    pub virtual_node: String,
+    /// Resources the provider granted.
+    pub grant: BTreeMap<String, Quantity>,
+    /// Labels the provider suggests for the virtual node.
+    pub node_labels: BTreeMap<String, String>,
+    pub network: Option<NetworkView>,
+    /// Changes when the identity changes (tasks holding `client` must restart).
+    pub identity_version: String,
+}
+
+impl std::fmt::Debug for ProviderLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderLink")
+            .field("provider_id", &self.provider_id)
+            .field("virtual_node", &self.virtual_node)
+            .field("grant", &self.grant)
+            .field("network", &self.network)
+            .finish()
+    }
+}
+
+/// The established links, by provider ID. Cloning shares the same registry.
+#[derive(Clone)]
+pub struct Links(Arc<watch::Sender<BTreeMap<String, ProviderLink>>>);
+
+impl Default for Links {
+    fn default() -> Self {
+        Links(Arc::new(watch::Sender::new(BTreeMap::new())))
+    }
+}
+
+impl Links {
+    /// The current links.
+    pub fn snapshot(&self) -> BTreeMap<String, ProviderLink> {
+        self.0.borrow().clone()
+    }
+    /// A receiver that wakes on every change.
+    pub fn subscribe(&self) -> watch::Receiver<BTreeMap<String, ProviderLink>> {
+        self.0.subscribe()
+    }
+    /// A watch on one provider's link.
+    pub fn watch(&self, provider_id: &str) -> LinkWatch {
+        LinkWatch {
+            provider_id: provider_id.to_string(),
+            rx: self.0.subscribe(),
+        }
+    }
+    fn set(&self, links: BTreeMap<String, ProviderLink>) {
+        self.0.send_if_modified(|current| {
+            let same = current.len() == links.len()
+                && current.iter().zip(links.iter()).all(|((a, la), (b, lb))| {
+                    a == b
+                        && la.identity_version == lb.identity_version
+                        && la.grant == lb.grant
+                        && la.node_labels == lb.node_labels
+                        && la.network == lb.network
+                });
+            if !same {
+                *current = links;
+            }
+            !same
+        });
+    }
+}
+
+/// One provider's link as it changes (grant, labels) while its tasks run.
+#[derive(Clone)]
+pub struct LinkWatch {
+    pub provider_id: String,
+    rx: watch::Receiver<BTreeMap<String, ProviderLink>>,
+}
+
+impl LinkWatch {
+    /// The link now, if the provider is still linked.
+    pub fn get(&self) -> Option<ProviderLink> {
+        self.rx.borrow().get(&self.provider_id).cloned()
+    }
+    /// Waits for any change of the registry.
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await
+        }
+    }
+}
+
+/// Builds the link of an authenticated Peering: reads its identity Secret and makes a client.
+pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLink>, String> {
+    let Some(status) = &peering.status else {
+        return Ok(None);
+    };
+    if !conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
+        return Ok(None);
+    }
+    let (Some(secret_name), Some(remote_tenant)) =
+        (&status.identity_secret, &status.remote_tenant_namespace)
+    else {
+        return Ok(None);
+    };
+    let provider_id = peering.spec.cluster_id.clone();
+    let local_tenant = names::tenant_namespace(&provider_id);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &local_tenant);
+    let secret = secrets
+        .get(secret_name)
+        .await
+        .map_err(|e| format!("reading identity Secret {local_tenant}/{secret_name}: {e}"))?;
+    let kubeconfig = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
+        .ok_or_else(|| format!("identity Secret {local_tenant}/{secret_name} has no kubeconfig"))?;
+    let client = client_from_kubeconfig(&String::from_utf8_lossy(&kubeconfig.0))
+        .await
+        .map_err(|e| format!("identity Secret {local_tenant}/{secret_name}: {e}"))?;
+    let network = status.network.as_ref().and_then(|n| {
+        Some(NetworkView {
+            remote_pod_cidr: n.remote_pod_cidr.parse().ok()?,
+            remote_pod_cidr_here: n.remapped_remote_pod_cidr.parse().ok()?,
+            local_pod_cidr: None,
+            local_pod_cidr_there: n
+                .local_pod_cidr_in_remote
+                .as_ref()
+                .and_then(|c| c.parse().ok()),
+        })
+    });
+    Ok(Some(ProviderLink {
+        virtual_node: status
+            .virtual_node
+            .clone()
+            .unwrap_or_else(|| names::virtual_node_name(&provider_id)),
+        consumer_id: ctx.identity.cluster_id.clone(),
+        client,
+        remote_tenant_namespace: remote_tenant.clone(),
+        local_tenant_namespace: local_tenant,
+        grant: status.granted.clone(),
+        node_labels: status.node_labels.clone(),
+        network,
+        identity_version: secret.resource_version().unwrap_or_default(),
+        provider_id,
+    }))
+}
+
+/// A client from a kubeconfig document (its current context).
+pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, String> {
+    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|e| format!("invalid kubeconfig: {e}"))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("invalid kubeconfig: {e}"))?;
+    // Fail fast on an unreachable provider instead of hanging reconcilers.
+    config.connect_timeout = Some(Duration::from_secs(3));
+    config.read_timeout = Some(Duration::from_secs(30));
+    Client::try_from(config).map_err(|e| format!("building a client: {e}"))
+}
+
+/// Keeps `links` equal to the authenticated Peerings, and runs the per-provider tasks of each
+/// link (restarting them when its identity changes, stopping them when it goes).
+pub async fn supervise(ctx: Ctx, links: Links) {
+    let publisher = tokio::spawn(publish(ctx.clone(), links.clone()));
+    let mut rx = links.subscribe();
+    let mut running: BTreeMap<String, (String, JoinSet<()>)> = BTreeMap::new();
+    loop {
+        let current = rx.borrow_and_update().clone();
+        running.retain(|id, (version, _)| {
+            current
+                .get(id)
+                .is_some_and(|l| &l.identity_version == version)
+        });
+        for (id, link) in &current {
+            if running.contains_key(id) {
+                continue;
+            }
+            tracing::info!(provider = %id, "starting virtual node, virtual kubelet and reflection");
+            let mut tasks = JoinSet::new();
+            tasks.spawn(crate::consumer::virtual_node::run(
+                ctx.clone(),
+                links.watch(id),
+            ));
+            tasks.spawn(crate::consumer::vk::run(ctx.clone(), links.watch(id)));
+            tasks.spawn(crate::consumer::reflection::run(
+                ctx.clone(),
+                links.watch(id),
+            ));
+            running.insert(id.clone(), (link.identity_version.clone(), tasks));
+        }
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+    publisher.abort();
+}
+
+/// Watches Peerings and publishes the link of each authenticated one.
+async fn publish(ctx: Ctx, links: Links) {
+    let api: Api<Peering> = Api::all(ctx.client.clone());
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut peerings: BTreeMap<String, Peering> = BTreeMap::new();
+    let mut resync = tokio::time::interval(Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            event = stream.next() => {
+                match event {
+                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                        peerings.insert(p.name_any(), p);
+                    }
+                    Some(Ok(watcher::Event::Delete(p))) => {
+                        peerings.remove(&p.name_any());
+                    }
+                    Some(Ok(watcher::Event::Init)) => peerings.clear(),
+                    Some(Ok(watcher::Event::InitDone)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "watching Peerings");
+                        continue;
+                    }
+                    None => return,
+                }
+            }
+            _ = resync.tick() => {}
+        }
+        let mut next = BTreeMap::new();
+        for peering in peerings.values() {
+            if peering.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            match link_for(&ctx, peering).await {
+                Ok(Some(link)) => {
+                    next.insert(link.provider_id.clone(), link);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(peering = %peering.name_any(), error = %e, "no link"),
+            }
+        }
+        // Reuse existing clients when nothing changed, so watches are not rebuilt.
+        let current = links.snapshot();
+        for (id, link) in next.iter_mut() {
+            if let Some(old) = current.get(id)
+                && old.identity_version == link.identity_version
+            {
+                link.client = old.client.clone();
+            }
+        }
+        links.set(next);
+    }
+}

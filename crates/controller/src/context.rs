@@ -1,0 +1,40 @@
+//! What every reconciler shares: the local client, this cluster's identity and the options.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+
+use crate::identity::ClusterIdentity;
+
+/// Tunables of the controller; defaults suit production, tests shorten the timings.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Address the pod-placement admission webhook listens on (port 0 picks one).
+    pub webhook_addr: std::net::SocketAddr,
+    /// How often virtual nodes renew their Lease and probe their provider.
+    pub heartbeat: Duration,
+    /// How long a provider may stay unreachable before its virtual node turns NotReady.
+    pub provider_grace: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            webhook_addr: ([127, 0, 0, 1], 0).into(),
+            heartbeat: Duration::from_secs(5),
+            provider_grace: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Shared by every reconciler of one controller process.
+pub struct Context {
+    /// The local cluster.
+    pub client: Client,
+    /// This cluster's ID and key pair.
+    pub identity: ClusterIdentity,
+    pub options: Options,
+}
+
+pub type Ctx = Arc<Context>;

@@ -1,0 +1,328 @@
+//! `tandem install`: everything Tandem needs in one cluster — CRDs, the system namespace, RBAC,
+//! settings, the cluster identity and the controller Deployment. Every step is a server-side
+//! apply, so installing twice changes nothing and an upgrade converges.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tandem_api::names;
+
+use crate::identity::{ClusterIdentity, IdentityError};
+use crate::rbac;
+
+/// Settings of `tandem install`.
+#[derive(Clone, Debug, Default)]
+pub struct InstallOptions {
+    /// The cluster ID; generated when None (and kept when already installed).
+    pub cluster_id: Option<String>,
+    /// The cluster's pod CIDR; detected from the Nodes' podCIDRs when None.
+    pub pod_cidr: Option<String>,
+    /// The external CIDR (stands for non-pod sources); 10.70.0.0/16 when None.
+    pub external_cidr: Option<String>,
+    /// Share of the cluster's allocatable resources granted to each new consumer (percent).
+    pub share_percent: Option<u32>,
+    /// Controller image of the Deployment.
+    pub image: Option<String>,
+}
+
+/// Settings the controller reads from the `tandem-config` ConfigMap.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSettings {
+    pub pod_cidr: String,
+    pub external_cidr: String,
+    pub share_percent: u32,
+}
+
+pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
+pub const DEFAULT_SHARE_PERCENT: u32 = 50;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("install step {step:?}: {source}")]
+    Step {
+        step: &'static str,
+        source: kube::Error,
+    },
+    #[error("install step \"CRDs\": CustomResourceDefinition {0} not Established after 30s")]
+    CrdNotEstablished(String),
+    #[error("install step \"settings\": {0}")]
+    Settings(String),
+    #[error("install step \"cluster identity\": {0}")]
+    Identity(#[from] IdentityError),
+}
+
+fn step(step: &'static str) -> impl FnOnce(kube::Error) -> InstallError {
+    move |source| InstallError::Step { step, source }
+}
+
+/// Server-side applies `obj` with Tandem's field manager.
+pub async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+}
+
+fn labels() -> BTreeMap<String, String> {
+    [(
+        names::MANAGED_BY_LABEL.to_string(),
+        names::MANAGED_BY.to_string(),
+    )]
+    .into()
+}
+
+/// Installs (or upgrades) Tandem; `progress` is told each step as it completes.
+pub async fn install(
+    client: &Client,
+    options: &InstallOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<ClusterIdentity, InstallError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in tandem_api::crds::all() {
+        apply(&crds, &crd).await.map_err(step("CRDs"))?;
+    }
+    for crd in tandem_api::crds::all() {
+        wait_established(&crds, &crd.name_any()).await?;
+    }
+    progress("CustomResourceDefinitions applied and Established");
+
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": names::SYSTEM_NAMESPACE, "labels": labels()},
+    }))
+    .expect("static manifest");
+    apply(&Api::all(client.clone()), &ns)
+        .await
+        .map_err(step("namespace"))?;
+    progress(&format!("namespace {} ready", names::SYSTEM_NAMESPACE));
+
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    for role in [
+        rbac::controller_role(),
+        rbac::peer_tenant_role(),
+        rbac::peer_twin_role(),
+    ] {
+        apply(&roles, &role).await.map_err(step("RBAC"))?;
+    }
+    let sa: ServiceAccount = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+    }))
+    .expect("static manifest");
+    apply(
+        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &sa,
+    )
+    .await
+    .map_err(step("RBAC"))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": names::CONTROLLER_NAME, "labels": labels()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": names::CONTROLLER_NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE}],
+    }))
+    .expect("static manifest");
+    apply(&Api::all(client.clone()), &binding)
+        .await
+        .map_err(step("RBAC"))?;
+    progress("RBAC for the controller and for peers applied");
+
+    let settings = settings_for(client, options).await?;
+    let config: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": names::CONFIG_MAP, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "data": {
+            "podCIDR": settings.pod_cidr,
+            "externalCIDR": settings.external_cidr,
+            "sharePercent": settings.share_percent.to_string(),
+        },
+    }))
+    .expect("static manifest");
+    apply(
+        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &config,
+    )
+    .await
+    .map_err(step("settings"))?;
+    progress(&format!(
+        "settings: pod CIDR {}, external CIDR {}, share {}%",
+        settings.pod_cidr, settings.external_cidr, settings.share_percent
+    ));
+
+    let identity = ClusterIdentity::ensure(client, options.cluster_id.as_deref()).await?;
+    progress(&format!("cluster identity {:?}", identity.cluster_id));
+
+    let image = options
+        .image
+        .clone()
+        .unwrap_or_else(|| format!("ghcr.io/tandem-dev/tandem:{}", env!("CARGO_PKG_VERSION")));
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},
+                "spec": {
+                    "serviceAccountName": names::CONTROLLER_NAME,
+                    "containers": [{"name": "controller", "image": image, "args": ["controller"]}],
+                },
+            },
+        },
+    }))
+    .expect("static manifest");
+    apply(
+        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &deployment,
+    )
+    .await
+    .map_err(step("controller Deployment"))?;
+    progress(&format!(
+        "controller Deployment {}/{}",
+        names::SYSTEM_NAMESPACE,
+        names::CONTROLLER_NAME
+    ));
+    Ok(identity)
+}
+
+async fn wait_established(
+    crds: &Api<CustomResourceDefinition>,
+    name: &str,
+) -> Result<(), InstallError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let crd = crds.get(name).await.map_err(step("CRDs"))?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(InstallError::CrdNotEstablished(name.to_string()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The settings to store: the options, else what is already stored, else detected defaults.
+async fn settings_for(
+    client: &Client,
+    options: &InstallOptions,
+) -> Result<ClusterSettings, InstallError> {
+    let stored = load_settings(client).await.ok();
+    let pod_cidr = match (&options.pod_cidr, &stored) {
+        (Some(c), _) => c.clone(),
+        (None, Some(s)) => s.pod_cidr.clone(),
+        (None, None) => detect_pod_cidr(client).await?,
+    };
+    let pod_cidr = validate_cidr("pod CIDR", &pod_cidr)?;
+    let external_cidr = options
+        .external_cidr
+        .clone()
+        .or(stored.as_ref().map(|s| s.external_cidr.clone()))
+        .unwrap_or_else(|| DEFAULT_EXTERNAL_CIDR.to_string());
+    let external_cidr = validate_cidr("external CIDR", &external_cidr)?;
+    let share_percent = options
+        .share_percent
+        .or(stored.as_ref().map(|s| s.share_percent))
+        .unwrap_or(DEFAULT_SHARE_PERCENT);
+    if !(1..=100).contains(&share_percent) {
+        return Err(InstallError::Settings(format!(
+            "share percent {share_percent} must be between 1 and 100"
+        )));
+    }
+    Ok(ClusterSettings {
+        pod_cidr,
+        external_cidr,
+        share_percent,
+    })
+}
+
+fn validate_cidr(what: &str, cidr: &str) -> Result<String, InstallError> {
+    let net: ipnet::IpNet = cidr
+        .parse()
+        .map_err(|e| InstallError::Settings(format!("{what} {cidr:?} is not a CIDR: {e}")))?;
+    if net.trunc() != net {
+        return Err(InstallError::Settings(format!(
+            "{what} {cidr:?} has host bits set (did you mean {}?)",
+            net.trunc()
+        )));
+    }
+    Ok(net.to_string())
+}
+
+/// The smallest prefix covering every Node's podCIDR.
+async fn detect_pod_cidr(client: &Client) -> Result<String, InstallError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(step("settings"))?;
+    let cidrs: Vec<ipnet::IpNet> = list
+        .items
+        .iter()
+        .filter(|n| {
+            n.labels().get(names::NODE_TYPE_LABEL).map(String::as_str)
+                != Some(names::VIRTUAL_NODE_TYPE)
+        })
+        .filter_map(|n| n.spec.as_ref()?.pod_cidr.as_ref()?.parse().ok())
+        .collect();
+    let Some(first) = cidrs.first() else {
+        return Err(InstallError::Settings(
+            "no Node has a podCIDR to detect the pod CIDR from; pass --pod-cidr".into(),
+        ));
+    };
+    let mut cover = *first;
+    while !cidrs.iter().all(|c| cover.contains(c)) {
+        cover = cover.supernet().ok_or_else(|| {
+            InstallError::Settings("Nodes' podCIDRs have no common prefix; pass --pod-cidr".into())
+        })?;
+    }
+    Ok(cover.trunc().to_string())
+}
+
+/// Reads the `tandem-config` ConfigMap.
+pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallError> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let map = maps
+        .get(names::CONFIG_MAP)
+        .await
+        .map_err(step("settings"))?;
+    let data = map.data.unwrap_or_default();
+    let get = |k: &str| {
+        data.get(k).cloned().ok_or_else(|| {
+            InstallError::Settings(format!(
+                "ConfigMap {}/{} lacks {k:?}; re-run `tandem install`",
+                names::SYSTEM_NAMESPACE,
+                names::CONFIG_MAP
+            ))
+        })
+    };
+    Ok(ClusterSettings {
+        pod_cidr: get("podCIDR")?,
+        external_cidr: get("externalCIDR")?,
+        share_percent: get("sharePercent")?
+            .parse()
+            .unwrap_or(DEFAULT_SHARE_PERCENT),
+    })
+}

@@ -1,0 +1,20 @@
+//! Tandem's cluster agent (`tandem controller`): one process per cluster that plays both roles.
+//!
+//! - provider side ([`provider`]): peering requests filed with invite tokens, tenants and their
+//!   grants, twin namespaces, shadow pods → real pods under the tenant's quota;
+//! - consumer side ([`consumer`]): the invite flow and negotiation for each `Peering`, one
+//!   virtual node and virtual kubelet per provider, namespace offloading and its admission
+//!   webhook, reflection of the objects offloaded pods need.
+//!
+//! Every cluster — the local one and each provider — is reached only through `kube::Client`.
+
+pub mod consumer;
+pub mod context;
+pub mod identity;
+pub mod install;
+pub mod provider;
+pub mod rbac;
+pub mod runtime;
+
+pub use context::{Context, Options};
+pub use runtime::Controller;

@@ -1,0 +1,45 @@
+//! Starting and stopping a controller: load the identity, then run the provider-side and
+//! consumer-side reconcilers until shut down.
+
+use std::sync::Arc;
+
+use kube::Client;
+use tokio::task::JoinSet;
+
+use crate::context::{Context, Options};
+use crate::identity::{ClusterIdentity, IdentityError};
+
+/// A running controller; dropping it (or [`Controller::shutdown`]) stops every task.
+pub struct Controller {
+    pub ctx: Arc<Context>,
+    tasks: JoinSet<()>,
+}
+
+impl Controller {
+    /// Starts every reconciler of this cluster's controller. Tandem must be installed.
+    pub async fn start(client: Client, options: Options) -> Result<Controller, IdentityError> {
+        let identity = ClusterIdentity::load(&client).await?;
+        let ctx = Arc::new(Context {
+            client,
+            identity,
+            options,
+        });
+        let mut tasks = JoinSet::new();
+        crate::provider::spawn(&ctx, &mut tasks);
+        crate::consumer::spawn(&ctx, &mut tasks);
+        tracing::info!(cluster_id = %ctx.identity.cluster_id, "controller started");
+        Ok(Controller { ctx, tasks })
+    }
+
+    /// Runs until one of the tasks ends (they only end on a fatal error).
+    pub async fn wait(mut self) {
+        if let Some(Err(e)) = self.tasks.join_next().await {
+            tracing::error!(error = %e, "controller task failed");
+        }
+    }
+
+    /// Stops every task (like SIGKILL for the controller: nothing is cleaned up).
+    pub fn shutdown(mut self) {
+        self.tasks.abort_all();
+    }
+}

@@ -1,0 +1,39 @@
+//! Install and start: the controller runs against a fresh lab cluster with Tandem installed.
+
+mod support;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use tandem_api::names;
+
+#[tokio::test]
+async fn install_is_idempotent_and_keeps_the_identity() {
+    let cluster = support::Cluster::start("smoke", "eu-west", 1).await;
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), names::SYSTEM_NAMESPACE);
+    let before = secrets.get(names::IDENTITY_SECRET).await.unwrap();
+    // A second install with the same ID changes nothing; another ID is refused by name.
+    let opts = |id: &str| tandem_controller::install::InstallOptions {
+        cluster_id: Some(id.to_string()),
+        ..Default::default()
+    };
+    tandem_controller::install::install(&cluster.client, &opts("smoke"), &mut |_| {})
+        .await
+        .unwrap();
+    let after = secrets.get(names::IDENTITY_SECRET).await.unwrap();
+    assert_eq!(
+        before.data, after.data,
+        "the key pair survives a re-install"
+    );
+    let err = tandem_controller::install::install(&cluster.client, &opts("other"), &mut |_| {})
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("already installed as \"smoke\""), "{err}");
+    let settings = tandem_controller::install::load_settings(&cluster.client)
+        .await
+        .unwrap();
+    assert_eq!(
+        settings.pod_cidr, "10.244.0.0/16",
+        "the pod CIDR given at the first install is kept"
+    );
+}
