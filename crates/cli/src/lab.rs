@@ -82,8 +82,15 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf) -> anyhow::Result<()> {
     .await?;
     let kubeconfig = dir.join("kubeconfig");
     write_atomic(&kubeconfig, lab.kubeconfig()?.as_bytes())?;
+    for c in &lab.clusters {
+        tokio::spawn(crate::host::host_controller(
+            c.config.name.clone(),
+            c.client.clone(),
+            tandem_controller::Options::default(),
+        ));
+    }
     eprintln!(
-        "lab ready; kubeconfig: {path}\n  kubectl --kubeconfig {path} --context lab-1 get nodes\nCtrl-C stops the lab (objects are kept in {dir}).",
+        "lab ready; kubeconfig: {path}\n  kubectl --kubeconfig {path} --context lab-1 get nodes\n`tandem install --kubeconfig {path} --context lab-N` runs Tandem's controller in this process.\nCtrl-C stops the lab (objects are kept in {dir}).",
         path = kubeconfig.display(),
         dir = dir.display()
     );

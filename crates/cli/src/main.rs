@@ -1,8 +1,10 @@
 //! The `tandem` binary.
 
 mod apiserver;
+mod controller;
 mod crds;
 mod gateway;
+mod host;
 mod lab;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +28,8 @@ enum Command {
     Apiserver(apiserver::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
     Gateway(gateway::Args),
+    /// Run Tandem's controller (the cluster agent) against a cluster.
+    Controller(controller::Args),
     /// Print Tandem's CustomResourceDefinitions (YAML).
     Crds(crds::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
@@ -60,6 +64,7 @@ fn run() -> anyhow::Result<()> {
             Command::Apiserver(args) => apiserver::run(args).await,
             Command::Gateway(args) => gateway::run(args).await,
             Command::Lab(args) => lab::run(args).await,
+            Command::Controller(args) => controller::run(args).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })
