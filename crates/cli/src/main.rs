@@ -6,6 +6,7 @@ mod crds;
 mod gateway;
 mod host;
 mod lab;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     Gateway(gateway::Args),
     /// Run Tandem's controller (the cluster agent) against a cluster.
     Controller(controller::Args),
+    /// Show peerings, virtual nodes, offloaded namespaces and pod counts.
+    Status(status::Args),
     /// Print Tandem's CustomResourceDefinitions (YAML).
     Crds(crds::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
@@ -65,6 +68,7 @@ fn run() -> anyhow::Result<()> {
             Command::Gateway(args) => gateway::run(args).await,
             Command::Lab(args) => lab::run(args).await,
             Command::Controller(args) => controller::run(args).await,
+            Command::Status(args) => status::run(args).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })

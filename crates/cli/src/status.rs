@@ -1,0 +1,273 @@
+//! `tandem status`: this cluster's peerings in both roles, virtual nodes, offloaded namespaces
+//! and pod counts, read from the local cluster only.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+use tandem_api::{NamespaceOffloading, Peering, Tenant, names};
+
+/// Show this cluster's peerings (as consumer and as provider), virtual nodes, offloaded
+/// namespaces and pod counts.
+#[derive(clap::Args)]
+#[command(after_help = "Example:\n  tandem status --context lab-1\n  tandem status -o yaml")]
+pub struct Args {
+    /// Path to the kubeconfig file.
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long)]
+    context: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Everything `tandem status` reports.
+#[derive(Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub cluster_id: String,
+    /// Providers this cluster offloads to.
+    pub providers: Vec<ProviderStatus>,
+    /// Consumers this cluster provides for.
+    pub consumers: Vec<ConsumerStatus>,
+    pub offloaded_namespaces: Vec<OffloadedNamespace>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderStatus {
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    pub phase: String,
+    pub conditions: BTreeMap<String, String>,
+    pub virtual_node: Option<String>,
+    pub virtual_node_ready: Option<bool>,
+    pub granted: BTreeMap<String, String>,
+    pub pods: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerStatus {
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    pub tenant_namespace: String,
+    pub granted: BTreeMap<String, String>,
+    pub pods: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OffloadedNamespace {
+    pub namespace: String,
+    pub pod_offloading_strategy: String,
+    pub phase: String,
+    pub remote_namespaces: Vec<String>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let client =
+        crate::controller::client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let status = collect(&client).await?;
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&status)?),
+        Output::Table => print!("{}", table(&status)),
+    }
+    Ok(())
+}
+
+/// Reads the status from the local cluster.
+pub async fn collect(client: &Client) -> anyhow::Result<Status> {
+    let identity = tandem_controller::identity::ClusterIdentity::load(client)
+        .await
+        .context("reading the cluster identity")?;
+    let mut status = Status {
+        cluster_id: identity.cluster_id.clone(),
+        ..Default::default()
+    };
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    let peerings: Api<Peering> = Api::all(client.clone());
+    for p in peerings
+        .list(&ListParams::default())
+        .await
+        .context("listing Peerings")?
+    {
+        let st = p.status.clone().unwrap_or_default();
+        let vn = st.virtual_node.clone();
+        let (ready, count) = match &vn {
+            Some(vn) => {
+                let ready = nodes.get_opt(vn).await?.map(|n| node_ready(&n));
+                let lp = ListParams::default().fields(&format!("spec.nodeName={vn}"));
+                (ready, pods.list_metadata(&lp).await?.items.len())
+            }
+            None => (None, 0),
+        };
+        status.providers.push(ProviderStatus {
+            cluster_id: p.spec.cluster_id.clone(),
+            phase: st.phase.clone().unwrap_or_else(|| "Pending".into()),
+            conditions: st
+                .conditions
+                .iter()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect(),
+            virtual_node: vn,
+            virtual_node_ready: ready,
+            granted: st
+                .granted
+                .iter()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect(),
+            pods: count,
+        });
+    }
+
+    let tenants: Api<Tenant> = Api::all(client.clone());
+    for t in tenants
+        .list(&ListParams::default())
+        .await
+        .context("listing Tenants")?
+    {
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            names::ORIGIN_CLUSTER_LABEL,
+            t.spec.cluster_id
+        ));
+        status.consumers.push(ConsumerStatus {
+            cluster_id: t.spec.cluster_id.clone(),
+            tenant_namespace: t.namespace().unwrap_or_default(),
+            granted: t
+                .spec
+                .grant
+                .iter()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect(),
+            pods: pods.list_metadata(&lp).await?.items.len(),
+        });
+    }
+
+    let offloadings: Api<NamespaceOffloading> = Api::all(client.clone());
+    for o in offloadings
+        .list(&ListParams::default())
+        .await
+        .context("listing NamespaceOffloadings")?
+    {
+        let st = o.status.clone().unwrap_or_default();
+        status.offloaded_namespaces.push(OffloadedNamespace {
+            namespace: o.namespace().unwrap_or_default(),
+            pod_offloading_strategy: format!("{:?}", o.spec.pod_offloading_strategy),
+            phase: st.phase.unwrap_or_else(|| "Pending".into()),
+            remote_namespaces: st
+                .remote_namespaces
+                .iter()
+                .map(|r| format!("{}/{} ({})", r.cluster_id, r.namespace, r.phase))
+                .collect(),
+        });
+    }
+    Ok(status)
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn table(s: &Status) -> String {
+    let mut out = format!("Cluster {}\n", s.cluster_id);
+    let res = |g: &BTreeMap<String, String>| {
+        ["cpu", "memory", "pods"]
+            .iter()
+            .map(|k| format!("{k}={}", g.get(*k).map(String::as_str).unwrap_or("-")))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    out.push_str("\nPROVIDERS (this cluster offloads to)\n");
+    if s.providers.is_empty() {
+        out.push_str("  none — peer with `tandem peer INVITE`\n");
+    } else {
+        out.push_str(&format!(
+            "  {:<16} {:<12} {:<22} {:<6} {:<34} {:>5}  {}\n",
+            "CLUSTER", "PHASE", "VIRTUAL NODE", "READY", "GRANTED", "PODS", "NOT TRUE"
+        ));
+        for p in &s.providers {
+            let not_true: Vec<&str> = p
+                .conditions
+                .iter()
+                .filter(|(_, v)| v.as_str() != "True")
+                .map(|(k, _)| k.as_str())
+                .collect();
+            out.push_str(&format!(
+                "  {:<16} {:<12} {:<22} {:<6} {:<34} {:>5}  {}\n",
+                p.cluster_id,
+                p.phase,
+                p.virtual_node.as_deref().unwrap_or("-"),
+                match p.virtual_node_ready {
+                    Some(true) => "True",
+                    Some(false) => "False",
+                    None => "-",
+                },
+                res(&p.granted),
+                p.pods,
+                if not_true.is_empty() {
+                    "-".to_string()
+                } else {
+                    not_true.join(",")
+                }
+            ));
+        }
+    }
+    out.push_str("\nCONSUMERS (this cluster provides for)\n");
+    if s.consumers.is_empty() {
+        out.push_str("  none — hand out an invite with `tandem invite`\n");
+    } else {
+        out.push_str(&format!(
+            "  {:<16} {:<30} {:<34} {:>5}\n",
+            "CLUSTER", "TENANT NAMESPACE", "GRANTED", "PODS"
+        ));
+        for c in &s.consumers {
+            out.push_str(&format!(
+                "  {:<16} {:<30} {:<34} {:>5}\n",
+                c.cluster_id,
+                c.tenant_namespace,
+                res(&c.granted),
+                c.pods
+            ));
+        }
+    }
+    out.push_str("\nOFFLOADED NAMESPACES\n");
+    if s.offloaded_namespaces.is_empty() {
+        out.push_str("  none — offload one with `tandem offload namespace NS`\n");
+    } else {
+        out.push_str(&format!(
+            "  {:<20} {:<16} {:<10} {}\n",
+            "NAMESPACE", "PODS", "PHASE", "REMOTE"
+        ));
+        for o in &s.offloaded_namespaces {
+            out.push_str(&format!(
+                "  {:<20} {:<16} {:<10} {}\n",
+                o.namespace,
+                o.pod_offloading_strategy,
+                o.phase,
+                o.remote_namespaces.join(", ")
+            ));
+        }
+    }
+    out
+}
