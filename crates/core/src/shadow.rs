@@ -88,7 +88,10 @@ fn strip_node_affinity(spec: &mut Map<String, Value>, label_keys: &[&str]) {
     let Some(affinity) = spec.get_mut("affinity").and_then(Value::as_object_mut) else {
         return;
     };
-    if let Some(na) = affinity.get_mut("nodeAffinity").and_then(Value::as_object_mut) {
+    if let Some(na) = affinity
+        .get_mut("nodeAffinity")
+        .and_then(Value::as_object_mut)
+    {
         let required = "requiredDuringSchedulingIgnoredDuringExecution";
         if let Some(req) = na.get_mut(required) {
             let mut keep = Vec::new();

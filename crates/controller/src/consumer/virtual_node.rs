@@ -27,7 +27,10 @@ pub const REASON_UNREACHABLE: &str = "ProviderUnreachable";
 /// The desired metadata and spec of the virtual node (server-side applied).
 pub fn desired_node(link: &ProviderLink) -> Value {
     let mut labels: BTreeMap<String, String> = link.node_labels.clone();
-    labels.insert(names::NODE_TYPE_LABEL.into(), names::VIRTUAL_NODE_TYPE.into());
+    labels.insert(
+        names::NODE_TYPE_LABEL.into(),
+        names::VIRTUAL_NODE_TYPE.into(),
+    );
     labels.insert(names::REMOTE_CLUSTER_LABEL.into(), link.provider_id.clone());
     labels.insert("kubernetes.io/hostname".into(), link.virtual_node.clone());
     labels.insert("kubernetes.io/os".into(), "linux".into());
@@ -115,7 +118,10 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             Readiness {
                 ready: false,
                 reason: "ProviderNotProbed".into(),
-                message: format!("waiting for provider {} to answer: {last_error}", l.provider_id),
+                message: format!(
+                    "waiting for provider {} to answer: {last_error}",
+                    l.provider_id
+                ),
             }
         } else {
             Readiness {
@@ -158,11 +164,17 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     "bootID": ""},
             }});
             match nodes
-                .patch_status(&l.virtual_node, &PatchParams::default(), &Patch::Merge(&status))
+                .patch_status(
+                    &l.virtual_node,
+                    &PatchParams::default(),
+                    &Patch::Merge(&status),
+                )
                 .await
             {
                 Ok(_) => posted = Some((readiness, cap, Instant::now(), transition)),
-                Err(e) => tracing::warn!(node = %l.virtual_node, "posting virtual node status: {e}"),
+                Err(e) => {
+                    tracing::warn!(node = %l.virtual_node, "posting virtual node status: {e}")
+                }
             }
         }
 

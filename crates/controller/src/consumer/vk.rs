@@ -631,7 +631,8 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             let now = k8s_openapi::jiff::Timestamp::now()
                 .strftime("%Y-%m-%dT%H:%M:%SZ")
                 .to_string();
-            let patch = json!({"status": {"conditions": shadow::unreachable_conditions(&message, &now)}});
+            let patch =
+                json!({"status": {"conditions": shadow::unreachable_conditions(&message, &now)}});
             match api
                 .patch_status(&key.1, &PatchParams::default(), &Patch::Strategic(&patch))
                 .await
@@ -754,7 +755,9 @@ async fn watch_shadows(remote: Client, twin: String, tx: mpsc::Sender<Msg>) {
             watcher::Event::InitDone => {
                 Msg::ShadowsRelisted(twin.clone(), init.take().unwrap_or_default())
             }
-            watcher::Event::Apply(s) => Msg::ShadowApply(twin.clone(), s.name_any(), remote_shadow(&s)),
+            watcher::Event::Apply(s) => {
+                Msg::ShadowApply(twin.clone(), s.name_any(), remote_shadow(&s))
+            }
             watcher::Event::Delete(s) => Msg::ShadowDelete(twin.clone(), s.name_any()),
         };
         if tx.send(msg).await.is_err() {
@@ -789,7 +792,9 @@ async fn watch_reals(
             watcher::Event::InitDone => {
                 Msg::RealRelisted(twin.clone(), init.take().unwrap_or_default())
             }
-            watcher::Event::Apply(p) => Msg::RealApply(twin.clone(), p.name_any(), remote_pod(&p, remap)),
+            watcher::Event::Apply(p) => {
+                Msg::RealApply(twin.clone(), p.name_any(), remote_pod(&p, remap))
+            }
             watcher::Event::Delete(p) => Msg::RealDelete(twin.clone(), p.name_any()),
         };
         if tx.send(msg).await.is_err() {
@@ -809,9 +814,19 @@ impl Drop for TwinWatch {
     }
 }
 
-fn watch_twin(link: &ProviderLink, twin: &str, remap: Option<IpRemap>, tx: &mpsc::Sender<Msg>) -> TwinWatch {
+fn watch_twin(
+    link: &ProviderLink,
+    twin: &str,
+    remap: Option<IpRemap>,
+    tx: &mpsc::Sender<Msg>,
+) -> TwinWatch {
     TwinWatch(vec![
-        tokio::spawn(watch_shadows(link.client.clone(), twin.to_string(), tx.clone())).abort_handle(),
+        tokio::spawn(watch_shadows(
+            link.client.clone(),
+            twin.to_string(),
+            tx.clone(),
+        ))
+        .abort_handle(),
         tokio::spawn(watch_reals(
             link.client.clone(),
             twin.to_string(),
@@ -837,9 +852,19 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     });
     let (tx, mut rx) = mpsc::channel::<Msg>(BATCH);
     let mut background = vec![
-        tokio::spawn(watch_local(ctx.client.clone(), l.virtual_node.clone(), tx.clone())).abort_handle(),
+        tokio::spawn(watch_local(
+            ctx.client.clone(),
+            l.virtual_node.clone(),
+            tx.clone(),
+        ))
+        .abort_handle(),
         tokio::spawn(watch_offloadings(ctx.client.clone(), tx.clone())).abort_handle(),
-        tokio::spawn(watch_node(ctx.client.clone(), l.virtual_node.clone(), tx.clone())).abort_handle(),
+        tokio::spawn(watch_node(
+            ctx.client.clone(),
+            l.virtual_node.clone(),
+            tx.clone(),
+        ))
+        .abort_handle(),
     ];
     let ticker = tx.clone();
     background.push(
@@ -892,7 +917,14 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             continue;
         }
         let outcomes: Vec<Outcome> = futures::stream::iter(actions)
-            .map(|a| act(ctx.client.clone(), l.client.clone(), l.consumer_id.clone(), a))
+            .map(|a| {
+                act(
+                    ctx.client.clone(),
+                    l.client.clone(),
+                    l.consumer_id.clone(),
+                    a,
+                )
+            })
             .buffer_unordered(PARALLEL_WRITES)
             .collect()
             .await;

@@ -231,7 +231,8 @@ impl State {
             let uid = sp.uid().unwrap_or_default();
             let status_is = |phase: &str, message: &str| {
                 sp.status.as_ref().is_some_and(|s| {
-                    s.phase.as_deref() == Some(phase) && s.message.as_deref().unwrap_or("") == message
+                    s.phase.as_deref() == Some(phase)
+                        && s.message.as_deref().unwrap_or("") == message
                 })
             };
             let mut set_status = |phase: &str, message: String| {
@@ -252,7 +253,10 @@ impl State {
                 } else {
                     set_status(
                         PHASE_REJECTED,
-                        format!("a pod {}/{} not owned by Tandem already exists", key.0, key.1),
+                        format!(
+                            "a pod {}/{} not owned by Tandem already exists",
+                            key.0, key.1
+                        ),
                     );
                 }
                 continue;
@@ -263,7 +267,10 @@ impl State {
             let Some(consumer) = self.twins.get(&key.0).cloned() else {
                 set_status(
                     PHASE_REJECTED,
-                    format!("namespace {} is not a twin namespace of any consumer", key.0),
+                    format!(
+                        "namespace {} is not a twin namespace of any consumer",
+                        key.0
+                    ),
                 );
                 continue;
             };
@@ -277,7 +284,10 @@ impl State {
             if grant.is_empty() {
                 set_status(
                     PHASE_REJECTED,
-                    format!("consumer {consumer} has no resources granted (Tenant {}/{consumer})", names::tenant_namespace(&consumer)),
+                    format!(
+                        "consumer {consumer} has no resources granted (Tenant {}/{consumer})",
+                        names::tenant_namespace(&consumer)
+                    ),
                 );
                 continue;
             }
@@ -285,12 +295,16 @@ impl State {
             if let Err(why) = shadow::fits(consumer_used, &requests, &grant) {
                 set_status(
                     PHASE_REJECTED,
-                    format!("{why} (grant of Tenant {}/{consumer})", names::tenant_namespace(&consumer)),
+                    format!(
+                        "{why} (grant of Tenant {}/{consumer})",
+                        names::tenant_namespace(&consumer)
+                    ),
                 );
                 continue;
             }
             shadow::add(consumer_used, &requests);
-            self.pending.insert(key.clone(), (consumer.clone(), requests));
+            self.pending
+                .insert(key.clone(), (consumer.clone(), requests));
             actions.push(Action::CreatePod {
                 key: key.clone(),
                 pod: real_pod(&sp, &consumer),
@@ -318,9 +332,18 @@ fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
 }
 
 enum Action {
-    CreatePod { key: Key, pod: Value },
-    DeletePod { key: Key },
-    Status { key: Key, phase: String, message: String },
+    CreatePod {
+        key: Key,
+        pod: Value,
+    },
+    DeletePod {
+        key: Key,
+    },
+    Status {
+        key: Key,
+        phase: String,
+        message: String,
+    },
 }
 
 /// What a write came to: a failed create frees its place in the quota.
@@ -356,7 +379,11 @@ async fn act(client: Client, action: Action) -> Outcome {
             }
             Outcome::Done
         }
-        Action::Status { key, phase, message } => {
+        Action::Status {
+            key,
+            phase,
+            message,
+        } => {
             let api: Api<ShadowPod> = Api::namespaced(client, &key.0);
             let patch = json!({"status": {"phase": phase, "message": message}});
             if let Err(e) = api
@@ -371,14 +398,18 @@ async fn act(client: Client, action: Action) -> Outcome {
     }
 }
 
-fn events<K>(api: Api<K>, config: watcher::Config) -> impl futures::Stream<Item = watcher::Event<K>> + Send
+fn events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = watcher::Event<K>> + Send
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher(api, config)
         .default_backoff()
         .filter_map(|e| async move {
-            e.map_err(|e| tracing::warn!("shadow pod controller watch: {e}")).ok()
+            e.map_err(|e| tracing::warn!("shadow pod controller watch: {e}"))
+                .ok()
         })
 }
 
@@ -386,21 +417,30 @@ where
 pub async fn run(ctx: Ctx) {
     let client = ctx.client.clone();
     let stream = futures::stream::select_all(vec![
-        events(Api::<ShadowPod>::all(client.clone()), watcher::Config::default())
-            .map(Ev::Shadow)
-            .boxed(),
+        events(
+            Api::<ShadowPod>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(Ev::Shadow)
+        .boxed(),
         events(
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
         )
         .map(Ev::Pod)
         .boxed(),
-        events(Api::<Namespace>::all(client.clone()), watcher::Config::default())
-            .map(Ev::Ns)
-            .boxed(),
-        events(Api::<Tenant>::all(client.clone()), watcher::Config::default())
-            .map(Ev::Tenant)
-            .boxed(),
+        events(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(Ev::Ns)
+        .boxed(),
+        events(
+            Api::<Tenant>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(Ev::Tenant)
+        .boxed(),
         futures::stream::unfold((), |()| async {
             tokio::time::sleep(RESYNC).await;
             Some((Ev::Tick, ()))
