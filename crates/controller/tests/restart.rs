@@ -55,11 +55,10 @@ async fn killed_mid_burst_no_duplicate_or_orphan_shadow_pods() {
 
     until(
         &format!("{REPLICAS} Ready consumer pods"),
-        Duration::from_secs(50),
+        // 500 pods through two debug-build lab clusters on a shared 2-core machine.
+        Duration::from_secs(150),
         || async {
             let p = consumer_pods.list(&ListParams::default()).await.ok()?.items;
-            let s = shadows.list(&ListParams::default()).await.ok()?.items.len();
-            eprintln!("pods {} ready {} shadows {s}", p.len(), p.iter().filter(|p| ready(p)).count());
             (p.len() == REPLICAS && p.iter().all(ready)).then_some(())
         },
     )

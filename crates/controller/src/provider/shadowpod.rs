@@ -57,6 +57,7 @@ struct State {
     dirty: HashSet<Key>,
 }
 
+#[allow(clippy::large_enum_variant)] // one event at a time, straight from a watch
 enum Ev {
     Shadow(watcher::Event<ShadowPod>),
     Pod(watcher::Event<Pod>),
