@@ -3,3 +3,4 @@
 pub mod ipam;
 pub mod nat;
 pub mod prefix;
+pub mod shadow;

@@ -6,10 +6,12 @@
 pub mod cluster;
 pub mod controllers;
 pub mod events;
+pub mod gate;
 pub mod kubelet;
 pub mod lab;
 pub mod nodelifecycle;
 pub mod scheduler;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
+pub use gate::TcpGate;
 pub use lab::{Lab, LabSpec};

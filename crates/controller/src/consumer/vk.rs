@@ -1,8 +1,935 @@
-//! TODO(owner): per-provider vk task.
+//! The virtual kubelet of one provider: runs the pods the scheduler binds to the virtual node
+//! as shadow pods in their namespace's twin namespace on the provider, and mirrors the real
+//! pods' status back (pod IPs rewritten into the consumer's view of the provider's pod CIDR).
+//!
+//! Decisions, level-based on what both sides show (never on what this task remembers doing):
+//! - a consumer pod without a shadow pod gets one (same name, `tandem.dev/origin-uid`), unless it
+//!   had already started: then its shadow pod was deleted or evicted on the provider, and the
+//!   consumer pod is deleted so that its controller (ReplicaSet, ...) replaces it — the provider
+//!   decided the pod should not run, so the consumer must not resurrect it;
+//! - a shadow pod whose origin UID matches no consumer pod is an orphan and is deleted;
+//! - a consumer pod being deleted loses its shadow pod; once the real pod is gone too, the
+//!   consumer pod is deleted with grace 0 (the virtual kubelet's part of graceful deletion);
+//! - while the virtual node is NotReady (provider unreachable) nothing is written to the provider
+//!   and the consumer pods are marked not Ready; when it is Ready again the provider is re-listed
+//!   and everything re-converges.
+//!
+//! Memory: per pod only a small record (UIDs, flags, a hash of the last status written); full
+//! pod specs and statuses are held only until the write they feed is done.
 
-use crate::consumer::link::LinkWatch;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tandem_api::{NamespaceOffloading, ShadowPod, names};
+use tandem_core::shadow::{self, IpRemap, VirtualNodeKeys};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 
-pub async fn run(_ctx: Ctx, _link: LinkWatch) {
-    std::future::pending::<()>().await
+/// Writes in flight at once.
+const PARALLEL_WRITES: usize = 64;
+/// Messages applied before a pass runs, at most.
+const BATCH: usize = 4000;
+/// A write not confirmed by a watch within this time is retried.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Full re-decision of every pod (catches failed writes).
+const RESYNC: Duration = Duration::from_secs(2);
+
+/// What only makes sense in the consumer and is stripped from shadow pods.
+pub const KEYS: VirtualNodeKeys<'static> = VirtualNodeKeys {
+    label_keys: &[
+        names::NODE_TYPE_LABEL,
+        names::REMOTE_CLUSTER_LABEL,
+        "kubernetes.io/hostname",
+    ],
+    taint_keys: &[names::VIRTUAL_NODE_TAINT],
+};
+
+/// (namespace, name) of a consumer pod.
+type Key = (String, String);
+
+/// A consumer pod bound to the virtual node.
+#[derive(Default)]
+struct LocalPod {
+    uid: String,
+    deleting: bool,
+    /// The pod ran on the provider once (status.startTime is set).
+    started: bool,
+    /// The translated ShadowPod spec, kept only until the shadow pod shows up.
+    shadow_spec: Option<Arc<Value>>,
+    /// Hash of the status last written.
+    written: u64,
+    /// Marked not Ready for an unreachable provider.
+    unready: bool,
+    /// When the last create or delete was sent (awaiting its watch event).
+    requested: Option<Instant>,
+}
+
+/// A shadow pod on the provider.
+#[derive(Clone, Debug)]
+struct RemoteShadow {
+    uid: String,
+    origin_uid: String,
+    deleting: bool,
+    rejected: Option<String>,
+}
+
+/// A real pod on the provider.
+#[derive(Clone, Debug)]
+struct RemotePod {
+    origin_uid: String,
+    hash: u64,
+    /// The consumer-view status to write, until written.
+    status: Option<Arc<Value>>,
+}
+
+enum Msg {
+    LocalApply(Box<Pod>),
+    LocalDelete(Key),
+    LocalRelisted(Vec<Pod>),
+    Offloading(Box<NamespaceOffloading>),
+    OffloadingGone(String),
+    NodeReady(bool),
+    ShadowApply(String, String, RemoteShadow),
+    ShadowDelete(String, String),
+    ShadowsRelisted(String, Vec<(String, RemoteShadow)>),
+    RealApply(String, String, RemotePod),
+    RealDelete(String, String),
+    RealRelisted(String, Vec<(String, RemotePod)>),
+    Tick,
+}
+
+fn hash_of(v: &Value) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    h.finish().max(1)
+}
+
+fn remote_shadow(sp: &ShadowPod) -> RemoteShadow {
+    let st = sp.status.as_ref();
+    RemoteShadow {
+        uid: sp.uid().unwrap_or_default(),
+        origin_uid: sp
+            .spec
+            .annotations
+            .get(shadow::ORIGIN_UID_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
+        deleting: sp.metadata.deletion_timestamp.is_some(),
+        rejected: st
+            .filter(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_REJECTED))
+            .map(|s| s.message.clone().unwrap_or_default()),
+    }
+}
+
+fn remote_pod(pod: &Pod, remap: Option<IpRemap>) -> RemotePod {
+    let status = serde_json::to_value(&pod.status).unwrap_or(Value::Null);
+    let status = shadow::consumer_status(&status, remap);
+    RemotePod {
+        origin_uid: pod
+            .annotations()
+            .get(shadow::ORIGIN_UID_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
+        hash: hash_of(&status),
+        status: Some(Arc::new(status)),
+    }
+}
+
+/// The twin namespace on `provider` of an offloaded namespace, once Ready.
+fn twin_of(nso: &NamespaceOffloading, provider: &str) -> Option<String> {
+    nso.status
+        .as_ref()?
+        .remote_namespaces
+        .iter()
+        .find(|r| r.cluster_id == provider && r.phase == "Ready")
+        .map(|r| r.namespace.clone())
+}
+
+#[derive(Default)]
+struct State {
+    local: HashMap<Key, LocalPod>,
+    local_synced: bool,
+    /// Consumer namespace → twin namespace, and back.
+    twins: HashMap<String, String>,
+    origins: HashMap<String, String>,
+    /// Keyed by (twin namespace, name).
+    shadows: HashMap<Key, RemoteShadow>,
+    reals: HashMap<Key, RemotePod>,
+    shadows_synced: HashSet<String>,
+    reals_synced: HashSet<String>,
+    node_ready: bool,
+    dirty: HashSet<Key>,
+}
+
+enum Action {
+    CreateShadow {
+        key: Key,
+        twin: String,
+        spec: Option<Arc<Value>>,
+    },
+    DeleteShadow {
+        twin: String,
+        name: String,
+        uid: String,
+    },
+    DeleteLocal {
+        key: Key,
+        uid: String,
+    },
+    WriteStatus {
+        key: Key,
+        status: Arc<Value>,
+        hash: u64,
+    },
+    MarkUnready {
+        key: Key,
+        message: String,
+    },
+}
+
+enum Outcome {
+    Done,
+    Written(Key, u64),
+    MarkedUnready(Key),
+    Failed(Key),
+}
+
+impl State {
+    fn local_key_of(&self, twin: &str, name: &str) -> Option<Key> {
+        self.origins
+            .get(twin)
+            .map(|ns| (ns.clone(), name.to_string()))
+    }
+
+    fn set_local(&mut self, pod: &Pod, link: &ProviderLink) {
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let uid = pod.uid().unwrap_or_default();
+        let entry = self.local.entry(key.clone()).or_default();
+        if entry.uid != uid {
+            *entry = LocalPod {
+                uid: uid.clone(),
+                ..Default::default()
+            };
+        }
+        entry.deleting = pod.metadata.deletion_timestamp.is_some();
+        entry.started = pod.status.as_ref().is_some_and(|s| s.start_time.is_some());
+        let has_shadow = self
+            .twins
+            .get(&key.0)
+            .and_then(|t| self.shadows.get(&(t.clone(), key.1.clone())))
+            .is_some_and(|s| s.origin_uid == uid);
+        if !has_shadow && !entry.deleting && entry.shadow_spec.is_none() {
+            let mut value = serde_json::to_value(pod).unwrap_or(Value::Null);
+            if let Some(o) = value.as_object_mut() {
+                o.remove("status");
+            }
+            let mut spec = shadow::shadow_spec(&value, &KEYS);
+            if let Some(labels) = spec.get_mut("labels").and_then(Value::as_object_mut) {
+                labels.insert(
+                    names::ORIGIN_CLUSTER_LABEL.into(),
+                    link.consumer_id.clone().into(),
+                );
+            }
+            entry.shadow_spec = Some(Arc::new(spec));
+        }
+        self.dirty.insert(key);
+    }
+
+    fn apply(&mut self, msg: Msg, link: &ProviderLink) -> Option<Change> {
+        match msg {
+            Msg::LocalApply(pod) => self.set_local(&pod, link),
+            Msg::LocalDelete(key) => {
+                self.local.remove(&key);
+                self.dirty.insert(key);
+            }
+            Msg::LocalRelisted(pods) => {
+                let mut old = std::mem::take(&mut self.local);
+                for pod in &pods {
+                    let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                    if let Some(rec) = old.remove(&key) {
+                        self.local.insert(key, rec);
+                    }
+                    self.set_local(pod, link);
+                }
+                self.dirty.extend(old.into_keys());
+                self.local_synced = true;
+            }
+            Msg::Offloading(nso) => {
+                let ns = nso.namespace().unwrap_or_default();
+                let twin = twin_of(&nso, &link.provider_id);
+                if self.twins.get(&ns) != twin.as_ref() {
+                    let old = self.twins.remove(&ns);
+                    if let Some(old) = &old {
+                        self.origins.remove(old);
+                    }
+                    if let Some(t) = &twin {
+                        self.twins.insert(ns.clone(), t.clone());
+                        self.origins.insert(t.clone(), ns.clone());
+                    }
+                    self.dirty_all();
+                    return Some(Change::Twin { old, new: twin });
+                }
+            }
+            Msg::OffloadingGone(ns) => {
+                if let Some(old) = self.twins.remove(&ns) {
+                    self.origins.remove(&old);
+                    self.dirty_all();
+                    return Some(Change::Twin {
+                        old: Some(old),
+                        new: None,
+                    });
+                }
+            }
+            Msg::NodeReady(ready) => {
+                if ready != self.node_ready {
+                    self.node_ready = ready;
+                    self.dirty_all();
+                    return Some(Change::Readiness(ready));
+                }
+            }
+            Msg::ShadowApply(twin, name, s) => {
+                self.mark(&twin, &name);
+                self.shadows.insert((twin, name), s);
+            }
+            Msg::ShadowDelete(twin, name) => {
+                self.mark(&twin, &name);
+                self.shadows.remove(&(twin, name));
+            }
+            Msg::ShadowsRelisted(twin, list) => {
+                self.shadows.retain(|k, _| k.0 != twin);
+                for (name, s) in list {
+                    self.shadows.insert((twin.clone(), name), s);
+                }
+                self.shadows_synced.insert(twin);
+                self.dirty_all();
+            }
+            Msg::RealApply(twin, name, p) => {
+                self.mark(&twin, &name);
+                self.reals.insert((twin, name), p);
+            }
+            Msg::RealDelete(twin, name) => {
+                self.mark(&twin, &name);
+                self.reals.remove(&(twin, name));
+            }
+            Msg::RealRelisted(twin, list) => {
+                self.reals.retain(|k, _| k.0 != twin);
+                for (name, p) in list {
+                    self.reals.insert((twin.clone(), name), p);
+                }
+                self.reals_synced.insert(twin);
+                self.dirty_all();
+            }
+            Msg::Tick => self.dirty_all(),
+        }
+        None
+    }
+
+    fn mark(&mut self, twin: &str, name: &str) {
+        if let Some(k) = self.local_key_of(twin, name) {
+            self.dirty.insert(k);
+        }
+    }
+
+    fn dirty_all(&mut self) {
+        self.dirty.extend(self.local.keys().cloned());
+        let remote: Vec<Key> = self
+            .shadows
+            .keys()
+            .filter_map(|(t, n)| self.local_key_of(t, n))
+            .collect();
+        self.dirty.extend(remote);
+    }
+
+    fn forget_twin(&mut self, twin: &str) {
+        self.shadows.retain(|k, _| k.0 != twin);
+        self.reals.retain(|k, _| k.0 != twin);
+        self.shadows_synced.remove(twin);
+        self.reals_synced.remove(twin);
+    }
+
+    fn decide(&mut self, provider: &str) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let keys: Vec<Key> = self.dirty.drain().collect();
+        for key in keys {
+            let Some(twin) = self.twins.get(&key.0).cloned() else {
+                continue;
+            };
+            let rkey = (twin.clone(), key.1.clone());
+            let synced = self.shadows_synced.contains(&twin) && self.reals_synced.contains(&twin);
+            let shadow = self.shadows.get(&rkey).cloned();
+            let real = self.reals.get(&rkey).cloned();
+            let ready = self.node_ready;
+            let local_synced = self.local_synced;
+            let Some(local) = self.local.get_mut(&key) else {
+                // No consumer pod: a shadow pod here is an orphan.
+                if let Some(s) = shadow
+                    && local_synced
+                    && ready
+                    && !s.deleting
+                {
+                    actions.push(Action::DeleteShadow {
+                        twin,
+                        name: key.1.clone(),
+                        uid: s.uid,
+                    });
+                }
+                continue;
+            };
+            let recently = local.requested.is_some_and(|t| t.elapsed() < RETRY_AFTER);
+            let own_shadow = shadow.as_ref().filter(|s| s.origin_uid == local.uid);
+            let own_real = real.as_ref().filter(|p| p.origin_uid == local.uid);
+            if own_shadow.is_some() {
+                local.shadow_spec = None;
+            }
+            if !ready {
+                if !local.deleting && !local.unready && (own_shadow.is_some() || local.started) {
+                    actions.push(Action::MarkUnready {
+                        key: key.clone(),
+                        message: format!("provider {provider} is unreachable"),
+                    });
+                }
+                continue;
+            }
+            if !synced {
+                continue;
+            }
+            if local.deleting {
+                match &shadow {
+                    Some(s) if !s.deleting && !recently => {
+                        local.requested = Some(Instant::now());
+                        actions.push(Action::DeleteShadow {
+                            twin,
+                            name: key.1.clone(),
+                            uid: s.uid.clone(),
+                        });
+                    }
+                    Some(_) => {}
+                    None if real.is_none() && !recently => {
+                        local.requested = Some(Instant::now());
+                        actions.push(Action::DeleteLocal {
+                            key: key.clone(),
+                            uid: local.uid.clone(),
+                        });
+                    }
+                    None => {}
+                }
+                continue;
+            }
+            match (&shadow, own_shadow) {
+                (Some(s), None) => {
+                    // The shadow pod of an earlier pod of the same name: make way.
+                    if !s.deleting && !recently {
+                        local.requested = Some(Instant::now());
+                        actions.push(Action::DeleteShadow {
+                            twin,
+                            name: key.1.clone(),
+                            uid: s.uid.clone(),
+                        });
+                    }
+                }
+                (None, _) if local.started => {
+                    // Deleted or evicted on the provider: let the owner replace the pod.
+                    if !recently {
+                        local.requested = Some(Instant::now());
+                        actions.push(Action::DeleteLocal {
+                            key: key.clone(),
+                            uid: local.uid.clone(),
+                        });
+                    }
+                }
+                (None, _) => {
+                    if !recently {
+                        local.requested = Some(Instant::now());
+                        actions.push(Action::CreateShadow {
+                            key: key.clone(),
+                            twin,
+                            spec: local.shadow_spec.clone(),
+                        });
+                    }
+                }
+                (Some(_), Some(s)) => {
+                    local.requested = None;
+                    if let Some(p) = own_real {
+                        if (p.hash != local.written || local.unready)
+                            && let Some(status) = &p.status
+                        {
+                            actions.push(Action::WriteStatus {
+                                key: key.clone(),
+                                status: status.clone(),
+                                hash: p.hash,
+                            });
+                        }
+                    } else if let Some(why) = &s.rejected {
+                        let status = json!({"phase": "Pending", "reason": "OffloadingRejected",
+                            "message": format!("provider {provider} rejected the pod: {why}")});
+                        let hash = hash_of(&status);
+                        if hash != local.written {
+                            actions.push(Action::WriteStatus {
+                                key: key.clone(),
+                                status: Arc::new(status),
+                                hash,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        actions
+    }
+
+    fn outcome(&mut self, o: Outcome) {
+        match o {
+            Outcome::Done => {}
+            Outcome::Written(key, hash) => {
+                if let Some(l) = self.local.get_mut(&key) {
+                    l.written = hash;
+                    l.unready = false;
+                }
+                if let Some(twin) = self.twins.get(&key.0)
+                    && let Some(p) = self.reals.get_mut(&(twin.clone(), key.1.clone()))
+                    && p.hash == hash
+                {
+                    p.status = None;
+                }
+            }
+            Outcome::MarkedUnready(key) => {
+                if let Some(l) = self.local.get_mut(&key) {
+                    l.unready = true;
+                    l.written = 0;
+                }
+            }
+            Outcome::Failed(key) => {
+                if let Some(l) = self.local.get_mut(&key) {
+                    l.requested = None;
+                }
+            }
+        }
+    }
+}
+
+/// What the main loop must do besides writing.
+enum Change {
+    Twin {
+        old: Option<String>,
+        new: Option<String>,
+    },
+    Readiness(bool),
+}
+
+async fn act(local: Client, remote: Client, consumer_id: String, action: Action) -> Outcome {
+    match action {
+        Action::CreateShadow { key, twin, spec } => {
+            let spec = match spec {
+                Some(s) => s,
+                None => {
+                    let pods: Api<Pod> = Api::namespaced(local, &key.0);
+                    match pods.get_opt(&key.1).await {
+                        Ok(Some(pod)) => {
+                            let mut v = serde_json::to_value(&pod).unwrap_or(Value::Null);
+                            let mut s = shadow::shadow_spec(&v, &KEYS);
+                            if let Some(l) = s.get_mut("labels").and_then(Value::as_object_mut) {
+                                l.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer_id.into());
+                            }
+                            v = s;
+                            Arc::new(v)
+                        }
+                        _ => return Outcome::Failed(key),
+                    }
+                }
+            };
+            let sp = json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
+                "metadata": {"name": key.1, "namespace": twin, "labels": {
+                    names::MANAGED_BY_LABEL: names::MANAGED_BY,
+                }},
+                "spec": spec.as_ref(),
+            });
+            let sp: ShadowPod = match serde_json::from_value(sp) {
+                Ok(sp) => sp,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "translating to a shadow pod: {e}");
+                    return Outcome::Failed(key);
+                }
+            };
+            let api: Api<ShadowPod> = Api::namespaced(remote, &twin);
+            match api.create(&PostParams::default(), &sp).await {
+                Ok(_) => Outcome::Done,
+                Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), twin = %twin, "creating the shadow pod: {e}");
+                    Outcome::Failed(key)
+                }
+            }
+        }
+        Action::DeleteShadow { twin, name, uid } => {
+            let api: Api<ShadowPod> = Api::namespaced(remote, &twin);
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(shadowpod = %format!("{twin}/{name}"), "deleting the shadow pod: {e}")
+                }
+            }
+            Outcome::Done
+        }
+        Action::DeleteLocal { key, uid } => {
+            let api: Api<Pod> = Api::namespaced(local, &key.0);
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&key.1, &dp).await {
+                Ok(_) => Outcome::Done,
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Outcome::Done,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "deleting the pod: {e}");
+                    Outcome::Failed(key)
+                }
+            }
+        }
+        Action::WriteStatus { key, status, hash } => {
+            let api: Api<Pod> = Api::namespaced(local, &key.0);
+            let patch = json!({"status": status.as_ref()});
+            match api
+                .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Outcome::Written(key, hash),
+                Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "writing the pod status: {e}");
+                    Outcome::Done
+                }
+            }
+        }
+        Action::MarkUnready { key, message } => {
+            let api: Api<Pod> = Api::namespaced(local, &key.0);
+            let now = k8s_openapi::jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string();
+            let patch =
+                json!({"status": {"conditions": shadow::unreachable_conditions(&message, &now)}});
+            match api
+                .patch_status(&key.1, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+            {
+                Ok(_) => Outcome::MarkedUnready(key),
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "marking the pod not Ready: {e}");
+                    Outcome::Done
+                }
+            }
+        }
+    }
+}
+
+fn events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = watcher::Event<K>> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(|e| async move {
+            e.map_err(|e| tracing::debug!("virtual kubelet watch: {e}"))
+                .ok()
+        })
+}
+
+/// Consumer pods bound to the virtual node.
+async fn watch_local(client: Client, node: String, tx: mpsc::Sender<Msg>) {
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let stream = events(Api::<Pod>::all(client), cfg);
+    futures::pin_mut!(stream);
+    let mut init: Option<Vec<Pod>> = None;
+    while let Some(ev) = stream.next().await {
+        let msg = match ev {
+            watcher::Event::Init => {
+                init = Some(Vec::new());
+                continue;
+            }
+            watcher::Event::InitApply(p) => {
+                init.get_or_insert_with(Vec::new).push(p);
+                continue;
+            }
+            watcher::Event::InitDone => Msg::LocalRelisted(init.take().unwrap_or_default()),
+            watcher::Event::Apply(p) => Msg::LocalApply(Box::new(p)),
+            watcher::Event::Delete(p) => {
+                Msg::LocalDelete((p.namespace().unwrap_or_default(), p.name_any()))
+            }
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn watch_offloadings(client: Client, tx: mpsc::Sender<Msg>) {
+    let stream = events(
+        Api::<NamespaceOffloading>::all(client),
+        watcher::Config::default(),
+    );
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        let msg = match ev {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                if n.name_any() != names::OFFLOADING_NAME {
+                    continue;
+                }
+                Msg::Offloading(Box::new(n))
+            }
+            watcher::Event::Delete(n) => Msg::OffloadingGone(n.namespace().unwrap_or_default()),
+            _ => continue,
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn watch_node(client: Client, node: String, tx: mpsc::Sender<Msg>) {
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let stream = events(Api::<Node>::all(client), cfg);
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        let ready = match ev {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => n
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True"),
+            watcher::Event::Delete(_) => false,
+            _ => continue,
+        };
+        if tx.send(Msg::NodeReady(ready)).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn watch_shadows(remote: Client, twin: String, tx: mpsc::Sender<Msg>) {
+    let stream = events(
+        Api::<ShadowPod>::namespaced(remote, &twin),
+        watcher::Config::default(),
+    );
+    futures::pin_mut!(stream);
+    let mut init: Option<Vec<(String, RemoteShadow)>> = None;
+    while let Some(ev) = stream.next().await {
+        let msg = match ev {
+            watcher::Event::Init => {
+                init = Some(Vec::new());
+                continue;
+            }
+            watcher::Event::InitApply(s) => {
+                init.get_or_insert_with(Vec::new)
+                    .push((s.name_any(), remote_shadow(&s)));
+                continue;
+            }
+            watcher::Event::InitDone => {
+                Msg::ShadowsRelisted(twin.clone(), init.take().unwrap_or_default())
+            }
+            watcher::Event::Apply(s) => {
+                Msg::ShadowApply(twin.clone(), s.name_any(), remote_shadow(&s))
+            }
+            watcher::Event::Delete(s) => Msg::ShadowDelete(twin.clone(), s.name_any()),
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn watch_reals(
+    remote: Client,
+    twin: String,
+    consumer_id: String,
+    remap: Option<IpRemap>,
+    tx: mpsc::Sender<Msg>,
+) {
+    let cfg = watcher::Config::default()
+        .labels(&format!("{}={consumer_id}", names::ORIGIN_CLUSTER_LABEL));
+    let stream = events(Api::<Pod>::namespaced(remote, &twin), cfg);
+    futures::pin_mut!(stream);
+    let mut init: Option<Vec<(String, RemotePod)>> = None;
+    while let Some(ev) = stream.next().await {
+        let msg = match ev {
+            watcher::Event::Init => {
+                init = Some(Vec::new());
+                continue;
+            }
+            watcher::Event::InitApply(p) => {
+                init.get_or_insert_with(Vec::new)
+                    .push((p.name_any(), remote_pod(&p, remap)));
+                continue;
+            }
+            watcher::Event::InitDone => {
+                Msg::RealRelisted(twin.clone(), init.take().unwrap_or_default())
+            }
+            watcher::Event::Apply(p) => {
+                Msg::RealApply(twin.clone(), p.name_any(), remote_pod(&p, remap))
+            }
+            watcher::Event::Delete(p) => Msg::RealDelete(twin.clone(), p.name_any()),
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The watches of one twin namespace on the provider.
+struct TwinWatch(Vec<AbortHandle>);
+
+impl Drop for TwinWatch {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}
+
+fn watch_twin(
+    link: &ProviderLink,
+    twin: &str,
+    remap: Option<IpRemap>,
+    tx: &mpsc::Sender<Msg>,
+) -> TwinWatch {
+    TwinWatch(vec![
+        tokio::spawn(watch_shadows(
+            link.client.clone(),
+            twin.to_string(),
+            tx.clone(),
+        ))
+        .abort_handle(),
+        tokio::spawn(watch_reals(
+            link.client.clone(),
+            twin.to_string(),
+            link.consumer_id.clone(),
+            remap,
+            tx.clone(),
+        ))
+        .abort_handle(),
+    ])
+}
+
+/// Runs the virtual kubelet of `link`'s provider until the task is aborted.
+pub async fn run(ctx: Ctx, mut link: LinkWatch) {
+    let l = loop {
+        if let Some(l) = link.get() {
+            break l;
+        }
+        link.changed().await;
+    };
+    let remap = l.network.as_ref().map(|n| IpRemap {
+        from: n.remote_pod_cidr,
+        to: n.remote_pod_cidr_here,
+    });
+    let (tx, mut rx) = mpsc::channel::<Msg>(BATCH);
+    let mut background = vec![
+        tokio::spawn(watch_local(
+            ctx.client.clone(),
+            l.virtual_node.clone(),
+            tx.clone(),
+        ))
+        .abort_handle(),
+        tokio::spawn(watch_offloadings(ctx.client.clone(), tx.clone())).abort_handle(),
+        tokio::spawn(watch_node(
+            ctx.client.clone(),
+            l.virtual_node.clone(),
+            tx.clone(),
+        ))
+        .abort_handle(),
+    ];
+    let ticker = tx.clone();
+    background.push(
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(RESYNC);
+            loop {
+                t.tick().await;
+                if ticker.send(Msg::Tick).await.is_err() {
+                    return;
+                }
+            }
+        })
+        .abort_handle(),
+    );
+    let _background = TwinWatch(background);
+    let mut twins: HashMap<String, TwinWatch> = HashMap::new();
+    let mut state = State::default();
+    while let Some(msg) = rx.recv().await {
+        let mut changes = Vec::new();
+        changes.extend(state.apply(msg, &l));
+        for _ in 0..BATCH {
+            match rx.try_recv() {
+                Ok(msg) => changes.extend(state.apply(msg, &l)),
+                Err(_) => break,
+            }
+        }
+        for change in changes {
+            match change {
+                Change::Twin { old, new } => {
+                    if let Some(old) = old {
+                        twins.remove(&old);
+                        state.forget_twin(&old);
+                    }
+                    if let Some(new) = new {
+                        twins.insert(new.clone(), watch_twin(&l, &new, remap, &tx));
+                    }
+                }
+                Change::Readiness(true) => {
+                    // Re-list the provider: the watches may be backing off after the outage.
+                    let names: Vec<String> = twins.keys().cloned().collect();
+                    for t in names {
+                        twins.insert(t.clone(), watch_twin(&l, &t, remap, &tx));
+                    }
+                }
+                Change::Readiness(false) => {}
+            }
+        }
+        let actions = state.decide(&l.provider_id);
+        if actions.is_empty() {
+            continue;
+        }
+        let outcomes: Vec<Outcome> = futures::stream::iter(actions)
+            .map(|a| {
+                act(
+                    ctx.client.clone(),
+                    l.client.clone(),
+                    l.consumer_id.clone(),
+                    a,
+                )
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+        for o in outcomes {
+            state.outcome(o);
+        }
+    }
 }

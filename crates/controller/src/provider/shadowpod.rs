@@ -1,7 +1,477 @@
-//! TODO(owner): provider-side shadowpod reconciler.
+//! Provider side of offloaded pods: for every ShadowPod a consumer creates in one of its twin
+//! namespaces, create and keep the real Pod (same namespace and name, owned by the ShadowPod so
+//! garbage collection removes it), under the consumer's quota (its Tenant's grant) and a policy
+//! that refuses host namespaces, privileged containers and hostPath volumes.
+//!
+//! The real pods live on without the consumer: that is what makes offloading survive a
+//! partition. One task watches ShadowPods, the pods they own, twin namespaces and Tenants, keeps
+//! small indexes and sends the writes each pass decides, in parallel.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tandem_api::{ShadowPod, Tenant, names};
+use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
 
-pub async fn run(_ctx: Ctx) {
-    std::future::pending::<()>().await
+/// Phase of a ShadowPod whose real pod exists.
+pub const PHASE_CREATED: &str = "Created";
+/// Phase of a ShadowPod the provider refuses (quota or policy).
+pub const PHASE_REJECTED: &str = "Rejected";
+
+/// Writes in flight at once.
+const PARALLEL_WRITES: usize = 32;
+/// Events applied before a pass runs, at most.
+const BATCH: usize = 2000;
+/// Full pass period.
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(5);
+
+type Key = (String, String);
+
+/// A real pod, as far as quota and ownership go.
+struct PodRecord {
+    owner_uid: Option<String>,
+    consumer: String,
+    requests: Resources,
+    /// Succeeded or Failed: no longer counts against the quota, and is not recreated.
+    terminal: bool,
+}
+
+#[derive(Default)]
+struct State {
+    shadows: HashMap<Key, Arc<ShadowPod>>,
+    pods: HashMap<Key, PodRecord>,
+    /// Pods created by this task that the watch has not shown yet.
+    pending: HashMap<Key, (String, Resources)>,
+    /// Twin namespace → consumer cluster ID.
+    twins: HashMap<String, String>,
+    /// Consumer → granted resources.
+    grants: HashMap<String, Resources>,
+    dirty: HashSet<Key>,
+}
+
+#[allow(clippy::large_enum_variant)] // one event at a time, straight from a watch
+enum Ev {
+    Shadow(watcher::Event<ShadowPod>),
+    Pod(watcher::Event<Pod>),
+    Ns(watcher::Event<Namespace>),
+    Tenant(watcher::Event<Tenant>),
+    /// Periodic full pass (retries failed writes).
+    Tick,
+}
+
+/// The consumer a namespace is a twin namespace of, from its labels.
+fn twin_consumer(ns: &Namespace) -> Option<String> {
+    let labels = ns.metadata.labels.as_ref()?;
+    if labels.contains_key(names::TENANT_NAMESPACE_LABEL) {
+        return None;
+    }
+    labels
+        .get(names::ORIGIN_CLUSTER_LABEL)
+        .or_else(|| {
+            labels
+                .contains_key(names::TWIN_NAMESPACE_LABEL)
+                .then(|| labels.get(names::REMOTE_CLUSTER_LABEL))
+                .flatten()
+        })
+        .cloned()
+}
+
+fn pod_record(pod: &Pod) -> PodRecord {
+    let spec = serde_json::to_value(&pod.spec).unwrap_or(Value::Null);
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    PodRecord {
+        owner_uid: pod
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "ShadowPod")
+            .map(|o| o.uid.clone()),
+        consumer: pod
+            .labels()
+            .get(names::ORIGIN_CLUSTER_LABEL)
+            .cloned()
+            .unwrap_or_default(),
+        requests: shadow::pod_requests(&spec),
+        terminal: matches!(phase, Some("Succeeded" | "Failed")),
+    }
+}
+
+fn key_of<K: kube::Resource>(o: &K) -> Key {
+    (
+        o.meta().namespace.clone().unwrap_or_default(),
+        o.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+impl State {
+    fn apply(&mut self, ev: Ev) {
+        match ev {
+            Ev::Shadow(e) => match e {
+                watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
+                    let k = key_of(&s);
+                    self.dirty.insert(k.clone());
+                    self.shadows.insert(k, Arc::new(s));
+                }
+                watcher::Event::Delete(s) => {
+                    self.shadows.remove(&key_of(&s));
+                }
+                watcher::Event::Init => self.shadows.clear(),
+                watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
+            },
+            Ev::Pod(e) => match e {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    let k = key_of(&p);
+                    self.pending.remove(&k);
+                    let rec = pod_record(&p);
+                    if rec.terminal {
+                        self.free_quota_of(&rec.consumer.clone());
+                    }
+                    self.pods.insert(k.clone(), rec);
+                    self.dirty.insert(k);
+                }
+                watcher::Event::Delete(p) => {
+                    let k = key_of(&p);
+                    if let Some(rec) = self.pods.remove(&k) {
+                        self.free_quota_of(&rec.consumer);
+                    }
+                    self.dirty.insert(k);
+                }
+                watcher::Event::Init => self.pods.clear(),
+                watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
+            },
+            Ev::Ns(e) => match e {
+                watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                    if let Some(c) = twin_consumer(&n) {
+                        self.twins.insert(n.name_any(), c);
+                    }
+                    self.dirty_namespace(&n.name_any());
+                }
+                watcher::Event::Delete(n) => {
+                    self.twins.remove(&n.name_any());
+                }
+                watcher::Event::Init => self.twins.clear(),
+                watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
+            },
+            Ev::Tick => self.dirty.extend(self.shadows.keys().cloned()),
+            Ev::Tenant(e) => match e {
+                watcher::Event::Apply(t) | watcher::Event::InitApply(t) => {
+                    // Only the tenant namespace of a consumer speaks for its grant.
+                    if t.namespace().as_deref()
+                        == Some(names::tenant_namespace(&t.spec.cluster_id).as_str())
+                    {
+                        let grant = t
+                            .spec
+                            .grant
+                            .iter()
+                            .filter_map(|(k, v)| Some((k.clone(), shadow::parse_quantity(&v.0)?)))
+                            .collect();
+                        self.grants.insert(t.spec.cluster_id.clone(), grant);
+                        self.free_quota_of(&t.spec.cluster_id);
+                    }
+                }
+                watcher::Event::Delete(t) => {
+                    self.grants.remove(&t.spec.cluster_id);
+                }
+                watcher::Event::Init => self.grants.clear(),
+                watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
+            },
+        }
+    }
+
+    /// Rejected shadow pods of `consumer` may fit now.
+    fn free_quota_of(&mut self, consumer: &str) {
+        let rejected: Vec<Key> = self
+            .shadows
+            .iter()
+            .filter(|(k, s)| {
+                self.twins.get(&k.0).map(String::as_str) == Some(consumer)
+                    && s.status.as_ref().and_then(|st| st.phase.as_deref()) == Some(PHASE_REJECTED)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.dirty.extend(rejected);
+    }
+
+    fn dirty_namespace(&mut self, ns: &str) {
+        let keys: Vec<Key> = self.shadows.keys().filter(|k| k.0 == ns).cloned().collect();
+        self.dirty.extend(keys);
+    }
+
+    /// Requests of `consumer`'s live pods, those in flight included.
+    fn usage(&self) -> HashMap<String, Resources> {
+        let mut used: HashMap<String, Resources> = HashMap::new();
+        for p in self.pods.values().filter(|p| !p.terminal) {
+            shadow::add(used.entry(p.consumer.clone()).or_default(), &p.requests);
+        }
+        for (c, r) in self.pending.values() {
+            shadow::add(used.entry(c.clone()).or_default(), r);
+        }
+        used
+    }
+
+    /// Decides the writes for the dirty shadow pods, in order (quota is first come, first served).
+    fn decide(&mut self) -> Vec<Action> {
+        let mut dirty: Vec<Key> = self.dirty.drain().collect();
+        dirty.sort();
+        let mut used = self.usage();
+        let mut actions = Vec::new();
+        for key in dirty {
+            let Some(sp) = self.shadows.get(&key).cloned() else {
+                continue;
+            };
+            if sp.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let uid = sp.uid().unwrap_or_default();
+            let status_is = |phase: &str, message: &str| {
+                sp.status.as_ref().is_some_and(|s| {
+                    s.phase.as_deref() == Some(phase)
+                        && s.message.as_deref().unwrap_or("") == message
+                })
+            };
+            let mut set_status = |phase: &str, message: String| {
+                if !status_is(phase, &message) {
+                    actions.push(Action::Status {
+                        key: key.clone(),
+                        phase: phase.to_string(),
+                        message,
+                    });
+                }
+            };
+            if let Some(pod) = self.pods.get(&key) {
+                if pod.owner_uid.as_deref() == Some(uid.as_str()) {
+                    set_status(PHASE_CREATED, format!("pod {}/{} created", key.0, key.1));
+                } else if pod.owner_uid.is_some() {
+                    // The pod of an earlier shadow pod of the same name: make way.
+                    actions.push(Action::DeletePod { key: key.clone() });
+                } else {
+                    set_status(
+                        PHASE_REJECTED,
+                        format!(
+                            "a pod {}/{} not owned by Tandem already exists",
+                            key.0, key.1
+                        ),
+                    );
+                }
+                continue;
+            }
+            if self.pending.contains_key(&key) {
+                continue;
+            }
+            let Some(consumer) = self.twins.get(&key.0).cloned() else {
+                set_status(
+                    PHASE_REJECTED,
+                    format!(
+                        "namespace {} is not a twin namespace of any consumer",
+                        key.0
+                    ),
+                );
+                continue;
+            };
+            let spec = serde_json::to_value(&sp.spec.pod).unwrap_or(Value::Null);
+            if let Some(why) = shadow::policy_violation(&spec) {
+                set_status(PHASE_REJECTED, why);
+                continue;
+            }
+            let requests = shadow::pod_requests(&spec);
+            let grant = self.grants.get(&consumer).cloned().unwrap_or_default();
+            if grant.is_empty() {
+                set_status(
+                    PHASE_REJECTED,
+                    format!(
+                        "consumer {consumer} has no resources granted (Tenant {}/{consumer})",
+                        names::tenant_namespace(&consumer)
+                    ),
+                );
+                continue;
+            }
+            let consumer_used = used.entry(consumer.clone()).or_default();
+            if let Err(why) = shadow::fits(consumer_used, &requests, &grant) {
+                set_status(
+                    PHASE_REJECTED,
+                    format!(
+                        "{why} (grant of Tenant {}/{consumer})",
+                        names::tenant_namespace(&consumer)
+                    ),
+                );
+                continue;
+            }
+            shadow::add(consumer_used, &requests);
+            self.pending
+                .insert(key.clone(), (consumer.clone(), requests));
+            actions.push(Action::CreatePod {
+                key: key.clone(),
+                pod: real_pod(&sp, &consumer),
+            });
+        }
+        actions
+    }
+}
+
+/// The real Pod of a shadow pod.
+fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
+    let mut labels = sp.spec.labels.clone();
+    labels.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer.into());
+    labels.insert(names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into());
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": sp.name_any(), "namespace": sp.namespace(),
+            "labels": labels, "annotations": sp.spec.annotations,
+            "ownerReferences": [{"apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
+                "name": sp.name_any(), "uid": sp.uid(), "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": sp.spec.pod,
+    })
+}
+
+enum Action {
+    CreatePod {
+        key: Key,
+        pod: Value,
+    },
+    DeletePod {
+        key: Key,
+    },
+    Status {
+        key: Key,
+        phase: String,
+        message: String,
+    },
+}
+
+/// What a write came to: a failed create frees its place in the quota.
+enum Outcome {
+    Done,
+    CreateFailed(Key),
+}
+
+async fn act(client: Client, action: Action) -> Outcome {
+    match action {
+        Action::CreatePod { key, pod } => {
+            let api: Api<Pod> = Api::namespaced(client, &key.0);
+            let pod: Pod = match serde_json::from_value(pod) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "building the real pod: {e}");
+                    return Outcome::CreateFailed(key);
+                }
+            };
+            match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => Outcome::Done,
+                Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "creating the real pod of the shadow pod: {e}");
+                    Outcome::CreateFailed(key)
+                }
+            }
+        }
+        Action::DeletePod { key } => {
+            let api: Api<Pod> = Api::namespaced(client, &key.0);
+            if let Err(e) = api.delete(&key.1, &Default::default()).await {
+                tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "deleting a stale real pod: {e}");
+            }
+            Outcome::Done
+        }
+        Action::Status {
+            key,
+            phase,
+            message,
+        } => {
+            let api: Api<ShadowPod> = Api::namespaced(client, &key.0);
+            let patch = json!({"status": {"phase": phase, "message": message}});
+            if let Err(e) = api
+                .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+            {
+                tracing::warn!(shadowpod = %format!("{}/{}", key.0, key.1), "setting status {phase}: {e}");
+            }
+            Outcome::Done
+        }
+    }
+}
+
+fn events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = watcher::Event<K>> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(|e| async move {
+            e.map_err(|e| tracing::warn!("shadow pod controller watch: {e}"))
+                .ok()
+        })
+}
+
+/// Runs the shadow pod controller until the task is aborted.
+pub async fn run(ctx: Ctx) {
+    let client = ctx.client.clone();
+    let stream = futures::stream::select_all(vec![
+        events(
+            Api::<ShadowPod>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(Ev::Shadow)
+        .boxed(),
+        events(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
+        )
+        .map(Ev::Pod)
+        .boxed(),
+        events(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(Ev::Ns)
+        .boxed(),
+        events(
+            Api::<Tenant>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(Ev::Tenant)
+        .boxed(),
+        futures::stream::unfold((), |()| async {
+            tokio::time::sleep(RESYNC).await;
+            Some((Ev::Tick, ()))
+        })
+        .boxed(),
+    ]);
+    futures::pin_mut!(stream);
+    let mut state = State::default();
+    while let Some(ev) = stream.next().await {
+        state.apply(ev);
+        for _ in 0..BATCH {
+            match stream.next().now_or_never() {
+                Some(Some(ev)) => state.apply(ev),
+                _ => break,
+            }
+        }
+        let actions = state.decide();
+        if actions.is_empty() {
+            continue;
+        }
+        let outcomes: Vec<Outcome> = futures::stream::iter(actions)
+            .map(|a| act(client.clone(), a))
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+        for o in outcomes {
+            if let Outcome::CreateFailed(key) = o {
+                state.pending.remove(&key);
+                state.dirty.insert(key);
+            }
+        }
+    }
 }

@@ -219,9 +219,9 @@ pub async fn fake_peering(
             "granted": grant,
             "nodeLabels": {"topology.kubernetes.io/region": provider.lab.config.region},
             "network": {
-                "remotePodCIDR": provider.lab.config.pod_cidr,
-                "remappedRemotePodCIDR": remap_of(&provider.lab.config.pod_cidr),
-                "localPodCIDRInRemote": remap_of(&consumer.lab.config.pod_cidr),
+                "remotePodCidr": provider.lab.config.pod_cidr,
+                "remappedRemotePodCidr": remap_of(&provider.lab.config.pod_cidr),
+                "localPodCidrInRemote": remap_of(&consumer.lab.config.pod_cidr),
             },
         },
     }))).await.expect("peering status");
@@ -236,4 +236,108 @@ fn chrono_now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+/// Stands in for namespace offloading until it lands: creates namespace `ns` on the consumer,
+/// its twin `<ns>-<consumer>` on the provider (labelled with the consumer, the peer identity
+/// bound to `tandem:peer-twin` there) and a NamespaceOffloading whose status says the twin is
+/// Ready. Returns the twin namespace's name.
+pub async fn fake_offloading(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
+    let twin = fake_twin_namespace(consumer, provider, ns).await;
+    let pp = PatchParams::apply("test").force();
+    let namespaces: Api<Namespace> = Api::all(consumer.client.clone());
+    namespaces
+        .patch(
+            ns,
+            &pp,
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            ),
+        )
+        .await
+        .expect("offloaded namespace");
+    let nsos: Api<tandem_api::NamespaceOffloading> = Api::namespaced(consumer.client.clone(), ns);
+    nsos.patch(
+        names::OFFLOADING_NAME,
+        &pp,
+        &Patch::Apply(json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+            "metadata": {"name": names::OFFLOADING_NAME},
+            "spec": {"podOffloadingStrategy": "Remote"},
+        })),
+    )
+    .await
+    .expect("namespace offloading");
+    nsos.patch_status(
+        names::OFFLOADING_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Ready", "remoteNamespaces": [
+            {"clusterID": provider.id, "namespace": twin, "phase": "Ready"}]}})),
+    )
+    .await
+    .expect("namespace offloading status");
+    twin
+}
+
+/// The provider side of [`fake_offloading`]: the twin namespace `<ns>-<consumer>` and the peer
+/// identity's RoleBinding in it.
+pub async fn fake_twin_namespace(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
+    let twin = format!("{ns}-{}", consumer.id);
+    let pp = PatchParams::apply("test").force();
+    let namespaces: Api<Namespace> = Api::all(provider.client.clone());
+    namespaces
+        .patch(
+            &twin,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": twin, "labels": {
+                    names::MANAGED_BY_LABEL: names::MANAGED_BY,
+                    names::TWIN_NAMESPACE_LABEL: "true",
+                    names::REMOTE_CLUSTER_LABEL: consumer.id,
+                    names::ORIGIN_CLUSTER_LABEL: consumer.id,
+                    names::ORIGIN_NAMESPACE_LABEL: ns,
+                }},
+            })),
+        )
+        .await
+        .expect("twin namespace");
+    let rb: Api<RoleBinding> = Api::namespaced(provider.client.clone(), &twin);
+    rb.patch(
+        "tandem:peer",
+        &pp,
+        &Patch::Apply(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "tandem:peer", "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": tandem_controller::rbac::PEER_TWIN_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": names::peer_user(&consumer.id)}],
+        })),
+    )
+    .await
+    .expect("twin role binding");
+    twin
+}
+
+/// A Deployment whose pods tolerate virtual nodes and must run on one (what the placement
+/// webhook adds for the Remote strategy).
+pub fn offloaded_deployment(name: &str, replicas: i32) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [{"name": "main", "image": "nginx",
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}],
+                    "tolerations": [{"key": names::VIRTUAL_NODE_TAINT, "operator": "Exists", "effect": "NoExecute"}],
+                    "nodeSelector": {names::NODE_TYPE_LABEL: names::VIRTUAL_NODE_TYPE},
+                },
+            },
+        },
+    })
 }

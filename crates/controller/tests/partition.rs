@@ -1,0 +1,179 @@
+//! Split-brain tolerance: the provider's API endpoint unreachable from the consumer for 60 s.
+//! Offloaded pods keep running on the provider; the consumer shows the virtual node NotReady
+//! and the pods not Ready; after the heal everything re-converges without duplicates.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use support::{Cluster, fake_offloading, fake_peering, offloaded_deployment, until};
+use tandem_api::{ShadowPod, names};
+use tandem_lab::TcpGate;
+
+fn condition(p: &Pod, type_: &str) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+fn node_ready(n: &Node) -> Option<(String, String)> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+async fn list(client: &kube::Client, ns: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| c.restart_count)
+        .sum()
+}
+
+#[tokio::test]
+async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
+    let consumer = Cluster::start("paris", "eu-west", 1).await;
+    let provider = Cluster::start("lyon", "eu-west", 2).await;
+    let target = provider
+        .lab
+        .server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("provider address");
+    let gate = TcpGate::start(target).await.expect("gate");
+    fake_peering(
+        &consumer,
+        &provider,
+        json!({"cpu": "16", "memory": "64Gi", "pods": "500"}),
+        Some(gate.url()),
+    )
+    .await;
+    let twin = fake_offloading(&consumer, &provider, "shop").await;
+    Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(offloaded_deployment("web", 10)).unwrap(),
+        )
+        .await
+        .unwrap();
+    let ready = |p: &Pod| condition(p, "Ready").as_deref() == Some("True");
+    until(
+        "10 Ready consumer pods",
+        Duration::from_secs(40),
+        || async {
+            let p = list(&consumer.client, "shop").await;
+            (p.len() == 10 && p.iter().all(ready)).then_some(())
+        },
+    )
+    .await;
+    let uids = |pods: &[Pod]| -> Vec<String> {
+        let mut u: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        u.sort();
+        u
+    };
+    let provider_before = uids(&list(&provider.client, &twin).await);
+    let consumer_before = uids(&list(&consumer.client, "shop").await);
+    assert_eq!(provider_before.len(), 10);
+
+    gate.close();
+    let closed_at = tokio::time::Instant::now();
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    let vn = names::virtual_node_name("lyon");
+    until("virtual node NotReady", Duration::from_secs(20), || async {
+        let n = nodes.get(&vn).await.ok()?;
+        (node_ready(&n)? == ("False".into(), "ProviderUnreachable".into())).then_some(())
+    })
+    .await;
+    until(
+        "consumer pods not Ready",
+        Duration::from_secs(20),
+        || async {
+            let p = list(&consumer.client, "shop").await;
+            (p.len() == 10 && p.iter().all(|p| !ready(p))).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(60).saturating_sub(closed_at.elapsed())).await;
+    let during = list(&provider.client, &twin).await;
+    assert_eq!(uids(&during), provider_before, "provider pods untouched");
+    for p in &during {
+        assert_eq!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Running")
+        );
+        assert_eq!(restarts(p), 0, "{:?} restarted", p.metadata.name);
+    }
+
+    gate.open();
+    until(
+        "virtual node Ready again",
+        Duration::from_secs(20),
+        || async {
+            let n = nodes.get(&vn).await.ok()?;
+            (node_ready(&n)?.0 == "True").then_some(())
+        },
+    )
+    .await;
+    until(
+        "consumer pods Ready again",
+        Duration::from_secs(40),
+        || async {
+            let p = list(&consumer.client, "shop").await;
+            (p.len() == 10 && p.iter().all(ready)).then_some(())
+        },
+    )
+    .await;
+    // No duplicates, nothing replaced, and statuses match (IPs in the consumer's view).
+    let consumer_pods = list(&consumer.client, "shop").await;
+    let provider_pods = list(&provider.client, &twin).await;
+    assert_eq!(uids(&consumer_pods), consumer_before);
+    assert_eq!(uids(&provider_pods), provider_before);
+    let shadows = Api::<ShadowPod>::namespaced(provider.client.clone(), &twin)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(shadows.len(), 10);
+    let remote: BTreeMap<String, &Pod> = provider_pods
+        .iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect();
+    for p in &consumer_pods {
+        let name = p.metadata.name.clone().unwrap();
+        let r = remote[&name];
+        let (s, rs) = (p.status.as_ref().unwrap(), r.status.as_ref().unwrap());
+        assert_eq!(s.phase, rs.phase, "{name}");
+        assert_eq!(
+            s.pod_ip
+                .clone()
+                .map(|ip| ip.replacen("10.245.", "10.244.", 1)),
+            rs.pod_ip,
+            "{name}"
+        );
+        assert_eq!(restarts(p), 0, "{name}");
+    }
+}

@@ -1,0 +1,536 @@
+//! Offloaded pods, pure: the translation of a consumer pod into the spec of its shadow pod, the
+//! translation of the real pod's status back into the consumer's view (pod IPs remapped), the
+//! provider's admission policy for shadow pods and the resource accounting of its quota.
+//!
+//! Pods are `serde_json::Value`s in their Kubernetes JSON form, so this module needs no kube.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde_json::{Map, Value, json};
+
+/// Annotation on a shadow pod (and its real pod): the UID of the consumer pod it stands for.
+pub const ORIGIN_UID_ANNOTATION: &str = "tandem.dev/origin-uid";
+
+/// Node label keys that only make sense in the consumer (they select virtual nodes).
+pub struct VirtualNodeKeys<'a> {
+    /// Label keys whose node-affinity requirements and nodeSelector entries are dropped.
+    pub label_keys: &'a [&'a str],
+    /// Taint keys whose tolerations are dropped.
+    pub taint_keys: &'a [&'a str],
+}
+
+/// The `ShadowPodSpec` JSON (`labels`, `annotations`, `pod`) for a consumer pod.
+///
+/// Stripped: `nodeName`; tolerations of virtual-node taints; node-affinity requirements and
+/// nodeSelector entries on virtual-node labels (terms left empty are dropped).
+///
+/// Service-account tokens: an offloaded pod gets **no consumer API token**. The consumer's
+/// token would let code in another cluster act in the consumer, and the provider's token for
+/// the twin namespace's `default` ServiceAccount would point at the wrong cluster. So
+/// `automountServiceAccountToken` is false, `serviceAccountName` is dropped, and projected
+/// token volumes (`kube-api-access-*`) and their mounts are removed.
+pub fn shadow_spec(pod: &Value, keys: &VirtualNodeKeys<'_>) -> Value {
+    let meta = &pod["metadata"];
+    let labels = meta["labels"].clone();
+    let mut annotations = meta["annotations"].as_object().cloned().unwrap_or_default();
+    annotations.insert(ORIGIN_UID_ANNOTATION.into(), meta["uid"].clone());
+    let mut spec = pod["spec"].as_object().cloned().unwrap_or_default();
+    spec.remove("nodeName");
+    spec.remove("serviceAccountName");
+    spec.remove("serviceAccount");
+    spec.insert("automountServiceAccountToken".into(), Value::Bool(false));
+    strip_tolerations(&mut spec, keys.taint_keys);
+    strip_node_selector(&mut spec, keys.label_keys);
+    strip_node_affinity(&mut spec, keys.label_keys);
+    strip_token_volumes(&mut spec);
+    let mut out = Map::new();
+    if labels.as_object().is_some_and(|l| !l.is_empty()) {
+        out.insert("labels".into(), labels);
+    }
+    out.insert("annotations".into(), Value::Object(annotations));
+    out.insert("pod".into(), Value::Object(spec));
+    Value::Object(out)
+}
+
+fn strip_tolerations(spec: &mut Map<String, Value>, taint_keys: &[&str]) {
+    if let Some(Value::Array(tols)) = spec.get_mut("tolerations") {
+        tols.retain(|t| !t["key"].as_str().is_some_and(|k| taint_keys.contains(&k)));
+        if tols.is_empty() {
+            spec.remove("tolerations");
+        }
+    }
+}
+
+fn strip_node_selector(spec: &mut Map<String, Value>, label_keys: &[&str]) {
+    if let Some(Value::Object(sel)) = spec.get_mut("nodeSelector") {
+        sel.retain(|k, _| !label_keys.contains(&k.as_str()));
+        if sel.is_empty() {
+            spec.remove("nodeSelector");
+        }
+    }
+}
+
+/// Drops requirements on virtual-node labels from a NodeSelectorTerm; whether anything is left.
+fn strip_term(term: &mut Value, label_keys: &[&str]) -> bool {
+    let mut left = false;
+    for field in ["matchExpressions", "matchFields"] {
+        if let Some(Value::Array(reqs)) = term.get_mut(field) {
+            reqs.retain(|r| !r["key"].as_str().is_some_and(|k| label_keys.contains(&k)));
+            left |= !reqs.is_empty();
+        }
+    }
+    left
+}
+
+fn strip_node_affinity(spec: &mut Map<String, Value>, label_keys: &[&str]) {
+    let Some(affinity) = spec.get_mut("affinity").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(na) = affinity
+        .get_mut("nodeAffinity")
+        .and_then(Value::as_object_mut)
+    {
+        let required = "requiredDuringSchedulingIgnoredDuringExecution";
+        if let Some(req) = na.get_mut(required) {
+            let mut keep = Vec::new();
+            let mut emptied = false;
+            if let Some(Value::Array(terms)) = req.get_mut("nodeSelectorTerms") {
+                for mut term in terms.drain(..) {
+                    if strip_term(&mut term, label_keys) {
+                        keep.push(term);
+                    } else {
+                        emptied = true;
+                    }
+                }
+            }
+            // Terms are ORed: a term that only selected virtual nodes matches any provider
+            // node once stripped, so the whole requirement goes.
+            if keep.is_empty() || emptied {
+                na.remove(required);
+            } else {
+                req["nodeSelectorTerms"] = Value::Array(keep);
+            }
+        }
+        let preferred = "preferredDuringSchedulingIgnoredDuringExecution";
+        if let Some(Value::Array(prefs)) = na.get_mut(preferred) {
+            prefs.retain_mut(|p| strip_term(&mut p["preference"], label_keys));
+            if prefs.is_empty() {
+                na.remove(preferred);
+            }
+        }
+        if na.is_empty() {
+            affinity.remove("nodeAffinity");
+        }
+    }
+    if affinity.is_empty() {
+        spec.remove("affinity");
+    }
+}
+
+fn strip_token_volumes(spec: &mut Map<String, Value>) {
+    let mut dropped: Vec<String> = Vec::new();
+    if let Some(Value::Array(vols)) = spec.get_mut("volumes") {
+        vols.retain(|v| {
+            let is_token = v["projected"]["sources"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|src| src.get("serviceAccountToken").is_some()));
+            if is_token {
+                dropped.push(v["name"].as_str().unwrap_or_default().to_string());
+            }
+            !is_token
+        });
+        if vols.is_empty() {
+            spec.remove("volumes");
+        }
+    }
+    if dropped.is_empty() {
+        return;
+    }
+    for field in ["containers", "initContainers", "ephemeralContainers"] {
+        if let Some(Value::Array(cs)) = spec.get_mut(field) {
+            for c in cs {
+                if let Some(Value::Array(mounts)) = c.get_mut("volumeMounts") {
+                    mounts.retain(|m| {
+                        !m["name"]
+                            .as_str()
+                            .is_some_and(|n| dropped.iter().any(|d| d == n))
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// How pod IPs translate from the provider's view to the consumer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpRemap {
+    pub from: IpNet,
+    pub to: IpNet,
+}
+
+/// `ip` as the consumer sees it (unchanged when outside the remapped range or unparsable).
+pub fn remap_ip(ip: &str, remap: Option<IpRemap>) -> String {
+    match (ip.parse::<IpAddr>(), remap) {
+        (Ok(addr), Some(r)) => crate::prefix::translate(addr, &r.from, &r.to)
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| ip.to_string()),
+        _ => ip.to_string(),
+    }
+}
+
+/// The consumer pod's `status` mirroring the real pod's `status`, pod IPs remapped.
+/// `hostIP`s are dropped: they are provider node addresses, meaningless in the consumer.
+pub fn consumer_status(real_status: &Value, remap: Option<IpRemap>) -> Value {
+    let mut out = Map::new();
+    for field in [
+        "phase",
+        "conditions",
+        "containerStatuses",
+        "initContainerStatuses",
+        "startTime",
+        "reason",
+        "message",
+        "qosClass",
+    ] {
+        if let Some(v) = real_status.get(field) {
+            out.insert(field.into(), v.clone());
+        }
+    }
+    if let Some(ip) = real_status["podIP"].as_str() {
+        out.insert("podIP".into(), Value::String(remap_ip(ip, remap)));
+    }
+    if let Some(ips) = real_status["podIPs"].as_array() {
+        let ips: Vec<Value> = ips
+            .iter()
+            .filter_map(|i| i["ip"].as_str())
+            .map(|ip| json!({"ip": remap_ip(ip, remap)}))
+            .collect();
+        out.insert("podIPs".into(), Value::Array(ips));
+    }
+    Value::Object(out)
+}
+
+/// Conditions to merge into a consumer pod whose provider cannot be reached.
+pub fn unreachable_conditions(message: &str, now: &str) -> Value {
+    let cond = |t: &str| {
+        json!({"type": t, "status": "False", "reason": "ProviderUnreachable",
+               "message": message, "lastTransitionTime": now})
+    };
+    Value::Array(vec![cond("Ready"), cond("ContainersReady")])
+}
+
+/// Why the provider refuses a pod spec, if it does: host namespaces, privileged containers
+/// and hostPath volumes would give a consumer's code power over the provider's nodes.
+pub fn policy_violation(spec: &Value) -> Option<String> {
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        if spec[field].as_bool() == Some(true) {
+            return Some(format!("{field} is not allowed for offloaded pods"));
+        }
+    }
+    for v in spec["volumes"].as_array().into_iter().flatten() {
+        if v.get("hostPath").is_some() {
+            return Some(format!(
+                "volume {:?}: hostPath volumes are not allowed for offloaded pods",
+                v["name"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    for field in ["containers", "initContainers", "ephemeralContainers"] {
+        for c in spec[field].as_array().into_iter().flatten() {
+            if c["securityContext"]["privileged"].as_bool() == Some(true) {
+                return Some(format!(
+                    "container {:?}: privileged containers are not allowed for offloaded pods",
+                    c["name"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Resource amounts in thousandths of a unit (millicores, millibytes, millipods).
+pub type Resources = BTreeMap<String, i128>;
+
+/// A Kubernetes quantity ("100m", "1.5", "64Gi", "2e3") in thousandths of a unit.
+pub fn parse_quantity(s: &str) -> Option<i128> {
+    let s = s.trim();
+    let suffixes: [(&str, f64); 13] = [
+        ("Ki", 1024f64),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("Pi", 1024f64.powi(5)),
+        ("Ei", 1024f64.powi(6)),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let (num, mult) = suffixes
+        .iter()
+        .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
+        .or_else(|| s.strip_suffix('P').map(|n| (n, 1e15)))
+        .or_else(|| s.strip_suffix('E').map(|n| (n, 1e18)))
+        .unwrap_or((s, 1.0));
+    let value: f64 = num.parse().ok()?;
+    if !value.is_finite() || value < 0.0 {
+        return None;
+    }
+    Some((value * mult * 1000.0).ceil() as i128)
+}
+
+/// A pod's effective requests: the sum over containers, at least the largest init container,
+/// plus one `pods`.
+pub fn pod_requests(spec: &Value) -> Resources {
+    let requests = |c: &Value| -> Resources {
+        c["resources"]["requests"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), parse_quantity(v.as_str()?)?)))
+            .collect()
+    };
+    let mut sum = Resources::new();
+    for c in spec["containers"].as_array().into_iter().flatten() {
+        for (k, v) in requests(c) {
+            *sum.entry(k).or_default() += v;
+        }
+    }
+    for c in spec["initContainers"].as_array().into_iter().flatten() {
+        for (k, v) in requests(c) {
+            let e = sum.entry(k).or_default();
+            *e = (*e).max(v);
+        }
+    }
+    *sum.entry("pods".into()).or_default() += 1000;
+    sum
+}
+
+/// Adds `b` into `a`.
+pub fn add(a: &mut Resources, b: &Resources) {
+    for (k, v) in b {
+        *a.entry(k.clone()).or_default() += v;
+    }
+}
+
+/// Subtracts `b` from `a`.
+pub fn sub(a: &mut Resources, b: &Resources) {
+    for (k, v) in b {
+        *a.entry(k.clone()).or_default() -= v;
+    }
+}
+
+/// Whether `used + pod` stays within `grant`; resources the grant does not name are not limited
+/// (except `requests.` prefixes, treated like their base name). Err names the first excess.
+pub fn fits(used: &Resources, pod: &Resources, grant: &Resources) -> Result<(), String> {
+    for (k, need) in pod {
+        let Some(limit) = grant.get(k) else { continue };
+        let have = used.get(k).copied().unwrap_or(0);
+        if have + need > *limit {
+            return Err(format!(
+                "quota exceeded for {k}: requested {}, used {} of {}",
+                show(k, *need),
+                show(k, have),
+                show(k, *limit)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn show(resource: &str, millis: i128) -> String {
+    if resource == "cpu" {
+        format!("{millis}m")
+    } else if millis % 1000 == 0 {
+        format!("{}", millis / 1000)
+    } else {
+        format!("{}m", millis)
+    }
+}
+
+/// Parses a grant (`{"cpu": "16", ...}`); unparsable quantities are skipped.
+pub fn parse_resources<'a>(grant: impl IntoIterator<Item = (&'a String, &'a String)>) -> Resources {
+    grant
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.clone(), parse_quantity(v)?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEYS: VirtualNodeKeys<'static> = VirtualNodeKeys {
+        label_keys: &["tandem.dev/type", "tandem.dev/remote-cluster-id"],
+        taint_keys: &["virtual-node.tandem.dev/not-allowed"],
+    };
+
+    fn pod(spec: Value) -> Value {
+        json!({"metadata": {"name": "web", "namespace": "app", "uid": "u-1",
+                            "labels": {"app": "web"}}, "spec": spec})
+    }
+
+    #[test]
+    fn translation_strips_what_only_makes_sense_in_the_consumer() {
+        let vn_tol = json!({"key": "virtual-node.tandem.dev/not-allowed", "operator": "Exists", "effect": "NoExecute"});
+        let other_tol = json!({"key": "gpu", "operator": "Exists"});
+        let vn_term = json!({"matchExpressions": [{"key": "tandem.dev/type", "operator": "In", "values": ["virtual-node"]}]});
+        let zone_req = json!({"key": "zone", "operator": "In", "values": ["a"]});
+        let token_vol = json!({"name": "kube-api-access-x", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}});
+        let data_vol = json!({"name": "data", "emptyDir": {}});
+        let cases: Vec<(&str, Value, Value)> = vec![
+            (
+                "nodeName, SA and token volumes go",
+                json!({"nodeName": "tandem-p", "serviceAccountName": "default",
+                       "containers": [{"name": "c", "volumeMounts": [{"name": "kube-api-access-x"}, {"name": "data"}]}],
+                       "volumes": [token_vol, data_vol]}),
+                json!({"automountServiceAccountToken": false,
+                       "containers": [{"name": "c", "volumeMounts": [{"name": "data"}]}],
+                       "volumes": [data_vol]}),
+            ),
+            (
+                "virtual-node tolerations go, others stay",
+                json!({"containers": [], "tolerations": [vn_tol, other_tol]}),
+                json!({"containers": [], "tolerations": [other_tol], "automountServiceAccountToken": false}),
+            ),
+            (
+                "only virtual-node toleration: field removed",
+                json!({"containers": [], "tolerations": [vn_tol]}),
+                json!({"containers": [], "automountServiceAccountToken": false}),
+            ),
+            (
+                "required affinity on virtual nodes only: removed",
+                json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [vn_term]}}}}),
+                json!({"containers": [], "automountServiceAccountToken": false}),
+            ),
+            (
+                "mixed term keeps the other requirement",
+                json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [vn_term["matchExpressions"][0], zone_req]}]}}}}),
+                json!({"containers": [], "automountServiceAccountToken": false, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [zone_req]}]}}}}),
+            ),
+            (
+                "nodeSelector on virtual-node labels goes",
+                json!({"containers": [], "nodeSelector": {"tandem.dev/type": "virtual-node", "disk": "ssd"}}),
+                json!({"containers": [], "nodeSelector": {"disk": "ssd"}, "automountServiceAccountToken": false}),
+            ),
+        ];
+        for (name, spec, want) in cases {
+            let got = shadow_spec(&pod(spec), &KEYS);
+            assert_eq!(got["pod"], want, "{name}");
+            assert_eq!(got["labels"], json!({"app": "web"}), "{name}");
+            assert_eq!(got["annotations"][ORIGIN_UID_ANNOTATION], "u-1", "{name}");
+        }
+    }
+
+    #[test]
+    fn status_is_mirrored_with_remapped_ips() {
+        let remap = Some(IpRemap {
+            from: "10.244.0.0/16".parse().unwrap(),
+            to: "10.245.0.0/16".parse().unwrap(),
+        });
+        let cases = vec![
+            ("10.244.1.7", remap, "10.245.1.7"),
+            ("10.244.1.7", None, "10.244.1.7"),
+            ("192.168.0.1", remap, "192.168.0.1"),
+            ("garbage", remap, "garbage"),
+        ];
+        for (ip, remap, want) in cases {
+            assert_eq!(remap_ip(ip, remap), want, "{ip}");
+        }
+        let real = json!({"phase": "Running", "hostIP": "172.18.0.2", "podIP": "10.244.3.4",
+            "podIPs": [{"ip": "10.244.3.4"}], "startTime": "2024-01-01T00:00:00Z",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "c", "restartCount": 2}]});
+        let got = consumer_status(&real, remap);
+        assert_eq!(
+            got,
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "restartCount": 2}],
+                "startTime": "2024-01-01T00:00:00Z", "podIP": "10.245.3.4",
+                "podIPs": [{"ip": "10.245.3.4"}]})
+        );
+    }
+
+    #[test]
+    fn policy() {
+        let cases = vec![
+            (json!({"containers": [{"name": "c"}]}), None),
+            (json!({"hostNetwork": true}), Some("hostNetwork")),
+            (json!({"hostPID": true}), Some("hostPID")),
+            (json!({"hostIPC": true}), Some("hostIPC")),
+            (json!({"hostNetwork": false}), None),
+            (
+                json!({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
+                Some("hostPath"),
+            ),
+            (
+                json!({"containers": [{"name": "c", "securityContext": {"privileged": true}}]}),
+                Some("privileged"),
+            ),
+            (
+                json!({"initContainers": [{"name": "i", "securityContext": {"privileged": true}}]}),
+                Some("privileged"),
+            ),
+        ];
+        for (spec, want) in cases {
+            let got = policy_violation(&spec);
+            match want {
+                None => assert_eq!(got, None, "{spec}"),
+                Some(w) => assert!(got.as_deref().unwrap_or("").contains(w), "{spec}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn quantities() {
+        let cases = vec![
+            ("1", Some(1000)),
+            ("100m", Some(100)),
+            ("1.5", Some(1500)),
+            ("64Gi", Some(64 * 1024i128.pow(3) * 1000)),
+            ("1k", Some(1_000_000)),
+            ("2e3", Some(2_000_000)),
+            ("", None),
+            ("x", None),
+            ("-1", None),
+        ];
+        for (q, want) in cases {
+            assert_eq!(parse_quantity(q), want, "{q}");
+        }
+    }
+
+    #[test]
+    fn requests_and_quota() {
+        let spec = json!({
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "200m"}}}],
+            "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}],
+        });
+        let r = pod_requests(&spec);
+        assert_eq!(r["cpu"], 1000);
+        assert_eq!(r["memory"], 64 * 1024 * 1024 * 1000);
+        assert_eq!(r["pods"], 1000);
+        let grant: Resources = [("cpu".to_string(), 2000), ("pods".to_string(), 2000)].into();
+        let cases = vec![
+            (Resources::new(), true),
+            ([("cpu".to_string(), 1000)].into(), true),
+            ([("cpu".to_string(), 1001)].into(), false),
+            ([("pods".to_string(), 2000)].into(), false),
+            ([("memory".to_string(), i128::MAX / 2)].into(), true),
+        ];
+        for (used, ok) in cases {
+            let got = fits(&used, &r, &grant);
+            assert_eq!(got.is_ok(), ok, "{used:?}: {got:?}");
+        }
+        let err = fits(&[("pods".to_string(), 2000)].into(), &r, &grant).unwrap_err();
+        assert!(err.contains("pods"), "{err}");
+    }
+}
