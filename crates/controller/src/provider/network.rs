@@ -65,6 +65,24 @@ async fn with_ipam<T>(
         if ipam.state() == &state {
             return Ok(out);
         }
+        if ipam.state().peers.is_empty() {
+            // Nothing granted: leave no state behind (unpeer of the last peer).
+            if let Some(map) = &current {
+                let dp = kube::api::DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        resource_version: map.resource_version(),
+                        uid: None,
+                    }),
+                    ..Default::default()
+                };
+                match maps.delete(IPAM_CONFIG_MAP, &dp).await {
+                    Ok(_) => return Ok(out),
+                    Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(out);
+        }
         let data: BTreeMap<String, String> = [(
             IPAM_KEY.to_string(),
             serde_json::to_string(ipam.state()).expect("state serializes"),
