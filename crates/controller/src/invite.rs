@@ -45,10 +45,7 @@ pub fn consumer_token_secret_name(provider_id: &str) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum InviteError {
     #[error("{step}: {source}")]
-    Api {
-        step: String,
-        source: kube::Error,
-    },
+    Api { step: String, source: kube::Error },
     #[error("{0}")]
     Identity(#[from] crate::identity::IdentityError),
     #[error("{0}")]
@@ -127,7 +124,10 @@ pub async fn create(
     Api::<Role>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
         .create(&PostParams::default(), &role)
         .await
-        .map_err(api(format!("creating Role {}/{role_name}", names::SYSTEM_NAMESPACE)))?;
+        .map_err(api(format!(
+            "creating Role {}/{role_name}",
+            names::SYSTEM_NAMESPACE
+        )))?;
     let binding: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": role_name, "namespace": names::SYSTEM_NAMESPACE, "labels": managed(),
                      "annotations": {names::INVITE_ANNOTATION: id}},
@@ -195,7 +195,10 @@ pub async fn list(client: &Client) -> Result<Vec<InviteInfo>, InviteError> {
         .iter()
         .filter_map(|s| {
             let data = s.data.as_ref()?;
-            let get = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(&v.0).into_owned());
+            let get = |k: &str| {
+                data.get(k)
+                    .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            };
             let expires = get("expiration")
                 .and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
                 .map_or(0, |t| t.as_second());
@@ -287,6 +290,16 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
         )));
     }
     let tenant = names::tenant_namespace(provider);
+    if let Some(ns) = Api::<Namespace>::all(client.clone())
+        .get_opt(&tenant)
+        .await
+        .map_err(api(format!("reading namespace {tenant}")))?
+        && ns.metadata.deletion_timestamp.is_some()
+    {
+        return Err(InviteError::Refused(format!(
+            "namespace {tenant} of an earlier peering is still being deleted; retry in a moment"
+        )));
+    }
     let pp = PatchParams::apply(names::FIELD_MANAGER).force();
     let mut ns_labels = managed();
     ns_labels.insert(names::TENANT_NAMESPACE_LABEL.into(), "true".into());
@@ -405,7 +418,9 @@ pub async fn unpeer(
                 .patch(
                     peer,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"annotations": {FORCE_UNPEER_ANNOTATION: "true"}}})),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {FORCE_UNPEER_ANNOTATION: "true"}}}),
+                    ),
                 )
                 .await
                 .map_err(api(format!("annotating Peering {peer}")))?;
@@ -470,15 +485,48 @@ pub fn is_established(peering: &Peering) -> bool {
             .is_some_and(|s| conditions::is_true(&s.conditions, conditions::AUTHENTICATED))
 }
 
-/// Undoes [`accept`] after a failure: force-deletes the Peering and the tenant namespace.
+/// Undoes [`accept`] after a failure: force-deletes the Peering (nothing on the provider
+/// needs undoing, the request was refused) and the tenant namespace, and waits until both are gone.
 pub async fn abandon(client: &Client, provider: &str) -> Result<(), InviteError> {
-    unpeer(client, provider, true, Duration::from_secs(30))
+    let peerings: Api<Peering> = Api::all(client.clone());
+    if peerings
+        .get_opt(provider)
         .await
-        .or_else(|e| match e {
-            InviteError::Refused(m) if m.contains("has no peering") => Ok(()),
-            e => Err(e),
-        })?;
-    // accept may have stopped before the Peering existed.
+        .map_err(api(format!("reading Peering {provider}")))?
+        .is_some()
+    {
+        let _ = peerings
+            .patch(
+                provider,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {FORCE_UNPEER_ANNOTATION: "true"}}}),
+                ),
+            )
+            .await;
+        delete_ignoring_missing(&peerings, provider).await?;
+    }
     let tenant_ns = names::tenant_namespace(provider);
-    delete_ignoring_missing(&Api::<Namespace>::all(client.clone()), &tenant_ns).await
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    delete_ignoring_missing(&namespaces, &tenant_ns).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let peering = peerings
+            .get_opt(provider)
+            .await
+            .map_err(api(format!("reading Peering {provider}")))?;
+        let ns = namespaces
+            .get_opt(&tenant_ns)
+            .await
+            .map_err(api(format!("reading namespace {tenant_ns}")))?;
+        if peering.is_none() && ns.is_none() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(InviteError::Refused(format!(
+                "Peering {provider} or namespace {tenant_ns} still there after 30s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -57,14 +57,30 @@ pub fn peer_tenant_role() -> ClusterRole {
     cluster_role(
         PEER_TENANT_ROLE,
         vec![
-            rule(tandem_api::GROUP, &["tenants"], &["get", "list", "watch", "delete"]),
-            rule(tandem_api::GROUP, &["networkparameters"], &["get", "list", "watch", "create"]),
+            rule(
+                tandem_api::GROUP,
+                &["tenants"],
+                &["get", "list", "watch", "delete"],
+            ),
+            rule(
+                tandem_api::GROUP,
+                &["networkparameters"],
+                &["get", "list", "watch", "create"],
+            ),
             named(
-                rule(tandem_api::GROUP, &["networkparameters"], &["update", "patch", "delete"]),
+                rule(
+                    tandem_api::GROUP,
+                    &["networkparameters"],
+                    &["update", "patch", "delete"],
+                ),
                 CONSUMER_NETWORK_PARAMETERS,
             ),
             named(
-                rule(tandem_api::GROUP, &["networkparameters/status"], &["get", "update", "patch"]),
+                rule(
+                    tandem_api::GROUP,
+                    &["networkparameters/status"],
+                    &["get", "update", "patch"],
+                ),
                 PROVIDER_NETWORK_PARAMETERS,
             ),
             rule(

@@ -36,18 +36,102 @@ async fn tandem_objects(client: &Client) -> Vec<String> {
         }
     }
     let all = ListParams::default();
-    push(&mut out, Api::<Namespace>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<Secret>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<ConfigMap>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<Role>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<RoleBinding>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<CertificateSigningRequest>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<Node>::all(client.clone()).list(&managed).await.unwrap().items);
-    push(&mut out, Api::<Peering>::all(client.clone()).list(&all).await.unwrap().items);
-    push(&mut out, Api::<PeeringRequest>::all(client.clone()).list(&all).await.unwrap().items);
-    push(&mut out, Api::<Tenant>::all(client.clone()).list(&all).await.unwrap().items);
-    push(&mut out, Api::<NetworkParameters>::all(client.clone()).list(&all).await.unwrap().items);
-    push(&mut out, Api::<RemoteNamespace>::all(client.clone()).list(&all).await.unwrap().items);
+    push(
+        &mut out,
+        Api::<Namespace>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Secret>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<ConfigMap>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Role>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<RoleBinding>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<CertificateSigningRequest>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Node>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Peering>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<PeeringRequest>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Tenant>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<NetworkParameters>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<RemoteNamespace>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
     out.sort();
     out
 }
@@ -68,7 +152,10 @@ async fn until_objects(cluster: &Cluster, expected: &[String], what: &str) {
     if found.is_err() {
         let extra: Vec<_> = last.iter().filter(|o| !expected.contains(o)).collect();
         let missing: Vec<_> = expected.iter().filter(|o| !last.contains(o)).collect();
-        panic!("{what} on {}: left behind {extra:?}, missing {missing:?}", cluster.id);
+        panic!(
+            "{what} on {}: left behind {extra:?}, missing {missing:?}",
+            cluster.id
+        );
     }
 }
 
@@ -89,17 +176,32 @@ async fn invite_peer_negotiate_shrink_unpeer() {
     let peering = support::peer(&consumer, &provider).await;
     let status = peering.status.clone().unwrap();
     assert_eq!(status.phase.as_deref(), Some("Established"));
-    for c in ["Authenticated", "ResourcesGranted", "NetworkNegotiated", "ProviderReachable"] {
+    for c in [
+        "Authenticated",
+        "ResourcesGranted",
+        "NetworkNegotiated",
+        "ProviderReachable",
+    ] {
         assert_eq!(condition(&peering, c), Some("True"), "{c}: {status:?}");
     }
     for r in ["cpu", "memory", "pods"] {
-        assert!(status.granted.contains_key(r), "granted {r}: {:?}", status.granted);
+        assert!(
+            status.granted.contains_key(r),
+            "granted {r}: {:?}",
+            status.granted
+        );
     }
     assert_eq!(
-        status.node_labels.get("topology.kubernetes.io/region").map(String::as_str),
+        status
+            .node_labels
+            .get("topology.kubernetes.io/region")
+            .map(String::as_str),
         Some("eu-south")
     );
-    assert_eq!(status.remote_tenant_namespace.as_deref(), Some("tandem-tenant-rome"));
+    assert_eq!(
+        status.remote_tenant_namespace.as_deref(),
+        Some("tandem-tenant-rome")
+    );
     let network = status.network.clone().unwrap();
     // Both lab clusters use 10.244.0.0/16: each side remaps the other's.
     assert_eq!(network.remote_pod_cidr, "10.244.0.0/16");
@@ -111,7 +213,8 @@ async fn invite_peer_negotiate_shrink_unpeer() {
     let tenants: Api<Tenant> = Api::namespaced(provider.client.clone(), "tandem-tenant-rome");
     let tenant = tenants.get("rome").await.unwrap();
     assert_eq!(tenant.spec.grant, status.granted);
-    let params: Api<NetworkParameters> = Api::namespaced(provider.client.clone(), "tandem-tenant-rome");
+    let params: Api<NetworkParameters> =
+        Api::namespaced(provider.client.clone(), "tandem-tenant-rome");
     let theirs = params.get("provider").await.unwrap();
     assert_eq!(
         theirs.status.unwrap().remapped_pod_cidr.as_deref(),
@@ -122,14 +225,36 @@ async fn invite_peer_negotiate_shrink_unpeer() {
     // The request is cleaned up once the consumer authenticated; the token is spent.
     let requests: Api<PeeringRequest> =
         Api::namespaced(provider.client.clone(), names::SYSTEM_NAMESPACE);
-    until("the peering request to be removed", Duration::from_secs(10), || async {
-        requests.list(&ListParams::default()).await.unwrap().items.is_empty().then_some(())
-    })
+    until(
+        "the peering request to be removed",
+        Duration::from_secs(10),
+        || async {
+            requests
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
     .await;
     // The consumer no longer holds the token, only its identity.
     let secrets: Api<Secret> = Api::namespaced(consumer.client.clone(), "tandem-tenant-milan");
-    assert!(secrets.get_opt("tandem-invite-milan").await.unwrap().is_none());
-    assert!(secrets.get_opt("tandem-identity-milan").await.unwrap().is_some());
+    assert!(
+        secrets
+            .get_opt("tandem-invite-milan")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        secrets
+            .get_opt("tandem-identity-milan")
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     // The provider shrinks the grant: the consumer's status follows.
     tenants
@@ -141,11 +266,15 @@ async fn invite_peer_negotiate_shrink_unpeer() {
         .await
         .unwrap();
     let peerings: Api<Peering> = Api::all(consumer.client.clone());
-    until("the consumer to see the smaller grant", Duration::from_secs(15), || async {
-        let p = peerings.get("milan").await.unwrap();
-        let g = p.status?.granted;
-        (g.get("pods").map(|q| q.0.as_str()) == Some("7")).then_some(())
-    })
+    until(
+        "the consumer to see the smaller grant",
+        Duration::from_secs(15),
+        || async {
+            let p = peerings.get("milan").await.unwrap();
+            let g = p.status?.granted;
+            (g.get("pods").map(|q| q.0.as_str()) == Some("7")).then_some(())
+        },
+    )
     .await;
 
     // Unpeer from the consumer: nothing of the peering is left on either side.
@@ -167,16 +296,22 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     // Expired: refused locally, before anything is created.
     let mut expired = support::invite(&provider, Duration::from_secs(3600)).await;
     expired.expires -= 3600 + 180;
-    let err = invite::accept(&consumer.client, &expired).await.unwrap_err().to_string();
+    let err = invite::accept(&consumer.client, &expired)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("expired 3m ago"), "{err}");
-    invite::revoke(&provider.client, &expired.token_id).await.unwrap();
+    invite::revoke(&provider.client, &expired.token_id)
+        .await
+        .unwrap();
 
     let attempt = |who: &'static Cluster, inv: tandem_core::invite::PeeringInvite| async move {
         invite::accept(&who.client, &inv).await.unwrap();
-        let err = invite::wait_established(&who.client, "oslo", Duration::from_secs(20), &mut |_| {})
-            .await
-            .unwrap_err()
-            .to_string();
+        let err =
+            invite::wait_established(&who.client, "oslo", Duration::from_secs(20), &mut |_| {})
+                .await
+                .unwrap_err()
+                .to_string();
         invite::abandon(&who.client, "oslo").await.unwrap();
         err
     };
@@ -189,12 +324,19 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     let mut wrong = support::invite(&provider, Duration::from_secs(3600)).await;
     wrong.token_secret = "aaaaaaaaaaaaaaaa".into();
     let err = attempt(consumer, wrong.clone()).await;
-    assert!(err.contains("does not know this token (wrong or revoked)"), "{err}");
-    invite::revoke(&provider.client, &wrong.token_id).await.unwrap();
+    assert!(
+        err.contains("does not know this token (wrong or revoked)"),
+        "{err}"
+    );
+    invite::revoke(&provider.client, &wrong.token_id)
+        .await
+        .unwrap();
 
     // Revoked token.
     let revoked = support::invite(&provider, Duration::from_secs(3600)).await;
-    invite::revoke(&provider.client, &revoked.token_id).await.unwrap();
+    invite::revoke(&provider.client, &revoked.token_id)
+        .await
+        .unwrap();
     let err = attempt(consumer, revoked).await;
     assert!(err.contains("wrong or revoked"), "{err}");
     until_objects(consumer, &consumer_before, "after refused tokens").await;
@@ -203,9 +345,14 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     // Reused token: a second cluster tries the invite the first one used.
     let used = support::invite(&provider, Duration::from_secs(3600)).await;
     invite::accept(&consumer.client, &used).await.unwrap();
-    invite::wait_established(&consumer.client, "oslo", Duration::from_secs(30), &mut |_| {})
-        .await
-        .unwrap();
+    invite::wait_established(
+        &consumer.client,
+        "oslo",
+        Duration::from_secs(30),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     let provider_peered = tandem_objects(&provider.client).await;
     let err = attempt(other, used).await;
     assert!(err.contains("already used"), "{err}");

@@ -59,6 +59,8 @@ pub fn share(allocatable: &[BTreeMap<String, String>], percent: u32) -> BTreeMap
 mod tests {
     use super::*;
 
+    type Node = BTreeMap<String, String>;
+
     fn node(cpu: &str, mem: &str, pods: &str) -> BTreeMap<String, String> {
         [("cpu", cpu), ("memory", mem), ("pods", pods)]
             .into_iter()
@@ -68,22 +70,39 @@ mod tests {
 
     #[test]
     fn shares() {
-        let cases: Vec<(Vec<BTreeMap<String, String>>, u32, [&str; 3])> = vec![
+        let cases: Vec<(Vec<Node>, u32, [&str; 3])> = vec![
             (vec![node("4", "8Gi", "110")], 50, ["2", "4096Mi", "55"]),
-            (vec![node("4", "8Gi", "110"), node("2", "4Gi", "110")], 50, ["3", "6144Mi", "110"]),
-            (vec![node("1500m", "1G", "10")], 10, ["150m", "100000000", "1"]),
+            (
+                vec![node("4", "8Gi", "110"), node("2", "4Gi", "110")],
+                50,
+                ["3", "6144Mi", "110"],
+            ),
+            (
+                vec![node("1500m", "1G", "10")],
+                10,
+                ["150m", "100000000", "1"],
+            ),
             (vec![], 50, ["0", "0Mi", "0"]),
             (vec![node("bogus", "1Gi", "10")], 100, ["0", "1024Mi", "10"]),
         ];
         for (nodes, pct, [cpu, mem, pods]) in cases {
             let s = share(&nodes, pct);
-            assert_eq!((s["cpu"].as_str(), s["memory"].as_str(), s["pods"].as_str()), (cpu, mem, pods), "{nodes:?} {pct}");
+            assert_eq!(
+                (s["cpu"].as_str(), s["memory"].as_str(), s["pods"].as_str()),
+                (cpu, mem, pods),
+                "{nodes:?} {pct}"
+            );
         }
     }
 
     #[test]
     fn quantities() {
-        for (s, scale, want) in [("100m", 1000.0, Some(100)), ("1.5", 1000.0, Some(1500)), ("64Mi", 1.0, Some(64 << 20)), ("x", 1.0, None)] {
+        for (s, scale, want) in [
+            ("100m", 1000.0, Some(100)),
+            ("1.5", 1000.0, Some(1500)),
+            ("64Mi", 1.0, Some(64 << 20)),
+            ("x", 1.0, None),
+        ] {
             assert_eq!(parse_quantity(s, scale), want, "{s}");
         }
     }

@@ -26,7 +26,9 @@ use tandem_api::{
 use tandem_core::invite::human_duration;
 
 use crate::consumer::Links;
-use crate::consumer::link::{IDENTITY_KUBECONFIG_KEY, client_from_kubeconfig, identity_secret_name};
+use crate::consumer::link::{
+    IDENTITY_KUBECONFIG_KEY, client_from_kubeconfig, identity_secret_name,
+};
 use crate::context::Ctx;
 use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
@@ -173,7 +175,13 @@ async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) 
             Action::requeue(Duration::from_millis(300))
         }
         Err(f) => {
-            set(status, conditions::AUTHENTICATED, false, f.reason, &f.message);
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                f.reason,
+                &f.message,
+            );
             if f.permanent {
                 status.phase = Some("Failed".into());
                 Action::await_change()
@@ -229,7 +237,10 @@ async fn try_authenticate(
             )
         })?;
     let data = token_secret.data.unwrap_or_default();
-    let get = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(&v.0).into_owned());
+    let get = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
     let token = get(TOKEN_KEY).unwrap_or_default();
     let expires: Option<i64> = get(EXPIRES_KEY).and_then(|e| e.parse().ok());
     let Some((token_id, token_secret_part)) = token.split_once('.') else {
@@ -245,12 +256,24 @@ async fn try_authenticate(
         {
             return AuthFailure::permanent(
                 "InviteExpired",
-                format!("provider rejected the token: the invite expired {} ago", human_duration(now - exp)),
+                format!(
+                    "provider rejected the token: the invite expired {} ago",
+                    human_duration(now - exp)
+                ),
             );
         }
-        AuthFailure::permanent("TokenRejected", format!("provider rejected the token ({what}): the provider does not know this token (wrong or revoked)"))
+        AuthFailure::permanent(
+            "TokenRejected",
+            format!(
+                "provider rejected the token ({what}): the provider does not know this token (wrong or revoked)"
+            ),
+        )
     };
-    let kc = kubeconfig(&peering.spec.endpoint, &peering.spec.ca_data, json!({"token": token}));
+    let kc = kubeconfig(
+        &peering.spec.endpoint,
+        &peering.spec.ca_data,
+        json!({"token": token}),
+    );
     let client = client_from_kubeconfig(&kc)
         .await
         .map_err(|e| AuthFailure::permanent("InviteInvalid", format!("invite endpoint/CA: {e}")))?;
@@ -271,7 +294,10 @@ async fn try_authenticate(
             ));
         }
         Err(e) if api_code(&e).is_some() => {
-            return Err(AuthFailure::transient("RequestFailed", format!("reading PeeringRequest {token_id}: {e}")));
+            return Err(AuthFailure::transient(
+                "RequestFailed",
+                format!("reading PeeringRequest {token_id}: {e}"),
+            ));
         }
         Err(e) => return Err(unreachable(&e)),
     };
@@ -284,8 +310,10 @@ async fn try_authenticate(
         }
         Some(r) => r,
         None => {
-            let csr = make_csr(ctx).map_err(|e| AuthFailure::permanent("CSR", format!("creating the CSR: {e}")))?;
-            let proof = tandem_core::invite::token_proof(token_secret_part, &consumer, token_id, &csr);
+            let csr = make_csr(ctx)
+                .map_err(|e| AuthFailure::permanent("CSR", format!("creating the CSR: {e}")))?;
+            let proof =
+                tandem_core::invite::token_proof(token_secret_part, &consumer, token_id, &csr);
             let req: PeeringRequest = serde_json::from_value(json!({
                 "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
                 "metadata": {"name": token_id, "namespace": names::SYSTEM_NAMESPACE,
@@ -304,13 +332,22 @@ async fn try_authenticate(
                 }
                 Err(e) if api_code(&e) == Some(409) => return Ok(None),
                 Err(e) if api_code(&e).is_some() => {
-                    return Err(AuthFailure::transient("RequestFailed", format!("filing PeeringRequest {token_id}: {e}")));
+                    return Err(AuthFailure::transient(
+                        "RequestFailed",
+                        format!("filing PeeringRequest {token_id}: {e}"),
+                    ));
                 }
                 Err(e) => return Err(unreachable(&e)),
             }
         }
     };
-    set(status, conditions::PROVIDER_REACHABLE, true, "Answered", "the provider answered the peering request");
+    set(
+        status,
+        conditions::PROVIDER_REACHABLE,
+        true,
+        "Answered",
+        "the provider answered the peering request",
+    );
     let answer = request.status.unwrap_or_default();
     match answer.phase.as_deref() {
         Some("Denied") => Err(AuthFailure::permanent(
@@ -355,7 +392,12 @@ async fn try_authenticate(
                     })),
                 )
                 .await
-                .map_err(|e| AuthFailure::transient("LocalError", format!("writing Secret {tenant_ns}/{identity_name}: {e}")))?;
+                .map_err(|e| {
+                    AuthFailure::transient(
+                        "LocalError",
+                        format!("writing Secret {tenant_ns}/{identity_name}: {e}"),
+                    )
+                })?;
             let _ = secrets.delete(&secret_name, &DeleteParams::default()).await;
             status.identity_secret = Some(identity_name);
             status.remote_tenant_namespace = Some(remote_tenant);
@@ -365,12 +407,21 @@ async fn try_authenticate(
                 conditions::AUTHENTICATED,
                 true,
                 "IdentityIssued",
-                &format!("peer identity {} issued by {provider}", names::peer_user(&consumer)),
+                &format!(
+                    "peer identity {} issued by {provider}",
+                    names::peer_user(&consumer)
+                ),
             );
             Ok(Some(()))
         }
         _ => {
-            set(status, conditions::AUTHENTICATED, false, "Pending", "waiting for the provider to answer the peering request");
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                "Pending",
+                "waiting for the provider to answer the peering request",
+            );
             Ok(None)
         }
     }
@@ -381,13 +432,20 @@ fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
     let key = rcgen::KeyPair::from_pem(&ctx.identity.private_key_pem)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     let mut dn = rcgen::DistinguishedName::new();
-    dn.push(rcgen::DnType::CommonName, names::peer_user(&ctx.identity.cluster_id));
+    dn.push(
+        rcgen::DnType::CommonName,
+        names::peer_user(&ctx.identity.cluster_id),
+    );
     dn.push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
     params.distinguished_name = dn;
     params.serialize_request(&key)?.pem()
 }
 
-async fn identity_client(ctx: &Ctx, provider: &str, status: &PeeringStatus) -> Result<Client, String> {
+async fn identity_client(
+    ctx: &Ctx,
+    provider: &str,
+    status: &PeeringStatus,
+) -> Result<Client, String> {
     let ns = names::tenant_namespace(provider);
     let name = status
         .identity_secret
@@ -412,7 +470,13 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
     let client = match identity_client(ctx, &provider, status).await {
         Ok(c) => c,
         Err(e) => {
-            set(status, conditions::AUTHENTICATED, false, "IdentityMissing", &e);
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                "IdentityMissing",
+                &e,
+            );
             status.phase = Some("Failed".into());
             return Action::requeue(RESYNC);
         }
@@ -425,24 +489,55 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
     let tenants: Api<Tenant> = Api::namespaced(client.clone(), &remote_ns);
     match tenants.get(&consumer).await {
         Ok(t) => {
-            set(status, conditions::PROVIDER_REACHABLE, true, "Answered", "the provider's API answers");
+            set(
+                status,
+                conditions::PROVIDER_REACHABLE,
+                true,
+                "Answered",
+                "the provider's API answers",
+            );
             status.granted = t.spec.grant.clone();
             status.node_labels = t.spec.node_labels.clone();
             if t.spec.grant.is_empty() {
-                set(status, conditions::RESOURCES_GRANTED, false, "Revoked", "the provider grants nothing");
+                set(
+                    status,
+                    conditions::RESOURCES_GRANTED,
+                    false,
+                    "Revoked",
+                    "the provider grants nothing",
+                );
             } else {
-                let summary: Vec<String> = t.spec.grant.iter().map(|(k, v)| format!("{k}={}", v.0)).collect();
-                set(status, conditions::RESOURCES_GRANTED, true, "Granted", &summary.join(", "));
+                let summary: Vec<String> = t
+                    .spec
+                    .grant
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.0))
+                    .collect();
+                set(
+                    status,
+                    conditions::RESOURCES_GRANTED,
+                    true,
+                    "Granted",
+                    &summary.join(", "),
+                );
             }
         }
         Err(e) if matches!(api_code(&e), Some(403 | 404 | 401)) => {
-            set(status, conditions::PROVIDER_REACHABLE, true, "Answered", "the provider's API answers");
+            set(
+                status,
+                conditions::PROVIDER_REACHABLE,
+                true,
+                "Answered",
+                "the provider's API answers",
+            );
             set(
                 status,
                 conditions::RESOURCES_GRANTED,
                 false,
                 "TenantGone",
-                &format!("the provider no longer has our Tenant ({e}); it unpeered us — `tandem unpeer {provider}`"),
+                &format!(
+                    "the provider no longer has our Tenant ({e}); it unpeered us — `tandem unpeer {provider}`"
+                ),
             );
             status.granted = BTreeMap::new();
         }
@@ -467,19 +562,42 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
                 network.local_pod_cidr_in_remote.clone().unwrap_or_default()
             );
             status.network = Some(network);
-            set(status, conditions::NETWORK_NEGOTIATED, true, "Negotiated", &msg);
+            set(
+                status,
+                conditions::NETWORK_NEGOTIATED,
+                true,
+                "Negotiated",
+                &msg,
+            );
         }
         Ok(None) => {
-            set(status, conditions::NETWORK_NEGOTIATED, false, "Waiting", "waiting for the provider's network parameters");
+            set(
+                status,
+                conditions::NETWORK_NEGOTIATED,
+                false,
+                "Waiting",
+                "waiting for the provider's network parameters",
+            );
         }
         Err(e) => {
             set(status, conditions::NETWORK_NEGOTIATED, false, "Failed", &e);
         }
     }
-    let established = [conditions::AUTHENTICATED, conditions::RESOURCES_GRANTED, conditions::NETWORK_NEGOTIATED]
-        .iter()
-        .all(|c| conditions::is_true(&status.conditions, c));
-    status.phase = Some(if established { "Established" } else { "Negotiating" }.into());
+    let established = [
+        conditions::AUTHENTICATED,
+        conditions::RESOURCES_GRANTED,
+        conditions::NETWORK_NEGOTIATED,
+    ]
+    .iter()
+    .all(|c| conditions::is_true(&status.conditions, c));
+    status.phase = Some(
+        if established {
+            "Established"
+        } else {
+            "Negotiating"
+        }
+        .into(),
+    );
     Action::requeue(RESYNC)
 }
 
@@ -497,7 +615,11 @@ async fn negotiate_network(
                       "externalCIDR": settings.external_cidr});
     let published = match api.get_opt(CONSUMER_NETWORK_PARAMETERS).await {
         Ok(p) => p,
-        Err(e) => return Err(format!("reading NetworkParameters {remote_ns}/consumer: {e}")),
+        Err(e) => {
+            return Err(format!(
+                "reading NetworkParameters {remote_ns}/consumer: {e}"
+            ));
+        }
     };
     let published = match published {
         None => {
@@ -513,7 +635,11 @@ async fn negotiate_network(
                 .map_err(|e| format!("publishing NetworkParameters {remote_ns}/consumer: {e}"))?
         }
         Some(p) if serde_json::to_value(&p.spec).ok().as_ref() != Some(&ours) => api
-            .patch(CONSUMER_NETWORK_PARAMETERS, &PatchParams::default(), &Patch::Merge(json!({"spec": ours})))
+            .patch(
+                CONSUMER_NETWORK_PARAMETERS,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": ours})),
+            )
             .await
             .map_err(|e| format!("updating NetworkParameters {remote_ns}/consumer: {e}"))?,
         Some(p) => p,
@@ -531,7 +657,11 @@ async fn negotiate_network(
         .parse()
         .map_err(|e| format!("provider pod CIDR {:?}: {e}", theirs.spec.pod_cidr))?;
     let mut prefixes = vec![pod];
-    let ext: Option<IpNet> = theirs.spec.external_cidr.as_ref().and_then(|e| e.parse().ok());
+    let ext: Option<IpNet> = theirs
+        .spec
+        .external_cidr
+        .as_ref()
+        .and_then(|e| e.parse().ok());
     prefixes.extend(ext);
     let grants = crate::provider::network::map_peer(ctx, provider, &prefixes)
         .await
@@ -584,11 +714,21 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
     for pod in bound.items {
         let ns = pod.namespace().unwrap_or_default();
         let _ = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-            .delete(&pod.name_any(), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .delete(
+                &pod.name_any(),
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
             .await;
     }
-    ignore_missing(Api::<Node>::all(ctx.client.clone()).delete(&node, &DeleteParams::default()).await)
-        .map_err(|e| fail(&provider, "deleting the virtual node")(e.to_string()))?;
+    ignore_missing(
+        Api::<Node>::all(ctx.client.clone())
+            .delete(&node, &DeleteParams::default())
+            .await,
+    )
+    .map_err(|e| fail(&provider, "deleting the virtual node")(e.to_string()))?;
     ignore_missing(
         Api::<Lease>::namespaced(ctx.client.clone(), "kube-node-lease")
             .delete(&node, &DeleteParams::default())
@@ -596,9 +736,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
     )
     .map_err(|e| fail(&provider, "deleting the virtual node's Lease")(e.to_string()))?;
     if !force && conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-        let hint = format!(
-            "(if {provider} is gone for good: `tandem unpeer {provider} --force`)"
-        );
+        let hint = format!("(if {provider} is gone for good: `tandem unpeer {provider} --force`)");
         let client = identity_client(ctx, &provider, &status)
             .await
             .map_err(|e| fail(&provider, "reaching the provider")(format!("{e} {hint}")))?;
@@ -610,22 +748,43 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
         match remote_namespaces.list(&ListParams::default()).await {
             Ok(list) => {
                 for rn in list.items {
-                    ignore_gone(remote_namespaces.delete(&rn.name_any(), &DeleteParams::default()).await)
-                        .map_err(|e| fail(&provider, "deleting twin namespaces on the provider")(format!("{e} {hint}")))?;
+                    ignore_gone(
+                        remote_namespaces
+                            .delete(&rn.name_any(), &DeleteParams::default())
+                            .await,
+                    )
+                    .map_err(|e| {
+                        fail(&provider, "deleting twin namespaces on the provider")(format!(
+                            "{e} {hint}"
+                        ))
+                    })?;
                 }
             }
             Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => {}
-            Err(e) => return Err(fail(&provider, "listing twin namespaces on the provider")(format!("{e} {hint}"))),
+            Err(e) => {
+                return Err(fail(&provider, "listing twin namespaces on the provider")(
+                    format!("{e} {hint}"),
+                ));
+            }
         }
-        ignore_gone(Api::<Tenant>::namespaced(client, &remote_ns).delete(&consumer, &DeleteParams::default()).await)
-            .map_err(|e| fail(&provider, "deleting our Tenant on the provider")(format!("{e} {hint}")))?;
+        ignore_gone(
+            Api::<Tenant>::namespaced(client, &remote_ns)
+                .delete(&consumer, &DeleteParams::default())
+                .await,
+        )
+        .map_err(|e| {
+            fail(&provider, "deleting our Tenant on the provider")(format!("{e} {hint}"))
+        })?;
     }
     crate::provider::network::release_peer(ctx, &provider)
         .await
         .map_err(|e| fail(&provider, "releasing the IPAM grant")(e.to_string()))?;
     ignore_missing(
         Api::<Namespace>::all(ctx.client.clone())
-            .delete(&names::tenant_namespace(&provider), &DeleteParams::default())
+            .delete(
+                &names::tenant_namespace(&provider),
+                &DeleteParams::default(),
+            )
             .await,
     )
     .map_err(|e| fail(&provider, "deleting the tenant namespace")(e.to_string()))?;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_api::{NetworkParameters, Tenant, names};
 use tandem_core::ipam::{Grant, Ipam, IpamConfig, IpamState};
@@ -185,7 +185,12 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
             }
         };
         prefixes.push(pod);
-        if let Some(ext) = theirs.spec.external_cidr.as_ref().and_then(|e| e.parse().ok()) {
+        if let Some(ext) = theirs
+            .spec
+            .external_cidr
+            .as_ref()
+            .and_then(|e| e.parse().ok())
+        {
             prefixes.push(ext);
         }
         let grants = map_peer(ctx, &consumer, &prefixes).await?;

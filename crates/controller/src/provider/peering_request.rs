@@ -85,9 +85,13 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
     };
     if let Verdict::Deny(message) = verdict {
         tracing::info!(request = %name, consumer = %req.spec.cluster_id, %message, "peering request denied");
-        set_status(client, &name, json!({"phase": "Denied", "message": message}))
-            .await
-            .map_err(step("writing status"))?;
+        set_status(
+            client,
+            &name,
+            json!({"phase": "Denied", "message": message}),
+        )
+        .await
+        .map_err(step("writing status"))?;
         return Ok(Action::await_change());
     }
     let consumer = req.spec.cluster_id.clone();
@@ -127,10 +131,13 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
 /// Checks a request against its invite token (pure apart from the clock).
 fn check(ctx: &Ctx, req: &PeeringRequest, token: &Secret) -> Verdict {
     let data = token.data.clone().unwrap_or_default();
-    let get = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(&v.0).into_owned());
+    let get = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
     let spec = &req.spec;
-    if let Some(exp) = get("expiration")
-        .and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
+    if let Some(exp) =
+        get("expiration").and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
         && exp < k8s_openapi::jiff::Timestamp::now()
     {
         return Verdict::Deny("the invite expired".into());
@@ -334,7 +341,10 @@ async fn offer(
         .collect();
     let grant = tandem_core::grant::share(&allocatable, share);
     let mut labels = std::collections::BTreeMap::new();
-    for key in ["topology.kubernetes.io/region", "topology.kubernetes.io/zone"] {
+    for key in [
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ] {
         let values: std::collections::BTreeSet<&String> =
             real.iter().filter_map(|n| n.labels().get(key)).collect();
         if values.len() == 1 {
@@ -420,14 +430,19 @@ async fn sweep(ctx: &Ctx) -> Result<(), crate::invite::InviteError> {
         let expired = invite.expires <= now;
         let request = requests.get_opt(&invite.token_id).await.ok().flatten();
         let authenticated = match (&request, &invite.used_by) {
-            (Some(r), Some(consumer)) if r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Approved") => {
+            (Some(r), Some(consumer))
+                if r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Approved") =>
+            {
                 // The consumer publishes its network parameters with its new identity.
-                Api::<NetworkParameters>::namespaced(client.clone(), &names::tenant_namespace(consumer))
-                    .get_opt(rbac::CONSUMER_NETWORK_PARAMETERS)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some()
+                Api::<NetworkParameters>::namespaced(
+                    client.clone(),
+                    &names::tenant_namespace(consumer),
+                )
+                .get_opt(rbac::CONSUMER_NETWORK_PARAMETERS)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
             }
             _ => false,
         };

@@ -8,10 +8,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::ResourceExt;
 use serde_json::json;
 use tandem_api::{Tenant, names};
 
@@ -87,11 +87,17 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         }
     }
     let csrs: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
-    csrs.delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector))
-        .await
-        .map_err(err("deleting CSRs"))?;
+    csrs.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels(&selector),
+    )
+    .await
+    .map_err(err("deleting CSRs"))?;
     if let Ok(invites) = crate::invite::list(&ctx.client).await {
-        for invite in invites.iter().filter(|i| i.used_by.as_deref() == Some(consumer.as_str())) {
+        for invite in invites
+            .iter()
+            .filter(|i| i.used_by.as_deref() == Some(consumer.as_str()))
+        {
             crate::invite::remove_invite_objects(&ctx.client, &invite.token_id)
                 .await
                 .map_err(|e| Error {
