@@ -359,3 +359,52 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     until_objects(other, &other_before, "after a reused token").await;
     until_objects(&provider, &provider_peered, "after a reused token").await;
 }
+
+#[tokio::test]
+async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
+    let provider = Cluster::start("lisbon", "eu-west", 1).await;
+    let mut consumer = Cluster::start("porto", "eu-west", 1).await;
+    let provider_before = tandem_objects(&provider.client).await;
+    let consumer_before = tandem_objects(&consumer.client).await;
+
+    // The provider's admin unpeers: the tenant goes, and the consumer sees it lost its grant.
+    support::peer(&consumer, &provider).await;
+    invite::unpeer(&provider.client, "porto", false, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&provider, &provider_before, "after the provider unpeered").await;
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    let p = until(
+        "the consumer to notice",
+        Duration::from_secs(15),
+        || async {
+            let p = peerings.get("lisbon").await.unwrap();
+            (condition(&p, "ResourcesGranted") == Some("False")).then_some(p)
+        },
+    )
+    .await;
+    let cond =
+        tandem_api::conditions::find(&p.status.as_ref().unwrap().conditions, "ResourcesGranted")
+            .unwrap();
+    assert!(cond.message.contains("unpeered us"), "{}", cond.message);
+    // The consumer then unpeers too; the provider already forgot it, which is fine.
+    invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&consumer, &consumer_before, "after the consumer unpeered").await;
+
+    // Peer again, then the provider disappears for good: unpeer waits and names --force,
+    // and --force removes everything here.
+    support::peer(&consumer, &provider).await;
+    provider.lab.shutdown();
+    let err = invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(3))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tandem unpeer lisbon --force"), "{err}");
+    invite::unpeer(&consumer.client, "lisbon", true, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&consumer, &consumer_before, "after a forced unpeer").await;
+    consumer.kill_controller();
+}

@@ -54,15 +54,26 @@ fn fail(provider: &str, step: &str) -> impl FnOnce(String) -> Error {
     }
 }
 
-pub async fn run(ctx: Ctx, _links: Links) {
+/// What the reconciler needs: the controller's context and the links registry (to know when the
+/// per-provider tasks stopped before removing the virtual node).
+pub struct PeeringContext {
+    ctx: Ctx,
+    links: Links,
+}
+
+pub async fn run(ctx: Ctx, links: Links) {
     let api: Api<Peering> = Api::all(ctx.client.clone());
     Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
+        .run(
+            reconcile,
+            error_policy,
+            Arc::new(PeeringContext { ctx, links }),
+        )
         .for_each(|_| async {})
         .await;
 }
 
-fn error_policy(_p: Arc<Peering>, e: &Error, _ctx: Ctx) -> Action {
+fn error_policy(_p: Arc<Peering>, e: &Error, _ctx: Arc<PeeringContext>) -> Action {
     tracing::warn!(error = %e, "peering");
     Action::requeue(Duration::from_secs(1))
 }
@@ -80,13 +91,19 @@ pub fn kubeconfig(endpoint: &str, ca_pem: &str, user: serde_json::Value) -> Stri
     serde_yaml::to_string(&doc).expect("kubeconfig serializes")
 }
 
-async fn reconcile(peering: Arc<Peering>, ctx: Ctx) -> Result<Action, Error> {
+async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<Action, Error> {
+    let ctx = &pctx.ctx;
     let provider = peering.name_any();
     let api: Api<Peering> = Api::all(ctx.client.clone());
     let has_finalizer = peering.finalizers().iter().any(|f| f == names::FINALIZER);
     if peering.metadata.deletion_timestamp.is_some() {
         if has_finalizer {
-            unpeer(&ctx, &peering).await?;
+            if pctx.links.snapshot().contains_key(&provider) {
+                // The virtual kubelet still runs and would recreate the node: wait for the
+                // supervisor to stop it (it drops links of deleted Peerings).
+                return Ok(Action::requeue(Duration::from_millis(100)));
+            }
+            unpeer(ctx, &peering).await?;
             let finalizers: Vec<String> = peering
                 .finalizers()
                 .iter()
@@ -119,12 +136,12 @@ async fn reconcile(peering: Arc<Peering>, ctx: Ctx) -> Result<Action, Error> {
     let old = peering.status.clone().unwrap_or_default();
     let mut status = old.clone();
     let action = if conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-        negotiate(&ctx, &peering, &mut status).await
+        negotiate(ctx, &peering, &mut status).await
     } else if status.phase.as_deref() == Some("Failed") {
         // A refused invite stays refused: `tandem peer` reports it and cleans up.
         Action::await_change()
     } else {
-        authenticate(&ctx, &peering, &mut status).await
+        authenticate(ctx, &peering, &mut status).await
     };
     if status != old {
         api.patch_status(
