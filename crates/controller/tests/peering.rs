@@ -408,3 +408,39 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     until_objects(&consumer, &consumer_before, "after a forced unpeer").await;
     consumer.kill_controller();
 }
+
+#[tokio::test]
+async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
+    let provider = Cluster::start("vienna", "eu-central", 1).await;
+    let invite = support::invite(&provider, Duration::from_secs(3600)).await;
+    let kc = tandem_controller::consumer::peering::kubeconfig(
+        &invite.endpoint,
+        &invite.ca_data,
+        json!({"token": invite.bearer_token()}),
+    );
+    let token_client = tandem_controller::consumer::link::client_from_kubeconfig(&kc)
+        .await
+        .unwrap();
+    let requests: Api<PeeringRequest> = Api::namespaced(token_client, names::SYSTEM_NAMESPACE);
+    let req: PeeringRequest = serde_json::from_value(json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+        "metadata": {"name": invite.token_id},
+        "spec": {"clusterID": "graz", "tokenID": invite.token_id,
+                 "tokenProof": "00", "csr": "not a CSR"},
+    }))
+    .unwrap();
+    requests.create(&Default::default(), &req).await.unwrap();
+    let message = until(
+        "the request to be denied",
+        Duration::from_secs(10),
+        || async {
+            let s = requests.get(&invite.token_id).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Denied")).then(|| s.message.unwrap_or_default())
+        },
+    )
+    .await;
+    assert!(message.contains("tokenProof does not match"), "{message}");
+    // Nothing was created for the would-be consumer.
+    let ns: Api<Namespace> = Api::all(provider.client.clone());
+    assert!(ns.get_opt("tandem-tenant-graz").await.unwrap().is_none());
+}

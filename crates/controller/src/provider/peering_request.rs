@@ -24,6 +24,9 @@ use crate::context::Ctx;
 use crate::invite::{INVITE_USED_ANNOTATION, invite_role_name, invite_rules, token_secret_name};
 use crate::rbac;
 
+/// How long a denied request (and its spent invite) stays for the consumer to read the reason.
+const DENIED_GRACE_SECS: i64 = 30;
+
 /// Name of the RoleBinding giving a consumer's identity its tenant namespace.
 pub const PEER_ROLE_BINDING: &str = "tandem:peer";
 
@@ -80,7 +83,17 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         .await
         .map_err(step("reading the invite token"))?;
     let verdict = match &token {
-        None => Verdict::Deny("the invite token is unknown or was revoked".into()),
+        // Only the token named like the request may read it back: nobody could read a denial.
+        None => {
+            tracing::info!(request = %name, "peering request without an invite token removed");
+            Api::<PeeringRequest>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map(|_| ())
+                .or_else(ignore_missing)
+                .map_err(step("removing the request"))?;
+            return Ok(Action::await_change());
+        }
         Some(secret) => check(&ctx, &req, secret),
     };
     if let Verdict::Deny(message) = verdict {
@@ -446,6 +459,21 @@ async fn sweep(ctx: &Ctx) -> Result<(), crate::invite::InviteError> {
             }
             _ => false,
         };
+        // A denied request spends its invite; the consumer had time to read why.
+        let denied_long_ago = request.as_ref().is_some_and(|r| {
+            r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Denied")
+                && r.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_some_and(|t| t.0.as_second() + DENIED_GRACE_SECS < now)
+        });
+        if denied_long_ago {
+            let _ = requests
+                .delete(&invite.token_id, &DeleteParams::default())
+                .await;
+            crate::invite::remove_invite_objects(client, &invite.token_id).await?;
+            continue;
+        }
         if (authenticated || expired) && request.is_some() {
             let _ = requests
                 .delete(&invite.token_id, &DeleteParams::default())
@@ -456,4 +484,67 @@ async fn sweep(ctx: &Ctx) -> Result<(), crate::invite::InviteError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csr(cn: &str, orgs: &[&str]) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(rcgen::DnType::CommonName, cn);
+        for o in orgs {
+            dn.push(rcgen::DnType::OrganizationName, *o);
+        }
+        params.distinguished_name = dn;
+        params.serialize_request(&key).unwrap().pem().unwrap()
+    }
+
+    #[test]
+    fn csr_checks() {
+        let good = csr("tandem:peer:rome", &["tandem:peers"]);
+        // Flip a byte inside the base64 body: the signature no longer verifies (or the DER breaks).
+        let mut tampered = good.clone().into_bytes();
+        let i = tampered.len() / 2;
+        tampered[i] = if tampered[i] == b'A' { b'B' } else { b'A' };
+        let tampered = String::from_utf8(tampered).unwrap();
+        let cases: Vec<(&str, String, &str, Option<&str>)> = vec![
+            ("valid", good.clone(), "rome", None),
+            (
+                "another consumer's name",
+                good,
+                "milan",
+                Some("subject must be"),
+            ),
+            (
+                "wrong group",
+                csr("tandem:peer:rome", &["system:masters"]),
+                "rome",
+                Some("subject must be"),
+            ),
+            (
+                "extra group",
+                csr("tandem:peer:rome", &["tandem:peers", "system:masters"]),
+                "rome",
+                Some("subject must be"),
+            ),
+            (
+                "admin name",
+                csr("admin", &["tandem:peers"]),
+                "rome",
+                Some("subject must be"),
+            ),
+            ("not PEM", "hello".into(), "rome", Some("not PEM")),
+            ("tampered", tampered, "rome", Some("")),
+        ];
+        for (name, pem, consumer, want) in cases {
+            match (check_csr(&pem, consumer), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(w)) => assert!(e.contains(w), "{name}: {e}"),
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
 }
