@@ -162,6 +162,9 @@ pub async fn run(ctx: Ctx) {
 }
 
 async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
+    let settings = crate::install::load_settings(&ctx.client)
+        .await
+        .map_err(|e| IpamError::Settings(e.to_string()))?;
     let tenants = Api::<Tenant>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await?;
@@ -171,8 +174,24 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
         }
         let consumer = tenant.spec.cluster_id.clone();
         let ns = tenant.namespace().unwrap_or_default();
-        ensure_provider_parameters(ctx, &consumer).await?;
         let api: Api<NetworkParameters> = Api::namespaced(ctx.client.clone(), &ns);
+        let published = api.get_opt(PROVIDER_NETWORK_PARAMETERS).await?;
+        let current = published.as_ref().map(|p| {
+            (
+                p.spec.cluster_id.as_str(),
+                p.spec.pod_cidr.as_str(),
+                p.spec.external_cidr.as_deref(),
+            )
+        });
+        if current
+            != Some((
+                ctx.identity.cluster_id.as_str(),
+                settings.pod_cidr.as_str(),
+                Some(settings.external_cidr.as_str()),
+            ))
+        {
+            ensure_provider_parameters(ctx, &consumer).await?;
+        }
         let Some(theirs) = api.get_opt(CONSUMER_NETWORK_PARAMETERS).await? else {
             continue;
         };
