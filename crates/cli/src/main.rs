@@ -5,8 +5,13 @@ mod controller;
 mod crds;
 mod gateway;
 mod host;
+mod install;
+mod invite;
+mod kubeconfig;
 mod lab;
+mod peer;
 mod status;
+mod unpeer;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +42,14 @@ enum Command {
     Crds(crds::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
     Lab(lab::Args),
+    /// Install (or upgrade) Tandem in a cluster and create its identity.
+    Install(install::Args),
+    /// On a provider: create, list or revoke a peering invite.
+    Invite(invite::Args),
+    /// On a consumer: peer with the provider that issued an invite.
+    Peer(peer::Args),
+    /// Undo a peering (either side).
+    Unpeer(unpeer::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +82,10 @@ fn run() -> anyhow::Result<()> {
             Command::Lab(args) => lab::run(args).await,
             Command::Controller(args) => controller::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Install(args) => install::run(args).await,
+            Command::Invite(args) => invite::run(args).await,
+            Command::Peer(args) => peer::run(args).await,
+            Command::Unpeer(args) => unpeer::run(args).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })

@@ -12,6 +12,7 @@ pub mod consumer;
 pub mod context;
 pub mod identity;
 pub mod install;
+pub mod invite;
 pub mod provider;
 pub mod rbac;
 pub mod runtime;

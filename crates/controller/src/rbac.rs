@@ -50,22 +50,38 @@ fn cluster_role(name: &str, rules: Vec<PolicyRule>) -> ClusterRole {
     }
 }
 
-/// What a consumer may do in its tenant namespace: read its grant, publish its network
-/// parameters (and how it remaps the provider's), and ask for twin namespaces.
+/// What a consumer may do in its tenant namespace: read its grant (and delete its own Tenant to
+/// unpeer), publish its network parameters and read the provider's (writing only how it remaps
+/// them, in their status), and ask for twin namespaces.
 pub fn peer_tenant_role() -> ClusterRole {
     cluster_role(
         PEER_TENANT_ROLE,
         vec![
-            rule(tandem_api::GROUP, &["tenants"], READ),
             rule(
                 tandem_api::GROUP,
-                &["networkparameters"],
-                &["get", "list", "watch", "create", "update", "patch"],
+                &["tenants"],
+                &["get", "list", "watch", "delete"],
             ),
             rule(
                 tandem_api::GROUP,
-                &["networkparameters/status"],
-                &["get", "update", "patch"],
+                &["networkparameters"],
+                &["get", "list", "watch", "create"],
+            ),
+            named(
+                rule(
+                    tandem_api::GROUP,
+                    &["networkparameters"],
+                    &["update", "patch", "delete"],
+                ),
+                CONSUMER_NETWORK_PARAMETERS,
+            ),
+            named(
+                rule(
+                    tandem_api::GROUP,
+                    &["networkparameters/status"],
+                    &["get", "update", "patch"],
+                ),
+                PROVIDER_NETWORK_PARAMETERS,
             ),
             rule(
                 tandem_api::GROUP,
@@ -76,6 +92,16 @@ pub fn peer_tenant_role() -> ClusterRole {
             ),
         ],
     )
+}
+
+/// The `NetworkParameters` (in a provider's tenant namespace) the consumer writes.
+pub const CONSUMER_NETWORK_PARAMETERS: &str = "consumer";
+/// The `NetworkParameters` (in a provider's tenant namespace) the provider writes.
+pub const PROVIDER_NETWORK_PARAMETERS: &str = "provider";
+
+fn named(mut rule: PolicyRule, name: &str) -> PolicyRule {
+    rule.resource_names = Some(vec![name.to_string()]);
+    rule
 }
 
 /// What a consumer may do in one of its twin namespaces: run shadow pods and reflect what they

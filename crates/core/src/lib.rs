@@ -1,5 +1,7 @@
 //! Pure domain logic of Tandem: no I/O, no kube. Callers persist the state these types return.
 
+pub mod grant;
+pub mod invite;
 pub mod ipam;
 pub mod nat;
 pub mod prefix;

@@ -1,8 +1,826 @@
-//! TODO(owner): the consumer's Peering reconciler: invite flow, negotiation; publishes links.
+//! Consumer side of a peering: the `Peering` reconciler. With the invite token it files a
+//! `PeeringRequest` on the provider (CSR signed with this cluster's key, proof of the whole
+//! token), turns the approval into the peer identity (a kubeconfig Secret), then negotiates with
+//! that identity: the grant from the provider's `Tenant`, the network parameters both sides
+//! publish, and the IPAM remaps. Re-converges every few seconds. Its finalizer unpeers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use futures::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tandem_api::conditions::{self, ConditionStatus};
+use tandem_api::{
+    NetworkParameters, Peering, PeeringRequest, PeeringStatus, RemoteNamespace, Tenant, names,
+};
+use tandem_core::invite::human_duration;
 
 use crate::consumer::Links;
+use crate::consumer::link::{
+    IDENTITY_KUBECONFIG_KEY, client_from_kubeconfig, identity_secret_name,
+};
 use crate::context::Ctx;
+use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
+use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 
-pub async fn run(_ctx: Ctx, _links: Links) {
-    std::future::pending::<()>().await
+/// How often an established peering re-reads the grant and the network parameters.
+const RESYNC: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+#[error("peering with {provider}: {step}: {message}")]
+pub struct Error {
+    provider: String,
+    step: String,
+    message: String,
+}
+
+fn fail(provider: &str, step: &str) -> impl FnOnce(String) -> Error {
+    let provider = provider.to_string();
+    let step = step.to_string();
+    move |message| Error {
+        provider,
+        step,
+        message,
+    }
+}
+
+/// What the reconciler needs: the controller's context and the links registry (to know when the
+/// per-provider tasks stopped before removing the virtual node).
+pub struct PeeringContext {
+    ctx: Ctx,
+    links: Links,
+}
+
+pub async fn run(ctx: Ctx, links: Links) {
+    let api: Api<Peering> = Api::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default())
+        .run(
+            reconcile,
+            error_policy,
+            Arc::new(PeeringContext { ctx, links }),
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+fn error_policy(_p: Arc<Peering>, e: &Error, _ctx: Arc<PeeringContext>) -> Action {
+    tracing::warn!(error = %e, "peering");
+    Action::requeue(Duration::from_secs(1))
+}
+
+/// A kubeconfig for `endpoint` with `user` (a token, or a client certificate and key).
+pub fn kubeconfig(endpoint: &str, ca_pem: &str, user: serde_json::Value) -> String {
+    let doc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "provider", "cluster": {
+            "server": endpoint, "certificate-authority-data": STANDARD.encode(ca_pem)}}],
+        "users": [{"name": "peer", "user": user}],
+        "contexts": [{"name": "provider", "context": {"cluster": "provider", "user": "peer"}}],
+        "current-context": "provider",
+    });
+    serde_yaml::to_string(&doc).expect("kubeconfig serializes")
+}
+
+async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<Action, Error> {
+    let ctx = &pctx.ctx;
+    let provider = peering.name_any();
+    let api: Api<Peering> = Api::all(ctx.client.clone());
+    let has_finalizer = peering.finalizers().iter().any(|f| f == names::FINALIZER);
+    if peering.metadata.deletion_timestamp.is_some() {
+        if has_finalizer {
+            if pctx.links.snapshot().contains_key(&provider) {
+                // The virtual kubelet still runs and would recreate the node: wait for the
+                // supervisor to stop it (it drops links of deleted Peerings).
+                return Ok(Action::requeue(Duration::from_millis(100)));
+            }
+            unpeer(ctx, &peering).await?;
+            let finalizers: Vec<String> = peering
+                .finalizers()
+                .iter()
+                .filter(|f| *f != names::FINALIZER)
+                .cloned()
+                .collect();
+            api.patch(
+                &provider,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+            )
+            .await
+            .map_err(|e| fail(&provider, "removing the finalizer")(e.to_string()))?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        let mut finalizers = peering.finalizers().to_vec();
+        finalizers.push(names::FINALIZER.to_string());
+        api.patch(
+            &provider,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers,
+                "resourceVersion": peering.resource_version()}})),
+        )
+        .await
+        .map_err(|e| fail(&provider, "adding the finalizer")(e.to_string()))?;
+        return Ok(Action::await_change());
+    }
+    let old = peering.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let action = if conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
+        negotiate(ctx, &peering, &mut status).await
+    } else if status.phase.as_deref() == Some("Failed") {
+        // A refused invite stays refused: `tandem peer` reports it and cleans up.
+        Action::await_change()
+    } else {
+        authenticate(ctx, &peering, &mut status).await
+    };
+    if status != old {
+        api.patch_status(
+            &provider,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map_err(|e| fail(&provider, "writing status")(e.to_string()))?;
+    }
+    Ok(action)
+}
+
+/// The step of the invite flow that failed, and whether retrying may help.
+struct AuthFailure {
+    reason: &'static str,
+    message: String,
+    permanent: bool,
+}
+
+impl AuthFailure {
+    fn permanent(reason: &'static str, message: impl Into<String>) -> Self {
+        AuthFailure {
+            reason,
+            message: message.into(),
+            permanent: true,
+        }
+    }
+    fn transient(reason: &'static str, message: impl Into<String>) -> Self {
+        AuthFailure {
+            reason,
+            message: message.into(),
+            permanent: false,
+        }
+    }
+}
+
+async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> Action {
+    match try_authenticate(ctx, peering, status).await {
+        Ok(Some(())) => {
+            status.phase = Some("Authenticating".into());
+            Action::requeue(Duration::from_millis(50))
+        }
+        Ok(None) => {
+            if status.phase.is_none() {
+                status.phase = Some("Authenticating".into());
+            }
+            Action::requeue(Duration::from_millis(300))
+        }
+        Err(f) => {
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                f.reason,
+                &f.message,
+            );
+            if f.permanent {
+                status.phase = Some("Failed".into());
+                Action::await_change()
+            } else {
+                status.phase = Some("Authenticating".into());
+                Action::requeue(Duration::from_secs(2))
+            }
+        }
+    }
+}
+
+fn set(status: &mut PeeringStatus, type_: &str, ok: bool, reason: &str, message: &str) {
+    conditions::set_condition(
+        &mut status.conditions,
+        type_,
+        ConditionStatus::from(ok),
+        reason,
+        message,
+        None,
+    );
+}
+
+fn api_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// Files the request (once), reads the answer; Ok(Some) when the identity was stored.
+async fn try_authenticate(
+    ctx: &Ctx,
+    peering: &Peering,
+    status: &mut PeeringStatus,
+) -> Result<Option<()>, AuthFailure> {
+    let provider = peering.spec.cluster_id.clone();
+    let tenant_ns = names::tenant_namespace(&provider);
+    let consumer = ctx.identity.cluster_id.clone();
+    let secret_name = peering
+        .spec
+        .invite_secret
+        .clone()
+        .unwrap_or_else(|| crate::invite::consumer_token_secret_name(&provider));
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &tenant_ns);
+    let token_secret = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| AuthFailure::transient("LocalError", format!("reading Secret {tenant_ns}/{secret_name}: {e}")))?
+        .ok_or_else(|| {
+            AuthFailure::permanent(
+                "InviteMissing",
+                format!("the invite token Secret {tenant_ns}/{secret_name} is missing; run `tandem peer` with a new invite"),
+            )
+        })?;
+    let data = token_secret.data.unwrap_or_default();
+    let get = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    let token = get(TOKEN_KEY).unwrap_or_default();
+    let expires: Option<i64> = get(EXPIRES_KEY).and_then(|e| e.parse().ok());
+    let Some((token_id, token_secret_part)) = token.split_once('.') else {
+        return Err(AuthFailure::permanent(
+            "InviteInvalid",
+            format!("Secret {tenant_ns}/{secret_name} holds no valid token"),
+        ));
+    };
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let rejected = |what: &str| {
+        if let Some(exp) = expires
+            && exp <= now
+        {
+            return AuthFailure::permanent(
+                "InviteExpired",
+                format!(
+                    "provider rejected the token: the invite expired {} ago",
+                    human_duration(now - exp)
+                ),
+            );
+        }
+        AuthFailure::permanent(
+            "TokenRejected",
+            format!(
+                "provider rejected the token ({what}): the provider does not know this token (wrong or revoked)"
+            ),
+        )
+    };
+    let kc = kubeconfig(
+        &peering.spec.endpoint,
+        &peering.spec.ca_data,
+        json!({"token": token}),
+    );
+    let client = client_from_kubeconfig(&kc)
+        .await
+        .map_err(|e| AuthFailure::permanent("InviteInvalid", format!("invite endpoint/CA: {e}")))?;
+    let requests: Api<PeeringRequest> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
+    let unreachable = |e: &kube::Error| {
+        AuthFailure::transient(
+            "ProviderUnreachable",
+            format!("provider unreachable at {}: {e}", peering.spec.endpoint),
+        )
+    };
+    let existing = match requests.get_opt(token_id).await {
+        Ok(r) => r,
+        Err(e) if api_code(&e) == Some(401) => return Err(rejected("401 Unauthorized")),
+        Err(e) if api_code(&e) == Some(403) => {
+            return Err(AuthFailure::permanent(
+                "TokenUsed",
+                "provider rejected the token: it may not read its peering request (already used or cleaned up); ask the provider for a new invite",
+            ));
+        }
+        Err(e) if api_code(&e).is_some() => {
+            return Err(AuthFailure::transient(
+                "RequestFailed",
+                format!("reading PeeringRequest {token_id}: {e}"),
+            ));
+        }
+        Err(e) => return Err(unreachable(&e)),
+    };
+    let request = match existing {
+        Some(r) if r.spec.cluster_id != consumer => {
+            return Err(AuthFailure::permanent(
+                "TokenUsed",
+                "provider rejected the token: token already used by another cluster; ask the provider for a new invite",
+            ));
+        }
+        Some(r) => r,
+        None => {
+            let csr = make_csr(ctx)
+                .map_err(|e| AuthFailure::permanent("CSR", format!("creating the CSR: {e}")))?;
+            let proof =
+                tandem_core::invite::token_proof(token_secret_part, &consumer, token_id, &csr);
+            let req: PeeringRequest = serde_json::from_value(json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+                "metadata": {"name": token_id, "namespace": names::SYSTEM_NAMESPACE,
+                             "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                "spec": {"clusterID": consumer, "tokenID": token_id, "tokenProof": proof, "csr": csr},
+            }))
+            .expect("static manifest");
+            match requests.create(&PostParams::default(), &req).await {
+                Ok(r) => r,
+                Err(e) if api_code(&e) == Some(401) => return Err(rejected("401 Unauthorized")),
+                Err(e) if api_code(&e) == Some(403) => {
+                    return Err(AuthFailure::permanent(
+                        "TokenUsed",
+                        "provider rejected the token: token already used; ask the provider for a new invite",
+                    ));
+                }
+                Err(e) if api_code(&e) == Some(409) => return Ok(None),
+                Err(e) if api_code(&e).is_some() => {
+                    return Err(AuthFailure::transient(
+                        "RequestFailed",
+                        format!("filing PeeringRequest {token_id}: {e}"),
+                    ));
+                }
+                Err(e) => return Err(unreachable(&e)),
+            }
+        }
+    };
+    set(
+        status,
+        conditions::PROVIDER_REACHABLE,
+        true,
+        "Answered",
+        "the provider answered the peering request",
+    );
+    let answer = request.status.unwrap_or_default();
+    match answer.phase.as_deref() {
+        Some("Denied") => Err(AuthFailure::permanent(
+            "Denied",
+            format!(
+                "provider denied the peering request: {}",
+                answer.message.unwrap_or_default()
+            ),
+        )),
+        Some("Approved") => {
+            if answer.provider_cluster_id.as_deref() != Some(provider.as_str()) {
+                return Err(AuthFailure::permanent(
+                    "WrongProvider",
+                    format!(
+                        "the endpoint answered as cluster {:?}, not {provider:?}: the invite does not match its endpoint",
+                        answer.provider_cluster_id.unwrap_or_default()
+                    ),
+                ));
+            }
+            let cert = answer.certificate.unwrap_or_default();
+            let remote_tenant = answer
+                .tenant_namespace
+                .unwrap_or_else(|| names::tenant_namespace(&consumer));
+            let identity_kc = kubeconfig(
+                &peering.spec.endpoint,
+                &peering.spec.ca_data,
+                json!({
+                    "client-certificate-data": STANDARD.encode(&cert),
+                    "client-key-data": STANDARD.encode(&ctx.identity.private_key_pem),
+                }),
+            );
+            let identity_name = identity_secret_name(&provider);
+            secrets
+                .patch(
+                    &identity_name,
+                    &PatchParams::apply(names::FIELD_MANAGER).force(),
+                    &Patch::Apply(json!({
+                        "apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": identity_name,
+                                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                        "stringData": {IDENTITY_KUBECONFIG_KEY: identity_kc},
+                    })),
+                )
+                .await
+                .map_err(|e| {
+                    AuthFailure::transient(
+                        "LocalError",
+                        format!("writing Secret {tenant_ns}/{identity_name}: {e}"),
+                    )
+                })?;
+            let _ = secrets.delete(&secret_name, &DeleteParams::default()).await;
+            status.identity_secret = Some(identity_name);
+            status.remote_tenant_namespace = Some(remote_tenant);
+            status.virtual_node = Some(names::virtual_node_name(&provider));
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                true,
+                "IdentityIssued",
+                &format!(
+                    "peer identity {} issued by {provider}",
+                    names::peer_user(&consumer)
+                ),
+            );
+            Ok(Some(()))
+        }
+        _ => {
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                "Pending",
+                "waiting for the provider to answer the peering request",
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// A PKCS#10 request for the peer user, signed with this cluster's key.
+fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
+    let key = rcgen::KeyPair::from_pem(&ctx.identity.private_key_pem)?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(
+        rcgen::DnType::CommonName,
+        names::peer_user(&ctx.identity.cluster_id),
+    );
+    dn.push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
+    params.distinguished_name = dn;
+    params.serialize_request(&key)?.pem()
+}
+
+async fn identity_client(
+    ctx: &Ctx,
+    provider: &str,
+    status: &PeeringStatus,
+) -> Result<Client, String> {
+    let ns = names::tenant_namespace(provider);
+    let name = status
+        .identity_secret
+        .clone()
+        .unwrap_or_else(|| identity_secret_name(provider));
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .get(&name)
+        .await
+        .map_err(|e| format!("reading identity Secret {ns}/{name}: {e}"))?;
+    let kc = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
+        .ok_or_else(|| format!("identity Secret {ns}/{name} has no kubeconfig"))?;
+    client_from_kubeconfig(&String::from_utf8_lossy(&kc.0)).await
+}
+
+/// Negotiation with the peer identity: grant, network parameters, remaps.
+async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> Action {
+    let provider = peering.spec.cluster_id.clone();
+    let consumer = ctx.identity.cluster_id.clone();
+    let client = match identity_client(ctx, &provider, status).await {
+        Ok(c) => c,
+        Err(e) => {
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                "IdentityMissing",
+                &e,
+            );
+            status.phase = Some("Failed".into());
+            return Action::requeue(RESYNC);
+        }
+    };
+    let remote_ns = status
+        .remote_tenant_namespace
+        .clone()
+        .unwrap_or_else(|| names::tenant_namespace(&consumer));
+    // Grant.
+    let tenants: Api<Tenant> = Api::namespaced(client.clone(), &remote_ns);
+    match tenants.get(&consumer).await {
+        Ok(t) => {
+            set(
+                status,
+                conditions::PROVIDER_REACHABLE,
+                true,
+                "Answered",
+                "the provider's API answers",
+            );
+            status.granted = t.spec.grant.clone();
+            status.node_labels = t.spec.node_labels.clone();
+            if t.spec.grant.is_empty() {
+                set(
+                    status,
+                    conditions::RESOURCES_GRANTED,
+                    false,
+                    "Revoked",
+                    "the provider grants nothing",
+                );
+            } else {
+                let summary: Vec<String> = t
+                    .spec
+                    .grant
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.0))
+                    .collect();
+                set(
+                    status,
+                    conditions::RESOURCES_GRANTED,
+                    true,
+                    "Granted",
+                    &summary.join(", "),
+                );
+            }
+        }
+        Err(e) if matches!(api_code(&e), Some(403 | 404 | 401)) => {
+            set(
+                status,
+                conditions::PROVIDER_REACHABLE,
+                true,
+                "Answered",
+                "the provider's API answers",
+            );
+            set(
+                status,
+                conditions::RESOURCES_GRANTED,
+                false,
+                "TenantGone",
+                &format!(
+                    "the provider no longer has our Tenant ({e}); it unpeered us — `tandem unpeer {provider}`"
+                ),
+            );
+            status.granted = BTreeMap::new();
+        }
+        Err(e) => {
+            set(
+                status,
+                conditions::PROVIDER_REACHABLE,
+                false,
+                "Unreachable",
+                &format!("provider unreachable at {}: {e}", peering.spec.endpoint),
+            );
+            return Action::requeue(RESYNC);
+        }
+    }
+    // Network.
+    match negotiate_network(ctx, &client, &remote_ns, &provider).await {
+        Ok(Some(network)) => {
+            let msg = format!(
+                "provider pods {} are {} here; our pods are {} there",
+                network.remote_pod_cidr,
+                network.remapped_remote_pod_cidr,
+                network.local_pod_cidr_in_remote.clone().unwrap_or_default()
+            );
+            status.network = Some(network);
+            set(
+                status,
+                conditions::NETWORK_NEGOTIATED,
+                true,
+                "Negotiated",
+                &msg,
+            );
+        }
+        Ok(None) => {
+            set(
+                status,
+                conditions::NETWORK_NEGOTIATED,
+                false,
+                "Waiting",
+                "waiting for the provider's network parameters",
+            );
+        }
+        Err(e) => {
+            set(status, conditions::NETWORK_NEGOTIATED, false, "Failed", &e);
+        }
+    }
+    let established = [
+        conditions::AUTHENTICATED,
+        conditions::RESOURCES_GRANTED,
+        conditions::NETWORK_NEGOTIATED,
+    ]
+    .iter()
+    .all(|c| conditions::is_true(&status.conditions, c));
+    status.phase = Some(
+        if established {
+            "Established"
+        } else {
+            "Negotiating"
+        }
+        .into(),
+    );
+    Action::requeue(RESYNC)
+}
+
+async fn negotiate_network(
+    ctx: &Ctx,
+    client: &Client,
+    remote_ns: &str,
+    provider: &str,
+) -> Result<Option<tandem_api::peering::PeeringNetwork>, String> {
+    let settings = crate::install::load_settings(&ctx.client)
+        .await
+        .map_err(|e| e.to_string())?;
+    let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
+    let ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
+                      "externalCIDR": settings.external_cidr});
+    let published = match api.get_opt(CONSUMER_NETWORK_PARAMETERS).await {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(format!(
+                "reading NetworkParameters {remote_ns}/consumer: {e}"
+            ));
+        }
+    };
+    let published = match published {
+        None => {
+            let np: NetworkParameters = serde_json::from_value(json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "NetworkParameters",
+                "metadata": {"name": CONSUMER_NETWORK_PARAMETERS,
+                             "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                "spec": ours,
+            }))
+            .expect("static manifest");
+            api.create(&PostParams::default(), &np)
+                .await
+                .map_err(|e| format!("publishing NetworkParameters {remote_ns}/consumer: {e}"))?
+        }
+        Some(p) if serde_json::to_value(&p.spec).ok().as_ref() != Some(&ours) => api
+            .patch(
+                CONSUMER_NETWORK_PARAMETERS,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": ours})),
+            )
+            .await
+            .map_err(|e| format!("updating NetworkParameters {remote_ns}/consumer: {e}"))?,
+        Some(p) => p,
+    };
+    let Some(theirs) = api
+        .get_opt(PROVIDER_NETWORK_PARAMETERS)
+        .await
+        .map_err(|e| format!("reading NetworkParameters {remote_ns}/provider: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let pod: IpNet = theirs
+        .spec
+        .pod_cidr
+        .parse()
+        .map_err(|e| format!("provider pod CIDR {:?}: {e}", theirs.spec.pod_cidr))?;
+    let mut prefixes = vec![pod];
+    let ext: Option<IpNet> = theirs
+        .spec
+        .external_cidr
+        .as_ref()
+        .and_then(|e| e.parse().ok());
+    prefixes.extend(ext);
+    let grants = crate::provider::network::map_peer(ctx, provider, &prefixes)
+        .await
+        .map_err(|e| e.to_string())?;
+    let remapped_pod = grants[0].granted.to_string();
+    let remapped_ext = grants.get(1).map(|g| g.granted.to_string());
+    let current = theirs.status.clone().unwrap_or_default();
+    if current.remapped_pod_cidr.as_deref() != Some(remapped_pod.as_str())
+        || current.remapped_external_cidr != remapped_ext
+    {
+        api.patch_status(
+            PROVIDER_NETWORK_PARAMETERS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"remappedPodCIDR": remapped_pod, "remappedExternalCIDR": remapped_ext}})),
+        )
+        .await
+        .map_err(|e| format!("writing our remap into NetworkParameters {remote_ns}/provider: {e}"))?;
+    }
+    let Some(local_there) = published.status.and_then(|s| s.remapped_pod_cidr) else {
+        return Ok(None);
+    };
+    Ok(Some(tandem_api::peering::PeeringNetwork {
+        remote_pod_cidr: pod.to_string(),
+        remapped_remote_pod_cidr: remapped_pod,
+        remote_external_cidr: ext.map(|e| e.to_string()),
+        remapped_remote_external_cidr: remapped_ext,
+        local_pod_cidr_in_remote: Some(local_there),
+        remote_gateway_endpoint: theirs.spec.gateway_endpoint.clone(),
+        remote_public_key: theirs.spec.public_key.clone(),
+    }))
+}
+
+/// Undoes a peering: the virtual node and its pods here, the twin namespaces and the Tenant on
+/// the provider (unless forced), the IPAM grant and the tenant namespace here.
+async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
+    let provider = peering.spec.cluster_id.clone();
+    let consumer = ctx.identity.cluster_id.clone();
+    let status = peering.status.clone().unwrap_or_default();
+    let force = peering.annotations().contains_key(FORCE_UNPEER_ANNOTATION);
+    let node = status
+        .virtual_node
+        .clone()
+        .unwrap_or_else(|| names::virtual_node_name(&provider));
+    tracing::info!(%provider, force, "unpeering");
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let bound = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|e| fail(&provider, "listing pods on the virtual node")(e.to_string()))?;
+    for pod in bound.items {
+        let ns = pod.namespace().unwrap_or_default();
+        let _ = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .delete(
+                &pod.name_any(),
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
+            .await;
+    }
+    ignore_missing(
+        Api::<Node>::all(ctx.client.clone())
+            .delete(&node, &DeleteParams::default())
+            .await,
+    )
+    .map_err(|e| fail(&provider, "deleting the virtual node")(e.to_string()))?;
+    ignore_missing(
+        Api::<Lease>::namespaced(ctx.client.clone(), "kube-node-lease")
+            .delete(&node, &DeleteParams::default())
+            .await,
+    )
+    .map_err(|e| fail(&provider, "deleting the virtual node's Lease")(e.to_string()))?;
+    if !force && conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
+        let hint = format!("(if {provider} is gone for good: `tandem unpeer {provider} --force`)");
+        let client = identity_client(ctx, &provider, &status)
+            .await
+            .map_err(|e| fail(&provider, "reaching the provider")(format!("{e} {hint}")))?;
+        let remote_ns = status
+            .remote_tenant_namespace
+            .clone()
+            .unwrap_or_else(|| names::tenant_namespace(&consumer));
+        let remote_namespaces: Api<RemoteNamespace> = Api::namespaced(client.clone(), &remote_ns);
+        match remote_namespaces.list(&ListParams::default()).await {
+            Ok(list) => {
+                for rn in list.items {
+                    ignore_gone(
+                        remote_namespaces
+                            .delete(&rn.name_any(), &DeleteParams::default())
+                            .await,
+                    )
+                    .map_err(|e| {
+                        fail(&provider, "deleting twin namespaces on the provider")(format!(
+                            "{e} {hint}"
+                        ))
+                    })?;
+                }
+            }
+            Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => {}
+            Err(e) => {
+                return Err(fail(&provider, "listing twin namespaces on the provider")(
+                    format!("{e} {hint}"),
+                ));
+            }
+        }
+        ignore_gone(
+            Api::<Tenant>::namespaced(client, &remote_ns)
+                .delete(&consumer, &DeleteParams::default())
+                .await,
+        )
+        .map_err(|e| {
+            fail(&provider, "deleting our Tenant on the provider")(format!("{e} {hint}"))
+        })?;
+    }
+    crate::provider::network::release_peer(ctx, &provider)
+        .await
+        .map_err(|e| fail(&provider, "releasing the IPAM grant")(e.to_string()))?;
+    ignore_missing(
+        Api::<Namespace>::all(ctx.client.clone())
+            .delete(
+                &names::tenant_namespace(&provider),
+                &DeleteParams::default(),
+            )
+            .await,
+    )
+    .map_err(|e| fail(&provider, "deleting the tenant namespace")(e.to_string()))?;
+    Ok(())
+}
+
+fn ignore_missing<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if api_code(&e) == Some(404) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Missing, or no longer ours to touch (the provider already removed our access).
+fn ignore_gone<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => Ok(()),
+        Err(e) => Err(e),
+    }
 }

@@ -4,6 +4,7 @@ use tokio::task::JoinSet;
 
 use crate::context::Ctx;
 
+pub mod network;
 pub mod peering_request;
 pub mod remote_namespace;
 pub mod shadowpod;
@@ -13,6 +14,7 @@ pub mod tenant;
 pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(peering_request::run(ctx.clone()));
     tasks.spawn(tenant::run(ctx.clone()));
+    tasks.spawn(network::run(ctx.clone()));
     tasks.spawn(remote_namespace::run(ctx.clone()));
     tasks.spawn(shadowpod::run(ctx.clone()));
 }

@@ -1,7 +1,136 @@
-//! TODO(owner): provider-side tenant reconciler.
+//! Provider side: a `Tenant` holds everything of one consumer. Its finalizer undoes the peering
+//! on the provider when it is deleted (by the consumer unpeering, or by `tandem unpeer` here):
+//! twin namespaces, CSRs, the consumer's used invites, its IPAM grant and the tenant namespace.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::json;
+use tandem_api::{Tenant, names};
 
 use crate::context::Ctx;
 
-pub async fn run(_ctx: Ctx) {
-    std::future::pending::<()>().await
+#[derive(Debug, thiserror::Error)]
+#[error("Tenant {tenant}: {step}: {message}")]
+pub struct Error {
+    tenant: String,
+    step: &'static str,
+    message: String,
+}
+
+pub async fn run(ctx: Ctx) {
+    let api: Api<Tenant> = Api::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+fn error_policy(_t: Arc<Tenant>, e: &Error, _ctx: Ctx) -> Action {
+    tracing::warn!(error = %e, "tenant");
+    Action::requeue(Duration::from_secs(1))
+}
+
+async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
+    let ns = tenant.namespace().unwrap_or_default();
+    let api: Api<Tenant> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = tenant.name_any();
+    let err = |step: &'static str| {
+        let tenant = format!("{ns}/{name}");
+        move |e: kube::Error| Error {
+            tenant,
+            step,
+            message: e.to_string(),
+        }
+    };
+    let has_finalizer = tenant.finalizers().iter().any(|f| f == names::FINALIZER);
+    if tenant.metadata.deletion_timestamp.is_none() {
+        if !has_finalizer {
+            let mut finalizers = tenant.finalizers().to_vec();
+            finalizers.push(names::FINALIZER.to_string());
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": finalizers,
+                    "resourceVersion": tenant.resource_version()}})),
+            )
+            .await
+            .map_err(err("adding the finalizer"))?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    let consumer = tenant.spec.cluster_id.clone();
+    tracing::info!(%consumer, "tenant deleted: removing everything of the consumer");
+    let selector = format!("{}={consumer}", names::ORIGIN_CLUSTER_LABEL);
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    for twin in namespaces
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(err("listing twin namespaces"))?
+        .items
+    {
+        if twin.name_any() != ns && twin.metadata.deletion_timestamp.is_none() {
+            namespaces
+                .delete(&twin.name_any(), &DeleteParams::background())
+                .await
+                .map_err(err("deleting a twin namespace"))?;
+        }
+    }
+    let csrs: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
+    csrs.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels(&selector),
+    )
+    .await
+    .map_err(err("deleting CSRs"))?;
+    if let Ok(invites) = crate::invite::list(&ctx.client).await {
+        for invite in invites
+            .iter()
+            .filter(|i| i.used_by.as_deref() == Some(consumer.as_str()))
+        {
+            crate::invite::remove_invite_objects(&ctx.client, &invite.token_id)
+                .await
+                .map_err(|e| Error {
+                    tenant: format!("{ns}/{name}"),
+                    step: "removing used invites",
+                    message: e.to_string(),
+                })?;
+        }
+    }
+    crate::provider::network::release_peer(&ctx, &consumer)
+        .await
+        .map_err(|e| Error {
+            tenant: format!("{ns}/{name}"),
+            step: "releasing the IPAM grant",
+            message: e.to_string(),
+        })?;
+    let finalizers: Vec<String> = tenant
+        .finalizers()
+        .iter()
+        .filter(|f| *f != names::FINALIZER)
+        .cloned()
+        .collect();
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+    )
+    .await
+    .map_err(err("removing the finalizer"))?;
+    match namespaces.delete(&ns, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(err("deleting the tenant namespace")(e)),
+    }
+    Ok(Action::await_change())
 }

@@ -341,3 +341,32 @@ pub fn offloaded_deployment(name: &str, replicas: i32) -> serde_json::Value {
         },
     })
 }
+
+/// Peers `consumer` with `provider` through the real invite flow (what `tandem invite` then
+/// `tandem peer` do) and waits until the Peering is Established.
+pub async fn peer(consumer: &Cluster, provider: &Cluster) -> Peering {
+    let invite = invite(provider, Duration::from_secs(3600)).await;
+    tandem_controller::invite::accept(&consumer.client, &invite)
+        .await
+        .expect("accept invite");
+    tandem_controller::invite::wait_established(
+        &consumer.client,
+        &provider.id,
+        Duration::from_secs(30),
+        &mut |_| {},
+    )
+    .await
+    .expect("peering established")
+}
+
+/// Creates an invite on `provider` valid for `ttl`.
+pub async fn invite(provider: &Cluster, ttl: Duration) -> tandem_core::invite::PeeringInvite {
+    tandem_controller::invite::create(
+        &provider.client,
+        &provider.lab.server.url(),
+        provider.lab.server.ca_pem(),
+        ttl,
+    )
+    .await
+    .expect("create invite")
+}

@@ -1,0 +1,42 @@
+//! `tandem install`: deploy Tandem into the current cluster and create its identity.
+
+use crate::kubeconfig::KubeArgs;
+
+/// Install (or upgrade) Tandem in the cluster of the current context.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// This cluster's ID [default: kept if installed, else generated].
+    #[arg(long)]
+    cluster_id: Option<String>,
+    /// The cluster's pod CIDR [default: detected from the Nodes].
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// The range standing for non-pod addresses [default: 10.70.0.0/16].
+    #[arg(long)]
+    external_cidr: Option<String>,
+    /// Percent of the cluster's allocatable resources granted to each new consumer.
+    #[arg(long)]
+    share_percent: Option<u32>,
+    /// Controller image.
+    #[arg(long)]
+    image: Option<String>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let target = args.kube.target().await?;
+    let options = tandem_controller::install::InstallOptions {
+        cluster_id: args.cluster_id,
+        pod_cidr: args.pod_cidr,
+        external_cidr: args.external_cidr,
+        share_percent: args.share_percent,
+        image: args.image,
+    };
+    let identity = tandem_controller::install::install(&target.client, &options, &mut |step| {
+        eprintln!("✓ {step}");
+    })
+    .await?;
+    eprintln!("Tandem is installed as cluster {:?}", identity.cluster_id);
+    Ok(())
+}

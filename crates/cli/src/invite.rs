@@ -1,0 +1,74 @@
+//! `tandem invite`: on the provider, create (or list, or revoke) a peering invite.
+
+use std::time::Duration;
+
+use anyhow::anyhow;
+
+use crate::kubeconfig::{KubeArgs, parse_duration};
+
+/// Create a single-use peering invite; prints only the invite string on stdout.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  tandem invite --ttl 1h > invite.txt\n  # on the consumer:\n  tandem peer \"$(cat invite.txt)\""
+)]
+pub struct Args {
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// How long the invite is valid.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    ttl: Duration,
+    /// The API endpoint consumers should use [default: the kubeconfig's server].
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Revoke the invite with this token ID instead.
+    #[arg(long, value_name = "TOKEN_ID", conflicts_with = "list")]
+    revoke: Option<String>,
+    /// List the invites instead.
+    #[arg(long)]
+    list: bool,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let target = args.kube.target().await?;
+    if let Some(id) = args.revoke {
+        tandem_controller::invite::revoke(&target.client, &id).await?;
+        eprintln!("invite {id} revoked");
+        return Ok(());
+    }
+    if args.list {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        println!("{:<8} {:<12} USED BY", "TOKEN", "EXPIRES");
+        for i in tandem_controller::invite::list(&target.client).await? {
+            let expires = if i.expires > now {
+                format!(
+                    "in {}",
+                    tandem_core::invite::human_duration(i.expires - now)
+                )
+            } else {
+                "expired".into()
+            };
+            println!(
+                "{:<8} {:<12} {}",
+                i.token_id,
+                expires,
+                i.used_by.unwrap_or_else(|| "-".into())
+            );
+        }
+        return Ok(());
+    }
+    let ca = target
+        .ca_pem
+        .ok_or_else(|| anyhow!("the kubeconfig has no certificate-authority for the cluster; consumers could not verify it"))?;
+    let endpoint = args.endpoint.unwrap_or(target.server);
+    let invite =
+        tandem_controller::invite::create(&target.client, &endpoint, &ca, args.ttl).await?;
+    eprintln!(
+        "invite {} for cluster {} valid for {} (revoke: tandem invite --revoke {})",
+        invite.token_id,
+        invite.provider_cluster_id,
+        tandem_core::invite::human_duration(args.ttl.as_secs() as i64),
+        invite.token_id
+    );
+    println!("{}", invite.encode());
+    Ok(())
+}

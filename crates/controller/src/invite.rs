@@ -1,0 +1,532 @@
+//! The admin-side steps of peering, shared by the CLI and the tests:
+//! - on the provider: create, list and revoke invites (a bootstrap token allowed nothing but
+//!   filing and reading back one peering request);
+//! - on the consumer: accept an invite (tenant namespace, token Secret, `Peering`), wait for
+//!   the controller to establish it, and undo it;
+//! - on either side: unpeer.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tandem_api::{Peering, Tenant, conditions, names};
+use tandem_core::invite::{PeeringInvite, human_duration};
+
+use crate::identity::ClusterIdentity;
+
+/// Key of the consumer's token Secret holding `<id>.<secret>`.
+pub const TOKEN_KEY: &str = "token";
+/// Key of the consumer's token Secret holding the invite's expiry (Unix seconds).
+pub const EXPIRES_KEY: &str = "expires";
+/// Annotation (on a Peering) asking the deletion to skip every step on the provider.
+pub const FORCE_UNPEER_ANNOTATION: &str = "tandem.dev/force-unpeer";
+/// Annotation on an invite's token Secret once a consumer filed its request.
+pub const INVITE_USED_ANNOTATION: &str = "tandem.dev/invite-used-by";
+
+/// Name of the Role and RoleBinding (in tandem-system) that let one invite file its request.
+pub fn invite_role_name(token_id: &str) -> String {
+    format!("tandem:invite-{token_id}")
+}
+
+/// Name of the bootstrap-token Secret of an invite (in kube-system).
+pub fn token_secret_name(token_id: &str) -> String {
+    format!("bootstrap-token-{token_id}")
+}
+
+/// Name of the consumer's Secret holding an invite's token (in `tandem-tenant-<provider>`).
+pub fn consumer_token_secret_name(provider_id: &str) -> String {
+    format!("tandem-invite-{provider_id}")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InviteError {
+    #[error("{step}: {source}")]
+    Api { step: String, source: kube::Error },
+    #[error("{0}")]
+    Identity(#[from] crate::identity::IdentityError),
+    #[error("{0}")]
+    Invite(#[from] tandem_core::invite::InviteError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn api(step: impl Into<String>) -> impl FnOnce(kube::Error) -> InviteError {
+    let step = step.into();
+    move |source| InviteError::Api { step, source }
+}
+
+fn managed() -> BTreeMap<String, String> {
+    [(
+        names::MANAGED_BY_LABEL.to_string(),
+        names::MANAGED_BY.to_string(),
+    )]
+    .into()
+}
+
+fn now_unix() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+fn random_token_part(len: usize) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..len)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// An invite as the provider lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InviteInfo {
+    pub token_id: String,
+    pub expires: i64,
+    /// The consumer that used it, if any.
+    pub used_by: Option<String>,
+}
+
+/// Creates an invite on the provider (`client`) for consumers reaching it at `endpoint` with
+/// `ca_pem`, valid for `ttl`.
+pub async fn create(
+    client: &Client,
+    endpoint: &str,
+    ca_pem: &str,
+    ttl: Duration,
+) -> Result<PeeringInvite, InviteError> {
+    let identity = ClusterIdentity::load(client).await?;
+    let invite = PeeringInvite {
+        provider_cluster_id: identity.cluster_id,
+        endpoint: endpoint.trim_end_matches('/').to_string(),
+        ca_data: ca_pem.to_string(),
+        token_id: random_token_part(tandem_core::invite::TOKEN_ID_LEN),
+        token_secret: random_token_part(tandem_core::invite::TOKEN_SECRET_LEN),
+        expires: now_unix() + ttl.as_secs() as i64,
+    };
+    invite.validate()?;
+    let id = &invite.token_id;
+    let expiration = k8s_openapi::jiff::Timestamp::from_second(invite.expires)
+        .expect("expiry in range")
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let group = format!("{}{id}", names::INVITE_GROUP_PREFIX);
+    let role_name = invite_role_name(id);
+    // RBAC first: a token that authenticates before its permissions exist would only get 403.
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": role_name, "namespace": names::SYSTEM_NAMESPACE, "labels": managed(),
+                     "annotations": {names::INVITE_ANNOTATION: id}},
+        "rules": invite_rules(id, true),
+    }))
+    .expect("static manifest");
+    Api::<Role>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
+        .create(&PostParams::default(), &role)
+        .await
+        .map_err(api(format!(
+            "creating Role {}/{role_name}",
+            names::SYSTEM_NAMESPACE
+        )))?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name, "namespace": names::SYSTEM_NAMESPACE, "labels": managed(),
+                     "annotations": {names::INVITE_ANNOTATION: id}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+    }))
+    .expect("static manifest");
+    Api::<RoleBinding>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
+        .create(&PostParams::default(), &binding)
+        .await
+        .map_err(api(format!(
+            "creating RoleBinding {}/{role_name}",
+            names::SYSTEM_NAMESPACE
+        )))?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": token_secret_name(id), "namespace": "kube-system", "labels": managed(),
+                     "annotations": {names::INVITE_ANNOTATION: "peering"}},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {
+            "description": "Tandem peering invite",
+            "token-id": id,
+            "token-secret": invite.token_secret,
+            "expiration": expiration,
+            "usage-bootstrap-authentication": "true",
+            "auth-extra-groups": group,
+        },
+    }))
+    .expect("static manifest");
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &secret)
+        .await
+        .map_err(api(format!(
+            "creating Secret kube-system/{}",
+            token_secret_name(id)
+        )))?;
+    Ok(invite)
+}
+
+/// The rules of an invite's Role: file (while unused) and read back its one request.
+pub fn invite_rules(token_id: &str, may_create: bool) -> serde_json::Value {
+    let mut rules = vec![json!({
+        "apiGroups": [tandem_api::GROUP], "resources": ["peeringrequests"],
+        "verbs": ["get"], "resourceNames": [token_id],
+    })];
+    if may_create {
+        rules.push(json!({
+            "apiGroups": [tandem_api::GROUP], "resources": ["peeringrequests"], "verbs": ["create"],
+        }));
+    }
+    json!(rules)
+}
+
+/// The provider's invites (unexpired or not yet cleaned up).
+pub async fn list(client: &Client) -> Result<Vec<InviteInfo>, InviteError> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            names::MANAGED_BY_LABEL,
+            names::MANAGED_BY
+        )))
+        .await
+        .map_err(api("listing invite tokens in kube-system"))?;
+    Ok(secrets
+        .items
+        .iter()
+        .filter_map(|s| {
+            let data = s.data.as_ref()?;
+            let get = |k: &str| {
+                data.get(k)
+                    .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            };
+            let expires = get("expiration")
+                .and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .map_or(0, |t| t.as_second());
+            Some(InviteInfo {
+                token_id: get("token-id")?,
+                expires,
+                used_by: s.annotations().get(INVITE_USED_ANNOTATION).cloned(),
+            })
+        })
+        .collect())
+}
+
+/// Revokes an invite: deletes its token, RBAC and pending request. Unknown IDs are an error.
+pub async fn revoke(client: &Client, token_id: &str) -> Result<(), InviteError> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), "kube-system");
+    let name = token_secret_name(token_id);
+    let found = secrets
+        .get_opt(&name)
+        .await
+        .map_err(api(format!("reading Secret kube-system/{name}")))?;
+    if found.is_none() {
+        return Err(InviteError::Refused(format!(
+            "no invite with token ID {token_id:?} (see `tandem invite --list`)"
+        )));
+    }
+    remove_invite_objects(client, token_id).await
+}
+
+/// Deletes everything an invite created on the provider (idempotent).
+pub async fn remove_invite_objects(client: &Client, token_id: &str) -> Result<(), InviteError> {
+    let role = invite_role_name(token_id);
+    delete_ignoring_missing(
+        &Api::<Secret>::namespaced(client.clone(), "kube-system"),
+        &token_secret_name(token_id),
+    )
+    .await?;
+    delete_ignoring_missing(
+        &Api::<RoleBinding>::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &role,
+    )
+    .await?;
+    delete_ignoring_missing(
+        &Api::<Role>::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &role,
+    )
+    .await?;
+    Ok(())
+}
+
+async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<(), InviteError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(InviteError::Api {
+            step: format!("deleting {} {name}", K::kind(&K::DynamicType::default())),
+            source,
+        }),
+    }
+}
+
+/// Accepts an invite on the consumer (`client`): creates the tenant namespace, the token Secret
+/// and the `Peering`. Touches only the consumer's cluster.
+pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), InviteError> {
+    invite.check_expiry(now_unix())?;
+    let identity = ClusterIdentity::load(client).await?;
+    let provider = &invite.provider_cluster_id;
+    names::validate_cluster_id(provider).map_err(InviteError::Refused)?;
+    if provider == &identity.cluster_id {
+        return Err(InviteError::Refused(format!(
+            "the invite is from this very cluster ({provider}); run `tandem peer` on the consumer"
+        )));
+    }
+    let peerings: Api<Peering> = Api::all(client.clone());
+    if let Some(existing) = peerings
+        .get_opt(provider)
+        .await
+        .map_err(api(format!("reading Peering {provider}")))?
+    {
+        let phase = existing
+            .status
+            .and_then(|s| s.phase)
+            .unwrap_or_else(|| "Pending".into());
+        return Err(InviteError::Refused(format!(
+            "this cluster already peers with {provider} (phase {phase}); `tandem unpeer {provider}` first"
+        )));
+    }
+    let tenant = names::tenant_namespace(provider);
+    if let Some(ns) = Api::<Namespace>::all(client.clone())
+        .get_opt(&tenant)
+        .await
+        .map_err(api(format!("reading namespace {tenant}")))?
+        && ns.metadata.deletion_timestamp.is_some()
+    {
+        return Err(InviteError::Refused(format!(
+            "namespace {tenant} of an earlier peering is still being deleted; retry in a moment"
+        )));
+    }
+    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+    let mut ns_labels = managed();
+    ns_labels.insert(names::TENANT_NAMESPACE_LABEL.into(), "true".into());
+    ns_labels.insert(names::REMOTE_CLUSTER_LABEL.into(), provider.clone());
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            &tenant,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": tenant, "labels": ns_labels},
+            })),
+        )
+        .await
+        .map_err(api(format!("creating namespace {tenant}")))?;
+    let secret_name = consumer_token_secret_name(provider);
+    Api::<Secret>::namespaced(client.clone(), &tenant)
+        .patch(
+            &secret_name,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": secret_name, "labels": managed()},
+                "stringData": {TOKEN_KEY: invite.bearer_token(), EXPIRES_KEY: invite.expires.to_string()},
+            })),
+        )
+        .await
+        .map_err(api(format!("creating Secret {tenant}/{secret_name}")))?;
+    let peering: Peering = serde_json::from_value(json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "Peering",
+        "metadata": {"name": provider, "labels": managed()},
+        "spec": {"clusterID": provider, "endpoint": invite.endpoint, "caData": invite.ca_data,
+                 "inviteSecret": secret_name},
+    }))
+    .expect("static manifest");
+    peerings
+        .create(&PostParams::default(), &peering)
+        .await
+        .map_err(api(format!("creating Peering {provider}")))?;
+    Ok(())
+}
+
+/// Waits until the Peering with `provider` is Established (Ok) or Failed (Err with the cause),
+/// telling `progress` each condition that turns True.
+pub async fn wait_established(
+    client: &Client,
+    provider: &str,
+    timeout: Duration,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<Peering, InviteError> {
+    let peerings: Api<Peering> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut told: Vec<String> = Vec::new();
+    loop {
+        let peering = peerings
+            .get(provider)
+            .await
+            .map_err(api(format!("reading Peering {provider}")))?;
+        let status = peering.status.clone().unwrap_or_default();
+        for c in &status.conditions {
+            if c.status == "True" && !told.contains(&c.type_) {
+                told.push(c.type_.clone());
+                progress(&format!("{}: {}", c.type_, c.message));
+            }
+        }
+        match status.phase.as_deref() {
+            Some("Established") => return Ok(peering),
+            Some("Failed") => {
+                let cause = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.status == "False")
+                    .map(|c| c.message.clone())
+                    .unwrap_or_else(|| "failed".into());
+                return Err(InviteError::Refused(cause));
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() > deadline {
+            let pending = status
+                .conditions
+                .iter()
+                .find(|c| c.status != "True")
+                .map(|c| format!("{}: {}", c.type_, c.message))
+                .unwrap_or_else(|| "no progress reported (is the controller running?)".into());
+            return Err(InviteError::Refused(format!(
+                "not established after {}: {pending}",
+                human_duration(timeout.as_secs() as i64)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Unpeers from `peer` on this cluster: as consumer deletes the Peering (the controller undoes
+/// everything, on the provider too unless `force`), as provider deletes the Tenant. Waits until
+/// the tenant namespace is gone.
+pub async fn unpeer(
+    client: &Client,
+    peer: &str,
+    force: bool,
+    timeout: Duration,
+) -> Result<(), InviteError> {
+    let peerings: Api<Peering> = Api::all(client.clone());
+    let tenant_ns = names::tenant_namespace(peer);
+    let mut found = false;
+    if peerings
+        .get_opt(peer)
+        .await
+        .map_err(api(format!("reading Peering {peer}")))?
+        .is_some()
+    {
+        found = true;
+        if force {
+            peerings
+                .patch(
+                    peer,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {FORCE_UNPEER_ANNOTATION: "true"}}}),
+                    ),
+                )
+                .await
+                .map_err(api(format!("annotating Peering {peer}")))?;
+        }
+        delete_ignoring_missing(&peerings, peer).await?;
+    }
+    let tenants: Api<Tenant> = Api::namespaced(client.clone(), &tenant_ns);
+    if tenants
+        .get_opt(peer)
+        .await
+        .map_err(api(format!("reading Tenant {tenant_ns}/{peer}")))?
+        .is_some()
+    {
+        found = true;
+        delete_ignoring_missing(&tenants, peer).await?;
+    }
+    if !found {
+        return Err(InviteError::Refused(format!(
+            "this cluster has no peering with {peer:?} (no Peering and no Tenant)"
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    loop {
+        let peering_gone = peerings
+            .get_opt(peer)
+            .await
+            .map_err(api(format!("reading Peering {peer}")))?
+            .is_none();
+        let ns_gone = namespaces
+            .get_opt(&tenant_ns)
+            .await
+            .map_err(api(format!("reading namespace {tenant_ns}")))?
+            .is_none();
+        if peering_gone && ns_gone {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            let hint = if force {
+                String::new()
+            } else {
+                format!("; if {peer} is gone for good, run `tandem unpeer {peer} --force`")
+            };
+            return Err(InviteError::Refused(format!(
+                "still unpeering after {}{hint}",
+                human_duration(timeout.as_secs() as i64)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether a Peering's conditions say it is usable.
+pub fn is_established(peering: &Peering) -> bool {
+    peering
+        .status
+        .as_ref()
+        .is_some_and(|s| s.phase.as_deref() == Some("Established"))
+        && peering
+            .status
+            .as_ref()
+            .is_some_and(|s| conditions::is_true(&s.conditions, conditions::AUTHENTICATED))
+}
+
+/// Undoes [`accept`] after a failure: force-deletes the Peering (nothing on the provider
+/// needs undoing, the request was refused) and the tenant namespace, and waits until both are gone.
+pub async fn abandon(client: &Client, provider: &str) -> Result<(), InviteError> {
+    let peerings: Api<Peering> = Api::all(client.clone());
+    if peerings
+        .get_opt(provider)
+        .await
+        .map_err(api(format!("reading Peering {provider}")))?
+        .is_some()
+    {
+        let _ = peerings
+            .patch(
+                provider,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {FORCE_UNPEER_ANNOTATION: "true"}}}),
+                ),
+            )
+            .await;
+        delete_ignoring_missing(&peerings, provider).await?;
+    }
+    let tenant_ns = names::tenant_namespace(provider);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    delete_ignoring_missing(&namespaces, &tenant_ns).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let peering = peerings
+            .get_opt(provider)
+            .await
+            .map_err(api(format!("reading Peering {provider}")))?;
+        let ns = namespaces
+            .get_opt(&tenant_ns)
+            .await
+            .map_err(api(format!("reading namespace {tenant_ns}")))?;
+        if peering.is_none() && ns.is_none() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(InviteError::Refused(format!(
+                "Peering {provider} or namespace {tenant_ns} still there after 30s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

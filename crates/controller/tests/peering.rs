@@ -1,0 +1,446 @@
+//! The invite flow end to end on lab clusters: invite → peer → Established with the grant and
+//! the network remap; refused tokens leave nothing behind; the grant follows the provider;
+//! unpeer removes everything Tandem-owned of the peering on both sides.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, Resource};
+use serde_json::json;
+use support::{Cluster, until};
+use tandem_api::{NetworkParameters, Peering, PeeringRequest, RemoteNamespace, Tenant, names};
+use tandem_controller::invite;
+
+/// Every Tandem-owned object a user would find with kubectl: the tandem.dev objects and
+/// everything labelled managed-by=tandem, as "Kind namespace/name".
+async fn tandem_objects(client: &Client) -> Vec<String> {
+    let managed = ListParams::default().labels(&format!(
+        "{}={}",
+        names::MANAGED_BY_LABEL,
+        names::MANAGED_BY
+    ));
+    let mut out = Vec::new();
+    fn push<K: Resource<DynamicType = ()>>(out: &mut Vec<String>, items: Vec<K>) {
+        for o in items {
+            out.push(format!(
+                "{} {}/{}",
+                K::kind(&()),
+                o.meta().namespace.clone().unwrap_or_default(),
+                o.meta().name.clone().unwrap_or_default()
+            ));
+        }
+    }
+    let all = ListParams::default();
+    push(
+        &mut out,
+        Api::<Namespace>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Secret>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<ConfigMap>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Role>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<RoleBinding>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<CertificateSigningRequest>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Node>::all(client.clone())
+            .list(&managed)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Peering>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<PeeringRequest>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<Tenant>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<NetworkParameters>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    push(
+        &mut out,
+        Api::<RemoteNamespace>::all(client.clone())
+            .list(&all)
+            .await
+            .unwrap()
+            .items,
+    );
+    out.sort();
+    out
+}
+
+/// Waits until the cluster's Tandem objects are `expected` again.
+async fn until_objects(cluster: &Cluster, expected: &[String], what: &str) {
+    let mut last = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            last = tandem_objects(&cluster.client).await;
+            if last == expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    if found.is_err() {
+        let extra: Vec<_> = last.iter().filter(|o| !expected.contains(o)).collect();
+        let missing: Vec<_> = expected.iter().filter(|o| !last.contains(o)).collect();
+        panic!(
+            "{what} on {}: left behind {extra:?}, missing {missing:?}",
+            cluster.id
+        );
+    }
+}
+
+fn condition<'a>(p: &'a Peering, t: &str) -> Option<&'a str> {
+    p.status
+        .as_ref()
+        .and_then(|s| tandem_api::conditions::find(&s.conditions, t))
+        .map(|c| c.status.as_str())
+}
+
+#[tokio::test]
+async fn invite_peer_negotiate_shrink_unpeer() {
+    let provider = Cluster::start("milan", "eu-south", 2).await;
+    let consumer = Cluster::start("rome", "eu-central", 1).await;
+    let provider_before = tandem_objects(&provider.client).await;
+    let consumer_before = tandem_objects(&consumer.client).await;
+
+    let peering = support::peer(&consumer, &provider).await;
+    let status = peering.status.clone().unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Established"));
+    for c in [
+        "Authenticated",
+        "ResourcesGranted",
+        "NetworkNegotiated",
+        "ProviderReachable",
+    ] {
+        assert_eq!(condition(&peering, c), Some("True"), "{c}: {status:?}");
+    }
+    for r in ["cpu", "memory", "pods"] {
+        assert!(
+            status.granted.contains_key(r),
+            "granted {r}: {:?}",
+            status.granted
+        );
+    }
+    assert_eq!(
+        status
+            .node_labels
+            .get("topology.kubernetes.io/region")
+            .map(String::as_str),
+        Some("eu-south")
+    );
+    assert_eq!(
+        status.remote_tenant_namespace.as_deref(),
+        Some("tandem-tenant-rome")
+    );
+    let network = status.network.clone().unwrap();
+    // Both lab clusters use 10.244.0.0/16: each side remaps the other's.
+    assert_eq!(network.remote_pod_cidr, "10.244.0.0/16");
+    assert_ne!(network.remapped_remote_pod_cidr, "10.244.0.0/16");
+    let there = network.local_pod_cidr_in_remote.clone().unwrap();
+    assert_ne!(there, "10.244.0.0/16");
+
+    // Provider side: the Tenant with its grant, both network parameters with each other's remap.
+    let tenants: Api<Tenant> = Api::namespaced(provider.client.clone(), "tandem-tenant-rome");
+    let tenant = tenants.get("rome").await.unwrap();
+    assert_eq!(tenant.spec.grant, status.granted);
+    let params: Api<NetworkParameters> =
+        Api::namespaced(provider.client.clone(), "tandem-tenant-rome");
+    let theirs = params.get("provider").await.unwrap();
+    assert_eq!(
+        theirs.status.unwrap().remapped_pod_cidr.as_deref(),
+        Some(network.remapped_remote_pod_cidr.as_str())
+    );
+    let ours = params.get("consumer").await.unwrap();
+    assert_eq!(ours.status.unwrap().remapped_pod_cidr, Some(there));
+    // The request is cleaned up once the consumer authenticated; the token is spent.
+    let requests: Api<PeeringRequest> =
+        Api::namespaced(provider.client.clone(), names::SYSTEM_NAMESPACE);
+    until(
+        "the peering request to be removed",
+        Duration::from_secs(10),
+        || async {
+            requests
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    // The consumer no longer holds the token, only its identity.
+    let secrets: Api<Secret> = Api::namespaced(consumer.client.clone(), "tandem-tenant-milan");
+    assert!(
+        secrets
+            .get_opt("tandem-invite-milan")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        secrets
+            .get_opt("tandem-identity-milan")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // The provider shrinks the grant: the consumer's status follows.
+    tenants
+        .patch(
+            "rome",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"grant": {"cpu": "1", "memory": "1Gi", "pods": "7"}}})),
+        )
+        .await
+        .unwrap();
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    until(
+        "the consumer to see the smaller grant",
+        Duration::from_secs(15),
+        || async {
+            let p = peerings.get("milan").await.unwrap();
+            let g = p.status?.granted;
+            (g.get("pods").map(|q| q.0.as_str()) == Some("7")).then_some(())
+        },
+    )
+    .await;
+
+    // Unpeer from the consumer: nothing of the peering is left on either side.
+    invite::unpeer(&consumer.client, "milan", false, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&consumer, &consumer_before, "after unpeer").await;
+    until_objects(&provider, &provider_before, "after unpeer").await;
+}
+
+#[tokio::test]
+async fn refused_tokens_name_the_cause_and_leave_nothing() {
+    let provider = Cluster::start("oslo", "eu-north", 1).await;
+    let consumer = Cluster::start("bergen", "eu-north", 1).await;
+    let other = Cluster::start("tromso", "eu-north", 1).await;
+    let consumer_before = tandem_objects(&consumer.client).await;
+    let other_before = tandem_objects(&other.client).await;
+
+    // Expired: refused locally, before anything is created.
+    let mut expired = support::invite(&provider, Duration::from_secs(3600)).await;
+    expired.expires -= 3600 + 180;
+    let err = invite::accept(&consumer.client, &expired)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("expired 3m ago"), "{err}");
+    invite::revoke(&provider.client, &expired.token_id)
+        .await
+        .unwrap();
+
+    let attempt = |who: &'static Cluster, inv: tandem_core::invite::PeeringInvite| async move {
+        invite::accept(&who.client, &inv).await.unwrap();
+        let err =
+            invite::wait_established(&who.client, "oslo", Duration::from_secs(20), &mut |_| {})
+                .await
+                .unwrap_err()
+                .to_string();
+        invite::abandon(&who.client, "oslo").await.unwrap();
+        err
+    };
+    // 'static borrows for the closure: the clusters live for the whole test.
+    let consumer: &'static Cluster = Box::leak(Box::new(consumer));
+    let other: &'static Cluster = Box::leak(Box::new(other));
+    let provider_before = tandem_objects(&provider.client).await;
+
+    // Wrong token: right ID, wrong secret.
+    let mut wrong = support::invite(&provider, Duration::from_secs(3600)).await;
+    wrong.token_secret = "aaaaaaaaaaaaaaaa".into();
+    let err = attempt(consumer, wrong.clone()).await;
+    assert!(
+        err.contains("does not know this token (wrong or revoked)"),
+        "{err}"
+    );
+    invite::revoke(&provider.client, &wrong.token_id)
+        .await
+        .unwrap();
+
+    // Revoked token.
+    let revoked = support::invite(&provider, Duration::from_secs(3600)).await;
+    invite::revoke(&provider.client, &revoked.token_id)
+        .await
+        .unwrap();
+    let err = attempt(consumer, revoked).await;
+    assert!(err.contains("wrong or revoked"), "{err}");
+    until_objects(consumer, &consumer_before, "after refused tokens").await;
+    until_objects(&provider, &provider_before, "after refused tokens").await;
+
+    // Reused token: a second cluster tries the invite the first one used.
+    let used = support::invite(&provider, Duration::from_secs(3600)).await;
+    invite::accept(&consumer.client, &used).await.unwrap();
+    invite::wait_established(
+        &consumer.client,
+        "oslo",
+        Duration::from_secs(30),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
+    let provider_peered = tandem_objects(&provider.client).await;
+    let err = attempt(other, used).await;
+    assert!(err.contains("already used"), "{err}");
+    until_objects(other, &other_before, "after a reused token").await;
+    until_objects(&provider, &provider_peered, "after a reused token").await;
+}
+
+#[tokio::test]
+async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
+    let provider = Cluster::start("lisbon", "eu-west", 1).await;
+    let mut consumer = Cluster::start("porto", "eu-west", 1).await;
+    let provider_before = tandem_objects(&provider.client).await;
+    let consumer_before = tandem_objects(&consumer.client).await;
+
+    // The provider's admin unpeers: the tenant goes, and the consumer sees it lost its grant.
+    support::peer(&consumer, &provider).await;
+    invite::unpeer(&provider.client, "porto", false, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&provider, &provider_before, "after the provider unpeered").await;
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    let p = until(
+        "the consumer to notice",
+        Duration::from_secs(15),
+        || async {
+            let p = peerings.get("lisbon").await.unwrap();
+            (condition(&p, "ResourcesGranted") == Some("False")).then_some(p)
+        },
+    )
+    .await;
+    let cond =
+        tandem_api::conditions::find(&p.status.as_ref().unwrap().conditions, "ResourcesGranted")
+            .unwrap();
+    assert!(cond.message.contains("unpeered us"), "{}", cond.message);
+    // The consumer then unpeers too; the provider already forgot it, which is fine.
+    invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&consumer, &consumer_before, "after the consumer unpeered").await;
+
+    // Peer again, then the provider disappears for good: unpeer waits and names --force,
+    // and --force removes everything here.
+    support::peer(&consumer, &provider).await;
+    provider.lab.shutdown();
+    let err = invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(3))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tandem unpeer lisbon --force"), "{err}");
+    invite::unpeer(&consumer.client, "lisbon", true, Duration::from_secs(20))
+        .await
+        .unwrap();
+    until_objects(&consumer, &consumer_before, "after a forced unpeer").await;
+    consumer.kill_controller();
+}
+
+#[tokio::test]
+async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
+    let provider = Cluster::start("vienna", "eu-central", 1).await;
+    let invite = support::invite(&provider, Duration::from_secs(3600)).await;
+    let kc = tandem_controller::consumer::peering::kubeconfig(
+        &invite.endpoint,
+        &invite.ca_data,
+        json!({"token": invite.bearer_token()}),
+    );
+    let token_client = tandem_controller::consumer::link::client_from_kubeconfig(&kc)
+        .await
+        .unwrap();
+    let requests: Api<PeeringRequest> = Api::namespaced(token_client, names::SYSTEM_NAMESPACE);
+    let req: PeeringRequest = serde_json::from_value(json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+        "metadata": {"name": invite.token_id},
+        "spec": {"clusterID": "graz", "tokenID": invite.token_id,
+                 "tokenProof": "00", "csr": "not a CSR"},
+    }))
+    .unwrap();
+    requests.create(&Default::default(), &req).await.unwrap();
+    let message = until(
+        "the request to be denied",
+        Duration::from_secs(10),
+        || async {
+            let s = requests.get(&invite.token_id).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Denied")).then(|| s.message.unwrap_or_default())
+        },
+    )
+    .await;
+    assert!(message.contains("tokenProof does not match"), "{message}");
+    // Nothing was created for the would-be consumer.
+    let ns: Api<Namespace> = Api::all(provider.client.clone());
+    assert!(ns.get_opt("tandem-tenant-graz").await.unwrap().is_none());
+}
