@@ -3,6 +3,7 @@
 mod apiserver;
 mod controller;
 mod crds;
+mod demo;
 mod gateway;
 mod host;
 mod install;
@@ -34,6 +35,8 @@ enum Command {
     Apiserver(apiserver::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
     Gateway(gateway::Args),
+    /// Two lab clusters peered, a namespace offloaded, an app running in both.
+    Demo(demo::Args),
     /// Run Tandem's controller (the cluster agent) against a cluster.
     Controller(controller::Args),
     /// Show peerings, virtual nodes, offloaded namespaces and pod counts.
@@ -82,6 +85,7 @@ fn run() -> anyhow::Result<()> {
             Command::Lab(args) => lab::run(args).await,
             Command::Controller(args) => controller::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Demo(args) => demo::run(args).await,
             Command::Install(args) => install::run(args).await,
             Command::Invite(args) => invite::run(args).await,
             Command::Peer(args) => peer::run(args).await,
