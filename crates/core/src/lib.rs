@@ -2,4 +2,5 @@
 
 pub mod ipam;
 pub mod nat;
+pub mod offloading;
 pub mod prefix;
