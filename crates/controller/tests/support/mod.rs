@@ -219,9 +219,9 @@ pub async fn fake_peering(
             "granted": grant,
             "nodeLabels": {"topology.kubernetes.io/region": provider.lab.config.region},
             "network": {
-                "remotePodCIDR": provider.lab.config.pod_cidr,
-                "remappedRemotePodCIDR": remap_of(&provider.lab.config.pod_cidr),
-                "localPodCIDRInRemote": remap_of(&consumer.lab.config.pod_cidr),
+                "remotePodCidr": provider.lab.config.pod_cidr,
+                "remappedRemotePodCidr": remap_of(&provider.lab.config.pod_cidr),
+                "localPodCidrInRemote": remap_of(&consumer.lab.config.pod_cidr),
             },
         },
     }))).await.expect("peering status");
