@@ -302,12 +302,13 @@ mod tests {
     fn twin_names() {
         use NamespaceMapping::*;
         let long = "x".repeat(60);
-        let cases: Vec<(
+        type Case<'a> = (
             NamespaceMapping,
-            &str,
-            Option<&str>,
+            &'a str,
+            Option<&'a str>,
             Result<String, TwinNameError>,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (DefaultName, "app", None, Ok("app-rome".into())),
             (EnforceSameName, "app", None, Ok("app".into())),
             (SelectedName, "app", Some("web-eu"), Ok("web-eu".into())),
@@ -452,7 +453,14 @@ mod tests {
                 {"nodeSelectorTerms": [{"matchExpressions": [ssd]}]}}}}});
         let already = json!({"spec": {"tolerations": [tol], "affinity": {"podAffinity": {}}}});
         let req = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution";
-        let cases: Vec<(&str, &Value, PodPlacement, Vec<SelectorTerm>, Vec<Value>)> = vec![
+        type Case<'a> = (
+            &'a str,
+            &'a Value,
+            PodPlacement,
+            Vec<SelectorTerm>,
+            Vec<Value>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "local",
                 &bare,
