@@ -4,6 +4,7 @@ mod apiserver;
 mod crds;
 mod gateway;
 mod lab;
+mod offload;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,10 @@ enum Command {
     Crds(crds::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
     Lab(lab::Args),
+    /// Offload a namespace to peered providers (twin namespaces, pod placement).
+    Offload(offload::OffloadArgs),
+    /// Stop offloading a namespace and remove its twin namespaces.
+    Unoffload(offload::UnoffloadArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +65,8 @@ fn run() -> anyhow::Result<()> {
             Command::Apiserver(args) => apiserver::run(args).await,
             Command::Gateway(args) => gateway::run(args).await,
             Command::Lab(args) => lab::run(args).await,
+            Command::Offload(args) => offload::offload(args).await,
+            Command::Unoffload(args) => offload::unoffload(args).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })
