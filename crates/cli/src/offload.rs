@@ -87,7 +87,9 @@ enum UnoffloadCommand {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like 90s or 2m"))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s or 2m"))?;
     match unit {
         "" | "s" => Ok(Duration::from_secs(n)),
         "m" => Ok(Duration::from_secs(n * 60)),
@@ -139,7 +141,11 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         .get_opt(ns)
         .await
         .with_context(|| format!("reading namespace {ns}"))?
-        .with_context(|| format!("namespace {ns} does not exist (create it first: kubectl create namespace {ns})"))?;
+        .with_context(|| {
+            format!(
+                "namespace {ns} does not exist (create it first: kubectl create namespace {ns})"
+            )
+        })?;
     let mapping = match (&a.namespace_mapping_strategy, &a.remote_namespace_name) {
         (Some(m), _) => m.clone(),
         (None, Some(_)) => "SelectedName".to_string(),
@@ -177,7 +183,10 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
             )
         })?;
     let generation = applied.metadata.generation;
-    eprintln!("NamespaceOffloading {ns}/{} applied", names::OFFLOADING_NAME);
+    eprintln!(
+        "NamespaceOffloading {ns}/{} applied",
+        names::OFFLOADING_NAME
+    );
     let deadline = tokio::time::Instant::now() + a.timeout;
     let mut last = String::new();
     loop {
@@ -192,10 +201,15 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         let message = ready.map(|c| c.message.clone()).unwrap_or_default();
         if current && phase == "Ready" {
             if status.remote_namespaces.is_empty() {
-                println!("namespace {ns} offloaded to no provider (none linked or selected; pods stay local)");
+                println!(
+                    "namespace {ns} offloaded to no provider (none linked or selected; pods stay local)"
+                );
             }
             for r in &status.remote_namespaces {
-                println!("namespace {ns} offloaded to {}: twin namespace {}", r.cluster_id, r.namespace);
+                println!(
+                    "namespace {ns} offloaded to {}: twin namespace {}",
+                    r.cluster_id, r.namespace
+                );
             }
             return Ok(());
         }
@@ -219,10 +233,16 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
 
 /// Runs `tandem unoffload …`.
 pub async fn unoffload(args: UnoffloadArgs) -> anyhow::Result<()> {
-    let UnoffloadCommand::Namespace { namespace: ns, timeout } = args.command;
+    let UnoffloadCommand::Namespace {
+        namespace: ns,
+        timeout,
+    } = args.command;
     let client = client(&args.cluster).await?;
     let api: Api<NamespaceOffloading> = Api::namespaced(client, &ns);
-    match api.delete(names::OFFLOADING_NAME, &DeleteParams::default()).await {
+    match api
+        .delete(names::OFFLOADING_NAME, &DeleteParams::default())
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => bail!("namespace {ns} is not offloaded"),
         Err(e) => {
