@@ -10,11 +10,14 @@ use std::sync::Arc;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, names};
 use tandem_core::offloading::{VirtualNodeMarks, placement_patch};
@@ -81,7 +84,27 @@ fn tls() -> Result<(String, rustls::ServerConfig), String> {
     Ok((ca_cert.pem(), config))
 }
 
+/// The NamespaceOffloadings, cached: a burst of pod creates must not cost a GET each.
+fn offloadings(ctx: &Ctx) -> (Store<NamespaceOffloading>, tokio::task::JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let api: Api<NamespaceOffloading> = Api::all(ctx.client.clone());
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| async {});
+    (reader, tokio::spawn(stream))
+}
+
 async fn serve(ctx: &Ctx) -> Result<(), String> {
+    let (cache, cache_task) = offloadings(ctx);
+    // Stops the cache's watch when the server stops.
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _cache_task = AbortOnDrop(cache_task);
     let (ca_pem, config) = tls()?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(ctx.options.webhook_addr)
@@ -108,11 +131,13 @@ async fn serve(ctx: &Ctx) -> Result<(), String> {
         };
         let acceptor = acceptor.clone();
         let ctx = ctx.clone();
+        let cache = cache.clone();
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
-            let service = hyper::service::service_fn(move |req| handle(ctx.clone(), req));
+            let service =
+                hyper::service::service_fn(move |req| handle(ctx.clone(), cache.clone(), req));
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), service)
                 .await;
@@ -142,11 +167,12 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
 
 async fn handle(
     ctx: Ctx,
+    cache: Store<NamespaceOffloading>,
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
     let body = req.into_body().collect().await?.to_bytes();
     let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let response = admit(&ctx, &review["request"]).await;
+    let response = admit(&ctx, &cache, &review["request"]).await;
     let answer = json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -159,15 +185,24 @@ async fn handle(
 }
 
 /// The admission response for one request.
-async fn admit(ctx: &Ctx, request: &Value) -> Value {
+async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -> Value {
     let uid = request["uid"].clone();
     let namespace = request["namespace"].as_str().unwrap_or_default();
     let allowed = json!({"uid": uid, "allowed": true});
     if request["kind"]["kind"] != "Pod" || namespace.is_empty() {
         return allowed;
     }
-    let api: Api<NamespaceOffloading> = Api::namespaced(ctx.client.clone(), namespace);
-    let offloading = match api.get_opt(names::OFFLOADING_NAME).await {
+    let cached = cache.get(&ObjectRef::new(names::OFFLOADING_NAME).within(namespace));
+    // The namespace is labelled, so an offloading exists or did: on a cache miss (the watch
+    // lagging behind the label) ask the API server.
+    let lookup = match cached {
+        Some(o) => Ok(Some((*o).clone())),
+        None => {
+            let api: Api<NamespaceOffloading> = Api::namespaced(ctx.client.clone(), namespace);
+            api.get_opt(names::OFFLOADING_NAME).await
+        }
+    };
+    let offloading = match lookup {
         Ok(Some(o)) if o.metadata.deletion_timestamp.is_none() => o,
         Ok(_) => return allowed,
         Err(e) => {
