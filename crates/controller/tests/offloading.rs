@@ -272,6 +272,21 @@ async fn remote_namespace_never_takes_over_a_foreign_namespace() {
             "{target} survives"
         );
     }
+    // Reserved names are refused even when they do not exist yet.
+    let rn: RemoteNamespace = serde_json::from_value(json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "RemoteNamespace",
+        "metadata": {"name": "reserved"},
+        "spec": {"namespace": "kube-extra", "originNamespace": "web"},
+    }))
+    .unwrap();
+    rns.create(&PostParams::default(), &rn).await.unwrap();
+    let message = until("reserved name refused", WAIT, || async {
+        let s = rns.get("reserved").await.ok()?.status?;
+        (s.phase.as_deref() == Some("Failed")).then_some(s.message.unwrap_or_default())
+    })
+    .await;
+    assert!(message.contains("reserved for the system"), "{message}");
+    assert!(ns.get_opt("kube-extra").await.unwrap().is_none());
 }
 
 /// The placement a pod got: (tolerates the virtual-node taint, required node selector terms).
@@ -412,4 +427,22 @@ async fn cluster_selector_picks_only_matching_providers() {
     })
     .await;
     assert!(on_us.get("shop-genoa").await.is_ok());
+
+    // Narrowing it again removes the twin that is no longer selected.
+    nso.patch(
+        names::OFFLOADING_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"clusterSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": names::REMOTE_CLUSTER_LABEL, "operator": "In", "values": ["boston"]}]}]}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    namespace_gone(&eu.client, "shop-genoa").await;
+    let entries = ready_entries(&consumer.client, "shop").await;
+    assert_eq!(
+        entries,
+        vec![("boston".to_string(), "shop-genoa".to_string())]
+    );
 }

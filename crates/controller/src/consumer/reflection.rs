@@ -70,7 +70,9 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     // origin namespace → twin namespace, for this provider.
     let mut offloaded: BTreeMap<String, String> = BTreeMap::new();
     let mut initial: Option<BTreeMap<String, String>> = None;
-    let mut running: BTreeMap<String, (String, tokio::task::JoinHandle<()>)> = BTreeMap::new();
+    #[allow(clippy::type_complexity)]
+    let mut running: BTreeMap<String, (String, EndpointView, tokio::task::JoinHandle<()>)> =
+        BTreeMap::new();
     loop {
         tokio::select! {
             event = stream.next() => match event {
@@ -107,8 +109,10 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             _ = link.changed() => {}
         }
         let Some(current) = link.get() else { break };
-        running.retain(|ns, (twin, handle)| {
-            let keep = offloaded.get(ns) == Some(twin) && !handle.is_finished();
+        // A renegotiated network changes how slices translate: restart their reflectors.
+        let view = endpoint_view(&ctx, &current).await;
+        running.retain(|ns, (twin, v, handle)| {
+            let keep = offloaded.get(ns) == Some(twin) && *v == view && !handle.is_finished();
             if !keep {
                 handle.abort();
             }
@@ -118,18 +122,20 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             if running.contains_key(ns) {
                 continue;
             }
-            let view = endpoint_view(&ctx, &current).await;
             let reflector = NamespaceReflector {
                 ctx: ctx.clone(),
                 link: current.clone(),
                 namespace: ns.clone(),
                 twin: twin.clone(),
-                view,
+                view: view.clone(),
             };
-            running.insert(ns.clone(), (twin.clone(), tokio::spawn(reflector.run())));
+            running.insert(
+                ns.clone(),
+                (twin.clone(), view.clone(), tokio::spawn(reflector.run())),
+            );
         }
     }
-    for (_, (_, handle)) in running {
+    for (_, (_, _, handle)) in running {
         handle.abort();
     }
 }
@@ -281,6 +287,7 @@ impl NamespaceReflector {
                     Api::<ConfigMap>::namespaced(remote, twin),
                     kind,
                     desired_config_map,
+                    "",
                 )
                 .await
             }
@@ -290,6 +297,7 @@ impl NamespaceReflector {
                     Api::<Secret>::namespaced(remote, twin),
                     kind,
                     desired_secret,
+                    "",
                 )
                 .await
             }
@@ -299,6 +307,7 @@ impl NamespaceReflector {
                     Api::<Service>::namespaced(remote, twin),
                     kind,
                     desired_service,
+                    "",
                 )
                 .await
             }
@@ -308,6 +317,7 @@ impl NamespaceReflector {
                     Api::<EndpointSlice>::namespaced(remote, twin),
                     kind,
                     |s| desired_endpoint_slice(s, &self.view, &self.link.virtual_node),
+                    &format!("{:?}", self.view),
                 )
                 .await
             }
@@ -377,7 +387,15 @@ fn strip_nulls(v: &mut Value) {
 /// Converges the reflected objects of `kind` in the twin namespace to the sources: applies
 /// each source whose reflection is missing or older, deletes reflections with no source, and
 /// never touches an object of the twin namespace it did not create.
-async fn converge<K, F>(local: Api<K>, remote: Api<K>, kind: Kind, desired: F) -> Result<(), String>
+/// `context` is whatever else the reflection depends on (the address view for slices): a
+/// change of it rewrites every reflection.
+async fn converge<K, F>(
+    local: Api<K>,
+    remote: Api<K>,
+    kind: Kind,
+    desired: F,
+    context: &str,
+) -> Result<(), String>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
     F: Fn(&K) -> Option<Value>,
@@ -409,7 +427,7 @@ where
         };
         let name = source.name_any();
         wanted.insert(name.clone());
-        let version = source.resource_version().unwrap_or_default();
+        let version = source_version(&source.resource_version().unwrap_or_default(), context);
         match there.get(&name) {
             Some((false, _)) => {
                 tracing::warn!(kind = kind.label(), %name, "not reflected: an object of that name exists in the twin namespace and was not created by Tandem");
@@ -442,6 +460,18 @@ where
         }
     }
     Ok(())
+}
+
+/// What the source-version annotation records: the source's resourceVersion, and a digest of
+/// the context when there is one.
+fn source_version(resource_version: &str, context: &str) -> String {
+    if context.is_empty() {
+        return resource_version.to_string();
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(context.as_bytes());
+    let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{resource_version}-{short}")
 }
 
 /// The source's labels and annotations, minus what only means something locally.

@@ -88,6 +88,20 @@ async fn consumer_of(client: &Client, rn: &RemoteNamespace) -> Result<Option<Str
     }))
 }
 
+/// Why `name` can never be a twin namespace, if it cannot: invalid, or reserved for the
+/// system or for Tandem (even when it does not exist yet).
+fn reserved(name: &str) -> Option<&'static str> {
+    if !tandem_core::offloading::is_dns1123_label(name) {
+        Some("not a valid namespace name")
+    } else if name == "default" || name.starts_with("kube-") {
+        Some("reserved for the system")
+    } else if name.starts_with("tandem-tenant-") || name == names::SYSTEM_NAMESPACE {
+        Some("reserved for Tandem")
+    } else {
+        None
+    }
+}
+
 /// Whether `ns` is the twin namespace this request created for `consumer`.
 fn is_twin_of(ns: &Namespace, consumer: &str, origin: &str) -> bool {
     let labels = ns.labels();
@@ -113,14 +127,8 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
         .await?;
         return Ok(Action::await_change());
     };
-    if !tandem_core::offloading::is_dns1123_label(&twin) {
-        set_status(
-            client,
-            rn,
-            "Failed",
-            &format!("{twin:?} is not a valid namespace name"),
-        )
-        .await?;
+    if let Some(why) = reserved(&twin) {
+        set_status(client, rn, "Failed", &format!("namespace {twin}: {why}")).await?;
         return Ok(Action::await_change());
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
