@@ -384,51 +384,66 @@ async fn webhook_places_pods_per_strategy() {
     }
 }
 
+/// A cluster selector over `topology.kubernetes.io/region` with these values.
+fn regions(values: &[&str]) -> Value {
+    json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "topology.kubernetes.io/region", "operator": "In", "values": values}]}]})
+}
+
+/// The offloading's entries once Ready and equal to `want` (provider, twin namespace).
+async fn entries_become(client: &Client, ns: &str, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    until(&format!("offloading of {ns} at {want:?}"), WAIT, || async {
+        (ready_entries(client, ns).await == want).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn cluster_selector_picks_only_matching_providers() {
     let consumer = Cluster::start("genoa", "eu-south", 1).await;
     let eu = Cluster::start("paris", "eu", 1).await;
     let us = Cluster::start("boston", "us", 1).await;
+    let on_eu: Api<Namespace> = Api::all(eu.client.clone());
+    let on_us: Api<Namespace> = Api::all(us.client.clone());
     support::fake_peering(&consumer, &eu, grant(), None).await;
-    support::fake_peering(&consumer, &us, grant(), None).await;
     create_namespace(&consumer.client, "shop").await;
     offload(
         &consumer.client,
         "shop",
         names::OFFLOADING_NAME,
-        json!({"podOffloadingStrategy": "Remote", "clusterSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "topology.kubernetes.io/region", "operator": "In", "values": ["eu"]}]}]}}),
+        json!({"podOffloadingStrategy": "Remote", "clusterSelector": regions(&["eu", "us"])}),
     )
     .await;
-    // Both links must be known before the answer counts: wait for the eu twin, then check us.
-    until("twin on paris", WAIT, || async {
-        let entries = ready_entries(&consumer.client, "shop").await;
-        (entries == vec![("paris".to_string(), "shop-genoa".to_string())]).then_some(())
-    })
-    .await;
-    let on_eu: Api<Namespace> = Api::all(eu.client.clone());
-    assert!(on_eu.get("shop-genoa").await.is_ok());
-    let on_us: Api<Namespace> = Api::all(us.client.clone());
-    assert!(on_us.get_opt("shop-genoa").await.unwrap().is_none());
+    entries_become(&consumer.client, "shop", &[("paris", "shop-genoa")]).await;
 
-    // Widening the selector to us too converges to both.
+    // A provider peered later is picked up when it matches.
+    support::fake_peering(&consumer, &us, grant(), None).await;
+    entries_become(
+        &consumer.client,
+        "shop",
+        &[("boston", "shop-genoa"), ("paris", "shop-genoa")],
+    )
+    .await;
+    assert!(on_us.get("shop-genoa").await.is_ok());
+
+    // Selecting region eu only: the us twin goes, the eu one stays.
     let nso: Api<NamespaceOffloading> = Api::namespaced(consumer.client.clone(), "shop");
     nso.patch(
         names::OFFLOADING_NAME,
         &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"clusterSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "topology.kubernetes.io/region", "operator": "In", "values": ["eu", "us"]}]}]}}})),
+        &Patch::Merge(json!({"spec": {"clusterSelector": regions(&["eu"])}})),
     )
     .await
     .unwrap();
-    until("twins on both providers", WAIT, || async {
-        let entries = ready_entries(&consumer.client, "shop").await;
-        (entries.len() == 2).then_some(())
-    })
-    .await;
-    assert!(on_us.get("shop-genoa").await.is_ok());
+    namespace_gone(&us.client, "shop-genoa").await;
+    entries_become(&consumer.client, "shop", &[("paris", "shop-genoa")]).await;
+    assert!(on_eu.get("shop-genoa").await.is_ok());
 
-    // Narrowing it again removes the twin that is no longer selected.
+    // Selecting by provider ID (a label every virtual node has) moves it to boston.
     nso.patch(
         names::OFFLOADING_NAME,
         &PatchParams::default(),
@@ -440,9 +455,16 @@ async fn cluster_selector_picks_only_matching_providers() {
     .await
     .unwrap();
     namespace_gone(&eu.client, "shop-genoa").await;
-    let entries = ready_entries(&consumer.client, "shop").await;
-    assert_eq!(
-        entries,
-        vec![("boston".to_string(), "shop-genoa".to_string())]
-    );
+    entries_become(&consumer.client, "shop", &[("boston", "shop-genoa")]).await;
+
+    // Local: no provider at all.
+    nso.patch(
+        names::OFFLOADING_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"podOffloadingStrategy": "Local"}})),
+    )
+    .await
+    .unwrap();
+    namespace_gone(&us.client, "shop-genoa").await;
+    entries_become(&consumer.client, "shop", &[]).await;
 }

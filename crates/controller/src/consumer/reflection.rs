@@ -5,7 +5,8 @@
 //!
 //! Level-based: every sync lists both sides and converges (create/update what differs, delete
 //! reflected objects whose source is gone), so restarts leave no duplicates and no orphans.
-//! Nothing is cached between syncs; watches only say which kind to resync.
+//! Nothing is cached between syncs; watches only say which kind to resync, and a periodic
+//! resync (30 s) rewrites every reflection, undoing edits made in the twin namespace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -232,12 +233,14 @@ impl NamespaceReflector {
         ]);
         tracing::info!(namespace = %ns, twin = %self.twin, provider = %self.link.provider_id, "reflecting");
         let mut dirty: BTreeSet<Kind> = Kind::ALL.into_iter().collect();
+        // Periodic resyncs rewrite every reflection, undoing edits made in the twin namespace.
+        let mut rewrite = false;
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         resync.tick().await;
         loop {
             let mut failed = BTreeSet::new();
             for kind in std::mem::take(&mut dirty) {
-                if let Err(e) = self.sync(kind).await {
+                if let Err(e) = self.sync(kind, rewrite).await {
                     tracing::warn!(namespace = %ns, twin = %self.twin, provider = %self.link.provider_id, error = %e, "reflecting {}s", kind.label());
                     failed.insert(kind);
                 }
@@ -251,9 +254,10 @@ impl NamespaceReflector {
                 }
             };
             dirty = failed;
+            rewrite = false;
             let first = tokio::select! {
                 t = triggers.next() => match t { Some(t) => Some(t), None => return },
-                _ = resync.tick() => { dirty.extend(Kind::ALL); None }
+                _ = resync.tick() => { dirty.extend(Kind::ALL); rewrite = true; None }
                 _ = retry => None,
             };
             // Coalesce a burst of changes into one sync per kind.
@@ -276,7 +280,7 @@ impl NamespaceReflector {
         }
     }
 
-    async fn sync(&self, kind: Kind) -> Result<(), String> {
+    async fn sync(&self, kind: Kind, rewrite: bool) -> Result<(), String> {
         let local = self.ctx.client.clone();
         let remote = self.link.client.clone();
         let (ns, twin) = (self.namespace.as_str(), self.twin.as_str());
@@ -288,6 +292,7 @@ impl NamespaceReflector {
                     kind,
                     desired_config_map,
                     "",
+                    rewrite,
                 )
                 .await
             }
@@ -298,6 +303,7 @@ impl NamespaceReflector {
                     kind,
                     desired_secret,
                     "",
+                    rewrite,
                 )
                 .await
             }
@@ -308,6 +314,7 @@ impl NamespaceReflector {
                     kind,
                     desired_service,
                     "",
+                    rewrite,
                 )
                 .await
             }
@@ -318,6 +325,7 @@ impl NamespaceReflector {
                     kind,
                     |s| desired_endpoint_slice(s, &self.view, &self.link.virtual_node),
                     &format!("{:?}", self.view),
+                    rewrite,
                 )
                 .await
             }
@@ -388,13 +396,14 @@ fn strip_nulls(v: &mut Value) {
 /// each source whose reflection is missing or older, deletes reflections with no source, and
 /// never touches an object of the twin namespace it did not create.
 /// `context` is whatever else the reflection depends on (the address view for slices): a
-/// change of it rewrites every reflection.
+/// change of it rewrites every reflection, as does `rewrite`.
 async fn converge<K, F>(
     local: Api<K>,
     remote: Api<K>,
     kind: Kind,
     desired: F,
     context: &str,
+    rewrite: bool,
 ) -> Result<(), String>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
@@ -433,7 +442,7 @@ where
                 tracing::warn!(kind = kind.label(), %name, "not reflected: an object of that name exists in the twin namespace and was not created by Tandem");
                 continue;
             }
-            Some((true, Some(v))) if *v == version => continue,
+            Some((true, Some(v))) if *v == version && !rewrite => continue,
             _ => {}
         }
         let metadata = &mut object["metadata"];
