@@ -573,3 +573,83 @@ fn desired_endpoint_slice(
     strip_nulls(&mut v);
     Some(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> EndpointView {
+        let p = |s: &str| s.parse().ok();
+        EndpointView {
+            local_pod_cidr: p("10.244.0.0/16"),
+            local_pod_cidr_there: p("10.245.0.0/16"),
+            remote_pod_cidr_here: p("10.246.0.0/16"),
+            remote_pod_cidr: p("10.244.0.0/16"),
+        }
+    }
+
+    #[test]
+    fn endpoint_slices_in_the_provider_view() {
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": "web-abc", "labels": {"kubernetes.io/service-name": "web",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.244.1.5"], "nodeName": "node-1", "conditions": {"ready": true},
+                 "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "app"}},
+                {"addresses": ["10.246.0.9"], "nodeName": "tandem-milan", "conditions": {"ready": true}},
+                {"addresses": ["10.247.0.9"], "nodeName": "tandem-paris", "conditions": {"ready": true}},
+            ],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        }))
+        .unwrap();
+        let got = desired_endpoint_slice(&slice, &view(), "tandem-milan").unwrap();
+        assert_eq!(
+            got["endpoints"],
+            json!([
+                {"addresses": ["10.245.1.5"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.0.9"], "conditions": {"ready": true}},
+            ]),
+            "node names and target refs dropped, other providers' pods dropped"
+        );
+        assert_eq!(
+            got["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"],
+            SLICE_MANAGER
+        );
+        assert_eq!(got["ports"][0]["port"], 8080);
+        let mut fqdn = slice.clone();
+        fqdn.address_type = "FQDN".into();
+        assert!(desired_endpoint_slice(&fqdn, &view(), "tandem-milan").is_none());
+    }
+
+    #[test]
+    fn services_lose_cluster_ips_node_ports_and_selectors() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{}", "team": "shop"}},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                     "selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080, "protocol": "TCP"}]},
+        }))
+        .unwrap();
+        let got = desired_service(&svc).unwrap();
+        assert_eq!(
+            got["spec"],
+            json!({"type": "ClusterIP", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]})
+        );
+        assert_eq!(got["metadata"]["annotations"], json!({"team": "shop"}));
+    }
+
+    #[test]
+    fn skipped_sources() {
+        let root: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "kube-root-ca.crt"}})).unwrap();
+        assert!(desired_config_map(&root).is_none());
+        let token: Secret = serde_json::from_value(json!({"metadata": {"name": "t"},
+            "type": "kubernetes.io/service-account-token"}))
+        .unwrap();
+        assert!(desired_secret(&token).is_none());
+        assert_eq!(source_version("42", ""), "42");
+        assert_ne!(source_version("42", "a"), source_version("42", "b"));
+    }
+}
