@@ -77,11 +77,16 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     loop {
         tokio::select! {
             event = stream.next() => match event {
-                Some(Ok(watcher::Event::Init)) => initial = Some(BTreeMap::new()),
+                // A (re)list: keep reflecting what is known until it is complete.
+                Some(Ok(watcher::Event::Init)) => {
+                    initial = Some(BTreeMap::new());
+                    continue;
+                }
                 Some(Ok(watcher::Event::InitApply(o))) => {
                     if let (Some(map), Some((ns, twin))) = (initial.as_mut(), twin_for(&o, &link.provider_id)) {
                         map.insert(ns, twin);
                     }
+                    continue;
                 }
                 Some(Ok(watcher::Event::InitDone)) => {
                     if let Some(map) = initial.take() {
