@@ -135,17 +135,7 @@ fn selector_terms(selector: &str) -> anyhow::Result<Value> {
 /// Runs `tandem offload …`.
 pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let OffloadCommand::Namespace(a) = args.command;
-    let client = client(&args.cluster).await?;
     let ns = a.namespace.as_str();
-    Api::<Namespace>::all(client.clone())
-        .get_opt(ns)
-        .await
-        .with_context(|| format!("reading namespace {ns}"))?
-        .with_context(|| {
-            format!(
-                "namespace {ns} does not exist (create it first: kubectl create namespace {ns})"
-            )
-        })?;
     let mapping = match (&a.namespace_mapping_strategy, &a.remote_namespace_name) {
         (Some(m), _) => m.clone(),
         (None, Some(_)) => "SelectedName".to_string(),
@@ -164,6 +154,16 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     if let Some(s) = &a.selector {
         spec["clusterSelector"] = selector_terms(s)?;
     }
+    let client = client(&args.cluster).await?;
+    Api::<Namespace>::all(client.clone())
+        .get_opt(ns)
+        .await
+        .with_context(|| format!("reading namespace {ns}"))?
+        .with_context(|| {
+            format!(
+                "namespace {ns} does not exist (create it first: kubectl create namespace {ns})"
+            )
+        })?;
     let api: Api<NamespaceOffloading> = Api::namespaced(client.clone(), ns);
     let applied = api
         .patch(
