@@ -13,6 +13,7 @@ mod lab;
 mod peer;
 mod status;
 mod unpeer;
+mod offload;
 
 use clap::{Parser, Subcommand};
 
@@ -53,6 +54,10 @@ enum Command {
     Peer(peer::Args),
     /// Undo a peering (either side).
     Unpeer(unpeer::Args),
+    /// Offload a namespace to peered providers (twin namespaces, pod placement).
+    Offload(offload::OffloadArgs),
+    /// Stop offloading a namespace and remove its twin namespaces.
+    Unoffload(offload::UnoffloadArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -90,6 +95,8 @@ fn run() -> anyhow::Result<()> {
             Command::Invite(args) => invite::run(args).await,
             Command::Peer(args) => peer::run(args).await,
             Command::Unpeer(args) => unpeer::run(args).await,
+            Command::Offload(args) => offload::offload(args).await,
+            Command::Unoffload(args) => offload::unoffload(args).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })

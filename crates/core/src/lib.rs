@@ -4,5 +4,6 @@ pub mod grant;
 pub mod invite;
 pub mod ipam;
 pub mod nat;
+pub mod offloading;
 pub mod prefix;
 pub mod shadow;

@@ -1,7 +1,236 @@
-//! TODO(owner): the pod-placement mutating admission webhook.
+//! The pod-placement mutating admission webhook: pods created in an offloaded namespace get the
+//! toleration of the virtual-node taint and the required node affinity their namespace's pod
+//! offloading strategy asks for (see `tandem_core::offloading::placement_patch`).
+//!
+//! The server speaks HTTPS with a certificate issued at start by a throw-away CA, whose PEM goes
+//! into the `tandem-pod-placement` MutatingWebhookConfiguration's caBundle.
 
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tandem_api::{NamespaceOffloading, names};
+use tandem_core::offloading::{VirtualNodeMarks, placement_patch};
+
+use crate::consumer::offloading::{
+    OFFLOADING_ENABLED, OFFLOADING_LABEL, placement, selector_terms,
+};
 use crate::context::Ctx;
+use crate::install::apply;
 
-pub async fn run(_ctx: Ctx) {
-    std::future::pending::<()>().await
+/// Name of the MutatingWebhookConfiguration.
+pub const WEBHOOK_CONFIGURATION: &str = "tandem-pod-placement";
+
+/// Serves the webhook; retries its setup until it succeeds.
+pub async fn run(ctx: Ctx) {
+    loop {
+        match serve(&ctx).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "pod-placement webhook");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
+/// The webhook's TLS material: the CA's PEM (caBundle) and the server config.
+fn tls() -> Result<(String, rustls::ServerConfig), String> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |err: rcgen::Error| format!("{what}: {err}")
+    };
+    let ca_key = KeyPair::generate().map_err(e("generating the CA key"))?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(e("CA params"))?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "tandem-pod-placement-ca");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .map_err(e("self-signing the CA"))?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().map_err(e("generating the server key"))?;
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .map_err(e("server params"))?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "tandem-pod-placement");
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(e("signing the server certificate"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS config: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .map_err(|e| format!("TLS config: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok((ca_cert.pem(), config))
+}
+
+/// The NamespaceOffloadings, cached: a burst of pod creates must not cost a GET each.
+fn offloadings(ctx: &Ctx) -> (Store<NamespaceOffloading>, tokio::task::JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let api: Api<NamespaceOffloading> = Api::all(ctx.client.clone());
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| async {});
+    (reader, tokio::spawn(stream))
+}
+
+async fn serve(ctx: &Ctx) -> Result<(), String> {
+    let (cache, cache_task) = offloadings(ctx);
+    // Stops the cache's watch when the server stops.
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _cache_task = AbortOnDrop(cache_task);
+    let (ca_pem, config) = tls()?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(ctx.options.webhook_addr)
+        .await
+        .map_err(|e| format!("listening on {}: {e}", ctx.options.webhook_addr))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("listener address: {e}"))?;
+    let url = format!("https://{addr}/mutate-pods");
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    apply(&hooks, &configuration(&url, &ca_pem))
+        .await
+        .map_err(|e| {
+            format!("applying MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION}: {e}")
+        })?;
+    tracing::info!(%url, "pod-placement webhook serving");
+    loop {
+        let (tcp, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook accept");
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let ctx = ctx.clone();
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let service =
+                hyper::service::service_fn(move |req| handle(ctx.clone(), cache.clone(), req));
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tls), service)
+                .await;
+        });
+    }
+}
+
+/// The MutatingWebhookConfiguration pointing at `url`.
+pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
+    serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIGURATION,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "webhooks": [{
+            "name": "pod-placement.tandem.dev",
+            "clientConfig": {"url": url, "caBundle": STANDARD.encode(ca_pem)},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {OFFLOADING_LABEL: OFFLOADING_ENABLED}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+        }],
+    }))
+    .expect("static manifest")
+}
+
+async fn handle(
+    ctx: Ctx,
+    cache: Store<NamespaceOffloading>,
+    req: http::Request<Incoming>,
+) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
+    let body = req.into_body().collect().await?.to_bytes();
+    let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let response = admit(&ctx, &cache, &review["request"]).await;
+    let answer = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    });
+    Ok(http::Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(answer.to_string())))
+        .expect("static response"))
+}
+
+/// The admission response for one request.
+async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -> Value {
+    let uid = request["uid"].clone();
+    let namespace = request["namespace"].as_str().unwrap_or_default();
+    let allowed = json!({"uid": uid, "allowed": true});
+    if request["kind"]["kind"] != "Pod" || namespace.is_empty() {
+        return allowed;
+    }
+    let cached = cache.get(&ObjectRef::new(names::OFFLOADING_NAME).within(namespace));
+    // The namespace is labelled, so an offloading exists or did: on a cache miss (the watch
+    // lagging behind the label) ask the API server.
+    let lookup = match cached {
+        Some(o) => Ok(Some((*o).clone())),
+        None => {
+            let api: Api<NamespaceOffloading> = Api::namespaced(ctx.client.clone(), namespace);
+            api.get_opt(names::OFFLOADING_NAME).await
+        }
+    };
+    let offloading = match lookup {
+        Ok(Some(o)) if o.metadata.deletion_timestamp.is_none() => o,
+        Ok(_) => return allowed,
+        Err(e) => {
+            // Failing closed: a pod placed without its constraints could land anywhere.
+            return json!({"uid": uid, "allowed": false, "status": {
+                "code": 500,
+                "message": format!("tandem pod placement: reading NamespaceOffloading {namespace}/{}: {e}", names::OFFLOADING_NAME),
+            }});
+        }
+    };
+    let marks = VirtualNodeMarks {
+        type_label: names::NODE_TYPE_LABEL,
+        type_value: names::VIRTUAL_NODE_TYPE,
+        taint_key: names::VIRTUAL_NODE_TAINT,
+    };
+    let patch = placement_patch(
+        &request["object"],
+        placement(offloading.spec.pod_offloading_strategy),
+        &selector_terms(&offloading),
+        marks,
+    );
+    if patch.is_empty() {
+        return allowed;
+    }
+    json!({
+        "uid": uid,
+        "allowed": true,
+        "patchType": "JSONPatch",
+        "patch": STANDARD.encode(Value::Array(patch).to_string()),
+    })
 }

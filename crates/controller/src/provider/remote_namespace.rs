@@ -1,7 +1,251 @@
-//! TODO(owner): provider-side remote_namespace reconciler.
+//! Twin namespaces: for each `RemoteNamespace` a consumer files in its tenant namespace, the
+//! provider creates the twin Namespace and lets the consumer's peer identity work in it (a
+//! RoleBinding to `tandem:peer-twin`). It never takes over a namespace it did not create for
+//! that consumer, and deleting the request deletes the namespace.
 
-use crate::context::Ctx;
+use std::sync::Arc;
+use std::time::Duration;
 
-pub async fn run(_ctx: Ctx) {
-    std::future::pending::<()>().await
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tandem_api::{RemoteNamespace, names};
+
+use crate::context::{Context, Ctx};
+use crate::install::apply;
+use crate::rbac::PEER_TWIN_ROLE;
+
+/// Name of the RoleBinding giving the peer identity its rights in a twin namespace.
+pub const TWIN_ROLE_BINDING: &str = "tandem:peer-twin";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("RemoteNamespace {0}: {1}: {2}")]
+    Kube(String, &'static str, kube::Error),
+    #[error("RemoteNamespace {0}: waiting for twin namespace {1} to terminate")]
+    Terminating(String, String),
+    #[error("RemoteNamespace {0}: finalizer: {1}")]
+    Finalizer(String, String),
+}
+
+/// Runs the reconciler until the controller stops.
+pub async fn run(ctx: Ctx) {
+    let api: Api<RemoteNamespace> = Api::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+fn error_policy(_rn: Arc<RemoteNamespace>, error: &Error, _ctx: Arc<Context>) -> Action {
+    match error {
+        Error::Terminating(..) => tracing::debug!(%error),
+        _ => tracing::warn!(%error, "reconciling"),
+    }
+    Action::requeue(Duration::from_secs(1))
+}
+
+fn key(rn: &RemoteNamespace) -> String {
+    format!("{}/{}", rn.namespace().unwrap_or_default(), rn.name_any())
+}
+
+async fn reconcile(rn: Arc<RemoteNamespace>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let k = key(&rn);
+    let api: Api<RemoteNamespace> =
+        Api::namespaced(ctx.client.clone(), &rn.namespace().unwrap_or_default());
+    finalizer(&api, names::FINALIZER, rn, |event| async {
+        match event {
+            Event::Apply(rn) => ensure(&ctx.client, &rn).await,
+            Event::Cleanup(rn) => cleanup(&ctx.client, &rn).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(k, other.to_string()),
+    })
+}
+
+/// What the request's namespace says about the consumer: its ID if it is a tenant namespace.
+async fn consumer_of(client: &Client, rn: &RemoteNamespace) -> Result<Option<String>, Error> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let tenant = rn.namespace().unwrap_or_default();
+    let ns = namespaces
+        .get_opt(&tenant)
+        .await
+        .map_err(|e| Error::Kube(key(rn), "reading its tenant namespace", e))?;
+    Ok(ns.and_then(|ns| {
+        let labels = ns.labels();
+        labels.get(names::TENANT_NAMESPACE_LABEL)?;
+        labels.get(names::REMOTE_CLUSTER_LABEL).cloned()
+    }))
+}
+
+/// Why `name` can never be a twin namespace, if it cannot: invalid, or reserved for the
+/// system or for Tandem (even when it does not exist yet).
+fn reserved(name: &str) -> Option<&'static str> {
+    if !tandem_core::offloading::is_dns1123_label(name) {
+        Some("not a valid namespace name")
+    } else if name == "default" || name.starts_with("kube-") {
+        Some("reserved for the system")
+    } else if name.starts_with("tandem-tenant-") || name == names::SYSTEM_NAMESPACE {
+        Some("reserved for Tandem")
+    } else {
+        None
+    }
+}
+
+/// Whether `ns` is the twin namespace this request created for `consumer`.
+fn is_twin_of(ns: &Namespace, consumer: &str, origin: &str) -> bool {
+    let labels = ns.labels();
+    labels.contains_key(names::TWIN_NAMESPACE_LABEL)
+        && labels.get(names::ORIGIN_CLUSTER_LABEL).map(String::as_str) == Some(consumer)
+        && labels
+            .get(names::ORIGIN_NAMESPACE_LABEL)
+            .map(String::as_str)
+            == Some(origin)
+}
+
+async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> {
+    let k = key(rn);
+    let twin = rn.spec.namespace.clone();
+    let origin = rn.spec.origin_namespace.clone();
+    let Some(consumer) = consumer_of(client, rn).await? else {
+        set_status(
+            client,
+            rn,
+            "Failed",
+            "not in a tenant namespace: twin namespaces are only created for peered consumers",
+        )
+        .await?;
+        return Ok(Action::await_change());
+    };
+    if let Some(why) = reserved(&twin) {
+        set_status(client, rn, "Failed", &format!("namespace {twin}: {why}")).await?;
+        return Ok(Action::await_change());
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if let Some(existing) = namespaces
+        .get_opt(&twin)
+        .await
+        .map_err(|e| Error::Kube(k.clone(), "reading the twin namespace", e))?
+    {
+        if !is_twin_of(&existing, &consumer, &origin) {
+            set_status(
+                client,
+                rn,
+                "Failed",
+                &format!(
+                    "namespace {twin} already exists and is not the twin of {consumer}/{origin}; choose another name (--namespace-mapping-strategy SelectedName)"
+                ),
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+        if existing.metadata.deletion_timestamp.is_some() {
+            set_status(
+                client,
+                rn,
+                "Pending",
+                &format!("namespace {twin} is terminating"),
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    }
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": twin, "labels": {
+            names::MANAGED_BY_LABEL: names::MANAGED_BY,
+            names::TWIN_NAMESPACE_LABEL: "true",
+            names::ORIGIN_CLUSTER_LABEL: consumer,
+            names::ORIGIN_NAMESPACE_LABEL: origin,
+        }},
+    }))
+    .expect("static manifest");
+    apply(&namespaces, &ns)
+        .await
+        .map_err(|e| Error::Kube(k.clone(), "creating the twin namespace", e))?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": TWIN_ROLE_BINDING, "namespace": twin,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PEER_TWIN_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": names::peer_user(&consumer)}],
+    }))
+    .expect("static manifest");
+    apply(&Api::namespaced(client.clone(), &twin), &binding)
+        .await
+        .map_err(|e| {
+            Error::Kube(
+                k.clone(),
+                "binding the peer identity in the twin namespace",
+                e,
+            )
+        })?;
+    set_status(client, rn, "Ready", "").await?;
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> {
+    let k = key(rn);
+    let twin = &rn.spec.namespace;
+    let Some(consumer) = consumer_of(client, rn).await? else {
+        return Ok(Action::await_change());
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let Some(existing) = namespaces
+        .get_opt(twin)
+        .await
+        .map_err(|e| Error::Kube(k.clone(), "reading the twin namespace", e))?
+    else {
+        return Ok(Action::await_change());
+    };
+    // A refused request never owned the namespace: leave it alone.
+    if !is_twin_of(&existing, &consumer, &rn.spec.origin_namespace) {
+        return Ok(Action::await_change());
+    }
+    if existing.metadata.deletion_timestamp.is_none() {
+        match namespaces.delete(twin, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+            Err(e) => return Err(Error::Kube(k, "deleting the twin namespace", e)),
+        }
+    }
+    Err(Error::Terminating(k, twin.clone()))
+}
+
+async fn set_status(
+    client: &Client,
+    rn: &RemoteNamespace,
+    phase: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let current = rn.status.as_ref();
+    if current.and_then(|s| s.phase.as_deref()) == Some(phase)
+        && current.and_then(|s| s.message.as_deref()).unwrap_or("") == message
+    {
+        return Ok(());
+    }
+    if phase == "Failed" {
+        tracing::warn!(remote_namespace = %key(rn), %message, "refused");
+    }
+    let api: Api<RemoteNamespace> =
+        Api::namespaced(client.clone(), &rn.namespace().unwrap_or_default());
+    let message = (!message.is_empty()).then_some(message);
+    api.patch_status(
+        &rn.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": phase, "message": message}})),
+    )
+    .await
+    .map_err(|e| Error::Kube(key(rn), "writing its status", e))?;
+    Ok(())
 }

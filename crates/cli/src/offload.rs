@@ -1,0 +1,298 @@
+//! `tandem offload namespace NS` and `tandem unoffload namespace NS`: create (or update) the
+//! namespace's NamespaceOffloading and wait until its twin namespaces are Ready, or delete it
+//! and wait until they are gone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use tandem_api::{NamespaceOffloading, conditions, names};
+
+/// Where to find the cluster, as kubectl takes it.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterArgs {
+    /// Path to the kubeconfig file [default: $KUBECONFIG or ~/.kube/config].
+    #[arg(long, value_name = "FILE", global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use [default: its current context].
+    #[arg(long, value_name = "NAME", global = true)]
+    pub context: Option<String>,
+}
+
+/// Arguments of `tandem offload`.
+#[derive(clap::Args)]
+pub struct OffloadArgs {
+    #[command(subcommand)]
+    command: OffloadCommand,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum OffloadCommand {
+    /// Offload a namespace: twin namespaces on the selected providers, pods placed per strategy.
+    #[command(
+        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>."
+    )]
+    Namespace(OffloadNamespace),
+}
+
+#[derive(clap::Args)]
+struct OffloadNamespace {
+    /// The namespace to offload.
+    namespace: String,
+    /// Where the namespace's pods may run.
+    #[arg(long, value_parser = ["Remote", "Local", "LocalAndRemote"])]
+    pod_offloading_strategy: Option<String>,
+    /// How twin namespaces are named [default: DefaultName, i.e. <namespace>-<cluster ID>;
+    /// SelectedName when --remote-namespace-name is given].
+    #[arg(long, value_parser = ["DefaultName", "EnforceSameName", "SelectedName"])]
+    namespace_mapping_strategy: Option<String>,
+    /// The twin namespaces' name (SelectedName).
+    #[arg(long, value_name = "NAME")]
+    remote_namespace_name: Option<String>,
+    /// Only providers whose virtual node has these labels: key=value,...
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    selector: Option<String>,
+    /// How long to wait for the twin namespaces.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    timeout: Duration,
+}
+
+/// Arguments of `tandem unoffload`.
+#[derive(clap::Args)]
+pub struct UnoffloadArgs {
+    #[command(subcommand)]
+    command: UnoffloadCommand,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum UnoffloadCommand {
+    /// Stop offloading a namespace and remove its twin namespaces.
+    Namespace {
+        /// The offloaded namespace.
+        namespace: String,
+        /// How long to wait for the twin namespaces to go.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s or 2m"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("{s:?} is not a duration like 90s or 2m")),
+    }
+}
+
+/// A client for the cluster `args` name, like kubectl would pick it.
+pub async fn client(args: &ClusterArgs) -> anyhow::Result<Client> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    }
+    .context("loading the kubeconfig (pass --kubeconfig / --context)")?;
+    Client::try_from(config).context("building a client")
+}
+
+/// `key=value,...` as one node selector term (keys `region` and `zone` are the topology labels).
+fn selector_terms(selector: &str) -> anyhow::Result<Value> {
+    let mut expressions = Vec::new();
+    for pair in selector.split(',').filter(|p| !p.trim().is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            bail!("--selector: {pair:?} is not key=value");
+        };
+        let key = match key.trim() {
+            "region" | "zone" => format!("topology.kubernetes.io/{}", key.trim()),
+            k => k.to_string(),
+        };
+        expressions.push(json!({"key": key, "operator": "In", "values": [value.trim()]}));
+    }
+    Ok(json!({"nodeSelectorTerms": [{"matchExpressions": expressions}]}))
+}
+
+/// Runs `tandem offload …`.
+pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
+    let OffloadCommand::Namespace(a) = args.command;
+    let ns = a.namespace.as_str();
+    let mapping = match (&a.namespace_mapping_strategy, &a.remote_namespace_name) {
+        (Some(m), _) => m.clone(),
+        (None, Some(_)) => "SelectedName".to_string(),
+        (None, None) => "DefaultName".to_string(),
+    };
+    if mapping == "SelectedName" && a.remote_namespace_name.is_none() {
+        bail!("--namespace-mapping-strategy SelectedName needs --remote-namespace-name");
+    }
+    let mut spec = json!({"namespaceMappingStrategy": mapping});
+    if let Some(s) = &a.pod_offloading_strategy {
+        spec["podOffloadingStrategy"] = json!(s);
+    }
+    if let Some(n) = &a.remote_namespace_name {
+        spec["remoteNamespaceName"] = json!(n);
+    }
+    if let Some(s) = &a.selector {
+        spec["clusterSelector"] = selector_terms(s)?;
+    }
+    let client = client(&args.cluster).await?;
+    Api::<Namespace>::all(client.clone())
+        .get_opt(ns)
+        .await
+        .with_context(|| format!("reading namespace {ns}"))?
+        .with_context(|| {
+            format!(
+                "namespace {ns} does not exist (create it first: kubectl create namespace {ns})"
+            )
+        })?;
+    let api: Api<NamespaceOffloading> = Api::namespaced(client.clone(), ns);
+    let applied = api
+        .patch(
+            names::OFFLOADING_NAME,
+            &PatchParams::apply("tandem-cli").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+                "metadata": {"name": names::OFFLOADING_NAME},
+                "spec": spec,
+            })),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "writing NamespaceOffloading {ns}/{} (is Tandem installed? run `tandem install`)",
+                names::OFFLOADING_NAME
+            )
+        })?;
+    let generation = applied.metadata.generation;
+    eprintln!(
+        "NamespaceOffloading {ns}/{} applied",
+        names::OFFLOADING_NAME
+    );
+    let deadline = tokio::time::Instant::now() + a.timeout;
+    let mut last = String::new();
+    loop {
+        let o = api
+            .get(names::OFFLOADING_NAME)
+            .await
+            .with_context(|| format!("reading NamespaceOffloading {ns}/offloading"))?;
+        let status = o.status.clone().unwrap_or_default();
+        let ready = conditions::find(&status.conditions, conditions::READY);
+        let current = ready.is_some_and(|c| c.observed_generation >= generation);
+        let phase = status.phase.clone().unwrap_or_else(|| "Pending".into());
+        let message = ready.map(|c| c.message.clone()).unwrap_or_default();
+        if current && phase == "Ready" {
+            if status.remote_namespaces.is_empty() {
+                println!(
+                    "namespace {ns} offloaded to no provider (none linked or selected; pods stay local)"
+                );
+            }
+            for r in &status.remote_namespaces {
+                println!(
+                    "namespace {ns} offloaded to {}: twin namespace {}",
+                    r.cluster_id, r.namespace
+                );
+            }
+            return Ok(());
+        }
+        if current && phase == "Failed" {
+            bail!("offloading namespace {ns}: {message}");
+        }
+        let line = format!("{phase}: {message}");
+        if line != last {
+            eprintln!("waiting for twin namespaces: {line}");
+            last = line;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "offloading namespace {ns}: twin namespaces not Ready after {:?} ({last}); check `kubectl -n {ns} get namespaceoffloading offloading -o yaml` and the providers' peerings",
+                a.timeout
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Runs `tandem unoffload …`.
+pub async fn unoffload(args: UnoffloadArgs) -> anyhow::Result<()> {
+    let UnoffloadCommand::Namespace {
+        namespace: ns,
+        timeout,
+    } = args.command;
+    let client = client(&args.cluster).await?;
+    let api: Api<NamespaceOffloading> = Api::namespaced(client, &ns);
+    match api
+        .delete(names::OFFLOADING_NAME, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => bail!("namespace {ns} is not offloaded"),
+        Err(e) => {
+            return Err(e).with_context(|| format!("deleting NamespaceOffloading {ns}/offloading"));
+        }
+    }
+    eprintln!("NamespaceOffloading {ns}/offloading deleted; removing twin namespaces");
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let Some(o) = api
+            .get_opt(names::OFFLOADING_NAME)
+            .await
+            .with_context(|| format!("reading NamespaceOffloading {ns}/offloading"))?
+        else {
+            println!("namespace {ns} is no longer offloaded; its twin namespaces are gone");
+            return Ok(());
+        };
+        if tokio::time::Instant::now() > deadline {
+            let left: Vec<String> = o
+                .status
+                .unwrap_or_default()
+                .remote_namespaces
+                .iter()
+                .map(|r| format!("{}/{}", r.cluster_id, r.namespace))
+                .collect();
+            bail!(
+                "unoffloading namespace {ns}: twin namespaces still present after {timeout:?} ({}); is the Tandem controller running?",
+                left.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_and_durations() {
+        assert_eq!(
+            selector_terms("region=eu,tier = gold").unwrap(),
+            json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.kubernetes.io/region", "operator": "In", "values": ["eu"]},
+                {"key": "tier", "operator": "In", "values": ["gold"]},
+            ]}]})
+        );
+        assert!(selector_terms("region").is_err());
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

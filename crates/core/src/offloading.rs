@@ -1,0 +1,560 @@
+//! Namespace offloading rules: how twin namespaces are named, which virtual nodes a cluster
+//! selector picks, where a pod of an offloaded namespace may be placed (the admission
+//! webhook's JSON patch), and how endpoint addresses translate into a provider's view.
+//!
+//! Node selectors are the Kubernetes `NodeSelectorTerm` JSON shape, deserialized into plain
+//! structs so this module needs no kube types.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// How a twin namespace is named on a provider (mirrors the CRD's enum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceMapping {
+    DefaultName,
+    EnforceSameName,
+    SelectedName,
+}
+
+/// Where an offloaded namespace's pods may run (mirrors the CRD's enum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodPlacement {
+    Local,
+    Remote,
+    LocalAndRemote,
+}
+
+/// Why a twin namespace name cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TwinNameError {
+    #[error("namespace mapping SelectedName needs spec.remoteNamespaceName")]
+    MissingSelectedName,
+    #[error(
+        "twin namespace name {0:?} is not a DNS-1123 label (lower-case letters, digits, '-', at most 63 characters)"
+    )]
+    Invalid(String),
+}
+
+/// The twin namespace of consumer namespace `namespace` on a provider.
+pub fn twin_namespace_name(
+    mapping: NamespaceMapping,
+    namespace: &str,
+    consumer_id: &str,
+    selected: Option<&str>,
+) -> Result<String, TwinNameError> {
+    let name = match mapping {
+        NamespaceMapping::DefaultName => format!("{namespace}-{consumer_id}"),
+        NamespaceMapping::EnforceSameName => namespace.to_string(),
+        NamespaceMapping::SelectedName => selected
+            .filter(|s| !s.is_empty())
+            .ok_or(TwinNameError::MissingSelectedName)?
+            .to_string(),
+    };
+    if is_dns1123_label(&name) {
+        Ok(name)
+    } else {
+        Err(TwinNameError::Invalid(name))
+    }
+}
+
+/// Whether `s` is a DNS-1123 label (what a namespace name must be).
+pub fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// One requirement of a node selector term (`key`, `operator`, `values`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requirement {
+    pub key: String,
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+impl Requirement {
+    fn new(key: &str, operator: &str, values: &[&str]) -> Requirement {
+        Requirement {
+            key: key.to_string(),
+            operator: operator.to_string(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+        }
+    }
+
+    /// Whether a node with `labels` satisfies the requirement (NodeSelector semantics).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let value = labels.get(&self.key);
+        let as_int = |s: &str| s.parse::<i64>().ok();
+        match self.operator.as_str() {
+            "In" => value.is_some_and(|v| self.values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !self.values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" | "Lt" => {
+                let (Some(v), Some(bound)) = (
+                    value.and_then(|v| as_int(v)),
+                    self.values.first().and_then(|b| as_int(b)),
+                ) else {
+                    return false;
+                };
+                if self.operator == "Gt" {
+                    v > bound
+                } else {
+                    v < bound
+                }
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A node selector term: all requirements must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectorTerm {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<Requirement>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_fields: Vec<Requirement>,
+}
+
+impl SelectorTerm {
+    fn of(reqs: Vec<Requirement>) -> SelectorTerm {
+        SelectorTerm {
+            match_expressions: reqs,
+            match_fields: Vec::new(),
+        }
+    }
+
+    /// Whether `labels` satisfy every expression (fields are not labels: a term with
+    /// matchFields never selects a cluster).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_fields.is_empty() && self.match_expressions.iter().all(|r| r.matches(labels))
+    }
+
+    /// The conjunction of two terms.
+    fn and(&self, other: &SelectorTerm) -> SelectorTerm {
+        let mut out = self.clone();
+        out.match_expressions
+            .extend(other.match_expressions.iter().cloned());
+        out.match_fields.extend(other.match_fields.iter().cloned());
+        out
+    }
+}
+
+/// Whether a cluster selector (OR of terms) selects a virtual node with `labels`. No selector
+/// (or no terms) selects every cluster.
+pub fn cluster_selected(terms: &[SelectorTerm], labels: &BTreeMap<String, String>) -> bool {
+    terms.is_empty() || terms.iter().any(|t| t.matches(labels))
+}
+
+/// The labels and taint that mark virtual nodes (passed in: core does not know the API crate).
+#[derive(Clone, Copy, Debug)]
+pub struct VirtualNodeMarks<'a> {
+    pub type_label: &'a str,
+    pub type_value: &'a str,
+    pub taint_key: &'a str,
+}
+
+/// What a pod of an offloaded namespace needs to be placed per the strategy: whether it must
+/// tolerate the virtual-node taint, and the required node affinity terms (OR) the strategy
+/// adds, before combining with the pod's own.
+pub fn placement_terms(
+    strategy: PodPlacement,
+    cluster_selector: &[SelectorTerm],
+    marks: VirtualNodeMarks<'_>,
+) -> (bool, Vec<SelectorTerm>) {
+    let local = SelectorTerm::of(vec![Requirement::new(
+        marks.type_label,
+        "NotIn",
+        &[marks.type_value],
+    )]);
+    let virtual_node = SelectorTerm::of(vec![Requirement::new(
+        marks.type_label,
+        "In",
+        &[marks.type_value],
+    )]);
+    let remote: Vec<SelectorTerm> = if cluster_selector.is_empty() {
+        vec![virtual_node]
+    } else {
+        cluster_selector
+            .iter()
+            .map(|t| virtual_node.and(t))
+            .collect()
+    };
+    match strategy {
+        PodPlacement::Local => (false, vec![local]),
+        PodPlacement::Remote => (true, remote),
+        PodPlacement::LocalAndRemote => {
+            let mut terms = vec![local];
+            terms.extend(remote);
+            (true, terms)
+        }
+    }
+}
+
+/// The AND of two ORs of terms: the cross product. An empty side means "no constraint".
+pub fn and_terms(a: &[SelectorTerm], b: &[SelectorTerm]) -> Vec<SelectorTerm> {
+    if a.is_empty() {
+        return b.to_vec();
+    }
+    if b.is_empty() {
+        return a.to_vec();
+    }
+    a.iter()
+        .flat_map(|x| b.iter().map(move |y| x.and(y)))
+        .collect()
+}
+
+/// The JSON patch (RFC 6902) the placement webhook answers for `pod` (a Pod as JSON): the
+/// toleration of the virtual-node taint (unless present) and the required node affinity of
+/// the strategy ANDed with the pod's own.
+pub fn placement_patch(
+    pod: &Value,
+    strategy: PodPlacement,
+    cluster_selector: &[SelectorTerm],
+    marks: VirtualNodeMarks<'_>,
+) -> Vec<Value> {
+    let (tolerate, ours) = placement_terms(strategy, cluster_selector, marks);
+    let spec = &pod["spec"];
+    let mut patch = Vec::new();
+    if tolerate {
+        let toleration =
+            json!({"key": marks.taint_key, "operator": "Exists", "effect": "NoExecute"});
+        match spec["tolerations"].as_array() {
+            Some(list) if list.iter().any(|t| t == &toleration) => {}
+            Some(_) => {
+                patch.push(json!({"op": "add", "path": "/spec/tolerations/-", "value": toleration}))
+            }
+            None => {
+                patch.push(json!({"op": "add", "path": "/spec/tolerations", "value": [toleration]}))
+            }
+        }
+    }
+    let required =
+        &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let own: Vec<SelectorTerm> =
+        serde_json::from_value(required["nodeSelectorTerms"].clone()).unwrap_or_default();
+    let terms = and_terms(&own, &ours);
+    let selector = json!({"nodeSelectorTerms": terms});
+    if !required.is_null() {
+        patch.push(json!({"op": "replace", "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", "value": selector}));
+    } else if spec["affinity"]["nodeAffinity"].is_object() {
+        patch.push(json!({"op": "add", "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", "value": selector}));
+    } else if spec["affinity"].is_object() {
+        patch.push(json!({"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {"requiredDuringSchedulingIgnoredDuringExecution": selector}}));
+    } else {
+        patch.push(json!({"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": selector}}}));
+    }
+    patch
+}
+
+/// How pod addresses translate when an EndpointSlice is reflected into one provider.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointView {
+    /// The consumer's pod CIDR, and how the provider sees it.
+    pub local_pod_cidr: Option<IpNet>,
+    pub local_pod_cidr_there: Option<IpNet>,
+    /// The provider's pod CIDR as the consumer sees it, and as the provider sees it.
+    pub remote_pod_cidr_here: Option<IpNet>,
+    pub remote_pod_cidr: Option<IpNet>,
+}
+
+/// The provider-view address of an endpoint of the consumer: a pod on this provider's virtual
+/// node gets its real provider IP back; a consumer-local pod gets its remapped address; anything
+/// else (pods on other providers, addresses outside the pod CIDR) is dropped.
+pub fn endpoint_address_there(
+    view: &EndpointView,
+    address: IpAddr,
+    on_this_provider: bool,
+) -> Option<IpAddr> {
+    let (from, to) = if on_this_provider {
+        (view.remote_pod_cidr_here?, view.remote_pod_cidr?)
+    } else {
+        (view.local_pod_cidr?, view.local_pod_cidr_there?)
+    };
+    crate::prefix::translate(address, &from, &to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARKS: VirtualNodeMarks<'static> = VirtualNodeMarks {
+        type_label: "tandem.dev/type",
+        type_value: "virtual-node",
+        taint_key: "virtual-node.tandem.dev/not-allowed",
+    };
+
+    fn term(v: Value) -> SelectorTerm {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn twin_names() {
+        use NamespaceMapping::*;
+        let long = "x".repeat(60);
+        type Case<'a> = (
+            NamespaceMapping,
+            &'a str,
+            Option<&'a str>,
+            Result<String, TwinNameError>,
+        );
+        let cases: Vec<Case> = vec![
+            (DefaultName, "app", None, Ok("app-rome".into())),
+            (EnforceSameName, "app", None, Ok("app".into())),
+            (SelectedName, "app", Some("web-eu"), Ok("web-eu".into())),
+            (
+                SelectedName,
+                "app",
+                None,
+                Err(TwinNameError::MissingSelectedName),
+            ),
+            (
+                SelectedName,
+                "app",
+                Some(""),
+                Err(TwinNameError::MissingSelectedName),
+            ),
+            (
+                SelectedName,
+                "app",
+                Some("Bad_Name"),
+                Err(TwinNameError::Invalid("Bad_Name".into())),
+            ),
+            (
+                DefaultName,
+                &long,
+                None,
+                Err(TwinNameError::Invalid(format!("{long}-rome"))),
+            ),
+            (EnforceSameName, &long, None, Ok(long.clone())),
+        ];
+        for (mapping, ns, selected, want) in cases {
+            assert_eq!(
+                twin_namespace_name(mapping, ns, "rome", selected),
+                want,
+                "{mapping:?} {ns} {selected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn selector_semantics() {
+        let labels: BTreeMap<String, String> = [
+            ("topology.kubernetes.io/region", "eu"),
+            ("tandem.dev/type", "virtual-node"),
+            ("size", "8"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let r = |k: &str, op: &str, vs: &[&str]| json!({"key": k, "operator": op, "values": vs});
+        let cases = vec![
+            (vec![], true),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("topology.kubernetes.io/region", "In", &["eu", "us"])]}),
+                )],
+                true,
+            ),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("topology.kubernetes.io/region", "In", &["us"])]}),
+                )],
+                false,
+            ),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("topology.kubernetes.io/region", "NotIn", &["us"])]}),
+                )],
+                true,
+            ),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("zone", "NotIn", &["a"])]}),
+                )],
+                true,
+            ),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("zone", "Exists", &[])]}),
+                )],
+                false,
+            ),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("zone", "DoesNotExist", &[])]}),
+                )],
+                true,
+            ),
+            (
+                vec![term(json!({"matchExpressions": [r("size", "Gt", &["4"])]}))],
+                true,
+            ),
+            (
+                vec![term(json!({"matchExpressions": [r("size", "Lt", &["4"])]}))],
+                false,
+            ),
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("size", "Bogus", &["4"])]}),
+                )],
+                false,
+            ),
+            // AND within a term, OR across terms.
+            (
+                vec![term(
+                    json!({"matchExpressions": [r("size", "Gt", &["4"]), r("zone", "Exists", &[])]}),
+                )],
+                false,
+            ),
+            (
+                vec![
+                    term(json!({"matchExpressions": [r("zone", "Exists", &[])]})),
+                    term(json!({"matchExpressions": [r("size", "In", &["8"])]})),
+                ],
+                true,
+            ),
+            (
+                vec![term(
+                    json!({"matchFields": [r("metadata.name", "In", &["n"])]}),
+                )],
+                false,
+            ),
+        ];
+        for (terms, want) in cases {
+            assert_eq!(cluster_selected(&terms, &labels), want, "{terms:?}");
+        }
+    }
+
+    #[test]
+    fn placement_patches() {
+        let region_eu = term(
+            json!({"matchExpressions": [{"key": "region", "operator": "In", "values": ["eu"]}]}),
+        );
+        let not_vn =
+            json!({"key": "tandem.dev/type", "operator": "NotIn", "values": ["virtual-node"]});
+        let vn = json!({"key": "tandem.dev/type", "operator": "In", "values": ["virtual-node"]});
+        let eu = json!({"key": "region", "operator": "In", "values": ["eu"]});
+        let ssd = json!({"key": "disk", "operator": "In", "values": ["ssd"]});
+        let tol = json!({"key": "virtual-node.tandem.dev/not-allowed", "operator": "Exists", "effect": "NoExecute"});
+        let bare = json!({"spec": {"containers": []}});
+        let with_affinity = json!({"spec": {"tolerations": [{"key": "x", "operator": "Exists"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [ssd]}]}}}}});
+        let already = json!({"spec": {"tolerations": [tol], "affinity": {"podAffinity": {}}}});
+        let req = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution";
+        type Case<'a> = (
+            &'a str,
+            &'a Value,
+            PodPlacement,
+            Vec<SelectorTerm>,
+            Vec<Value>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "local",
+                &bare,
+                PodPlacement::Local,
+                vec![],
+                vec![
+                    json!({"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [not_vn]}]}}}}),
+                ],
+            ),
+            (
+                "remote, no selector",
+                &bare,
+                PodPlacement::Remote,
+                vec![],
+                vec![
+                    json!({"op": "add", "path": "/spec/tolerations", "value": [tol]}),
+                    json!({"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [vn]}]}}}}),
+                ],
+            ),
+            (
+                "remote, selector, own affinity",
+                &with_affinity,
+                PodPlacement::Remote,
+                vec![region_eu.clone()],
+                vec![
+                    json!({"op": "add", "path": "/spec/tolerations/-", "value": tol}),
+                    json!({"op": "replace", "path": req, "value": {"nodeSelectorTerms": [{"matchExpressions": [ssd, vn, eu]}]}}),
+                ],
+            ),
+            (
+                "both, selector, own affinity",
+                &with_affinity,
+                PodPlacement::LocalAndRemote,
+                vec![region_eu.clone()],
+                vec![
+                    json!({"op": "add", "path": "/spec/tolerations/-", "value": tol}),
+                    json!({"op": "replace", "path": req, "value": {"nodeSelectorTerms": [
+                        {"matchExpressions": [ssd, not_vn]},
+                        {"matchExpressions": [ssd, vn, eu]},
+                    ]}}),
+                ],
+            ),
+            (
+                "already tolerates, other affinity",
+                &already,
+                PodPlacement::LocalAndRemote,
+                vec![],
+                vec![
+                    json!({"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [not_vn]}, {"matchExpressions": [vn]}]}}}),
+                ],
+            ),
+        ];
+        for (what, pod, strategy, selector, want) in cases {
+            assert_eq!(
+                placement_patch(pod, strategy, &selector, MARKS),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn endpoint_addresses() {
+        let p = |s: &str| s.parse::<IpNet>().ok();
+        let view = EndpointView {
+            local_pod_cidr: p("10.244.0.0/16"),
+            local_pod_cidr_there: p("10.245.0.0/16"),
+            remote_pod_cidr_here: p("10.246.0.0/16"),
+            remote_pod_cidr: p("10.244.0.0/16"),
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let cases = vec![
+            ("10.244.1.5", false, Some("10.245.1.5")),
+            ("10.246.3.9", true, Some("10.244.3.9")),
+            ("10.246.3.9", false, None),
+            ("10.244.1.5", true, None),
+            ("192.168.1.1", false, None),
+        ];
+        for (addr, here, want) in cases {
+            assert_eq!(
+                endpoint_address_there(&view, ip(addr), here),
+                want.map(ip),
+                "{addr} {here}"
+            );
+        }
+        let flat = EndpointView {
+            local_pod_cidr: None,
+            local_pod_cidr_there: None,
+            remote_pod_cidr_here: None,
+            remote_pod_cidr: None,
+        };
+        assert_eq!(endpoint_address_there(&flat, ip("10.244.1.5"), false), None);
+    }
+}
