@@ -18,10 +18,12 @@ use tandem_lab::{Lab, LabSpec};
 /// Start two lab clusters, peer them with an invite, offload a namespace and deploy an
 /// application whose pods run in both clusters.
 #[derive(clap::Args)]
-#[command(after_help = "The first cluster (lab-1) is the consumer, the second (lab-2) the provider. \
+#[command(
+    after_help = "The first cluster (lab-1) is the consumer, the second (lab-2) the provider. \
 Both use the pod CIDR 10.244.0.0/16, so the peering remaps it.\n\nAfterwards, in another terminal:\n  \
 kubectl --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1 get pods -n demo -o wide\n  \
-tandem status --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1")]
+tandem status --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1"
+)]
 pub struct Args {
     /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/demo].
     #[arg(long, value_name = "DIR")]
@@ -47,7 +49,10 @@ fn step(n: u32, what: &str) {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let dir = args.dir.clone().unwrap_or_else(|| {
-        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".tandem/demo")
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join(".tandem/demo")
     });
     // A demo starts from scratch: objects of an earlier run would only confuse it.
     if dir.exists() {
@@ -56,12 +61,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
 
     step(1, "starting two lab clusters");
-    let lab = Lab::start(&LabSpec { clusters: 2, nodes: args.nodes, dir: Some(dir.clone()) }, |c| {
-        eprintln!("      ✓ {} ({}) at {}", c.config.name, c.config.region, c.server.url());
-    })
+    let lab = Lab::start(
+        &LabSpec {
+            clusters: 2,
+            nodes: args.nodes,
+            dir: Some(dir.clone()),
+        },
+        |c| {
+            eprintln!(
+                "      ✓ {} ({}) at {}",
+                c.config.name,
+                c.config.region,
+                c.server.url()
+            );
+        },
+    )
     .await?;
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, lab.kubeconfig()?).with_context(|| format!("writing {}", kubeconfig.display()))?;
+    std::fs::write(&kubeconfig, lab.kubeconfig()?)
+        .with_context(|| format!("writing {}", kubeconfig.display()))?;
     let (consumer, provider) = (&lab.clusters[0], &lab.clusters[1]);
     let (consumer_id, provider_id) = (consumer.config.name.clone(), provider.config.name.clone());
 
@@ -78,12 +96,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(crate::host::host_controller(
             c.config.name.clone(),
             c.client.clone(),
-            tandem_controller::Options { heartbeat: Duration::from_secs(1), ..Default::default() },
+            tandem_controller::Options {
+                heartbeat: Duration::from_secs(1),
+                ..Default::default()
+            },
         ));
         eprintln!("      ✓ {} (controller running)", c.config.name);
     }
 
-    step(3, &format!("peering {consumer_id} (consumer) with {provider_id} (provider) through an invite"));
+    step(
+        3,
+        &format!(
+            "peering {consumer_id} (consumer) with {provider_id} (provider) through an invite"
+        ),
+    );
     let invite = tandem_controller::invite::create(
         &provider.client,
         &provider.server.url(),
@@ -95,38 +121,64 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tandem_controller::invite::accept(&consumer.client, &invite)
         .await
         .context("accepting the invite on the consumer")?;
-    tandem_controller::invite::wait_established(&consumer.client, &provider_id, Duration::from_secs(60), &mut |l| {
-        eprintln!("      ✓ {l}")
-    })
+    tandem_controller::invite::wait_established(
+        &consumer.client,
+        &provider_id,
+        Duration::from_secs(60),
+        &mut |l| eprintln!("      ✓ {l}"),
+    )
     .await
     .context("establishing the peering")?;
     let vn = names::virtual_node_name(&provider_id);
-    wait(&format!("virtual node {vn} Ready"), Duration::from_secs(60), async || {
-        let node = Api::<Node>::all(consumer.client.clone()).get_opt(&vn).await?;
-        Ok(node.as_ref().is_some_and(node_ready))
-    })
+    wait(
+        &format!("virtual node {vn} Ready"),
+        Duration::from_secs(60),
+        async || {
+            let node = Api::<Node>::all(consumer.client.clone())
+                .get_opt(&vn)
+                .await?;
+            Ok(node.as_ref().is_some_and(node_ready))
+        },
+    )
     .await?;
     eprintln!("      ✓ virtual node {vn} Ready");
 
-    step(4, &format!("offloading namespace {NS:?} (pods may run locally and remotely)"));
+    step(
+        4,
+        &format!("offloading namespace {NS:?} (pods may run locally and remotely)"),
+    );
     let pp = PatchParams::apply(names::FIELD_MANAGER).force();
     Api::<Namespace>::all(consumer.client.clone())
-        .patch(NS, &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})))
+        .patch(
+            NS,
+            &pp,
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+            ),
+        )
         .await
         .context("creating namespace demo")?;
     let offloadings: Api<NamespaceOffloading> = Api::namespaced(consumer.client.clone(), NS);
     offloadings
-        .patch(names::OFFLOADING_NAME, &pp, &Patch::Apply(json!({
-            "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
-            "metadata": {"name": names::OFFLOADING_NAME},
-            "spec": {"podOffloadingStrategy": "LocalAndRemote"},
-        })))
+        .patch(
+            names::OFFLOADING_NAME,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+                "metadata": {"name": names::OFFLOADING_NAME},
+                "spec": {"podOffloadingStrategy": "LocalAndRemote"},
+            })),
+        )
         .await
         .context("creating the NamespaceOffloading")?;
-    wait("the twin namespace on the provider", Duration::from_secs(60), async || {
-        let o = offloadings.get(names::OFFLOADING_NAME).await?;
-        Ok(o.status.and_then(|s| s.phase).as_deref() == Some("Ready"))
-    })
+    wait(
+        "the twin namespace on the provider",
+        Duration::from_secs(60),
+        async || {
+            let o = offloadings.get(names::OFFLOADING_NAME).await?;
+            Ok(o.status.and_then(|s| s.phase).as_deref() == Some("Ready"))
+        },
+    )
     .await?;
     let twin = offloadings
         .get(names::OFFLOADING_NAME)
@@ -137,42 +189,65 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("the NamespaceOffloading names no twin namespace"))?;
     eprintln!("      ✓ twin namespace {twin} on {provider_id}");
 
-    step(5, &format!("deploying {APP} ({} replicas) and a Service", args.replicas));
+    step(
+        5,
+        &format!("deploying {APP} ({} replicas) and a Service", args.replicas),
+    );
     let deployments: Api<Deployment> = Api::namespaced(consumer.client.clone(), NS);
     deployments
-        .patch(APP, &pp, &Patch::Apply(json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": APP},
-            "spec": {
-                "replicas": args.replicas,
-                "selector": {"matchLabels": {"app": APP}},
-                "template": {
-                    "metadata": {"labels": {"app": APP}},
-                    "spec": {"containers": [{"name": "web", "image": "nginx:1.27",
-                        "ports": [{"containerPort": 80, "name": "http"}],
-                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]},
+        .patch(
+            APP,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": APP},
+                "spec": {
+                    "replicas": args.replicas,
+                    "selector": {"matchLabels": {"app": APP}},
+                    "template": {
+                        "metadata": {"labels": {"app": APP}},
+                        "spec": {"containers": [{"name": "web", "image": "nginx:1.27",
+                            "ports": [{"containerPort": 80, "name": "http"}],
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]},
+                    },
                 },
-            },
-        })))
+            })),
+        )
         .await
         .context("creating the Deployment")?;
     Api::<Service>::namespaced(consumer.client.clone(), NS)
-        .patch(APP, &pp, &Patch::Apply(json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": APP},
-            "spec": {"selector": {"app": APP}, "ports": [{"port": 80, "targetPort": "http"}]},
-        })))
+        .patch(
+            APP,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": APP},
+                "spec": {"selector": {"app": APP}, "ports": [{"port": 80, "targetPort": "http"}]},
+            })),
+        )
         .await
         .context("creating the Service")?;
     let replicas = args.replicas;
-    wait(&format!("{replicas} Ready pods"), Duration::from_secs(120), async || {
-        let d = deployments.get(APP).await?;
-        Ok(d.status.and_then(|s| s.ready_replicas).unwrap_or(0) == replicas)
-    })
+    wait(
+        &format!("{replicas} Ready pods"),
+        Duration::from_secs(120),
+        async || {
+            let d = deployments.get(APP).await?;
+            Ok(d.status.and_then(|s| s.ready_replicas).unwrap_or(0) == replicas)
+        },
+    )
     .await?;
 
     step(6, "where the pods run");
-    let report = report(&consumer.client, &provider.client, &vn, &provider_id, &consumer_id, &twin).await?;
+    let report = report(
+        &consumer.client,
+        &provider.client,
+        &vn,
+        &provider_id,
+        &consumer_id,
+        &twin,
+    )
+    .await?;
     print!("{report}");
     eprintln!(
         "\ndone in {:.1}s. kubeconfig: {k}\n  kubectl --kubeconfig {k} --context lab-1 get pods -n {NS} -o wide\n  kubectl --kubeconfig {k} --context lab-2 get pods -n {twin} -o wide\n  tandem status --kubeconfig {k} --context lab-1",
@@ -195,11 +270,20 @@ async fn report(
     consumer_id: &str,
     twin: &str,
 ) -> anyhow::Result<String> {
-    let mut out = format!("{:<28} {:<22} {:<10} {}\n", "POD", "NODE", "CLUSTER", "IP (consumer view)");
-    let pods = Api::<Pod>::namespaced(consumer.clone(), NS).list(&ListParams::default()).await?;
+    let mut out = format!(
+        "{:<28} {:<22} {:<10} {}\n",
+        "POD", "NODE", "CLUSTER", "IP (consumer view)"
+    );
+    let pods = Api::<Pod>::namespaced(consumer.clone(), NS)
+        .list(&ListParams::default())
+        .await?;
     let (mut local, mut remote) = (0, 0);
     for p in &pods.items {
-        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
         let cluster = if node == vn {
             remote += 1;
             provider_id
@@ -207,15 +291,38 @@ async fn report(
             local += 1;
             consumer_id
         };
-        let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
-        out.push_str(&format!("{:<28} {:<22} {:<10} {ip}\n", p.name_any(), node, cluster));
+        let ip = p
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{:<28} {:<22} {:<10} {ip}\n",
+            p.name_any(),
+            node,
+            cluster
+        ));
     }
     let endpoints = |slices: Vec<EndpointSlice>| -> usize {
-        slices.iter().flat_map(|s| s.endpoints.iter()).filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false)).count()
+        slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter())
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+            .count()
     };
     let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={APP}"));
-    let here = endpoints(Api::<EndpointSlice>::namespaced(consumer.clone(), NS).list(&lp).await?.items);
-    let there = endpoints(Api::<EndpointSlice>::namespaced(provider.clone(), twin).list(&lp).await?.items);
+    let here = endpoints(
+        Api::<EndpointSlice>::namespaced(consumer.clone(), NS)
+            .list(&lp)
+            .await?
+            .items,
+    );
+    let there = endpoints(
+        Api::<EndpointSlice>::namespaced(provider.clone(), twin)
+            .list(&lp)
+            .await?
+            .items,
+    );
     out.push_str(&format!(
         "\n{local} pod(s) run in {consumer_id}, {remote} in {provider_id}.\nService {NS}/{APP}: {here} ready endpoint(s) in {consumer_id}; its reflection {twin}/{APP} in {provider_id}: {there}.\n"
     ));
@@ -229,14 +336,21 @@ fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-async fn wait(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
+async fn wait(
+    what: &str,
+    timeout: Duration,
+    mut done: impl AsyncFnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         if done().await? {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(anyhow!("waiting for {what}: not done after {}s", timeout.as_secs()));
+            return Err(anyhow!(
+                "waiting for {what}: not done after {}s",
+                timeout.as_secs()
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -10,10 +10,10 @@ mod install;
 mod invite;
 mod kubeconfig;
 mod lab;
+mod offload;
 mod peer;
 mod status;
 mod unpeer;
-mod offload;
 
 use clap::{Parser, Subcommand};
 

@@ -30,7 +30,7 @@ async fn tandem(args: &[&str], kubeconfig: &std::path::Path) -> (bool, String, S
 async fn offload_and_unoffload_a_namespace() {
     let consumer = support::Cluster::start("rome", "eu-south", 1).await;
     let provider = support::Cluster::start("milan", "eu-west", 1).await;
-    support::fake_peering(
+    support::peer_with(
         &consumer,
         &provider,
         json!({"cpu": "2", "pods": "10"}),

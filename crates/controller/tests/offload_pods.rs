@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
-    Cluster, fake_offloading, fake_peering, fake_twin_namespace, offloaded_deployment, until,
+    Cluster, fake_twin_namespace, offload_remote, offloaded_deployment, peer_with,
+    remote_pod_cidrs, until,
 };
 use tandem_api::{ShadowPod, names};
 
@@ -45,22 +46,27 @@ async fn deployment_runs_on_the_provider_through_the_virtual_node() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
     let provider = Cluster::start("milan", "eu-north", 2).await;
     let grant = json!({"cpu": "16", "memory": "64Gi", "pods": "500"});
-    fake_peering(&consumer, &provider, grant, None).await;
+    let peering = peer_with(&consumer, &provider, grant, None).await;
 
-    // The virtual node: grant as capacity, labels, taint, Ready quickly.
+    // The virtual node: the grant (just changed by the provider) as capacity, labels, taint.
     let nodes: Api<Node> = Api::all(consumer.client.clone());
     let vn = names::virtual_node_name("milan");
-    let node = until("virtual node Ready", Duration::from_secs(5), || async {
-        let n = nodes.get_opt(&vn).await.ok().flatten()?;
-        let ready = n
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        ready.then_some(n)
-    })
+    let node = until(
+        "virtual node Ready with the new grant",
+        Duration::from_secs(10),
+        || async {
+            let n = nodes.get_opt(&vn).await.ok().flatten()?;
+            let ready = n
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let cpu = n.status.as_ref()?.capacity.as_ref()?.get("cpu")?.0.clone();
+            (ready && cpu == "16").then_some(n)
+        },
+    )
     .await;
     let status = node.status.clone().unwrap();
     let cap = status.capacity.unwrap();
@@ -82,7 +88,7 @@ async fn deployment_runs_on_the_provider_through_the_virtual_node() {
     );
 
     // 30 replicas offloaded.
-    let twin = fake_offloading(&consumer, &provider, "shop").await;
+    let twin = offload_remote(&consumer, &provider, "shop").await;
     let deployments: Api<Deployment> = Api::namespaced(consumer.client.clone(), "shop");
     deployments
         .create(
@@ -100,7 +106,7 @@ async fn deployment_runs_on_the_provider_through_the_virtual_node() {
         },
     )
     .await;
-    let remote_cidr: ipnet::IpNet = "10.245.0.0/16".parse().unwrap();
+    let remote_cidr = remote_pod_cidrs(&peering).0;
     until(
         "30 consumer pods Running and Ready with consumer-view IPs",
         Duration::from_secs(30),
@@ -214,7 +220,7 @@ async fn deployment_runs_on_the_provider_through_the_virtual_node() {
 async fn provider_rejects_shadow_pods_over_quota_or_policy() {
     let consumer = Cluster::start("turin", "eu-south", 1).await;
     let provider = Cluster::start("genoa", "eu-north", 1).await;
-    fake_peering(
+    peer_with(
         &consumer,
         &provider,
         json!({"cpu": "1", "memory": "4Gi", "pods": "10"}),

@@ -88,7 +88,7 @@ fn grant() -> Value {
 async fn offloading_creates_twin_namespaces_and_unoffload_removes_them() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
     let provider = Cluster::start("milan", "eu-west", 1).await;
-    support::fake_peering(&consumer, &provider, grant(), None).await;
+    support::peer_with(&consumer, &provider, grant(), None).await;
     create_namespace(&consumer.client, "app").await;
     offload(&consumer.client, "app", names::OFFLOADING_NAME, json!({})).await;
 
@@ -409,7 +409,7 @@ async fn cluster_selector_picks_only_matching_providers() {
     let us = Cluster::start("boston", "us", 1).await;
     let on_eu: Api<Namespace> = Api::all(eu.client.clone());
     let on_us: Api<Namespace> = Api::all(us.client.clone());
-    support::fake_peering(&consumer, &eu, grant(), None).await;
+    support::peer_with(&consumer, &eu, grant(), None).await;
     create_namespace(&consumer.client, "shop").await;
     offload(
         &consumer.client,
@@ -421,7 +421,7 @@ async fn cluster_selector_picks_only_matching_providers() {
     entries_become(&consumer.client, "shop", &[("paris", "shop-genoa")]).await;
 
     // A provider peered later is picked up when it matches.
-    support::fake_peering(&consumer, &us, grant(), None).await;
+    support::peer_with(&consumer, &us, grant(), None).await;
     entries_become(
         &consumer.client,
         "shop",

@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use support::{Cluster, fake_offloading, fake_peering, offloaded_deployment, until};
+use support::{Cluster, offload_remote, offloaded_deployment, peer_with, remote_pod_cidrs, until};
 use tandem_api::{ShadowPod, names};
 use tandem_lab::TcpGate;
 
@@ -65,14 +65,14 @@ async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
         .parse()
         .expect("provider address");
     let gate = TcpGate::start(target).await.expect("gate");
-    fake_peering(
+    let peering = peer_with(
         &consumer,
         &provider,
         json!({"cpu": "16", "memory": "64Gi", "pods": "500"}),
         Some(gate.url()),
     )
     .await;
-    let twin = fake_offloading(&consumer, &provider, "shop").await;
+    let twin = offload_remote(&consumer, &provider, "shop").await;
     Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
         .create(
             &PostParams::default(),
@@ -168,9 +168,10 @@ async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
         let (s, rs) = (p.status.as_ref().unwrap(), r.status.as_ref().unwrap());
         assert_eq!(s.phase, rs.phase, "{name}");
         assert_eq!(
-            s.pod_ip
-                .clone()
-                .map(|ip| ip.replacen("10.245.", "10.244.", 1)),
+            s.pod_ip.as_deref().map(|ip| {
+                let (here, there) = remote_pod_cidrs(&peering);
+                support::translate(ip, here, there)
+            }),
             rs.pod_ip,
             "{name}"
         );

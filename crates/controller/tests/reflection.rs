@@ -39,7 +39,7 @@ where
 async fn offloaded() -> (Cluster, Cluster) {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
     let provider = Cluster::start("milan", "eu-west", 1).await;
-    support::fake_peering(
+    support::peer_with(
         &consumer,
         &provider,
         json!({"cpu": "4", "memory": "8Gi", "pods": "110"}),
@@ -216,13 +216,13 @@ async fn services_endpoints_and_events() {
                "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}),
     )
     .await;
-    // One pod runs locally (hollow node), one "on the provider" (bound to the virtual node,
-    // status as the virtual kubelet would report it, in the consumer's view 10.245/16).
+    // One pod runs locally (hollow node), one on the provider (bound to the virtual node, run
+    // there by the virtual kubelet).
     let _: Pod = create(
         &consumer.client,
         "app",
         json!({"metadata": {"name": "web-local", "labels": {"app": "web"}},
-               "spec": {"containers": [{"name": "c", "image": "nginx"}]}}),
+               "spec": {"nodeName": consumer.lab.node_names()[0], "containers": [{"name": "c", "image": "nginx"}]}}),
     )
     .await;
     let _: Pod = create(
@@ -233,23 +233,36 @@ async fn services_endpoints_and_events() {
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "app");
-    pods.patch_status(
-        "web-remote",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "10.245.3.7",
-            "podIPs": [{"ip": "10.245.3.7"}],
-            "conditions": [{"type": "Ready", "status": "True"}]}})),
-    )
-    .await
-    .unwrap();
-    let local_ip = until("local pod IP", WAIT, || async {
-        let p = pods.get("web-local").await.ok()?;
-        let s = p.status?;
-        (s.phase.as_deref() == Some("Running")).then_some(s.pod_ip?)
-    })
-    .await;
+    let running_ip = |api: Api<Pod>, name: &'static str| async move {
+        until(&format!("{name} Running with an IP"), WAIT, || async {
+            let s = api.get(name).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Running")).then_some(s.pod_ip?)
+        })
+        .await
+    };
+    let local_ip = running_ip(pods.clone(), "web-local").await;
     assert!(local_ip.starts_with("10.244."), "{local_ip}");
-    let local_there = local_ip.replacen("10.244.", "10.245.", 1);
+    running_ip(pods.clone(), "web-remote").await;
+    let remote_real_ip = running_ip(
+        Api::namespaced(provider.client.clone(), "app-rome"),
+        "web-remote",
+    )
+    .await;
+    // The provider sees our pods in the CIDR its IPAM mapped our pod CIDR to.
+    let peering = Api::<tandem_api::Peering>::all(consumer.client.clone())
+        .get("milan")
+        .await
+        .unwrap();
+    let ours_there: ipnet::IpNet = peering
+        .status
+        .unwrap()
+        .network
+        .unwrap()
+        .local_pod_cidr_in_remote
+        .expect("provider's remap of our pod CIDR")
+        .parse()
+        .unwrap();
+    let local_there = support::translate(&local_ip, "10.244.0.0/16".parse().unwrap(), ours_there);
 
     let twin_svc: Api<Service> = Api::namespaced(provider.client.clone(), "app-rome");
     let svc = until("Service reflected", WAIT, || async {
@@ -272,7 +285,7 @@ async fn services_endpoints_and_events() {
     );
 
     let twin_slices: Api<EndpointSlice> = Api::namespaced(provider.client.clone(), "app-rome");
-    let want: BTreeSet<String> = [local_there.clone(), "10.244.3.7".to_string()].into();
+    let want: BTreeSet<String> = [local_there.clone(), remote_real_ip.clone()].into();
     until(
         "EndpointSlice reflected with translated addresses",
         WAIT,

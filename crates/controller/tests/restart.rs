@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use support::{Cluster, fake_offloading, fake_peering, offloaded_deployment, until};
+use support::{Cluster, offload_remote, offloaded_deployment, peer_with, until};
 use tandem_api::ShadowPod;
 use tandem_core::shadow::ORIGIN_UID_ANNOTATION;
 
@@ -27,14 +27,14 @@ fn ready(p: &Pod) -> bool {
 async fn killed_mid_burst_no_duplicate_or_orphan_shadow_pods() {
     let mut consumer = Cluster::start("oslo", "eu-north", 1).await;
     let provider = Cluster::start("bergen", "eu-north", 6).await;
-    fake_peering(
+    peer_with(
         &consumer,
         &provider,
         json!({"cpu": "32", "memory": "128Gi", "pods": "600"}),
         None,
     )
     .await;
-    let twin = fake_offloading(&consumer, &provider, "burst").await;
+    let twin = offload_remote(&consumer, &provider, "burst").await;
     let shadows: Api<ShadowPod> = Api::namespaced(provider.client.clone(), &twin);
     let consumer_pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "burst");
     Api::<Deployment>::namespaced(consumer.client.clone(), "burst")

@@ -234,13 +234,18 @@ pub async fn supervise(ctx: Ctx, links: Links) {
                 ctx.clone(),
                 links.watch(id),
             ));
-            running.insert(id.clone(), (link.identity_version.clone(), tasks));
+            running.insert(id.clone(), (restart_key(link), tasks));
         }
         if rx.changed().await.is_err() {
             break;
         }
     }
     publisher.abort();
+}
+
+/// What the per-provider tasks of a link depend on without re-reading it.
+fn restart_key(link: &ProviderLink) -> String {
+    format!("{}|{:?}", link.identity_version, link.network)
 }
 
 /// Watches Peerings and publishes the link of each authenticated one.

@@ -5,10 +5,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tandem_api::{Peering, Tenant, names};
 use tandem_controller::{Controller, Options};
@@ -111,139 +111,85 @@ where
     }
 }
 
-/// Stands in for the invite flow until it lands: creates on the provider what an accepted
-/// peering request creates (tenant namespace, Tenant with `grant`, the peer identity's
-/// RoleBinding) and on the consumer an authenticated Peering with the identity Secret.
-/// `provider_url` overrides the API endpoint the consumer uses (e.g. a TCP gate).
-pub async fn fake_peering(
+/// Peers `consumer` with `provider` through the real invite flow, the consumer reaching the
+/// provider at `provider_url` (default: its API server; a `TcpGate` for partitions), then sets the
+/// consumer's grant on the provider to `grant` (as the provider's admin would) and waits until
+/// the consumer sees it. Returns the Established Peering.
+pub async fn peer_with(
     consumer: &Cluster,
     provider: &Cluster,
     grant: serde_json::Value,
     provider_url: Option<String>,
-) {
-    let user = names::peer_user(&consumer.id);
-    let remote_tenant = names::tenant_namespace(&consumer.id);
-    let local_tenant = names::tenant_namespace(&provider.id);
-    let pp = PatchParams::apply("test").force();
-    let managed = json!({names::MANAGED_BY_LABEL: names::MANAGED_BY});
-
-    // Provider side.
-    let ns: Api<Namespace> = Api::all(provider.client.clone());
-    ns.patch(
-        &remote_tenant,
-        &pp,
-        &Patch::Apply(json!({
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": remote_tenant, "labels": {
-                names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                names::TENANT_NAMESPACE_LABEL: "true",
-                names::REMOTE_CLUSTER_LABEL: consumer.id,
-            }},
-        })),
+) -> Peering {
+    let endpoint = provider_url.unwrap_or_else(|| provider.lab.server.url());
+    let invite = tandem_controller::invite::create(
+        &provider.client,
+        &endpoint,
+        provider.lab.server.ca_pem(),
+        Duration::from_secs(3600),
     )
     .await
-    .expect("tenant namespace");
-    let tenants: Api<Tenant> = Api::namespaced(provider.client.clone(), &remote_tenant);
-    tenants.patch(&consumer.id, &pp, &Patch::Apply(json!({
-        "apiVersion": "tandem.dev/v1alpha1", "kind": "Tenant",
-        "metadata": {"name": consumer.id, "labels": managed},
-        "spec": {"clusterID": consumer.id, "grant": grant,
-                 "nodeLabels": {"topology.kubernetes.io/region": provider.lab.config.region}},
-    }))).await.expect("tenant");
-    let rb: Api<RoleBinding> = Api::namespaced(provider.client.clone(), &remote_tenant);
-    rb.patch(
-        "tandem:peer",
-        &pp,
-        &Patch::Apply(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "tandem:peer", "labels": managed},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": tandem_controller::rbac::PEER_TENANT_ROLE},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        })),
-    )
-    .await
-    .expect("tenant role binding");
-    let mut kubeconfig = provider
-        .lab
-        .server
-        .kubeconfig_for(&user, &[names::PEERS_GROUP])
-        .expect("peer kubeconfig");
-    if let Some(url) = &provider_url {
-        kubeconfig = kubeconfig.replace(&provider.lab.server.url(), url);
-    }
-
-    // Consumer side.
-    let ns: Api<Namespace> = Api::all(consumer.client.clone());
-    ns.patch(
-        &local_tenant,
-        &pp,
-        &Patch::Apply(json!({
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": local_tenant, "labels": {
-                names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                names::TENANT_NAMESPACE_LABEL: "true",
-                names::REMOTE_CLUSTER_LABEL: provider.id,
-            }},
-        })),
-    )
-    .await
-    .expect("local tenant namespace");
-    let secret_name = tandem_controller::consumer::link::identity_secret_name(&provider.id);
-    let secrets: Api<Secret> = Api::namespaced(consumer.client.clone(), &local_tenant);
-    secrets.patch(&secret_name, &pp, &Patch::Apply(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": secret_name, "labels": managed},
-        "stringData": {tandem_controller::consumer::link::IDENTITY_KUBECONFIG_KEY: kubeconfig},
-    }))).await.expect("identity secret");
-    let peerings: Api<Peering> = Api::all(consumer.client.clone());
-    let peering: Peering = serde_json::from_value(json!({
-        "apiVersion": "tandem.dev/v1alpha1", "kind": "Peering",
-        "metadata": {"name": provider.id, "labels": managed},
-        "spec": {"clusterID": provider.id, "endpoint": provider_url.clone().unwrap_or(provider.lab.server.url()),
-                 "caData": provider.lab.server.ca_pem()},
-    })).unwrap();
-    let created = peerings
-        .create(&PostParams::default(), &peering)
+    .expect("create invite");
+    tandem_controller::invite::accept(&consumer.client, &invite)
         .await
-        .expect("peering");
-    let now = chrono_now();
-    let cond = |t: &str| json!({"type": t, "status": "True", "reason": "Test", "message": "", "lastTransitionTime": now});
-    peerings.patch_status(&provider.id, &PatchParams::default(), &Patch::Merge(json!({
-        "metadata": {"resourceVersion": created.metadata.resource_version},
-        "status": {
-            "phase": "Established",
-            "conditions": [cond("Authenticated"), cond("ResourcesGranted"), cond("NetworkNegotiated")],
-            "identitySecret": secret_name,
-            "remoteTenantNamespace": remote_tenant,
-            "granted": grant,
-            "nodeLabels": {"topology.kubernetes.io/region": provider.lab.config.region},
-            "network": {
-                "remotePodCidr": provider.lab.config.pod_cidr,
-                "remappedRemotePodCidr": remap_of(&provider.lab.config.pod_cidr),
-                "localPodCidrInRemote": remap_of(&consumer.lab.config.pod_cidr),
-            },
+        .expect("accept invite");
+    tandem_controller::invite::wait_established(
+        &consumer.client,
+        &provider.id,
+        Duration::from_secs(30),
+        &mut |_| {},
+    )
+    .await
+    .expect("peering established");
+    let tenants: Api<Tenant> = Api::namespaced(
+        provider.client.clone(),
+        &names::tenant_namespace(&consumer.id),
+    );
+    tenants
+        .patch(
+            &consumer.id,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"grant": grant}})),
+        )
+        .await
+        .expect("set the grant");
+    let want: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(grant).expect("grant is a map of quantities");
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    until(
+        "the consumer to see the grant",
+        Duration::from_secs(30),
+        || async {
+            let p = peerings.get(&provider.id).await.ok()?;
+            let granted: std::collections::BTreeMap<String, String> = p
+                .status
+                .as_ref()?
+                .granted
+                .iter()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect();
+            (granted == want).then_some(p)
         },
-    }))).await.expect("peering status");
+    )
+    .await
 }
 
-/// The remap the fake peering pretends the IPAM chose: 10.244.0.0/16 → 10.245.0.0/16.
-fn remap_of(cidr: &str) -> String {
-    cidr.replacen("10.244.", "10.245.", 1)
+/// The CIDR the consumer sees the provider's pods in (the IPAM's remap), and the provider's own.
+pub fn remote_pod_cidrs(peering: &Peering) -> (ipnet::IpNet, ipnet::IpNet) {
+    let n = peering
+        .status
+        .as_ref()
+        .and_then(|s| s.network.as_ref())
+        .expect("negotiated network");
+    (
+        n.remapped_remote_pod_cidr.parse().expect("remapped CIDR"),
+        n.remote_pod_cidr.parse().expect("remote CIDR"),
+    )
 }
 
-fn chrono_now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
-/// Stands in for namespace offloading until it lands: creates namespace `ns` on the consumer,
-/// its twin `<ns>-<consumer>` on the provider (labelled with the consumer, the peer identity
-/// bound to `tandem:peer-twin` there) and a NamespaceOffloading whose status says the twin is
-/// Ready. Returns the twin namespace's name.
-pub async fn fake_offloading(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
-    let twin = fake_twin_namespace(consumer, provider, ns).await;
+/// Offloads namespace `ns` (created if missing) with the Remote strategy to every provider and
+/// waits until its twin namespaces are Ready. Returns the twin namespace on `provider`.
+pub async fn offload_remote(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
     let pp = PatchParams::apply("test").force();
     let namespaces: Api<Namespace> = Api::all(consumer.client.clone());
     namespaces
@@ -268,18 +214,22 @@ pub async fn fake_offloading(consumer: &Cluster, provider: &Cluster, ns: &str) -
     )
     .await
     .expect("namespace offloading");
-    nsos.patch_status(
-        names::OFFLOADING_NAME,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Ready", "remoteNamespaces": [
-            {"clusterID": provider.id, "namespace": twin, "phase": "Ready"}]}})),
+    until(
+        "the twin namespace Ready",
+        Duration::from_secs(30),
+        || async {
+            let o = nsos.get(names::OFFLOADING_NAME).await.ok()?;
+            o.status?
+                .remote_namespaces
+                .into_iter()
+                .find(|r| r.cluster_id == provider.id && r.phase == "Ready")
+                .map(|r| r.namespace)
+        },
     )
     .await
-    .expect("namespace offloading status");
-    twin
 }
 
-/// The provider side of [`fake_offloading`]: the twin namespace `<ns>-<consumer>` and the peer
+/// A twin namespace made by hand (what a RemoteNamespace makes): the namespace `<ns>-<consumer>` and the peer
 /// identity's RoleBinding in it.
 pub async fn fake_twin_namespace(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
     let twin = format!("{ns}-{}", consumer.id);
@@ -369,4 +319,16 @@ pub async fn invite(provider: &Cluster, ttl: Duration) -> tandem_core::invite::P
     )
     .await
     .expect("create invite")
+}
+
+/// `ip` moved from prefix `from` to prefix `to` (same host part), as the prefix NAT does.
+pub fn translate(ip: &str, from: ipnet::IpNet, to: ipnet::IpNet) -> String {
+    let (std::net::IpAddr::V4(ip), ipnet::IpNet::V4(from), ipnet::IpNet::V4(to)) =
+        (ip.parse().expect("an IP"), from, to)
+    else {
+        panic!("IPv4 only");
+    };
+    assert!(from.contains(&ip), "{ip} is not in {from}");
+    let host = u32::from(ip) - u32::from(from.network());
+    std::net::Ipv4Addr::from(u32::from(to.network()) + host).to_string()
 }
