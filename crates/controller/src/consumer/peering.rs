@@ -144,13 +144,14 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
         authenticate(ctx, &peering, &mut status).await
     };
     if status != old {
-        api.patch_status(
-            &provider,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
-        )
-        .await
-        .map_err(|e| fail(&provider, "writing status")(e.to_string()))?;
+        // Replace the whole status: a merge patch would keep resources the provider no longer
+        // grants and fields that became empty.
+        // (A PUT of the status subresource, guarded by the resourceVersion we read.)
+        let mut updated = (*peering).clone();
+        updated.status = Some(status);
+        api.replace_status(&provider, &PostParams::default(), &updated)
+            .await
+            .map_err(|e| fail(&provider, "writing status")(e.to_string()))?;
     }
     Ok(action)
 }

@@ -145,11 +145,19 @@ pub async fn peer_with(
         provider.client.clone(),
         &names::tenant_namespace(&consumer.id),
     );
+    // Replace the whole grant (a merge patch would keep resources `grant` does not name).
+    let mut patch = grant.clone();
+    let current = tenants.get(&consumer.id).await.expect("the Tenant");
+    for key in current.spec.grant.keys() {
+        if patch.get(key).is_none() {
+            patch[key.as_str()] = serde_json::Value::Null;
+        }
+    }
     tenants
         .patch(
             &consumer.id,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"grant": grant}})),
+            &Patch::Merge(json!({"spec": {"grant": patch}})),
         )
         .await
         .expect("set the grant");
