@@ -145,6 +145,11 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
     if !conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
         return Ok(None);
     }
+    // Right after authentication the status does not carry the grant yet: a virtual node made
+    // then would be Ready with no capacity but `pods`. Wait until the grant was read once.
+    if conditions::find(&status.conditions, conditions::RESOURCES_GRANTED).is_none() {
+        return Ok(None);
+    }
     let (Some(secret_name), Some(remote_tenant)) =
         (&status.identity_secret, &status.remote_tenant_namespace)
     else {

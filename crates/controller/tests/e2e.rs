@@ -1,0 +1,799 @@
+//! End-to-end scenarios of issue 5 on lab clusters, asserting what a user would check with
+//! kubectl: the virtual node is Ready seconds after `tandem peer`; pods go where their
+//! namespace's offloading strategy and cluster selector say; a Service has endpoints in both
+//! clusters, each in its own address view; unpeer leaves nothing Tandem-owned behind.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::discovery::Discovery;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use support::{Cluster, peer_with, remote_pod_cidrs, translate, until};
+use tandem_api::{NamespaceOffloading, Peering, names};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn grant() -> Value {
+    json!({"cpu": "16", "memory": "64Gi", "pods": "500"})
+}
+
+/// Creates namespace `ns` and its NamespaceOffloading with `spec`; waits for phase Ready and
+/// returns the twin namespaces by provider.
+async fn offload(client: &Client, ns: &str, spec: Value) -> BTreeMap<String, String> {
+    create_namespace(client, ns).await;
+    let api: Api<NamespaceOffloading> = Api::namespaced(client.clone(), ns);
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+            "metadata": {"name": names::OFFLOADING_NAME}, "spec": spec,
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("creating NamespaceOffloading {ns}: {e}"));
+    until(&format!("NamespaceOffloading {ns} Ready"), WAIT, || async {
+        let status = api.get(names::OFFLOADING_NAME).await.ok()?.status?;
+        (status.phase.as_deref() == Some("Ready")).then(|| {
+            status
+                .remote_namespaces
+                .into_iter()
+                .map(|r| (r.cluster_id, r.namespace))
+                .collect()
+        })
+    })
+    .await
+}
+
+async fn create_namespace(client: &Client, ns: &str) {
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
+}
+
+/// A plain Deployment, as a user writes it: no tolerations, no affinity (the placement webhook
+/// adds what the namespace's strategy asks for).
+async fn deploy(client: &Client, ns: &str, name: &str, replicas: i32) {
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "main", "image": "nginx",
+                    "ports": [{"containerPort": 8080}],
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]},
+            },
+        },
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap_or_else(|e| panic!("creating Deployment {ns}/{name}: {e}"));
+}
+
+async fn pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref()?.node_name.as_deref()
+}
+
+fn ip_of(p: &Pod) -> Option<&str> {
+    p.status.as_ref()?.pod_ip.as_deref()
+}
+
+fn running_and_ready(p: &Pod) -> bool {
+    let Some(s) = p.status.as_ref() else {
+        return false;
+    };
+    s.phase.as_deref() == Some("Running")
+        && ip_of(p).is_some()
+        && s.conditions
+            .as_ref()
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn in_cidr(ip: &str, cidr: ipnet::IpNet) -> bool {
+    ip.parse::<IpAddr>().is_ok_and(|ip| cidr.contains(&ip))
+}
+
+/// Waits until the Deployment's `replicas` pods all run and are Ready; returns them.
+async fn running(client: &Client, ns: &str, app: &str, replicas: usize) -> Vec<Pod> {
+    until(
+        &format!("{replicas} pods of {ns}/{app} Running and Ready"),
+        WAIT,
+        || async {
+            let p = pods(client, ns, &format!("app={app}")).await;
+            (p.len() == replicas && p.iter().all(running_and_ready)).then_some(p)
+        },
+    )
+    .await
+}
+
+fn node_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tokio::test]
+async fn virtual_node_ready_within_5s_of_peering() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-west", 1).await;
+    let invite = support::invite(&provider, Duration::from_secs(3600)).await;
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    let vn = names::virtual_node_name("milan");
+
+    let start = tokio::time::Instant::now();
+    tandem_controller::invite::accept(&consumer.client, &invite)
+        .await
+        .expect("accept invite");
+    let deadline = Duration::from_secs(5).saturating_sub(start.elapsed());
+    let node = until("virtual node tandem-milan Ready", deadline, || async {
+        nodes.get_opt(&vn).await.ok().flatten().filter(node_ready)
+    })
+    .await;
+    eprintln!("virtual node Ready {:?} after accept", start.elapsed());
+    assert_eq!(
+        node.labels()
+            .get(names::NODE_TYPE_LABEL)
+            .map(String::as_str),
+        Some(names::VIRTUAL_NODE_TYPE)
+    );
+    // Its allocatable is what the provider grants (its default share), from the start.
+    let allocatable = node.status.and_then(|s| s.allocatable).unwrap_or_default();
+    let tenant = Api::<tandem_api::Tenant>::namespaced(
+        provider.client.clone(),
+        &names::tenant_namespace("rome"),
+    )
+    .get("rome")
+    .await
+    .expect("the consumer's Tenant on the provider");
+    assert!(
+        tenant.spec.grant.contains_key("cpu"),
+        "{:?}",
+        tenant.spec.grant
+    );
+    for (resource, quantity) in &tenant.spec.grant {
+        assert_eq!(
+            allocatable.get(resource),
+            Some(quantity),
+            "allocatable {resource} of the virtual node: {allocatable:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn placement_per_strategy() {
+    let consumer = Cluster::start("rome", "eu-south", 2).await;
+    let provider = Cluster::start("milan", "eu-west", 2).await;
+    let peering = peer_with(&consumer, &provider, grant(), None).await;
+    let vn = names::virtual_node_name("milan");
+    let local_nodes: BTreeSet<String> = consumer.lab.node_names().into_iter().collect();
+    let (remote_view, _) = remote_pod_cidrs(&peering);
+
+    let remote = offload(
+        &consumer.client,
+        "remote",
+        json!({"podOffloadingStrategy": "Remote"}),
+    )
+    .await;
+    let local = offload(
+        &consumer.client,
+        "local",
+        json!({"podOffloadingStrategy": "Local"}),
+    )
+    .await;
+    let mixed = offload(
+        &consumer.client,
+        "mixed",
+        json!({"podOffloadingStrategy": "LocalAndRemote"}),
+    )
+    .await;
+    create_namespace(&consumer.client, "plain").await;
+    deploy(&consumer.client, "remote", "web", 30).await;
+    deploy(&consumer.client, "local", "web", 6).await;
+    deploy(&consumer.client, "mixed", "web", 9).await;
+    deploy(&consumer.client, "plain", "web", 6).await;
+
+    // Remote: all 30 on the virtual node, Running+Ready, IPs in our view of the provider's pods;
+    // 30 Running pods in the twin namespace.
+    let twin = &remote["milan"];
+    let on_provider = until("30 Running pods in the twin namespace", WAIT, || async {
+        let p = pods(&provider.client, twin, "app=web").await;
+        (p.len() == 30 && p.iter().all(running_and_ready)).then_some(p)
+    })
+    .await;
+    let mut remote_pods = running(&consumer.client, "remote", "web", 30).await;
+    // The status may lag the provider's a moment: wait for the consumer-view IPs.
+    if !remote_pods
+        .iter()
+        .all(|p| ip_of(p).is_some_and(|ip| in_cidr(ip, remote_view)))
+    {
+        remote_pods = until("consumer-view IPs of remote pods", WAIT, || async {
+            let p = pods(&consumer.client, "remote", "app=web").await;
+            p.iter()
+                .all(|p| running_and_ready(p) && in_cidr(ip_of(p).unwrap(), remote_view))
+                .then_some(p)
+        })
+        .await;
+    }
+    for p in &remote_pods {
+        assert_eq!(node_of(p), Some(vn.as_str()), "{}", p.name_any());
+        let ip = ip_of(p).unwrap();
+        assert!(
+            in_cidr(ip, remote_view),
+            "{}: {ip} not in {remote_view}",
+            p.name_any()
+        );
+    }
+    assert_eq!(on_provider.len(), 30);
+
+    // Local: every pod on a local node, none on the provider.
+    for p in running(&consumer.client, "local", "web", 6).await {
+        let node = node_of(&p).unwrap_or_default();
+        assert!(local_nodes.contains(node), "{} on {node}", p.name_any());
+    }
+    if let Some(twin) = local.get("milan") {
+        assert!(pods(&provider.client, twin, "").await.is_empty());
+    }
+
+    // LocalAndRemote: on both local nodes and the virtual node.
+    let mixed_pods = running(&consumer.client, "mixed", "web", 9).await;
+    let used: BTreeSet<&str> = mixed_pods.iter().filter_map(node_of).collect();
+    assert!(used.contains(vn.as_str()), "mixed pods on {used:?}");
+    assert!(
+        used.iter().any(|n| local_nodes.contains(*n)),
+        "mixed pods on {used:?}"
+    );
+    let mixed_remote = mixed_pods
+        .iter()
+        .filter(|p| node_of(p) == Some(vn.as_str()))
+        .count();
+    until(
+        "the mixed pods on the virtual node running in their twin namespace",
+        WAIT,
+        || async {
+            let p = pods(&provider.client, &mixed["milan"], "app=web").await;
+            (p.len() == mixed_remote && p.iter().all(running_and_ready)).then_some(())
+        },
+    )
+    .await;
+
+    // Not offloaded: never on the virtual node.
+    for p in running(&consumer.client, "plain", "web", 6).await {
+        let node = node_of(&p).unwrap_or_default();
+        assert!(local_nodes.contains(node), "{} on {node}", p.name_any());
+    }
+
+    // The provider runs exactly the offloaded pods.
+    let all: Vec<Pod> = Api::<Pod>::all(provider.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut per_ns: BTreeMap<String, usize> = BTreeMap::new();
+    for p in all
+        .iter()
+        .filter(|p| p.namespace().as_deref() != Some(names::SYSTEM_NAMESPACE))
+    {
+        *per_ns.entry(p.namespace().unwrap_or_default()).or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> =
+        [(twin.clone(), 30), (mixed["milan"].clone(), mixed_remote)]
+            .into_iter()
+            .collect();
+    assert_eq!(per_ns, want, "pods on the provider by namespace");
+}
+
+/// The endpoint addresses of the EndpointSlices of Service `svc` in `ns` (ready ones only).
+async fn endpoint_addresses(client: &Client, ns: &str, svc: &str) -> BTreeSet<String> {
+    Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .flat_map(|e| e.addresses.iter().cloned())
+        .collect()
+}
+
+#[tokio::test]
+async fn service_has_endpoints_in_both_clusters() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-west", 1).await;
+    let peering = peer_with(&consumer, &provider, grant(), None).await;
+    let vn = names::virtual_node_name("milan");
+    let (remote_view, remote_real) = remote_pod_cidrs(&peering);
+    let ours: ipnet::IpNet = consumer.lab.config.pod_cidr.parse().unwrap();
+    let ours_there: ipnet::IpNet = peering
+        .status
+        .as_ref()
+        .and_then(|s| s.network.as_ref())
+        .and_then(|n| n.local_pod_cidr_in_remote.as_deref())
+        .expect("Peering.status.network.localPodCidrInRemote")
+        .parse()
+        .unwrap();
+
+    let twin = offload(
+        &consumer.client,
+        "shop",
+        json!({"podOffloadingStrategy": "LocalAndRemote"}),
+    )
+    .await["milan"]
+        .clone();
+    deploy(&consumer.client, "shop", "web", 6).await;
+    Api::<Service>::namespaced(consumer.client.clone(), "shop")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {
+                "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let consumer_pods = running(&consumer.client, "shop", "web", 6).await;
+    let (remote, local): (Vec<&Pod>, Vec<&Pod>) = consumer_pods
+        .iter()
+        .partition(|p| node_of(p) == Some(vn.as_str()));
+    assert!(
+        !remote.is_empty() && !local.is_empty(),
+        "pods on both sides: {} remote, {} local",
+        remote.len(),
+        local.len()
+    );
+    let real_ips: BTreeMap<String, String> = until(
+        "the offloaded pods running on the provider",
+        WAIT,
+        || async {
+            let p = pods(&provider.client, &twin, "app=web").await;
+            (p.len() == remote.len() && p.iter().all(running_and_ready)).then(|| {
+                p.iter()
+                    .map(|p| (p.name_any(), ip_of(p).unwrap().to_string()))
+                    .collect()
+            })
+        },
+    )
+    .await;
+
+    // The consumer's view: local pods' own IPs, offloaded pods' IPs in our view of the provider's.
+    let want_here: BTreeSet<String> =
+        until("consumer-view IPs of the offloaded pods", WAIT, || async {
+            let p = pods(&consumer.client, "shop", "app=web").await;
+            let ips: Option<BTreeSet<String>> =
+                p.iter().map(|p| ip_of(p).map(str::to_string)).collect();
+            let ips = ips?;
+            let views_ok = p.iter().all(|p| {
+                let ip = ip_of(p).unwrap();
+                if node_of(p) == Some(vn.as_str()) {
+                    real_ips
+                        .get(&p.name_any())
+                        .is_some_and(|real| translate(real, remote_real, remote_view) == ip)
+                } else {
+                    in_cidr(ip, ours)
+                }
+            });
+            (p.len() == 6 && views_ok).then_some(ips)
+        })
+        .await;
+    until(
+        "the consumer's EndpointSlices list all 6 pods",
+        WAIT,
+        || async {
+            (endpoint_addresses(&consumer.client, "shop", "web").await == want_here).then_some(())
+        },
+    )
+    .await;
+
+    // The provider's view: offloaded pods' real IPs, local pods' IPs translated into the CIDR
+    // the provider's IPAM maps our pod CIDR to.
+    let want_there: BTreeSet<String> = real_ips
+        .values()
+        .cloned()
+        .chain(
+            local
+                .iter()
+                .map(|p| translate(ip_of(p).unwrap(), ours, ours_there)),
+        )
+        .collect();
+    assert_eq!(want_there.len(), want_here.len());
+    until(
+        "the reflected Service's EndpointSlices in the provider's view",
+        WAIT,
+        || async {
+            let svc = Api::<Service>::namespaced(provider.client.clone(), &twin)
+                .get_opt("web")
+                .await
+                .ok()??;
+            let got = endpoint_addresses(&provider.client, &twin, &svc.name_any()).await;
+            (got == want_there).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_selector_sends_pods_only_to_the_selected_provider() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let dublin = Cluster::start("dublin", "eu-west", 1).await;
+    let virginia = Cluster::start("virginia", "us-east", 1).await;
+    peer_with(&consumer, &dublin, grant(), None).await;
+    peer_with(&consumer, &virginia, grant(), None).await;
+    // Both virtual nodes Ready, so that the selector really has a choice.
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    for provider in ["dublin", "virginia"] {
+        until(
+            &format!("virtual node of {provider} Ready"),
+            WAIT,
+            || async {
+                nodes
+                    .get_opt(&names::virtual_node_name(provider))
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(node_ready)
+            },
+        )
+        .await;
+    }
+
+    let twins = offload(
+        &consumer.client,
+        "geo",
+        json!({"podOffloadingStrategy": "Remote", "clusterSelector": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/region", "operator": "In", "values": ["us-east"]}]}]}}),
+    )
+    .await;
+    assert_eq!(twins.keys().collect::<Vec<_>>(), ["virginia"], "{twins:?}");
+    deploy(&consumer.client, "geo", "web", 10).await;
+    let vn = names::virtual_node_name("virginia");
+    for p in running(&consumer.client, "geo", "web", 10).await {
+        assert_eq!(node_of(&p), Some(vn.as_str()), "{}", p.name_any());
+    }
+    until("10 pods running in virginia", WAIT, || async {
+        let p = pods(&virginia.client, &twins["virginia"], "app=web").await;
+        (p.len() == 10 && p.iter().all(running_and_ready)).then_some(())
+    })
+    .await;
+
+    // Dublin: no twin namespace, no shadow pods, no pods of the consumer.
+    let dublin_ns: Vec<String> = Api::<Namespace>::all(dublin.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert!(
+        !dublin_ns.contains(&"geo-rome".to_string()),
+        "{dublin_ns:?}"
+    );
+    assert!(!dublin_ns.contains(&"geo".to_string()), "{dublin_ns:?}");
+    let twin_namespaces = Api::<Namespace>::all(dublin.client.clone())
+        .list(&ListParams::default().labels(names::TWIN_NAMESPACE_LABEL))
+        .await
+        .unwrap()
+        .items;
+    assert!(twin_namespaces.is_empty(), "{twin_namespaces:?}");
+    let shadows = Api::<tandem_api::ShadowPod>::all(dublin.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(shadows.is_empty(), "{shadows:?}");
+    let dublin_pods: Vec<String> = Api::<Pod>::all(dublin.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.namespace().as_deref() != Some(names::SYSTEM_NAMESPACE))
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect();
+    assert!(dublin_pods.is_empty(), "{dublin_pods:?}");
+}
+
+/// Every Tandem-owned object on the cluster, as "kind namespace/name": every object of every
+/// tandem.dev kind, and every object of the core/apps/rbac/discovery/... kinds below labelled
+/// managed-by=tandem or with a tandem.dev label.
+async fn tandem_owned(client: &Client) -> BTreeSet<String> {
+    let discovery = Discovery::new(client.clone())
+        .filter(&[tandem_api::GROUP])
+        .run()
+        .await
+        .expect("API discovery");
+    let mut tandem_kinds: Vec<ApiResource> = Vec::new();
+    for group in discovery.groups() {
+        for (ar, _) in group.recommended_resources() {
+            tandem_kinds.push(ar);
+        }
+    }
+    assert!(
+        tandem_kinds.len() >= 7,
+        "tandem.dev kinds served: {:?}",
+        tandem_kinds.iter().map(|a| &a.kind).collect::<Vec<_>>()
+    );
+    fn erase<K: Resource<DynamicType = ()>>() -> ApiResource {
+        ApiResource::erase::<K>(&())
+    }
+    let labelled_kinds = [
+        erase::<Namespace>(),
+        erase::<Pod>(),
+        erase::<ConfigMap>(),
+        erase::<Secret>(),
+        erase::<Service>(),
+        erase::<ServiceAccount>(),
+        erase::<EndpointSlice>(),
+        erase::<Deployment>(),
+        erase::<Role>(),
+        erase::<RoleBinding>(),
+        erase::<ClusterRole>(),
+        erase::<ClusterRoleBinding>(),
+        erase::<Lease>(),
+        erase::<Node>(),
+        erase::<CertificateSigningRequest>(),
+        erase::<MutatingWebhookConfiguration>(),
+    ];
+    let mut out = BTreeSet::new();
+    for (ar, all) in tandem_kinds
+        .iter()
+        .map(|a| (a, true))
+        .chain(labelled_kinds.iter().map(|a| (a, false)))
+    {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+        let items = api
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("listing {}: {e}", ar.kind))
+            .items;
+        for o in items {
+            let labels = o.labels();
+            let owned = all
+                || labels.get(names::MANAGED_BY_LABEL).map(String::as_str)
+                    == Some(names::MANAGED_BY)
+                || labels.keys().any(|k| k.contains("tandem.dev/"))
+                || (ar.kind == "Node" && o.name_any().starts_with("tandem-"));
+            if owned {
+                out.insert(format!(
+                    "{} {}/{}",
+                    ar.kind,
+                    o.namespace().unwrap_or_default(),
+                    o.name_any()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Waits until the cluster's Tandem-owned objects are `expected`; names the difference if not.
+async fn until_owned(cluster: &Cluster, expected: &BTreeSet<String>, what: &str) {
+    let mut last = BTreeSet::new();
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            last = tandem_owned(&cluster.client).await;
+            if &last == expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    if found.is_err() {
+        let extra: Vec<_> = last.difference(expected).collect();
+        let missing: Vec<_> = expected.difference(&last).collect();
+        panic!(
+            "{what} on {}: left behind {extra:?}, missing {missing:?}",
+            cluster.id
+        );
+    }
+}
+
+#[tokio::test]
+async fn unpeer_leaves_nothing_tandem_owned() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-west", 1).await;
+    // The baseline is the install itself: wait for the controller's own objects first.
+    for c in [&consumer, &provider] {
+        let hooks: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
+        until("the pod-placement webhook registered", WAIT, || async {
+            hooks
+                .get_opt(tandem_controller::consumer::webhook::WEBHOOK_CONFIGURATION)
+                .await
+                .ok()
+                .flatten()
+        })
+        .await;
+    }
+    let consumer_before = tandem_owned(&consumer.client).await;
+    let provider_before = tandem_owned(&provider.client).await;
+
+    // A full scenario: peer, offload, a Deployment + Service + ConfigMap + Secret reflected.
+    peer_with(&consumer, &provider, grant(), None).await;
+    let twin = offload(
+        &consumer.client,
+        "shop",
+        json!({"podOffloadingStrategy": "Remote"}),
+    )
+    .await["milan"]
+        .clone();
+    deploy(&consumer.client, "shop", "web", 4).await;
+    let objects: [(&str, Value); 3] = [
+        (
+            "services",
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                   "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}}),
+        ),
+        (
+            "configmaps",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+                   "data": {"color": "blue"}}),
+        ),
+        (
+            "secrets",
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+                   "stringData": {"password": "s3cret"}}),
+        ),
+    ];
+    for (_, obj) in &objects {
+        let ar = match obj["kind"].as_str().unwrap() {
+            "Service" => ApiResource::erase::<Service>(&()),
+            "ConfigMap" => ApiResource::erase::<ConfigMap>(&()),
+            _ => ApiResource::erase::<Secret>(&()),
+        };
+        Api::<DynamicObject>::namespaced_with(consumer.client.clone(), "shop", &ar)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj.clone()).unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("creating {obj}: {e}"));
+    }
+    let vn = names::virtual_node_name("milan");
+    for p in running(&consumer.client, "shop", "web", 4).await {
+        assert_eq!(node_of(&p), Some(vn.as_str()));
+    }
+    until(
+        "everything reflected in the twin namespace",
+        WAIT,
+        || async {
+            let ok = pods(&provider.client, &twin, "app=web").await.len() == 4
+                && Api::<Service>::namespaced(provider.client.clone(), &twin)
+                    .get_opt("web")
+                    .await
+                    .ok()??
+                    .name_any()
+                    == "web"
+                && Api::<ConfigMap>::namespaced(provider.client.clone(), &twin)
+                    .get_opt("settings")
+                    .await
+                    .ok()?
+                    .is_some()
+                && Api::<Secret>::namespaced(provider.client.clone(), &twin)
+                    .get_opt("creds")
+                    .await
+                    .ok()?
+                    .is_some()
+                && !endpoint_addresses(&provider.client, &twin, "web")
+                    .await
+                    .is_empty();
+            ok.then_some(())
+        },
+    )
+    .await;
+
+    // The listing sees what the peering made (so that finding nothing later means something).
+    let consumer_during = tandem_owned(&consumer.client).await;
+    let provider_during = tandem_owned(&provider.client).await;
+    for o in [
+        "Node /tandem-milan",
+        "Lease kube-node-lease/tandem-milan",
+        "Peering /milan",
+        "Namespace /tandem-tenant-milan",
+        "Secret tandem-tenant-milan/tandem-identity-milan",
+    ] {
+        assert!(consumer_during.contains(o), "{o} in {consumer_during:#?}");
+    }
+    for o in [
+        format!("Namespace /{twin}"),
+        "Namespace /tandem-tenant-rome".to_string(),
+        "Tenant tandem-tenant-rome/rome".to_string(),
+        "RemoteNamespace tandem-tenant-rome/shop".to_string(),
+        format!("ConfigMap {twin}/settings"),
+        format!("Secret {twin}/creds"),
+        format!("Service {twin}/web"),
+    ] {
+        assert!(provider_during.contains(&o), "{o} in {provider_during:#?}");
+    }
+    for kind in ["ShadowPod", "Pod", "EndpointSlice"] {
+        assert!(
+            provider_during
+                .iter()
+                .any(|o| o.starts_with(&format!("{kind} {twin}/"))),
+            "a {kind} in {provider_during:#?}"
+        );
+    }
+    // Unpeer with the workload still there.
+    tandem_controller::invite::unpeer(&consumer.client, "milan", false, WAIT)
+        .await
+        .expect("unpeer");
+
+    // What the user made stays (the offloading of `shop`, which labels its namespace), with no
+    // twin namespace left in its status; nothing else of the peering is left on either side.
+    let user_made: BTreeSet<String> = [
+        format!("NamespaceOffloading shop/{}", names::OFFLOADING_NAME),
+        "Namespace /shop".to_string(),
+    ]
+    .into();
+    let consumer_expected: BTreeSet<String> = consumer_before.union(&user_made).cloned().collect();
+    until_owned(&consumer, &consumer_expected, "after unpeer").await;
+    until_owned(&provider, &provider_before, "after unpeer").await;
+    let nso = Api::<NamespaceOffloading>::namespaced(consumer.client.clone(), "shop")
+        .get(names::OFFLOADING_NAME)
+        .await
+        .unwrap();
+    let remote_namespaces = nso.status.map(|s| s.remote_namespaces).unwrap_or_default();
+    assert!(remote_namespaces.is_empty(), "{remote_namespaces:?}");
+    assert!(
+        Api::<Node>::all(consumer.client.clone())
+            .get_opt(&vn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<Peering>::all(consumer.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // The offloaded pods are gone from the virtual node (their replacements may stay Pending).
+    until("no pod left on the virtual node", WAIT, || async {
+        let p = Api::<Pod>::all(consumer.client.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        p.iter()
+            .all(|p| node_of(p) != Some(vn.as_str()))
+            .then_some(())
+    })
+    .await;
+}
