@@ -226,6 +226,26 @@ async fn placement_per_strategy() {
     deploy(&consumer.client, "local", "web", 6).await;
     deploy(&consumer.client, "mixed", "web", 9).await;
     deploy(&consumer.client, "plain", "web", 6).await;
+    // Even pods that tolerate the virtual node's taint stay local in a namespace that is not
+    // offloaded (no virtual kubelet would run them there).
+    let tolerant: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "tolerant"},
+        "spec": {
+            "replicas": 6,
+            "selector": {"matchLabels": {"app": "tolerant"}},
+            "template": {
+                "metadata": {"labels": {"app": "tolerant"}},
+                "spec": {"containers": [{"name": "main", "image": "nginx"}],
+                         "tolerations": [{"operator": "Exists"}]},
+            },
+        },
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(consumer.client.clone(), "plain")
+        .create(&PostParams::default(), &tolerant)
+        .await
+        .unwrap();
 
     // Remote: all 30 on the virtual node, Running+Ready, IPs in our view of the provider's pods;
     // 30 Running pods in the twin namespace.
@@ -295,6 +315,14 @@ async fn placement_per_strategy() {
     for p in running(&consumer.client, "plain", "web", 6).await {
         let node = node_of(&p).unwrap_or_default();
         assert!(local_nodes.contains(node), "{} on {node}", p.name_any());
+    }
+    for p in running(&consumer.client, "plain", "tolerant", 6).await {
+        let node = node_of(&p).unwrap_or_default();
+        assert!(
+            local_nodes.contains(node),
+            "tolerating {} on {node}",
+            p.name_any()
+        );
     }
 
     // The provider runs exactly the offloaded pods.

@@ -19,7 +19,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
-use tandem_api::{NamespaceOffloading, names};
+use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
 use tandem_core::offloading::{VirtualNodeMarks, placement_patch};
 
 use crate::consumer::offloading::{
@@ -145,6 +145,9 @@ async fn serve(ctx: &Ctx) -> Result<(), String> {
     }
 }
 
+/// Path suffix of the webhook keeping pods of non-offloaded namespaces off virtual nodes.
+const LOCAL_ONLY_SUFFIX: &str = "-local";
+
 /// The MutatingWebhookConfiguration pointing at `url`.
 pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
     serde_json::from_value(json!({
@@ -160,6 +163,19 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
             "timeoutSeconds": 10,
+        }, {
+            // Pods of namespaces that are not offloaded never land on a virtual node, even if
+            // they tolerate its taint (no virtual kubelet would run them). Ignore on failure:
+            // this must never block pod creation in the rest of the cluster.
+            "name": "pod-locality.tandem.dev",
+            "clientConfig": {"url": format!("{url}{LOCAL_ONLY_SUFFIX}"), "caBundle": STANDARD.encode(ca_pem)},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "namespaceSelector": {"matchExpressions": [
+                {"key": OFFLOADING_LABEL, "operator": "NotIn", "values": [OFFLOADING_ENABLED]}]},
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
         }],
     }))
     .expect("static manifest")
@@ -170,9 +186,14 @@ async fn handle(
     cache: Store<NamespaceOffloading>,
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
+    let local_only = req.uri().path().ends_with(LOCAL_ONLY_SUFFIX);
     let body = req.into_body().collect().await?.to_bytes();
     let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let response = admit(&ctx, &cache, &review["request"]).await;
+    let response = if local_only {
+        keep_local(&review["request"])
+    } else {
+        admit(&ctx, &cache, &review["request"]).await
+    };
     let answer = json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -182,6 +203,48 @@ async fn handle(
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(answer.to_string())))
         .expect("static response"))
+}
+
+fn marks() -> VirtualNodeMarks<'static> {
+    VirtualNodeMarks {
+        type_label: names::NODE_TYPE_LABEL,
+        type_value: names::VIRTUAL_NODE_TYPE,
+        taint_key: names::VIRTUAL_NODE_TAINT,
+    }
+}
+
+/// A pod of a namespace that is not offloaded: if it tolerates the virtual-node taint, add the
+/// Local strategy's affinity so that it still stays off virtual nodes. Other pods are untouched.
+fn keep_local(request: &Value) -> Value {
+    let uid = request["uid"].clone();
+    let tolerates = request["object"]["spec"]["tolerations"]
+        .as_array()
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                let key = t["key"].as_str().unwrap_or_default();
+                let effect = t["effect"].as_str().unwrap_or_default();
+                (key == names::VIRTUAL_NODE_TAINT || (key.is_empty() && t["operator"] == "Exists"))
+                    && (effect.is_empty() || effect == "NoExecute")
+            })
+        });
+    if request["kind"]["kind"] != "Pod" || !tolerates {
+        return json!({"uid": uid, "allowed": true});
+    }
+    let patch = placement_patch(
+        &request["object"],
+        placement(PodOffloadingStrategy::Local),
+        &[],
+        marks(),
+    );
+    if patch.is_empty() {
+        return json!({"uid": uid, "allowed": true});
+    }
+    json!({
+        "uid": uid,
+        "allowed": true,
+        "patchType": "JSONPatch",
+        "patch": STANDARD.encode(Value::Array(patch).to_string()),
+    })
 }
 
 /// The admission response for one request.
@@ -213,16 +276,11 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -
             }});
         }
     };
-    let marks = VirtualNodeMarks {
-        type_label: names::NODE_TYPE_LABEL,
-        type_value: names::VIRTUAL_NODE_TYPE,
-        taint_key: names::VIRTUAL_NODE_TAINT,
-    };
     let patch = placement_patch(
         &request["object"],
         placement(offloading.spec.pod_offloading_strategy),
         &selector_terms(&offloading),
-        marks,
+        marks(),
     );
     if patch.is_empty() {
         return allowed;
