@@ -113,7 +113,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let invite = tandem_controller::invite::create(
         &provider.client,
         &provider.server.url(),
-        &provider.server.ca_pem(),
+        provider.server.ca_pem(),
         Duration::from_secs(600),
     )
     .await

@@ -38,6 +38,7 @@ enum Output {
 #[derive(Serialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
+    #[serde(rename = "clusterID")]
     pub cluster_id: String,
     /// Providers this cluster offloads to.
     pub providers: Vec<ProviderStatus>,

@@ -1,0 +1,120 @@
+//! The `tandem` command line (also run as the kubectl plugin `kubectl-tandem`).
+
+mod apiserver;
+mod controller;
+mod crds;
+mod demo;
+mod gateway;
+mod host;
+mod install;
+mod invite;
+mod kubeconfig;
+mod lab;
+mod offload;
+mod peer;
+mod status;
+mod unpeer;
+
+use clap::{Parser, Subcommand};
+
+/// Tandem peers Kubernetes clusters so they work as one.
+#[derive(Parser)]
+#[command(
+    name = "tandem",
+    version,
+    about = "Tandem peers Kubernetes clusters so they work as one.",
+    long_about = None,
+    after_help = "Quick start:\n  tandem demo                      two lab clusters, peered, an app in both\n  tandem install --cluster-id ID   on each cluster\n  tandem invite                    on the provider; hand the string to the consumer's admin\n  tandem peer INVITE               on the consumer\n  tandem offload namespace NS      on the consumer\n  tandem status\n\nEvery cluster command takes --kubeconfig and --context like kubectl."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Two lab clusters peered, a namespace offloaded, an app running in both.
+    Demo(demo::Args),
+    /// Install (or upgrade) Tandem in a cluster and create its identity.
+    Install(install::Args),
+    /// On a provider: create, list or revoke a peering invite.
+    Invite(invite::Args),
+    /// On a consumer: peer with the provider that issued an invite.
+    Peer(peer::Args),
+    /// Undo a peering (either side).
+    Unpeer(unpeer::Args),
+    /// Offload a namespace to peered providers (twin namespaces, pod placement).
+    Offload(offload::OffloadArgs),
+    /// Stop offloading a namespace and remove its twin namespaces.
+    Unoffload(offload::UnoffloadArgs),
+    /// Show peerings, virtual nodes, offloaded namespaces and pod counts.
+    Status(status::Args),
+    /// Print Tandem's CustomResourceDefinitions (YAML).
+    Crds(crds::Args),
+    /// Run Tandem's controller (the cluster agent) against a cluster.
+    Controller(controller::Args),
+    /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
+    Gateway(gateway::Args),
+    /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
+    Lab(lab::Args),
+    /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
+    Apiserver(apiserver::Args),
+}
+
+/// Runs the command line; `main` of both binaries.
+pub fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole chain of causes on one line, kubectl style.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    // As a kubectl plugin, usage lines read `kubectl tandem …`.
+    let plugin = std::env::args()
+        .next()
+        .is_some_and(|a| a.ends_with("kubectl-tandem"));
+    let mut command = <Cli as clap::CommandFactory>::command();
+    if plugin {
+        command = command.bin_name("kubectl tandem");
+    }
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&command.get_matches())?;
+    // Servers log what they do; one-shot commands speak through their own output and only
+    // log warnings (RUST_LOG overrides both).
+    let servers = matches!(
+        cli.command,
+        Command::Controller(_) | Command::Gateway(_) | Command::Lab(_) | Command::Apiserver(_)
+    );
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| if servers { "info" } else { "warn" }.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Command::Crds(args) = cli.command {
+        return crds::run(args);
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Apiserver(args) => apiserver::run(args).await,
+            Command::Gateway(args) => gateway::run(args).await,
+            Command::Lab(args) => lab::run(args).await,
+            Command::Controller(args) => controller::run(args).await,
+            Command::Status(args) => status::run(args).await,
+            Command::Demo(args) => demo::run(args).await,
+            Command::Install(args) => install::run(args).await,
+            Command::Invite(args) => invite::run(args).await,
+            Command::Peer(args) => peer::run(args).await,
+            Command::Unpeer(args) => unpeer::run(args).await,
+            Command::Offload(args) => offload::offload(args).await,
+            Command::Unoffload(args) => offload::unoffload(args).await,
+            Command::Crds(_) => unreachable!("handled above"),
+        }
+    })
+}

@@ -1,0 +1,213 @@
+//! The peering commands as an administrator runs them: `tandem lab up` (which hosts Tandem's
+//! controller in-process once installed), `tandem install` on each cluster, `tandem invite` on
+//! the provider, `tandem peer` on the consumer, `tandem status`, `kubectl tandem`, and
+//! `tandem demo` from scratch.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Background(Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tandem(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("HOME", dir)
+        .output()
+        .expect("tandem runs")
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn install_invite_peer_status_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let _lab = Background(
+        Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["lab", "up", "--clusters", "2", "--nodes", "1", "--dir"])
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !kubeconfig.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "tandem lab up wrote no kubeconfig"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let kc = kubeconfig.to_str().unwrap();
+
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
+        let out = tandem(
+            dir.path(),
+            &[
+                "install",
+                "--kubeconfig",
+                kc,
+                "--context",
+                ctx,
+                "--cluster-id",
+                id,
+            ],
+        );
+        let (_, err) = text(&out);
+        assert!(out.status.success(), "install on {ctx}: {err}");
+    }
+
+    // The invite is the only thing on stdout, so it can be captured by a script.
+    let out = tandem(
+        dir.path(),
+        &[
+            "invite",
+            "--kubeconfig",
+            kc,
+            "--context",
+            "lab-2",
+            "--ttl",
+            "10m",
+        ],
+    );
+    let (invite, err) = text(&out);
+    assert!(out.status.success(), "invite: {err}");
+    let invite = invite.trim().to_string();
+    assert!(
+        invite.starts_with("tandem-invite-v1.") && !invite.contains('\n'),
+        "{invite:?}"
+    );
+
+    let out = tandem(
+        dir.path(),
+        &["peer", &invite, "--kubeconfig", kc, "--context", "lab-1"],
+    );
+    let (_, err) = text(&out);
+    assert!(out.status.success(), "peer: {err}");
+    assert!(err.contains("established"), "{err}");
+
+    // The same invite again: refused, naming the cause.
+    let out = tandem(
+        dir.path(),
+        &["peer", &invite, "--kubeconfig", kc, "--context", "lab-1"],
+    );
+    assert!(!out.status.success());
+
+    // `tandem status -o json` on both sides, and as a kubectl plugin.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let out = tandem(
+            dir.path(),
+            &[
+                "status",
+                "-o",
+                "json",
+                "--kubeconfig",
+                kc,
+                "--context",
+                "lab-1",
+            ],
+        );
+        let (json, err) = text(&out);
+        assert!(out.status.success(), "status: {err}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        if v["providers"][0]["virtualNodeReady"] == true {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "virtual node never Ready: {json}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status["clusterID"], "rome");
+    assert_eq!(status["providers"][0]["clusterID"], "milan");
+    assert_eq!(status["providers"][0]["phase"], "Established");
+    assert_eq!(status["providers"][0]["virtualNode"], "tandem-milan");
+    let out = tandem(
+        dir.path(),
+        &["status", "--kubeconfig", kc, "--context", "lab-2"],
+    );
+    let (table, _) = text(&out);
+    assert!(
+        table.contains("CONSUMERS") && table.contains("rome"),
+        "{table}"
+    );
+
+    let plugin_dir = dir.path().join("bin");
+    std::fs::create_dir_all(&plugin_dir).unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_kubectl-tandem"),
+        plugin_dir.join("kubectl-tandem"),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        plugin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("kubectl")
+        .args(["tandem", "status", "--kubeconfig", kc, "--context", "lab-1"])
+        .env("PATH", path)
+        .env("HOME", dir.path())
+        .output()
+        .expect("kubectl runs");
+    let (table, err) = text(&out);
+    assert!(out.status.success(), "kubectl tandem status: {err}");
+    assert!(table.contains("tandem-milan"), "{table}");
+}
+
+#[test]
+fn demo_runs_pods_in_both_clusters() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo_dir = dir.path().join("demo");
+    let out = tandem(
+        dir.path(),
+        &["demo", "--exit", "--dir", demo_dir.to_str().unwrap()],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "demo: {stderr}");
+    // "N pod(s) run in lab-1, M in lab-2." with both N and M > 0.
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("pod(s) run in lab-1"))
+        .unwrap_or_else(|| panic!("no placement summary in:\n{stdout}"));
+    let numbers: Vec<u32> = line
+        .replace("lab-1", "")
+        .replace("lab-2", "")
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{line}");
+    assert!(
+        numbers[0] > 0 && numbers[1] > 0,
+        "pods in both clusters: {line}"
+    );
+    // The Service has endpoints in both clusters: as many in the provider's reflection as here.
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("ready endpoint(s) in lab-1"))
+        .unwrap_or_else(|| panic!("no Service summary in:\n{stdout}"));
+    let numbers: Vec<u32> = line
+        .replace("lab-1", "")
+        .replace("lab-2", "")
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers, vec![6, 6], "{line}");
+}
