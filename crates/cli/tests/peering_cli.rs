@@ -183,31 +183,27 @@ fn demo_runs_pods_in_both_clusters() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "demo: {stderr}");
     // "N pod(s) run in lab-1, M in lab-2." with both N and M > 0.
-    let line = stdout
-        .lines()
-        .find(|l| l.contains("pod(s) run in lab-1"))
-        .unwrap_or_else(|| panic!("no placement summary in:\n{stdout}"));
-    let numbers: Vec<u32> = line
-        .replace("lab-1", "")
-        .replace("lab-2", "")
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert_eq!(numbers.len(), 2, "{line}");
+    let pods = counts_on_line(&stdout, "pod(s) run in lab-1");
     assert!(
-        numbers[0] > 0 && numbers[1] > 0,
-        "pods in both clusters: {line}"
+        pods.len() == 2 && pods[0] > 0 && pods[1] > 0,
+        "pods in both clusters: {pods:?}"
     );
     // The Service has endpoints in both clusters: as many in the provider's reflection as here.
-    let line = stdout
+    assert_eq!(
+        counts_on_line(&stdout, "ready endpoint(s) in lab-1"),
+        vec![6, 6]
+    );
+}
+
+/// The numbers on the line of `out` containing `marker` (cluster names left out).
+fn counts_on_line(out: &str, marker: &str) -> Vec<u32> {
+    let line = out
         .lines()
-        .find(|l| l.contains("ready endpoint(s) in lab-1"))
-        .unwrap_or_else(|| panic!("no Service summary in:\n{stdout}"));
-    let numbers: Vec<u32> = line
-        .replace("lab-1", "")
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no line with {marker:?} in:\n{out}"));
+    line.replace("lab-1", "")
         .replace("lab-2", "")
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|w| w.parse().ok())
-        .collect();
-    assert_eq!(numbers, vec![6, 6], "{line}");
+        .collect()
 }

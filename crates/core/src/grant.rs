@@ -6,30 +6,11 @@ use std::collections::BTreeMap;
 /// Resources a grant covers, and the scale each is summed in (millicores for cpu).
 const GRANTED: &[(&str, f64)] = &[("cpu", 1000.0), ("memory", 1.0), ("pods", 1.0)];
 
-/// Parses a Kubernetes quantity into its value times `scale`, rounded up.
+/// Parses a Kubernetes quantity into its value times `scale`, rounded up (one parser for the
+/// crate: [`crate::shadow::parse_quantity`]).
 pub fn parse_quantity(s: &str, scale: f64) -> Option<i64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        _ => return None,
-    };
-    let v = n * mult * scale;
+    let thousandths = crate::shadow::parse_quantity(s)?;
+    let v = thousandths as f64 * scale / 1000.0;
     let r = v.round();
     Some(if (v - r).abs() < 1e-6 { r } else { v.ceil() } as i64)
 }
