@@ -14,10 +14,37 @@ use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
 use crate::server::{Call, State};
 
-/// Sends AdmissionReviews. Holds no connections: each call verifies against the caBundle of
-/// the webhook it calls, and webhook calls are rare enough not to need pooling.
+type HttpsClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
+/// Sends AdmissionReviews, verified against the caBundle of the webhook called. Keeps one
+/// pooled HTTPS client per caBundle: a pod webhook is called for every pod created, and a TLS
+/// handshake per call cost more than the call itself.
 #[derive(Default)]
-pub struct WebhookClient;
+pub struct WebhookClient {
+    clients: std::sync::Mutex<std::collections::HashMap<Option<Vec<u8>>, HttpsClient>>,
+}
+
+/// Distinct caBundles kept at most (rotations leave old ones behind).
+const MAX_CLIENTS: usize = 64;
+
+impl WebhookClient {
+    fn client(&self, ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
+        let key = ca_pem.map(<[u8]>::to_vec);
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let client = https_client(ca_pem)?;
+        if clients.len() >= MAX_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(key, client.clone());
+        Ok(client)
+    }
+}
 
 const MUTATING: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";
 const VALIDATING: &str = "admissionregistration.k8s.io/validatingwebhookconfigurations";
@@ -120,7 +147,7 @@ async fn run(
             }
             let hook_name = hook["name"].as_str().unwrap_or("");
             let ignore = hook["failurePolicy"] == "Ignore";
-            match call_hook(&req, hook, old, obj.as_deref()).await {
+            match call_hook(&state.webhooks, &req, hook, old, obj.as_deref()).await {
                 Ok(response) => {
                     if response["allowed"] != true {
                         let status = &response["status"];
@@ -233,6 +260,7 @@ fn matches(
 }
 
 async fn call_hook(
+    webhooks: &WebhookClient,
     req: &Request<'_>,
     hook: &Value,
     old: Option<&Value>,
@@ -270,7 +298,8 @@ async fn call_hook(
     let ca = cc["caBundle"]
         .as_str()
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
-    let response = tokio::time::timeout(timeout, post(&url, ca.as_deref(), review.to_string()))
+    let client = webhooks.client(ca.as_deref())?;
+    let response = tokio::time::timeout(timeout, post(&client, &url, review.to_string()))
         .await
         .map_err(|_| format!("Post {url:?}: context deadline exceeded"))??;
     let review: Value = serde_json::from_slice(&response)
@@ -285,7 +314,7 @@ async fn call_hook(
     Ok(response)
 }
 
-async fn post(url: &str, ca_pem: Option<&[u8]>, body: String) -> Result<Bytes, String> {
+fn https_client(ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     if let Some(pem) = ca_pem {
@@ -303,8 +332,13 @@ async fn post(url: &str, ca_pem: Option<&[u8]>, body: String) -> Result<Bytes, S
         .https_only()
         .enable_http1()
         .build();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build(connector);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(connector),
+    )
+}
+
+async fn post(client: &HttpsClient, url: &str, body: String) -> Result<Bytes, String> {
     let request = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))

@@ -77,7 +77,7 @@ impl ApiServer {
             rbac: RwLock::new(RbacIndex::default()),
             pki,
             admin_token,
-            webhooks: admission::WebhookClient,
+            webhooks: admission::WebhookClient::default(),
         });
         bootstrap(&state)?;
         let gc_state = state.clone();
