@@ -21,7 +21,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tandem_apiserver::pki::CertPair;
 
 /// Runs every controller until one of them stops (they only stop on a bug).
@@ -35,37 +34,63 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
     }
 }
 
-/// What a controller's reconciles share: its client and its event recorder.
+/// What a controller's reconciles share: its client and the name it reports events under.
 pub struct Context {
     /// The client everything goes through.
     pub client: kube::Client,
-    /// Publishes events as `kubectl describe` shows them.
-    pub recorder: Recorder,
+    /// The reporting controller of its events (e.g. `replicaset-controller`).
+    pub reporter: String,
 }
 
 impl Context {
     /// A context for the controller named `reporter` (e.g. `deployment-controller`).
     pub fn new(client: kube::Client, reporter: &str) -> Context {
         Context {
-            recorder: Recorder::new(client.clone(), Reporter::from(reporter)),
             client,
+            reporter: reporter.to_string(),
         }
     }
 
     /// Publishes a Normal event about `obj`. Events are best effort: a failure is logged
     /// and never fails the reconcile.
+    ///
+    /// Written here rather than with kube-runtime's `Recorder`: its `publish` sweeps its whole
+    /// six-minute cache under one lock on every call, so a ReplicaSet creating 10,000 pods
+    /// (one `SuccessfulCreate` each) spent most of its time there. These notes are unique per
+    /// object anyway (kube-controller-manager does not aggregate them either).
     pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
-        // kube-rs folds events with the same action into one series that keeps its first
-        // note; the note as action keeps "scaled from 20 to 5" apart from "from 0 to 20".
-        let action: String = note.chars().take(128).collect();
+        use k8s_openapi::api::events::v1::Event;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let regarding = obj.object_ref(&());
+        let ns = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        let now = Timestamp::now();
         let event = Event {
-            type_: EventType::Normal,
-            reason: reason.into(),
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_deref().unwrap_or("object"),
+                    now.as_nanosecond()
+                )),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some("Normal".into()),
+            reason: Some(reason.into()),
+            action: Some(reason.into()),
             note: Some(note),
-            action,
-            secondary: None,
+            regarding: Some(regarding),
+            reporting_controller: Some(self.reporter.clone()),
+            reporting_instance: Some(self.reporter.clone()),
+            ..Default::default()
         };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+        if let Err(e) = kube::Api::<Event>::namespaced(self.client.clone(), &ns)
+            .create(&Default::default(), &event)
+            .await
+        {
             tracing::debug!("event {reason} on {}: {e}", key(obj.meta()));
         }
     }
