@@ -15,6 +15,25 @@ pub struct Controller {
     tasks: JoinSet<()>,
 }
 
+/// The events of a watch that retries with backoff; errors are logged (at debug level: a watch
+/// that fails is retried, and the outage it reflects shows in the objects' conditions).
+pub(crate) fn watch_events<K>(
+    what: &'static str,
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+) -> impl futures::Stream<Item = kube::runtime::watcher::Event<K>> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    kube::runtime::watcher(api, config)
+        .default_backoff()
+        .filter_map(
+            move |e| async move { e.map_err(|e| tracing::debug!("{what} watch: {e}")).ok() },
+        )
+}
+
 impl Controller {
     /// Starts every reconciler of this cluster's controller. Tandem must be installed.
     pub async fn start(client: Client, options: Options) -> Result<Controller, IdentityError> {

@@ -269,7 +269,6 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
         }
     };
     let cases = [
-        ("fits", "Created", ""),
         ("too-big", "Rejected", "quota exceeded for cpu"),
         ("host-net", "Rejected", "hostNetwork"),
         ("host-path", "Rejected", "hostPath"),
@@ -298,6 +297,11 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
         names,
         vec!["fits".to_string()],
         "only the admitted shadow pod runs"
+    );
+    assert_eq!(
+        status_of("fits").await,
+        None,
+        "an admitted shadow pod gets no status write of its own (its pod has the status)"
     );
 
     // Freeing the quota admits the rejected pod.

@@ -104,33 +104,16 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
                 return Ok(Action::requeue(Duration::from_millis(100)));
             }
             unpeer(ctx, &peering).await?;
-            let finalizers: Vec<String> = peering
-                .finalizers()
-                .iter()
-                .filter(|f| *f != names::FINALIZER)
-                .cloned()
-                .collect();
-            api.patch(
-                &provider,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
-            )
-            .await
-            .map_err(|e| fail(&provider, "removing the finalizer")(e.to_string()))?;
+            crate::install::remove_finalizer(&api, &*peering)
+                .await
+                .map_err(|e| fail(&provider, "removing the finalizer")(e.to_string()))?;
         }
         return Ok(Action::await_change());
     }
     if !has_finalizer {
-        let mut finalizers = peering.finalizers().to_vec();
-        finalizers.push(names::FINALIZER.to_string());
-        api.patch(
-            &provider,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": finalizers,
-                "resourceVersion": peering.resource_version()}})),
-        )
-        .await
-        .map_err(|e| fail(&provider, "adding the finalizer")(e.to_string()))?;
+        crate::install::add_finalizer(&api, &*peering)
+            .await
+            .map_err(|e| fail(&provider, "adding the finalizer")(e.to_string()))?;
         return Ok(Action::await_change());
     }
     let old = peering.status.clone().unwrap_or_default();
@@ -712,6 +695,50 @@ async fn negotiate_network(
     }))
 }
 
+/// Deletes the pods bound to `node` (with grace 0: nothing runs them any more), again until a
+/// listing finds none — a binding the scheduler sent before it saw the node go may land after
+/// the first listing.
+async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    for _ in 0..5 {
+        let bound = pods
+            .list(&on_node)
+            .await
+            .map_err(|e| fail(provider, "listing pods on the virtual node")(e.to_string()))?;
+        // A pod with finalizers of its own stays, marked deleted, until they are done.
+        let live: Vec<Pod> = bound
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        for pod in live {
+            let ns = pod.namespace().unwrap_or_default();
+            let deleted = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+                .delete(
+                    &pod.name_any(),
+                    &DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            ignore_missing(deleted).map_err(|e| {
+                fail(provider, "deleting the pods of the virtual node")(format!(
+                    "{ns}/{}: {e}",
+                    pod.name_any()
+                ))
+            })?;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tracing::warn!(%provider, %node, "pods are still being bound to the deleted virtual node");
+    Ok(())
+}
+
 /// Undoes a peering: the virtual node and its pods here, the twin namespaces and the Tenant on
 /// the provider (unless forced), the IPAM grant and the tenant namespace here.
 async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
@@ -724,23 +751,8 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
         .clone()
         .unwrap_or_else(|| names::virtual_node_name(&provider));
     tracing::info!(%provider, force, "unpeering");
-    let pods: Api<Pod> = Api::all(ctx.client.clone());
-    let bound = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await
-        .map_err(|e| fail(&provider, "listing pods on the virtual node")(e.to_string()))?;
-    for pod in bound.items {
-        let ns = pod.namespace().unwrap_or_default();
-        let _ = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-            .delete(
-                &pod.name_any(),
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                },
-            )
-            .await;
-    }
+    // The node goes first, so that the scheduler stops placing the replacements of the pods
+    // drained below on it (a pod bound to a node that is gone would stay bound forever).
     ignore_missing(
         Api::<Node>::all(ctx.client.clone())
             .delete(&node, &DeleteParams::default())
@@ -753,6 +765,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
             .await,
     )
     .map_err(|e| fail(&provider, "deleting the virtual node's Lease")(e.to_string()))?;
+    drain(ctx, &provider, &node).await?;
     if !force && conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
         let hint = format!("(if {provider} is gone for good: `tandem unpeer {provider} --force`)");
         let client = identity_client(ctx, &provider, &status)

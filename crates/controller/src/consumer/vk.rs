@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, ShadowPod, names};
@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
+use crate::runtime::watch_events;
 
 /// Writes in flight at once.
 const PARALLEL_WRITES: usize = 64;
@@ -156,6 +157,15 @@ fn twin_of(nso: &NamespaceOffloading, provider: &str) -> Option<String> {
         .iter()
         .find(|r| r.cluster_id == provider && r.phase == "Ready")
         .map(|r| r.namespace.clone())
+}
+
+/// Replaces the entries of `twin` in `map` with a fresh listing.
+fn replace_twin<R>(map: &mut HashMap<Key, R>, twin: &str, list: Vec<(String, R)>) {
+    map.retain(|k, _| k.0 != twin);
+    map.extend(
+        list.into_iter()
+            .map(|(name, r)| ((twin.to_string(), name), r)),
+    );
 }
 
 #[derive(Default)]
@@ -309,10 +319,7 @@ impl State {
                 self.shadows.remove(&(twin, name));
             }
             Msg::ShadowsRelisted(twin, list) => {
-                self.shadows.retain(|k, _| k.0 != twin);
-                for (name, s) in list {
-                    self.shadows.insert((twin.clone(), name), s);
-                }
+                replace_twin(&mut self.shadows, &twin, list);
                 self.shadows_synced.insert(twin);
                 self.dirty_all();
             }
@@ -325,10 +332,7 @@ impl State {
                 self.reals.remove(&(twin, name));
             }
             Msg::RealRelisted(twin, list) => {
-                self.reals.retain(|k, _| k.0 != twin);
-                for (name, p) in list {
-                    self.reals.insert((twin.clone(), name), p);
-                }
+                replace_twin(&mut self.reals, &twin, list);
                 self.reals_synced.insert(twin);
                 self.dirty_all();
             }
@@ -647,25 +651,10 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
     }
 }
 
-fn events<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = watcher::Event<K>> + Send
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    watcher(api, config)
-        .default_backoff()
-        .filter_map(|e| async move {
-            e.map_err(|e| tracing::debug!("virtual kubelet watch: {e}"))
-                .ok()
-        })
-}
-
 /// Consumer pods bound to the virtual node.
 async fn watch_local(client: Client, node: String, tx: mpsc::Sender<Msg>) {
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let stream = events(Api::<Pod>::all(client), cfg);
+    let stream = watch_events("virtual kubelet", Api::<Pod>::all(client), cfg);
     futures::pin_mut!(stream);
     let mut init: Option<Vec<Pod>> = None;
     while let Some(ev) = stream.next().await {
@@ -691,7 +680,8 @@ async fn watch_local(client: Client, node: String, tx: mpsc::Sender<Msg>) {
 }
 
 async fn watch_offloadings(client: Client, tx: mpsc::Sender<Msg>) {
-    let stream = events(
+    let stream = watch_events(
+        "virtual kubelet",
         Api::<NamespaceOffloading>::all(client),
         watcher::Config::default(),
     );
@@ -715,7 +705,7 @@ async fn watch_offloadings(client: Client, tx: mpsc::Sender<Msg>) {
 
 async fn watch_node(client: Client, node: String, tx: mpsc::Sender<Msg>) {
     let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let stream = events(Api::<Node>::all(client), cfg);
+    let stream = watch_events("virtual kubelet", Api::<Node>::all(client), cfg);
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
         let ready = match ev {
@@ -734,36 +724,67 @@ async fn watch_node(client: Client, node: String, tx: mpsc::Sender<Msg>) {
     }
 }
 
-async fn watch_shadows(remote: Client, twin: String, tx: mpsc::Sender<Msg>) {
-    let stream = events(
-        Api::<ShadowPod>::namespaced(remote, &twin),
-        watcher::Config::default(),
-    );
+/// The messages one kind of twin-namespace object becomes.
+struct RemoteMsgs<R> {
+    apply: fn(String, String, R) -> Msg,
+    delete: fn(String, String) -> Msg,
+    relisted: fn(String, Vec<(String, R)>) -> Msg,
+}
+
+/// Watches objects of `twin` on the provider, reduced to `record`s: each initial listing as one
+/// message, then each change.
+async fn watch_remote<K, R>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    twin: String,
+    record: impl Fn(&K) -> R,
+    msgs: RemoteMsgs<R>,
+    tx: mpsc::Sender<Msg>,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let stream = watch_events("virtual kubelet", api, cfg);
     futures::pin_mut!(stream);
-    let mut init: Option<Vec<(String, RemoteShadow)>> = None;
+    let mut init: Option<Vec<(String, R)>> = None;
     while let Some(ev) = stream.next().await {
         let msg = match ev {
             watcher::Event::Init => {
                 init = Some(Vec::new());
                 continue;
             }
-            watcher::Event::InitApply(s) => {
+            watcher::Event::InitApply(o) => {
                 init.get_or_insert_with(Vec::new)
-                    .push((s.name_any(), remote_shadow(&s)));
+                    .push((o.name_any(), record(&o)));
                 continue;
             }
             watcher::Event::InitDone => {
-                Msg::ShadowsRelisted(twin.clone(), init.take().unwrap_or_default())
+                (msgs.relisted)(twin.clone(), init.take().unwrap_or_default())
             }
-            watcher::Event::Apply(s) => {
-                Msg::ShadowApply(twin.clone(), s.name_any(), remote_shadow(&s))
-            }
-            watcher::Event::Delete(s) => Msg::ShadowDelete(twin.clone(), s.name_any()),
+            watcher::Event::Apply(o) => (msgs.apply)(twin.clone(), o.name_any(), record(&o)),
+            watcher::Event::Delete(o) => (msgs.delete)(twin.clone(), o.name_any()),
         };
         if tx.send(msg).await.is_err() {
             return;
         }
     }
+}
+
+async fn watch_shadows(remote: Client, twin: String, tx: mpsc::Sender<Msg>) {
+    let msgs = RemoteMsgs {
+        apply: Msg::ShadowApply,
+        delete: Msg::ShadowDelete,
+        relisted: Msg::ShadowsRelisted,
+    };
+    let api = Api::<ShadowPod>::namespaced(remote, &twin);
+    watch_remote(
+        api,
+        watcher::Config::default(),
+        twin,
+        remote_shadow,
+        msgs,
+        tx,
+    )
+    .await;
 }
 
 async fn watch_reals(
@@ -775,32 +796,13 @@ async fn watch_reals(
 ) {
     let cfg = watcher::Config::default()
         .labels(&format!("{}={consumer_id}", names::ORIGIN_CLUSTER_LABEL));
-    let stream = events(Api::<Pod>::namespaced(remote, &twin), cfg);
-    futures::pin_mut!(stream);
-    let mut init: Option<Vec<(String, RemotePod)>> = None;
-    while let Some(ev) = stream.next().await {
-        let msg = match ev {
-            watcher::Event::Init => {
-                init = Some(Vec::new());
-                continue;
-            }
-            watcher::Event::InitApply(p) => {
-                init.get_or_insert_with(Vec::new)
-                    .push((p.name_any(), remote_pod(&p, remap)));
-                continue;
-            }
-            watcher::Event::InitDone => {
-                Msg::RealRelisted(twin.clone(), init.take().unwrap_or_default())
-            }
-            watcher::Event::Apply(p) => {
-                Msg::RealApply(twin.clone(), p.name_any(), remote_pod(&p, remap))
-            }
-            watcher::Event::Delete(p) => Msg::RealDelete(twin.clone(), p.name_any()),
-        };
-        if tx.send(msg).await.is_err() {
-            return;
-        }
-    }
+    let msgs = RemoteMsgs {
+        apply: Msg::RealApply,
+        delete: Msg::RealDelete,
+        relisted: Msg::RealRelisted,
+    };
+    let api = Api::<Pod>::namespaced(remote, &twin);
+    watch_remote(api, cfg, twin, move |p| remote_pod(p, remap), msgs, tx).await;
 }
 
 /// The watches of one twin namespace on the provider.

@@ -13,13 +13,14 @@ use std::sync::Arc;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tandem_api::{ShadowPod, Tenant, names};
 use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
+use crate::runtime::watch_events;
 
 /// Phase of a ShadowPod whose real pod exists.
 pub const PHASE_CREATED: &str = "Created";
@@ -37,6 +38,7 @@ type Key = (String, String);
 
 /// A real pod, as far as quota and ownership go.
 struct PodRecord {
+    uid: String,
     owner_uid: Option<String>,
     consumer: String,
     requests: Resources,
@@ -50,6 +52,11 @@ struct State {
     pods: HashMap<Key, PodRecord>,
     /// Pods created by this task that the watch has not shown yet.
     pending: HashMap<Key, (String, Resources)>,
+    /// Consumer → requests of its live pods, those in `pending` included (kept as `pods` and
+    /// `pending` change: summing them on every pass made bursts quadratic).
+    used: HashMap<String, Resources>,
+    /// Shadow pods whose status is Rejected.
+    rejected: HashSet<Key>,
     /// Twin namespace → consumer cluster ID.
     twins: HashMap<String, String>,
     /// Consumer → granted resources.
@@ -84,10 +91,18 @@ fn twin_consumer(ns: &Namespace) -> Option<String> {
         .cloned()
 }
 
-fn pod_record(pod: &Pod) -> PodRecord {
-    let spec = serde_json::to_value(&pod.spec).unwrap_or(Value::Null);
+/// The record of `pod`; `known` is its current record, whose requests are reused when it is the
+/// same pod (a pod's requests do not change, and serializing its spec on every status update
+/// is most of what a burst costs here).
+fn pod_record(pod: &Pod, known: Option<&PodRecord>) -> PodRecord {
+    let uid = pod.uid().unwrap_or_default();
+    let requests = match known {
+        Some(k) if k.uid == uid => k.requests.clone(),
+        _ => shadow::pod_requests(&serde_json::to_value(&pod.spec).unwrap_or(Value::Null)),
+    };
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     PodRecord {
+        uid,
         owner_uid: pod
             .owner_references()
             .iter()
@@ -98,7 +113,7 @@ fn pod_record(pod: &Pod) -> PodRecord {
             .get(names::ORIGIN_CLUSTER_LABEL)
             .cloned()
             .unwrap_or_default(),
-        requests: shadow::pod_requests(&spec),
+        requests,
         terminal: matches!(phase, Some("Succeeded" | "Failed")),
     }
 }
@@ -111,39 +126,99 @@ fn key_of<K: kube::Resource>(o: &K) -> Key {
 }
 
 impl State {
+    fn count(&mut self, consumer: &str, requests: &Resources, add: bool) {
+        let used = self.used.entry(consumer.to_string()).or_default();
+        if add {
+            shadow::add(used, requests);
+        } else {
+            shadow::sub(used, requests);
+        }
+    }
+
+    fn insert_pod(&mut self, key: Key, rec: PodRecord) {
+        if !rec.terminal {
+            self.count(&rec.consumer, &rec.requests, true);
+        }
+        if let Some(old) = self.pods.insert(key, rec)
+            && !old.terminal
+        {
+            self.count(&old.consumer, &old.requests, false);
+        }
+    }
+
+    fn remove_pod(&mut self, key: &Key) -> Option<PodRecord> {
+        let old = self.pods.remove(key)?;
+        if !old.terminal {
+            self.count(&old.consumer, &old.requests, false);
+        }
+        Some(old)
+    }
+
+    fn insert_pending(&mut self, key: Key, consumer: String, requests: Resources) {
+        self.count(&consumer, &requests, true);
+        if let Some((c, r)) = self.pending.insert(key, (consumer, requests)) {
+            self.count(&c, &r, false);
+        }
+    }
+
+    fn remove_pending(&mut self, key: &Key) {
+        if let Some((c, r)) = self.pending.remove(key) {
+            self.count(&c, &r, false);
+        }
+    }
+
     fn apply(&mut self, ev: Ev) {
         match ev {
             Ev::Shadow(e) => match e {
                 watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
                     let k = key_of(&s);
                     self.dirty.insert(k.clone());
+                    if s.status.as_ref().and_then(|st| st.phase.as_deref()) == Some(PHASE_REJECTED)
+                    {
+                        self.rejected.insert(k.clone());
+                    } else {
+                        self.rejected.remove(&k);
+                    }
                     self.shadows.insert(k, Arc::new(s));
                 }
                 watcher::Event::Delete(s) => {
-                    self.shadows.remove(&key_of(&s));
+                    let k = key_of(&s);
+                    self.rejected.remove(&k);
+                    self.shadows.remove(&k);
                 }
-                watcher::Event::Init => self.shadows.clear(),
+                watcher::Event::Init => {
+                    self.shadows.clear();
+                    self.rejected.clear();
+                }
                 watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
             },
             Ev::Pod(e) => match e {
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
                     let k = key_of(&p);
-                    self.pending.remove(&k);
-                    let rec = pod_record(&p);
-                    if rec.terminal {
-                        self.free_quota_of(&rec.consumer.clone());
+                    self.remove_pending(&k);
+                    let rec = pod_record(&p, self.pods.get(&k));
+                    let newly_terminal =
+                        rec.terminal && !self.pods.get(&k).is_some_and(|old| old.terminal);
+                    let consumer = rec.consumer.clone();
+                    self.insert_pod(k.clone(), rec);
+                    if newly_terminal {
+                        self.free_quota_of(&consumer);
                     }
-                    self.pods.insert(k.clone(), rec);
                     self.dirty.insert(k);
                 }
                 watcher::Event::Delete(p) => {
                     let k = key_of(&p);
-                    if let Some(rec) = self.pods.remove(&k) {
+                    if let Some(rec) = self.remove_pod(&k) {
                         self.free_quota_of(&rec.consumer);
                     }
                     self.dirty.insert(k);
                 }
-                watcher::Event::Init => self.pods.clear(),
+                watcher::Event::Init => {
+                    let keys: Vec<Key> = self.pods.keys().cloned().collect();
+                    for k in keys {
+                        self.remove_pod(&k);
+                    }
+                }
                 watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
             },
             Ev::Ns(e) => match e {
@@ -188,13 +263,10 @@ impl State {
     /// Rejected shadow pods of `consumer` may fit now.
     fn free_quota_of(&mut self, consumer: &str) {
         let rejected: Vec<Key> = self
-            .shadows
+            .rejected
             .iter()
-            .filter(|(k, s)| {
-                self.twins.get(&k.0).map(String::as_str) == Some(consumer)
-                    && s.status.as_ref().and_then(|st| st.phase.as_deref()) == Some(PHASE_REJECTED)
-            })
-            .map(|(k, _)| k.clone())
+            .filter(|k| self.twins.get(&k.0).map(String::as_str) == Some(consumer))
+            .cloned()
             .collect();
         self.dirty.extend(rejected);
     }
@@ -204,23 +276,10 @@ impl State {
         self.dirty.extend(keys);
     }
 
-    /// Requests of `consumer`'s live pods, those in flight included.
-    fn usage(&self) -> HashMap<String, Resources> {
-        let mut used: HashMap<String, Resources> = HashMap::new();
-        for p in self.pods.values().filter(|p| !p.terminal) {
-            shadow::add(used.entry(p.consumer.clone()).or_default(), &p.requests);
-        }
-        for (c, r) in self.pending.values() {
-            shadow::add(used.entry(c.clone()).or_default(), r);
-        }
-        used
-    }
-
     /// Decides the writes for the dirty shadow pods, in order (quota is first come, first served).
     fn decide(&mut self) -> Vec<Action> {
         let mut dirty: Vec<Key> = self.dirty.drain().collect();
         dirty.sort();
-        let mut used = self.usage();
         let mut actions = Vec::new();
         for key in dirty {
             let Some(sp) = self.shadows.get(&key).cloned() else {
@@ -247,7 +306,12 @@ impl State {
             };
             if let Some(pod) = self.pods.get(&key) {
                 if pod.owner_uid.as_deref() == Some(uid.as_str()) {
-                    set_status(PHASE_CREATED, format!("pod {}/{} created", key.0, key.1));
+                    // Only a shadow pod rejected earlier gets a status saying it now runs: the
+                    // real pod's own status is the truth, and a write per pod would cost a burst
+                    // one more write (and two watch events) per pod.
+                    if self.rejected.contains(&key) {
+                        set_status(PHASE_CREATED, format!("pod {}/{} created", key.0, key.1));
+                    }
                 } else if pod.owner_uid.is_some() {
                     // The pod of an earlier shadow pod of the same name: make way.
                     actions.push(Action::DeletePod { key: key.clone() });
@@ -292,8 +356,8 @@ impl State {
                 );
                 continue;
             }
-            let consumer_used = used.entry(consumer.clone()).or_default();
-            if let Err(why) = shadow::fits(consumer_used, &requests, &grant) {
+            let consumer_used = self.used.get(&consumer).cloned().unwrap_or_default();
+            if let Err(why) = shadow::fits(&consumer_used, &requests, &grant) {
                 set_status(
                     PHASE_REJECTED,
                     format!(
@@ -303,9 +367,7 @@ impl State {
                 );
                 continue;
             }
-            shadow::add(consumer_used, &requests);
-            self.pending
-                .insert(key.clone(), (consumer.clone(), requests));
+            self.insert_pending(key.clone(), consumer.clone(), requests);
             actions.push(Action::CreatePod {
                 key: key.clone(),
                 pod: real_pod(&sp, &consumer),
@@ -399,44 +461,33 @@ async fn act(client: Client, action: Action) -> Outcome {
     }
 }
 
-fn events<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = watcher::Event<K>> + Send
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    watcher(api, config)
-        .default_backoff()
-        .filter_map(|e| async move {
-            e.map_err(|e| tracing::warn!("shadow pod controller watch: {e}"))
-                .ok()
-        })
-}
-
 /// Runs the shadow pod controller until the task is aborted.
 pub async fn run(ctx: Ctx) {
     let client = ctx.client.clone();
     let stream = futures::stream::select_all(vec![
-        events(
+        watch_events(
+            "shadow pod controller",
             Api::<ShadowPod>::all(client.clone()),
             watcher::Config::default(),
         )
         .map(Ev::Shadow)
         .boxed(),
-        events(
+        watch_events(
+            "shadow pod controller",
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
         )
         .map(Ev::Pod)
         .boxed(),
-        events(
+        watch_events(
+            "shadow pod controller",
             Api::<Namespace>::all(client.clone()),
             watcher::Config::default(),
         )
         .map(Ev::Ns)
         .boxed(),
-        events(
+        watch_events(
+            "shadow pod controller",
             Api::<Tenant>::all(client.clone()),
             watcher::Config::default(),
         )
@@ -469,7 +520,7 @@ pub async fn run(ctx: Ctx) {
             .await;
         for o in outcomes {
             if let Outcome::CreateFailed(key) = o {
-                state.pending.remove(&key);
+                state.remove_pending(&key);
                 state.dirty.insert(key);
             }
         }

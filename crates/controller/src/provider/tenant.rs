@@ -9,10 +9,9 @@ use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use serde_json::json;
 use tandem_api::{Tenant, names};
 
 use crate::context::Ctx;
@@ -53,16 +52,9 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
     let has_finalizer = tenant.finalizers().iter().any(|f| f == names::FINALIZER);
     if tenant.metadata.deletion_timestamp.is_none() {
         if !has_finalizer {
-            let mut finalizers = tenant.finalizers().to_vec();
-            finalizers.push(names::FINALIZER.to_string());
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": finalizers,
-                    "resourceVersion": tenant.resource_version()}})),
-            )
-            .await
-            .map_err(err("adding the finalizer"))?;
+            crate::install::add_finalizer(&api, &*tenant)
+                .await
+                .map_err(err("adding the finalizer"))?;
         }
         return Ok(Action::await_change());
     }
@@ -114,19 +106,9 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
             step: "releasing the IPAM grant",
             message: e.to_string(),
         })?;
-    let finalizers: Vec<String> = tenant
-        .finalizers()
-        .iter()
-        .filter(|f| *f != names::FINALIZER)
-        .cloned()
-        .collect();
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
-    )
-    .await
-    .map_err(err("removing the finalizer"))?;
+    crate::install::remove_finalizer(&api, &*tenant)
+        .await
+        .map_err(err("removing the finalizer"))?;
     match namespaces.delete(&ns, &DeleteParams::background()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}
