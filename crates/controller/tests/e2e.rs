@@ -11,18 +11,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
-use kube::discovery::Discovery;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::{Cluster, peer_with, remote_pod_cidrs, translate, until};
+use support::{Cluster, peer_with, remote_pod_cidrs, tandem_owned, translate, until, until_owned};
 use tandem_api::{NamespaceOffloading, Peering, names};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -69,24 +63,10 @@ async fn create_namespace(client: &Client, ns: &str) {
         .unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
 }
 
-/// A plain Deployment, as a user writes it: no tolerations, no affinity (the placement webhook
-/// adds what the namespace's strategy asks for).
+/// Creates [`support::deployment`] `name` in `ns`.
 async fn deploy(client: &Client, ns: &str, name: &str, replicas: i32) {
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "main", "image": "nginx",
-                    "ports": [{"containerPort": 8080}],
-                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]},
-            },
-        },
-    }))
-    .unwrap();
+    let deployment: Deployment =
+        serde_json::from_value(support::deployment(name, replicas)).unwrap();
     Api::<Deployment>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &deployment)
         .await
@@ -556,102 +536,6 @@ async fn cluster_selector_sends_pods_only_to_the_selected_provider() {
     assert!(dublin_pods.is_empty(), "{dublin_pods:?}");
 }
 
-/// Every Tandem-owned object on the cluster, as "kind namespace/name": every object of every
-/// tandem.dev kind, and every object of the core/apps/rbac/discovery/... kinds below labelled
-/// managed-by=tandem or with a tandem.dev label.
-async fn tandem_owned(client: &Client) -> BTreeSet<String> {
-    let discovery = Discovery::new(client.clone())
-        .filter(&[tandem_api::GROUP])
-        .run()
-        .await
-        .expect("API discovery");
-    let mut tandem_kinds: Vec<ApiResource> = Vec::new();
-    for group in discovery.groups() {
-        for (ar, _) in group.recommended_resources() {
-            tandem_kinds.push(ar);
-        }
-    }
-    assert!(
-        tandem_kinds.len() >= 7,
-        "tandem.dev kinds served: {:?}",
-        tandem_kinds.iter().map(|a| &a.kind).collect::<Vec<_>>()
-    );
-    fn erase<K: Resource<DynamicType = ()>>() -> ApiResource {
-        ApiResource::erase::<K>(&())
-    }
-    let labelled_kinds = [
-        erase::<Namespace>(),
-        erase::<Pod>(),
-        erase::<ConfigMap>(),
-        erase::<Secret>(),
-        erase::<Service>(),
-        erase::<ServiceAccount>(),
-        erase::<EndpointSlice>(),
-        erase::<Deployment>(),
-        erase::<Role>(),
-        erase::<RoleBinding>(),
-        erase::<ClusterRole>(),
-        erase::<ClusterRoleBinding>(),
-        erase::<Lease>(),
-        erase::<Node>(),
-        erase::<CertificateSigningRequest>(),
-        erase::<MutatingWebhookConfiguration>(),
-    ];
-    let mut out = BTreeSet::new();
-    for (ar, all) in tandem_kinds
-        .iter()
-        .map(|a| (a, true))
-        .chain(labelled_kinds.iter().map(|a| (a, false)))
-    {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-        let items = api
-            .list(&ListParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("listing {}: {e}", ar.kind))
-            .items;
-        for o in items {
-            let labels = o.labels();
-            let owned = all
-                || labels.get(names::MANAGED_BY_LABEL).map(String::as_str)
-                    == Some(names::MANAGED_BY)
-                || labels.keys().any(|k| k.contains("tandem.dev/"))
-                || (ar.kind == "Node" && o.name_any().starts_with("tandem-"));
-            if owned {
-                out.insert(format!(
-                    "{} {}/{}",
-                    ar.kind,
-                    o.namespace().unwrap_or_default(),
-                    o.name_any()
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// Waits until the cluster's Tandem-owned objects are `expected`; names the difference if not.
-async fn until_owned(cluster: &Cluster, expected: &BTreeSet<String>, what: &str) {
-    let mut last = BTreeSet::new();
-    let found = tokio::time::timeout(WAIT, async {
-        loop {
-            last = tandem_owned(&cluster.client).await;
-            if &last == expected {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    })
-    .await;
-    if found.is_err() {
-        let extra: Vec<_> = last.difference(expected).collect();
-        let missing: Vec<_> = expected.difference(&last).collect();
-        panic!(
-            "{what} on {}: left behind {extra:?}, missing {missing:?}",
-            cluster.id
-        );
-    }
-}
-
 #[tokio::test]
 async fn unpeer_leaves_nothing_tandem_owned() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
@@ -789,8 +673,8 @@ async fn unpeer_leaves_nothing_tandem_owned() {
     ]
     .into();
     let consumer_expected: BTreeSet<String> = consumer_before.union(&user_made).cloned().collect();
-    until_owned(&consumer, &consumer_expected, "after unpeer").await;
-    until_owned(&provider, &provider_before, "after unpeer").await;
+    until_owned(&consumer, &consumer_expected, "after unpeer", WAIT).await;
+    until_owned(&provider, &provider_before, "after unpeer", WAIT).await;
     let nso = Api::<NamespaceOffloading>::namespaced(consumer.client.clone(), "shop")
         .get(names::OFFLOADING_NAME)
         .await

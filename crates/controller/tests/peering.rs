@@ -6,158 +6,15 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, Resource};
 use serde_json::json;
-use support::{Cluster, until};
-use tandem_api::{NetworkParameters, Peering, PeeringRequest, RemoteNamespace, Tenant, names};
+use support::{Cluster, tandem_owned, until, until_owned};
+use tandem_api::{NetworkParameters, Peering, PeeringRequest, Tenant, names};
 use tandem_controller::invite;
 
-/// Every Tandem-owned object a user would find with kubectl: the tandem.dev objects and
-/// everything labelled managed-by=tandem, as "Kind namespace/name".
-async fn tandem_objects(client: &Client) -> Vec<String> {
-    let managed = ListParams::default().labels(&format!(
-        "{}={}",
-        names::MANAGED_BY_LABEL,
-        names::MANAGED_BY
-    ));
-    let mut out = Vec::new();
-    fn push<K: Resource<DynamicType = ()>>(out: &mut Vec<String>, items: Vec<K>) {
-        for o in items {
-            out.push(format!(
-                "{} {}/{}",
-                K::kind(&()),
-                o.meta().namespace.clone().unwrap_or_default(),
-                o.meta().name.clone().unwrap_or_default()
-            ));
-        }
-    }
-    let all = ListParams::default();
-    push(
-        &mut out,
-        Api::<Namespace>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<Secret>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<ConfigMap>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<Role>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<RoleBinding>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<CertificateSigningRequest>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<Node>::all(client.clone())
-            .list(&managed)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<Peering>::all(client.clone())
-            .list(&all)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<PeeringRequest>::all(client.clone())
-            .list(&all)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<Tenant>::all(client.clone())
-            .list(&all)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<NetworkParameters>::all(client.clone())
-            .list(&all)
-            .await
-            .unwrap()
-            .items,
-    );
-    push(
-        &mut out,
-        Api::<RemoteNamespace>::all(client.clone())
-            .list(&all)
-            .await
-            .unwrap()
-            .items,
-    );
-    out.sort();
-    out
-}
-
-/// Waits until the cluster's Tandem objects are `expected` again.
-async fn until_objects(cluster: &Cluster, expected: &[String], what: &str) {
-    let mut last = Vec::new();
-    let found = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            last = tandem_objects(&cluster.client).await;
-            if last == expected {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-    if found.is_err() {
-        let extra: Vec<_> = last.iter().filter(|o| !expected.contains(o)).collect();
-        let missing: Vec<_> = expected.iter().filter(|o| !last.contains(o)).collect();
-        panic!(
-            "{what} on {}: left behind {extra:?}, missing {missing:?}",
-            cluster.id
-        );
-    }
-}
+/// How long Tandem's objects may take to settle after a step.
+const OBJECTS_WAIT: Duration = Duration::from_secs(20);
 
 fn condition<'a>(p: &'a Peering, t: &str) -> Option<&'a str> {
     p.status
@@ -170,8 +27,8 @@ fn condition<'a>(p: &'a Peering, t: &str) -> Option<&'a str> {
 async fn invite_peer_negotiate_shrink_unpeer() {
     let provider = Cluster::start("milan", "eu-south", 2).await;
     let consumer = Cluster::start("rome", "eu-central", 1).await;
-    let provider_before = tandem_objects(&provider.client).await;
-    let consumer_before = tandem_objects(&consumer.client).await;
+    let provider_before = tandem_owned(&provider.client).await;
+    let consumer_before = tandem_owned(&consumer.client).await;
 
     let peering = support::peer(&consumer, &provider).await;
     let status = peering.status.clone().unwrap();
@@ -281,8 +138,8 @@ async fn invite_peer_negotiate_shrink_unpeer() {
     invite::unpeer(&consumer.client, "milan", false, Duration::from_secs(20))
         .await
         .unwrap();
-    until_objects(&consumer, &consumer_before, "after unpeer").await;
-    until_objects(&provider, &provider_before, "after unpeer").await;
+    until_owned(&consumer, &consumer_before, "after unpeer", OBJECTS_WAIT).await;
+    until_owned(&provider, &provider_before, "after unpeer", OBJECTS_WAIT).await;
 }
 
 #[tokio::test]
@@ -290,8 +147,8 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     let provider = Cluster::start("oslo", "eu-north", 1).await;
     let consumer = Cluster::start("bergen", "eu-north", 1).await;
     let other = Cluster::start("tromso", "eu-north", 1).await;
-    let consumer_before = tandem_objects(&consumer.client).await;
-    let other_before = tandem_objects(&other.client).await;
+    let consumer_before = tandem_owned(&consumer.client).await;
+    let other_before = tandem_owned(&other.client).await;
 
     // Expired: refused locally, before anything is created.
     let mut expired = support::invite(&provider, Duration::from_secs(3600)).await;
@@ -318,7 +175,7 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     // 'static borrows for the closure: the clusters live for the whole test.
     let consumer: &'static Cluster = Box::leak(Box::new(consumer));
     let other: &'static Cluster = Box::leak(Box::new(other));
-    let provider_before = tandem_objects(&provider.client).await;
+    let provider_before = tandem_owned(&provider.client).await;
 
     // Wrong token: right ID, wrong secret.
     let mut wrong = support::invite(&provider, Duration::from_secs(3600)).await;
@@ -339,8 +196,20 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
         .unwrap();
     let err = attempt(consumer, revoked).await;
     assert!(err.contains("wrong or revoked"), "{err}");
-    until_objects(consumer, &consumer_before, "after refused tokens").await;
-    until_objects(&provider, &provider_before, "after refused tokens").await;
+    until_owned(
+        consumer,
+        &consumer_before,
+        "after refused tokens",
+        OBJECTS_WAIT,
+    )
+    .await;
+    until_owned(
+        &provider,
+        &provider_before,
+        "after refused tokens",
+        OBJECTS_WAIT,
+    )
+    .await;
 
     // Reused token: a second cluster tries the invite the first one used.
     let used = support::invite(&provider, Duration::from_secs(3600)).await;
@@ -353,26 +222,38 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     )
     .await
     .unwrap();
-    let provider_peered = tandem_objects(&provider.client).await;
+    let provider_peered = tandem_owned(&provider.client).await;
     let err = attempt(other, used).await;
     assert!(err.contains("already used"), "{err}");
-    until_objects(other, &other_before, "after a reused token").await;
-    until_objects(&provider, &provider_peered, "after a reused token").await;
+    until_owned(other, &other_before, "after a reused token", OBJECTS_WAIT).await;
+    until_owned(
+        &provider,
+        &provider_peered,
+        "after a reused token",
+        OBJECTS_WAIT,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     let provider = Cluster::start("lisbon", "eu-west", 1).await;
     let mut consumer = Cluster::start("porto", "eu-west", 1).await;
-    let provider_before = tandem_objects(&provider.client).await;
-    let consumer_before = tandem_objects(&consumer.client).await;
+    let provider_before = tandem_owned(&provider.client).await;
+    let consumer_before = tandem_owned(&consumer.client).await;
 
     // The provider's admin unpeers: the tenant goes, and the consumer sees it lost its grant.
     support::peer(&consumer, &provider).await;
     invite::unpeer(&provider.client, "porto", false, Duration::from_secs(20))
         .await
         .unwrap();
-    until_objects(&provider, &provider_before, "after the provider unpeered").await;
+    until_owned(
+        &provider,
+        &provider_before,
+        "after the provider unpeered",
+        OBJECTS_WAIT,
+    )
+    .await;
     let peerings: Api<Peering> = Api::all(consumer.client.clone());
     let p = until(
         "the consumer to notice",
@@ -391,7 +272,13 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(20))
         .await
         .unwrap();
-    until_objects(&consumer, &consumer_before, "after the consumer unpeered").await;
+    until_owned(
+        &consumer,
+        &consumer_before,
+        "after the consumer unpeered",
+        OBJECTS_WAIT,
+    )
+    .await;
 
     // Peer again, then the provider disappears for good: unpeer waits and names --force,
     // and --force removes everything here.
@@ -405,7 +292,13 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     invite::unpeer(&consumer.client, "lisbon", true, Duration::from_secs(20))
         .await
         .unwrap();
-    until_objects(&consumer, &consumer_before, "after a forced unpeer").await;
+    until_owned(
+        &consumer,
+        &consumer_before,
+        "after a forced unpeer",
+        OBJECTS_WAIT,
+    )
+    .await;
     consumer.kill_controller();
 }
 

@@ -2,13 +2,22 @@
 //! a controller running, peerings between them, polling with deadlines.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::discovery::Discovery;
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tandem_api::{Peering, Tenant, names};
 use tandem_controller::{Controller, Options};
@@ -122,25 +131,8 @@ pub async fn peer_with(
     provider_url: Option<String>,
 ) -> Peering {
     let endpoint = provider_url.unwrap_or_else(|| provider.lab.server.url());
-    let invite = tandem_controller::invite::create(
-        &provider.client,
-        &endpoint,
-        provider.lab.server.ca_pem(),
-        Duration::from_secs(3600),
-    )
-    .await
-    .expect("create invite");
-    tandem_controller::invite::accept(&consumer.client, &invite)
-        .await
-        .expect("accept invite");
-    tandem_controller::invite::wait_established(
-        &consumer.client,
-        &provider.id,
-        Duration::from_secs(30),
-        &mut |_| {},
-    )
-    .await
-    .expect("peering established");
+    let invite = invite_at(provider, &endpoint, Duration::from_secs(3600)).await;
+    accept(consumer, provider, &invite).await;
     let tenants: Api<Tenant> = Api::namespaced(
         provider.client.clone(),
         &names::tenant_namespace(&consumer.id),
@@ -278,9 +270,9 @@ pub async fn fake_twin_namespace(consumer: &Cluster, provider: &Cluster, ns: &st
     twin
 }
 
-/// A Deployment whose pods tolerate virtual nodes and must run on one (what the placement
-/// webhook adds for the Remote strategy).
-pub fn offloaded_deployment(name: &str, replicas: i32) -> serde_json::Value {
+/// A plain Deployment, as a user writes it: no tolerations, no affinity (the placement webhook
+/// adds what the namespace's strategy asks for).
+pub fn deployment(name: &str, replicas: i32) -> serde_json::Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name},
@@ -289,22 +281,40 @@ pub fn offloaded_deployment(name: &str, replicas: i32) -> serde_json::Value {
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [{"name": "main", "image": "nginx",
-                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}],
-                    "tolerations": [{"key": names::VIRTUAL_NODE_TAINT, "operator": "Exists", "effect": "NoExecute"}],
-                    "nodeSelector": {names::NODE_TYPE_LABEL: names::VIRTUAL_NODE_TYPE},
-                },
+                "spec": {"containers": [{"name": "main", "image": "nginx",
+                    "ports": [{"containerPort": 8080}],
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]},
             },
         },
     })
+}
+
+/// A Deployment whose pods tolerate virtual nodes and must run on one (what the placement
+/// webhook adds for the Remote strategy).
+pub fn offloaded_deployment(name: &str, replicas: i32) -> serde_json::Value {
+    let mut d = deployment(name, replicas);
+    let spec = &mut d["spec"]["template"]["spec"];
+    spec["tolerations"] =
+        json!([{"key": names::VIRTUAL_NODE_TAINT, "operator": "Exists", "effect": "NoExecute"}]);
+    spec["nodeSelector"] = json!({names::NODE_TYPE_LABEL: names::VIRTUAL_NODE_TYPE});
+    d
 }
 
 /// Peers `consumer` with `provider` through the real invite flow (what `tandem invite` then
 /// `tandem peer` do) and waits until the Peering is Established.
 pub async fn peer(consumer: &Cluster, provider: &Cluster) -> Peering {
     let invite = invite(provider, Duration::from_secs(3600)).await;
-    tandem_controller::invite::accept(&consumer.client, &invite)
+    accept(consumer, provider, &invite).await
+}
+
+/// Accepts `invite` on `consumer` (what `tandem peer` does) and waits until the Peering with
+/// `provider` is Established.
+async fn accept(
+    consumer: &Cluster,
+    provider: &Cluster,
+    invite: &tandem_core::invite::PeeringInvite,
+) -> Peering {
+    tandem_controller::invite::accept(&consumer.client, invite)
         .await
         .expect("accept invite");
     tandem_controller::invite::wait_established(
@@ -319,9 +329,18 @@ pub async fn peer(consumer: &Cluster, provider: &Cluster) -> Peering {
 
 /// Creates an invite on `provider` valid for `ttl`.
 pub async fn invite(provider: &Cluster, ttl: Duration) -> tandem_core::invite::PeeringInvite {
+    invite_at(provider, &provider.lab.server.url(), ttl).await
+}
+
+/// Creates an invite on `provider` valid for `ttl` that sends consumers to `endpoint`.
+async fn invite_at(
+    provider: &Cluster,
+    endpoint: &str,
+    ttl: Duration,
+) -> tandem_core::invite::PeeringInvite {
     tandem_controller::invite::create(
         &provider.client,
-        &provider.lab.server.url(),
+        endpoint,
         provider.lab.server.ca_pem(),
         ttl,
     )
@@ -339,4 +358,105 @@ pub fn translate(ip: &str, from: ipnet::IpNet, to: ipnet::IpNet) -> String {
     assert!(from.contains(&ip), "{ip} is not in {from}");
     let host = u32::from(ip) - u32::from(from.network());
     std::net::Ipv4Addr::from(u32::from(to.network()) + host).to_string()
+}
+
+/// Every Tandem-owned object on the cluster, as "kind namespace/name": every object of every
+/// tandem.dev kind, and every object of the core/apps/rbac/discovery/... kinds below labelled
+/// managed-by=tandem or with a tandem.dev label.
+pub async fn tandem_owned(client: &Client) -> BTreeSet<String> {
+    let discovery = Discovery::new(client.clone())
+        .filter(&[tandem_api::GROUP])
+        .run()
+        .await
+        .expect("API discovery");
+    let mut tandem_kinds: Vec<ApiResource> = Vec::new();
+    for group in discovery.groups() {
+        for (ar, _) in group.recommended_resources() {
+            tandem_kinds.push(ar);
+        }
+    }
+    assert!(
+        tandem_kinds.len() >= 7,
+        "tandem.dev kinds served: {:?}",
+        tandem_kinds.iter().map(|a| &a.kind).collect::<Vec<_>>()
+    );
+    fn erase<K: Resource<DynamicType = ()>>() -> ApiResource {
+        ApiResource::erase::<K>(&())
+    }
+    let labelled_kinds = [
+        erase::<Namespace>(),
+        erase::<Pod>(),
+        erase::<ConfigMap>(),
+        erase::<Secret>(),
+        erase::<Service>(),
+        erase::<ServiceAccount>(),
+        erase::<EndpointSlice>(),
+        erase::<Deployment>(),
+        erase::<Role>(),
+        erase::<RoleBinding>(),
+        erase::<ClusterRole>(),
+        erase::<ClusterRoleBinding>(),
+        erase::<Lease>(),
+        erase::<Node>(),
+        erase::<CertificateSigningRequest>(),
+        erase::<MutatingWebhookConfiguration>(),
+    ];
+    let mut out = BTreeSet::new();
+    for (ar, all) in tandem_kinds
+        .iter()
+        .map(|a| (a, true))
+        .chain(labelled_kinds.iter().map(|a| (a, false)))
+    {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+        let items = api
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("listing {}: {e}", ar.kind))
+            .items;
+        for o in items {
+            let labels = o.labels();
+            let owned = all
+                || labels.get(names::MANAGED_BY_LABEL).map(String::as_str)
+                    == Some(names::MANAGED_BY)
+                || labels.keys().any(|k| k.contains("tandem.dev/"))
+                || (ar.kind == "Node" && o.name_any().starts_with("tandem-"));
+            if owned {
+                out.insert(format!(
+                    "{} {}/{}",
+                    ar.kind,
+                    o.namespace().unwrap_or_default(),
+                    o.name_any()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Waits until the cluster's Tandem-owned objects are `expected`; names the difference if not.
+pub async fn until_owned(
+    cluster: &Cluster,
+    expected: &BTreeSet<String>,
+    what: &str,
+    timeout: Duration,
+) {
+    let mut last = BTreeSet::new();
+    let found = tokio::time::timeout(timeout, async {
+        loop {
+            last = tandem_owned(&cluster.client).await;
+            if &last == expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    if found.is_err() {
+        let extra: Vec<_> = last.difference(expected).collect();
+        let missing: Vec<_> = expected.difference(&last).collect();
+        panic!(
+            "{what} on {}: left behind {extra:?}, missing {missing:?}",
+            cluster.id
+        );
+    }
 }
