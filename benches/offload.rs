@@ -3,9 +3,11 @@
 //! offloaded to that provider — in one run, plus the consumer controller's memory per 1,000
 //! offloaded pods.
 //!
-//! The lab clusters run in this process; the two Tandem controllers run as `tandem controller`
-//! child processes (so their memory is measured alone), and peering goes through the real CLI
-//! (`tandem install`, `invite`, `peer`, `offload`).
+//! By default (BENCH_PLACEMENT=pinned) each lab cluster runs in a child process of this
+//! benchmark pinned to a core of its own, with its Tandem controller (`tandem controller`, a
+//! process of its own so that its memory and CPU are measured alone) on the same core, as on
+//! two machines; BENCH_PLACEMENT=shared runs both clusters in this process on every core.
+//! Peering goes through the real CLI (`tandem install`, `invite`, `peer`, `offload`).
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench offload`
 //! (BENCH_SIZES=10,100 and BENCH_NODES to resize).
 
@@ -41,6 +43,35 @@ impl Drop for Controller {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// CPU seconds (user + system) used so far by process `pid`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name (which may contain spaces) come state (field 3) … utime (14), stime (15).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: f64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum();
+    // USER_HZ is 100 on Linux.
+    ticks / 100.0
+}
+
+/// CPU seconds used so far by each of `pids`.
+fn cpu(pids: &[u32]) -> Vec<f64> {
+    pids.iter().map(|&p| cpu_seconds(p)).collect()
+}
+
+fn cpu_delta(before: &[f64], after: &[f64]) -> String {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| format!("{:.1}", a - b))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 impl Controller {
@@ -124,14 +155,101 @@ async fn teardown(
     Ok(())
 }
 
-fn write_kubeconfig(dir: &Path, cluster: &LabCluster) -> anyhow::Result<String> {
-    let path = dir.join(format!("{}.kubeconfig", cluster.config.name));
-    std::fs::write(&path, cluster.server.admin_kubeconfig()?)?;
-    Ok(path.display().to_string())
+/// One lab cluster of the benchmark and what reaches it.
+struct Site {
+    client: kube::Client,
+    kubeconfig: String,
+    /// The process it runs in.
+    pid: u32,
+    /// Keeps the cluster up: the cluster itself, or the child process serving it.
+    _keep: Box<dyn std::any::Any>,
+}
+
+/// A child process serving one cluster (`BENCH_SERVE`); it exits when its stdin closes.
+struct ChildCluster(Child);
+
+impl Drop for ChildCluster {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+fn lab_config(name: &str, nodes: usize, region: &str) -> LabConfig {
+    LabConfig {
+        name: name.into(),
+        nodes,
+        region: region.into(),
+        ..Default::default()
+    }
+}
+
+/// Starts a cluster in this process, or, with `core`, in a child process pinned to that core.
+async fn site(dir: &Path, config: LabConfig, core: Option<usize>) -> anyhow::Result<Site> {
+    let path = dir.join(format!("{}.kubeconfig", config.name));
+    let Some(core) = core else {
+        let cluster = LabCluster::start(config).await?;
+        std::fs::write(&path, cluster.server.admin_kubeconfig()?)?;
+        return Ok(Site {
+            client: cluster.client.clone(),
+            kubeconfig: path.display().to_string(),
+            pid: std::process::id(),
+            _keep: Box::new(cluster),
+        });
+    };
+    let child = Command::new("taskset")
+        .arg("-c")
+        .arg(core.to_string())
+        .arg(std::env::current_exe()?)
+        .env(
+            "BENCH_SERVE",
+            format!(
+                "{},{},{},{}",
+                config.name,
+                config.nodes,
+                config.region,
+                path.display()
+            ),
+        )
+        .stdin(Stdio::piped())
+        .spawn()?;
+    let child = ChildCluster(child);
+    until(&format!("cluster {} up", config.name), async || {
+        Ok(path.exists())
+    })
+    .await?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    Ok(Site {
+        client: kube::Client::try_from(config)?,
+        kubeconfig: path.display().to_string(),
+        pid: child.0.id(),
+        _keep: Box::new(child),
+    })
+}
+
+/// The child side of [`site`]: serves `name,nodes,region,kubeconfig` until stdin closes.
+async fn serve(spec: &str) -> anyhow::Result<()> {
+    let parts: Vec<&str> = spec.splitn(4, ',').collect();
+    anyhow::ensure!(
+        parts.len() == 4,
+        "BENCH_SERVE={spec}: want name,nodes,region,kubeconfig"
+    );
+    let cluster = LabCluster::start(lab_config(parts[0], parts[1].parse()?, parts[2])).await?;
+    let tmp = format!("{}.tmp", parts[3]);
+    std::fs::write(&tmp, cluster.server.admin_kubeconfig()?)?;
+    std::fs::rename(&tmp, parts[3])?;
+    tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+        .await??;
+    drop(cluster);
+    Ok(())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    if let Ok(spec) = std::env::var("BENCH_SERVE") {
+        return serve(&spec).await;
+    }
     let sizes: Vec<usize> = std::env::var("BENCH_SIZES")
         .unwrap_or_else(|_| "10,100,1000,10000".into())
         .split(',')
@@ -141,37 +259,50 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
+    // pinned: each cluster (with its controller) on a core of its own, as on two machines;
+    // shared: both clusters and controllers on every core.
+    let pinned = match std::env::var("BENCH_PLACEMENT").as_deref() {
+        Ok("shared") => false,
+        Ok("pinned") | Err(_) => true,
+        Ok(other) => anyhow::bail!("BENCH_PLACEMENT={other}: want pinned or shared"),
+    };
     anyhow::ensure!(
         tandem_bin().exists(),
         "{} missing: run `cargo build --release -p tandem-cli` first",
         tandem_bin().display()
     );
+    let cores = std::thread::available_parallelism()?.get();
+    anyhow::ensure!(
+        !pinned || cores >= 2,
+        "BENCH_PLACEMENT=pinned needs 2 cores; use BENCH_PLACEMENT=shared"
+    );
     println!(
-        "tandem offloading burst benchmark ({} cores, provider {nodes} nodes)",
-        std::thread::available_parallelism()?.get()
+        "tandem offloading burst benchmark ({cores} cores, provider {nodes} nodes, {})",
+        if pinned {
+            "pinned: provider cluster + controller on core 0, consumer cluster + controller on core 1"
+        } else {
+            "shared: both clusters and controllers on every core"
+        }
     );
 
     let dir = tempfile::tempdir()?;
-    let provider = LabCluster::start(LabConfig {
-        name: "provider".into(),
-        nodes,
-        region: "us-east".into(),
-        ..Default::default()
-    })
+    let provider = site(
+        dir.path(),
+        lab_config("provider", nodes, "us-east"),
+        pinned.then_some(0),
+    )
     .await?;
-    let consumer = LabCluster::start(LabConfig {
-        name: "consumer".into(),
-        nodes: 3,
-        region: "eu-west".into(),
-        ..Default::default()
-    })
+    let consumer = site(
+        dir.path(),
+        lab_config("consumer", 3, "eu-west"),
+        pinned.then_some(1),
+    )
     .await?;
-    let pk = write_kubeconfig(dir.path(), &provider)?;
-    let ck = write_kubeconfig(dir.path(), &consumer)?;
+    let (pk, ck) = (&provider.kubeconfig, &consumer.kubeconfig);
     tandem(&[
         "install",
         "--kubeconfig",
-        &pk,
+        pk,
         "--cluster-id",
         "provider",
         "--pod-cidr",
@@ -182,24 +313,30 @@ async fn main() -> anyhow::Result<()> {
     tandem(&[
         "install",
         "--kubeconfig",
-        &ck,
+        ck,
         "--cluster-id",
         "consumer",
         "--pod-cidr",
         "10.244.0.0/16",
     ])?;
-    let spawn = |kc: &str| -> anyhow::Result<Controller> {
-        Ok(Controller(
+    let spawn = |kc: &str, core: usize| -> anyhow::Result<Controller> {
+        let mut cmd = if pinned {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(core.to_string()).arg(tandem_bin());
+            c
+        } else {
             Command::new(tandem_bin())
-                .args(["controller", "--kubeconfig", kc])
+        };
+        Ok(Controller(
+            cmd.args(["controller", "--kubeconfig", kc])
                 .stderr(Stdio::null())
                 .spawn()?,
         ))
     };
-    let _provider_ctl = spawn(&pk)?;
-    let consumer_ctl = spawn(&ck)?;
-    let invite = tandem(&["invite", "--kubeconfig", &pk])?;
-    tandem(&["peer", &invite, "--kubeconfig", &ck])?;
+    let provider_ctl = spawn(pk, 0)?;
+    let consumer_ctl = spawn(ck, 1)?;
+    let invite = tandem(&["invite", "--kubeconfig", pk])?;
+    tandem(&["peer", &invite, "--kubeconfig", ck])?;
     for (client, ns) in [(&consumer.client, "bench"), (&provider.client, "vanilla")] {
         let nss: Api<Namespace> = Api::all(client.clone());
         nss.create(
@@ -215,17 +352,38 @@ async fn main() -> anyhow::Result<()> {
         "--pod-offloading-strategy",
         "Remote",
         "--kubeconfig",
-        &ck,
+        ck,
     ])?;
     let twin = "bench-consumer";
     let idle_rss = consumer_ctl.rss_bytes();
+    let pids = [
+        provider.pid,
+        consumer.pid,
+        provider_ctl.0.id(),
+        consumer_ctl.0.id(),
+    ];
+    let pids: &[u32] = if pinned { &pids } else { &pids[1..] };
 
-    println!("\n| pods | vanilla (s) | offloaded (s) | ratio | consumer controller RSS (MiB) |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "\nCPU seconds per run: {}\n",
+        if pinned {
+            "provider lab / consumer lab / provider controller / consumer controller"
+        } else {
+            "both labs / provider controller / consumer controller"
+        }
+    );
+    println!(
+        "| pods | vanilla (s) | offloaded (s) | ratio | consumer controller RSS (MiB) | CPU s, vanilla | CPU s, offloaded |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &sizes {
+        let c0 = cpu(pids);
         let vanilla = burst(&provider.client, "vanilla", &format!("v{n}"), n).await?;
+        let c1 = cpu(pids);
         teardown(&provider.client, "vanilla", &format!("v{n}"), &[]).await?;
+        let c2 = cpu(pids);
         let offloaded = burst(&consumer.client, "bench", &format!("o{n}"), n).await?;
+        let c3 = cpu(pids);
         let rss = consumer_ctl.rss_bytes();
         teardown(
             &consumer.client,
@@ -235,11 +393,13 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
         println!(
-            "| {n} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            "| {n} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} |",
             vanilla.as_secs_f64(),
             offloaded.as_secs_f64(),
             offloaded.as_secs_f64() / vanilla.as_secs_f64(),
-            rss as f64 / (1024.0 * 1024.0)
+            rss as f64 / (1024.0 * 1024.0),
+            cpu_delta(&c0, &c1),
+            cpu_delta(&c2, &c3),
         );
         if n >= 1000 {
             println!(
