@@ -212,6 +212,24 @@ pub fn consumer_status(real_status: &Value, remap: Option<IpRemap>) -> Value {
     Value::Object(out)
 }
 
+/// Whether a mirrored status (from [`consumer_status`]) tells the consumer anything its own pod
+/// does not show already. A real pod that is only created or scheduled (phase Pending, no
+/// container statuses, no reason, every condition `PodScheduled=True`) does not: the consumer
+/// pod is Pending and scheduled (to the virtual node) itself. Skipping those writes leaves one
+/// status write per pod in the usual case (when it runs) instead of three.
+pub fn status_is_news(status: &Value) -> bool {
+    let pending = matches!(status["phase"].as_str(), None | Some("Pending"));
+    let quiet_conditions = status["conditions"].as_array().is_none_or(|cs| {
+        cs.iter()
+            .all(|c| c["type"] == "PodScheduled" && c["status"] == "True")
+    });
+    let no_containers = ["containerStatuses", "initContainerStatuses"]
+        .iter()
+        .all(|f| status[*f].as_array().is_none_or(Vec::is_empty));
+    let no_reason = status.get("reason").is_none() && status.get("message").is_none();
+    !(pending && quiet_conditions && no_containers && no_reason)
+}
+
 /// Conditions to merge into a consumer pod whose provider cannot be reached.
 pub fn unreachable_conditions(message: &str, now: &str) -> Value {
     let cond = |t: &str| {
@@ -532,5 +550,26 @@ mod tests {
         }
         let err = fits(&[("pods".to_string(), 2000)].into(), &r, &grant).unwrap_err();
         assert!(err.contains("pods"), "{err}");
+    }
+
+    #[test]
+    fn created_or_scheduled_pending_status_is_not_news() {
+        let scheduled = json!({"type": "PodScheduled", "status": "True"});
+        assert!(!status_is_news(&json!({})));
+        assert!(!status_is_news(&json!({"phase": "Pending", "qosClass": "BestEffort"})));
+        assert!(!status_is_news(
+            &json!({"phase": "Pending", "conditions": [scheduled.clone()]})
+        ));
+        // What the consumer's own pod cannot show: running, unschedulable on the provider,
+        // containers waiting (image pulls), a reason.
+        assert!(status_is_news(
+            &json!({"phase": "Running", "conditions": [scheduled.clone()]})
+        ));
+        assert!(status_is_news(&json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]})));
+        assert!(status_is_news(&json!({"phase": "Pending", "conditions": [scheduled],
+            "containerStatuses": [{"name": "app", "state": {"waiting": {"reason": "ErrImagePull"}}}]})));
+        assert!(status_is_news(&json!({"phase": "Pending", "reason": "SomethingElse"})));
+        assert!(status_is_news(&json!({"phase": "Failed"})));
     }
 }

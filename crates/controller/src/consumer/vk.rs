@@ -1,6 +1,8 @@
 //! The virtual kubelet of one provider: runs the pods the scheduler binds to the virtual node
 //! as shadow pods in their namespace's twin namespace on the provider, and mirrors the real
-//! pods' status back (pod IPs rewritten into the consumer's view of the provider's pod CIDR).
+//! pods' status back (pod IPs rewritten into the consumer's view of the provider's pod CIDR;
+//! a real pod that is only created or scheduled shows nothing its consumer pod does not, and
+//! is not written).
 //!
 //! Decisions, level-based on what both sides show (never on what this task remembers doing):
 //! - a consumer pod without a shadow pod gets one (same name, `tandem.dev/origin-uid`), unless it
@@ -92,6 +94,9 @@ struct RemoteShadow {
 struct RemotePod {
     origin_uid: String,
     hash: u64,
+    /// The status tells the consumer something (see `shadow::status_is_news`); a real pod that
+    /// is only created or scheduled gets no write.
+    news: bool,
     /// The consumer-view status to write, until written.
     status: Option<Arc<Value>>,
 }
@@ -145,6 +150,7 @@ fn remote_pod(pod: &Pod, remap: Option<IpRemap>) -> RemotePod {
             .cloned()
             .unwrap_or_default(),
         hash: hash_of(&status),
+        news: shadow::status_is_news(&status),
         status: Some(Arc::new(status)),
     }
 }
@@ -467,7 +473,8 @@ impl State {
                 (Some(_), Some(s)) => {
                     local.requested = None;
                     if let Some(p) = own_real {
-                        if (p.hash != local.written || local.unready)
+                        if (p.news || local.unready)
+                            && (p.hash != local.written || local.unready)
                             && let Some(status) = &p.status
                         {
                             actions.push(Action::WriteStatus {
