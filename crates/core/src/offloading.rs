@@ -257,6 +257,33 @@ pub fn placement_patch(
     patch
 }
 
+/// Whether `pod` (a Pod as JSON) tolerates the virtual-node taint: by its key, or by a
+/// toleration of every taint (empty key, operator Exists), for NoExecute or every effect.
+pub fn tolerates_virtual_nodes(pod: &Value, marks: VirtualNodeMarks<'_>) -> bool {
+    pod["spec"]["tolerations"].as_array().is_some_and(|ts| {
+        ts.iter().any(|t| {
+            let key = t["key"].as_str().unwrap_or_default();
+            let effect = t["effect"].as_str().unwrap_or_default();
+            (key == marks.taint_key || (key.is_empty() && t["operator"] == "Exists"))
+                && (effect.is_empty() || effect == "NoExecute")
+        })
+    })
+}
+
+/// Keeps `pod` (a Pod as JSON, changed in place) off virtual nodes if it tolerates their taint:
+/// the Local strategy's required node affinity, ANDed with the pod's own. Pods that do not
+/// tolerate the taint are left as they are (the taint keeps them off).
+pub fn keep_off_virtual_nodes(pod: &mut Value, marks: VirtualNodeMarks<'_>) {
+    if !tolerates_virtual_nodes(pod, marks) {
+        return;
+    }
+    let (_, ours) = placement_terms(PodPlacement::Local, &[], marks);
+    let required = &mut pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let own: Vec<SelectorTerm> =
+        serde_json::from_value(required["nodeSelectorTerms"].clone()).unwrap_or_default();
+    *required = json!({"nodeSelectorTerms": and_terms(&own, &ours)});
+}
+
 /// How pod addresses translate when an EndpointSlice is reflected into one provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointView {
@@ -556,5 +583,43 @@ mod tests {
             remote_pod_cidr: None,
         };
         assert_eq!(endpoint_address_there(&flat, ip("10.244.1.5"), false), None);
+    }
+
+    #[test]
+    fn pods_tolerating_the_taint_are_kept_off_virtual_nodes() {
+        let local = json!([{"matchExpressions": [{"key": MARKS.type_label, "operator": "NotIn",
+            "values": [MARKS.type_value]}]}]);
+        // No toleration: the taint keeps the pod off; nothing is added.
+        let mut plain = json!({"spec": {"containers": []}});
+        keep_off_virtual_nodes(&mut plain, MARKS);
+        assert_eq!(plain, json!({"spec": {"containers": []}}));
+        // A toleration of every taint gets the Local affinity.
+        let mut wildcard = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        keep_off_virtual_nodes(&mut wildcard, MARKS);
+        assert_eq!(
+            wildcard["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"],
+            local
+        );
+        // The pod's own required terms are kept, ANDed with ours.
+        let mut own = json!({"spec": {
+            "tolerations": [{"key": MARKS.taint_key, "operator": "Exists", "effect": "NoExecute"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}});
+        keep_off_virtual_nodes(&mut own, MARKS);
+        let terms = &own["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(terms.as_array().map(Vec::len), Some(1));
+        let exprs = terms[0]["matchExpressions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(exprs.contains(&json!({"key": "zone", "operator": "In", "values": ["a"]})));
+        assert!(exprs.contains(&local[0]["matchExpressions"][0]));
+        // A toleration of another effect does not count.
+        let mut other = json!({"spec": {"tolerations": [{"key": MARKS.taint_key, "operator": "Exists", "effect": "NoSchedule"}]}});
+        keep_off_virtual_nodes(&mut other, MARKS);
+        assert!(other["spec"].get("affinity").is_none());
     }
 }

@@ -556,7 +556,9 @@ mod tests {
     fn created_or_scheduled_pending_status_is_not_news() {
         let scheduled = json!({"type": "PodScheduled", "status": "True"});
         assert!(!status_is_news(&json!({})));
-        assert!(!status_is_news(&json!({"phase": "Pending", "qosClass": "BestEffort"})));
+        assert!(!status_is_news(
+            &json!({"phase": "Pending", "qosClass": "BestEffort"})
+        ));
         assert!(!status_is_news(
             &json!({"phase": "Pending", "conditions": [scheduled.clone()]})
         ));
@@ -567,9 +569,13 @@ mod tests {
         ));
         assert!(status_is_news(&json!({"phase": "Pending", "conditions": [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]})));
-        assert!(status_is_news(&json!({"phase": "Pending", "conditions": [scheduled],
-            "containerStatuses": [{"name": "app", "state": {"waiting": {"reason": "ErrImagePull"}}}]})));
-        assert!(status_is_news(&json!({"phase": "Pending", "reason": "SomethingElse"})));
+        assert!(status_is_news(
+            &json!({"phase": "Pending", "conditions": [scheduled],
+            "containerStatuses": [{"name": "app", "state": {"waiting": {"reason": "ErrImagePull"}}}]})
+        ));
+        assert!(status_is_news(
+            &json!({"phase": "Pending", "reason": "SomethingElse"})
+        ));
         assert!(status_is_news(&json!({"phase": "Failed"})));
     }
 }

@@ -473,8 +473,7 @@ impl State {
                 (Some(_), Some(s)) => {
                     local.requested = None;
                     if let Some(p) = own_real {
-                        if (p.news || local.unready)
-                            && (p.hash != local.written || local.unready)
+                        if (local.unready || p.news && p.hash != local.written)
                             && let Some(status) = &p.status
                         {
                             actions.push(Action::WriteStatus {

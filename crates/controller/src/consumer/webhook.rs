@@ -20,7 +20,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
-use tandem_core::offloading::{VirtualNodeMarks, placement_patch};
+use tandem_core::offloading::{VirtualNodeMarks, placement_patch, tolerates_virtual_nodes};
 
 use crate::consumer::offloading::{
     OFFLOADING_ENABLED, OFFLOADING_LABEL, placement, selector_terms,
@@ -170,8 +170,12 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
             "name": "pod-locality.tandem.dev",
             "clientConfig": {"url": format!("{url}{LOCAL_ONLY_SUFFIX}"), "caBundle": STANDARD.encode(ca_pem)},
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            // Twin namespaces are left out: the provider's controller gives the pods it creates
+            // there this affinity itself (see `provider::shadowpod`), sparing the API server a
+            // webhook call per offloaded pod.
             "namespaceSelector": {"matchExpressions": [
-                {"key": OFFLOADING_LABEL, "operator": "NotIn", "values": [OFFLOADING_ENABLED]}]},
+                {"key": OFFLOADING_LABEL, "operator": "NotIn", "values": [OFFLOADING_ENABLED]},
+                {"key": names::TWIN_NAMESPACE_LABEL, "operator": "DoesNotExist"}]},
             "failurePolicy": "Ignore",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
@@ -205,7 +209,7 @@ async fn handle(
         .expect("static response"))
 }
 
-fn marks() -> VirtualNodeMarks<'static> {
+pub fn marks() -> VirtualNodeMarks<'static> {
     VirtualNodeMarks {
         type_label: names::NODE_TYPE_LABEL,
         type_value: names::VIRTUAL_NODE_TYPE,
@@ -217,16 +221,7 @@ fn marks() -> VirtualNodeMarks<'static> {
 /// Local strategy's affinity so that it still stays off virtual nodes. Other pods are untouched.
 fn keep_local(request: &Value) -> Value {
     let uid = request["uid"].clone();
-    let tolerates = request["object"]["spec"]["tolerations"]
-        .as_array()
-        .is_some_and(|ts| {
-            ts.iter().any(|t| {
-                let key = t["key"].as_str().unwrap_or_default();
-                let effect = t["effect"].as_str().unwrap_or_default();
-                (key == names::VIRTUAL_NODE_TAINT || (key.is_empty() && t["operator"] == "Exists"))
-                    && (effect.is_empty() || effect == "NoExecute")
-            })
-        });
+    let tolerates = tolerates_virtual_nodes(&request["object"], marks());
     if request["kind"]["kind"] != "Pod" || !tolerates {
         return json!({"uid": uid, "allowed": true});
     }

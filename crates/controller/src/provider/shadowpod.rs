@@ -17,6 +17,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tandem_api::{ShadowPod, Tenant, names};
+use tandem_core::offloading::keep_off_virtual_nodes;
 use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
@@ -382,7 +383,7 @@ fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
     let mut labels = sp.spec.labels.clone();
     labels.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer.into());
     labels.insert(names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into());
-    json!({
+    let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": sp.name_any(), "namespace": sp.namespace(),
@@ -391,7 +392,11 @@ fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
                 "name": sp.name_any(), "uid": sp.uid(), "controller": true, "blockOwnerDeletion": true}],
         },
         "spec": sp.spec.pod,
-    })
+    });
+    // This cluster may have virtual nodes of its own: a real pod must not be offloaded again.
+    // (The pod-locality webhook does this for other namespaces; it skips twin namespaces.)
+    keep_off_virtual_nodes(&mut pod, crate::consumer::webhook::marks());
+    pod
 }
 
 enum Action {
