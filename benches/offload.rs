@@ -11,6 +11,10 @@
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench offload`
 //! (BENCH_SIZES=10,100 and BENCH_NODES to resize).
 
+// The same allocator as the `tandem` binary, whose `tandem lab` these lab clusters stand for.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
