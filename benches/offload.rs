@@ -78,6 +78,29 @@ fn cpu_delta(before: &[f64], after: &[f64]) -> String {
         .join(" / ")
 }
 
+/// Waits until the processes are quiet (together under 10 % of a core for a second), so that
+/// no run pays for the previous one's aftermath: a teardown is done for the API (no pods
+/// listed) before every controller has worked through its thousands of DELETED events.
+async fn settle(pids: &[u32]) {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120);
+    let mut before = cpu(pids).iter().sum::<f64>();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = cpu(pids).iter().sum::<f64>();
+        if now - before < 0.1 {
+            if started.elapsed() > Duration::from_secs(2) {
+                eprintln!(
+                    "  (the clusters went quiet {:.0} s after the previous step)",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            return;
+        }
+        before = now;
+    }
+}
+
 impl Controller {
     fn rss_bytes(&self) -> u64 {
         let status =
@@ -381,10 +404,12 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &sizes {
+        settle(pids).await;
         let c0 = cpu(pids);
         let vanilla = burst(&provider.client, "vanilla", &format!("v{n}"), n).await?;
         let c1 = cpu(pids);
         teardown(&provider.client, "vanilla", &format!("v{n}"), &[]).await?;
+        settle(pids).await;
         let c2 = cpu(pids);
         let offloaded = burst(&consumer.client, "bench", &format!("o{n}"), n).await?;
         let c3 = cpu(pids);
