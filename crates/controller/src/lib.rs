@@ -13,6 +13,7 @@ pub mod context;
 pub mod identity;
 pub mod install;
 pub mod invite;
+pub mod lean;
 pub mod provider;
 pub mod rbac;
 pub mod runtime;

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
+use crate::lean::LeanPod;
 use crate::runtime::watch_events;
 
 /// Writes in flight at once.
@@ -102,9 +103,9 @@ struct RemotePod {
 }
 
 enum Msg {
-    LocalApply(Box<Pod>),
+    LocalApply(Box<LeanPod>),
     LocalDelete(Key),
-    LocalRelisted(Vec<Pod>),
+    LocalRelisted(Vec<LeanPod>),
     Offloading(Box<NamespaceOffloading>),
     OffloadingGone(String),
     NodeReady(bool),
@@ -140,9 +141,8 @@ fn remote_shadow(sp: &ShadowPod) -> RemoteShadow {
     }
 }
 
-fn remote_pod(pod: &Pod, remap: Option<IpRemap>) -> RemotePod {
-    let status = serde_json::to_value(&pod.status).unwrap_or(Value::Null);
-    let status = shadow::consumer_status(&status, remap);
+fn remote_pod(pod: &LeanPod, remap: Option<IpRemap>) -> RemotePod {
+    let status = shadow::consumer_status(&pod.status_value(), remap);
     RemotePod {
         origin_uid: pod
             .annotations()
@@ -230,7 +230,7 @@ impl State {
             .map(|ns| (ns.clone(), name.to_string()))
     }
 
-    fn set_local(&mut self, pod: &Pod, link: &ProviderLink) {
+    fn set_local(&mut self, pod: &LeanPod, link: &ProviderLink) {
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
         let uid = pod.uid().unwrap_or_default();
         let entry = self.local.entry(key.clone()).or_default();
@@ -241,7 +241,7 @@ impl State {
             };
         }
         entry.deleting = pod.metadata.deletion_timestamp.is_some();
-        entry.started = pod.status.as_ref().is_some_and(|s| s.start_time.is_some());
+        entry.started = pod.started();
         let has_shadow = self
             .twins
             .get(&key.0)
@@ -660,9 +660,9 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
 /// Consumer pods bound to the virtual node.
 async fn watch_local(client: Client, node: String, tx: mpsc::Sender<Msg>) {
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let stream = watch_events("virtual kubelet", Api::<Pod>::all(client), cfg);
+    let stream = watch_events("virtual kubelet", Api::<LeanPod>::all(client), cfg);
     futures::pin_mut!(stream);
-    let mut init: Option<Vec<Pod>> = None;
+    let mut init: Option<Vec<LeanPod>> = None;
     while let Some(ev) = stream.next().await {
         let msg = match ev {
             watcher::Event::Init => {
@@ -807,7 +807,7 @@ async fn watch_reals(
         delete: Msg::RealDelete,
         relisted: Msg::RealRelisted,
     };
-    let api = Api::<Pod>::namespaced(remote, &twin);
+    let api = Api::<LeanPod>::namespaced(remote, &twin);
     watch_remote(api, cfg, twin, move |p| remote_pod(p, remap), msgs, tx).await;
 }
 

@@ -21,6 +21,7 @@ use tandem_core::offloading::keep_off_virtual_nodes;
 use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
+use crate::lean::LeanPod;
 use crate::runtime::watch_events;
 
 /// Phase of a ShadowPod whose real pod exists.
@@ -68,7 +69,7 @@ struct State {
 #[allow(clippy::large_enum_variant)] // one event at a time, straight from a watch
 enum Ev {
     Shadow(watcher::Event<ShadowPod>),
-    Pod(watcher::Event<Pod>),
+    Pod(watcher::Event<LeanPod>),
     Ns(watcher::Event<Namespace>),
     Tenant(watcher::Event<Tenant>),
     /// Periodic full pass (retries failed writes).
@@ -95,13 +96,13 @@ fn twin_consumer(ns: &Namespace) -> Option<String> {
 /// The record of `pod`; `known` is its current record, whose requests are reused when it is the
 /// same pod (a pod's requests do not change, and serializing its spec on every status update
 /// is most of what a burst costs here).
-fn pod_record(pod: &Pod, known: Option<&PodRecord>) -> PodRecord {
+fn pod_record(pod: &LeanPod, known: Option<&PodRecord>) -> PodRecord {
     let uid = pod.uid().unwrap_or_default();
     let requests = match known {
         Some(k) if k.uid == uid => k.requests.clone(),
-        _ => shadow::pod_requests(&serde_json::to_value(&pod.spec).unwrap_or(Value::Null)),
+        _ => shadow::pod_requests(&pod.spec_value()),
     };
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let phase = pod.phase();
     PodRecord {
         uid,
         owner_uid: pod
@@ -115,7 +116,7 @@ fn pod_record(pod: &Pod, known: Option<&PodRecord>) -> PodRecord {
             .cloned()
             .unwrap_or_default(),
         requests,
-        terminal: matches!(phase, Some("Succeeded" | "Failed")),
+        terminal: matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
     }
 }
 
@@ -479,7 +480,7 @@ pub async fn run(ctx: Ctx) {
         .boxed(),
         watch_events(
             "shadow pod controller",
-            Api::<Pod>::all(client.clone()),
+            Api::<LeanPod>::all(client.clone()),
             watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
         )
         .map(Ev::Pod)
