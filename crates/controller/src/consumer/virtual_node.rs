@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tandem_api::{Peering, Tenant, names};
+use tandem_core::offloading::VirtualNodeMarks;
 use tokio::time::Instant;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
@@ -21,6 +22,14 @@ const LEASE_NAMESPACE: &str = "kube-node-lease";
 const DEFAULT_PODS: &str = "110";
 /// How often the Ready condition's heartbeat time is refreshed when nothing changes.
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
+/// What marks a node as virtual (label and NoExecute taint, as `desired_node` sets them), for
+/// the placement rules that keep pods on or off virtual nodes.
+pub const MARKS: VirtualNodeMarks<'static> = VirtualNodeMarks {
+    type_label: names::NODE_TYPE_LABEL,
+    type_value: names::VIRTUAL_NODE_TYPE,
+    taint_key: names::VIRTUAL_NODE_TAINT,
+};
+
 /// Reason of Ready=False when the provider does not answer.
 pub const REASON_UNREACHABLE: &str = "ProviderUnreachable";
 

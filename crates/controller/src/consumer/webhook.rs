@@ -20,11 +20,12 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
-use tandem_core::offloading::{VirtualNodeMarks, placement_patch, tolerates_virtual_nodes};
+use tandem_core::offloading::{placement_patch, tolerates_virtual_nodes};
 
 use crate::consumer::offloading::{
     OFFLOADING_ENABLED, OFFLOADING_LABEL, placement, selector_terms,
 };
+use crate::consumer::virtual_node::MARKS;
 use crate::context::Ctx;
 use crate::install::apply;
 
@@ -209,19 +210,11 @@ async fn handle(
         .expect("static response"))
 }
 
-pub fn marks() -> VirtualNodeMarks<'static> {
-    VirtualNodeMarks {
-        type_label: names::NODE_TYPE_LABEL,
-        type_value: names::VIRTUAL_NODE_TYPE,
-        taint_key: names::VIRTUAL_NODE_TAINT,
-    }
-}
-
 /// A pod of a namespace that is not offloaded: if it tolerates the virtual-node taint, add the
 /// Local strategy's affinity so that it still stays off virtual nodes. Other pods are untouched.
 fn keep_local(request: &Value) -> Value {
     let uid = request["uid"].clone();
-    let tolerates = tolerates_virtual_nodes(&request["object"], marks());
+    let tolerates = tolerates_virtual_nodes(&request["object"], MARKS);
     if request["kind"]["kind"] != "Pod" || !tolerates {
         return json!({"uid": uid, "allowed": true});
     }
@@ -229,7 +222,7 @@ fn keep_local(request: &Value) -> Value {
         &request["object"],
         placement(PodOffloadingStrategy::Local),
         &[],
-        marks(),
+        MARKS,
     );
     if patch.is_empty() {
         return json!({"uid": uid, "allowed": true});
@@ -275,7 +268,7 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -
         &request["object"],
         placement(offloading.spec.pod_offloading_strategy),
         &selector_terms(&offloading),
-        marks(),
+        MARKS,
     );
     if patch.is_empty() {
         return allowed;

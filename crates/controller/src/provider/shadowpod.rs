@@ -94,8 +94,8 @@ fn twin_consumer(ns: &Namespace) -> Option<String> {
 }
 
 /// The record of `pod`; `known` is its current record, whose requests are reused when it is the
-/// same pod (a pod's requests do not change, and serializing its spec on every status update
-/// is most of what a burst costs here).
+/// same pod (a pod's requests do not change, and parsing its spec on every status update
+/// would be most of what a burst costs here).
 fn pod_record(pod: &LeanPod, known: Option<&PodRecord>) -> PodRecord {
     let uid = pod.uid().unwrap_or_default();
     let requests = match known {
@@ -396,7 +396,7 @@ fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
     });
     // This cluster may have virtual nodes of its own: a real pod must not be offloaded again.
     // (The pod-locality webhook does this for other namespaces; it skips twin namespaces.)
-    keep_off_virtual_nodes(&mut pod, crate::consumer::webhook::marks());
+    keep_off_virtual_nodes(&mut pod, crate::consumer::virtual_node::MARKS);
     pod
 }
 
