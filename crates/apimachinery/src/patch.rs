@@ -12,6 +12,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::patchmeta::{ListType, PatchSchema};
@@ -149,29 +150,31 @@ pub fn json_patch(doc: &Value, patch: &Value) -> Result<Value, PatchError> {
     }
     // As kube-apiserver's JSON patch library does, a `test` of null passes on an absent
     // member (kube-rs' finalizer helper relies on it to add the first finalizer). Such ops
-    // are dropped once the document before them is known not to have the member.
-    let mut kept = Vec::with_capacity(ops.len());
-    let mut current = doc.clone();
-    for op in ops {
-        let absent_null_test = op["op"] == "test"
-            && op.get("value").is_some_and(Value::is_null)
-            && op["path"]
+    // are dropped once the document before them is known not to have the member. Patches
+    // without a null test (webhooks' patches: one per pod created) skip that tracking pass.
+    let null_test = |op: &Value| op["op"] == "test" && op.get("value").is_some_and(Value::is_null);
+    let parsed: json_patch::Patch = if ops.iter().any(null_test) {
+        let mut kept = Vec::with_capacity(ops.len());
+        let mut current = doc.clone();
+        for op in ops {
+            let absent = op["path"]
                 .as_str()
                 .is_some_and(|p| current.pointer(p).is_none());
-        if absent_null_test {
-            continue;
+            if null_test(op) && absent {
+                continue;
+            }
+            // Track the document as the ops before the next test leave it; errors are
+            // reported by the real application below.
+            if let Ok(single) = json_patch::Patch::deserialize(&Value::Array(vec![op.clone()])) {
+                let _ = json_patch::patch(&mut current, &single.0);
+            }
+            kept.push(op.clone());
         }
-        // Track the document as the ops before the next test leave it; errors are reported
-        // by the real application below.
-        if let Ok(single) =
-            serde_json::from_value::<json_patch::Patch>(Value::Array(vec![op.clone()]))
-        {
-            let _ = json_patch::patch(&mut current, &single.0);
-        }
-        kept.push(op.clone());
+        serde_json::from_value(Value::Array(kept))
+    } else {
+        json_patch::Patch::deserialize(patch)
     }
-    let parsed: json_patch::Patch = serde_json::from_value(Value::Array(kept))
-        .map_err(|e| PatchError::InvalidJsonPatch(e.to_string()))?;
+    .map_err(|e| PatchError::InvalidJsonPatch(e.to_string()))?;
     let mut out = doc.clone();
     json_patch::patch(&mut out, &parsed.0).map_err(|e| {
         let op = &parsed.0[e.operation];

@@ -13,6 +13,7 @@ use tandem_apimachinery::selector::LabelSelector;
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
 use crate::server::{Call, State};
+use crate::store::Doc;
 
 type HttpsClient = hyper_util::client::legacy::Client<
     hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
@@ -21,14 +22,21 @@ type HttpsClient = hyper_util::client::legacy::Client<
 
 /// Sends AdmissionReviews, verified against the caBundle of the webhook called. Keeps one
 /// pooled HTTPS client per caBundle: a pod webhook is called for every pod created, and a TLS
-/// handshake per call cost more than the call itself.
+/// handshake per call cost more than the call itself. Also keeps the webhook configurations
+/// parsed: every write of a resource with webhooks consults all of them.
 #[derive(Default)]
 pub struct WebhookClient {
     clients: std::sync::Mutex<std::collections::HashMap<Option<Vec<u8>>, HttpsClient>>,
+    configs: std::sync::Mutex<std::collections::HashMap<Box<str>, ParsedConfig>>,
 }
+
+/// A configuration's resourceVersion and its parsed content, by its uid.
+type ParsedConfig = (u64, Arc<Value>);
 
 /// Distinct caBundles kept at most (rotations leave old ones behind).
 const MAX_CLIENTS: usize = 64;
+/// Parsed configurations kept at most (deleted ones leave theirs behind until the next sweep).
+const MAX_CONFIGS: usize = 256;
 
 impl WebhookClient {
     fn client(&self, ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
@@ -43,6 +51,22 @@ impl WebhookClient {
         }
         clients.insert(key, client.clone());
         Ok(client)
+    }
+
+    /// The configuration stored as `doc`, parsed once per resourceVersion.
+    fn parsed(&self, doc: &Doc) -> Arc<Value> {
+        let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((rv, v)) = configs.get(&doc.uid)
+            && *rv == doc.rv
+        {
+            return v.clone();
+        }
+        let v = Arc::new(doc.value());
+        if configs.len() >= MAX_CONFIGS {
+            configs.clear();
+        }
+        configs.insert(doc.uid.clone(), (doc.rv, v.clone()));
+        v
     }
 }
 
@@ -69,7 +93,7 @@ pub async fn mutate(
     run(state, MUTATING, call, res, old, Some(obj), operation).await
 }
 
-/// Runs the validating webhooks that match.
+/// Runs the validating webhooks that match (they cannot change `obj`).
 pub async fn validate(
     state: &State,
     call: &Call,
@@ -78,17 +102,7 @@ pub async fn validate(
     obj: &mut Value,
     operation: &str,
 ) -> ApiResult<()> {
-    let mut copy = obj.clone();
-    run(
-        state,
-        VALIDATING,
-        call,
-        res,
-        old,
-        Some(&mut copy),
-        operation,
-    )
-    .await
+    run(state, VALIDATING, call, res, old, Some(obj), operation).await
 }
 
 /// Runs the validating webhooks for a DELETE.
@@ -123,15 +137,12 @@ async fn run(
     if configs.is_empty() {
         return Ok(());
     }
-    let source = obj.as_deref().or(old).cloned().unwrap_or(Value::Null);
-    let namespace = source["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let name = source["metadata"]["name"]
-        .as_str()
-        .unwrap_or(&call.info.name)
-        .to_string();
+    let meta = |field: &str| -> Option<String> {
+        let source = obj.as_deref().or(old)?;
+        source["metadata"][field].as_str().map(str::to_string)
+    };
+    let namespace = meta("namespace").unwrap_or_default();
+    let name = meta("name").unwrap_or_else(|| call.info.name.clone());
     let req = Request {
         res,
         call,
@@ -140,7 +151,7 @@ async fn run(
         name: &name,
     };
     for config in configs {
-        let config = config.value();
+        let config = state.webhooks.parsed(&config);
         for hook in config["webhooks"].as_array().into_iter().flatten() {
             if !matches(state, &req, hook, old, obj.as_deref()) {
                 continue;
@@ -166,9 +177,12 @@ async fn run(
                             details: None,
                         });
                     }
-                    if let (Some(patch), Some(target)) =
-                        (response["patch"].as_str(), obj.as_deref_mut())
-                    {
+                    // As in kube, only mutating webhooks' patches are applied.
+                    if let (Some(patch), Some(target), true) = (
+                        response["patch"].as_str(),
+                        obj.as_deref_mut(),
+                        key == MUTATING,
+                    ) {
                         let patch: Value = base64::engine::general_purpose::STANDARD
                             .decode(patch)
                             .ok()
@@ -282,24 +296,34 @@ async fn call_hook(
     let res = req.res;
     let gvk = json!({"group": res.group, "version": res.version, "kind": res.kind});
     let gvr = json!({"group": res.group, "version": res.version, "resource": res.resource});
-    let mut request = json!({
-        "uid": uid, "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
-        "name": req.name, "namespace": req.namespace, "operation": req.operation,
-        "userInfo": {"username": req.call.user.name, "groups": req.call.user.groups},
-        "object": obj.cloned().unwrap_or(Value::Null), "oldObject": old.cloned().unwrap_or(Value::Null),
-        "dryRun": req.call.query.get("dryRun").is_some_and(|v| v == "All"),
-    });
-    if !req.call.info.subresource.is_empty() {
-        request["subResource"] = json!(req.call.info.subresource);
-    }
-    let review =
-        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request});
+    let subresource = &req.call.info.subresource;
+    // Serialized from borrowed parts: the objects are not copied into a JSON tree first.
+    let review = ReviewOut {
+        api_version: "admission.k8s.io/v1",
+        kind: "AdmissionReview",
+        request: RequestOut {
+            uid: &uid,
+            kind: &gvk,
+            resource: &gvr,
+            request_kind: &gvk,
+            request_resource: &gvr,
+            sub_resource: (!subresource.is_empty()).then_some(subresource.as_str()),
+            name: req.name,
+            namespace: req.namespace,
+            operation: req.operation,
+            user_info: json!({"username": req.call.user.name, "groups": req.call.user.groups}),
+            object: obj.unwrap_or(&Value::Null),
+            old_object: old.unwrap_or(&Value::Null),
+            dry_run: req.call.query.get("dryRun").is_some_and(|v| v == "All"),
+        },
+    };
+    let review = serde_json::to_string(&review).map_err(|e| format!("AdmissionReview: {e}"))?;
     let timeout = Duration::from_secs(hook["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30));
     let ca = cc["caBundle"]
         .as_str()
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
     let client = webhooks.client(ca.as_deref())?;
-    let response = tokio::time::timeout(timeout, post(&client, &url, review.to_string()))
+    let response = tokio::time::timeout(timeout, post(&client, &url, review))
         .await
         .map_err(|_| format!("Post {url:?}: context deadline exceeded"))??;
     let review: Value = serde_json::from_slice(&response)
@@ -312,6 +336,34 @@ async fn call_hook(
         ));
     }
     Ok(response)
+}
+
+/// An AdmissionReview v1 request, as sent.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    request: RequestOut<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestOut<'a> {
+    uid: &'a str,
+    kind: &'a Value,
+    resource: &'a Value,
+    request_kind: &'a Value,
+    request_resource: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sub_resource: Option<&'a str>,
+    name: &'a str,
+    namespace: &'a str,
+    operation: &'a str,
+    user_info: Value,
+    object: &'a Value,
+    old_object: &'a Value,
+    dry_run: bool,
 }
 
 fn https_client(ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
