@@ -18,6 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
 use tandem_core::offloading::{placement_patch, tolerates_virtual_nodes};
@@ -186,6 +187,54 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
     .expect("static manifest")
 }
 
+/// The parts of an AdmissionReview the webhook reads. Decoding only these skips the rest of
+/// the pod (its metadata, containers, volumes...): the webhook is called for every pod created.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Review {
+    request: ReviewRequest,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ReviewRequest {
+    uid: Value,
+    kind: ReviewKind,
+    namespace: Option<String>,
+    object: Option<PlacementFields>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ReviewKind {
+    kind: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct PlacementFields {
+    spec: PlacementSpec,
+}
+
+/// What `placement_patch` and `tolerates_virtual_nodes` read of a pod.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct PlacementSpec {
+    tolerations: Value,
+    affinity: Value,
+}
+
+impl ReviewRequest {
+    /// The pod as far as placement goes (absent fields read as null, as in the whole pod).
+    fn pod(&self) -> Value {
+        let spec = self.object.as_ref().map(|o| &o.spec);
+        json!({"spec": {
+            "tolerations": spec.map_or(&Value::Null, |s| &s.tolerations),
+            "affinity": spec.map_or(&Value::Null, |s| &s.affinity),
+        }})
+    }
+}
+
 async fn handle(
     ctx: Ctx,
     cache: Store<NamespaceOffloading>,
@@ -193,11 +242,12 @@ async fn handle(
 ) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
     let local_only = req.uri().path().ends_with(LOCAL_ONLY_SUFFIX);
     let body = req.into_body().collect().await?.to_bytes();
-    let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    // An unreadable review has no uid to answer; the API server rejects the answer.
+    let review: Review = serde_json::from_slice(&body).unwrap_or_default();
     let response = if local_only {
-        keep_local(&review["request"])
+        keep_local(&review.request)
     } else {
-        admit(&ctx, &cache, &review["request"]).await
+        admit(&ctx, &cache, &review.request).await
     };
     let answer = json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -212,18 +262,13 @@ async fn handle(
 
 /// A pod of a namespace that is not offloaded: if it tolerates the virtual-node taint, add the
 /// Local strategy's affinity so that it still stays off virtual nodes. Other pods are untouched.
-fn keep_local(request: &Value) -> Value {
-    let uid = request["uid"].clone();
-    let tolerates = tolerates_virtual_nodes(&request["object"], MARKS);
-    if request["kind"]["kind"] != "Pod" || !tolerates {
+fn keep_local(request: &ReviewRequest) -> Value {
+    let uid = &request.uid;
+    let pod = request.pod();
+    if request.kind.kind != "Pod" || !tolerates_virtual_nodes(&pod, MARKS) {
         return json!({"uid": uid, "allowed": true});
     }
-    let patch = placement_patch(
-        &request["object"],
-        placement(PodOffloadingStrategy::Local),
-        &[],
-        MARKS,
-    );
+    let patch = placement_patch(&pod, placement(PodOffloadingStrategy::Local), &[], MARKS);
     if patch.is_empty() {
         return json!({"uid": uid, "allowed": true});
     }
@@ -236,11 +281,11 @@ fn keep_local(request: &Value) -> Value {
 }
 
 /// The admission response for one request.
-async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -> Value {
-    let uid = request["uid"].clone();
-    let namespace = request["namespace"].as_str().unwrap_or_default();
+async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRequest) -> Value {
+    let uid = &request.uid;
+    let namespace = request.namespace.as_deref().unwrap_or_default();
     let allowed = json!({"uid": uid, "allowed": true});
-    if request["kind"]["kind"] != "Pod" || namespace.is_empty() {
+    if request.kind.kind != "Pod" || namespace.is_empty() {
         return allowed;
     }
     let cached = cache.get(&ObjectRef::new(names::OFFLOADING_NAME).within(namespace));
@@ -265,7 +310,7 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -
         }
     };
     let patch = placement_patch(
-        &request["object"],
+        &request.pod(),
         placement(offloading.spec.pod_offloading_strategy),
         &selector_terms(&offloading),
         MARKS,
@@ -279,4 +324,52 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &Value) -
         "patchType": "JSONPatch",
         "patch": STANDARD.encode(Value::Array(patch).to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(pod: Value) -> ReviewRequest {
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r-1", "namespace": "default", "operation": "CREATE",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": pod}});
+        serde_json::from_slice::<Review>(body.to_string().as_bytes())
+            .expect("decodes")
+            .request
+    }
+
+    #[test]
+    fn keeps_pods_tolerating_virtual_nodes_local_from_the_review_alone() {
+        let toleration =
+            json!({"key": names::VIRTUAL_NODE_TAINT, "operator": "Exists", "effect": "NoExecute"});
+        let pod = json!({"metadata": {"name": "p", "managedFields": [{"manager": "m"}]},
+            "spec": {"containers": [{"name": "c", "image": "pause"}],
+                     "tolerations": [toleration],
+                     "affinity": {"podAntiAffinity": {}}}});
+        let answer = keep_local(&review(pod));
+        assert_eq!(answer["uid"], "r-1");
+        assert_eq!(answer["allowed"], true);
+        let patch: Value = serde_json::from_slice(
+            &STANDARD
+                .decode(answer["patch"].as_str().expect("a patch"))
+                .expect("base64"),
+        )
+        .expect("JSON");
+        // The pod's own affinity is kept: the node affinity is added beside it.
+        assert_eq!(patch[0]["path"], "/spec/affinity/nodeAffinity");
+
+        let plain = json!({"metadata": {"name": "q"},
+            "spec": {"containers": [{"name": "c", "image": "pause"}]}});
+        let answer = keep_local(&review(plain));
+        assert_eq!(answer, json!({"uid": "r-1", "allowed": true}));
+    }
+
+    #[test]
+    fn an_unreadable_review_is_answered_without_a_patch() {
+        let review: Review = serde_json::from_slice(b"{not json").unwrap_or_default();
+        let answer = keep_local(&review.request);
+        assert!(answer.get("patch").is_none());
+        assert_eq!(answer["uid"], Value::Null);
+    }
 }
