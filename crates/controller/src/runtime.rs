@@ -15,6 +15,17 @@ pub struct Controller {
     tasks: JoinSet<()>,
 }
 
+/// Sends a write whose answer (the whole object written) is not needed: it is not decoded.
+/// The virtual kubelet and the shadow-pod controller send such writes for every offloaded pod;
+/// decoding each answer into a typed object (managedFields included) cost more than the write.
+pub(crate) async fn send_unread(
+    client: &Client,
+    request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+) -> kube::Result<()> {
+    let request = request.map_err(kube::Error::BuildRequest)?;
+    client.request_text(request).await.map(drop)
+}
+
 /// The events of a watch that retries with backoff; errors are logged (at debug level: a watch
 /// that fails is retried, and the outage it reflects shows in the objects' conditions).
 pub(crate) fn watch_events<K>(

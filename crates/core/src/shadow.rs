@@ -31,12 +31,30 @@ pub struct VirtualNodeKeys<'a> {
 /// the twin namespace's `default` ServiceAccount would point at the wrong cluster. So
 /// `automountServiceAccountToken` is false, `serviceAccountName` is dropped, and projected
 /// token volumes (`kube-api-access-*`) and their mounts are removed.
-pub fn shadow_spec(pod: &Value, keys: &VirtualNodeKeys<'_>) -> Value {
-    let meta = &pod["metadata"];
-    let labels = meta["labels"].clone();
-    let mut annotations = meta["annotations"].as_object().cloned().unwrap_or_default();
-    annotations.insert(ORIGIN_UID_ANNOTATION.into(), meta["uid"].clone());
-    let mut spec = pod["spec"].as_object().cloned().unwrap_or_default();
+///
+/// Takes the pod by value: its labels, annotations and spec move into the result (called once
+/// per offloaded pod).
+pub fn shadow_spec(pod: Value, keys: &VirtualNodeKeys<'_>) -> Value {
+    let Value::Object(mut pod) = pod else {
+        return shadow_spec(json!({}), keys);
+    };
+    let mut meta = match pod.remove("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    let labels = meta.remove("labels").unwrap_or(Value::Null);
+    let mut annotations = match meta.remove("annotations") {
+        Some(Value::Object(a)) => a,
+        _ => Map::new(),
+    };
+    annotations.insert(
+        ORIGIN_UID_ANNOTATION.into(),
+        meta.remove("uid").unwrap_or(Value::Null),
+    );
+    let mut spec = match pod.remove("spec") {
+        Some(Value::Object(s)) => s,
+        _ => Map::new(),
+    };
     spec.remove("nodeName");
     spec.remove("serviceAccountName");
     spec.remove("serviceAccount");
@@ -164,7 +182,7 @@ fn strip_token_volumes(spec: &mut Map<String, Value>) {
 }
 
 /// How pod IPs translate from the provider's view to the consumer's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IpRemap {
     pub from: IpNet,
     pub to: IpNet,
@@ -182,7 +200,12 @@ pub fn remap_ip(ip: &str, remap: Option<IpRemap>) -> String {
 
 /// The consumer pod's `status` mirroring the real pod's `status`, pod IPs remapped.
 /// `hostIP`s are dropped: they are provider node addresses, meaningless in the consumer.
-pub fn consumer_status(real_status: &Value, remap: Option<IpRemap>) -> Value {
+/// Takes the real status by value: its fields move over rather than being copied (the virtual
+/// kubelet calls this for every event of every real pod).
+pub fn consumer_status(real_status: Value, remap: Option<IpRemap>) -> Value {
+    let Value::Object(mut real) = real_status else {
+        return Value::Object(Map::new());
+    };
     let mut out = Map::new();
     for field in [
         "phase",
@@ -194,14 +217,14 @@ pub fn consumer_status(real_status: &Value, remap: Option<IpRemap>) -> Value {
         "message",
         "qosClass",
     ] {
-        if let Some(v) = real_status.get(field) {
-            out.insert(field.into(), v.clone());
+        if let Some(v) = real.remove(field) {
+            out.insert(field.into(), v);
         }
     }
-    if let Some(ip) = real_status["podIP"].as_str() {
+    if let Some(ip) = real.get("podIP").and_then(Value::as_str) {
         out.insert("podIP".into(), Value::String(remap_ip(ip, remap)));
     }
-    if let Some(ips) = real_status["podIPs"].as_array() {
+    if let Some(ips) = real.get("podIPs").and_then(Value::as_array) {
         let ips: Vec<Value> = ips
             .iter()
             .filter_map(|i| i["ip"].as_str())
@@ -440,7 +463,7 @@ mod tests {
             ),
         ];
         for (name, spec, want) in cases {
-            let got = shadow_spec(&pod(spec), &KEYS);
+            let got = shadow_spec(pod(spec), &KEYS);
             assert_eq!(got["pod"], want, "{name}");
             assert_eq!(got["labels"], json!({"app": "web"}), "{name}");
             assert_eq!(got["annotations"][ORIGIN_UID_ANNOTATION], "u-1", "{name}");
@@ -466,7 +489,7 @@ mod tests {
             "podIPs": [{"ip": "10.244.3.4"}], "startTime": "2024-01-01T00:00:00Z",
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{"name": "c", "restartCount": 2}]});
-        let got = consumer_status(&real, remap);
+        let got = consumer_status(real, remap);
         assert_eq!(
             got,
             json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],

@@ -27,11 +27,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tandem_api::{NamespaceOffloading, ShadowPod, names};
+use tandem_api::{NamespaceOffloading, ShadowPod, ShadowPodSpec, names};
 use tandem_core::shadow::{self, IpRemap, VirtualNodeKeys};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -40,7 +43,7 @@ use tokio::time::Instant;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 use crate::lean::LeanPod;
-use crate::runtime::watch_events;
+use crate::runtime::{send_unread, watch_events};
 
 /// Writes in flight at once.
 const PARALLEL_WRITES: usize = 64;
@@ -142,17 +145,39 @@ fn remote_shadow(sp: &ShadowPod) -> RemoteShadow {
 }
 
 fn remote_pod(pod: &LeanPod, remap: Option<IpRemap>) -> RemotePod {
-    let status = shadow::consumer_status(&pod.status_value(), remap);
+    // The mirrored status is a function of the real status and the remap alone, so their
+    // hash stands for it without serializing the translated status again.
+    let mut h = DefaultHasher::new();
+    pod.status.as_deref().map(RawValue::get).hash(&mut h);
+    remap.hash(&mut h);
+    let status = shadow::consumer_status(pod.status_value(), remap);
     RemotePod {
         origin_uid: pod
             .annotations()
             .get(shadow::ORIGIN_UID_ANNOTATION)
             .cloned()
             .unwrap_or_default(),
-        hash: hash_of(&status),
+        hash: h.finish().max(1),
         news: shadow::status_is_news(&status),
         status: Some(Arc::new(status)),
     }
+}
+
+/// The ShadowPod spec of a consumer pod (see `shadow::shadow_spec`), labelled with the
+/// consumer's cluster ID.
+fn shadow_spec_of(meta: &ObjectMeta, spec: Value, consumer_id: &str) -> Value {
+    let mut pod = json!({"metadata": {"labels": meta.labels, "annotations": meta.annotations,
+                                      "uid": meta.uid}});
+    // Moved in, not through `json!` (which would copy it).
+    pod["spec"] = spec;
+    let mut out = shadow::shadow_spec(pod, &KEYS);
+    if let Some(o) = out.as_object_mut() {
+        let labels = o.entry("labels").or_insert_with(|| json!({}));
+        if let Some(l) = labels.as_object_mut() {
+            l.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer_id.into());
+        }
+    }
+    out
 }
 
 /// The twin namespace on `provider` of an offloaded namespace, once Ready.
@@ -248,17 +273,7 @@ impl State {
             .and_then(|t| self.shadows.get(&(t.clone(), key.1.clone())))
             .is_some_and(|s| s.origin_uid == uid);
         if !has_shadow && !entry.deleting && entry.shadow_spec.is_none() {
-            let mut value = serde_json::to_value(pod).unwrap_or(Value::Null);
-            if let Some(o) = value.as_object_mut() {
-                o.remove("status");
-            }
-            let mut spec = shadow::shadow_spec(&value, &KEYS);
-            if let Some(labels) = spec.get_mut("labels").and_then(Value::as_object_mut) {
-                labels.insert(
-                    names::ORIGIN_CLUSTER_LABEL.into(),
-                    link.consumer_id.clone().into(),
-                );
-            }
+            let spec = shadow_spec_of(&pod.metadata, pod.spec_value(), &link.consumer_id);
             entry.shadow_spec = Some(Arc::new(spec));
         }
         self.dirty.insert(key);
@@ -548,35 +563,34 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
                     let pods: Api<Pod> = Api::namespaced(local, &key.0);
                     match pods.get_opt(&key.1).await {
                         Ok(Some(pod)) => {
-                            let mut v = serde_json::to_value(&pod).unwrap_or(Value::Null);
-                            let mut s = shadow::shadow_spec(&v, &KEYS);
-                            if let Some(l) = s.get_mut("labels").and_then(Value::as_object_mut) {
-                                l.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer_id.into());
-                            }
-                            v = s;
-                            Arc::new(v)
+                            let spec = serde_json::to_value(&pod.spec).unwrap_or(Value::Null);
+                            Arc::new(shadow_spec_of(&pod.metadata, spec, &consumer_id))
                         }
                         _ => return Outcome::Failed(key),
                     }
                 }
             };
-            let sp = json!({
-                "apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
-                "metadata": {"name": key.1, "namespace": twin, "labels": {
+            // Checked against the typed spec the provider's controller decodes (a shadow pod
+            // it could not read would stall its watch), but sent as the JSON in hand, and the
+            // created object in the answer is not decoded: one create per offloaded pod.
+            if let Err(e) = ShadowPodSpec::deserialize(spec.as_ref()) {
+                tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "translating to a shadow pod: {e}");
+                return Outcome::Failed(key);
+            }
+            let sp = NewShadowPod {
+                api_version: "tandem.dev/v1alpha1",
+                kind: "ShadowPod",
+                metadata: json!({"name": key.1, "namespace": twin, "labels": {
                     names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                }},
-                "spec": spec.as_ref(),
-            });
-            let sp: ShadowPod = match serde_json::from_value(sp) {
-                Ok(sp) => sp,
-                Err(e) => {
-                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "translating to a shadow pod: {e}");
-                    return Outcome::Failed(key);
-                }
+                }}),
+                spec: spec.as_ref(),
             };
-            let api: Api<ShadowPod> = Api::namespaced(remote, &twin);
-            match api.create(&PostParams::default(), &sp).await {
-                Ok(_) => Outcome::Done,
+            let body = serde_json::to_vec(&sp).unwrap_or_default();
+            let request =
+                kube::core::Request::new(<ShadowPod as kube::Resource>::url_path(&(), Some(&twin)))
+                    .create(&PostParams::default(), body);
+            match send_unread(&remote, request).await {
+                Ok(()) => Outcome::Done,
                 Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), twin = %twin, "creating the shadow pod: {e}");
@@ -622,13 +636,17 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             }
         }
         Action::WriteStatus { key, status, hash } => {
-            let api: Api<Pod> = Api::namespaced(local, &key.0);
-            let patch = json!({"status": status.as_ref()});
-            match api
-                .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => Outcome::Written(key, hash),
+            let patch = StatusPatch {
+                status: status.as_ref(),
+            };
+            let request = pods_request(&key.0).patch_subresource(
+                "status",
+                &key.1,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            );
+            match send_unread(&local, request).await {
+                Ok(()) => Outcome::Written(key, hash),
                 Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "writing the pod status: {e}");
@@ -637,17 +655,19 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             }
         }
         Action::MarkUnready { key, message } => {
-            let api: Api<Pod> = Api::namespaced(local, &key.0);
             let now = k8s_openapi::jiff::Timestamp::now()
                 .strftime("%Y-%m-%dT%H:%M:%SZ")
                 .to_string();
             let patch =
                 json!({"status": {"conditions": shadow::unreachable_conditions(&message, &now)}});
-            match api
-                .patch_status(&key.1, &PatchParams::default(), &Patch::Strategic(&patch))
-                .await
-            {
-                Ok(_) => Outcome::MarkedUnready(key),
+            let request = pods_request(&key.0).patch_subresource(
+                "status",
+                &key.1,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            );
+            match send_unread(&local, request).await {
+                Ok(()) => Outcome::MarkedUnready(key),
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "marking the pod not Ready: {e}");
                     Outcome::Done
@@ -655,6 +675,27 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             }
         }
     }
+}
+
+/// A ShadowPod to create, serialized from borrowed parts (the spec is not copied).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NewShadowPod<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: Value,
+    spec: &'a Value,
+}
+
+/// A merge patch of a pod's status.
+#[derive(Serialize)]
+struct StatusPatch<'a> {
+    status: &'a Value,
+}
+
+/// Requests on the pods of `namespace`.
+fn pods_request(namespace: &str) -> kube::core::Request {
+    kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(namespace)))
 }
 
 /// Consumer pods bound to the virtual node.

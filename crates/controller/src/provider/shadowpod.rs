@@ -22,7 +22,7 @@ use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
 use crate::lean::LeanPod;
-use crate::runtime::watch_events;
+use crate::runtime::{send_unread, watch_events};
 
 /// Phase of a ShadowPod whose real pod exists.
 pub const PHASE_CREATED: &str = "Created";
@@ -372,15 +372,15 @@ impl State {
             self.insert_pending(key.clone(), consumer.clone(), requests);
             actions.push(Action::CreatePod {
                 key: key.clone(),
-                pod: real_pod(&sp, &consumer),
+                pod: real_pod(&sp, spec, &consumer),
             });
         }
         actions
     }
 }
 
-/// The real Pod of a shadow pod.
-fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
+/// The real Pod of a shadow pod, whose spec (as JSON) is `spec`.
+fn real_pod(sp: &ShadowPod, spec: Value, consumer: &str) -> Value {
     let mut labels = sp.spec.labels.clone();
     labels.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer.into());
     labels.insert(names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into());
@@ -392,8 +392,9 @@ fn real_pod(sp: &ShadowPod, consumer: &str) -> Value {
             "ownerReferences": [{"apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
                 "name": sp.name_any(), "uid": sp.uid(), "controller": true, "blockOwnerDeletion": true}],
         },
-        "spec": sp.spec.pod,
     });
+    // Moved in, not through `json!` (which would copy it).
+    pod["spec"] = spec;
     // This cluster may have virtual nodes of its own: a real pod must not be offloaded again.
     // (The pod-locality webhook does this for other namespaces; it skips twin namespaces.)
     keep_off_virtual_nodes(&mut pod, crate::consumer::virtual_node::MARKS);
@@ -424,16 +425,14 @@ enum Outcome {
 async fn act(client: Client, action: Action) -> Outcome {
     match action {
         Action::CreatePod { key, pod } => {
-            let api: Api<Pod> = Api::namespaced(client, &key.0);
-            let pod: Pod = match serde_json::from_value(pod) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "building the real pod: {e}");
-                    return Outcome::CreateFailed(key);
-                }
-            };
-            match api.create(&PostParams::default(), &pod).await {
-                Ok(_) => Outcome::Done,
+            // Built from the typed spec of the shadow pod, so sent as is; the created pod in
+            // the answer is not decoded.
+            let body = serde_json::to_vec(&pod).unwrap_or_default();
+            let request =
+                kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(&key.0)))
+                    .create(&PostParams::default(), body);
+            match send_unread(&client, request).await {
+                Ok(()) => Outcome::Done,
                 Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "creating the real pod of the shadow pod: {e}");
