@@ -639,13 +639,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             let patch = StatusPatch {
                 status: status.as_ref(),
             };
-            let request = pods_request(&key.0).patch_subresource(
-                "status",
-                &key.1,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            );
-            match send_unread(&local, request).await {
+            match patch_status(&local, &key, &Patch::Merge(&patch)).await {
                 Ok(()) => Outcome::Written(key, hash),
                 Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
                 Err(e) => {
@@ -660,13 +654,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
                 .to_string();
             let patch =
                 json!({"status": {"conditions": shadow::unreachable_conditions(&message, &now)}});
-            let request = pods_request(&key.0).patch_subresource(
-                "status",
-                &key.1,
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            );
-            match send_unread(&local, request).await {
+            match patch_status(&local, &key, &Patch::Strategic(&patch)).await {
                 Ok(()) => Outcome::MarkedUnready(key),
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "marking the pod not Ready: {e}");
@@ -693,9 +681,15 @@ struct StatusPatch<'a> {
     status: &'a Value,
 }
 
-/// Requests on the pods of `namespace`.
-fn pods_request(namespace: &str) -> kube::core::Request {
-    kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(namespace)))
+/// Patches the status of the consumer pod `key`, without decoding the pod in the answer.
+async fn patch_status<P: Serialize>(
+    client: &Client,
+    key: &Key,
+    patch: &Patch<P>,
+) -> kube::Result<()> {
+    let pods = kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(&key.0)));
+    let request = pods.patch_subresource("status", &key.1, &PatchParams::default(), patch);
+    send_unread(client, request).await
 }
 
 /// Consumer pods bound to the virtual node.
