@@ -26,6 +26,21 @@ pub(crate) async fn send_unread(
     client.request_text(request).await.map(drop)
 }
 
+/// Creates the object `body` (JSON) of kind `K` in `namespace`; see [`send_unread`].
+pub(crate) async fn create_unread<K>(
+    client: &Client,
+    namespace: &str,
+    body: &impl serde::Serialize,
+) -> kube::Result<()>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let body = serde_json::to_vec(body).map_err(kube::Error::SerdeError)?;
+    let request = kube::core::Request::new(K::url_path(&(), Some(namespace)))
+        .create(&kube::api::PostParams::default(), body);
+    send_unread(client, request).await
+}
+
 /// The events of a watch that retries with backoff; errors are logged (at debug level: a watch
 /// that fails is retried, and the outage it reflects shows in the objects' conditions).
 pub(crate) fn watch_events<K>(

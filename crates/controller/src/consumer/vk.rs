@@ -28,7 +28,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 use crate::lean::LeanPod;
-use crate::runtime::{send_unread, watch_events};
+use crate::runtime::{create_unread, send_unread, watch_events};
 
 /// Writes in flight at once.
 const PARALLEL_WRITES: usize = 64;
@@ -585,11 +585,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
                 }}),
                 spec: spec.as_ref(),
             };
-            let body = serde_json::to_vec(&sp).unwrap_or_default();
-            let request =
-                kube::core::Request::new(<ShadowPod as kube::Resource>::url_path(&(), Some(&twin)))
-                    .create(&PostParams::default(), body);
-            match send_unread(&remote, request).await {
+            match create_unread::<ShadowPod>(&remote, &twin, &sp).await {
                 Ok(()) => Outcome::Done,
                 Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
                 Err(e) => {

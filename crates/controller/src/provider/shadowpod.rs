@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -22,7 +22,7 @@ use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
 use crate::lean::LeanPod;
-use crate::runtime::{send_unread, watch_events};
+use crate::runtime::{create_unread, watch_events};
 
 /// Phase of a ShadowPod whose real pod exists.
 pub const PHASE_CREATED: &str = "Created";
@@ -427,11 +427,7 @@ async fn act(client: Client, action: Action) -> Outcome {
         Action::CreatePod { key, pod } => {
             // Built from the typed spec of the shadow pod, so sent as is; the created pod in
             // the answer is not decoded.
-            let body = serde_json::to_vec(&pod).unwrap_or_default();
-            let request =
-                kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(&key.0)))
-                    .create(&PostParams::default(), body);
-            match send_unread(&client, request).await {
+            match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
                 Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
                 Err(e) => {
