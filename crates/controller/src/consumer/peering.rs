@@ -279,28 +279,31 @@ async fn try_authenticate(
         .await
         .map_err(|e| AuthFailure::permanent("InviteInvalid", format!("invite endpoint/CA: {e}")))?;
     let requests: Api<PeeringRequest> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
-    let unreachable = |e: &kube::Error| {
-        AuthFailure::transient(
+    // What the provider's answer to the token at `step` means; `used` explains a 403.
+    let refused = |e: &kube::Error, step: &str, used: &str| match api_code(e) {
+        Some(401) => rejected("401 Unauthorized"),
+        Some(403) => AuthFailure::permanent(
+            "TokenUsed",
+            format!("provider rejected the token: {used}; ask the provider for a new invite"),
+        ),
+        Some(_) => AuthFailure::transient(
+            "RequestFailed",
+            format!("{step} PeeringRequest {token_id}: {e}"),
+        ),
+        None => AuthFailure::transient(
             "ProviderUnreachable",
             format!("provider unreachable at {}: {e}", peering.spec.endpoint),
-        )
+        ),
     };
     let existing = match requests.get_opt(token_id).await {
         Ok(r) => r,
-        Err(e) if api_code(&e) == Some(401) => return Err(rejected("401 Unauthorized")),
-        Err(e) if api_code(&e) == Some(403) => {
-            return Err(AuthFailure::permanent(
-                "TokenUsed",
-                "provider rejected the token: it may not read its peering request (already used or cleaned up); ask the provider for a new invite",
+        Err(e) => {
+            return Err(refused(
+                &e,
+                "reading",
+                "it may not read its peering request (already used or cleaned up)",
             ));
         }
-        Err(e) if api_code(&e).is_some() => {
-            return Err(AuthFailure::transient(
-                "RequestFailed",
-                format!("reading PeeringRequest {token_id}: {e}"),
-            ));
-        }
-        Err(e) => return Err(unreachable(&e)),
     };
     let request = match existing {
         Some(r) if r.spec.cluster_id != consumer => {
@@ -324,21 +327,8 @@ async fn try_authenticate(
             .expect("static manifest");
             match requests.create(&PostParams::default(), &req).await {
                 Ok(r) => r,
-                Err(e) if api_code(&e) == Some(401) => return Err(rejected("401 Unauthorized")),
-                Err(e) if api_code(&e) == Some(403) => {
-                    return Err(AuthFailure::permanent(
-                        "TokenUsed",
-                        "provider rejected the token: token already used; ask the provider for a new invite",
-                    ));
-                }
                 Err(e) if api_code(&e) == Some(409) => return Ok(None),
-                Err(e) if api_code(&e).is_some() => {
-                    return Err(AuthFailure::transient(
-                        "RequestFailed",
-                        format!("filing PeeringRequest {token_id}: {e}"),
-                    ));
-                }
-                Err(e) => return Err(unreachable(&e)),
+                Err(e) => return Err(refused(&e, "filing", "token already used")),
             }
         }
     };
