@@ -11,6 +11,7 @@ pub mod kubelet;
 pub mod lab;
 pub mod nodelifecycle;
 pub mod scheduler;
+pub mod testing;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
 pub use gate::TcpGate;

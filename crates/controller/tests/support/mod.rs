@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -101,24 +100,7 @@ fn init_tracing() {
         .try_init();
 }
 
-/// Polls `check` every 100 ms until it returns Some, panicking with `what` after `timeout`.
-pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use tandem_lab::testing::until;
 
 /// Peers `consumer` with `provider` through the real invite flow, the consumer reaching the
 /// provider at `provider_url` (default: its API server; a `TcpGate` for partitions), then sets the

@@ -1,6 +1,5 @@
 //! Shared fixtures: cluster start-up, pod builders, polling with deadlines.
 
-use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -19,24 +18,7 @@ pub async fn cluster() -> LabCluster {
     .expect("lab cluster starts")
 }
 
-/// Polls `check` every 100 ms until it returns Some, panicking with `what` after `timeout`.
-pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use tandem_lab::testing::until;
 
 /// A bare pod in `default` with one container; `extra` is merged into the manifest.
 pub fn pod(name: &str, extra: Value) -> Pod {
