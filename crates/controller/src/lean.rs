@@ -1,5 +1,5 @@
-//! Pods as the controllers watch them: metadata without `managedFields`, spec and status kept as
-//! raw JSON and parsed only where a decision needs them.
+//! Pods (and shadow pods) as the controllers watch them: metadata without `managedFields`,
+//! spec and status kept as raw JSON and parsed only where a decision needs them.
 //!
 //! Decoding a watch event into k8s-openapi's `Pod` builds a serde_json tree for every
 //! `managedFields` entry (`fieldsV1`) and a typed copy of the whole spec and status. No
@@ -85,6 +85,50 @@ impl kube::Resource for LeanPod {
     }
     fn plural(dt: &()) -> Cow<'_, str> {
         <Pod as kube::Resource>::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A ShadowPod as the virtual kubelet reads it: metadata without managedFields, the spec's
+/// annotations (the origin UID) and the status. The pod spec inside — a whole PodSpec, decoded
+/// into typed structs for every event of a typed `ShadowPod` — is skipped.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ShadowPodRef {
+    #[serde(default, deserialize_with = "meta_without_managed_fields")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ShadowPodRefSpec,
+    #[serde(default)]
+    pub status: Option<tandem_api::ShadowPodStatus>,
+}
+
+/// The part of a ShadowPod's spec [`ShadowPodRef`] keeps.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ShadowPodRefSpec {
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl kube::Resource for ShadowPodRef {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        <tandem_api::ShadowPod as kube::Resource>::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        <tandem_api::ShadowPod as kube::Resource>::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        <tandem_api::ShadowPod as kube::Resource>::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        <tandem_api::ShadowPod as kube::Resource>::plural(dt)
     }
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
@@ -182,5 +226,29 @@ mod tests {
         assert!(!pending.started());
         assert_eq!(pending.phase().as_deref(), Some("Pending"));
         assert_eq!(pending.spec_value(), Value::Null);
+    }
+
+    #[test]
+    fn shadow_pod_ref_reads_origin_and_status_without_the_pod_spec() {
+        let sp = json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
+            "metadata": {"name": "web-1", "namespace": "app-c1", "uid": "s-1",
+                "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"labels": {"app": "web"},
+                     "annotations": {"tandem.dev/origin-uid": "o-1"},
+                     "pod": {"containers": [{"name": "c", "image": "pause"}]}},
+            "status": {"phase": "Rejected", "message": "quota"},
+        });
+        let r: ShadowPodRef = serde_json::from_str(&sp.to_string()).expect("decodes");
+        assert_eq!(r.metadata.uid.as_deref(), Some("s-1"));
+        assert!(r.metadata.managed_fields.is_none());
+        assert_eq!(r.spec.annotations["tandem.dev/origin-uid"], "o-1");
+        let status = r.status.expect("status");
+        assert_eq!(status.phase.as_deref(), Some("Rejected"));
+        assert_eq!(status.message.as_deref(), Some("quota"));
+        assert_eq!(
+            <ShadowPodRef as kube::Resource>::url_path(&(), Some("app-c1")),
+            <tandem_api::ShadowPod as kube::Resource>::url_path(&(), Some("app-c1"))
+        );
     }
 }

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
-use crate::lean::LeanPod;
+use crate::lean::{LeanPod, ShadowPodRef};
 use crate::runtime::{create_unread, send_unread, watch_events};
 
 /// Writes in flight at once.
@@ -127,7 +127,7 @@ fn hash_of(v: &Value) -> u64 {
     h.finish().max(1)
 }
 
-fn remote_shadow(sp: &ShadowPod) -> RemoteShadow {
+fn remote_shadow(sp: &ShadowPodRef) -> RemoteShadow {
     let st = sp.status.as_ref();
     RemoteShadow {
         uid: sp.uid().unwrap_or_default(),
@@ -812,7 +812,7 @@ async fn watch_shadows(remote: Client, twin: String, tx: mpsc::Sender<Msg>) {
         delete: Msg::ShadowDelete,
         relisted: Msg::ShadowsRelisted,
     };
-    let api = Api::<ShadowPod>::namespaced(remote, &twin);
+    let api = Api::<ShadowPodRef>::namespaced(remote, &twin);
     watch_remote(
         api,
         watcher::Config::default(),
