@@ -70,29 +70,37 @@ fn parse_raw(raw: Option<&RawValue>) -> Value {
         .unwrap_or(Value::Null)
 }
 
-impl kube::Resource for LeanPod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
+/// Makes `$lean` the same API resource as `$full` (kind, group, version, plural, namespaced),
+/// so that `Api<$lean>` lists and watches what `Api<$full>` would.
+macro_rules! same_resource_as {
+    ($lean:ty, $full:ty) => {
+        impl kube::Resource for $lean {
+            type DynamicType = ();
+            type Scope = NamespaceResourceScope;
 
-    fn kind(dt: &()) -> Cow<'_, str> {
-        <Pod as kube::Resource>::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        <Pod as kube::Resource>::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        <Pod as kube::Resource>::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        <Pod as kube::Resource>::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn kind(dt: &()) -> Cow<'_, str> {
+                <$full as kube::Resource>::kind(dt)
+            }
+            fn group(dt: &()) -> Cow<'_, str> {
+                <$full as kube::Resource>::group(dt)
+            }
+            fn version(dt: &()) -> Cow<'_, str> {
+                <$full as kube::Resource>::version(dt)
+            }
+            fn plural(dt: &()) -> Cow<'_, str> {
+                <$full as kube::Resource>::plural(dt)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+
+same_resource_as!(LeanPod, Pod);
 
 /// A ShadowPod as the virtual kubelet reads it: metadata without managedFields, the spec's
 /// annotations (the origin UID) and the status. The pod spec inside — a whole PodSpec, decoded
@@ -114,29 +122,7 @@ pub struct ShadowPodRefSpec {
     pub annotations: BTreeMap<String, String>,
 }
 
-impl kube::Resource for ShadowPodRef {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        <tandem_api::ShadowPod as kube::Resource>::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        <tandem_api::ShadowPod as kube::Resource>::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        <tandem_api::ShadowPod as kube::Resource>::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        <tandem_api::ShadowPod as kube::Resource>::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+same_resource_as!(ShadowPodRef, tandem_api::ShadowPod);
 
 /// ObjectMeta's fields but `managedFields` (and the deprecated `selfLink`), which serde skips
 /// without building anything.
