@@ -4,7 +4,21 @@ use std::future::Future;
 use std::time::Duration;
 
 /// Polls `check` every 100 ms until it returns Some, panicking with `what` after `timeout`.
-pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    until_every(what, timeout, Duration::from_millis(100), check).await
+}
+
+/// Polls `check` every `interval` until it returns Some, panicking with `what` after `timeout`.
+pub async fn until_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut check: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -18,6 +32,6 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(interval).await;
     }
 }

@@ -81,23 +81,14 @@ impl Drop for Cluster {
     }
 }
 
-/// Polls `check` until it returns Some, failing the test with `what` after DEADLINE.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+/// Polls `check` every 50 ms until it returns Some, failing the test with `what` after
+/// DEADLINE.
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tandem_lab::testing::until_every(what, DEADLINE, Duration::from_millis(50), check).await
 }
 
 /// Plays the kubelet: the pod runs with `ip` and is Ready (or not).
