@@ -102,27 +102,58 @@ macro_rules! same_resource_as {
 
 same_resource_as!(LeanPod, Pod);
 
-/// A ShadowPod as the virtual kubelet reads it: metadata without managedFields, the spec's
-/// annotations (the origin UID) and the status. The pod spec inside — a whole PodSpec, decoded
-/// into typed structs for every event of a typed `ShadowPod` — is skipped.
+/// A ShadowPod as a controller reads it: metadata without managedFields, the spec's labels and
+/// annotations, the status, and the pod spec inside as `P` — skipped ([`ShadowPodRef`]) or kept
+/// as raw JSON ([`LeanShadowPod`]). A typed `ShadowPod` decodes a whole PodSpec into typed
+/// structs for every event.
 #[derive(Clone, Debug, Deserialize)]
-pub struct ShadowPodRef {
+pub struct ShadowPodView<P> {
     #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     #[serde(default)]
-    pub spec: ShadowPodRefSpec,
+    pub spec: ShadowPodViewSpec<P>,
     #[serde(default)]
     pub status: Option<tandem_api::ShadowPodStatus>,
 }
 
-/// The part of a ShadowPod's spec [`ShadowPodRef`] keeps.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct ShadowPodRefSpec {
+/// The part of a ShadowPod's spec a [`ShadowPodView`] keeps.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ShadowPodViewSpec<P> {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    pub pod: Option<P>,
+}
+
+// Not derived: that would want `P: Default`.
+impl<P> Default for ShadowPodViewSpec<P> {
+    fn default() -> Self {
+        Self {
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            pod: None,
+        }
+    }
+}
+
+/// What the virtual kubelet reads of a shadow pod: its origin UID (an annotation), deletion and
+/// status; the pod spec is skipped without being built.
+pub type ShadowPodRef = ShadowPodView<serde::de::IgnoredAny>;
+
+/// What the provider's shadow-pod controller keeps of a shadow pod: the pod spec as raw JSON,
+/// parsed once, when the real pod is made from it ([`LeanShadowPod::pod_value`]).
+pub type LeanShadowPod = ShadowPodView<Box<RawValue>>;
+
+impl LeanShadowPod {
+    /// The pod spec as a JSON tree (`null` when absent or unreadable).
+    pub fn pod_value(&self) -> Value {
+        parse_raw(self.spec.pod.as_deref())
+    }
 }
 
 same_resource_as!(ShadowPodRef, tandem_api::ShadowPod);
+same_resource_as!(LeanShadowPod, tandem_api::ShadowPod);
 
 /// ObjectMeta's fields but `managedFields` (and the deprecated `selfLink`), which serde skips
 /// without building anything.
@@ -236,5 +267,29 @@ mod tests {
             <ShadowPodRef as kube::Resource>::url_path(&(), Some("app-c1")),
             <tandem_api::ShadowPod as kube::Resource>::url_path(&(), Some("app-c1"))
         );
+    }
+
+    #[test]
+    fn lean_shadow_pod_keeps_the_pod_spec_as_sent() {
+        let pod = json!({"containers": [{"name": "c", "image": "pause",
+                             "resources": {"requests": {"cpu": "100m"}}}],
+                         "hostNetwork": false});
+        let sp = json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
+            "metadata": {"name": "web-1", "namespace": "app-c1", "uid": "s-1",
+                "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"labels": {"app": "web"}, "annotations": {"a": "b"}, "pod": pod},
+        });
+        let lean: LeanShadowPod = serde_json::from_str(&sp.to_string()).expect("decodes");
+        assert!(lean.metadata.managed_fields.is_none());
+        assert_eq!(lean.spec.labels["app"], "web");
+        assert_eq!(lean.spec.annotations["a"], "b");
+        assert_eq!(lean.pod_value(), pod);
+        assert!(lean.status.is_none());
+        // A shadow pod without a pod spec (the schema requires one) reads as null.
+        let bare: LeanShadowPod =
+            serde_json::from_str(r#"{"metadata": {"name": "x"}}"#).expect("decodes");
+        assert_eq!(bare.pod_value(), Value::Null);
+        assert!(bare.spec.labels.is_empty());
     }
 }

@@ -21,7 +21,7 @@ use tandem_core::offloading::keep_off_virtual_nodes;
 use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
-use crate::lean::LeanPod;
+use crate::lean::{LeanPod, LeanShadowPod};
 use crate::runtime::{create_unread, watch_events};
 
 /// Phase of a ShadowPod whose real pod exists.
@@ -50,7 +50,7 @@ struct PodRecord {
 
 #[derive(Default)]
 struct State {
-    shadows: HashMap<Key, Arc<ShadowPod>>,
+    shadows: HashMap<Key, Arc<LeanShadowPod>>,
     pods: HashMap<Key, PodRecord>,
     /// Pods created by this task that the watch has not shown yet.
     pending: HashMap<Key, (String, Resources)>,
@@ -68,7 +68,7 @@ struct State {
 
 #[allow(clippy::large_enum_variant)] // one event at a time, straight from a watch
 enum Ev {
-    Shadow(watcher::Event<ShadowPod>),
+    Shadow(watcher::Event<LeanShadowPod>),
     Pod(watcher::Event<LeanPod>),
     Ns(watcher::Event<Namespace>),
     Tenant(watcher::Event<Tenant>),
@@ -341,7 +341,7 @@ impl State {
                 );
                 continue;
             };
-            let spec = serde_json::to_value(&sp.spec.pod).unwrap_or(Value::Null);
+            let spec = sp.pod_value();
             if let Some(why) = shadow::policy_violation(&spec) {
                 set_status(PHASE_REJECTED, why);
                 continue;
@@ -380,7 +380,7 @@ impl State {
 }
 
 /// The real Pod of a shadow pod, whose spec (as JSON) is `spec`.
-fn real_pod(sp: &ShadowPod, spec: Value, consumer: &str) -> Value {
+fn real_pod(sp: &LeanShadowPod, spec: Value, consumer: &str) -> Value {
     let mut labels = sp.spec.labels.clone();
     labels.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer.into());
     labels.insert(names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into());
@@ -425,8 +425,7 @@ enum Outcome {
 async fn act(client: Client, action: Action) -> Outcome {
     match action {
         Action::CreatePod { key, pod } => {
-            // Built from the typed spec of the shadow pod, so sent as is; the created pod in
-            // the answer is not decoded.
+            // The created pod in the answer is not decoded.
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
                 Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
@@ -468,7 +467,7 @@ pub async fn run(ctx: Ctx) {
     let stream = futures::stream::select_all(vec![
         watch_events(
             "shadow pod controller",
-            Api::<ShadowPod>::all(client.clone()),
+            Api::<LeanShadowPod>::all(client.clone()),
             watcher::Config::default(),
         )
         .map(Ev::Shadow)
