@@ -253,6 +253,8 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
             "privileged",
             json!({"containers": [{"name": "m", "image": "x", "securityContext": {"privileged": true}}]}),
         ),
+        // Passes the provider's policy, but its API server refuses the pod (no image).
+        ("no-image", json!({"containers": [{"name": "m"}]})),
     ] {
         shadows
             .create(&PostParams::default(), &shadow(name, spec))
@@ -273,6 +275,11 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
         ("host-net", "Rejected", "hostNetwork"),
         ("host-path", "Rejected", "hostPath"),
         ("privileged", "Rejected", "privileged"),
+        (
+            "no-image",
+            "Rejected",
+            "the real pod was refused: Pod \"no-image\" is invalid: spec.containers[0].image",
+        ),
     ];
     for (name, phase, message) in cases {
         let (got_phase, got_message) = until(
@@ -312,4 +319,8 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
         || async { status_of("too-big").await.filter(|(p, _)| p == "Created") },
     )
     .await;
+    // Free quota does not help a pod the API server refuses: it stays Rejected, and has no pod.
+    let (phase, _) = status_of("no-image").await.expect("no-image keeps its status");
+    assert_eq!(phase, "Rejected");
+    assert!(real.get_opt("no-image").await.unwrap().is_none());
 }

@@ -59,6 +59,10 @@ struct State {
     used: HashMap<String, Resources>,
     /// Shadow pods whose status is Rejected.
     rejected: HashSet<Key>,
+    /// Shadow pods whose real pod the API server refused as malformed or invalid (400, 422):
+    /// the version of the shadow pod (see `version_of`) and the API server's message. Not
+    /// retried until the shadow pod's spec changes, as the same spec would be refused again.
+    refused: HashMap<Key, (String, String)>,
     /// Twin namespace → consumer cluster ID.
     twins: HashMap<String, String>,
     /// Consumer → granted resources.
@@ -118,6 +122,16 @@ fn pod_record(pod: &LeanPod, known: Option<&PodRecord>) -> PodRecord {
         requests,
         terminal: matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
     }
+}
+
+/// Which spec of a shadow pod a refusal was for: its UID and generation (which changes with
+/// the spec, not with the status).
+fn version_of(sp: &LeanShadowPod) -> String {
+    format!(
+        "{}/{}",
+        sp.metadata.uid.as_deref().unwrap_or_default(),
+        sp.metadata.generation.unwrap_or_default()
+    )
 }
 
 fn key_of<K: kube::Resource>(o: &K) -> Key {
@@ -186,13 +200,19 @@ impl State {
                 watcher::Event::Delete(s) => {
                     let k = key_of(&s);
                     self.rejected.remove(&k);
+                    self.refused.remove(&k);
                     self.shadows.remove(&k);
                 }
                 watcher::Event::Init => {
                     self.shadows.clear();
                     self.rejected.clear();
                 }
-                watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
+                watcher::Event::InitDone => {
+                    // Refusals of shadow pods deleted while the watch was down go with them.
+                    let shadows = &self.shadows;
+                    self.refused.retain(|k, _| shadows.contains_key(k));
+                    self.dirty.extend(self.shadows.keys().cloned());
+                }
             },
             Ev::Pod(e) => match e {
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -331,6 +351,16 @@ impl State {
             if self.pending.contains_key(&key) {
                 continue;
             }
+            match self.refused.get(&key) {
+                Some((version, why)) if *version == version_of(&sp) => {
+                    set_status(PHASE_REJECTED, why.clone());
+                    continue;
+                }
+                Some(_) => {
+                    self.refused.remove(&key);
+                }
+                None => {}
+            }
             let Some(consumer) = self.twins.get(&key.0).cloned() else {
                 set_status(
                     PHASE_REJECTED,
@@ -419,7 +449,11 @@ enum Action {
 /// What a write came to: a failed create frees its place in the quota.
 enum Outcome {
     Done,
+    /// Failed for a reason that may pass (unreachable API server, conflict, quota): retried.
     CreateFailed(Key),
+    /// The API server refused the pod itself (400, 422): the shadow pod is Rejected with its
+    /// message.
+    CreateRefused(Key, String),
 }
 
 async fn act(client: Client, action: Action) -> Outcome {
@@ -429,6 +463,9 @@ async fn act(client: Client, action: Action) -> Outcome {
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
                 Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
+                Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
+                    Outcome::CreateRefused(key, format!("the real pod was refused: {}", e.message))
+                }
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "creating the real pod of the shadow pod: {e}");
                     Outcome::CreateFailed(key)
@@ -519,9 +556,20 @@ pub async fn run(ctx: Ctx) {
             .collect()
             .await;
         for o in outcomes {
-            if let Outcome::CreateFailed(key) = o {
-                state.remove_pending(&key);
-                state.dirty.insert(key);
+            match o {
+                Outcome::Done => {}
+                Outcome::CreateFailed(key) => {
+                    state.remove_pending(&key);
+                    state.dirty.insert(key);
+                }
+                Outcome::CreateRefused(key, why) => {
+                    state.remove_pending(&key);
+                    if let Some(sp) = state.shadows.get(&key) {
+                        tracing::warn!(shadowpod = %format!("{}/{}", key.0, key.1), "{why}");
+                        state.refused.insert(key.clone(), (version_of(sp), why));
+                    }
+                    state.dirty.insert(key);
+                }
             }
         }
     }
