@@ -18,26 +18,35 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-/// A Pod read from a watch or a list (see the module documentation).
+/// A Pod read from a watch or a list (see the module documentation), with its spec as `S`:
+/// kept as raw JSON ([`LeanPod`]) or skipped without being built ([`PodStatusRef`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LeanPod {
+pub struct PodView<S> {
     #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<Box<RawValue>>,
+    pub spec: Option<S>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Box<RawValue>>,
 }
 
-impl LeanPod {
-    /// The status as a JSON tree (`null` when absent or unreadable).
-    pub fn status_value(&self) -> Value {
-        parse_raw(self.status.as_deref())
-    }
+/// A Pod with its spec and status as raw JSON.
+pub type LeanPod = PodView<Box<RawValue>>;
 
+/// A Pod without its spec: what the virtual kubelet reads of the real pods it mirrors.
+pub type PodStatusRef = PodView<serde::de::IgnoredAny>;
+
+impl LeanPod {
     /// The spec as a JSON tree (`null` when absent or unreadable).
     pub fn spec_value(&self) -> Value {
         parse_raw(self.spec.as_deref())
+    }
+}
+
+impl<S> PodView<S> {
+    /// The status as a JSON tree (`null` when absent or unreadable).
+    pub fn status_value(&self) -> Value {
+        parse_raw(self.status.as_deref())
     }
 
     /// Whether `status.startTime` is set (the pod has run on its node).
@@ -101,6 +110,7 @@ macro_rules! same_resource_as {
 }
 
 same_resource_as!(LeanPod, Pod);
+same_resource_as!(PodStatusRef, Pod);
 
 /// A ShadowPod as a controller reads it: metadata without managedFields, the spec's labels and
 /// annotations, the status, and the pod spec inside as `P` — skipped ([`ShadowPodRef`]) or kept
@@ -236,6 +246,12 @@ mod tests {
         assert_eq!(back["spec"], pod["spec"]);
         assert_eq!(back["status"], pod["status"]);
         assert!(back["metadata"].get("managedFields").is_none());
+        // Without the spec: the same metadata and status.
+        let slim: PodStatusRef = serde_json::from_str(&pod.to_string()).expect("decodes");
+        assert_eq!(slim.metadata.uid.as_deref(), Some("u-1"));
+        assert!(slim.metadata.managed_fields.is_none());
+        assert_eq!(slim.phase().as_deref(), Some("Running"));
+        assert_eq!(slim.status_value(), pod["status"]);
 
         let pending: LeanPod =
             serde_json::from_str(r#"{"metadata": {"name": "p"}, "status": {"phase": "Pending"}}"#)

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
-use crate::lean::{LeanPod, ShadowPodRef};
+use crate::lean::{LeanPod, PodStatusRef, ShadowPodRef};
 use crate::runtime::{create_unread, send_unread, watch_events};
 
 /// Writes in flight at once.
@@ -144,7 +144,7 @@ fn remote_shadow(sp: &ShadowPodRef) -> RemoteShadow {
     }
 }
 
-fn remote_pod(pod: &LeanPod, remap: Option<IpRemap>) -> RemotePod {
+fn remote_pod(pod: &PodStatusRef, remap: Option<IpRemap>) -> RemotePod {
     // The mirrored status is a function of the real status and the remap alone, so their
     // hash stands for it without serializing the translated status again.
     let mut h = DefaultHasher::new();
@@ -838,7 +838,7 @@ async fn watch_reals(
         delete: Msg::RealDelete,
         relisted: Msg::RealRelisted,
     };
-    let api = Api::<LeanPod>::namespaced(remote, &twin);
+    let api = Api::<PodStatusRef>::namespaced(remote, &twin);
     watch_remote(api, cfg, twin, move |p| remote_pod(p, remap), msgs, tx).await;
 }
 
