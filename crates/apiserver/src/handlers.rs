@@ -541,7 +541,13 @@ async fn write_loop(
         let current = state.store.get(&res.storage_key(), &ns, &name);
         let Some(current) = current else {
             if is_apply_create && sub.is_empty() {
-                // Server-side apply creates what does not exist.
+                // Server-side apply creates what does not exist; as in kube-apiserver, that
+                // takes the `create` permission besides `patch`.
+                let as_create = crate::request::RequestInfo {
+                    verb: "create".into(),
+                    ..call.info.clone()
+                };
+                crate::server::authorize(state, &call.user, &as_create)?;
                 let mut obj = compute(None)?;
                 set_name_and_namespace(res, &ns, &mut obj)?;
                 objects::prepare_create(res, &mut obj);

@@ -303,7 +303,7 @@ pub fn allowed(state: &State, user: &UserInfo, attrs: &Attributes) -> bool {
         || matches!(state.rbac.read().authorize(user, attrs), Decision::Allow(_))
 }
 
-fn authorize(state: &State, user: &UserInfo, info: &RequestInfo) -> ApiResult<()> {
+pub(crate) fn authorize(state: &State, user: &UserInfo, info: &RequestInfo) -> ApiResult<()> {
     let attrs = Attributes {
         verb: &info.verb,
         namespace: &info.namespace,

@@ -320,7 +320,9 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
     )
     .await;
     // Free quota does not help a pod the API server refuses: it stays Rejected, and has no pod.
-    let (phase, _) = status_of("no-image").await.expect("no-image keeps its status");
+    let (phase, _) = status_of("no-image")
+        .await
+        .expect("no-image keeps its status");
     assert_eq!(phase, "Rejected");
     assert!(real.get_opt("no-image").await.unwrap().is_none());
 }

@@ -230,3 +230,91 @@ async fn apply_to_spec_and_to_the_status_subresource_stay_separate() {
         );
     }
 }
+
+/// An apply that creates its object is authorized as a create too (kube-apiserver's patch
+/// handler checks `create` when the patch creates): `patch` alone updates but does not create.
+#[tokio::test]
+async fn apply_that_creates_needs_the_create_permission() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::PostParams;
+
+    let cluster = Cluster::start().await;
+    let grant = |verbs: &[&str]| {
+        let role: ClusterRole = serde_json::from_value(json!({
+            "metadata": {"name": "configmap-writer"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs}],
+        }))
+        .unwrap();
+        let roles = Api::<ClusterRole>::all(cluster.client.clone());
+        async move {
+            roles
+                .patch(
+                    "configmap-writer",
+                    &PatchParams::apply("test").force(),
+                    &Patch::Apply(&role),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    grant(&["patch"]).await;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "erin-writes-configmaps"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "configmap-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "erin"}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(cluster.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let erin = Api::<ConfigMap>::namespaced(cluster.client_for("erin", &[]).await, "default");
+    let admin = Api::<ConfigMap>::namespaced(cluster.client.clone(), "default");
+    let apply = |name: &str, value: &str| {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": name}, "data": {"k": value}});
+        let erin = erin.clone();
+        let name = name.to_string();
+        async move {
+            erin.patch(
+                &name,
+                &PatchParams::apply("erin").force(),
+                &Patch::Apply(&cm),
+            )
+            .await
+        }
+    };
+
+    let refused = api_status(apply("new", "1").await);
+    assert_eq!(refused.code, 403, "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains("cannot create resource \"configmaps\""),
+        "{}",
+        refused.message
+    );
+    assert!(
+        admin.get_opt("new").await.unwrap().is_none(),
+        "nothing created"
+    );
+
+    // What exists, `patch` may change.
+    admin
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "old"}, "data": {"k": "0"}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    apply("old", "2").await.expect("patch permission updates");
+    assert_eq!(admin.get("old").await.unwrap().data.unwrap()["k"], "2");
+
+    grant(&["patch", "create"]).await;
+    crate::common::eventually("apply creates with patch and create", || async {
+        apply("new", "3").await.ok()
+    })
+    .await;
+    assert_eq!(admin.get("new").await.unwrap().data.unwrap()["k"], "3");
+}
