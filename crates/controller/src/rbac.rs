@@ -120,26 +120,138 @@ pub fn peer_twin_role() -> ClusterRole {
     )
 }
 
-/// What the controller itself needs in its own cluster (both roles).
+/// What the controller itself needs in its own cluster, as provider and as consumer — and
+/// nothing else: it never touches CRDs, ClusterRoles, ClusterRoleBindings, workloads or
+/// webhooks other than its own. Most rules are cluster-wide because the namespaces they act in
+/// (tenant, twin and offloaded namespaces) are only known at run time. `tandem install`, which
+/// runs as the administrator, creates what the controller cannot (CRDs, this role, its
+/// Deployment).
 pub fn controller_role() -> ClusterRole {
-    let mut role = cluster_role(
+    const WATCH: &[&str] = &["get", "list", "watch"];
+    cluster_role(
         names::CONTROLLER_NAME,
-        vec![PolicyRule {
-            api_groups: Some(vec!["*".into()]),
-            resources: Some(vec!["*".into()]),
-            verbs: vec!["*".into()],
-            ..Default::default()
-        }],
-    );
-    // The controller creates namespaces, RBAC for peers (which needs every permission it
-    // grants, RBAC's escalation check), webhooks, nodes, leases and pods across namespaces:
-    // in practice cluster-admin. Narrowing it is tracked as a follow-up.
-    role.metadata.annotations = Some(
-        [(
-            "tandem.dev/why".to_string(),
-            "creates namespaces, nodes, RBAC and pods on behalf of peers".to_string(),
-        )]
-        .into(),
-    );
-    role
+        vec![
+            // Its identity, invite tokens (kube-system), peer identities (tenant namespaces);
+            // reflection reads the offloaded namespaces' Secrets and ConfigMaps.
+            rule(
+                "",
+                &["secrets"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            // Its settings and its IPAM (tandem-system).
+            rule(
+                "",
+                &["configmaps"],
+                &["get", "list", "watch", "create", "update", "delete"],
+            ),
+            rule("", &["services"], &["list", "watch"]),
+            rule("discovery.k8s.io", &["endpointslices"], &["list", "watch"]),
+            // Provider events reflected onto the consumer's pods.
+            rule("", &["events"], &["create", "patch"]),
+            // Tenant and twin namespaces; the offloading label on offloaded ones.
+            rule(
+                "",
+                &["namespaces"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            // Virtual nodes and their heartbeats.
+            rule(
+                "",
+                &["nodes"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            rule("", &["nodes/status"], &["patch"]),
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["create", "patch", "delete"],
+            ),
+            // Real pods of shadow pods (provider); offloaded pods (consumer).
+            rule("", &["pods"], &["get", "list", "watch", "create", "delete"]),
+            rule("", &["pods/status"], &["patch"]),
+            // RoleBindings of peer identities to the two peer roles (and nothing else: `bind`
+            // is limited to them), and the invite token's Role.
+            rule(
+                "rbac.authorization.k8s.io",
+                &["rolebindings"],
+                &["create", "patch", "delete"],
+            ),
+            rule(
+                "rbac.authorization.k8s.io",
+                &["roles"],
+                &["patch", "delete"],
+            ),
+            PolicyRule {
+                resource_names: Some(vec![PEER_TENANT_ROLE.into(), PEER_TWIN_ROLE.into()]),
+                ..rule("rbac.authorization.k8s.io", &["clusterroles"], &["bind"])
+            },
+            // A peer's client certificate: filed, approved, then removed.
+            rule(
+                "certificates.k8s.io",
+                &["certificatesigningrequests"],
+                &["get", "create", "delete", "deletecollection"],
+            ),
+            rule(
+                "certificates.k8s.io",
+                &["certificatesigningrequests/approval"],
+                &["update", "patch"],
+            ),
+            PolicyRule {
+                resource_names: Some(vec![PEER_CSR_SIGNER.into()]),
+                ..rule("certificates.k8s.io", &["signers"], &["approve"])
+            },
+            // Its own placement webhook, by name.
+            PolicyRule {
+                resource_names: Some(vec![crate::consumer::webhook::WEBHOOK_CONFIGURATION.into()]),
+                ..rule(
+                    "admissionregistration.k8s.io",
+                    &["mutatingwebhookconfigurations"],
+                    &["create", "patch"],
+                )
+            },
+            // Tandem's own resources: read everything, write what each controller owns.
+            rule(
+                tandem_api::GROUP,
+                &[
+                    "peerings",
+                    "peeringrequests",
+                    "tenants",
+                    "networkparameters",
+                    "remotenamespaces",
+                    "shadowpods",
+                    "namespaceoffloadings",
+                ],
+                WATCH,
+            ),
+            rule(
+                tandem_api::GROUP,
+                &["peerings", "remotenamespaces", "namespaceoffloadings"],
+                &["patch"],
+            ),
+            rule(tandem_api::GROUP, &["peeringrequests"], &["delete"]),
+            rule(
+                tandem_api::GROUP,
+                &["tenants", "networkparameters"],
+                &["create", "patch"],
+            ),
+            rule(
+                tandem_api::GROUP,
+                &[
+                    "peerings/status",
+                    "peeringrequests/status",
+                    "networkparameters/status",
+                    "remotenamespaces/status",
+                    "shadowpods/status",
+                    "namespaceoffloadings/status",
+                ],
+                &["update", "patch"],
+            ),
+            // Real pods are owned by their shadow pod with blockOwnerDeletion, which kube's
+            // OwnerReferencesPermissionEnforcement admission allows only with this.
+            rule(tandem_api::GROUP, &["shadowpods/finalizers"], &["update"]),
+        ],
+    )
 }
+
+/// The signer of peer identities' client certificates.
+pub const PEER_CSR_SIGNER: &str = "kubernetes.io/kube-apiserver-client";

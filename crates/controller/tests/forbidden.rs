@@ -453,3 +453,168 @@ async fn the_peer_identity_is_confined_to_its_tenant() {
         failures.join("\n")
     );
 }
+
+/// The controller's own identity (its ServiceAccount, bound by `tandem install` to its
+/// ClusterRole) runs every test of this crate; here, what it must not do in its own cluster
+/// gets 403. It never touches CRDs, cluster RBAC, workloads, tokens or other webhooks.
+#[tokio::test]
+async fn the_controller_identity_is_confined_to_its_role() {
+    let cluster = Cluster::start("lugano", "eu-central", 1).await;
+    let ctl = &cluster.controller_client;
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                      "metadata": {"name": "x"}, "rules": []});
+    let forbidden: Vec<Operation> = vec![
+        (
+            "list Deployments",
+            "GET",
+            "/apis/apps/v1/deployments".into(),
+            None,
+            vec![],
+        ),
+        (
+            "create a ClusterRole",
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles".into(),
+            Some(role),
+            vec![],
+        ),
+        (
+            "edit its own ClusterRole",
+            "PATCH",
+            format!(
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles/{}",
+                names::CONTROLLER_NAME
+            ),
+            Some(json!({"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]})),
+            vec![],
+        ),
+        (
+            "bind cluster-admin cluster-wide",
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".into(),
+            Some(json!({"metadata": {"name": "x"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "User", "name": "x"}]})),
+            vec![],
+        ),
+        (
+            "list Roles",
+            "GET",
+            "/apis/rbac.authorization.k8s.io/v1/roles".into(),
+            None,
+            vec![],
+        ),
+        (
+            "delete the ShadowPod CRD",
+            "DELETE",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/shadowpods.tandem.dev".into(),
+            None,
+            vec![],
+        ),
+        (
+            "patch another mutating webhook",
+            "PATCH",
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/other".into(),
+            Some(json!({"metadata": {"labels": {"x": "y"}}})),
+            vec![],
+        ),
+        (
+            "list validating webhooks",
+            "GET",
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations".into(),
+            None,
+            vec![],
+        ),
+        (
+            "mint a ServiceAccount token",
+            "POST",
+            format!(
+                "/api/v1/namespaces/{}/serviceaccounts/{}/token",
+                names::SYSTEM_NAMESPACE,
+                names::CONTROLLER_NAME
+            ),
+            Some(
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
+            ),
+            vec![],
+        ),
+        (
+            "impersonate the administrator",
+            "GET",
+            "/api/v1/namespaces".into(),
+            None,
+            vec![
+                ("Impersonate-User", "admin"),
+                ("Impersonate-Group", "system:masters"),
+            ],
+        ),
+        (
+            "create a Peering (the CLI's job)",
+            "POST",
+            "/apis/tandem.dev/v1alpha1/peerings".into(),
+            Some(
+                json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "Peering", "metadata": {"name": "x"}}),
+            ),
+            vec![],
+        ),
+        (
+            "delete a NamespaceOffloading (the CLI's job)",
+            "DELETE",
+            "/apis/tandem.dev/v1alpha1/namespaces/default/namespaceoffloadings/offloading".into(),
+            None,
+            vec![],
+        ),
+        (
+            "create a ShadowPod (the consumer's job)",
+            "POST",
+            "/apis/tandem.dev/v1alpha1/namespaces/default/shadowpods".into(),
+            Some(
+                json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod", "metadata": {"name": "x"},
+                        "spec": {"pod": {"containers": [{"name": "c", "image": "x"}]}}}),
+            ),
+            vec![],
+        ),
+        (
+            "replace a Node",
+            "PUT",
+            "/api/v1/nodes/lugano-worker-1".into(),
+            Some(
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "lugano-worker-1"}}),
+            ),
+            vec![],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, method, path, body, headers) in &forbidden {
+        let code = status_of(ctl, method, path, body.clone(), headers).await;
+        if code != 403 {
+            failures.push(format!("{what}: {method} {path} → {code}, want 403"));
+        }
+    }
+    // Its job, for contrast: the same identity is not simply refused everything.
+    for (what, path) in [
+        ("list pods cluster-wide", "/api/v1/pods".to_string()),
+        (
+            "read its cluster identity",
+            format!(
+                "/api/v1/namespaces/{}/secrets/{}",
+                names::SYSTEM_NAMESPACE,
+                names::IDENTITY_SECRET
+            ),
+        ),
+        (
+            "list ShadowPods",
+            "/apis/tandem.dev/v1alpha1/shadowpods".to_string(),
+        ),
+    ] {
+        let code = status_of(ctl, "GET", &path, None, &[]).await;
+        if code != 200 {
+            failures.push(format!("{what}: GET {path} → {code}, want 200"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the controller's identity:\n{}",
+        failures.join("\n")
+    );
+}

@@ -388,7 +388,7 @@ async fn signed_certificate(
                     names::ORIGIN_CLUSTER_LABEL: req.spec.cluster_id}},
                 "spec": {
                     "request": ByteString(req.spec.csr.as_bytes().to_vec()),
-                    "signerName": "kubernetes.io/kube-apiserver-client",
+                    "signerName": crate::rbac::PEER_CSR_SIGNER,
                     "usages": ["client auth", "digital signature"],
                 },
             }))

@@ -26,8 +26,32 @@ use tandem_lab::{LabCluster, LabConfig};
 pub struct Cluster {
     pub id: String,
     pub lab: LabCluster,
+    /// The administrator's client.
     pub client: Client,
+    /// The controller's own client: its ServiceAccount, confined by the ClusterRole
+    /// `tandem install` binds to it, as in a real deployment.
+    pub controller_client: Client,
     pub controller: Option<Controller>,
+}
+
+/// The user the controller's ServiceAccount authenticates as.
+pub const CONTROLLER_USER: &str = "system:serviceaccount:tandem-system:tandem-controller";
+
+/// A client that authenticates as the controller's ServiceAccount.
+pub async fn controller_client(lab: &LabCluster) -> Client {
+    let kubeconfig = lab
+        .server
+        .kubeconfig_for(
+            CONTROLLER_USER,
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:tandem-system",
+            ],
+        )
+        .expect("kubeconfig for the controller");
+    tandem_apiserver::client_from_kubeconfig(&kubeconfig)
+        .await
+        .expect("controller client")
 }
 
 /// Controller timings short enough for tests.
@@ -62,13 +86,15 @@ impl Cluster {
         tandem_controller::install::install(&client, &options, &mut |_| {})
             .await
             .expect("tandem install");
-        let controller = Controller::start(client.clone(), test_options())
+        let controller_client = controller_client(&lab).await;
+        let controller = Controller::start(controller_client.clone(), test_options())
             .await
             .expect("controller starts");
         Cluster {
             id: id.to_string(),
             lab,
             client,
+            controller_client,
             controller: Some(controller),
         }
     }
@@ -84,7 +110,7 @@ impl Cluster {
     pub async fn restart_controller(&mut self) {
         self.kill_controller();
         self.controller = Some(
-            Controller::start(self.client.clone(), test_options())
+            Controller::start(self.controller_client.clone(), test_options())
                 .await
                 .expect("controller starts"),
         );
