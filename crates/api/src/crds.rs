@@ -59,7 +59,7 @@ mod tests {
             let committed = std::fs::read_to_string(&path).unwrap_or_default();
             assert!(
                 committed == to_yaml(&crd),
-                "{} is stale or missing: run `cargo run -p tandem-cli -- crds --output-dir deploy/crds`",
+                "{} is stale or missing: run `cargo run -p tandem-cli --bin tandem -- crds --output-dir deploy/crds`",
                 path.display()
             );
         }

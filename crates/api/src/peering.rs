@@ -35,6 +35,12 @@ pub struct PeeringSpec {
     /// Secret in the tenant namespace holding the invite token (removed once authenticated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invite_secret: Option<String>,
+    /// `host:port` of the status API of this cluster's gateway to the provider (its
+    /// `statusListen`). When set, the virtual node's NetworkUnavailable condition follows the
+    /// tunnel's health as the gateway reports it on `/status`; when absent, networking is not
+    /// managed by Tandem and the virtual node has no such condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_status: Option<String>,
 }
 
 /// What the consumer's controller observed and negotiated.

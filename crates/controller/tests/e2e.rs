@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::{Cluster, peer_with, remote_pod_cidrs, tandem_owned, translate, until, until_owned};
@@ -172,6 +172,127 @@ async fn virtual_node_ready_within_5s_of_peering() {
             "allocatable {resource} of the virtual node: {allocatable:?}"
         );
     }
+}
+
+/// The virtual node's NetworkUnavailable condition, as (status, reason, message).
+fn network_condition(n: &Node) -> Option<(String, String, String)> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "NetworkUnavailable")
+        .map(|c| {
+            (
+                c.status.clone(),
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+/// With the Peering naming its gateway's status API, NetworkUnavailable follows the tunnel as
+/// the gateway reports it (here the real status server of `tandem gateway`, fed a state).
+#[tokio::test]
+async fn network_unavailable_follows_the_gateway_tunnel() {
+    use std::sync::{Arc, Mutex};
+    use tandem_net::health::TunnelState;
+    use tandem_net::status::{GatewayStatus, Metrics};
+
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-west", 1).await;
+    support::peer(&consumer, &provider).await;
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    let vn = names::virtual_node_name("milan");
+    let node = until("virtual node Ready", Duration::from_secs(10), || async {
+        nodes.get_opt(&vn).await.ok().flatten().filter(node_ready)
+    })
+    .await;
+    assert_eq!(
+        network_condition(&node),
+        None,
+        "no gateway configured: no NetworkUnavailable condition"
+    );
+
+    let state = Arc::new(Mutex::new(TunnelState::Connecting));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let shown = state.clone();
+    let server = tokio::spawn(tandem_net::status::serve(
+        listener,
+        Metrics::default(),
+        Arc::new(move || {
+            let state = *shown.lock().unwrap();
+            GatewayStatus {
+                interface: "tdm-milan".into(),
+                state,
+                rtt_ms: (state == TunnelState::Connected).then_some(1.5),
+                last_handshake_seconds_ago: None,
+                peer_endpoint: None,
+                rx_bytes: 0,
+                tx_bytes: 0,
+            }
+        }),
+    ));
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    peerings
+        .patch(
+            "milan",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"gatewayStatus": addr}})),
+        )
+        .await
+        .unwrap();
+
+    let becomes = |status: &'static str, reason: &'static str| {
+        let nodes = nodes.clone();
+        let vn = vn.clone();
+        async move {
+            until(
+                &format!("NetworkUnavailable={status} ({reason})"),
+                Duration::from_secs(10),
+                || async {
+                    let n = nodes.get_opt(&vn).await.ok().flatten()?;
+                    network_condition(&n).filter(|(s, r, _)| s == status && r == reason)
+                },
+            )
+            .await
+        }
+    };
+    let (_, _, message) = becomes("True", "TunnelConnecting").await;
+    assert!(message.contains("provider milan"), "{message}");
+    *state.lock().unwrap() = TunnelState::Connected;
+    let (_, _, message) = becomes("False", "TunnelConnected").await;
+    assert!(message.contains("RTT 1.5 ms"), "{message}");
+    *state.lock().unwrap() = TunnelState::Error;
+    becomes("True", "TunnelDown").await;
+    // The gateway gone: the status API does not answer.
+    server.abort();
+    let _ = server.await;
+    let (_, _, message) = becomes("True", "GatewayUnreachable").await;
+    assert!(message.contains(&addr), "{message}");
+    // Readiness is the provider's API, not the tunnel: the node stays Ready.
+    let node = nodes.get(&vn).await.unwrap();
+    assert!(node_ready(&node), "{:?}", node.status);
+
+    // Unset: the condition goes.
+    peerings
+        .patch(
+            "milan",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"gatewayStatus": null}})),
+        )
+        .await
+        .unwrap();
+    until(
+        "NetworkUnavailable gone",
+        Duration::from_secs(10),
+        || async {
+            let n = nodes.get_opt(&vn).await.ok().flatten()?;
+            network_condition(&n).is_none().then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

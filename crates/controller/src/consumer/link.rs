@@ -58,6 +58,8 @@ pub struct ProviderLink {
     /// Labels the provider suggests for the virtual node.
     pub node_labels: BTreeMap<String, String>,
     pub network: Option<NetworkView>,
+    /// `host:port` of the status API of our gateway to this provider, if networking is managed.
+    pub gateway_status: Option<String>,
     /// Changes when the identity changes (tasks holding `client` must restart).
     pub identity_version: String,
 }
@@ -108,6 +110,7 @@ impl Links {
                         && la.grant == lb.grant
                         && la.node_labels == lb.node_labels
                         && la.network == lb.network
+                        && la.gateway_status == lb.gateway_status
                 });
             if !same {
                 *current = links;
@@ -193,6 +196,7 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
         grant: status.granted.clone(),
         node_labels: status.node_labels.clone(),
         network,
+        gateway_status: peering.spec.gateway_status.clone(),
         identity_version: secret.resource_version().unwrap_or_default(),
         provider_id,
     }))

@@ -71,6 +71,24 @@ struct Readiness {
     message: String,
 }
 
+/// The tunnel's health as the NetworkUnavailable condition shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkHealth {
+    pub unavailable: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the virtual node's status last said, and since when each condition has said it.
+struct Posted {
+    readiness: Readiness,
+    network: Option<NetworkHealth>,
+    capacity: BTreeMap<String, String>,
+    at: Instant,
+    ready_since: String,
+    network_since: String,
+}
+
 /// Runs the virtual node of `link`'s provider until the task is aborted.
 pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     let mut tick = tokio::time::interval(ctx.options.heartbeat);
@@ -80,7 +98,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     let mut last_error = String::from("not probed yet");
     // What was last written, to write only changes (plus a periodic heartbeat).
     let mut applied: Option<Value> = None;
-    let mut posted: Option<(Readiness, BTreeMap<String, String>, Instant, String)> = None;
+    let mut posted: Option<Posted> = None;
     let mut node_uid: Option<String> = None;
     loop {
         tokio::select! {
@@ -145,27 +163,54 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             }
         };
 
+        let network = match &l.gateway_status {
+            Some(addr) => Some(network_health(
+                &l.provider_id,
+                addr,
+                gateway_state(addr, probe_timeout(&ctx)).await,
+            )),
+            None => None,
+        };
+
         let cap = capacity(&l);
         let due = match &posted {
-            Some((r, c, at, _)) => {
-                r.ready != readiness.ready
-                    || r.reason != readiness.reason
-                    || *c != cap
-                    || at.elapsed() >= STATUS_REFRESH
+            Some(p) => {
+                p.readiness.ready != readiness.ready
+                    || p.readiness.reason != readiness.reason
+                    || p.network.as_ref().map(|n| (n.unavailable, &n.reason))
+                        != network.as_ref().map(|n| (n.unavailable, &n.reason))
+                    || p.capacity != cap
+                    || p.at.elapsed() >= STATUS_REFRESH
             }
             None => true,
         };
         if due {
             let now = now();
-            let transition = match &posted {
-                Some((r, _, _, t)) if r.ready == readiness.ready => t.clone(),
+            let ready_since = match &posted {
+                Some(p) if p.readiness.ready == readiness.ready => p.ready_since.clone(),
                 _ => now.clone(),
             };
+            let network_since = match (&posted, &network) {
+                (Some(p), Some(n))
+                    if p.network.as_ref().map(|o| o.unavailable) == Some(n.unavailable) =>
+                {
+                    p.network_since.clone()
+                }
+                _ => now.clone(),
+            };
+            let mut conditions = vec![json!({"type": "Ready",
+                "status": if readiness.ready { "True" } else { "False" },
+                "reason": readiness.reason, "message": readiness.message,
+                "lastHeartbeatTime": now, "lastTransitionTime": ready_since})];
+            if let Some(n) = &network {
+                conditions.push(json!({"type": "NetworkUnavailable",
+                    "status": if n.unavailable { "True" } else { "False" },
+                    "reason": n.reason, "message": n.message,
+                    "lastHeartbeatTime": now, "lastTransitionTime": network_since}));
+            }
             let status = json!({"status": {
                 "capacity": cap, "allocatable": cap,
-                "conditions": [{"type": "Ready", "status": if readiness.ready { "True" } else { "False" },
-                    "reason": readiness.reason, "message": readiness.message,
-                    "lastHeartbeatTime": now, "lastTransitionTime": transition}],
+                "conditions": conditions,
                 "nodeInfo": {"kubeletVersion": concat!("tandem-", env!("CARGO_PKG_VERSION")),
                     "operatingSystem": "linux", "architecture": "amd64",
                     "containerRuntimeVersion": "tandem://shadowpod", "kernelVersion": "",
@@ -180,7 +225,16 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                 )
                 .await
             {
-                Ok(_) => posted = Some((readiness, cap, Instant::now(), transition)),
+                Ok(_) => {
+                    posted = Some(Posted {
+                        readiness,
+                        network,
+                        capacity: cap,
+                        at: Instant::now(),
+                        ready_since,
+                        network_since,
+                    })
+                }
                 Err(e) => {
                     tracing::warn!(node = %l.virtual_node, "posting virtual node status: {e}")
                 }
@@ -190,6 +244,102 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         if let Err(e) = renew_lease(&ctx, &l.virtual_node, node_uid.as_deref()).await {
             tracing::warn!(node = %l.virtual_node, "renewing virtual node lease: {e}");
         }
+    }
+}
+
+/// What the gateway's `/status` says of the tunnel (see `tandem_net::status::GatewayStatus`).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayReport {
+    /// `connected`, `connecting` or `error`.
+    pub state: String,
+    #[serde(default)]
+    pub rtt_ms: Option<f64>,
+}
+
+/// Reads the gateway's status API at `addr` (`host:port`, `GET /status`). One plain HTTP/1.1
+/// request per heartbeat over hyper's client connection: the status API is unencrypted and
+/// local, so there is nothing for a pooled client to add.
+async fn gateway_state(addr: &str, timeout: Duration) -> Result<GatewayReport, String> {
+    use http_body_util::BodyExt;
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connecting: {e}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let request = http::Request::get("/status")
+            .header(http::header::HOST, addr)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("GET /status answered {}", response.status()));
+        }
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        serde_json::from_slice(&body).map_err(|e| format!("reading GET /status: {e}"))
+    };
+    tokio::time::timeout(timeout, fetch)
+        .await
+        .map_err(|_| format!("no answer within {}s", timeout.as_secs()))?
+}
+
+/// The NetworkUnavailable condition of `provider`'s virtual node from its gateway's report.
+pub fn network_health(
+    provider: &str,
+    addr: &str,
+    report: Result<GatewayReport, String>,
+) -> NetworkHealth {
+    let (unavailable, reason, message) = match report {
+        Ok(r) if r.state == "connected" => (
+            false,
+            "TunnelConnected",
+            match r.rtt_ms {
+                Some(rtt) => format!("tunnel to provider {provider} connected, RTT {rtt:.1} ms"),
+                None => format!("tunnel to provider {provider} connected"),
+            },
+        ),
+        Ok(r) if r.state == "connecting" => (
+            true,
+            "TunnelConnecting",
+            format!(
+                "tunnel to provider {provider} not connected yet (gateway status at {addr}); \
+                 check the gateway's peer endpoint and public key"
+            ),
+        ),
+        Ok(r) => (
+            true,
+            "TunnelDown",
+            format!(
+                "tunnel to provider {provider} is {}: its probes go unanswered (gateway status \
+                 at {addr}); check that the provider's gateway is running and reachable over UDP",
+                r.state
+            ),
+        ),
+        Err(e) => (
+            true,
+            "GatewayUnreachable",
+            format!(
+                "the gateway to provider {provider} does not report its tunnel: status API at \
+                 {addr}: {e}; check that `tandem gateway` runs with statusListen = \"{addr}\""
+            ),
+        ),
+    };
+    NetworkHealth {
+        unavailable,
+        reason: reason.into(),
+        message,
     }
 }
 
