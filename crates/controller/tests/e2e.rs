@@ -266,6 +266,30 @@ async fn network_unavailable_follows_the_gateway_tunnel() {
     assert!(message.contains("RTT 1.5 ms"), "{message}");
     *state.lock().unwrap() = TunnelState::Error;
     becomes("True", "TunnelDown").await;
+    // As in kube, the node lifecycle taints a node whose network is unavailable: no new pods.
+    let has_network_taint = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    t.key == "node.kubernetes.io/network-unavailable" && t.effect == "NoSchedule"
+                })
+            })
+    };
+    until(
+        "network-unavailable taint",
+        Duration::from_secs(10),
+        || async {
+            nodes
+                .get_opt(&vn)
+                .await
+                .ok()
+                .flatten()
+                .filter(has_network_taint)
+        },
+    )
+    .await;
     // The gateway gone: the status API does not answer.
     server.abort();
     let _ = server.await;
@@ -285,11 +309,11 @@ async fn network_unavailable_follows_the_gateway_tunnel() {
         .await
         .unwrap();
     until(
-        "NetworkUnavailable gone",
+        "NetworkUnavailable and its taint gone",
         Duration::from_secs(10),
         || async {
             let n = nodes.get_opt(&vn).await.ok().flatten()?;
-            network_condition(&n).is_none().then_some(())
+            (network_condition(&n).is_none() && !has_network_taint(&n)).then_some(())
         },
     )
     .await;

@@ -21,6 +21,9 @@ use crate::scheduler::tolerates;
 
 /// Taint key of nodes whose kubelet stopped renewing its Lease.
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// Taint key (NoSchedule) of nodes whose NetworkUnavailable condition is True
+/// (kube-controller-manager's TaintNodesByCondition).
+pub const TAINT_NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable";
 
 /// What to do with a pod on a node with NoExecute taints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +88,35 @@ pub fn with_unreachable(taints: &[Taint], unreachable: bool, now: Timestamp) -> 
         }
     }
     out
+}
+
+/// The taints with the network-unavailable NoSchedule taint added, or removed.
+pub fn with_network_unavailable(taints: &[Taint], unavailable: bool) -> Vec<Taint> {
+    let mut out: Vec<Taint> = taints
+        .iter()
+        .filter(|t| t.key != TAINT_NETWORK_UNAVAILABLE)
+        .cloned()
+        .collect();
+    if unavailable {
+        out.push(Taint {
+            key: TAINT_NETWORK_UNAVAILABLE.into(),
+            effect: "NoSchedule".into(),
+            time_added: None,
+            value: None,
+        });
+    }
+    out
+}
+
+/// Whether the node's NetworkUnavailable condition is True.
+fn network_unavailable(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "NetworkUnavailable" && c.status == "True")
+        })
 }
 
 fn taints(node: &Node) -> &[Taint] {
@@ -251,6 +283,16 @@ async fn monitor(client: &kube::Client, view: &mut View, grace: Duration) {
             && let Err(e) = mark_node(client, node, expired).await
         {
             tracing::warn!(node = %name, expired, "updating unreachable taints: {e}");
+        } else if let Some(want) = network_taint_change(node)
+            && let Err(e) = set_taints(
+                client,
+                node,
+                node.metadata.resource_version.clone(),
+                with_network_unavailable(taints(node), want),
+            )
+            .await
+        {
+            tracing::warn!(node = %name, "updating the network-unavailable taint: {e}");
         }
         if expired && !view.pods_marked.contains(&name) {
             view.pods_marked.insert(name.clone());
@@ -260,6 +302,36 @@ async fn monitor(client: &kube::Client, view: &mut View, grace: Duration) {
         }
         evict(client, view, &name, now).await;
     }
+}
+
+/// Whether the network-unavailable taint must be added (true) or removed (false), if either.
+fn network_taint_change(node: &Node) -> Option<bool> {
+    let want = network_unavailable(node);
+    let has = taints(node)
+        .iter()
+        .any(|t| t.key == TAINT_NETWORK_UNAVAILABLE && t.effect == "NoSchedule");
+    (want != has).then_some(want)
+}
+
+/// Writes `taints` as the node's taints if the node is still at `rv`, the version they were
+/// computed from (a conflict leaves the decision to the next pass).
+async fn set_taints(
+    client: &kube::Client,
+    node: &Node,
+    rv: Option<String>,
+    taints: Vec<Taint>,
+) -> Result<(), kube::Error> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node.metadata.name.as_deref().unwrap_or_default(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": rv},
+                "spec": {"taints": taints},
+            })),
+        )
+        .await
+        .map(drop)
 }
 
 async fn mark_node(
@@ -302,14 +374,11 @@ async fn mark_node(
             .await?;
         rv = updated.metadata.resource_version;
     }
-    let taints = with_unreachable(taints(node), unreachable, now);
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({
-            "metadata": {"resourceVersion": rv},
-            "spec": {"taints": taints},
-        })),
+    set_taints(
+        client,
+        node,
+        rv,
+        with_unreachable(taints(node), unreachable, now),
     )
     .await?;
     tracing::info!(node = %name, unreachable, "node lease {}", if unreachable { "expired" } else { "renewed" });
@@ -478,5 +547,39 @@ mod tests {
         assert_eq!(again.len(), 3, "adding twice keeps one pair");
         let off = with_unreachable(&again, false, now);
         assert_eq!(off, base);
+    }
+
+    #[test]
+    fn network_unavailable_taint_follows_the_condition() {
+        let base = vec![taint("dedicated", "NoSchedule")];
+        let mut node = Node {
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(base.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(network_taint_change(&node), None, "no condition, no taint");
+        let set = |node: &mut Node, status: &str| {
+            node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "NetworkUnavailable".into(),
+                    status: status.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+        };
+        set(&mut node, "True");
+        assert_eq!(network_taint_change(&node), Some(true));
+        let tainted = with_network_unavailable(&base, true);
+        assert_eq!(tainted.len(), 2);
+        assert_eq!(tainted[1].key, TAINT_NETWORK_UNAVAILABLE);
+        assert_eq!(tainted[1].effect, "NoSchedule");
+        node.spec.as_mut().unwrap().taints = Some(tainted.clone());
+        assert_eq!(network_taint_change(&node), None, "already tainted");
+        set(&mut node, "False");
+        assert_eq!(network_taint_change(&node), Some(false));
+        assert_eq!(with_network_unavailable(&tainted, false), base);
     }
 }
