@@ -56,6 +56,9 @@ pub struct ProviderStatus {
     pub conditions: BTreeMap<String, String>,
     pub virtual_node: Option<String>,
     pub virtual_node_ready: Option<bool>,
+    /// The reason of the virtual node's NetworkUnavailable condition (TunnelConnected,
+    /// TunnelDown, …), when the Peering names its gateway.
+    pub tunnel: Option<String>,
     pub granted: BTreeMap<String, String>,
     pub pods: usize,
 }
@@ -111,11 +114,11 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
     {
         let st = p.status.clone().unwrap_or_default();
         let vn = st.virtual_node.clone();
-        let (ready, count) = match &vn {
+        let (node, count) = match &vn {
             Some(vn) => {
-                let ready = nodes.get_opt(vn).await?.map(|n| node_ready(&n));
+                let node = nodes.get_opt(vn).await?;
                 let lp = ListParams::default().fields(&format!("spec.nodeName={vn}"));
-                (ready, pods.list_metadata(&lp).await?.items.len())
+                (node, pods.list_metadata(&lp).await?.items.len())
             }
             None => (None, 0),
         };
@@ -128,7 +131,8 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .map(|c| (c.type_.clone(), c.status.clone()))
                 .collect(),
             virtual_node: vn,
-            virtual_node_ready: ready,
+            virtual_node_ready: node.as_ref().map(node_ready),
+            tunnel: node.as_ref().and_then(tunnel),
             granted: st
                 .granted
                 .iter()
@@ -190,6 +194,17 @@ fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The reason of the node's NetworkUnavailable condition.
+fn tunnel(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "NetworkUnavailable")
+        .map(|c| c.reason.clone().unwrap_or_else(|| c.status.clone()))
+}
+
 fn table(s: &Status) -> String {
     let mut out = format!("Cluster {}\n", s.cluster_id);
     let res = |g: &BTreeMap<String, String>| {
@@ -204,8 +219,8 @@ fn table(s: &Status) -> String {
         out.push_str("  none — peer with `tandem peer INVITE`\n");
     } else {
         out.push_str(&format!(
-            "  {:<16} {:<12} {:<22} {:<6} {:<34} {:>5}  {}\n",
-            "CLUSTER", "PHASE", "VIRTUAL NODE", "READY", "GRANTED", "PODS", "NOT TRUE"
+            "  {:<16} {:<12} {:<22} {:<6} {:<18} {:<34} {:>5}  {}\n",
+            "CLUSTER", "PHASE", "VIRTUAL NODE", "READY", "TUNNEL", "GRANTED", "PODS", "NOT TRUE"
         ));
         for p in &s.providers {
             let not_true: Vec<&str> = p
@@ -215,7 +230,7 @@ fn table(s: &Status) -> String {
                 .map(|(k, _)| k.as_str())
                 .collect();
             out.push_str(&format!(
-                "  {:<16} {:<12} {:<22} {:<6} {:<34} {:>5}  {}\n",
+                "  {:<16} {:<12} {:<22} {:<6} {:<18} {:<34} {:>5}  {}\n",
                 p.cluster_id,
                 p.phase,
                 p.virtual_node.as_deref().unwrap_or("-"),
@@ -224,6 +239,7 @@ fn table(s: &Status) -> String {
                     Some(false) => "False",
                     None => "-",
                 },
+                p.tunnel.as_deref().unwrap_or("-"),
                 res(&p.granted),
                 p.pods,
                 if not_true.is_empty() {

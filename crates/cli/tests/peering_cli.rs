@@ -139,6 +139,10 @@ fn install_invite_peer_status_through_the_cli() {
     assert_eq!(status["providers"][0]["clusterID"], "milan");
     assert_eq!(status["providers"][0]["phase"], "Established");
     assert_eq!(status["providers"][0]["virtualNode"], "tandem-milan");
+    assert!(
+        status["providers"][0]["tunnel"].is_null(),
+        "no gateway configured, no tunnel state: {status}"
+    );
     let out = tandem(
         dir.path(),
         &["status", "--kubeconfig", kc, "--context", "lab-2"],
@@ -169,7 +173,10 @@ fn install_invite_peer_status_through_the_cli() {
         .expect("kubectl runs");
     let (table, err) = text(&out);
     assert!(out.status.success(), "kubectl tandem status: {err}");
-    assert!(table.contains("tandem-milan"), "{table}");
+    assert!(
+        table.contains("tandem-milan") && table.contains("TUNNEL"),
+        "{table}"
+    );
 }
 
 #[test]
