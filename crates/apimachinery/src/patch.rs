@@ -153,10 +153,12 @@ pub fn json_patch(doc: &Value, patch: &Value) -> Result<Value, PatchError> {
     // are dropped once the document before them is known not to have the member. Patches
     // without a null test (webhooks' patches: one per pod created) skip that tracking pass.
     let null_test = |op: &Value| op["op"] == "test" && op.get("value").is_some_and(Value::is_null);
+    // Where each applied operation stands in the patch as sent (errors name that index).
+    let mut origin: Vec<usize> = Vec::new();
     let parsed: json_patch::Patch = if ops.iter().any(null_test) {
         let mut kept = Vec::with_capacity(ops.len());
         let mut current = doc.clone();
-        for op in ops {
+        for (index, op) in ops.iter().enumerate() {
             let absent = op["path"]
                 .as_str()
                 .is_some_and(|p| current.pointer(p).is_none());
@@ -169,6 +171,7 @@ pub fn json_patch(doc: &Value, patch: &Value) -> Result<Value, PatchError> {
                 let _ = json_patch::patch(&mut current, &single.0);
             }
             kept.push(op.clone());
+            origin.push(index);
         }
         serde_json::from_value(Value::Array(kept))
     } else {
@@ -178,17 +181,18 @@ pub fn json_patch(doc: &Value, patch: &Value) -> Result<Value, PatchError> {
     let mut out = doc.clone();
     json_patch::patch(&mut out, &parsed.0).map_err(|e| {
         let op = &parsed.0[e.operation];
+        let index = origin.get(e.operation).copied().unwrap_or(e.operation);
         let path = e.path.to_string();
         match (&e.kind, op) {
             (json_patch::PatchErrorKind::TestFailed, json_patch::PatchOperation::Test(t)) => {
                 PatchError::TestFailed {
-                    index: e.operation,
+                    index,
                     path,
                     expected: t.value.clone(),
                 }
             }
             (kind, op) => PatchError::OperationFailed {
-                index: e.operation,
+                index,
                 op: op_name(op),
                 path,
                 reason: match kind {
@@ -1683,5 +1687,19 @@ mod tests {
             json_patch(&doc, &ok).unwrap(),
             json!({"metadata": {"name": "a", "finalizers": ["f"]}})
         );
+        // An error names the operation by its place in the patch as sent, dropped tests
+        // counted.
+        let failing = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "remove", "path": "/spec/missing"}
+        ]);
+        let err = json_patch(&doc, &failing).unwrap_err().to_string();
+        assert!(err.starts_with("JSON patch operation 1 (remove"), "{err}");
+        let failing_test = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "test", "path": "/metadata/name", "value": "b"}
+        ]);
+        let err = json_patch(&doc, &failing_test).unwrap_err().to_string();
+        assert!(err.starts_with("JSON patch operation 1 (test)"), "{err}");
     }
 }
