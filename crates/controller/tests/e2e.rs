@@ -235,14 +235,20 @@ async fn network_unavailable_follows_the_gateway_tunnel() {
         }),
     ));
     let peerings: Api<Peering> = Api::all(consumer.client.clone());
-    peerings
-        .patch(
-            "milan",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"gatewayStatus": addr}})),
-        )
-        .await
-        .unwrap();
+    let set_gateway = |status: Value| {
+        let peerings = peerings.clone();
+        async move {
+            peerings
+                .patch(
+                    "milan",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"gatewayStatus": status}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    set_gateway(json!(addr)).await;
 
     let becomes = |status: &'static str, reason: &'static str| {
         let nodes = nodes.clone();
@@ -300,14 +306,7 @@ async fn network_unavailable_follows_the_gateway_tunnel() {
     assert!(node_ready(&node), "{:?}", node.status);
 
     // Unset: the condition goes.
-    peerings
-        .patch(
-            "milan",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"gatewayStatus": null}})),
-        )
-        .await
-        .unwrap();
+    set_gateway(Value::Null).await;
     until(
         "NetworkUnavailable and its taint gone",
         Duration::from_secs(10),

@@ -65,6 +65,20 @@ type Operation = (
     Vec<(&'static str, &'static str)>,
 );
 
+/// Listing namespaces as the administrator, through impersonation.
+fn impersonate_admin() -> Operation {
+    (
+        "impersonate the administrator",
+        "GET",
+        "/api/v1/namespaces".into(),
+        None,
+        vec![
+            ("Impersonate-User", "admin"),
+            ("Impersonate-Group", "system:masters"),
+        ],
+    )
+}
+
 #[tokio::test]
 async fn the_peer_identity_is_confined_to_its_tenant() {
     let provider = Cluster::start("zurich", "eu-central", 1).await;
@@ -327,16 +341,7 @@ async fn the_peer_identity_is_confined_to_its_tenant() {
             None,
             vec![],
         ),
-        (
-            "impersonate an admin",
-            "GET",
-            "/api/v1/namespaces".into(),
-            None,
-            vec![
-                ("Impersonate-User", "admin"),
-                ("Impersonate-Group", "system:masters"),
-            ],
-        ),
+        impersonate_admin(),
         (
             "list CSRs",
             "GET",
@@ -538,16 +543,7 @@ async fn the_controller_identity_is_confined_to_its_role() {
             ),
             vec![],
         ),
-        (
-            "impersonate the administrator",
-            "GET",
-            "/api/v1/namespaces".into(),
-            None,
-            vec![
-                ("Impersonate-User", "admin"),
-                ("Impersonate-Group", "system:masters"),
-            ],
-        ),
+        impersonate_admin(),
         (
             "create a Peering (the CLI's job)",
             "POST",
