@@ -90,7 +90,16 @@ pub async fn mutate(
     obj: &mut Value,
     operation: &str,
 ) -> ApiResult<()> {
-    run(state, MUTATING, call, res, old, Some(obj), operation).await
+    run(
+        state,
+        MUTATING,
+        call,
+        res,
+        old,
+        Target::Mutable(obj),
+        operation,
+    )
+    .await
 }
 
 /// Runs the validating webhooks that match (they cannot change `obj`).
@@ -99,10 +108,19 @@ pub async fn validate(
     call: &Call,
     res: &Arc<ResourceInfo>,
     old: Option<&Value>,
-    obj: &mut Value,
+    obj: &Value,
     operation: &str,
 ) -> ApiResult<()> {
-    run(state, VALIDATING, call, res, old, Some(obj), operation).await
+    run(
+        state,
+        VALIDATING,
+        call,
+        res,
+        old,
+        Target::Fixed(obj),
+        operation,
+    )
+    .await
 }
 
 /// Runs the validating webhooks for a DELETE.
@@ -112,7 +130,34 @@ pub async fn validate_delete(
     res: &Arc<ResourceInfo>,
     old: &Value,
 ) -> ApiResult<()> {
-    run(state, VALIDATING, call, res, Some(old), None, "DELETE").await
+    run(
+        state,
+        VALIDATING,
+        call,
+        res,
+        Some(old),
+        Target::Absent,
+        "DELETE",
+    )
+    .await
+}
+
+/// The object under admission: one mutating webhooks may patch, one validating webhooks only
+/// read, or none (a DELETE).
+enum Target<'a> {
+    Mutable(&'a mut Value),
+    Fixed(&'a Value),
+    Absent,
+}
+
+impl Target<'_> {
+    fn get(&self) -> Option<&Value> {
+        match self {
+            Target::Mutable(v) => Some(v),
+            Target::Fixed(v) => Some(v),
+            Target::Absent => None,
+        }
+    }
 }
 
 fn exempt(res: &ResourceInfo) -> bool {
@@ -127,7 +172,7 @@ async fn run(
     call: &Call,
     res: &Arc<ResourceInfo>,
     old: Option<&Value>,
-    mut obj: Option<&mut Value>,
+    mut obj: Target<'_>,
     operation: &str,
 ) -> ApiResult<()> {
     if exempt(res) {
@@ -138,7 +183,7 @@ async fn run(
         return Ok(());
     }
     let meta = |field: &str| -> Option<String> {
-        let source = obj.as_deref().or(old)?;
+        let source = obj.get().or(old)?;
         source["metadata"][field].as_str().map(str::to_string)
     };
     let namespace = meta("namespace").unwrap_or_default();
@@ -153,12 +198,12 @@ async fn run(
     for config in configs {
         let config = state.webhooks.parsed(&config);
         for hook in config["webhooks"].as_array().into_iter().flatten() {
-            if !matches(state, &req, hook, old, obj.as_deref()) {
+            if !matches(state, &req, hook, old, obj.get()) {
                 continue;
             }
             let hook_name = hook["name"].as_str().unwrap_or("");
             let ignore = hook["failurePolicy"] == "Ignore";
-            match call_hook(&state.webhooks, &req, hook, old, obj.as_deref()).await {
+            match call_hook(&state.webhooks, &req, hook, old, obj.get()).await {
                 Ok(response) => {
                     if response["allowed"] != true {
                         let status = &response["status"];
@@ -177,18 +222,17 @@ async fn run(
                             details: None,
                         });
                     }
-                    // As in kube, only mutating webhooks' patches are applied.
-                    if let (Some(patch), Some(target), true) = (
-                        response["patch"].as_str(),
-                        obj.as_deref_mut(),
-                        key == MUTATING,
-                    ) {
+                    // As in kube, only mutating webhooks' patches are applied (only they get
+                    // a Mutable target).
+                    if let (Some(patch), Target::Mutable(target)) =
+                        (response["patch"].as_str(), &mut obj)
+                    {
                         let patch: Value = base64::engine::general_purpose::STANDARD
                             .decode(patch)
                             .ok()
                             .and_then(|b| serde_json::from_slice(&b).ok())
                             .ok_or_else(|| ApiError::internal(format!("admission webhook \"{hook_name}\" returned an undecodable patch")))?;
-                        *target = tandem_apimachinery::patch::json_patch(target, &patch).map_err(|e| {
+                        **target = tandem_apimachinery::patch::json_patch(target, &patch).map_err(|e| {
                             ApiError::internal(format!("admission webhook \"{hook_name}\" returned a patch that does not apply: {e}"))
                         })?;
                     }
