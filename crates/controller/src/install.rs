@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -155,6 +155,21 @@ pub async fn install(
         rbac::peer_twin_role(),
     ] {
         apply(&roles, &role).await.map_err(step("RBAC"))?;
+    }
+    for (namespace, role) in rbac::controller_namespaced_roles() {
+        apply(&Api::<Role>::namespaced(client.clone(), namespace), &role)
+            .await
+            .map_err(step("RBAC"))?;
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": names::CONTROLLER_NAME, "namespace": namespace, "labels": labels()},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names::CONTROLLER_NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE}],
+        }))
+        .expect("static manifest");
+        apply(&Api::namespaced(client.clone(), namespace), &binding)
+            .await
+            .map_err(step("RBAC"))?;
     }
     let sa: ServiceAccount = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "ServiceAccount",

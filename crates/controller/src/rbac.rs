@@ -2,7 +2,7 @@
 //! identity is bound to — in its tenant namespace and in its twin namespaces only. Nothing
 //! cluster-scoped is ever granted to a peer.
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::api::ObjectMeta;
 use tandem_api::names;
 
@@ -122,10 +122,10 @@ pub fn peer_twin_role() -> ClusterRole {
 
 /// What the controller itself needs in its own cluster, as provider and as consumer — and
 /// nothing else: it never touches CRDs, ClusterRoles, ClusterRoleBindings, workloads or
-/// webhooks other than its own. Most rules are cluster-wide because the namespaces they act in
-/// (tenant, twin and offloaded namespaces) are only known at run time. `tandem install`, which
-/// runs as the administrator, creates what the controller cannot (CRDs, this role, its
-/// Deployment).
+/// webhooks other than its own. The rules here are cluster-wide because the namespaces they act
+/// in (tenant, twin and offloaded namespaces) are only known at run time; what it does in fixed
+/// namespaces is in [`controller_namespaced_roles`]. `tandem install`, which runs as the
+/// administrator, creates what the controller cannot (CRDs, these roles, its Deployment).
 pub fn controller_role() -> ClusterRole {
     const WATCH: &[&str] = &["get", "list", "watch"];
     cluster_role(
@@ -138,13 +138,8 @@ pub fn controller_role() -> ClusterRole {
                 &["secrets"],
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
-            // Its settings and its IPAM (tandem-system).
-            rule(
-                "",
-                &["configmaps"],
-                &["get", "list", "watch", "create", "update", "delete"],
-            ),
-            rule("", &["services"], &["list", "watch"]),
+            // Reflection reads the offloaded namespaces' ConfigMaps and Services.
+            rule("", &["configmaps", "services"], &["list", "watch"]),
             rule("discovery.k8s.io", &["endpointslices"], &["list", "watch"]),
             // Provider events reflected onto the consumer's pods.
             rule("", &["events"], &["create", "patch"]),
@@ -161,25 +156,15 @@ pub fn controller_role() -> ClusterRole {
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
             rule("", &["nodes/status"], &["patch"]),
-            rule(
-                "coordination.k8s.io",
-                &["leases"],
-                &["create", "patch", "delete"],
-            ),
             // Real pods of shadow pods (provider); offloaded pods (consumer).
             rule("", &["pods"], &["get", "list", "watch", "create", "delete"]),
             rule("", &["pods/status"], &["patch"]),
             // RoleBindings of peer identities to the two peer roles (and nothing else: `bind`
-            // is limited to them), and the invite token's Role.
+            // is limited to them), in tenant and twin namespaces.
             rule(
                 "rbac.authorization.k8s.io",
                 &["rolebindings"],
-                &["create", "patch", "delete"],
-            ),
-            rule(
-                "rbac.authorization.k8s.io",
-                &["roles"],
-                &["patch", "delete"],
+                &["create", "patch"],
             ),
             PolicyRule {
                 resource_names: Some(vec![PEER_TENANT_ROLE.into(), PEER_TWIN_ROLE.into()]),
@@ -252,6 +237,53 @@ pub fn controller_role() -> ClusterRole {
         ],
     )
 }
+
+/// What the controller does in namespaces known at install time, as (namespace, Role); each is
+/// bound to its ServiceAccount by a RoleBinding of the same name.
+pub fn controller_namespaced_roles() -> Vec<(&'static str, Role)> {
+    let role = |namespace: &str, rules: Vec<PolicyRule>| Role {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.to_string()),
+            ..cluster_role(names::CONTROLLER_NAME, vec![]).metadata
+        },
+        rules: Some(rules),
+    };
+    vec![
+        (
+            names::SYSTEM_NAMESPACE,
+            role(
+                names::SYSTEM_NAMESPACE,
+                vec![
+                    // Its settings (tandem-config) and its IPAM (tandem-ipam).
+                    rule("", &["configmaps"], &["get", "create", "update", "delete"]),
+                    // An invite's Role (narrowed to its request once filed) and binding,
+                    // removed when the invite ends.
+                    rule(
+                        "rbac.authorization.k8s.io",
+                        &["roles"],
+                        &["patch", "delete"],
+                    ),
+                    rule("rbac.authorization.k8s.io", &["rolebindings"], &["delete"]),
+                ],
+            ),
+        ),
+        (
+            LEASE_NAMESPACE,
+            role(
+                LEASE_NAMESPACE,
+                // Virtual nodes' heartbeats.
+                vec![rule(
+                    "coordination.k8s.io",
+                    &["leases"],
+                    &["create", "patch", "delete"],
+                )],
+            ),
+        ),
+    ]
+}
+
+/// Namespace of node Leases.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// The signer of peer identities' client certificates.
 pub const PEER_CSR_SIGNER: &str = "kubernetes.io/kube-apiserver-client";

@@ -571,6 +571,29 @@ async fn the_controller_identity_is_confined_to_its_role() {
             vec![],
         ),
         (
+            "edit a Role outside tandem-system",
+            "PATCH",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles/x".into(),
+            Some(json!({"rules": []})),
+            vec![],
+        ),
+        (
+            "delete a ConfigMap outside tandem-system",
+            "DELETE",
+            "/api/v1/namespaces/default/configmaps/x".into(),
+            None,
+            vec![],
+        ),
+        (
+            "create a Lease outside kube-node-lease",
+            "POST",
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases".into(),
+            Some(
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "x"}}),
+            ),
+            vec![],
+        ),
+        (
             "replace a Node",
             "PUT",
             "/api/v1/nodes/lugano-worker-1".into(),
@@ -601,6 +624,14 @@ async fn the_controller_identity_is_confined_to_its_role() {
         (
             "list ShadowPods",
             "/apis/tandem.dev/v1alpha1/shadowpods".to_string(),
+        ),
+        (
+            "read its settings",
+            format!(
+                "/api/v1/namespaces/{}/configmaps/{}",
+                names::SYSTEM_NAMESPACE,
+                names::CONFIG_MAP
+            ),
         ),
     ] {
         let code = status_of(ctl, "GET", &path, None, &[]).await;

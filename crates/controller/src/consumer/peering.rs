@@ -750,7 +750,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
     )
     .map_err(|e| fail(&provider, "deleting the virtual node")(e.to_string()))?;
     ignore_missing(
-        Api::<Lease>::namespaced(ctx.client.clone(), "kube-node-lease")
+        Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
             .delete(&node, &DeleteParams::default())
             .await,
     )

@@ -16,8 +16,7 @@ use tokio::time::Instant;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 
-/// Namespace of node Leases.
-const LEASE_NAMESPACE: &str = "kube-node-lease";
+use crate::rbac::LEASE_NAMESPACE;
 /// Pods a virtual node admits when the grant does not say.
 const DEFAULT_PODS: &str = "110";
 /// How often the Ready condition's heartbeat time is refreshed when nothing changes.
