@@ -70,42 +70,33 @@ pub fn eviction(taints: &[Taint], tolerations: &[Toleration]) -> Eviction {
     }
 }
 
+/// `taints` with those of `key` replaced by one per effect in `effects` (none: removed).
+/// `NoExecute` taints get `now` as their time added, which the taint manager counts from.
+fn with_taint(taints: &[Taint], key: &str, effects: &[&str], now: Timestamp) -> Vec<Taint> {
+    let mut out: Vec<Taint> = taints.iter().filter(|t| t.key != key).cloned().collect();
+    out.extend(effects.iter().map(|effect| Taint {
+        key: key.into(),
+        effect: effect.to_string(),
+        time_added: (*effect == "NoExecute").then_some(Time(now)),
+        value: None,
+    }));
+    out
+}
+
 /// The taints with the unreachable ones added (NoSchedule and NoExecute), or removed.
 pub fn with_unreachable(taints: &[Taint], unreachable: bool, now: Timestamp) -> Vec<Taint> {
-    let mut out: Vec<Taint> = taints
-        .iter()
-        .filter(|t| t.key != TAINT_UNREACHABLE)
-        .cloned()
-        .collect();
-    if unreachable {
-        for effect in ["NoSchedule", "NoExecute"] {
-            out.push(Taint {
-                key: TAINT_UNREACHABLE.into(),
-                effect: effect.into(),
-                time_added: (effect == "NoExecute").then_some(Time(now)),
-                value: None,
-            });
-        }
-    }
-    out
+    let effects: &[&str] = if unreachable {
+        &["NoSchedule", "NoExecute"]
+    } else {
+        &[]
+    };
+    with_taint(taints, TAINT_UNREACHABLE, effects, now)
 }
 
 /// The taints with the network-unavailable NoSchedule taint added, or removed.
 pub fn with_network_unavailable(taints: &[Taint], unavailable: bool) -> Vec<Taint> {
-    let mut out: Vec<Taint> = taints
-        .iter()
-        .filter(|t| t.key != TAINT_NETWORK_UNAVAILABLE)
-        .cloned()
-        .collect();
-    if unavailable {
-        out.push(Taint {
-            key: TAINT_NETWORK_UNAVAILABLE.into(),
-            effect: "NoSchedule".into(),
-            time_added: None,
-            value: None,
-        });
-    }
-    out
+    let effects: &[&str] = if unavailable { &["NoSchedule"] } else { &[] };
+    with_taint(taints, TAINT_NETWORK_UNAVAILABLE, effects, Timestamp::now())
 }
 
 /// Whether the node's NetworkUnavailable condition is True.
