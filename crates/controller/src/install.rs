@@ -156,7 +156,8 @@ pub async fn install(
     ] {
         apply(&roles, &role).await.map_err(step("RBAC"))?;
     }
-    for (namespace, role) in rbac::controller_namespaced_roles() {
+    for role in rbac::controller_namespaced_roles() {
+        let namespace = role.metadata.namespace.as_deref().unwrap_or_default();
         apply(&Api::<Role>::namespaced(client.clone(), namespace), &role)
             .await
             .map_err(step("RBAC"))?;

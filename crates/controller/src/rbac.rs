@@ -238,9 +238,9 @@ pub fn controller_role() -> ClusterRole {
     )
 }
 
-/// What the controller does in namespaces known at install time, as (namespace, Role); each is
-/// bound to its ServiceAccount by a RoleBinding of the same name.
-pub fn controller_namespaced_roles() -> Vec<(&'static str, Role)> {
+/// What the controller does in namespaces known at install time: a Role in each, bound to its
+/// ServiceAccount by a RoleBinding of the same name.
+pub fn controller_namespaced_roles() -> Vec<Role> {
     let role = |namespace: &str, rules: Vec<PolicyRule>| Role {
         metadata: ObjectMeta {
             namespace: Some(namespace.to_string()),
@@ -249,35 +249,29 @@ pub fn controller_namespaced_roles() -> Vec<(&'static str, Role)> {
         rules: Some(rules),
     };
     vec![
-        (
+        role(
             names::SYSTEM_NAMESPACE,
-            role(
-                names::SYSTEM_NAMESPACE,
-                vec![
-                    // Its settings (tandem-config) and its IPAM (tandem-ipam).
-                    rule("", &["configmaps"], &["get", "create", "update", "delete"]),
-                    // An invite's Role (narrowed to its request once filed) and binding,
-                    // removed when the invite ends.
-                    rule(
-                        "rbac.authorization.k8s.io",
-                        &["roles"],
-                        &["patch", "delete"],
-                    ),
-                    rule("rbac.authorization.k8s.io", &["rolebindings"], &["delete"]),
-                ],
-            ),
+            vec![
+                // Its settings (tandem-config) and its IPAM (tandem-ipam).
+                rule("", &["configmaps"], &["get", "create", "update", "delete"]),
+                // An invite's Role (narrowed to its request once filed) and binding, removed
+                // when the invite ends.
+                rule(
+                    "rbac.authorization.k8s.io",
+                    &["roles"],
+                    &["patch", "delete"],
+                ),
+                rule("rbac.authorization.k8s.io", &["rolebindings"], &["delete"]),
+            ],
         ),
-        (
+        role(
             LEASE_NAMESPACE,
-            role(
-                LEASE_NAMESPACE,
-                // Virtual nodes' heartbeats.
-                vec![rule(
-                    "coordination.k8s.io",
-                    &["leases"],
-                    &["create", "patch", "delete"],
-                )],
-            ),
+            // Virtual nodes' heartbeats.
+            vec![rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["create", "patch", "delete"],
+            )],
         ),
     ]
 }
