@@ -235,7 +235,7 @@ async fn apply_to_spec_and_to_the_status_subresource_stay_separate() {
 /// handler checks `create` when the patch creates): `patch` alone updates but does not create.
 #[tokio::test]
 async fn apply_that_creates_needs_the_create_permission() {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::api::rbac::v1::ClusterRole;
     use kube::api::PostParams;
 
     let cluster = Cluster::start().await;
@@ -258,16 +258,9 @@ async fn apply_that_creates_needs_the_create_permission() {
         }
     };
     grant(&["patch"]).await;
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "erin-writes-configmaps"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "configmap-writer"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "erin"}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(cluster.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    cluster
+        .bind_cluster_role("erin-writes-configmaps", "configmap-writer", "User", "erin")
+        .await;
     let erin = Api::<ConfigMap>::namespaced(cluster.client_for("erin", &[]).await, "default");
     let admin = Api::<ConfigMap>::namespaced(cluster.client.clone(), "default");
     let apply = |name: &str, value: &str| {

@@ -53,6 +53,22 @@ impl Cluster {
             .expect("user client")
     }
 
+    /// Binds ClusterRole `role` cluster-wide to a subject (`kind` User or Group) by a
+    /// ClusterRoleBinding named `name`.
+    pub async fn bind_cluster_role(&self, name: &str, role: &str, kind: &str, subject: &str) {
+        let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+            }))
+            .expect("ClusterRoleBinding");
+        kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.client.clone())
+            .create(&Default::default(), &binding)
+            .await
+            .expect("creating the ClusterRoleBinding");
+    }
+
     /// A client authenticating with a bearer token.
     pub async fn client_with_token(&self, token: &str) -> kube::Client {
         let kubeconfig = self.server.kubeconfig_with_token("token-user", token);

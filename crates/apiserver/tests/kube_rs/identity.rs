@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
@@ -39,16 +39,9 @@ async fn rbac_bound_to_a_group_in_the_middle_applies() {
         .create(&PostParams::default(), &role)
         .await
         .unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "g2-reads-configmaps"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "configmap-reader"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "g2"}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(cluster.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    cluster
+        .bind_cluster_role("g2-reads-configmaps", "configmap-reader", "Group", "g2")
+        .await;
     // (groups in the certificate, expected HTTP code)
     // g2 neither first nor last, so a certificate keeping only one O cannot pass.
     let cases: [(&[&str], u16); 3] = [

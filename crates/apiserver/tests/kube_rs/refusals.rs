@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -142,16 +142,9 @@ async fn rbac_grants_only_what_the_role_says() {
         .create(&pp, &reader)
         .await
         .unwrap();
-    let devs: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "devs-read-ns"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ns-reader"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "devs"}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&pp, &devs)
-        .await
-        .unwrap();
+    cluster
+        .bind_cluster_role("devs-read-ns", "ns-reader", "Group", "devs")
+        .await;
     let listed = eventually("group devs may list namespaces", || {
         let namespaces = namespaces.clone();
         async move { namespaces.list(&Default::default()).await.ok() }
