@@ -2,6 +2,7 @@
 //! generation), status-subresource separation, names, and the no-op check.
 
 use serde_json::{Map, Value, json};
+use tandem_apimachinery::validation::{is_dns1123_label, is_dns1123_subdomain};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
@@ -93,20 +94,6 @@ pub fn check_type(info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// Whether `s` is an RFC 1123 subdomain.
-pub fn is_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_label)
-}
-
 /// Validates metadata.name (and namespace) the way kube-apiserver does for the kind.
 pub fn validate_name(info: &ResourceInfo, name: &str) -> ApiResult<()> {
     let label_only = matches!(info.kind.as_str(), "Namespace" | "Service");
@@ -118,9 +105,9 @@ pub fn validate_name(info: &ResourceInfo, name: &str) -> ApiResult<()> {
     let ok = if path_segment {
         !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%'])
     } else if label_only {
-        is_label(name)
+        is_dns1123_label(name)
     } else {
-        is_subdomain(name)
+        is_dns1123_subdomain(name)
     };
     if ok {
         return Ok(());

@@ -3,16 +3,15 @@
 
 use std::collections::BTreeMap;
 
-/// Resources a grant covers, and the scale each is summed in (millicores for cpu).
-const GRANTED: &[(&str, f64)] = &[("cpu", 1000.0), ("memory", 1.0), ("pods", 1.0)];
+use tandem_apimachinery::quantity::Quantity;
 
-/// Parses a Kubernetes quantity into its value times `scale`, rounded up (one parser for the
-/// crate: [`crate::shadow::parse_quantity`]).
-pub fn parse_quantity(s: &str, scale: f64) -> Option<i64> {
-    let thousandths = crate::shadow::parse_quantity(s)?;
-    let v = thousandths as f64 * scale / 1000.0;
-    let r = v.round();
-    Some(if (v - r).abs() < 1e-6 { r } else { v.ceil() } as i64)
+/// Resources a grant covers, and the power of ten each is summed in (millicores for cpu).
+const GRANTED: &[(&str, i32)] = &[("cpu", 3), ("memory", 0), ("pods", 0)];
+
+/// A non-negative quantity times `10^scale`, rounded up; `None` if `s` is not one.
+fn parse_quantity(s: &str, scale: i32) -> Option<i64> {
+    let q = Quantity::parse(s).ok().filter(|q| !q.is_negative())?;
+    i64::try_from(q.scaled(scale)).ok()
 }
 
 /// `percent`% of the sum of `allocatable` (one map per node), for cpu, memory and pods.
@@ -79,10 +78,11 @@ mod tests {
     #[test]
     fn quantities() {
         for (s, scale, want) in [
-            ("100m", 1000.0, Some(100)),
-            ("1.5", 1000.0, Some(1500)),
-            ("64Mi", 1.0, Some(64 << 20)),
-            ("x", 1.0, None),
+            ("100m", 3, Some(100)),
+            ("1.5", 3, Some(1500)),
+            ("64Mi", 0, Some(64 << 20)),
+            ("x", 0, None),
+            ("-5", 0, None),
         ] {
             assert_eq!(parse_quantity(s, scale), want, "{s}");
         }

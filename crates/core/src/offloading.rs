@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tandem_apimachinery::validation::is_dns1123_label;
 
 /// How a twin namespace is named on a provider (mirrors the CRD's enum).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,16 +60,6 @@ pub fn twin_namespace_name(
     } else {
         Err(TwinNameError::Invalid(name))
     }
-}
-
-/// Whether `s` is a DNS-1123 label (what a namespace name must be).
-pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// One requirement of a node selector term (`key`, `operator`, `values`).

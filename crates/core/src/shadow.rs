@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
+use tandem_apimachinery::quantity::Quantity;
 
 /// Annotation on a shadow pod (and its real pod): the UID of the consumer pod it stands for.
 pub const ORIGIN_UID_ANNOTATION: &str = "tandem.dev/origin-uid";
@@ -294,35 +295,13 @@ pub fn policy_violation(spec: &Value) -> Option<String> {
 /// Resource amounts in thousandths of a unit (millicores, millibytes, millipods).
 pub type Resources = BTreeMap<String, i128>;
 
-/// A Kubernetes quantity ("100m", "1.5", "64Gi", "2e3") in thousandths of a unit.
+/// A non-negative Kubernetes quantity ("100m", "1.5", "64Gi", "2e3") in thousandths of a unit;
+/// `None` for anything else (a negative amount is no request).
 pub fn parse_quantity(s: &str) -> Option<i128> {
-    let s = s.trim();
-    let suffixes: [(&str, f64); 13] = [
-        ("Ki", 1024f64),
-        ("Mi", 1024f64.powi(2)),
-        ("Gi", 1024f64.powi(3)),
-        ("Ti", 1024f64.powi(4)),
-        ("Pi", 1024f64.powi(5)),
-        ("Ei", 1024f64.powi(6)),
-        ("n", 1e-9),
-        ("u", 1e-6),
-        ("m", 1e-3),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-    ];
-    let (num, mult) = suffixes
-        .iter()
-        .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
-        .or_else(|| s.strip_suffix('P').map(|n| (n, 1e15)))
-        .or_else(|| s.strip_suffix('E').map(|n| (n, 1e18)))
-        .unwrap_or((s, 1.0));
-    let value: f64 = num.parse().ok()?;
-    if !value.is_finite() || value < 0.0 {
-        return None;
-    }
-    Some((value * mult * 1000.0).ceil() as i128)
+    Quantity::parse(s)
+        .ok()
+        .filter(|q| !q.is_negative())
+        .map(|q| q.milli_value())
 }
 
 /// A pod's effective requests: the sum over containers, at least the largest init container,

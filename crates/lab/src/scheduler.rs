@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use tandem_apimachinery::quantity::Quantity;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -59,50 +60,15 @@ impl Resources {
     }
 }
 
-/// Parses a Kubernetes quantity (`100m`, `1.5`, `64Mi`, `1e3`) into its value times `scale`
-/// (1000 for millicores, 1 for bytes), rounded up like `Quantity.MilliValue`/`Value`.
-///
-/// Written by hand because k8s-openapi keeps quantities as strings and no maintained crate
-/// parses them for this k8s-openapi version.
-pub fn parse_quantity(s: &str, scale: f64) -> Option<i64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exp if exp.starts_with(['e', 'E']) => 10f64.powi(exp[1..].parse().ok()?),
-        _ => return None,
-    };
-    let v = n * mult * scale;
-    // 0.1 * 1000 is 100.00000000000001 in floating point: snap near-integers first.
-    let r = v.round();
-    Some(if (v - r).abs() < 1e-6 { r } else { v.ceil() } as i64)
-}
-
+/// A quantity of `map[key]` times `10^scale` (3 for millicores, 0 for bytes and counts), rounded
+/// up like `Quantity.MilliValue`/`Value`; `None` if absent or not a quantity.
 fn quantity(
     map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
     key: &str,
-    scale: f64,
+    scale: i32,
 ) -> Option<i64> {
-    map?.get(key).and_then(|q| parse_quantity(&q.0, scale))
+    let q = Quantity::parse(&map?.get(key)?.0).ok()?;
+    Some(q.scaled(scale).clamp(i64::MIN.into(), i64::MAX.into()) as i64)
 }
 
 /// A pod as the scheduler accounts for it: requests and the key its replicas share.
@@ -130,11 +96,11 @@ impl PodInfo {
         if let Some(spec) = &pod.spec {
             let of = |c: &k8s_openapi::api::core::v1::Container| {
                 let r = c.resources.as_ref();
-                let get = |key: &str, scale: f64| {
+                let get = |key: &str, scale: i32| {
                     quantity(r.and_then(|r| r.requests.as_ref()), key, scale)
                         .or_else(|| quantity(r.and_then(|r| r.limits.as_ref()), key, scale))
                 };
-                (get("cpu", 1000.0), get("memory", 1.0))
+                (get("cpu", 3), get("memory", 0))
             };
             for c in &spec.containers {
                 let (cpu, mem) = of(c);
@@ -238,10 +204,10 @@ impl Snapshot {
         let name = node.metadata.name.clone().unwrap_or_default();
         let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
         let allocatable = Resources {
-            cpu_milli: quantity(alloc, "cpu", 1000.0).unwrap_or(0),
-            memory: quantity(alloc, "memory", 1.0).unwrap_or(0),
+            cpu_milli: quantity(alloc, "cpu", 3).unwrap_or(0),
+            memory: quantity(alloc, "memory", 0).unwrap_or(0),
         };
-        let max_pods = quantity(alloc, "pods", 1.0).unwrap_or(0);
+        let max_pods = quantity(alloc, "pods", 0).unwrap_or(0);
         let state = self.nodes.entry(name).or_default();
         let relevant = |n: &Node| {
             (
@@ -1813,25 +1779,5 @@ mod tests {
             panic!("retried and bound once the taint is gone");
         };
         assert_eq!(node, "a");
-    }
-
-    #[test]
-    fn quantities() {
-        let cases = [
-            ("100m", 1000.0, Some(100)),
-            ("0.1", 1000.0, Some(100)),
-            ("2", 1000.0, Some(2000)),
-            ("1.5", 1000.0, Some(1500)),
-            ("64Mi", 1.0, Some(64 << 20)),
-            ("1Gi", 1.0, Some(1 << 30)),
-            ("1k", 1.0, Some(1000)),
-            ("129M", 1.0, Some(129_000_000)),
-            ("1e3", 1.0, Some(1000)),
-            ("1m", 1.0, Some(1)),
-            ("lots", 1.0, None),
-        ];
-        for (q, scale, want) in cases {
-            assert_eq!(parse_quantity(q, scale), want, "{q}");
-        }
     }
 }

@@ -91,7 +91,7 @@ async fn consumer_of(client: &Client, rn: &RemoteNamespace) -> Result<Option<Str
 /// Why `name` can never be a twin namespace, if it cannot: invalid, or reserved for the
 /// system or for Tandem (even when it does not exist yet).
 fn reserved(name: &str) -> Option<&'static str> {
-    if !tandem_core::offloading::is_dns1123_label(name) {
+    if !tandem_apimachinery::validation::is_dns1123_label(name) {
         Some("not a valid namespace name")
     } else if name == "default" || name.starts_with("kube-") {
         Some("reserved for the system")

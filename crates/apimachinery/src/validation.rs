@@ -1,0 +1,177 @@
+//! Name and label formats as `k8s.io/apimachinery/pkg/util/validation` checks them: DNS-1123
+//! labels and subdomains, qualified names (label keys) and label values. One copy for every
+//! crate: the API server, the lab, the controller and the CLI all validate through here.
+
+/// The longest DNS-1123 label (a namespace, a Service name).
+pub const DNS1123_LABEL_MAX: usize = 63;
+/// The longest DNS-1123 subdomain (most object names).
+pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+
+/// Whether `s` is a DNS-1123 label: at most 63 lower-case alphanumerics or '-', starting and
+/// ending with an alphanumeric (what a namespace or Service name must be).
+pub fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= DNS1123_LABEL_MAX && is_label_format(s)
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` without a length bound (kube bounds a subdomain's labels only
+/// by the whole name's 253 characters).
+fn is_label_format(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+const QUALIFIED_NAME_FMT: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+const QUALIFIED_NAME_ERR: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const LABEL_VALUE_ERR: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const DNS1123_SUBDOMAIN_FMT: &str =
+    "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+const DNS1123_SUBDOMAIN_ERR: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
+
+/// `validation.RegexError`: the message, examples and the regex the value failed.
+fn regex_error(msg: &str, fmt: &str, examples: &[&str]) -> String {
+    let examples: String = examples
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("{}'{e}', ", if i > 0 { " or " } else { "" }))
+        .collect();
+    format!("{msg} (e.g. {examples}regex used for validation is '{fmt}')")
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, checked by hand (no regex dependency for one pattern).
+pub fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Whether `s` is a DNS-1123 subdomain: at most 253 characters of dot-separated labels.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= DNS1123_SUBDOMAIN_MAX && s.split('.').all(is_label_format)
+}
+
+/// `validation.IsQualifiedName`: `[prefix/]name`, name at most 63 characters.
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let mut errs: Vec<String> = Vec::new();
+    let parts: Vec<&str> = key.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errs.push("prefix part must be non-empty".to_string());
+            } else {
+                if prefix.len() > 253 {
+                    errs.push("prefix part must be no more than 253 characters".to_string());
+                }
+                if !is_dns1123_subdomain(prefix) {
+                    errs.push(format!(
+                        "prefix part {}",
+                        regex_error(
+                            DNS1123_SUBDOMAIN_ERR,
+                            DNS1123_SUBDOMAIN_FMT,
+                            &["example.com"]
+                        )
+                    ));
+                }
+            }
+            *name
+        }
+        _ => {
+            return Err(format!(
+                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                regex_error(
+                    QUALIFIED_NAME_ERR,
+                    QUALIFIED_NAME_FMT,
+                    &["MyName", "my.name", "123-abc"]
+                )
+            ));
+        }
+    };
+    if name.is_empty() {
+        errs.push("name part must be non-empty".to_string());
+    } else if name.len() > 63 {
+        errs.push("name part must be no more than 63 characters".to_string());
+    }
+    if !is_qualified_name_part(name) {
+        errs.push(format!(
+            "name part {}",
+            regex_error(
+                QUALIFIED_NAME_ERR,
+                QUALIFIED_NAME_FMT,
+                &["MyName", "my.name", "123-abc"]
+            )
+        ));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
+
+/// `validation.IsValidLabelValue`: empty, or a qualified name part of at most 63 characters.
+pub fn validate_label_value(value: &str) -> Result<(), String> {
+    let mut errs = Vec::new();
+    if value.len() > 63 {
+        errs.push("must be no more than 63 characters".to_string());
+    }
+    if !value.is_empty() && !is_qualified_name_part(value) {
+        errs.push(regex_error(
+            LABEL_VALUE_ERR,
+            &format!("({QUALIFIED_NAME_FMT})?"),
+            &["MyValue", "my_value", "12345"],
+        ));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns1123_labels_and_subdomains() {
+        let long = "a".repeat(64);
+        let cases: &[(&str, bool, bool)] = &[
+            // (input, label, subdomain)
+            ("web", true, true),
+            ("web-1", true, true),
+            ("1web", true, true),
+            ("a.b", false, true),
+            ("", false, false),
+            ("-web", false, false),
+            ("web-", false, false),
+            ("Web", false, false),
+            ("we_b", false, false),
+            ("a..b", false, false),
+            (&long, false, true),
+        ];
+        for (s, label, subdomain) in cases {
+            assert_eq!(is_dns1123_label(s), *label, "label {s:?}");
+            assert_eq!(is_dns1123_subdomain(s), *subdomain, "subdomain {s:?}");
+        }
+        assert!(!is_dns1123_subdomain(&format!("{}.b", "a".repeat(253))));
+    }
+
+    #[test]
+    fn label_keys_and_values() {
+        assert!(validate_label_key("app").is_ok());
+        assert!(validate_label_key("tandem.dev/cluster-id").is_ok());
+        assert!(validate_label_key("Bad Key").is_err());
+        assert!(validate_label_key("/x").is_err());
+        assert!(validate_label_value("").is_ok());
+        assert!(validate_label_value("eu-west").is_ok());
+        assert!(validate_label_value("-x").is_err());
+        assert!(validate_label_value(&"v".repeat(64)).is_err());
+    }
+}
