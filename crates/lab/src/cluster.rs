@@ -84,6 +84,7 @@ pub struct LabCluster {
     pub client: kube::Client,
     /// Node power switches.
     pub power: NodePower,
+    scheduler_nodes_seen: tokio::sync::watch::Receiver<u64>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -153,9 +154,10 @@ impl LabCluster {
                     }
                 })
             };
+        let (nodes_seen, scheduler_nodes_seen) = tokio::sync::watch::channel(0);
         tasks.push(spawn(
             "scheduler",
-            Box::pin(crate::scheduler::run(client.clone())),
+            Box::pin(crate::scheduler::run(client.clone(), nodes_seen)),
         ));
         tasks.push(spawn(
             "node lifecycle controller",
@@ -182,6 +184,7 @@ impl LabCluster {
             server,
             client,
             power,
+            scheduler_nodes_seen,
             tasks,
         })
     }
@@ -189,6 +192,15 @@ impl LabCluster {
     /// Names of the cluster's hollow nodes.
     pub fn node_names(&self) -> Vec<String> {
         nodes_of(&self.config).into_iter().map(|n| n.name).collect()
+    }
+
+    /// Waits until the scheduler's cache has applied every node change up to `resource_version`
+    /// (as returned by the write that made it), so a pod created next is scheduled against it.
+    pub async fn scheduler_sees_nodes_at(&self, resource_version: &str) {
+        let want: u64 = resource_version.parse().unwrap_or(u64::MAX);
+        let mut seen = self.scheduler_nodes_seen.clone();
+        // The sender lives as long as the scheduler task, which lives as long as `self`.
+        let _ = seen.wait_for(|v| *v >= want).await;
     }
 
     /// Stops everything (objects stay in the data directory, if any).

@@ -21,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tandem_apimachinery::quantity::Quantity;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// The scheduler name pods ask for (an empty `spec.schedulerName` means this one too).
@@ -1034,8 +1034,10 @@ impl Queue {
     }
 }
 
-/// Runs the scheduler until the process ends.
-pub async fn run(client: kube::Client) -> anyhow::Result<()> {
+/// Runs the scheduler until the process ends. `nodes_seen` carries the resourceVersion of the
+/// last node event its cache has applied (the lab's resourceVersions are one increasing
+/// counter), so tests can wait until a node change is visible to scheduling decisions.
+pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow::Result<()> {
     let nodes = watcher(Api::<Node>::all(client.clone()));
     let pods = watcher(Api::<Pod>::all(client.clone()));
     futures::pin_mut!(nodes, pods);
@@ -1046,7 +1048,19 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
-            Some(ev) = nodes.next() => q.on_node(ev),
+            Some(ev) = nodes.next() => {
+                let rv = node_event_version(&ev);
+                q.on_node(ev);
+                if let Some(rv) = rv {
+                    nodes_seen.send_if_modified(|seen| {
+                        let newer = rv > *seen;
+                        if newer {
+                            *seen = rv;
+                        }
+                        newer
+                    });
+                }
+            }
             Some(ev) = pods.next() => q.on_pod(ev),
             Some(b) = rx.recv() => { in_flight -= 1; q.on_bound(b) },
             _ = tick.tick() => q.maybe_retry(),
@@ -1073,6 +1087,16 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
                 }
             }
         }
+    }
+}
+
+/// The resourceVersion a node event carries, if it carries a node.
+fn node_event_version(ev: &Event<Node>) -> Option<u64> {
+    match ev {
+        Event::InitApply(n) | Event::Apply(n) | Event::Delete(n) => {
+            n.metadata.resource_version.as_deref()?.parse().ok()
+        }
+        Event::Init | Event::InitDone => None,
     }
 }
 

@@ -114,10 +114,14 @@ async fn untolerated_taints_keep_pods_off_and_are_reported() {
             async move { nodes.get(name).await.ok().map(|_| ()) }
         })
         .await;
-        nodes
+        let tainted = nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&taint(true)))
             .await
             .expect("taint node");
+        // The scheduler's cache is eventually consistent, as kube-scheduler's is: a pod that
+        // reached it before the taints would rightly land on a node.
+        let rv = tainted.metadata.resource_version.expect("resourceVersion");
+        lab.scheduler_sees_nodes_at(&rv).await;
     }
     create(&lab.client, &pod("picky", json!({}))).await;
     let events = Api::<Event>::namespaced(lab.client.clone(), "default");
