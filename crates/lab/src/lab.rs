@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_yaml::{Mapping, Value};
+use kube::config::Kubeconfig;
 
 use crate::cluster::{LabCluster, LabConfig};
 
@@ -61,41 +61,14 @@ impl Lab {
     /// One kubeconfig with a context (and cluster and admin user) per lab cluster, named
     /// after it; the current context is the first cluster.
     pub fn kubeconfig(&self) -> anyhow::Result<String> {
-        let mut clusters = Vec::new();
-        let mut users = Vec::new();
-        let mut contexts = Vec::new();
+        // Each cluster's admin kubeconfig names its cluster, user and context after the
+        // cluster, so kubectl's merge (first wins, as with several files in $KUBECONFIG) joins
+        // them without clashes and keeps the first cluster's current context.
+        let mut merged = Kubeconfig::default();
         for cluster in &self.clusters {
-            let single: Value = serde_yaml::from_str(&cluster.server.admin_kubeconfig()?)?;
-            let name = cluster.config.name.clone();
-            let cluster_body = single["clusters"][0]["cluster"].clone();
-            let user_body = single["users"][0]["user"].clone();
-            let mut c = Mapping::new();
-            c.insert("name".into(), name.clone().into());
-            c.insert("cluster".into(), cluster_body);
-            clusters.push(Value::Mapping(c));
-            let mut u = Mapping::new();
-            u.insert("name".into(), format!("{name}-admin").into());
-            u.insert("user".into(), user_body);
-            users.push(Value::Mapping(u));
-            let mut ctx = Mapping::new();
-            ctx.insert("cluster".into(), name.clone().into());
-            ctx.insert("user".into(), format!("{name}-admin").into());
-            ctx.insert("namespace".into(), "default".into());
-            let mut x = Mapping::new();
-            x.insert("name".into(), name.clone().into());
-            x.insert("context".into(), Value::Mapping(ctx));
-            contexts.push(Value::Mapping(x));
+            merged = merged.merge(Kubeconfig::from_yaml(&cluster.server.admin_kubeconfig()?)?)?;
         }
-        let mut root = Mapping::new();
-        root.insert("apiVersion".into(), "v1".into());
-        root.insert("kind".into(), "Config".into());
-        root.insert("clusters".into(), Value::Sequence(clusters));
-        root.insert("users".into(), Value::Sequence(users));
-        root.insert("contexts".into(), Value::Sequence(contexts));
-        if let Some(first) = self.clusters.first() {
-            root.insert("current-context".into(), first.config.name.clone().into());
-        }
-        Ok(serde_yaml::to_string(&Value::Mapping(root))?)
+        Ok(serde_yaml::to_string(&merged)?)
     }
 
     /// Stops every cluster.
