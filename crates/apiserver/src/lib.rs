@@ -34,6 +34,7 @@ pub mod store;
 mod subresources;
 mod table;
 mod validation;
+mod version;
 mod wal;
 mod watch;
 
