@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::{Registry, ResourceInfo};
-use crate::server::{Body, Call, State, json_response};
+use crate::response::{Body, json_response};
+use crate::server::{Call, State};
 use crate::version::KUBE_VERSION;
 
 /// Serves a non-resource path.

@@ -14,7 +14,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::objects::{self, meta_mut};
 use crate::registry::ResourceInfo;
 use crate::request::is_true;
-use crate::server::{Body, Call, State, bytes_response, json_response};
+use crate::response::{Body, bytes_response, for_version, json_response};
+use crate::server::{Call, State};
 use crate::store::{Doc, StoreError};
 
 /// Dispatches a resource request.
@@ -83,21 +84,6 @@ pub fn fetch(state: &State, res: &ResourceInfo, ns: &str, name: &str) -> ApiResu
         .store
         .get(&res.storage_key(), ns, name)
         .ok_or_else(|| ApiError::not_found(&res.group, &res.resource, name))
-}
-
-/// Rewrites a stored object's apiVersion for the version the client asked for.
-pub fn for_version(res: &ResourceInfo, doc: &Doc) -> Bytes {
-    let stored_prefix = format!("\"apiVersion\":\"{}\"", res.api_version());
-    if doc
-        .json
-        .windows(stored_prefix.len())
-        .any(|w| w == stored_prefix.as_bytes())
-    {
-        return doc.json.clone();
-    }
-    let mut v = doc.value();
-    v["apiVersion"] = json!(res.api_version());
-    Bytes::from(serde_json::to_vec(&v).expect("JSON serializes"))
 }
 
 fn wants_table(call: &Call) -> bool {

@@ -27,6 +27,7 @@ pub mod pki;
 mod protobuf;
 pub mod registry;
 mod request;
+mod response;
 mod reviews;
 mod scale;
 mod server;

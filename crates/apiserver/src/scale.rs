@@ -9,7 +9,8 @@ use tandem_apimachinery::patchmeta::PatchSchema;
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::{fetch, store_error};
 use crate::registry::ResourceInfo;
-use crate::server::{Body, Call, State, json_response};
+use crate::response::{Body, json_response};
+use crate::server::{Call, State};
 
 /// Where the replica counts live: (spec replicas, status replicas, label selector) paths.
 fn paths(res: &ResourceInfo) -> (String, String, Option<String>) {

@@ -7,11 +7,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http::{HeaderMap, Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use parking_lot::RwLock;
-use serde_json::Value;
 use tandem_apimachinery::rbac::{Attributes, Decision, RbacIndex, UserInfo, forbidden_message};
 use tokio::net::TcpListener;
 
@@ -19,10 +18,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
 use crate::registry::Registry;
 use crate::request::{self, Query, RequestInfo};
+use crate::response::{Body, error_response};
 use crate::store::Store;
-
-/// Response body: a full buffer or a watch stream.
-pub type Body = BoxBody<Bytes, std::io::Error>;
 
 /// How to run a server.
 #[derive(Clone, Debug)]
@@ -151,28 +148,6 @@ fn tls_config(pki: &ClusterPki) -> anyhow::Result<rustls::ServerConfig> {
         .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// A buffered JSON response.
-pub fn json_response(code: u16, body: &Value) -> Response<Body> {
-    bytes_response(
-        code,
-        Bytes::from(serde_json::to_vec(body).expect("JSON serializes")),
-    )
-}
-
-/// A buffered response of already serialized JSON.
-pub fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
-    Response::builder()
-        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body).map_err(|e: Infallible| match e {}).boxed())
-        .expect("valid response")
-}
-
-/// The Status response for an error.
-pub fn error_response(err: &ApiError) -> Response<Body> {
-    json_response(err.code, &err.to_status())
 }
 
 /// One request in flight, after authentication.

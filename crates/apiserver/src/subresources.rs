@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::{DeleteOptions, delete_one, fetch};
 use crate::registry::ResourceInfo;
-use crate::server::{Body, Call, State, json_response};
+use crate::response::{Body, json_response};
+use crate::server::{Call, State};
 
 fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
