@@ -12,7 +12,8 @@ use tandem_apimachinery::selector::LabelSelector;
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
-use crate::server::{Call, State};
+use crate::request::Call;
+use crate::server::State;
 use crate::store::Doc;
 
 type HttpsClient = hyper_util::client::legacy::Client<

@@ -6,8 +6,9 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::{Registry, ResourceInfo};
+use crate::request::Call;
 use crate::response::{Body, json_response};
-use crate::server::{Call, State};
+use crate::server::State;
 use crate::version::KUBE_VERSION;
 
 /// Serves a non-resource path.

@@ -15,8 +15,8 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::handlers::{DeleteOptions, delete_one};
 use crate::registry::ResourceInfo;
-use crate::request::RequestInfo;
-use crate::server::{Call, State};
+use crate::request::{Call, RequestInfo};
+use crate::server::State;
 use crate::store::{Doc, EventType};
 
 type ObjectRef = (String, String, String); // storage key, namespace, name

@@ -13,9 +13,9 @@ use tandem_apimachinery::selector::{FieldSelector, LabelSelector};
 use crate::error::{ApiError, ApiResult};
 use crate::objects::{self, meta_mut};
 use crate::registry::ResourceInfo;
-use crate::request::is_true;
+use crate::request::{Call, is_true};
 use crate::response::{Body, bytes_response, for_version, json_response};
-use crate::server::{Call, State};
+use crate::server::State;
 use crate::store::{Doc, StoreError};
 
 /// Dispatches a resource request.

@@ -9,8 +9,9 @@ use tandem_apimachinery::patchmeta::PatchSchema;
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::{fetch, store_error};
 use crate::registry::ResourceInfo;
+use crate::request::Call;
 use crate::response::{Body, json_response};
-use crate::server::{Call, State};
+use crate::server::State;
 
 /// Where the replica counts live: (spec replicas, status replicas, label selector) paths.
 fn paths(res: &ResourceInfo) -> (String, String, Option<String>) {

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -17,7 +16,7 @@ use tokio::net::TcpListener;
 use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
 use crate::registry::Registry;
-use crate::request::{self, Query, RequestInfo};
+use crate::request::{self, Call, RequestInfo};
 use crate::response::{Body, error_response};
 use crate::store::Store;
 
@@ -148,30 +147,6 @@ fn tls_config(pki: &ClusterPki) -> anyhow::Result<rustls::ServerConfig> {
         .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// One request in flight, after authentication.
-pub struct Call {
-    /// The parsed request.
-    pub info: RequestInfo,
-    /// Query parameters.
-    pub query: Query,
-    /// Headers.
-    pub headers: HeaderMap,
-    /// The authenticated (and possibly impersonated) user.
-    pub user: UserInfo,
-    /// The request body.
-    pub body: Bytes,
-}
-
-impl Call {
-    /// The request's Content-Type (JSON when absent).
-    pub fn content_type(&self) -> &str {
-        self.headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/json")
-    }
 }
 
 async fn handle(

@@ -9,8 +9,9 @@ use serde_json::{Value, json};
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::{DeleteOptions, delete_one, fetch};
 use crate::registry::ResourceInfo;
+use crate::request::Call;
 use crate::response::{Body, json_response};
-use crate::server::{Call, State};
+use crate::server::State;
 
 fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})

@@ -18,9 +18,9 @@ use tokio::sync::mpsc;
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::Selectors;
 use crate::registry::ResourceInfo;
-use crate::request::{Query, is_true};
+use crate::request::{Call, Query, is_true};
 use crate::response::{Body, for_version};
-use crate::server::{Call, State};
+use crate::server::State;
 use crate::store::{Doc, EventType, StoreError};
 
 /// How often an idle watch that asked for bookmarks gets one.
