@@ -38,6 +38,7 @@ mod validation;
 mod version;
 mod wal;
 mod watch;
+mod webhook;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -79,7 +80,7 @@ impl ApiServer {
             rbac: RwLock::new(RbacIndex::default()),
             pki,
             admin_token,
-            webhooks: admission::WebhookClient::default(),
+            webhooks: webhook::WebhookClient::default(),
         });
         bootstrap(&state)?;
         let gc_state = state.clone();

@@ -62,7 +62,7 @@ pub struct State {
     /// Bearer token of the static admin user.
     pub admin_token: String,
     /// Client for admission webhooks.
-    pub webhooks: crate::admission::WebhookClient,
+    pub webhooks: crate::webhook::WebhookClient,
 }
 
 /// Who a connection authenticated as with its client certificate.
