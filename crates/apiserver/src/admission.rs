@@ -11,7 +11,7 @@ use tandem_apimachinery::selector::LabelSelector;
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
-use crate::server::State;
+use crate::state::State;
 use crate::webhook::{WebhookClient, post};
 
 const MUTATING: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";

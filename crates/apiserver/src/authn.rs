@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tandem_apimachinery::rbac::UserInfo;
 
-use crate::server::{PeerIdentity, State};
+use crate::server::PeerIdentity;
+use crate::state::State;
 
 /// The user a verified client certificate names: CN is the user, each O a group.
 pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {

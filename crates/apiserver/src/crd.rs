@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::registry::{CustomInfo, FULL_VERBS, ResourceInfo};
-use crate::server::State;
+use crate::state::State;
 
 const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 

@@ -8,7 +8,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::registry::{Registry, ResourceInfo};
 use crate::request::Call;
 use crate::response::{Body, json_response};
-use crate::server::State;
+use crate::state::State;
 use crate::version::KUBE_VERSION;
 
 /// Serves a non-resource path.

@@ -16,7 +16,7 @@ use tokio::sync::broadcast::error::RecvError;
 use crate::handlers::{DeleteOptions, delete_one};
 use crate::registry::ResourceInfo;
 use crate::request::{Call, RequestInfo};
-use crate::server::State;
+use crate::state::State;
 use crate::store::{Doc, EventType};
 
 type ObjectRef = (String, String, String); // storage key, namespace, name

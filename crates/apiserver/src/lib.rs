@@ -31,6 +31,7 @@ mod response;
 mod reviews;
 mod scale;
 mod server;
+mod state;
 pub mod store;
 mod subresources;
 mod table;
@@ -49,7 +50,7 @@ use parking_lot::RwLock;
 use serde_json::{Value, json};
 use tandem_apimachinery::rbac::RbacIndex;
 
-pub use server::{Config, State};
+pub use state::{Config, State};
 
 /// A running API server.
 pub struct ApiServer {

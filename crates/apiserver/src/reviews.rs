@@ -11,7 +11,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
 use crate::response::{Body, json_response};
-use crate::server::State;
+use crate::state::State;
 
 fn decide(state: &State, user: &UserInfo, spec: &Value, namespace_override: Option<&str>) -> Value {
     let (ra, nra) = (&spec["resourceAttributes"], &spec["nonResourceAttributes"]);

@@ -3,67 +3,19 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use parking_lot::RwLock;
-use tandem_apimachinery::rbac::{Attributes, Decision, RbacIndex, UserInfo, forbidden_message};
+use tandem_apimachinery::rbac::{Attributes, Decision, UserInfo, forbidden_message};
 use tokio::net::TcpListener;
 
 use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
-use crate::registry::Registry;
 use crate::request::{self, Call, RequestInfo};
 use crate::response::{Body, error_response};
-use crate::store::Store;
-
-/// How to run a server.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Name of the cluster (CA common name, kubeconfig cluster and context names).
-    pub name: String,
-    /// Where objects and the CA live; None keeps everything in memory.
-    pub data_dir: Option<PathBuf>,
-    /// Port on 127.0.0.1; 0 picks a free one.
-    pub port: u16,
-    /// Events kept per resource for watches to resume from.
-    pub watch_window: usize,
-    /// The range ClusterIPs are allocated from.
-    pub service_cidr: String,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            name: "tandem".into(),
-            data_dir: None,
-            port: 0,
-            watch_window: 20_000,
-            service_cidr: "10.96.0.0/12".into(),
-        }
-    }
-}
-
-/// Everything request handlers share.
-pub struct State {
-    /// Settings.
-    pub config: Config,
-    /// Objects.
-    pub store: Store,
-    /// Served resources.
-    pub registry: RwLock<Registry>,
-    /// RBAC objects, indexed for authorization.
-    pub rbac: RwLock<RbacIndex>,
-    /// Key material.
-    pub pki: ClusterPki,
-    /// Bearer token of the static admin user.
-    pub admin_token: String,
-    /// Client for admission webhooks.
-    pub webhooks: crate::webhook::WebhookClient,
-}
+use crate::state::State;
 
 /// Who a connection authenticated as with its client certificate.
 #[derive(Clone, Debug, Default)]

@@ -7,11 +7,11 @@ use http::Response;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
-use crate::handlers::{DeleteOptions, delete_one, fetch};
+use crate::handlers::{DeleteOptions, delete_one};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
 use crate::response::{Body, json_response};
-use crate::server::State;
+use crate::state::{State, fetch};
 
 fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})

@@ -10,7 +10,7 @@ use tandem_apimachinery::selector::LabelSelector;
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
-use crate::server::State;
+use crate::state::State;
 
 type Cause = (String, String, String);
 

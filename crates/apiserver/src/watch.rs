@@ -20,7 +20,7 @@ use crate::handlers::Selectors;
 use crate::registry::ResourceInfo;
 use crate::request::{Call, Query, is_true};
 use crate::response::{Body, for_version};
-use crate::server::State;
+use crate::state::State;
 use crate::store::{Doc, EventType, StoreError};
 
 /// How often an idle watch that asked for bookmarks gets one.
