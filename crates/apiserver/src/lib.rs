@@ -211,7 +211,7 @@ fn bootstrap(state: &State) -> anyhow::Result<()> {
         .store
         .list("apiextensions.k8s.io/customresourcedefinitions", None, None);
     for doc in crds {
-        crd::sync(state, Some(&doc.value()), &doc.name);
+        state::sync_crd(state, Some(&doc.value()), &doc.name);
     }
     for kind in [
         "roles",

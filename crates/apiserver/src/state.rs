@@ -1,13 +1,15 @@
 //! The state every request shares (settings, store, served resources, RBAC index, keys), and
-//! the writes that keep its in-memory indexes in step with the store.
+//! the writes that keep its in-memory indexes in step with the store: the RBAC index, and the
+//! resources CRDs serve together with each CRD's status and cleanup on deletion.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tandem_apimachinery::rbac::RbacIndex;
 
+use crate::crd::resource_infos;
 use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
 use crate::registry::{Registry, ResourceInfo};
@@ -138,7 +140,7 @@ impl State {
             }
         } else if res.group == "apiextensions.k8s.io" && res.resource == "customresourcedefinitions"
         {
-            crate::crd::sync(self, obj, name);
+            sync_crd(self, obj, name);
         }
     }
 }
@@ -164,5 +166,142 @@ pub fn store_error(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
         ),
         StoreError::TooOld { .. } => ApiError::gone("too old resource version"),
         StoreError::Io(e) => ApiError::internal(e),
+    }
+}
+
+const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+/// Brings the registry and the CRD's status in line with a stored (or deleted) CRD.
+pub fn sync_crd(state: &State, crd: Option<&Value>, name: &str) {
+    let Some(crd) = crd else {
+        // The CRD is gone: stop serving whatever it defined.
+        if let Some((plural, group)) = name.split_once('.') {
+            state.registry.write().remove_resource(group, plural);
+        }
+        return;
+    };
+    let spec = &crd["spec"];
+    let group = spec["group"].as_str().unwrap_or("").to_string();
+    let plural = spec["names"]["plural"].as_str().unwrap_or("").to_string();
+    if crate::objects::is_deleting(crd) {
+        clean_up_crd(state, crd, &group, &plural);
+        return;
+    }
+    {
+        let mut registry = state.registry.write();
+        registry.remove_resource(&group, &plural);
+        for info in resource_infos(crd) {
+            registry.insert(info);
+        }
+    }
+    update_crd_status(state, crd);
+}
+
+fn update_crd_status(state: &State, crd: &Value) {
+    let name = crd["metadata"]["name"].as_str().unwrap_or("");
+    let Some(crd_res) =
+        state
+            .registry
+            .read()
+            .get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    else {
+        return;
+    };
+    let mut desired = crd.clone();
+    let now = crate::objects::now();
+    let keep_time = |t: &str| -> Value {
+        crd["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == t && c["status"] == "True"))
+            .map(|c| c["lastTransitionTime"].clone())
+            .unwrap_or(json!(now))
+    };
+    let names = &crd["spec"]["names"];
+    let mut accepted = names.clone();
+    if accepted["singular"].as_str().unwrap_or("").is_empty() {
+        accepted["singular"] = json!(names["kind"].as_str().unwrap_or("").to_lowercase());
+    }
+    if accepted["listKind"].as_str().unwrap_or("").is_empty() {
+        accepted["listKind"] = json!(format!("{}List", names["kind"].as_str().unwrap_or("")));
+    }
+    let storage = crd["spec"]["versions"]
+        .as_array()
+        .and_then(|v| v.iter().find(|x| x["storage"] == true))
+        .map(|v| v["name"].clone());
+    let mut stored: Vec<Value> = crd["status"]["storedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if let Some(s) = storage
+        && !stored.contains(&s)
+    {
+        stored.push(s);
+    }
+    desired["status"] = json!({
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": keep_time("NamesAccepted")},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": keep_time("Established")},
+        ],
+        "acceptedNames": accepted,
+        "storedVersions": stored,
+    });
+    let finalizers = crate::objects::finalizers(crd);
+    if !finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
+        let mut f = finalizers;
+        f.push(CLEANUP_FINALIZER.into());
+        desired["metadata"]["finalizers"] = json!(f);
+    }
+    if desired == *crd {
+        return;
+    }
+    let rv = crd["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    if let Err(e) = state.update_object(&crd_res, "", name, rv, &mut desired) {
+        // A concurrent write re-triggers sync with the newer object.
+        tracing::debug!(crd = name, "status update raced: {e}");
+    }
+}
+
+/// Deletes every custom resource of a CRD being deleted, then releases its finalizer.
+fn clean_up_crd(state: &State, crd: &Value, group: &str, plural: &str) {
+    let name = crd["metadata"]["name"].as_str().unwrap_or("");
+    let key = format!("{group}/{plural}");
+    let (_, docs) = state.store.list(&key, None, None);
+    for doc in docs {
+        if let Err(e) = state.store.delete(&key, &doc.namespace, &doc.name, None) {
+            tracing::warn!(crd = name, object = %doc.name, "deleting custom resource: {e:?}");
+        }
+    }
+    let Some(crd_res) =
+        state
+            .registry
+            .read()
+            .get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    else {
+        return;
+    };
+    let mut desired = crd.clone();
+    let remaining: Vec<String> = crate::objects::finalizers(crd)
+        .into_iter()
+        .filter(|f| f != CLEANUP_FINALIZER)
+        .collect();
+    let rv = crd["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let result = if remaining.is_empty() {
+        state
+            .remove_object(&crd_res, "", name, Some(rv))
+            .map(|_| ())
+    } else {
+        desired["metadata"]["finalizers"] = json!(remaining);
+        state
+            .update_object(&crd_res, "", name, rv, &mut desired)
+            .map(|_| ())
+    };
+    if let Err(e) = result {
+        tracing::debug!(crd = name, "cleanup raced: {e}");
     }
 }
