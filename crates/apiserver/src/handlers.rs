@@ -509,7 +509,7 @@ async fn write_loop(
                     verb: "create".into(),
                     ..call.info.clone()
                 };
-                crate::server::authorize(state, &call.user, &as_create)?;
+                crate::authz::authorize(state, &call.user, &as_create)?;
                 let mut obj = compute(None)?;
                 set_name_and_namespace(res, &ns, &mut obj)?;
                 objects::prepare_create(res, &mut obj);

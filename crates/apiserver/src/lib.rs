@@ -14,6 +14,7 @@
 
 mod admission;
 mod authn;
+mod authz;
 mod crd;
 mod defaults;
 mod discovery;

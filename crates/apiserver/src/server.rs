@@ -8,12 +8,13 @@ use std::sync::Arc;
 use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tandem_apimachinery::rbac::{Attributes, Decision, UserInfo, forbidden_message};
+use tandem_apimachinery::rbac::{Attributes, UserInfo, forbidden_message};
 use tokio::net::TcpListener;
 
+use crate::authz::{allowed, authorize};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
-use crate::request::{self, Call, RequestInfo};
+use crate::request::{self, Call};
 use crate::response::{Body, error_response};
 use crate::state::State;
 
@@ -196,38 +197,5 @@ fn impersonate(state: &State, user: UserInfo, headers: &HeaderMap) -> ApiResult<
     Ok(UserInfo {
         name: target.to_string(),
         groups,
-    })
-}
-
-/// Whether RBAC allows `attrs` for `user` (members of system:masters always may).
-pub fn allowed(state: &State, user: &UserInfo, attrs: &Attributes) -> bool {
-    user.groups.iter().any(|g| g == "system:masters")
-        || matches!(state.rbac.read().authorize(user, attrs), Decision::Allow(_))
-}
-
-pub(crate) fn authorize(state: &State, user: &UserInfo, info: &RequestInfo) -> ApiResult<()> {
-    let attrs = Attributes {
-        verb: &info.verb,
-        namespace: &info.namespace,
-        api_group: &info.group,
-        resource: &info.resource,
-        subresource: &info.subresource,
-        name: &info.name,
-        path: &info.path,
-        resource_request: info.resource_request,
-    };
-    if allowed(state, user, &attrs) {
-        return Ok(());
-    }
-    let why = forbidden_message(user, &attrs);
-    Err(if info.resource_request {
-        let resource = if info.subresource.is_empty() {
-            info.resource.clone()
-        } else {
-            format!("{}/{}", info.resource, info.subresource)
-        };
-        ApiError::forbidden(&info.group, &resource, &info.name, &why)
-    } else {
-        ApiError::forbidden_path(&why)
     })
 }
