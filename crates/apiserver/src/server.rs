@@ -11,16 +11,13 @@ use hyper::body::Incoming;
 use tandem_apimachinery::rbac::{Attributes, UserInfo, forbidden_message};
 use tokio::net::TcpListener;
 
+use crate::authn::PeerIdentity;
 use crate::authz::{allowed, authorize};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
 use crate::request::{self, Call};
 use crate::response::{Body, error_response};
 use crate::state::State;
-
-/// Who a connection authenticated as with its client certificate.
-#[derive(Clone, Debug, Default)]
-pub struct PeerIdentity(pub Option<UserInfo>);
 
 /// Starts serving on `listener` until the process ends.
 pub async fn serve(state: Arc<State>, listener: TcpListener) {
