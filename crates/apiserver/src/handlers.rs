@@ -8,13 +8,13 @@ use http::Response;
 use serde_json::{Value, json};
 use tandem_apimachinery::managed::{self, ManagedContext};
 use tandem_apimachinery::patchmeta::PatchSchema;
-use tandem_apimachinery::selector::{FieldSelector, LabelSelector};
 
 use crate::error::{ApiError, ApiResult};
 use crate::objects::{self, meta_mut};
 use crate::registry::ResourceInfo;
 use crate::request::{Call, is_true};
 use crate::response::{Body, bytes_response, for_version, json_response};
+use crate::selectors::Selectors;
 use crate::state::{State, fetch, store_error};
 use crate::store::{Doc, StoreError};
 
@@ -77,55 +77,6 @@ fn get(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Respons
         return Ok(json_response(200, &table));
     }
     Ok(bytes_response(200, for_version(res, &doc)))
-}
-
-/// Parsed label and field selectors of a list or watch.
-pub struct Selectors {
-    labels: Option<LabelSelector>,
-    fields: Option<FieldSelector>,
-}
-
-impl Selectors {
-    /// Parses `labelSelector` and `fieldSelector`, refusing fields the resource cannot select on.
-    pub fn parse(call: &Call, res: &ResourceInfo) -> ApiResult<Selectors> {
-        let labels =
-            match call.query.get("labelSelector").filter(|s| !s.is_empty()) {
-                Some(s) => Some(LabelSelector::parse(s).map_err(|e| {
-                    ApiError::bad_request(format!("unable to parse requirement: {e}"))
-                })?),
-                None => None,
-            };
-        let fields = match call.query.get("fieldSelector").filter(|s| !s.is_empty()) {
-            Some(s) => {
-                let sel =
-                    FieldSelector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
-                for req in sel.requirements() {
-                    let f = req.field.as_str();
-                    if !matches!(f, "metadata.name" | "metadata.namespace")
-                        && !res.selectable_fields.iter().any(|s| s == f)
-                    {
-                        return Err(ApiError::bad_request(format!(
-                            "field label not supported: {f}"
-                        )));
-                    }
-                }
-                Some(sel)
-            }
-            None => None,
-        };
-        Ok(Selectors { labels, fields })
-    }
-
-    /// Whether a stored object of resource `key` matches.
-    pub fn matches(&self, key: &str, doc: &Doc) -> bool {
-        self.labels
-            .as_ref()
-            .is_none_or(|l| l.matches(|k| doc.label(k)))
-            && self
-                .fields
-                .as_ref()
-                .is_none_or(|f| f.matches(|path| doc.field(key, path)))
-    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -31,6 +31,7 @@ mod request;
 mod response;
 mod reviews;
 mod scale;
+mod selectors;
 mod server;
 mod state;
 pub mod store;
