@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tandem_apimachinery::rbac::UserInfo;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::handlers::{DeleteOptions, delete_one};
+use crate::deletion::{DeleteOptions, delete_one};
 use crate::registry::ResourceInfo;
 use crate::request::{Call, RequestInfo};
 use crate::state::State;

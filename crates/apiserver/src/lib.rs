@@ -17,6 +17,7 @@ mod authn;
 mod authz;
 mod crd;
 mod defaults;
+mod deletion;
 mod discovery;
 pub mod error;
 mod fsutil;

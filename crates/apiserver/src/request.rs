@@ -140,6 +140,11 @@ impl Call {
     }
 }
 
+/// Whether the request asks for a dry run (`dryRun=All`).
+pub fn is_dry_run(call: &Call) -> bool {
+    call.query.get("dryRun").is_some_and(|v| v == "All")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

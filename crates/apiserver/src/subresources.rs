@@ -6,8 +6,8 @@ use std::sync::Arc;
 use http::Response;
 use serde_json::{Value, json};
 
+use crate::deletion::{DeleteOptions, delete_one};
 use crate::error::{ApiError, ApiResult};
-use crate::handlers::{DeleteOptions, delete_one};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
 use crate::response::{Body, json_response};
