@@ -1,5 +1,6 @@
-//! Resource requests: get, list, watch, create, update, patch, delete, deletecollection and
-//! the subresources (status, scale, binding, eviction, approval, finalize, token, reviews).
+//! Resource requests: which handler serves each verb and subresource, and get, list, create,
+//! update, patch, delete and deletecollection themselves (status, approval and finalize
+//! included); watch, scale, binding, eviction, token and reviews have modules of their own.
 
 use std::sync::Arc;
 
