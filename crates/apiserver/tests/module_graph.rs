@@ -134,9 +134,16 @@ fn module_graph(src: &Path) -> Graph {
         .collect()
 }
 
-/// Strongly connected components of more than one module, each as one shortest cycle
-/// through its first module (`a -> b -> a`).
-fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+/// Modules that all reach each other (a strongly connected component of more than one).
+struct Knot {
+    /// Its modules.
+    modules: BTreeSet<String>,
+    /// One shortest cycle through its first module: `[a, b, a]`.
+    cycle: Vec<String>,
+}
+
+/// Every knot of the graph; a DAG has none.
+fn knots(graph: &Graph) -> Vec<Knot> {
     let reaches = |from: &str| -> BTreeSet<String> {
         let mut seen = BTreeSet::new();
         let mut todo = vec![from.to_string()];
@@ -185,7 +192,10 @@ fn cycles(graph: &Graph) -> Vec<Vec<String>> {
             at = parent[at];
         }
         path.reverse();
-        found.push([vec![start.clone()], path, vec![start.clone()]].concat());
+        found.push(Knot {
+            modules: component.into_iter().cloned().collect(),
+            cycle: [vec![start.clone()], path, vec![start.clone()]].concat(),
+        });
     }
     found
 }
@@ -212,14 +222,18 @@ fn apiserver_modules_import_each_other_in_one_direction_only() {
         graph.len() > 10 && edges > graph.len(),
         "the sources were not read: {graph:?}"
     );
-    let found = cycles(&graph);
+    let found = knots(&graph);
     assert!(
         found.is_empty(),
         "modules of crates/apiserver/src import each other (move what both need into a module \
          below them):\n{}\nmodules naming each other: {}",
         found
             .iter()
-            .map(|c| format!("  {}", c.join(" -> ")))
+            .map(|k| format!(
+                "  {} (all of {} reach each other)",
+                k.cycle.join(" -> "),
+                k.modules.iter().cloned().collect::<Vec<_>>().join(", ")
+            ))
             .collect::<Vec<_>>()
             .join("\n"),
         mutual_pairs(&graph).join(", ")
@@ -275,7 +289,7 @@ fn cycles_are_named_shortest_first_and_a_dag_has_none() {
         ("handlers", "state"),
         ("server", "handlers"),
     ]);
-    assert!(cycles(&dag).is_empty());
+    assert!(knots(&dag).is_empty());
     assert!(mutual_pairs(&dag).is_empty());
 
     let tangled = graph(&[
@@ -285,13 +299,22 @@ fn cycles_are_named_shortest_first_and_a_dag_has_none() {
         ("state", "crd"),
         ("crd", "server"),
     ]);
-    let named: Vec<String> = cycles(&tangled).iter().map(|c| c.join(" -> ")).collect();
+    let found = knots(&tangled);
+    let named: Vec<String> = found.iter().map(|k| k.cycle.join(" -> ")).collect();
     assert_eq!(
         named,
         [
             "crd -> server -> state -> crd",
             "handlers -> scale -> handlers"
         ]
+    );
+    let members: Vec<Vec<&str>> = found
+        .iter()
+        .map(|k| k.modules.iter().map(String::as_str).collect())
+        .collect();
+    assert_eq!(
+        members,
+        [vec!["crd", "server", "state"], vec!["handlers", "scale"]]
     );
     assert_eq!(mutual_pairs(&tangled), ["handlers <-> scale"]);
 }
