@@ -9,7 +9,11 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tandem_apimachinery::rbac::UserInfo;
 
-use crate::server::{PeerIdentity, State};
+use crate::state::State;
+
+/// Who a connection authenticated as with its client certificate.
+#[derive(Clone, Debug, Default)]
+pub struct PeerIdentity(pub Option<UserInfo>);
 
 /// The user a verified client certificate names: CN is the user, each O a group.
 pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {

@@ -1,14 +1,12 @@
-//! CustomResourceDefinitions: validating them, serving their resources, keeping their
-//! status (NamesAccepted, Established, storedVersions) and cleaning up on deletion.
+//! CustomResourceDefinitions: validating them and the resources each one serves. Keeping the
+//! registry and a CRD's status in step with the stored CRD is a write of the shared state
+//! (`state::sync_crd`).
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use crate::registry::{CustomInfo, FULL_VERBS, ResourceInfo};
-use crate::server::State;
-
-const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
 /// Validation causes for a CRD object.
 pub fn validate(crd: &Value) -> Vec<(String, String, String)> {
@@ -75,7 +73,8 @@ pub fn validate(crd: &Value) -> Vec<(String, String, String)> {
     causes
 }
 
-fn resource_infos(crd: &Value) -> Vec<ResourceInfo> {
+/// The resources a CRD serves, one per served version.
+pub fn resource_infos(crd: &Value) -> Vec<ResourceInfo> {
     let spec = &crd["spec"];
     let names = &spec["names"];
     let text = |v: &Value| v.as_str().unwrap_or("").to_string();
@@ -137,139 +136,4 @@ fn resource_infos(crd: &Value) -> Vec<ResourceInfo> {
             }
         })
         .collect()
-}
-
-/// Brings the registry and the CRD's status in line with a stored (or deleted) CRD.
-pub fn sync(state: &State, crd: Option<&Value>, name: &str) {
-    let Some(crd) = crd else {
-        // The CRD is gone: stop serving whatever it defined.
-        if let Some((plural, group)) = name.split_once('.') {
-            state.registry.write().remove_resource(group, plural);
-        }
-        return;
-    };
-    let spec = &crd["spec"];
-    let group = spec["group"].as_str().unwrap_or("").to_string();
-    let plural = spec["names"]["plural"].as_str().unwrap_or("").to_string();
-    if crate::objects::is_deleting(crd) {
-        cleanup(state, crd, &group, &plural);
-        return;
-    }
-    {
-        let mut registry = state.registry.write();
-        registry.remove_resource(&group, &plural);
-        for info in resource_infos(crd) {
-            registry.insert(info);
-        }
-    }
-    update_status(state, crd);
-}
-
-fn update_status(state: &State, crd: &Value) {
-    let name = crd["metadata"]["name"].as_str().unwrap_or("");
-    let Some(crd_res) =
-        state
-            .registry
-            .read()
-            .get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-    else {
-        return;
-    };
-    let mut desired = crd.clone();
-    let now = crate::objects::now();
-    let keep_time = |t: &str| -> Value {
-        crd["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == t && c["status"] == "True"))
-            .map(|c| c["lastTransitionTime"].clone())
-            .unwrap_or(json!(now))
-    };
-    let names = &crd["spec"]["names"];
-    let mut accepted = names.clone();
-    if accepted["singular"].as_str().unwrap_or("").is_empty() {
-        accepted["singular"] = json!(names["kind"].as_str().unwrap_or("").to_lowercase());
-    }
-    if accepted["listKind"].as_str().unwrap_or("").is_empty() {
-        accepted["listKind"] = json!(format!("{}List", names["kind"].as_str().unwrap_or("")));
-    }
-    let storage = crd["spec"]["versions"]
-        .as_array()
-        .and_then(|v| v.iter().find(|x| x["storage"] == true))
-        .map(|v| v["name"].clone());
-    let mut stored: Vec<Value> = crd["status"]["storedVersions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if let Some(s) = storage
-        && !stored.contains(&s)
-    {
-        stored.push(s);
-    }
-    desired["status"] = json!({
-        "conditions": [
-            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": keep_time("NamesAccepted")},
-            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": keep_time("Established")},
-        ],
-        "acceptedNames": accepted,
-        "storedVersions": stored,
-    });
-    let finalizers = crate::objects::finalizers(crd);
-    if !finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
-        let mut f = finalizers;
-        f.push(CLEANUP_FINALIZER.into());
-        desired["metadata"]["finalizers"] = json!(f);
-    }
-    if desired == *crd {
-        return;
-    }
-    let rv = crd["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0);
-    if let Err(e) = state.update_object(&crd_res, "", name, rv, &mut desired) {
-        // A concurrent write re-triggers sync with the newer object.
-        tracing::debug!(crd = name, "status update raced: {e}");
-    }
-}
-
-/// Deletes every custom resource of a CRD being deleted, then releases its finalizer.
-fn cleanup(state: &State, crd: &Value, group: &str, plural: &str) {
-    let name = crd["metadata"]["name"].as_str().unwrap_or("");
-    let key = format!("{group}/{plural}");
-    let (_, docs) = state.store.list(&key, None, None);
-    for doc in docs {
-        if let Err(e) = state.store.delete(&key, &doc.namespace, &doc.name, None) {
-            tracing::warn!(crd = name, object = %doc.name, "deleting custom resource: {e:?}");
-        }
-    }
-    let Some(crd_res) =
-        state
-            .registry
-            .read()
-            .get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-    else {
-        return;
-    };
-    let mut desired = crd.clone();
-    let remaining: Vec<String> = crate::objects::finalizers(crd)
-        .into_iter()
-        .filter(|f| f != CLEANUP_FINALIZER)
-        .collect();
-    let rv = crd["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0);
-    let result = if remaining.is_empty() {
-        state
-            .remove_object(&crd_res, "", name, Some(rv))
-            .map(|_| ())
-    } else {
-        desired["metadata"]["finalizers"] = json!(remaining);
-        state
-            .update_object(&crd_res, "", name, rv, &mut desired)
-            .map(|_| ())
-    };
-    if let Err(e) = result {
-        tracing::debug!(crd = name, "cleanup raced: {e}");
-    }
 }

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
-use crate::server::State;
+use crate::state::State;
 
 fn default(obj: &mut Map<String, Value>, key: &str, value: Value) {
     if obj.get(key).is_none_or(Value::is_null) {

@@ -6,10 +6,10 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::{Registry, ResourceInfo};
-use crate::server::{Body, Call, State, json_response};
-
-/// The Kubernetes version the server reports (the API it models).
-pub const KUBE_VERSION: (&str, &str) = ("1", "33");
+use crate::request::Call;
+use crate::response::{Body, json_response};
+use crate::state::State;
+use crate::version::KUBE_VERSION;
 
 /// Serves a non-resource path.
 pub fn non_resource(state: &State, call: &Call, method: &Method) -> ApiResult<Response<Body>> {

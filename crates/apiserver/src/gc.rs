@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 use tandem_apimachinery::rbac::UserInfo;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::handlers::{DeleteOptions, delete_one};
+use crate::deletion::{DeleteOptions, delete_one};
 use crate::registry::ResourceInfo;
-use crate::request::RequestInfo;
-use crate::server::{Call, State};
+use crate::request::{Call, RequestInfo};
+use crate::state::State;
 use crate::store::{Doc, EventType};
 
 type ObjectRef = (String, String, String); // storage key, namespace, name

@@ -1,5 +1,6 @@
-//! Resource requests: get, list, watch, create, update, patch, delete, deletecollection and
-//! the subresources (status, scale, binding, eviction, approval, finalize, token, reviews).
+//! Resource requests: which handler serves each verb and subresource, and get, list, create,
+//! update, patch, delete and deletecollection themselves (status, approval and finalize
+//! included); watch, scale, binding, eviction, token and reviews have modules of their own.
 
 use std::sync::Arc;
 
@@ -8,13 +9,15 @@ use http::Response;
 use serde_json::{Value, json};
 use tandem_apimachinery::managed::{self, ManagedContext};
 use tandem_apimachinery::patchmeta::PatchSchema;
-use tandem_apimachinery::selector::{FieldSelector, LabelSelector};
 
+use crate::deletion::{DeleteOptions, delete_one};
 use crate::error::{ApiError, ApiResult};
 use crate::objects::{self, meta_mut};
 use crate::registry::ResourceInfo;
-use crate::request::is_true;
-use crate::server::{Body, Call, State, bytes_response, json_response};
+use crate::request::{Call, is_dry_run, is_true};
+use crate::response::{Body, bytes_response, for_version, json_response};
+use crate::selectors::Selectors;
+use crate::state::{State, fetch, store_error};
 use crate::store::{Doc, StoreError};
 
 /// Dispatches a resource request.
@@ -61,45 +64,6 @@ fn namespace_of(call: &Call, res: &ResourceInfo) -> String {
     }
 }
 
-/// Maps a store failure to the API error kube-apiserver returns.
-pub fn store_error(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
-    match e {
-        StoreError::NotFound => ApiError::not_found(&res.group, &res.resource, name),
-        StoreError::AlreadyExists => ApiError::already_exists(&res.group, &res.resource, name),
-        StoreError::Conflict => ApiError::conflict(
-            &res.group,
-            &res.resource,
-            name,
-            "the object has been modified; please apply your changes to the latest version and try again",
-        ),
-        StoreError::TooOld { .. } => ApiError::gone("too old resource version"),
-        StoreError::Io(e) => ApiError::internal(e),
-    }
-}
-
-/// The stored object, or 404.
-pub fn fetch(state: &State, res: &ResourceInfo, ns: &str, name: &str) -> ApiResult<Arc<Doc>> {
-    state
-        .store
-        .get(&res.storage_key(), ns, name)
-        .ok_or_else(|| ApiError::not_found(&res.group, &res.resource, name))
-}
-
-/// Rewrites a stored object's apiVersion for the version the client asked for.
-pub fn for_version(res: &ResourceInfo, doc: &Doc) -> Bytes {
-    let stored_prefix = format!("\"apiVersion\":\"{}\"", res.api_version());
-    if doc
-        .json
-        .windows(stored_prefix.len())
-        .any(|w| w == stored_prefix.as_bytes())
-    {
-        return doc.json.clone();
-    }
-    let mut v = doc.value();
-    v["apiVersion"] = json!(res.api_version());
-    Bytes::from(serde_json::to_vec(&v).expect("JSON serializes"))
-}
-
 fn wants_table(call: &Call) -> bool {
     call.headers
         .get(http::header::ACCEPT)
@@ -115,55 +79,6 @@ fn get(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Respons
         return Ok(json_response(200, &table));
     }
     Ok(bytes_response(200, for_version(res, &doc)))
-}
-
-/// Parsed label and field selectors of a list or watch.
-pub struct Selectors {
-    labels: Option<LabelSelector>,
-    fields: Option<FieldSelector>,
-}
-
-impl Selectors {
-    /// Parses `labelSelector` and `fieldSelector`, refusing fields the resource cannot select on.
-    pub fn parse(call: &Call, res: &ResourceInfo) -> ApiResult<Selectors> {
-        let labels =
-            match call.query.get("labelSelector").filter(|s| !s.is_empty()) {
-                Some(s) => Some(LabelSelector::parse(s).map_err(|e| {
-                    ApiError::bad_request(format!("unable to parse requirement: {e}"))
-                })?),
-                None => None,
-            };
-        let fields = match call.query.get("fieldSelector").filter(|s| !s.is_empty()) {
-            Some(s) => {
-                let sel =
-                    FieldSelector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
-                for req in sel.requirements() {
-                    let f = req.field.as_str();
-                    if !matches!(f, "metadata.name" | "metadata.namespace")
-                        && !res.selectable_fields.iter().any(|s| s == f)
-                    {
-                        return Err(ApiError::bad_request(format!(
-                            "field label not supported: {f}"
-                        )));
-                    }
-                }
-                Some(sel)
-            }
-            None => None,
-        };
-        Ok(Selectors { labels, fields })
-    }
-
-    /// Whether a stored object of resource `key` matches.
-    pub fn matches(&self, key: &str, doc: &Doc) -> bool {
-        self.labels
-            .as_ref()
-            .is_none_or(|l| l.matches(|k| doc.label(k)))
-            && self
-                .fields
-                .as_ref()
-                .is_none_or(|f| f.matches(|path| doc.field(key, path)))
-    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -279,10 +194,6 @@ fn ignored_fields(res: &ResourceInfo, subresource: &str) -> &'static [&'static s
         (true, _) => &["status"],
         _ => &[],
     }
-}
-
-fn is_dry_run(call: &Call) -> bool {
-    call.query.get("dryRun").is_some_and(|v| v == "All")
 }
 
 /// Everything a write must do between the client's object and the store: defaulting,
@@ -547,7 +458,7 @@ async fn write_loop(
                     verb: "create".into(),
                     ..call.info.clone()
                 };
-                crate::server::authorize(state, &call.user, &as_create)?;
+                crate::authz::authorize(state, &call.user, &as_create)?;
                 let mut obj = compute(None)?;
                 set_name_and_namespace(res, &ns, &mut obj)?;
                 objects::prepare_create(res, &mut obj);
@@ -635,73 +546,6 @@ async fn write_loop(
     ))
 }
 
-/// DeleteOptions from the body and the query.
-#[derive(Debug, Default, Clone)]
-pub struct DeleteOptions {
-    /// gracePeriodSeconds.
-    pub grace: Option<i64>,
-    /// propagationPolicy.
-    pub propagation: Option<String>,
-    /// preconditions.uid.
-    pub uid: Option<String>,
-    /// preconditions.resourceVersion.
-    pub rv: Option<u64>,
-    /// dryRun=All.
-    pub dry_run: bool,
-}
-
-impl DeleteOptions {
-    fn from_call(call: &Call) -> ApiResult<DeleteOptions> {
-        // kubectl sends DeleteOptions as protobuf for typed deletes, JSON otherwise.
-        let body: Value = if call.body.is_empty() {
-            json!({})
-        } else {
-            objects::parse_body(&call.body, call.content_type())?
-        };
-        let q = &call.query;
-        let mut propagation = body["propagationPolicy"]
-            .as_str()
-            .map(str::to_string)
-            .or_else(|| q.get("propagationPolicy").cloned());
-        if propagation.is_none() {
-            let orphan = body["orphanDependents"]
-                .as_bool()
-                .or_else(|| q.get("orphanDependents").map(|v| v == "true"));
-            if orphan == Some(true) {
-                propagation = Some("Orphan".into());
-            }
-        }
-        if let Some(p) = &propagation
-            && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
-        {
-            return Err(ApiError::invalid_field(
-                "",
-                "DeleteOptions",
-                "",
-                "propagationPolicy",
-                &format!(
-                    "Unsupported value: {}: supported values: \"Foreground\", \"Background\", \"Orphan\"",
-                    json!(p)
-                ),
-            ));
-        }
-        Ok(DeleteOptions {
-            grace: body["gracePeriodSeconds"]
-                .as_i64()
-                .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok())),
-            propagation,
-            uid: body["preconditions"]["uid"].as_str().map(str::to_string),
-            rv: body["preconditions"]["resourceVersion"]
-                .as_str()
-                .and_then(|r| r.parse().ok()),
-            dry_run: body["dryRun"]
-                .as_array()
-                .is_some_and(|d| d.iter().any(|v| v == "All"))
-                || is_dry_run(call),
-        })
-    }
-}
-
 async fn delete(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
     let opts = DeleteOptions::from_call(call)?;
     let ns = namespace_of(call, res);
@@ -716,169 +560,6 @@ async fn delete(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResul
         deletion.object
     };
     Ok(json_response(200, &body))
-}
-
-/// What a delete did.
-pub struct Deletion {
-    /// The object: its last state if gone, its state with deletionTimestamp if pending.
-    pub object: Value,
-    /// Whether the object is gone (false while finalizers or a grace period hold it).
-    pub gone: bool,
-}
-
-/// Deletes one object honouring grace periods, finalizers and propagation.
-pub async fn delete_one(
-    state: &State,
-    call: &Call,
-    res: &Arc<ResourceInfo>,
-    ns: &str,
-    name: &str,
-    opts: &DeleteOptions,
-) -> ApiResult<Deletion> {
-    for _attempt in 0..16 {
-        let current = fetch(state, res, ns, name)?;
-        let mut obj = current.value();
-        if let Some(uid) = &opts.uid
-            && *uid != *current.uid
-        {
-            return Err(ApiError::conflict(
-                &res.group,
-                &res.resource,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    current.uid
-                ),
-            ));
-        }
-        if let Some(rv) = opts.rv
-            && rv != current.rv
-        {
-            return Err(ApiError::conflict(
-                &res.group,
-                &res.resource,
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    current.rv
-                ),
-            ));
-        }
-        crate::admission::validate_delete(state, call, res, &obj).await?;
-        let mut finalizers = objects::finalizers(&obj);
-        let policy = opts.propagation.as_deref().unwrap_or("Background");
-        let special = match policy {
-            "Foreground" => Some("foregroundDeletion"),
-            "Orphan" => Some("orphan"),
-            _ => None,
-        };
-        let already_deleting = objects::is_deleting(&obj);
-        if let Some(f) = special
-            && !finalizers.iter().any(|x| x == f)
-        {
-            finalizers.retain(|x| x != "foregroundDeletion" && x != "orphan");
-            finalizers.push(f.to_string());
-        }
-        // Pods bound to a node wait for their kubelet, which deletes them with grace 0.
-        let pod_grace =
-            if res.group.is_empty() && res.resource == "pods" && !obj["spec"]["nodeName"].is_null()
-            {
-                let phase = obj["status"]["phase"].as_str().unwrap_or("");
-                let grace = opts.grace.unwrap_or_else(|| {
-                    obj["spec"]["terminationGracePeriodSeconds"]
-                        .as_i64()
-                        .unwrap_or(30)
-                });
-                if matches!(phase, "Succeeded" | "Failed") {
-                    0
-                } else {
-                    grace.max(0)
-                }
-            } else {
-                0
-            };
-        let namespace_lifecycle = res.group.is_empty() && res.resource == "namespaces";
-        let pending = !finalizers.is_empty() || pod_grace > 0 || namespace_lifecycle;
-        if !pending {
-            if opts.dry_run {
-                return Ok(Deletion {
-                    object: obj,
-                    gone: true,
-                });
-            }
-            match state.remove_object(res, ns, name, Some(current.rv)) {
-                Ok(doc) => {
-                    return Ok(Deletion {
-                        object: doc.value(),
-                        gone: true,
-                    });
-                }
-                Err(e) if e.code == 409 => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        let meta = meta_mut(&mut obj);
-        if !already_deleting {
-            let when = chrono::Utc::now() + chrono::Duration::seconds(pod_grace);
-            meta.insert(
-                "deletionTimestamp".into(),
-                json!(when.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-            );
-            meta.insert("deletionGracePeriodSeconds".into(), json!(pod_grace));
-            if let Some(generation) = meta.get("generation").and_then(Value::as_i64) {
-                meta.insert("generation".into(), json!(generation + 1));
-            }
-        } else if pod_grace
-            < meta
-                .get("deletionGracePeriodSeconds")
-                .and_then(Value::as_i64)
-                .unwrap_or(0)
-        {
-            // A shorter grace period shortens a pending deletion.
-            let when = chrono::Utc::now() + chrono::Duration::seconds(pod_grace);
-            meta.insert(
-                "deletionTimestamp".into(),
-                json!(when.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-            );
-            meta.insert("deletionGracePeriodSeconds".into(), json!(pod_grace));
-        }
-        if finalizers.is_empty() {
-            meta.remove("finalizers");
-        } else {
-            meta.insert("finalizers".into(), json!(finalizers));
-        }
-        if namespace_lifecycle {
-            obj["status"]["phase"] = json!("Terminating");
-        }
-        if opts.dry_run {
-            return Ok(Deletion {
-                object: obj,
-                gone: false,
-            });
-        }
-        if objects::same_object(&current.value(), &obj) {
-            return Ok(Deletion {
-                object: current.value(),
-                gone: false,
-            });
-        }
-        match state.update_object(res, ns, name, current.rv, &mut obj) {
-            Ok(doc) => {
-                return Ok(Deletion {
-                    object: doc.value(),
-                    gone: false,
-                });
-            }
-            Err(e) if e.code == 409 => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ApiError::conflict(
-        &res.group,
-        &res.resource,
-        name,
-        "too many concurrent writers, try again",
-    ))
 }
 
 async fn delete_collection(
@@ -908,88 +589,4 @@ async fn delete_collection(
             "metadata": {"resourceVersion": state.store.current_rv().to_string()}, "items": deleted,
         }),
     ))
-}
-
-impl State {
-    /// Stores a new object and updates the in-memory indexes that follow it.
-    pub fn create_object(
-        &self,
-        res: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        obj: &mut Value,
-    ) -> ApiResult<Arc<Doc>> {
-        if res.namespaced {
-            self.check_namespace_open(ns)?;
-        }
-        let doc = self
-            .store
-            .create(&res.storage_key(), ns, name, obj)
-            .map_err(|e| store_error(res, name, e))?;
-        self.observe(res, Some(obj), ns, name);
-        Ok(doc)
-    }
-
-    /// Replaces an object at `expected_rv`.
-    pub fn update_object(
-        &self,
-        res: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        expected_rv: u64,
-        obj: &mut Value,
-    ) -> ApiResult<Arc<Doc>> {
-        let doc = self
-            .store
-            .update(&res.storage_key(), ns, name, expected_rv, obj)
-            .map_err(|e| store_error(res, name, e))?;
-        self.observe(res, Some(obj), ns, name);
-        Ok(doc)
-    }
-
-    /// Removes an object (at `expected_rv` if given).
-    pub fn remove_object(
-        &self,
-        res: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        expected_rv: Option<u64>,
-    ) -> ApiResult<Arc<Doc>> {
-        let doc = self
-            .store
-            .delete(&res.storage_key(), ns, name, expected_rv)
-            .map_err(|e| store_error(res, name, e))?;
-        self.observe(res, None, ns, name);
-        Ok(doc)
-    }
-
-    /// Refuses writes into a namespace that does not exist or is being terminated.
-    fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
-        match self.store.get("/namespaces", "", ns) {
-            None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(doc) if doc.deleting => Err(ApiError {
-                code: 403,
-                reason: "Forbidden",
-                message: format!(
-                    "unable to create new content in namespace {ns} because it is being terminated"
-                ),
-                details: None,
-            }),
-            Some(_) => Ok(()),
-        }
-    }
-
-    /// Keeps derived in-memory state (RBAC index, served CRDs) in step with a write.
-    pub fn observe(&self, res: &ResourceInfo, obj: Option<&Value>, ns: &str, name: &str) {
-        if res.group == "rbac.authorization.k8s.io" {
-            let mut rbac = self.rbac.write();
-            match obj {
-                Some(obj) => rbac.apply(&res.kind, obj),
-                None => rbac.delete(&res.kind, ns, name),
-            }
-        } else if res.group == "apiextensions.k8s.io" && res.resource == "customresourcedefinitions"
-        {
-            crate::crd::sync(self, obj, name);
-        }
-    }
 }

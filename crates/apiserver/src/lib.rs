@@ -14,8 +14,10 @@
 
 mod admission;
 mod authn;
+mod authz;
 mod crd;
 mod defaults;
+mod deletion;
 mod discovery;
 pub mod error;
 mod fsutil;
@@ -27,15 +29,20 @@ pub mod pki;
 mod protobuf;
 pub mod registry;
 mod request;
+mod response;
 mod reviews;
 mod scale;
+mod selectors;
 mod server;
+mod state;
 pub mod store;
 mod subresources;
 mod table;
 mod validation;
+mod version;
 mod wal;
 mod watch;
+mod webhook;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -46,7 +53,7 @@ use parking_lot::RwLock;
 use serde_json::{Value, json};
 use tandem_apimachinery::rbac::RbacIndex;
 
-pub use server::{Config, State};
+pub use state::{Config, State};
 
 /// A running API server.
 pub struct ApiServer {
@@ -77,7 +84,7 @@ impl ApiServer {
             rbac: RwLock::new(RbacIndex::default()),
             pki,
             admin_token,
-            webhooks: admission::WebhookClient::default(),
+            webhooks: webhook::WebhookClient::default(),
         });
         bootstrap(&state)?;
         let gc_state = state.clone();
@@ -207,7 +214,7 @@ fn bootstrap(state: &State) -> anyhow::Result<()> {
         .store
         .list("apiextensions.k8s.io/customresourcedefinitions", None, None);
     for doc in crds {
-        crd::sync(state, Some(&doc.value()), &doc.name);
+        state::sync_crd(state, Some(&doc.value()), &doc.name);
     }
     for kind in [
         "roles",

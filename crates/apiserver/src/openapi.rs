@@ -10,6 +10,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::registry::{Registry, ResourceInfo};
+use crate::version::KUBE_VERSION;
 
 fn definition_name(res: &ResourceInfo) -> String {
     let group = if res.group.is_empty() {
@@ -121,7 +122,7 @@ fn document(registry: &Registry, group: &str, version: &str) -> Value {
     }
     json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", crate::discovery::KUBE_VERSION.0, crate::discovery::KUBE_VERSION.1)},
+        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", KUBE_VERSION.0, KUBE_VERSION.1)},
         "paths": paths,
         "components": {"schemas": schemas},
     })
@@ -156,7 +157,7 @@ pub fn v2(registry: &Registry) -> Value {
     }
     json!({
         "swagger": "2.0",
-        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", crate::discovery::KUBE_VERSION.0, crate::discovery::KUBE_VERSION.1)},
+        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", KUBE_VERSION.0, KUBE_VERSION.1)},
         "paths": paths,
         "definitions": definitions,
     })

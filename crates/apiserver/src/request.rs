@@ -1,7 +1,11 @@
 //! What a request asks for, parsed from its method, path and query like kube-apiserver's
-//! RequestInfoFactory does.
+//! RequestInfoFactory does, and the authenticated call the handlers receive.
 
 use std::collections::HashMap;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use tandem_apimachinery::rbac::UserInfo;
 
 /// A parsed API request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -110,6 +114,35 @@ pub fn parse(method: &http::Method, path: &str, query: &Query) -> RequestInfo {
 /// "true" or "1".
 pub fn is_true(v: Option<&String>) -> bool {
     matches!(v.map(String::as_str), Some("true" | "1"))
+}
+
+/// One request in flight, after authentication.
+pub struct Call {
+    /// The parsed request.
+    pub info: RequestInfo,
+    /// Query parameters.
+    pub query: Query,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// The authenticated (and possibly impersonated) user.
+    pub user: UserInfo,
+    /// The request body.
+    pub body: Bytes,
+}
+
+impl Call {
+    /// The request's Content-Type (JSON when absent).
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+    }
+}
+
+/// Whether the request asks for a dry run (`dryRun=All`).
+pub fn is_dry_run(call: &Call) -> bool {
+    call.query.get("dryRun").is_some_and(|v| v == "All")
 }
 
 #[cfg(test)]

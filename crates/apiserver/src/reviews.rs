@@ -9,7 +9,9 @@ use tandem_apimachinery::rbac::{Attributes, Decision, UserInfo};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
-use crate::server::{Body, Call, State, json_response};
+use crate::request::Call;
+use crate::response::{Body, json_response};
+use crate::state::State;
 
 fn decide(state: &State, user: &UserInfo, spec: &Value, namespace_override: Option<&str>) -> Value {
     let (ra, nra) = (&spec["resourceAttributes"], &spec["nonResourceAttributes"]);

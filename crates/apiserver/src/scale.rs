@@ -7,9 +7,10 @@ use serde_json::{Value, json};
 use tandem_apimachinery::patchmeta::PatchSchema;
 
 use crate::error::{ApiError, ApiResult};
-use crate::handlers::{fetch, store_error};
 use crate::registry::ResourceInfo;
-use crate::server::{Body, Call, State, json_response};
+use crate::request::Call;
+use crate::response::{Body, json_response};
+use crate::state::{State, fetch, store_error};
 
 /// Where the replica counts live: (spec replicas, status replicas, label selector) paths.
 fn paths(res: &ResourceInfo) -> (String, String, Option<String>) {

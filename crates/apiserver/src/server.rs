@@ -3,75 +3,21 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http::{HeaderMap, Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use parking_lot::RwLock;
-use serde_json::Value;
-use tandem_apimachinery::rbac::{Attributes, Decision, RbacIndex, UserInfo, forbidden_message};
+use tandem_apimachinery::rbac::{Attributes, UserInfo, forbidden_message};
 use tokio::net::TcpListener;
 
+use crate::authn::PeerIdentity;
+use crate::authz::{allowed, authorize};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::ClusterPki;
-use crate::registry::Registry;
-use crate::request::{self, Query, RequestInfo};
-use crate::store::Store;
-
-/// Response body: a full buffer or a watch stream.
-pub type Body = BoxBody<Bytes, std::io::Error>;
-
-/// How to run a server.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Name of the cluster (CA common name, kubeconfig cluster and context names).
-    pub name: String,
-    /// Where objects and the CA live; None keeps everything in memory.
-    pub data_dir: Option<PathBuf>,
-    /// Port on 127.0.0.1; 0 picks a free one.
-    pub port: u16,
-    /// Events kept per resource for watches to resume from.
-    pub watch_window: usize,
-    /// The range ClusterIPs are allocated from.
-    pub service_cidr: String,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            name: "tandem".into(),
-            data_dir: None,
-            port: 0,
-            watch_window: 20_000,
-            service_cidr: "10.96.0.0/12".into(),
-        }
-    }
-}
-
-/// Everything request handlers share.
-pub struct State {
-    /// Settings.
-    pub config: Config,
-    /// Objects.
-    pub store: Store,
-    /// Served resources.
-    pub registry: RwLock<Registry>,
-    /// RBAC objects, indexed for authorization.
-    pub rbac: RwLock<RbacIndex>,
-    /// Key material.
-    pub pki: ClusterPki,
-    /// Bearer token of the static admin user.
-    pub admin_token: String,
-    /// Client for admission webhooks.
-    pub webhooks: crate::admission::WebhookClient,
-}
-
-/// Who a connection authenticated as with its client certificate.
-#[derive(Clone, Debug, Default)]
-pub struct PeerIdentity(pub Option<UserInfo>);
+use crate::request::{self, Call};
+use crate::response::{Body, error_response};
+use crate::state::State;
 
 /// Starts serving on `listener` until the process ends.
 pub async fn serve(state: Arc<State>, listener: TcpListener) {
@@ -151,52 +97,6 @@ fn tls_config(pki: &ClusterPki) -> anyhow::Result<rustls::ServerConfig> {
         .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// A buffered JSON response.
-pub fn json_response(code: u16, body: &Value) -> Response<Body> {
-    bytes_response(
-        code,
-        Bytes::from(serde_json::to_vec(body).expect("JSON serializes")),
-    )
-}
-
-/// A buffered response of already serialized JSON.
-pub fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
-    Response::builder()
-        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body).map_err(|e: Infallible| match e {}).boxed())
-        .expect("valid response")
-}
-
-/// The Status response for an error.
-pub fn error_response(err: &ApiError) -> Response<Body> {
-    json_response(err.code, &err.to_status())
-}
-
-/// One request in flight, after authentication.
-pub struct Call {
-    /// The parsed request.
-    pub info: RequestInfo,
-    /// Query parameters.
-    pub query: Query,
-    /// Headers.
-    pub headers: HeaderMap,
-    /// The authenticated (and possibly impersonated) user.
-    pub user: UserInfo,
-    /// The request body.
-    pub body: Bytes,
-}
-
-impl Call {
-    /// The request's Content-Type (JSON when absent).
-    pub fn content_type(&self) -> &str {
-        self.headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/json")
-    }
 }
 
 async fn handle(
@@ -294,38 +194,5 @@ fn impersonate(state: &State, user: UserInfo, headers: &HeaderMap) -> ApiResult<
     Ok(UserInfo {
         name: target.to_string(),
         groups,
-    })
-}
-
-/// Whether RBAC allows `attrs` for `user` (members of system:masters always may).
-pub fn allowed(state: &State, user: &UserInfo, attrs: &Attributes) -> bool {
-    user.groups.iter().any(|g| g == "system:masters")
-        || matches!(state.rbac.read().authorize(user, attrs), Decision::Allow(_))
-}
-
-pub(crate) fn authorize(state: &State, user: &UserInfo, info: &RequestInfo) -> ApiResult<()> {
-    let attrs = Attributes {
-        verb: &info.verb,
-        namespace: &info.namespace,
-        api_group: &info.group,
-        resource: &info.resource,
-        subresource: &info.subresource,
-        name: &info.name,
-        path: &info.path,
-        resource_request: info.resource_request,
-    };
-    if allowed(state, user, &attrs) {
-        return Ok(());
-    }
-    let why = forbidden_message(user, &attrs);
-    Err(if info.resource_request {
-        let resource = if info.subresource.is_empty() {
-            info.resource.clone()
-        } else {
-            format!("{}/{}", info.resource, info.subresource)
-        };
-        ApiError::forbidden(&info.group, &resource, &info.name, &why)
-    } else {
-        ApiError::forbidden_path(&why)
     })
 }

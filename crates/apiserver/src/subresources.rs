@@ -6,10 +6,12 @@ use std::sync::Arc;
 use http::Response;
 use serde_json::{Value, json};
 
+use crate::deletion::{DeleteOptions, delete_one};
 use crate::error::{ApiError, ApiResult};
-use crate::handlers::{DeleteOptions, delete_one, fetch};
 use crate::registry::ResourceInfo;
-use crate::server::{Body, Call, State, json_response};
+use crate::request::Call;
+use crate::response::{Body, json_response};
+use crate::state::{State, fetch};
 
 fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})

@@ -9,7 +9,8 @@ use tandem_apimachinery::selector::LabelSelector;
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
-use crate::server::{Call, State};
+use crate::request::Call;
+use crate::state::State;
 
 type Cause = (String, String, String);
 

@@ -16,10 +16,11 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::error::{ApiError, ApiResult};
-use crate::handlers::{Selectors, for_version};
 use crate::registry::ResourceInfo;
-use crate::request::{Query, is_true};
-use crate::server::{Body, Call, State};
+use crate::request::{Call, Query, is_true};
+use crate::response::{Body, for_version};
+use crate::selectors::Selectors;
+use crate::state::State;
 use crate::store::{Doc, EventType, StoreError};
 
 /// How often an idle watch that asked for bookmarks gets one.
