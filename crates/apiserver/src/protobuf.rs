@@ -1,9 +1,12 @@
 //! Kubernetes protobuf request bodies, decoded into the JSON objects the handlers work on.
 //!
-//! kubectl's typed-clientset commands (`auth can-i`, `create configmap`, `drain`, `certificate
-//! approve`, ...) send `application/vnd.kubernetes.protobuf` and do not fall back to JSON on 415.
-//! k8s-pb provides the prost messages but no JSON mapping, so each supported kind is mapped
-//! here field by field, following the Go JSON tags of the Kubernetes types.
+//! kubectl's typed-clientset commands (`auth can-i`, `create deployment`, `create configmap`,
+//! `drain`, `certificate approve`, ...) send `application/vnd.kubernetes.protobuf` and do not
+//! fall back to JSON on 415. k8s-pb provides the prost messages but no JSON mapping, so each
+//! supported kind is mapped here field by field, following the Go JSON tags of the Kubernetes
+//! types. No field the client sent is dropped: each mapping names every field of its message,
+//! fields not mapped are refused when set, and field numbers a message does not define (which
+//! prost skips) are refused by a walk over the wire.
 
 use std::collections::BTreeMap;
 
@@ -231,6 +234,8 @@ pub enum UnmappedReason {
     NotSupported,
     /// A field number the Kubernetes type does not define (a newer client's field).
     UnknownNumber(u32),
+    /// The field's bytes are not valid protobuf.
+    Malformed,
 }
 
 impl Unmapped {
@@ -267,6 +272,7 @@ impl Unmapped {
             UnmappedReason::UnknownNumber(number) => {
                 format!("unknown field number {number} in {field}")
             }
+            UnmappedReason::Malformed => format!("malformed protobuf in {field}"),
         }
     }
 }
@@ -603,15 +609,15 @@ impl<T: ToJson> Nested for BTreeMap<String, T> {
 }
 
 /// Walks the fields of one message on the wire: every field number must be one of `fields`,
-/// and nested messages are walked in turn. The body was already decoded by prost, so the
-/// wire is well-formed; a malformed one is reported as prost would.
+/// and nested messages are walked in turn. prost has decoded the body already, so the wire
+/// is well-formed; malformed bytes are still refused rather than trusted.
 fn check_fields(raw: &[u8], fields: &[WireField]) -> Result<(), Unmapped> {
     use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
     let mut buf = raw;
     let mut seen: Vec<(u32, usize)> = Vec::new();
     let malformed = || Unmapped {
         field: String::new(),
-        reason: UnmappedReason::UnknownNumber(0),
+        reason: UnmappedReason::Malformed,
     };
     while !buf.is_empty() {
         let (number, wire_type) = decode_key(&mut buf).map_err(|_| malformed())?;
@@ -663,10 +669,19 @@ macro_rules! wire_field {
 /// Implements ToJson for prost messages from a field table: `how "jsonName" rust_field`,
 /// where `how` is a [`Fields`] method naming the Go encoding rule of that field. The table
 /// must name every field of the message (the destructuring fails to compile otherwise), so
-/// none is dropped unnoticed: a field the server does not map is listed as `no`.
+/// none is dropped unnoticed: a field the server does not map is listed as `no`. Messages
+/// with the same fields share one table (`A | B { ... }`).
 macro_rules! to_json {
-    ($($ty:path { $($how:ident $key:literal $field:ident),* $(,)? })*) => {
-        $(impl ToJson for $ty {
+    ($($($ty:path)|+ { $($fields:tt)* })*) => {
+        $(to_json!(@each [$($ty)|+] { $($fields)* });)*
+    };
+    (@each [$ty:path $(| $more:path)*] $fields:tt) => {
+        to_json!(@one $ty $fields);
+        to_json!(@each [$($more)|*] $fields);
+    };
+    (@each [] $fields:tt) => {};
+    (@one $ty:path { $($how:ident $key:literal $field:ident),* $(,)? }) => {
+        impl ToJson for $ty {
             fn to_json(&self) -> Result<Value, Unmapped> {
                 let $ty { $($field),* } = self;
                 Ok(Fields::default()$(.$how($key, $field)?)*.done())
@@ -681,7 +696,7 @@ macro_rules! to_json {
                 }),*]);
                 check_fields(raw, fields)
             }
-        })*
+        }
     };
 }
 
@@ -731,16 +746,21 @@ to_json! {
     }
     meta::Preconditions { ptr "uid" uid, ptr "resourceVersion" resource_version }
     meta::LabelSelector { map "matchLabels" match_labels, list "matchExpressions" match_expressions }
-    meta::LabelSelectorRequirement { req "key" key, req "operator" operator, list "values" values }
-    meta::FieldSelectorRequirement { req "key" key, req "operator" operator, list "values" values }
+    meta::LabelSelectorRequirement | meta::FieldSelectorRequirement {
+        req "key" key, req "operator" operator, list "values" values,
+    }
 
-    authorization::v1::SelfSubjectAccessReview {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
-    authorization::v1::SubjectAccessReview {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
-    authorization::v1::LocalSubjectAccessReview {
+    authorization::v1::SelfSubjectAccessReview
+        | authorization::v1::SubjectAccessReview
+        | authorization::v1::LocalSubjectAccessReview
+        | authorization::v1::SelfSubjectRulesReview
+        | authentication::v1::TokenReview
+        | authentication::v1::TokenRequest
+        | core::v1::Namespace
+        | core::v1::ResourceQuota
+        | core::v1::Service
+        | apps::v1::Deployment
+        | certificates::v1::CertificateSigningRequest {
         opt "metadata" metadata, opt "spec" spec, opt "status" status,
     }
     authorization::v1::SelfSubjectAccessReviewSpec {
@@ -768,9 +788,6 @@ to_json! {
         req "allowed" allowed, opt "denied" denied, opt "reason" reason,
         opt "evaluationError" evaluation_error,
     }
-    authorization::v1::SelfSubjectRulesReview {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
     authorization::v1::SelfSubjectRulesReviewSpec { opt "namespace" namespace }
     authorization::v1::SubjectRulesReviewStatus {
         list "resourceRules" resource_rules, list "nonResourceRules" non_resource_rules,
@@ -789,13 +806,11 @@ to_json! {
     authentication::v1::UserInfo {
         opt "username" username, opt "uid" uid, list "groups" groups, map "extra" extra,
     }
-    authentication::v1::TokenReview { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     authentication::v1::TokenReviewSpec { opt "token" token, list "audiences" audiences }
     authentication::v1::TokenReviewStatus {
         opt "authenticated" authenticated, opt "user" user, list "audiences" audiences,
         opt "error" error,
     }
-    authentication::v1::TokenRequest { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     authentication::v1::TokenRequestSpec {
         list "audiences" audiences, ptr "expirationSeconds" expiration_seconds,
         opt "boundObjectRef" bound_object_ref,
@@ -815,7 +830,6 @@ to_json! {
         opt "metadata" metadata, ptr "immutable" immutable, map "data" data,
         map "stringData" string_data, opt "type" r#type,
     }
-    core::v1::Namespace { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     core::v1::NamespaceSpec { list "finalizers" finalizers }
     core::v1::NamespaceStatus { opt "phase" phase, list "conditions" conditions }
     core::v1::NamespaceCondition {
@@ -833,7 +847,6 @@ to_json! {
         opt "fieldPath" field_path,
     }
     core::v1::LocalObjectReference { opt "name" name }
-    core::v1::ResourceQuota { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     core::v1::ResourceQuotaSpec {
         map "hard" hard, list "scopes" scopes, opt "scopeSelector" scope_selector,
     }
@@ -852,8 +865,7 @@ to_json! {
         list "verbs" verbs, list "apiGroups" api_groups, list "resources" resources,
         list "resourceNames" resource_names, list "nonResourceURLs" non_resource_ur_ls,
     }
-    rbac::v1::RoleBinding { opt "metadata" metadata, list "subjects" subjects, opt "roleRef" role_ref }
-    rbac::v1::ClusterRoleBinding {
+    rbac::v1::RoleBinding | rbac::v1::ClusterRoleBinding {
         opt "metadata" metadata, list "subjects" subjects, opt "roleRef" role_ref,
     }
     rbac::v1::Subject {
@@ -869,7 +881,6 @@ to_json! {
         req "message" message,
     }
 
-    core::v1::Service { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     core::v1::ServiceSpec {
         list "ports" ports, map "selector" selector, opt "clusterIP" cluster_ip,
         list "clusterIPs" cluster_ips, opt "type" r#type, list "externalIPs" external_ips,
@@ -903,9 +914,6 @@ to_json! {
         opt "description" description, ptr "preemptionPolicy" preemption_policy,
     }
 
-    certificates::v1::CertificateSigningRequest {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
     certificates::v1::CertificateSigningRequestSpec {
         req "request" request, req "signerName" signer_name,
         ptr "expirationSeconds" expiration_seconds, list "usages" usages,
@@ -919,7 +927,6 @@ to_json! {
         opt "lastUpdateTime" last_update_time, opt "lastTransitionTime" last_transition_time,
     }
 
-    apps::v1::Deployment { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     apps::v1::DeploymentSpec {
         ptr "replicas" replicas, opt "selector" selector, opt "template" template,
         opt "strategy" strategy, opt "minReadySeconds" min_ready_seconds,
@@ -999,17 +1006,15 @@ to_json! {
     core::v1::ResourceFieldSelector {
         opt "containerName" container_name, req "resource" resource, opt "divisor" divisor,
     }
-    core::v1::ConfigMapKeySelector {
-        inline "" local_object_reference, req "key" key, ptr "optional" optional,
-    }
-    core::v1::SecretKeySelector {
+    core::v1::ConfigMapKeySelector | core::v1::SecretKeySelector {
         inline "" local_object_reference, req "key" key, ptr "optional" optional,
     }
     core::v1::EnvFromSource {
         opt "prefix" prefix, opt "configMapRef" config_map_ref, opt "secretRef" secret_ref,
     }
-    core::v1::ConfigMapEnvSource { inline "" local_object_reference, ptr "optional" optional }
-    core::v1::SecretEnvSource { inline "" local_object_reference, ptr "optional" optional }
+    core::v1::ConfigMapEnvSource | core::v1::SecretEnvSource {
+        inline "" local_object_reference, ptr "optional" optional,
+    }
     core::v1::ResourceRequirements {
         map "limits" limits, map "requests" requests, list "claims" claims,
     }
