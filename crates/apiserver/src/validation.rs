@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use tandem_apimachinery::quantity::Quantity;
 use tandem_apimachinery::schema;
 use tandem_apimachinery::selector::LabelSelector;
-use tandem_apimachinery::validation::validate_dns1123_label;
+use tandem_apimachinery::validation::{validate_dns1123_label, validate_label_key};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
@@ -200,13 +200,17 @@ fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value)
             ));
         }
         ("", "ResourceQuota") => {
-            causes.extend(non_negative_quantities("spec.hard", &obj["spec"]["hard"]));
+            causes.extend(resource_values("spec.hard", &obj["spec"]["hard"], false));
         }
         ("", "Node") => {
             for field in ["capacity", "allocatable"] {
                 // kube names these `status.capacity.cpu`, not `status.capacity[cpu]`.
                 for (resource, value) in quantities(&obj["status"][field]) {
-                    causes.extend(non_negative(&format!("status.{field}.{resource}"), value));
+                    causes.extend(quantity_value(
+                        &format!("status.{field}.{resource}"),
+                        resource,
+                        value,
+                    ));
                 }
             }
         }
@@ -219,8 +223,11 @@ fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value)
             {
                 let port = p["port"].as_i64().unwrap_or(0);
                 if !(1..=65535).contains(&port) {
-                    causes.push(cause(&format!("spec.ports[{i}].port"), "FieldValueInvalid",
-                        format!("spec.ports[{i}].port: Invalid value: {port}: must be between 1 and 65535, inclusive")));
+                    causes.push(invalid(
+                        &format!("spec.ports[{i}].port"),
+                        &json!(port),
+                        PORT_RANGE,
+                    ));
                 }
             }
             if obj["spec"]["type"] != "ExternalName"
@@ -343,30 +350,85 @@ fn quantity_text(value: &Value) -> Option<String> {
     }
 }
 
-/// `ValidateNonnegativeQuantity` on one value; the value is known to parse (decode checked it).
-fn non_negative(path: &str, value: &Value) -> Option<Cause> {
+/// `ValidateResourceQuantityValue`: zero or more, and whole for resources counted in units
+/// (pods, extended resources). The value is known to parse: decoding checked it.
+fn quantity_value(path: &str, resource: &str, value: &Value) -> Option<Cause> {
     let text = quantity_text(value)?;
     let quantity = Quantity::parse(&text).ok()?;
-    quantity
-        .is_negative()
-        .then(|| invalid(path, &json!(text), "must be greater than or equal to 0"))
+    let message = if quantity.is_negative() {
+        "must be greater than or equal to 0"
+    } else if integer_resource(resource) && quantity.milli_value() % 1000 != 0 {
+        "must be an integer"
+    } else {
+        return None;
+    };
+    Some(invalid(path, &json!(text), message))
 }
 
-/// Every quantity of a map non-negative, each named `path[resource]`.
-fn non_negative_quantities(path: &str, map: &Value) -> Vec<Cause> {
-    quantities(map)
-        .filter_map(|(resource, value)| non_negative(&format!("{path}[{resource}]"), value))
-        .collect()
+/// The values of a resource map, each named `path[resource]`; container resources must also
+/// be resources a container can request.
+fn resource_values(path: &str, map: &Value, for_container: bool) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    for (resource, value) in quantities(map) {
+        let at = format!("{path}[{resource}]");
+        if for_container && let Some(message) = container_resource_name_error(resource) {
+            causes.push(invalid(&at, &json!(resource), message));
+        }
+        causes.extend(quantity_value(&at, resource, value));
+    }
+    causes
+}
+
+/// `validateContainerResourceName`: `cpu`, `memory`, `ephemeral-storage`, `hugepages-*`, or a
+/// domain-qualified (extended) resource; a typo such as `cpus` is refused.
+fn container_resource_name_error(resource: &str) -> Option<&'static str> {
+    if !resource.contains('/') {
+        let standard = ["cpu", "memory", "ephemeral-storage"].contains(&resource)
+            || resource.starts_with("hugepages-");
+        return (!standard).then_some("must be a standard resource for containers");
+    }
+    (!native_resource(resource) && !extended_resource(resource))
+        .then_some("doesn't follow extended resource name standard")
+}
+
+/// `helper.IsNativeResource`: unqualified, or in the `kubernetes.io/` domain.
+fn native_resource(resource: &str) -> bool {
+    !resource.contains('/') || resource.contains("kubernetes.io/")
+}
+
+/// `helper.IsExtendedResourceName`: a qualified name outside `kubernetes.io/`, not a quota's
+/// `requests.` form.
+fn extended_resource(resource: &str) -> bool {
+    !native_resource(resource)
+        && !resource.starts_with("requests.")
+        && validate_label_key(resource).is_ok()
+}
+
+/// `helper.IsIntegerResourceName`: object counts and extended resources.
+fn integer_resource(resource: &str) -> bool {
+    const COUNTED: &[&str] = &[
+        "pods",
+        "services",
+        "replicationcontrollers",
+        "resourcequotas",
+        "secrets",
+        "configmaps",
+        "persistentvolumeclaims",
+        "services.nodeports",
+        "services.loadbalancers",
+    ];
+    COUNTED.contains(&resource) || extended_resource(resource)
 }
 
 /// `ValidateResourceRequirements`: no negative quantity, no request above its limit, and
 /// requests equal to limits for resources that cannot be overcommitted (extended resources,
 /// hugepages).
 fn resource_requirements(path: &str, resources: &Value) -> Vec<Cause> {
-    let mut causes = non_negative_quantities(&format!("{path}.limits"), &resources["limits"]);
-    causes.extend(non_negative_quantities(
+    let mut causes = resource_values(&format!("{path}.limits"), &resources["limits"], true);
+    causes.extend(resource_values(
         &format!("{path}.requests"),
         &resources["requests"],
+        true,
     ));
     let parse = |v: &Value| quantity_text(v).and_then(|t| Quantity::parse(&t).ok().map(|q| (t, q)));
     for (resource, request) in quantities(&resources["requests"]) {

@@ -156,6 +156,29 @@ async fn malformed_fields_of_built_in_kinds_are_refused_by_name() {
             "status.allocatable.memory: Invalid value: \"-1Mi\": must be greater than or equal to 0".into(),
         ),
         (
+            "a misspelt container resource",
+            pod("p12", requests(json!({"cpus": "1"})), json!({})),
+            422,
+            "spec.containers[0].resources.requests[cpus]: Invalid value: \"cpus\": must be a standard resource for containers".into(),
+        ),
+        (
+            "a fraction of a counted resource",
+            quota("q3", json!({"pods": "1.5"})),
+            422,
+            "spec.hard[pods]: Invalid value: \"1.5\": must be an integer".into(),
+        ),
+        (
+            "a fraction of an extended resource",
+            pod(
+                "p13",
+                json!({"resources": {"requests": {"example.com/gpu": "500m"},
+                                     "limits": {"example.com/gpu": "500m"}}}),
+                json!({}),
+            ),
+            422,
+            "spec.containers[0].resources.limits[example.com/gpu]: Invalid value: \"500m\": must be an integer".into(),
+        ),
+        (
             "a container name that is not a DNS-1123 label",
             pod("p6", json!({"name": "Web_1"}), json!({})),
             422,
