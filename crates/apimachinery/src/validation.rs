@@ -115,6 +115,31 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
     }
 }
 
+const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
+const DNS1123_LABEL_ERR: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
+
+/// `validation.IsDNS1123Label` with kube's messages (container names, Service names).
+pub fn validate_dns1123_label(value: &str) -> Result<(), String> {
+    let mut errs = Vec::new();
+    if value.len() > DNS1123_LABEL_MAX {
+        errs.push(format!(
+            "must be no more than {DNS1123_LABEL_MAX} characters"
+        ));
+    }
+    if !is_label_format(value) {
+        errs.push(regex_error(
+            DNS1123_LABEL_ERR,
+            DNS1123_LABEL_FMT,
+            &["my-name", "123-abc"],
+        ));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
+
 /// `validation.IsValidLabelValue`: empty, or a qualified name part of at most 63 characters.
 pub fn validate_label_value(value: &str) -> Result<(), String> {
     let mut errs = Vec::new();
@@ -161,6 +186,19 @@ mod tests {
             assert_eq!(is_dns1123_subdomain(s), *subdomain, "subdomain {s:?}");
         }
         assert!(!is_dns1123_subdomain(&format!("{}.b", "a".repeat(253))));
+    }
+
+    #[test]
+    fn dns1123_label_messages_are_kubes() {
+        assert_eq!(validate_dns1123_label("web-1"), Ok(()));
+        assert_eq!(
+            validate_dns1123_label("Web_1").unwrap_err(),
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        );
+        assert_eq!(
+            validate_dns1123_label(&"a".repeat(64)).unwrap_err(),
+            "must be no more than 63 characters"
+        );
     }
 
     #[test]

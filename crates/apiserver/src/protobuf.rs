@@ -1,15 +1,20 @@
 //! Kubernetes protobuf request bodies, decoded into the JSON objects the handlers work on.
 //!
-//! kubectl's typed-clientset commands (`auth can-i`, `create configmap`, `drain`, `certificate
-//! approve`, ...) send `application/vnd.kubernetes.protobuf` and do not fall back to JSON on 415.
-//! k8s-pb provides the prost messages but no JSON mapping, so each supported kind is mapped
-//! here field by field, following the Go JSON tags of the Kubernetes types.
+//! kubectl's typed-clientset commands (`auth can-i`, `create deployment`, `create configmap`,
+//! `drain`, `certificate approve`, ...) send `application/vnd.kubernetes.protobuf` and do not
+//! fall back to JSON on 415. k8s-pb provides the prost messages but no JSON mapping, so each
+//! supported kind is mapped here field by field, following the Go JSON tags of the Kubernetes
+//! types. No field the client sent is dropped: each mapping names every field of its message,
+//! fields not mapped are refused when set, and field numbers a message does not define (which
+//! prost skips) are refused by a walk over the wire.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use chrono::{DateTime, SecondsFormat};
-use k8s_pb::api::{authentication, authorization, certificates, core, policy, rbac, scheduling};
+use k8s_pb::api::{
+    apps, authentication, authorization, certificates, core, policy, rbac, scheduling,
+};
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
@@ -50,15 +55,35 @@ pub enum ProtobufError {
         #[source]
         source: prost::DecodeError,
     },
+    /// The object has a field that cannot become JSON: one this server does not map, or a
+    /// field number its type does not define.
+    #[error("cannot decode {gvk} from protobuf: {}", unmapped.describe())]
+    Unmapped {
+        /// The payload's group/version/kind.
+        gvk: String,
+        /// The field and why.
+        unmapped: Unmapped,
+    },
     /// The envelope names a kind this server has no protobuf mapping for.
     #[error("unsupported kind {0:?} in protobuf; send it as JSON (kubectl create -f / apply)")]
     UnsupportedKind(String),
 }
 
 impl ProtobufError {
-    /// True when the body is well-formed but its kind is not mapped (415 rather than 400).
+    /// True when the body is well-formed but its kind or one of its fields is not mapped, so
+    /// that the same object would be accepted as JSON (415 rather than 400).
     pub fn is_unsupported(&self) -> bool {
-        matches!(self, ProtobufError::UnsupportedKind(_))
+        matches!(
+            self,
+            ProtobufError::UnsupportedKind(_)
+                | ProtobufError::Unmapped {
+                    unmapped: Unmapped {
+                        reason: UnmappedReason::NotSupported,
+                        ..
+                    },
+                    ..
+                }
+        )
     }
 }
 
@@ -87,8 +112,7 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
         .iter()
         .find(|(v, k, _)| (*v == api_version || *v == ANY_VERSION) && *k == kind)
         .ok_or_else(|| ProtobufError::UnsupportedKind(gvk.clone()))?;
-    let fields = convert(unknown.raw.as_deref().unwrap_or_default())
-        .map_err(|source| ProtobufError::Object { gvk, source })?;
+    let fields = convert(unknown.raw.as_deref().unwrap_or_default(), gvk)?;
     let mut object = Map::new();
     object.insert("apiVersion".into(), Value::String(api_version));
     object.insert("kind".into(), Value::String(kind));
@@ -98,11 +122,17 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
     Ok(Value::Object(object))
 }
 
-/// Decodes one typed message and maps it to JSON.
-type Converter = fn(&[u8]) -> Result<Value, prost::DecodeError>;
+/// Decodes one typed message and maps it to JSON; `gvk` names it in errors.
+type Converter = fn(&[u8], String) -> Result<Value, ProtobufError>;
 
-fn typed<M: Message + Default + ToJson>(raw: &[u8]) -> Result<Value, prost::DecodeError> {
-    Ok(M::decode(raw)?.to_json())
+fn typed<M: Message + Default + ToJson>(raw: &[u8], gvk: String) -> Result<Value, ProtobufError> {
+    let message = match M::decode(raw) {
+        Ok(message) => message,
+        Err(source) => return Err(ProtobufError::Object { gvk, source }),
+    };
+    M::check_wire(raw)
+        .and_then(|()| message.to_json())
+        .map_err(|unmapped| ProtobufError::Unmapped { gvk, unmapped })
 }
 
 /// Matches the apiVersion of any group.
@@ -116,6 +146,7 @@ const KINDS: &[(&str, &str, Converter)] = &[
     ("v1", "ServiceAccount", typed::<core::v1::ServiceAccount>),
     ("v1", "ResourceQuota", typed::<core::v1::ResourceQuota>),
     ("v1", "Service", typed::<core::v1::Service>),
+    ("apps/v1", "Deployment", typed::<apps::v1::Deployment>),
     // Registered in every group version: a typed client sends its own (`v1`, `apps/v1`, ...).
     (ANY_VERSION, "DeleteOptions", typed::<meta::DeleteOptions>),
     (
@@ -186,51 +217,122 @@ const KINDS: &[(&str, &str, Converter)] = &[
     ),
 ];
 
+/// A protobuf field that has no place in the JSON object, so decoding it would lose it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unmapped {
+    /// Where it is, as a JSON path (`spec.template.spec.volumes[0]`); empty at the top.
+    pub field: String,
+    /// Why it cannot be mapped.
+    pub reason: UnmappedReason,
+}
+
+/// Why a protobuf field cannot be mapped to JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnmappedReason {
+    /// A field of the Kubernetes type that this server does not map from protobuf (it does
+    /// from JSON).
+    NotSupported,
+    /// A field number the Kubernetes type does not define (a newer client's field).
+    UnknownNumber(u32),
+    /// The field's bytes are not valid protobuf.
+    Malformed,
+}
+
+impl Unmapped {
+    fn not_supported() -> Self {
+        Unmapped {
+            field: String::new(),
+            reason: UnmappedReason::NotSupported,
+        }
+    }
+
+    /// The same field seen from the message that holds it under `key` (`""` for inline
+    /// members, `[i]`-style keys for list items).
+    fn within(mut self, key: &str) -> Self {
+        self.field = match (key, self.field.as_str()) {
+            ("", _) => self.field,
+            (_, "") => key.to_string(),
+            (_, rest) if rest.starts_with('[') => format!("{key}{rest}"),
+            (_, rest) => format!("{key}.{rest}"),
+        };
+        self
+    }
+
+    /// What the user reads after the object's group/version/kind.
+    fn describe(&self) -> String {
+        let field = if self.field.is_empty() {
+            "the object"
+        } else {
+            &self.field
+        };
+        match self.reason {
+            UnmappedReason::NotSupported => format!(
+                "field {field} is not supported in protobuf by this server; send the object as JSON (kubectl create -f / apply)"
+            ),
+            UnmappedReason::UnknownNumber(number) => {
+                format!("unknown field number {number} in {field}")
+            }
+            UnmappedReason::Malformed => format!("malformed protobuf in {field}"),
+        }
+    }
+}
+
 /// A value's Kubernetes JSON encoding.
 trait ToJson {
-    fn to_json(&self) -> Value;
+    fn to_json(&self) -> Result<Value, Unmapped>;
+
+    /// Refuses field numbers the message does not define, at any depth: prost skips them
+    /// silently, and a field the client set must not vanish. Scalars have nothing to check.
+    fn check_wire(_raw: &[u8]) -> Result<(), Unmapped>
+    where
+        Self: Sized,
+    {
+        Ok(())
+    }
 }
 
 impl ToJson for String {
-    fn to_json(&self) -> Value {
-        Value::String(self.clone())
+    fn to_json(&self) -> Result<Value, Unmapped> {
+        Ok(Value::String(self.clone()))
     }
 }
 
 impl ToJson for bool {
-    fn to_json(&self) -> Value {
-        Value::Bool(*self)
+    fn to_json(&self) -> Result<Value, Unmapped> {
+        Ok(Value::Bool(*self))
     }
 }
 
 impl ToJson for i64 {
-    fn to_json(&self) -> Value {
-        Value::from(*self)
+    fn to_json(&self) -> Result<Value, Unmapped> {
+        Ok(Value::from(*self))
     }
 }
 
 impl ToJson for i32 {
-    fn to_json(&self) -> Value {
-        Value::from(*self)
+    fn to_json(&self) -> Result<Value, Unmapped> {
+        Ok(Value::from(*self))
     }
 }
 
 /// Go's `[]byte`, which encoding/json writes as standard base64.
 impl ToJson for Vec<u8> {
-    fn to_json(&self) -> Value {
-        Value::String(base64::engine::general_purpose::STANDARD.encode(self))
+    fn to_json(&self) -> Result<Value, Unmapped> {
+        Ok(Value::String(
+            base64::engine::general_purpose::STANDARD.encode(self),
+        ))
     }
 }
 
 impl ToJson for Quantity {
-    fn to_json(&self) -> Value {
+    fn to_json(&self) -> Result<Value, Unmapped> {
         self.string.clone().unwrap_or_default().to_json()
     }
 }
 
 /// intstr.IntOrString: a JSON number or string, as its type says.
 impl ToJson for IntOrString {
-    fn to_json(&self) -> Value {
+    fn to_json(&self) -> Result<Value, Unmapped> {
         match self.r#type {
             Some(1) => self.str_val.clone().unwrap_or_default().to_json(),
             _ => self.int_val.unwrap_or_default().to_json(),
@@ -241,20 +343,20 @@ impl ToJson for IntOrString {
 /// metav1.Time: RFC3339 in UTC at second precision. Go writes the zero time as an empty
 /// message (no seconds), which JSON renders as null.
 impl ToJson for meta::Time {
-    fn to_json(&self) -> Value {
+    fn to_json(&self) -> Result<Value, Unmapped> {
         let Some(seconds) = self.seconds else {
-            return Value::Null;
+            return Ok(Value::Null);
         };
-        DateTime::from_timestamp(seconds, 0)
+        Ok(DateTime::from_timestamp(seconds, 0)
             .map(|t| Value::String(t.to_rfc3339_opts(SecondsFormat::Secs, true)))
-            .unwrap_or(Value::Null)
+            .unwrap_or(Value::Null))
     }
 }
 
 /// metav1.FieldsV1 is raw JSON in both encodings.
 impl ToJson for meta::FieldsV1 {
-    fn to_json(&self) -> Value {
-        serde_json::from_slice(self.raw.as_deref().unwrap_or_default()).unwrap_or(Value::Null)
+    fn to_json(&self) -> Result<Value, Unmapped> {
+        Ok(serde_json::from_slice(self.raw.as_deref().unwrap_or_default()).unwrap_or(Value::Null))
     }
 }
 
@@ -275,52 +377,88 @@ fn is_empty(value: &Value) -> bool {
     }
 }
 
+/// One field's JSON value, its errors placed under its key.
+fn field_json<T: ToJson>(key: &str, value: &T) -> Result<Value, Unmapped> {
+    value.to_json().map_err(|e| e.within(key))
+}
+
 impl Fields {
     /// A value field tagged `omitempty`: dropped when absent or zero. Go's protobuf encoding
     /// writes non-pointer fields even when zero, so presence alone does not decide.
-    fn opt<T: ToJson>(mut self, key: &str, value: &Option<T>) -> Self {
-        if let Some(v) = value.as_ref().map(ToJson::to_json).filter(|v| !is_empty(v)) {
-            self.0.insert(key.into(), v);
+    fn opt<T: ToJson>(mut self, key: &str, value: &Option<T>) -> Result<Self, Unmapped> {
+        if let Some(v) = value {
+            let v = field_json(key, v)?;
+            if !is_empty(&v) {
+                self.0.insert(key.into(), v);
+            }
         }
-        self
+        Ok(self)
     }
 
     /// A pointer field (`*bool`, `*int64`, ...): present exactly when set, even when zero.
-    fn ptr<T: ToJson>(mut self, key: &str, value: &Option<T>) -> Self {
+    fn ptr<T: ToJson>(mut self, key: &str, value: &Option<T>) -> Result<Self, Unmapped> {
         if let Some(v) = value {
-            self.0.insert(key.into(), v.to_json());
+            self.0.insert(key.into(), field_json(key, v)?);
         }
-        self
+        Ok(self)
     }
 
     /// A field without `omitempty`: always present, zero when absent.
-    fn req<T: ToJson + Default>(mut self, key: &str, value: &Option<T>) -> Self {
-        let v = value
-            .as_ref()
-            .map_or_else(|| T::default().to_json(), T::to_json);
+    fn req<T: ToJson + Default>(mut self, key: &str, value: &Option<T>) -> Result<Self, Unmapped> {
+        let v = match value {
+            Some(v) => field_json(key, v)?,
+            None => field_json(key, &T::default())?,
+        };
         self.0.insert(key.into(), v);
-        self
+        Ok(self)
+    }
+
+    /// A Go struct embedded with `json:",inline"`: its fields are the holder's.
+    fn inline<T: ToJson>(mut self, key: &str, value: &Option<T>) -> Result<Self, Unmapped> {
+        if let Some(Value::Object(fields)) =
+            value.as_ref().map(|v| field_json(key, v)).transpose()?
+        {
+            self.0.extend(fields);
+        }
+        Ok(self)
     }
 
     /// A list, dropped when empty.
-    fn list<T: ToJson>(mut self, key: &str, items: &[T]) -> Self {
+    fn list<T: ToJson>(mut self, key: &str, items: &[T]) -> Result<Self, Unmapped> {
         if !items.is_empty() {
-            let items = items.iter().map(ToJson::to_json).collect();
+            let items = items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| field_json(&format!("{key}[{i}]"), v))
+                .collect::<Result<_, _>>()?;
             self.0.insert(key.into(), Value::Array(items));
         }
-        self
+        Ok(self)
     }
 
     /// A string-keyed map, dropped when empty.
-    fn map<T: ToJson>(mut self, key: &str, entries: &BTreeMap<String, T>) -> Self {
+    fn map<T: ToJson>(
+        mut self,
+        key: &str,
+        entries: &BTreeMap<String, T>,
+    ) -> Result<Self, Unmapped> {
         if !entries.is_empty() {
             let entries = entries
                 .iter()
-                .map(|(k, v)| (k.clone(), v.to_json()))
-                .collect();
+                .map(|(k, v)| Ok((k.clone(), field_json(&format!("{key}[{k}]"), v)?)))
+                .collect::<Result<_, _>>()?;
             self.0.insert(key.into(), Value::Object(entries));
         }
-        self
+        Ok(self)
+    }
+
+    /// A field of the Kubernetes type this server does not map from protobuf: refused when
+    /// the client set it, so that it is never silently dropped.
+    fn no<T: Present>(self, key: &str, value: &T) -> Result<Self, Unmapped> {
+        if value.present() {
+            return Err(Unmapped::not_supported().within(key));
+        }
+        Ok(self)
     }
 
     fn done(self) -> Value {
@@ -328,15 +466,237 @@ impl Fields {
     }
 }
 
-/// Implements ToJson for prost messages from a field table: `how "jsonName" rust_field`,
-/// where `how` is a [`Fields`] method naming the Go encoding rule of that field.
-macro_rules! to_json {
-    ($($ty:ty { $($how:ident $key:literal $field:ident),* $(,)? })*) => {
-        $(impl ToJson for $ty {
-            fn to_json(&self) -> Value {
-                Fields::default()$(.$how($key, &self.$field))*.done()
+/// Whether a field the server does not map carries anything.
+trait Present {
+    fn present(&self) -> bool;
+}
+
+impl<T: Message> Present for Option<T> {
+    fn present(&self) -> bool {
+        self.as_ref().is_some_and(|m| m.encoded_len() > 0)
+    }
+}
+
+impl<T> Present for Vec<T> {
+    fn present(&self) -> bool {
+        !self.is_empty()
+    }
+}
+
+/// A field set to a value that puts its key on the wire: how a message's field numbers are
+/// learnt from prost, which has no reflection.
+trait Probe {
+    fn probe() -> Self;
+}
+
+impl<T: Default> Probe for Option<T> {
+    fn probe() -> Self {
+        Some(T::default())
+    }
+}
+
+impl<T: Default> Probe for Vec<T> {
+    fn probe() -> Self {
+        vec![T::default()]
+    }
+}
+
+impl<T: Default> Probe for BTreeMap<String, T> {
+    fn probe() -> Self {
+        [(String::new(), T::default())].into()
+    }
+}
+
+/// How the wire checker reads one field of a message.
+struct WireField {
+    number: u32,
+    key: &'static str,
+    /// Lists and maps repeat the field; occurrences are named `key[i]`.
+    repeated: bool,
+    check: fn(&[u8]) -> Result<(), Unmapped>,
+}
+
+impl WireField {
+    /// The field that `probe` (a default message with only this field set) puts on the wire.
+    fn probed<F: Nested>(key: &'static str, probe: &impl Message, _field: &F) -> WireField {
+        WireField {
+            number: number_of(probe),
+            key,
+            repeated: F::REPEATED,
+            check: F::check,
+        }
+    }
+
+    /// A field the server refuses when set: any content in it is refused on the wire too.
+    fn refused<F: Shape>(key: &'static str, probe: &impl Message, _field: &F) -> WireField {
+        fn refuse(raw: &[u8]) -> Result<(), Unmapped> {
+            if raw.is_empty() {
+                Ok(())
+            } else {
+                Err(Unmapped::not_supported())
             }
-        })*
+        }
+        WireField {
+            number: number_of(probe),
+            key,
+            repeated: F::REPEATED,
+            check: refuse,
+        }
+    }
+}
+
+/// The number of the one field set in `probe`.
+fn number_of(probe: &impl Message) -> u32 {
+    let wire = probe.encode_to_vec();
+    let (number, _) = prost::encoding::decode_key(&mut wire.as_slice())
+        .expect("prost writes the key of a set field");
+    number
+}
+
+/// Whether a field's Rust container repeats it on the wire (lists and maps).
+trait Shape {
+    const REPEATED: bool;
+}
+
+impl<T> Shape for Option<T> {
+    const REPEATED: bool = false;
+}
+
+impl<T> Shape for Vec<T> {
+    const REPEATED: bool = true;
+}
+
+impl<T> Shape for BTreeMap<String, T> {
+    const REPEATED: bool = true;
+}
+
+/// The wire checker of a field's values, by the field's Rust container type.
+trait Nested: Shape {
+    fn check(raw: &[u8]) -> Result<(), Unmapped>;
+}
+
+impl<T: ToJson> Nested for Option<T> {
+    fn check(raw: &[u8]) -> Result<(), Unmapped> {
+        T::check_wire(raw)
+    }
+}
+
+impl<T: ToJson> Nested for Vec<T> {
+    fn check(raw: &[u8]) -> Result<(), Unmapped> {
+        T::check_wire(raw)
+    }
+}
+
+/// A map entry is a message of key (1) and value (2).
+impl<T: ToJson> Nested for BTreeMap<String, T> {
+    fn check(raw: &[u8]) -> Result<(), Unmapped> {
+        let entry = [
+            WireField {
+                number: 1,
+                key: "",
+                repeated: false,
+                check: String::check_wire,
+            },
+            WireField {
+                number: 2,
+                key: "",
+                repeated: false,
+                check: T::check_wire,
+            },
+        ];
+        check_fields(raw, &entry)
+    }
+}
+
+/// Walks the fields of one message on the wire: every field number must be one of `fields`,
+/// and nested messages are walked in turn. prost has decoded the body already, so the wire
+/// is well-formed; malformed bytes are still refused rather than trusted.
+fn check_fields(raw: &[u8], fields: &[WireField]) -> Result<(), Unmapped> {
+    use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
+    let mut buf = raw;
+    let mut seen: Vec<(u32, usize)> = Vec::new();
+    let malformed = || Unmapped {
+        field: String::new(),
+        reason: UnmappedReason::Malformed,
+    };
+    while !buf.is_empty() {
+        let (number, wire_type) = decode_key(&mut buf).map_err(|_| malformed())?;
+        let Some(field) = fields.iter().find(|f| f.number == number) else {
+            return Err(Unmapped {
+                field: String::new(),
+                reason: UnmappedReason::UnknownNumber(number),
+            });
+        };
+        let index = match seen.iter_mut().find(|(n, _)| *n == number) {
+            Some((_, count)) => {
+                *count += 1;
+                *count - 1
+            }
+            None => {
+                seen.push((number, 1));
+                0
+            }
+        };
+        if wire_type != WireType::LengthDelimited {
+            skip_field(wire_type, number, &mut buf, DecodeContext::default())
+                .map_err(|_| malformed())?;
+            continue;
+        }
+        let len = usize::try_from(decode_varint(&mut buf).map_err(|_| malformed())?)
+            .map_err(|_| malformed())?;
+        let payload = buf.get(..len).ok_or_else(malformed)?;
+        buf = &buf[len..];
+        let key = if field.repeated && !field.key.is_empty() {
+            format!("{}[{index}]", field.key)
+        } else {
+            field.key.to_string()
+        };
+        (field.check)(payload).map_err(|e| e.within(&key))?;
+    }
+    Ok(())
+}
+
+/// The wire field of one table entry: `no` fields are refused when they carry anything.
+macro_rules! wire_field {
+    (no, $key:literal, $probe:ident, $field:expr) => {
+        WireField::refused($key, &$probe, $field)
+    };
+    ($how:ident, $key:literal, $probe:ident, $field:expr) => {
+        WireField::probed($key, &$probe, $field)
+    };
+}
+
+/// Implements ToJson for prost messages from a field table: `how "jsonName" rust_field`,
+/// where `how` is a [`Fields`] method naming the Go encoding rule of that field. The table
+/// must name every field of the message (the destructuring fails to compile otherwise), so
+/// none is dropped unnoticed: a field the server does not map is listed as `no`. Messages
+/// with the same fields share one table (`A | B { ... }`).
+macro_rules! to_json {
+    ($($($ty:path)|+ { $($fields:tt)* })*) => {
+        $(to_json!(@each [$($ty)|+] { $($fields)* });)*
+    };
+    (@each [$ty:path $(| $more:path)*] $fields:tt) => {
+        to_json!(@one $ty $fields);
+        to_json!(@each [$($more)|*] $fields);
+    };
+    (@each [] $fields:tt) => {};
+    (@one $ty:path { $($how:ident $key:literal $field:ident),* $(,)? }) => {
+        impl ToJson for $ty {
+            fn to_json(&self) -> Result<Value, Unmapped> {
+                let $ty { $($field),* } = self;
+                Ok(Fields::default()$(.$how($key, $field)?)*.done())
+            }
+
+            fn check_wire(raw: &[u8]) -> Result<(), Unmapped> {
+                static FIELDS: std::sync::OnceLock<Vec<WireField>> = std::sync::OnceLock::new();
+                let fields = FIELDS.get_or_init(|| vec![$({
+                    let mut probe = <$ty>::default();
+                    probe.$field = Probe::probe();
+                    wire_field!($how, $key, probe, &probe.$field)
+                }),*]);
+                check_fields(raw, fields)
+            }
+        }
     };
 }
 
@@ -344,8 +704,8 @@ macro_rules! to_json {
 macro_rules! extra_value {
     ($($ty:ty),*) => {
         $(impl ToJson for $ty {
-            fn to_json(&self) -> Value {
-                Value::Array(self.items.iter().map(ToJson::to_json).collect())
+            fn to_json(&self) -> Result<Value, Unmapped> {
+                Ok(Value::Array(self.items.iter().map(ToJson::to_json).collect::<Result<_, _>>()?))
             }
         })*
     };
@@ -386,16 +746,21 @@ to_json! {
     }
     meta::Preconditions { ptr "uid" uid, ptr "resourceVersion" resource_version }
     meta::LabelSelector { map "matchLabels" match_labels, list "matchExpressions" match_expressions }
-    meta::LabelSelectorRequirement { req "key" key, req "operator" operator, list "values" values }
-    meta::FieldSelectorRequirement { req "key" key, req "operator" operator, list "values" values }
+    meta::LabelSelectorRequirement | meta::FieldSelectorRequirement {
+        req "key" key, req "operator" operator, list "values" values,
+    }
 
-    authorization::v1::SelfSubjectAccessReview {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
-    authorization::v1::SubjectAccessReview {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
-    authorization::v1::LocalSubjectAccessReview {
+    authorization::v1::SelfSubjectAccessReview
+        | authorization::v1::SubjectAccessReview
+        | authorization::v1::LocalSubjectAccessReview
+        | authorization::v1::SelfSubjectRulesReview
+        | authentication::v1::TokenReview
+        | authentication::v1::TokenRequest
+        | core::v1::Namespace
+        | core::v1::ResourceQuota
+        | core::v1::Service
+        | apps::v1::Deployment
+        | certificates::v1::CertificateSigningRequest {
         opt "metadata" metadata, opt "spec" spec, opt "status" status,
     }
     authorization::v1::SelfSubjectAccessReviewSpec {
@@ -423,9 +788,6 @@ to_json! {
         req "allowed" allowed, opt "denied" denied, opt "reason" reason,
         opt "evaluationError" evaluation_error,
     }
-    authorization::v1::SelfSubjectRulesReview {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
     authorization::v1::SelfSubjectRulesReviewSpec { opt "namespace" namespace }
     authorization::v1::SubjectRulesReviewStatus {
         list "resourceRules" resource_rules, list "nonResourceRules" non_resource_rules,
@@ -444,13 +806,11 @@ to_json! {
     authentication::v1::UserInfo {
         opt "username" username, opt "uid" uid, list "groups" groups, map "extra" extra,
     }
-    authentication::v1::TokenReview { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     authentication::v1::TokenReviewSpec { opt "token" token, list "audiences" audiences }
     authentication::v1::TokenReviewStatus {
         opt "authenticated" authenticated, opt "user" user, list "audiences" audiences,
         opt "error" error,
     }
-    authentication::v1::TokenRequest { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     authentication::v1::TokenRequestSpec {
         list "audiences" audiences, ptr "expirationSeconds" expiration_seconds,
         opt "boundObjectRef" bound_object_ref,
@@ -470,7 +830,6 @@ to_json! {
         opt "metadata" metadata, ptr "immutable" immutable, map "data" data,
         map "stringData" string_data, opt "type" r#type,
     }
-    core::v1::Namespace { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     core::v1::NamespaceSpec { list "finalizers" finalizers }
     core::v1::NamespaceStatus { opt "phase" phase, list "conditions" conditions }
     core::v1::NamespaceCondition {
@@ -488,7 +847,6 @@ to_json! {
         opt "fieldPath" field_path,
     }
     core::v1::LocalObjectReference { opt "name" name }
-    core::v1::ResourceQuota { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     core::v1::ResourceQuotaSpec {
         map "hard" hard, list "scopes" scopes, opt "scopeSelector" scope_selector,
     }
@@ -507,8 +865,7 @@ to_json! {
         list "verbs" verbs, list "apiGroups" api_groups, list "resources" resources,
         list "resourceNames" resource_names, list "nonResourceURLs" non_resource_ur_ls,
     }
-    rbac::v1::RoleBinding { opt "metadata" metadata, list "subjects" subjects, opt "roleRef" role_ref }
-    rbac::v1::ClusterRoleBinding {
+    rbac::v1::RoleBinding | rbac::v1::ClusterRoleBinding {
         opt "metadata" metadata, list "subjects" subjects, opt "roleRef" role_ref,
     }
     rbac::v1::Subject {
@@ -524,7 +881,6 @@ to_json! {
         req "message" message,
     }
 
-    core::v1::Service { opt "metadata" metadata, opt "spec" spec, opt "status" status }
     core::v1::ServiceSpec {
         list "ports" ports, map "selector" selector, opt "clusterIP" cluster_ip,
         list "clusterIPs" cluster_ips, opt "type" r#type, list "externalIPs" external_ips,
@@ -558,9 +914,6 @@ to_json! {
         opt "description" description, ptr "preemptionPolicy" preemption_policy,
     }
 
-    certificates::v1::CertificateSigningRequest {
-        opt "metadata" metadata, opt "spec" spec, opt "status" status,
-    }
     certificates::v1::CertificateSigningRequestSpec {
         req "request" request, req "signerName" signer_name,
         ptr "expirationSeconds" expiration_seconds, list "usages" usages,
@@ -573,6 +926,138 @@ to_json! {
         req "type" r#type, req "status" status, opt "reason" reason, opt "message" message,
         opt "lastUpdateTime" last_update_time, opt "lastTransitionTime" last_transition_time,
     }
+
+    apps::v1::DeploymentSpec {
+        ptr "replicas" replicas, opt "selector" selector, opt "template" template,
+        opt "strategy" strategy, opt "minReadySeconds" min_ready_seconds,
+        ptr "revisionHistoryLimit" revision_history_limit, opt "paused" paused,
+        ptr "progressDeadlineSeconds" progress_deadline_seconds,
+    }
+    apps::v1::DeploymentStrategy { opt "type" r#type, opt "rollingUpdate" rolling_update }
+    apps::v1::RollingUpdateDeployment {
+        ptr "maxUnavailable" max_unavailable, ptr "maxSurge" max_surge,
+    }
+    apps::v1::DeploymentStatus {
+        opt "observedGeneration" observed_generation, opt "replicas" replicas,
+        opt "updatedReplicas" updated_replicas, opt "readyReplicas" ready_replicas,
+        opt "availableReplicas" available_replicas,
+        opt "unavailableReplicas" unavailable_replicas,
+        ptr "terminatingReplicas" terminating_replicas, list "conditions" conditions,
+        ptr "collisionCount" collision_count,
+    }
+    apps::v1::DeploymentCondition {
+        req "type" r#type, req "status" status, opt "lastUpdateTime" last_update_time,
+        opt "lastTransitionTime" last_transition_time, opt "reason" reason,
+        opt "message" message,
+    }
+
+    // The pod template: what workloads carry. Volumes, security contexts, affinity and the
+    // other large sub-APIs are not mapped yet; a template that sets them is refused.
+    core::v1::PodTemplateSpec { opt "metadata" metadata, opt "spec" spec }
+    core::v1::PodSpec {
+        no "volumes" volumes, list "initContainers" init_containers,
+        list "containers" containers, no "ephemeralContainers" ephemeral_containers,
+        opt "restartPolicy" restart_policy,
+        ptr "terminationGracePeriodSeconds" termination_grace_period_seconds,
+        ptr "activeDeadlineSeconds" active_deadline_seconds, opt "dnsPolicy" dns_policy,
+        map "nodeSelector" node_selector, opt "serviceAccountName" service_account_name,
+        opt "serviceAccount" service_account,
+        ptr "automountServiceAccountToken" automount_service_account_token,
+        opt "nodeName" node_name, opt "hostNetwork" host_network, opt "hostPID" host_pid,
+        opt "hostIPC" host_ipc, ptr "shareProcessNamespace" share_process_namespace,
+        no "securityContext" security_context, list "imagePullSecrets" image_pull_secrets,
+        opt "hostname" hostname, opt "subdomain" subdomain, no "affinity" affinity,
+        opt "schedulerName" scheduler_name, list "tolerations" tolerations,
+        list "hostAliases" host_aliases, opt "priorityClassName" priority_class_name,
+        ptr "priority" priority, no "dnsConfig" dns_config,
+        list "readinessGates" readiness_gates, ptr "runtimeClassName" runtime_class_name,
+        ptr "enableServiceLinks" enable_service_links,
+        ptr "preemptionPolicy" preemption_policy, map "overhead" overhead,
+        no "topologySpreadConstraints" topology_spread_constraints,
+        ptr "setHostnameAsFQDN" set_hostname_as_fqdn, no "os" os,
+        ptr "hostUsers" host_users, list "schedulingGates" scheduling_gates,
+        no "resourceClaims" resource_claims, opt "resources" resources,
+        ptr "hostnameOverride" hostname_override, no "workloadRef" workload_ref,
+    }
+    core::v1::Container {
+        req "name" name, opt "image" image, list "command" command, list "args" args,
+        opt "workingDir" working_dir, list "ports" ports, list "envFrom" env_from,
+        list "env" env, opt "resources" resources, list "resizePolicy" resize_policy,
+        ptr "restartPolicy" restart_policy, no "restartPolicyRules" restart_policy_rules,
+        list "volumeMounts" volume_mounts, no "volumeDevices" volume_devices,
+        opt "livenessProbe" liveness_probe, opt "readinessProbe" readiness_probe,
+        opt "startupProbe" startup_probe, opt "lifecycle" lifecycle,
+        opt "terminationMessagePath" termination_message_path,
+        opt "terminationMessagePolicy" termination_message_policy,
+        opt "imagePullPolicy" image_pull_policy, no "securityContext" security_context,
+        opt "stdin" stdin, opt "stdinOnce" stdin_once, opt "tty" tty,
+    }
+    core::v1::ContainerPort {
+        opt "name" name, opt "hostPort" host_port, req "containerPort" container_port,
+        opt "protocol" protocol, opt "hostIP" host_ip,
+    }
+    core::v1::EnvVar { req "name" name, opt "value" value, opt "valueFrom" value_from }
+    core::v1::EnvVarSource {
+        opt "fieldRef" field_ref, opt "resourceFieldRef" resource_field_ref,
+        opt "configMapKeyRef" config_map_key_ref, opt "secretKeyRef" secret_key_ref,
+        no "fileKeyRef" file_key_ref,
+    }
+    core::v1::ObjectFieldSelector { opt "apiVersion" api_version, req "fieldPath" field_path }
+    core::v1::ResourceFieldSelector {
+        opt "containerName" container_name, req "resource" resource, opt "divisor" divisor,
+    }
+    core::v1::ConfigMapKeySelector | core::v1::SecretKeySelector {
+        inline "" local_object_reference, req "key" key, ptr "optional" optional,
+    }
+    core::v1::EnvFromSource {
+        opt "prefix" prefix, opt "configMapRef" config_map_ref, opt "secretRef" secret_ref,
+    }
+    core::v1::ConfigMapEnvSource | core::v1::SecretEnvSource {
+        inline "" local_object_reference, ptr "optional" optional,
+    }
+    core::v1::ResourceRequirements {
+        map "limits" limits, map "requests" requests, list "claims" claims,
+    }
+    core::v1::ResourceClaim { req "name" name, opt "request" request }
+    core::v1::ContainerResizePolicy {
+        req "resourceName" resource_name, req "restartPolicy" restart_policy,
+    }
+    core::v1::VolumeMount {
+        req "name" name, opt "readOnly" read_only, ptr "recursiveReadOnly" recursive_read_only,
+        req "mountPath" mount_path, opt "subPath" sub_path,
+        ptr "mountPropagation" mount_propagation, opt "subPathExpr" sub_path_expr,
+    }
+    core::v1::Probe {
+        inline "" handler, opt "initialDelaySeconds" initial_delay_seconds,
+        opt "timeoutSeconds" timeout_seconds, opt "periodSeconds" period_seconds,
+        opt "successThreshold" success_threshold, opt "failureThreshold" failure_threshold,
+        ptr "terminationGracePeriodSeconds" termination_grace_period_seconds,
+    }
+    core::v1::ProbeHandler {
+        opt "exec" exec, opt "httpGet" http_get, opt "tcpSocket" tcp_socket, opt "grpc" grpc,
+    }
+    core::v1::ExecAction { list "command" command }
+    core::v1::HttpGetAction {
+        opt "path" path, req "port" port, opt "host" host, opt "scheme" scheme,
+        list "httpHeaders" http_headers,
+    }
+    core::v1::HttpHeader { req "name" name, req "value" value }
+    core::v1::TcpSocketAction { req "port" port, opt "host" host }
+    core::v1::GrpcAction { req "port" port, ptr "service" service }
+    core::v1::Lifecycle {
+        opt "postStart" post_start, opt "preStop" pre_stop, ptr "stopSignal" stop_signal,
+    }
+    core::v1::LifecycleHandler {
+        opt "exec" exec, opt "httpGet" http_get, opt "tcpSocket" tcp_socket, opt "sleep" sleep,
+    }
+    core::v1::SleepAction { req "seconds" seconds }
+    core::v1::Toleration {
+        opt "key" key, opt "operator" operator, opt "value" value, opt "effect" effect,
+        ptr "tolerationSeconds" toleration_seconds,
+    }
+    core::v1::HostAlias { req "ip" ip, list "hostnames" hostnames }
+    core::v1::PodReadinessGate { req "conditionType" condition_type }
+    core::v1::PodSchedulingGate { req "name" name }
 }
 
 #[cfg(test)]
@@ -1119,6 +1604,17 @@ mod tests {
                                 "ipFamilyPolicy": "SingleStack"}}),
             ),
             (
+                "apps/v1",
+                "Deployment",
+                deployment(vec![nginx()]).encode_to_vec(),
+                json!({"metadata": {"name": "web", "namespace": "prod", "labels": {"app": "web"}},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                                "template": {"metadata": {"labels": {"app": "web"}},
+                                             "spec": {"containers": [{
+                                                 "name": "nginx", "image": "nginx",
+                                                 "ports": [{"containerPort": 80}]}]}}}}),
+            ),
+            (
                 "scheduling.k8s.io/v1",
                 "PriorityClass",
                 scheduling::v1::PriorityClass {
@@ -1343,6 +1839,165 @@ mod tests {
         );
     }
 
+    /// A Deployment as `kubectl create deployment web --image=nginx --port=80` sends it: Go
+    /// writes every non-pointer field, zero or not.
+    fn deployment(containers: Vec<core::v1::Container>) -> apps::v1::Deployment {
+        let labels = string_map(&[("app", "web")]);
+        apps::v1::Deployment {
+            metadata: Some(meta::ObjectMeta {
+                labels: labels.clone(),
+                ..meta("web", "prod").unwrap()
+            }),
+            spec: Some(apps::v1::DeploymentSpec {
+                replicas: Some(1),
+                selector: Some(meta::LabelSelector {
+                    match_labels: labels.clone(),
+                    match_expressions: vec![],
+                }),
+                template: Some(core::v1::PodTemplateSpec {
+                    metadata: Some(meta::ObjectMeta {
+                        labels,
+                        ..meta("", "").unwrap()
+                    }),
+                    spec: Some(core::v1::PodSpec {
+                        containers,
+                        restart_policy: s(""),
+                        dns_policy: s(""),
+                        service_account_name: s(""),
+                        host_network: Some(false),
+                        security_context: Some(Default::default()),
+                        ..Default::default()
+                    }),
+                }),
+                strategy: Some(Default::default()),
+                min_ready_seconds: Some(0),
+                paused: Some(false),
+                ..Default::default()
+            }),
+            status: Some(apps::v1::DeploymentStatus {
+                replicas: Some(0),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn nginx() -> core::v1::Container {
+        core::v1::Container {
+            name: s("nginx"),
+            image: s("nginx"),
+            ports: vec![core::v1::ContainerPort {
+                container_port: Some(80),
+                host_port: Some(0),
+                ..Default::default()
+            }],
+            resources: Some(Default::default()),
+            stdin: Some(false),
+            ..Default::default()
+        }
+    }
+
+    /// Fields the server does not map, or whose number it does not know, are refused with
+    /// their path, never dropped.
+    #[test]
+    fn refuses_fields_it_cannot_map_naming_them() {
+        let with_volume = {
+            let mut d = deployment(vec![nginx()]);
+            let pod = d.spec.as_mut().unwrap().template.as_mut().unwrap();
+            pod.spec.as_mut().unwrap().volumes = vec![core::v1::Volume {
+                name: s("data"),
+                volume_source: Some(Default::default()),
+            }];
+            d.encode_to_vec()
+        };
+        let with_security_context = {
+            let mut sidecar = nginx();
+            sidecar.name = s("sidecar");
+            sidecar.security_context = Some(core::v1::SecurityContext {
+                run_as_user: Some(1000),
+                ..Default::default()
+            });
+            deployment(vec![nginx(), sidecar]).encode_to_vec()
+        };
+        // A field number ConfigMap does not define, as a newer client might send.
+        let unknown_top = {
+            let mut raw = core::v1::ConfigMap {
+                metadata: meta("cfg", "default"),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            prost::encoding::string::encode(99, &"x".to_string(), &mut raw);
+            raw
+        };
+        // ... and one deep inside a Deployment's second container's first port.
+        let unknown_deep = {
+            let mut port = core::v1::ContainerPort {
+                container_port: Some(8080),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            prost::encoding::int32::encode(42, &7, &mut port);
+            let mut container = core::v1::Container {
+                name: s("api"),
+                image: s("api"),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            prost::encoding::bytes::encode(6, &port, &mut container);
+            let mut pod = core::v1::PodSpec::default().encode_to_vec();
+            prost::encoding::message::encode(2, &nginx(), &mut pod);
+            prost::encoding::bytes::encode(2, &container, &mut pod);
+            let template = [core::v1::PodTemplateSpec::default().encode_to_vec(), {
+                let mut b = Vec::new();
+                prost::encoding::bytes::encode(2, &pod, &mut b);
+                b
+            }]
+            .concat();
+            let mut spec = Vec::new();
+            prost::encoding::bytes::encode(3, &template, &mut spec);
+            let mut d = Vec::new();
+            prost::encoding::bytes::encode(2, &spec, &mut d);
+            d
+        };
+        let cases = [
+            (
+                "apps/v1",
+                "Deployment",
+                with_volume,
+                "cannot decode apps/v1, Kind=Deployment from protobuf: field spec.template.spec.volumes[0] is not supported in protobuf by this server; send the object as JSON",
+                true,
+            ),
+            (
+                "apps/v1",
+                "Deployment",
+                with_security_context,
+                "field spec.template.spec.containers[1].securityContext is not supported",
+                true,
+            ),
+            (
+                "v1",
+                "ConfigMap",
+                unknown_top,
+                "cannot decode /v1, Kind=ConfigMap from protobuf: unknown field number 99 in the object",
+                false,
+            ),
+            (
+                "apps/v1",
+                "Deployment",
+                unknown_deep,
+                "unknown field number 42 in spec.template.spec.containers[1].ports[0]",
+                false,
+            ),
+        ];
+        for (api_version, kind, raw, message, unsupported) in cases {
+            let err = decode(&envelope(api_version, kind, raw)).expect_err(message);
+            assert!(
+                err.to_string().contains(message),
+                "got {err}, want {message:?}"
+            );
+            assert_eq!(err.is_unsupported(), unsupported, "{message}");
+        }
+    }
+
     /// What a request handler answers: the object, 415 for an unmapped kind, 400 otherwise.
     #[test]
     fn request_bodies_in_protobuf_reach_handlers_as_json() {
@@ -1358,11 +2013,11 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
         );
 
-        let deployment = envelope("apps/v1", "Deployment", vec![]);
-        let err = crate::objects::parse_body(&deployment, PROTOBUF).unwrap_err();
+        let stateful_set = envelope("apps/v1", "StatefulSet", vec![]);
+        let err = crate::objects::parse_body(&stateful_set, PROTOBUF).unwrap_err();
         assert_eq!((err.code, err.reason), (415, "UnsupportedMediaType"));
         assert!(
-            err.message.contains("apps/v1, Kind=Deployment"),
+            err.message.contains("apps/v1, Kind=StatefulSet"),
             "{}",
             err.message
         );
@@ -1421,8 +2076,8 @@ mod tests {
             ),
             (
                 "group kind without a mapping",
-                envelope("apps/v1", "Deployment", vec![]),
-                "unsupported kind \"apps/v1, Kind=Deployment\" in protobuf; send it as JSON (kubectl create -f / apply)",
+                envelope("apps/v1", "StatefulSet", vec![]),
+                "unsupported kind \"apps/v1, Kind=StatefulSet\" in protobuf; send it as JSON (kubectl create -f / apply)",
                 true,
             ),
             (

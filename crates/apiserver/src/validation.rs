@@ -3,9 +3,11 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
+use tandem_apimachinery::quantity::Quantity;
 use tandem_apimachinery::schema;
 use tandem_apimachinery::selector::LabelSelector;
+use tandem_apimachinery::validation::{validate_dns1123_label, validate_label_key};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
@@ -16,6 +18,27 @@ type Cause = (String, String, String);
 
 fn cause(field: &str, kind: &str, message: String) -> Cause {
     (kind.to_string(), field.to_string(), message)
+}
+
+fn invalid(field: &str, value: &Value, message: &str) -> Cause {
+    cause(
+        field,
+        "FieldValueInvalid",
+        format!("{field}: Invalid value: {value}: {message}"),
+    )
+}
+
+/// `field.NotSupported`: the value and the values kube accepts there.
+fn not_supported(field: &str, value: &Value, supported: &[&str]) -> Cause {
+    let supported: Vec<String> = supported.iter().map(|s| json!(s).to_string()).collect();
+    cause(
+        field,
+        "FieldValueNotSupported",
+        format!(
+            "{field}: Unsupported value: {value}: supported values: {}",
+            supported.join(", ")
+        ),
+    )
 }
 
 fn required(field: &str) -> Cause {
@@ -34,6 +57,10 @@ pub fn validate(
     old: Option<&Value>,
     obj: &mut Value,
 ) -> ApiResult<()> {
+    if res.custom.is_none() {
+        // kube-apiserver refuses these while decoding the body, before any other check.
+        decode_quantities(res, obj)?;
+    }
     let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
     let mut causes = metadata(obj);
     if let Some(custom) = &res.custom {
@@ -116,6 +143,11 @@ fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value)
     match (res.group.as_str(), res.kind.as_str()) {
         ("", "Pod") => {
             causes.extend(pod_spec("spec", &obj["spec"]));
+            causes.extend(restart_policy(
+                "spec.restartPolicy",
+                &obj["spec"]["restartPolicy"],
+                &["Always", "OnFailure", "Never"],
+            ));
             if let Some(old) = old {
                 causes.extend(pod_update(old, obj));
             }
@@ -161,6 +193,27 @@ fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value)
                 "spec.template.spec",
                 &obj["spec"]["template"]["spec"],
             ));
+            // A workload's pods are restarted in place, never left to finish.
+            causes.extend(restart_policy(
+                "spec.template.spec.restartPolicy",
+                &obj["spec"]["template"]["spec"]["restartPolicy"],
+                &["Always"],
+            ));
+        }
+        ("", "ResourceQuota") => {
+            causes.extend(resource_values("spec.hard", &obj["spec"]["hard"], false));
+        }
+        ("", "Node") => {
+            for field in ["capacity", "allocatable"] {
+                // kube names these `status.capacity.cpu`, not `status.capacity[cpu]`.
+                for (resource, value) in quantities(&obj["status"][field]) {
+                    causes.extend(quantity_value(
+                        &format!("status.{field}.{resource}"),
+                        resource,
+                        value,
+                    ));
+                }
+            }
         }
         ("", "Service") => {
             for (i, p) in obj["spec"]["ports"]
@@ -171,8 +224,11 @@ fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value)
             {
                 let port = p["port"].as_i64().unwrap_or(0);
                 if !(1..=65535).contains(&port) {
-                    causes.push(cause(&format!("spec.ports[{i}].port"), "FieldValueInvalid",
-                        format!("spec.ports[{i}].port: Invalid value: {port}: must be between 1 and 65535, inclusive")));
+                    causes.push(invalid(
+                        &format!("spec.ports[{i}].port"),
+                        &json!(port),
+                        PORT_RANGE,
+                    ));
                 }
             }
             if obj["spec"]["type"] != "ExternalName"
@@ -215,7 +271,262 @@ fn pod_spec(path: &str, spec: &Value) -> Vec<Cause> {
             causes.push(required(&format!("{path}.containers[{i}].image")));
         }
     }
+    for list in ["initContainers", "containers"] {
+        for (i, c) in spec[list].as_array().into_iter().flatten().enumerate() {
+            causes.extend(container(&format!("{path}.{list}[{i}]"), c));
+        }
+    }
     causes
+}
+
+/// The field formats kube checks on every container: its name, ports and resources.
+fn container(path: &str, c: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    if let Some(name) = c["name"].as_str().filter(|n| !n.is_empty())
+        && let Err(message) = validate_dns1123_label(name)
+    {
+        causes.push(invalid(&format!("{path}.name"), &c["name"], &message));
+    }
+    for (i, port) in c["ports"].as_array().into_iter().flatten().enumerate() {
+        let at = format!("{path}.ports[{i}]");
+        match port["containerPort"].as_i64() {
+            None | Some(0) => causes.push(required(&format!("{at}.containerPort"))),
+            Some(n) if !(1..=65535).contains(&n) => causes.push(invalid(
+                &format!("{at}.containerPort"),
+                &port["containerPort"],
+                PORT_RANGE,
+            )),
+            Some(_) => {}
+        }
+        if port["hostPort"]
+            .as_i64()
+            .is_some_and(|n| n != 0 && !(1..=65535).contains(&n))
+        {
+            causes.push(invalid(
+                &format!("{at}.hostPort"),
+                &port["hostPort"],
+                PORT_RANGE,
+            ));
+        }
+        if let Some(protocol) = port["protocol"].as_str()
+            && !["SCTP", "TCP", "UDP"].contains(&protocol)
+        {
+            causes.push(not_supported(
+                &format!("{at}.protocol"),
+                &port["protocol"],
+                &["SCTP", "TCP", "UDP"],
+            ));
+        }
+    }
+    causes.extend(resource_requirements(
+        &format!("{path}.resources"),
+        &c["resources"],
+    ));
+    causes
+}
+
+/// `validation.IsValidPortNum`'s message.
+const PORT_RANGE: &str = "must be between 1 and 65535, inclusive";
+
+fn restart_policy(path: &str, policy: &Value, supported: &[&str]) -> Vec<Cause> {
+    match policy.as_str() {
+        // Defaulted to Always before validation; absent only on objects that skip defaults.
+        None => Vec::new(),
+        Some(p) if supported.contains(&p) => Vec::new(),
+        Some(_) => vec![not_supported(path, policy, supported)],
+    }
+}
+
+/// The entries of a resource-name-to-quantity map (`requests`, `hard`, `capacity`).
+fn quantities(map: &Value) -> impl Iterator<Item = (&String, &Value)> {
+    map.as_object().into_iter().flat_map(Map::iter)
+}
+
+/// A quantity as kube's JSON decoder reads it: a string, or a bare JSON number.
+fn quantity_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// `ValidateResourceQuantityValue`: zero or more, and whole for resources counted in units
+/// (pods, extended resources). The value is known to parse: decoding checked it.
+fn quantity_value(path: &str, resource: &str, value: &Value) -> Option<Cause> {
+    let text = quantity_text(value)?;
+    let quantity = Quantity::parse(&text).ok()?;
+    let message = if quantity.is_negative() {
+        "must be greater than or equal to 0"
+    } else if integer_resource(resource) && quantity.milli_value() % 1000 != 0 {
+        "must be an integer"
+    } else {
+        return None;
+    };
+    Some(invalid(path, &json!(text), message))
+}
+
+/// The values of a resource map, each named `path[resource]`; container resources must also
+/// be resources a container can request.
+fn resource_values(path: &str, map: &Value, for_container: bool) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    for (resource, value) in quantities(map) {
+        let at = format!("{path}[{resource}]");
+        if for_container && let Some(message) = container_resource_name_error(resource) {
+            causes.push(invalid(&at, &json!(resource), message));
+        }
+        causes.extend(quantity_value(&at, resource, value));
+    }
+    causes
+}
+
+/// `validateContainerResourceName`: `cpu`, `memory`, `ephemeral-storage`, `hugepages-*`, or a
+/// domain-qualified (extended) resource; a typo such as `cpus` is refused.
+fn container_resource_name_error(resource: &str) -> Option<&'static str> {
+    if !resource.contains('/') {
+        let standard = ["cpu", "memory", "ephemeral-storage"].contains(&resource)
+            || resource.starts_with("hugepages-");
+        return (!standard).then_some("must be a standard resource for containers");
+    }
+    (!native_resource(resource) && !extended_resource(resource))
+        .then_some("doesn't follow extended resource name standard")
+}
+
+/// `helper.IsNativeResource`: unqualified, or in the `kubernetes.io/` domain.
+fn native_resource(resource: &str) -> bool {
+    !resource.contains('/') || resource.contains("kubernetes.io/")
+}
+
+/// `helper.IsExtendedResourceName`: a qualified name outside `kubernetes.io/`, not a quota's
+/// `requests.` form.
+fn extended_resource(resource: &str) -> bool {
+    !native_resource(resource)
+        && !resource.starts_with("requests.")
+        && validate_label_key(resource).is_ok()
+}
+
+/// `helper.IsIntegerResourceName`: object counts and extended resources.
+fn integer_resource(resource: &str) -> bool {
+    const COUNTED: &[&str] = &[
+        "pods",
+        "services",
+        "replicationcontrollers",
+        "resourcequotas",
+        "secrets",
+        "configmaps",
+        "persistentvolumeclaims",
+        "services.nodeports",
+        "services.loadbalancers",
+    ];
+    COUNTED.contains(&resource) || extended_resource(resource)
+}
+
+/// `ValidateResourceRequirements`: no negative quantity, no request above its limit, and
+/// requests equal to limits for resources that cannot be overcommitted (extended resources,
+/// hugepages).
+fn resource_requirements(path: &str, resources: &Value) -> Vec<Cause> {
+    let mut causes = resource_values(&format!("{path}.limits"), &resources["limits"], true);
+    causes.extend(resource_values(
+        &format!("{path}.requests"),
+        &resources["requests"],
+        true,
+    ));
+    let parse = |v: &Value| quantity_text(v).and_then(|t| Quantity::parse(&t).ok().map(|q| (t, q)));
+    for (resource, request) in quantities(&resources["requests"]) {
+        let (Some((request_text, request)), Some((limit_text, limit))) =
+            (parse(request), parse(&resources["limits"][resource]))
+        else {
+            continue;
+        };
+        // Compared in nano units: exact for every quantity kube can express.
+        let (r, l) = (request.scaled(9), limit.scaled(9));
+        let message = if !overcommit_allowed(resource) && r != l {
+            format!("must be equal to {resource} limit of {limit_text}")
+        } else if r > l {
+            format!("must be less than or equal to {resource} limit of {limit_text}")
+        } else {
+            continue;
+        };
+        causes.push(invalid(
+            &format!("{path}.requests"),
+            &json!(request_text),
+            &message,
+        ));
+    }
+    causes
+}
+
+/// `v1helper.IsOvercommitAllowed`: native resources but hugepages.
+fn overcommit_allowed(resource: &str) -> bool {
+    let native = !resource.contains('/') || resource.starts_with("kubernetes.io/");
+    native && !resource.starts_with("hugepages-")
+}
+
+/// Where a built-in kind holds resource-name-to-quantity maps, as (field, map).
+fn quantity_maps<'a>(res: &ResourceInfo, obj: &'a Value) -> Vec<(String, &'a Value)> {
+    let pod_spec = |path: &str, spec: &'a Value| {
+        let mut maps = vec![
+            (format!("{path}.overhead"), &spec["overhead"]),
+            (
+                format!("{path}.resources.limits"),
+                &spec["resources"]["limits"],
+            ),
+            (
+                format!("{path}.resources.requests"),
+                &spec["resources"]["requests"],
+            ),
+        ];
+        for list in ["initContainers", "containers", "ephemeralContainers"] {
+            for (i, c) in spec[list].as_array().into_iter().flatten().enumerate() {
+                for which in ["limits", "requests"] {
+                    maps.push((
+                        format!("{path}.{list}[{i}].resources.{which}"),
+                        &c["resources"][which],
+                    ));
+                }
+            }
+        }
+        maps
+    };
+    match (res.group.as_str(), res.kind.as_str()) {
+        ("", "Pod") => pod_spec("spec", &obj["spec"]),
+        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
+            pod_spec("spec.template.spec", &obj["spec"]["template"]["spec"])
+        }
+        ("", "ResourceQuota") => vec![
+            ("spec.hard".into(), &obj["spec"]["hard"]),
+            ("status.hard".into(), &obj["status"]["hard"]),
+            ("status.used".into(), &obj["status"]["used"]),
+        ],
+        ("", "Node") => vec![
+            ("status.capacity".into(), &obj["status"]["capacity"]),
+            ("status.allocatable".into(), &obj["status"]["allocatable"]),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// kube-apiserver cannot decode a built-in object whose quantity is not of the quantity
+/// grammar: 400 `Pod in version "v1" cannot be handled as a Pod: quantities must match ...`.
+/// Checked at the start of validation, so a mutating webhook may see such an object first.
+fn decode_quantities(res: &ResourceInfo, obj: &Value) -> ApiResult<()> {
+    for (field, map) in quantity_maps(res, obj) {
+        for (resource, value) in quantities(map) {
+            let parsed = quantity_text(value)
+                .ok_or(tandem_apimachinery::quantity::QuantityError::Format)
+                .and_then(|text| Quantity::parse(&text));
+            // kube's message names no field; the field is added before the decoder's words,
+            // where older kube-apiservers put the decoder's path.
+            if let Err(e) = parsed {
+                return Err(ApiError::bad_request(format!(
+                    "{kind} in version {version:?} cannot be handled as a {kind}: {field}[{resource}]: {e}",
+                    kind = res.kind,
+                    version = res.version,
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Pod specs are immutable but for images, activeDeadlineSeconds, added tolerations and

@@ -16,6 +16,8 @@ mod deletion;
 mod identity;
 #[path = "kube_rs/refusals.rs"]
 mod refusals;
+#[path = "kube_rs/validation.rs"]
+mod validation;
 #[path = "kube_rs/watch.rs"]
 mod watch;
 #[path = "kube_rs/webhook.rs"]

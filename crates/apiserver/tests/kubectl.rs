@@ -727,3 +727,250 @@ subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
         escalate.stderr
     );
 }
+
+/// Fails the test unless every field of `sent` is in `stored` with the same value. A null
+/// (kubectl's `creationTimestamp: null`) is the server's to fill, and an object holding only
+/// empty objects (`status: {loadBalancer: {}}`) may be absent: Go writes empty structs.
+fn assert_stored_as_sent(
+    what: &str,
+    path: &str,
+    sent: &serde_json::Value,
+    stored: &serde_json::Value,
+) {
+    use serde_json::Value;
+    fn hollow(v: &Value) -> bool {
+        v.as_object().is_some_and(|o| o.values().all(hollow))
+    }
+    match (sent, stored) {
+        (Value::Null, _) => {}
+        (s, Value::Null) if hollow(s) => {}
+        (Value::Object(s), Value::Object(t)) => {
+            for (k, v) in s {
+                assert_stored_as_sent(
+                    what,
+                    &format!("{path}.{k}"),
+                    v,
+                    t.get(k).unwrap_or(&Value::Null),
+                );
+            }
+        }
+        (Value::Array(s), Value::Array(t)) if s.len() == t.len() => {
+            for (i, (v, w)) in s.iter().zip(t).enumerate() {
+                assert_stored_as_sent(what, &format!("{path}[{i}]"), v, w);
+            }
+        }
+        _ => assert_eq!(
+            sent, stored,
+            "{what}: {path} differs from what kubectl sent"
+        ),
+    }
+}
+
+/// Every typed `kubectl create` of a kind the lab serves (kubectl sends them as protobuf)
+/// stores what `--dry-run=client -o json` shows kubectl would send, plus server defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_create_commands_store_what_kubectl_sends() {
+    let c = Cluster::start().await;
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["web.example".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_file, key_file) = (c.dir.path().join("tls.crt"), c.dir.path().join("tls.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let (cert_file, key_file) = (cert_file.to_str().unwrap(), key_file.to_str().unwrap());
+    let tls_cert = format!("--cert={cert_file}");
+    let tls_key = format!("--key={key_file}");
+
+    // (kubectl create arguments, what `kubectl get` names the stored object)
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["namespace", "team-a"], "namespace/team-a"),
+        (
+            vec![
+                "service",
+                "clusterip",
+                "svc-c",
+                "--tcp=80:8080",
+                "--tcp=443",
+            ],
+            "service/svc-c",
+        ),
+        (
+            vec!["service", "clusterip", "svc-h", "--clusterip=None"],
+            "service/svc-h",
+        ),
+        (
+            vec![
+                "service",
+                "nodeport",
+                "svc-n",
+                "--tcp=80:http",
+                "--node-port=30080",
+            ],
+            "service/svc-n",
+        ),
+        (
+            vec!["service", "loadbalancer", "svc-l", "--tcp=5678:8080"],
+            "service/svc-l",
+        ),
+        (
+            vec![
+                "service",
+                "externalname",
+                "svc-e",
+                "--external-name=db.example.com",
+                "--tcp=5432",
+            ],
+            "service/svc-e",
+        ),
+        (
+            vec![
+                "secret",
+                "generic",
+                "s-gen",
+                "--from-literal=user=admin",
+                "--type=Opaque",
+            ],
+            "secret/s-gen",
+        ),
+        (
+            vec!["secret", "tls", "s-tls", &tls_cert, &tls_key],
+            "secret/s-tls",
+        ),
+        (
+            vec![
+                "secret",
+                "docker-registry",
+                "s-reg",
+                "--docker-server=registry.example",
+                "--docker-username=u",
+                "--docker-password=p",
+                "--docker-email=u@example.com",
+            ],
+            "secret/s-reg",
+        ),
+        (
+            vec![
+                "configmap",
+                "cm",
+                "--from-literal=a=1",
+                "--from-literal=b=2",
+            ],
+            "configmap/cm",
+        ),
+        (vec!["serviceaccount", "builder"], "serviceaccount/builder"),
+        (
+            vec![
+                "role",
+                "reader",
+                "--verb=get,list",
+                "--resource=pods,deployments.apps",
+                "--resource-name=web",
+            ],
+            "role/reader",
+        ),
+        (
+            vec![
+                "rolebinding",
+                "read",
+                "--role=reader",
+                "--user=alice",
+                "--serviceaccount=default:builder",
+            ],
+            "rolebinding/read",
+        ),
+        (
+            vec![
+                "clusterrole",
+                "nodes",
+                "--verb=get",
+                "--resource=nodes",
+                "--non-resource-url=/healthz",
+            ],
+            "clusterrole/nodes",
+        ),
+        (
+            vec!["clusterrole", "agg", "--aggregation-rule=team=a"],
+            "clusterrole/agg",
+        ),
+        (
+            vec![
+                "clusterrolebinding",
+                "ops",
+                "--clusterrole=nodes",
+                "--group=ops",
+            ],
+            "clusterrolebinding/ops",
+        ),
+        (
+            vec![
+                "quota",
+                "q",
+                "--hard=cpu=2,memory=1Gi,pods=10",
+                "--scopes=NotBestEffort",
+            ],
+            "resourcequota/q",
+        ),
+        (
+            vec![
+                "priorityclass",
+                "high",
+                "--value=1000",
+                "--description=urgent",
+                "--preemption-policy=Never",
+            ],
+            "priorityclass/high",
+        ),
+        (vec!["deployment", "web", "--image=nginx"], "deployment/web"),
+        (
+            vec![
+                "deployment",
+                "api",
+                "--image=nginx:1.25",
+                "--image=busybox",
+                "--replicas=3",
+                "--port=8080",
+            ],
+            "deployment/api",
+        ),
+        (
+            vec![
+                "deployment",
+                "sleeper",
+                "--image=busybox",
+                "--",
+                "sleep",
+                "3600",
+            ],
+            "deployment/sleeper",
+        ),
+    ];
+    for (args, object) in &cases {
+        let mut create = vec!["create"];
+        create.extend(args);
+        // Flags go before `--`: what follows it is the container's command.
+        let mut dry_run = create.clone();
+        let flags_at = dry_run
+            .iter()
+            .position(|a| *a == "--")
+            .unwrap_or(dry_run.len());
+        dry_run.splice(flags_at..flags_at, ["--dry-run=client", "-o", "json"]);
+        let sent: serde_json::Value = serde_json::from_str(&c.ok(&dry_run).await).unwrap();
+        c.ok(&create).await;
+        let stored = c.json(&["get", object]).await;
+        assert_stored_as_sent(&format!("kubectl {}", create.join(" ")), "", &sent, &stored);
+    }
+
+    // `create token` stores nothing: it returns a token for the ServiceAccount.
+    let token = c
+        .ok(&[
+            "create",
+            "token",
+            "builder",
+            "--duration=1h",
+            "--audience=vault",
+        ])
+        .await;
+    assert_eq!(token.trim().split('.').count(), 3, "a JWT: {token}");
+}

@@ -327,3 +327,71 @@ async fn custom_resources_violating_their_schema_are_refused_naming_the_field() 
         "refused patches change nothing"
     );
 }
+
+/// A protobuf body with a field the server cannot map is refused naming the field, and
+/// nothing is stored: the field is never silently dropped.
+#[tokio::test]
+async fn protobuf_fields_the_server_cannot_map_are_refused_by_name() {
+    use k8s_pb::api::{apps, core};
+    use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
+    use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+    use prost::Message;
+
+    let cluster = Cluster::start().await;
+    let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+    let deployment = apps::v1::Deployment {
+        metadata: Some(meta::ObjectMeta {
+            name: Some("web".into()),
+            ..Default::default()
+        }),
+        spec: Some(apps::v1::DeploymentSpec {
+            selector: Some(meta::LabelSelector {
+                match_labels: labels.clone(),
+                ..Default::default()
+            }),
+            template: Some(core::v1::PodTemplateSpec {
+                metadata: Some(meta::ObjectMeta {
+                    labels,
+                    ..Default::default()
+                }),
+                spec: Some(core::v1::PodSpec {
+                    containers: vec![core::v1::Container {
+                        name: Some("nginx".into()),
+                        image: Some("nginx".into()),
+                        ..Default::default()
+                    }],
+                    volumes: vec![core::v1::Volume {
+                        name: Some("data".into()),
+                        volume_source: Some(Default::default()),
+                    }],
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let envelope = Unknown {
+        type_meta: Some(TypeMeta {
+            api_version: Some("apps/v1".into()),
+            kind: Some("Deployment".into()),
+        }),
+        raw: Some(deployment.encode_to_vec()),
+        content_encoding: Some(String::new()),
+        content_type: Some(String::new()),
+    };
+    let request = http::Request::post("/apis/apps/v1/namespaces/default/deployments")
+        .header("content-type", "application/vnd.kubernetes.protobuf")
+        .body([b"k8s\0".as_slice(), &envelope.encode_to_vec()].concat())
+        .unwrap();
+    let status = api_status(cluster.client.request_text(request).await);
+    assert_eq!(status.code, 415, "{status:?}");
+    assert!(
+        status.message.contains("spec.template.spec.volumes[0]"),
+        "the message names the field: {:?}",
+        status.message
+    );
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(cluster.client.clone(), "default");
+    assert_eq!(code_of(deployments.get("web").await), 404, "nothing stored");
+}
