@@ -13,10 +13,24 @@ use tandem_apimachinery::{quantity, validation};
 
 use crate::names::CLUSTER_ID_MAX_LEN;
 
+/// A host in an address: a DNS name or IPv4 address, or an IPv6 address in brackets.
+macro_rules! host {
+    () => {
+        r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)"
+    };
+}
+
+/// A port, 1 to 65535.
+macro_rules! port {
+    () => {
+        "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+    };
+}
+
 /// `https://host[:port][/path]`: an API server's URL, as an invite carries it.
-pub const HTTPS_URL_PATTERN: &str = r"^https://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/\S*)?$";
-/// `host:port` (port 1-65535; an IPv6 host in brackets): a gateway's tunnel or status address.
-pub const HOST_PORT_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$";
+pub const HTTPS_URL_PATTERN: &str = concat!("^https://", host!(), "(:", port!(), r")?(/\S*)?$");
+/// `host:port`: a gateway's tunnel or status address.
+pub const HOST_PORT_PATTERN: &str = concat!("^", host!(), ":", port!(), "$");
 /// One or more PEM certificates.
 pub const PEM_CERTIFICATE_PATTERN: &str =
     r"^\s*-----BEGIN CERTIFICATE-----[\s\S]+-----END CERTIFICATE-----\s*$";
