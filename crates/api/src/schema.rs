@@ -84,39 +84,24 @@ pub fn cidr(schema: &mut Schema) {
     schema.insert("format".into(), "cidr".into());
 }
 
-/// See [`HTTPS_URL_PATTERN`].
-pub fn https_url(schema: &mut Schema) {
-    string_rule(schema, HTTPS_URL_PATTERN, None);
+/// Transforms that set one pattern, for `#[schemars(transform = ...)]`.
+macro_rules! pattern_rules {
+    ($($name:ident => $pattern:ident),* $(,)?) => {$(
+        #[doc = concat!("Sets [`", stringify!($pattern), "`].")]
+        pub fn $name(schema: &mut Schema) {
+            string_rule(schema, $pattern, None);
+        }
+    )*};
 }
 
-/// See [`HOST_PORT_PATTERN`].
-pub fn host_port(schema: &mut Schema) {
-    string_rule(schema, HOST_PORT_PATTERN, None);
-}
-
-/// See [`PEM_CERTIFICATE_PATTERN`].
-pub fn pem_certificate(schema: &mut Schema) {
-    string_rule(schema, PEM_CERTIFICATE_PATTERN, None);
-}
-
-/// See [`PEM_CSR_PATTERN`].
-pub fn pem_csr(schema: &mut Schema) {
-    string_rule(schema, PEM_CSR_PATTERN, None);
-}
-
-/// See [`TOKEN_ID_PATTERN`].
-pub fn token_id(schema: &mut Schema) {
-    string_rule(schema, TOKEN_ID_PATTERN, None);
-}
-
-/// See [`TOKEN_PROOF_PATTERN`].
-pub fn token_proof(schema: &mut Schema) {
-    string_rule(schema, TOKEN_PROOF_PATTERN, None);
-}
-
-/// See [`WIREGUARD_KEY_PATTERN`].
-pub fn wireguard_key(schema: &mut Schema) {
-    string_rule(schema, WIREGUARD_KEY_PATTERN, None);
+pattern_rules! {
+    https_url => HTTPS_URL_PATTERN,
+    host_port => HOST_PORT_PATTERN,
+    pem_certificate => PEM_CERTIFICATE_PATTERN,
+    pem_csr => PEM_CSR_PATTERN,
+    token_id => TOKEN_ID_PATTERN,
+    token_proof => TOKEN_PROOF_PATTERN,
+    wireguard_key => WIREGUARD_KEY_PATTERN,
 }
 
 /// A quantity that cannot be negative, as a string (`500m`, `2Gi`) or an integer: the
