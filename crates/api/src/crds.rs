@@ -37,15 +37,6 @@ pub fn all_yaml() -> String {
     all().iter().map(to_yaml).collect()
 }
 
-/// Schema of a field kept as an opaque object (a full PodSpec would make the CRD enormous; the
-/// provider validates the pod when it creates it).
-pub fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

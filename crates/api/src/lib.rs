@@ -9,6 +9,7 @@ pub mod names;
 pub mod offloading;
 pub mod peering;
 pub mod provider;
+pub mod schema;
 pub mod shadowpod;
 
 pub use conditions::{ConditionStatus, set_condition};

@@ -61,16 +61,18 @@ pub fn virtual_node_name(provider_cluster_id: &str) -> String {
     format!("tandem-{provider_cluster_id}")
 }
 
-/// Whether `id` is usable as a cluster ID: a DNS-1123 label of at most 40 characters, so that
-/// derived names (`tandem-tenant-<id>`, `<ns>-<id>`) stay valid.
+/// The longest cluster ID, so that derived names (`tandem-tenant-<id>`, `<ns>-<id>`) stay valid.
+pub const CLUSTER_ID_MAX_LEN: usize = 40;
+
+/// Whether `id` is usable as a cluster ID: a DNS-1123 label of at most [`CLUSTER_ID_MAX_LEN`]
+/// characters.
 pub fn validate_cluster_id(id: &str) -> Result<(), String> {
-    let ok_chars = id
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if id.is_empty() || id.len() > 40 {
-        return Err(format!("cluster ID {id:?} must be 1 to 40 characters long"));
+    if id.is_empty() || id.len() > CLUSTER_ID_MAX_LEN {
+        return Err(format!(
+            "cluster ID {id:?} must be 1 to {CLUSTER_ID_MAX_LEN} characters long"
+        ));
     }
-    if !ok_chars || id.starts_with('-') || id.ends_with('-') {
+    if !tandem_apimachinery::validation::is_dns1123_label(id) {
         return Err(format!(
             "cluster ID {id:?} must consist of lower-case letters, digits and '-', and start and end with a letter or digit"
         ));

@@ -28,12 +28,14 @@ pub struct NamespaceOffloadingSpec {
     pub namespace_mapping_strategy: NamespaceMappingStrategy,
     /// The twin namespace's name with `SelectedName`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::namespace)]
     pub remote_namespace_name: Option<String>,
     /// Where the namespace's pods may run.
     #[serde(default)]
     pub pod_offloading_strategy: PodOffloadingStrategy,
     /// Which virtual nodes (by their labels) are eligible; none means all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::node_selector")]
     pub cluster_selector: Option<NodeSelector>,
 }
 
@@ -72,6 +74,7 @@ pub struct NamespaceOffloadingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remote_namespaces: Vec<RemoteNamespaceStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,
 }
 
@@ -80,7 +83,9 @@ pub struct NamespaceOffloadingStatus {
 #[serde(rename_all = "camelCase")]
 pub struct RemoteNamespaceStatus {
     #[serde(rename = "clusterID")]
+    #[schemars(transform = crate::schema::cluster_id)]
     pub cluster_id: String,
+    #[schemars(transform = crate::schema::namespace)]
     pub namespace: String,
     /// Pending, Ready or Failed.
     pub phase: String,

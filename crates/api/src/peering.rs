@@ -27,19 +27,24 @@ use serde::{Deserialize, Serialize};
 pub struct PeeringSpec {
     /// The provider's cluster ID (also this object's name).
     #[serde(rename = "clusterID")]
+    #[schemars(transform = crate::schema::cluster_id)]
     pub cluster_id: String,
     /// The provider's API endpoint (https://host:port) from the invite.
+    #[schemars(transform = crate::schema::https_url)]
     pub endpoint: String,
     /// PEM of the CA that signs the provider's API serving certificate, from the invite.
+    #[schemars(transform = crate::schema::pem_certificate)]
     pub ca_data: String,
     /// Secret in the tenant namespace holding the invite token (removed once authenticated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::object_name)]
     pub invite_secret: Option<String>,
     /// `host:port` of the status API of this cluster's gateway to the provider (its
     /// `statusListen`). When set, the virtual node's NetworkUnavailable condition follows the
     /// tunnel's health as the gateway reports it on `/status`; when absent, networking is not
     /// managed by Tandem and the virtual node has no such condition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::host_port)]
     pub gateway_status: Option<String>,
 }
 
@@ -52,21 +57,27 @@ pub struct PeeringStatus {
     pub phase: Option<String>,
     /// Authenticated, ResourcesGranted, NetworkNegotiated, ProviderReachable, VirtualNodeReady.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,
     /// Secret (tenant namespace) with the peer identity: a kubeconfig for the provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::object_name)]
     pub identity_secret: Option<String>,
     /// The tenant namespace the provider created for us.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::namespace)]
     pub remote_tenant_namespace: Option<String>,
     /// Resources the provider granted (capacity of the virtual node).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::resource_quantities")]
     pub granted: BTreeMap<String, Quantity>,
     /// Labels the provider suggested for the virtual node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::labels")]
     pub node_labels: BTreeMap<String, String>,
     /// Name of the virtual node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::object_name)]
     pub virtual_node: Option<String>,
     /// The negotiated network parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,20 +89,27 @@ pub struct PeeringStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PeeringNetwork {
     /// The provider's pod CIDR as the provider sees it.
+    #[schemars(transform = crate::schema::cidr)]
     pub remote_pod_cidr: String,
     /// The CIDR the consumer uses for the provider's pods (remapped if it collided).
+    #[schemars(transform = crate::schema::cidr)]
     pub remapped_remote_pod_cidr: String,
     /// The provider's external CIDR, and how the consumer maps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::cidr)]
     pub remote_external_cidr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::cidr)]
     pub remapped_remote_external_cidr: Option<String>,
     /// The CIDR the provider uses for our pods (its remap of our pod CIDR).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::cidr)]
     pub local_pod_cidr_in_remote: Option<String>,
     /// The provider gateway's endpoint and WireGuard public key, when networking is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::host_port)]
     pub remote_gateway_endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::wireguard_key)]
     pub remote_public_key: Option<String>,
 }

@@ -27,14 +27,18 @@ use serde::{Deserialize, Serialize};
 pub struct PeeringRequestSpec {
     /// The consumer's cluster ID.
     #[serde(rename = "clusterID")]
+    #[schemars(transform = crate::schema::cluster_id)]
     pub cluster_id: String,
     /// ID (public half) of the invite token used.
     #[serde(rename = "tokenID")]
+    #[schemars(transform = crate::schema::token_id)]
     pub token_id: String,
     /// hex HMAC-SHA256, keyed with the token secret, over clusterID, tokenID and the CSR: proves
     /// the filer holds the whole token, not just its ID.
+    #[schemars(transform = crate::schema::token_proof)]
     pub token_proof: String,
     /// PEM PKCS#10 request signed with the consumer's cluster key (proof of possession).
+    #[schemars(transform = crate::schema::pem_csr)]
     pub csr: String,
 }
 
@@ -50,9 +54,11 @@ pub struct PeeringRequestStatus {
     pub message: Option<String>,
     /// PEM client certificate of the peer identity, once approved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::pem_certificate)]
     pub certificate: Option<String>,
     /// The tenant namespace created for the consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::namespace)]
     pub tenant_namespace: Option<String>,
     /// The provider's cluster ID (so the consumer can check it matches the invite).
     #[serde(
@@ -60,6 +66,7 @@ pub struct PeeringRequestStatus {
         rename = "providerClusterID",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(transform = crate::schema::cluster_id)]
     pub provider_cluster_id: Option<String>,
 }
 
@@ -82,13 +89,16 @@ pub struct PeeringRequestStatus {
 pub struct TenantSpec {
     /// The consumer's cluster ID.
     #[serde(rename = "clusterID")]
+    #[schemars(transform = crate::schema::cluster_id)]
     pub cluster_id: String,
     /// Resources granted to the consumer (cpu, memory, pods, optional others); also the quota the
     /// provider enforces on the consumer's pods. Empty revokes the grant.
     #[serde(default)]
+    #[schemars(schema_with = "crate::schema::resource_quantities")]
     pub grant: BTreeMap<String, Quantity>,
     /// Labels the provider suggests for the consumer's virtual node (region, zone, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::labels")]
     pub node_labels: BTreeMap<String, String>,
 }
 
@@ -98,8 +108,10 @@ pub struct TenantSpec {
 pub struct TenantStatus {
     /// Sum of the requests of the consumer's running pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::resource_quantities")]
     pub used: BTreeMap<String, Quantity>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,
 }
 
@@ -122,20 +134,25 @@ pub struct TenantStatus {
 pub struct NetworkParametersSpec {
     /// Whose parameters these are.
     #[serde(rename = "clusterID")]
+    #[schemars(transform = crate::schema::cluster_id)]
     pub cluster_id: String,
     #[serde(rename = "podCIDR")]
+    #[schemars(transform = crate::schema::cidr)]
     pub pod_cidr: String,
     #[serde(
         default,
         rename = "externalCIDR",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(transform = crate::schema::cidr)]
     pub external_cidr: Option<String>,
     /// host:port of this side's gateway, when networking is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::host_port)]
     pub gateway_endpoint: Option<String>,
     /// Base64 WireGuard public key of this side's gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::wireguard_key)]
     pub public_key: Option<String>,
 }
 
@@ -148,14 +165,17 @@ pub struct NetworkParametersStatus {
         rename = "remappedPodCIDR",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(transform = crate::schema::cidr)]
     pub remapped_pod_cidr: Option<String>,
     #[serde(
         default,
         rename = "remappedExternalCIDR",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(transform = crate::schema::cidr)]
     pub remapped_external_cidr: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,
 }
 
@@ -176,8 +196,10 @@ pub struct NetworkParametersStatus {
 #[serde(rename_all = "camelCase")]
 pub struct RemoteNamespaceSpec {
     /// Name of the twin namespace to create on the provider.
+    #[schemars(transform = crate::schema::namespace)]
     pub namespace: String,
     /// The consumer namespace it mirrors.
+    #[schemars(transform = crate::schema::namespace)]
     pub origin_namespace: String,
 }
 

@@ -24,12 +24,13 @@ use serde::{Deserialize, Serialize};
 pub struct ShadowPodSpec {
     /// Labels of the real Pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::labels")]
     pub labels: BTreeMap<String, String>,
     /// Annotations of the real Pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// Spec of the real Pod.
-    #[schemars(schema_with = "crate::crds::preserve_unknown_object")]
+    #[schemars(schema_with = "crate::schema::pod_spec")]
     pub pod: PodSpec,
 }
 

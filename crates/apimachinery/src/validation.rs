@@ -7,6 +7,24 @@ pub const DNS1123_LABEL_MAX: usize = 63;
 /// The longest DNS-1123 subdomain (most object names).
 pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
 
+// The same formats as OpenAPI patterns, for CRD schemas (pair each with its maxLength): Go's
+// regexp and Rust's regex read them alike, and a test below holds them to the checks above.
+
+/// A DNS-1123 label, as a pattern (with maxLength [`DNS1123_LABEL_MAX`]).
+pub const DNS1123_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// A DNS-1123 subdomain, as a pattern (with maxLength [`DNS1123_SUBDOMAIN_MAX`]).
+pub const DNS1123_SUBDOMAIN_PATTERN: &str =
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// The longest label value.
+pub const LABEL_VALUE_MAX: usize = 63;
+/// A label value, as a pattern (with maxLength [`LABEL_VALUE_MAX`]).
+pub const LABEL_VALUE_PATTERN: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+/// The longest label key: a 253-character prefix, '/', and a 63-character name.
+pub const LABEL_KEY_MAX: usize = 317;
+/// A label key (`[prefix/]name`), as a pattern (with maxLength [`LABEL_KEY_MAX`]); the name
+/// part's 63 characters are in the pattern, the prefix's 253 only in the overall maxLength.
+pub const LABEL_KEY_PATTERN: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$";
+
 /// Whether `s` is a DNS-1123 label: at most 63 lower-case alphanumerics or '-', starting and
 /// ending with an alphanumeric (what a namespace or Service name must be).
 pub fn is_dns1123_label(s: &str) -> bool {
@@ -211,5 +229,47 @@ mod tests {
         assert!(validate_label_value("eu-west").is_ok());
         assert!(validate_label_value("-x").is_err());
         assert!(validate_label_value(&"v".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn patterns_agree_with_the_checks() {
+        let matches = |pattern: &str, max: usize, s: &str| {
+            s.len() <= max && regex::Regex::new(pattern).unwrap().is_match(s)
+        };
+        let long_name = format!("example.com/{}", "n".repeat(64));
+        let inputs = [
+            "web",
+            "web-1",
+            "1web",
+            "a.b",
+            "",
+            "-web",
+            "web-",
+            "Web",
+            "we_b",
+            "a..b",
+            "My.Value",
+            "x_",
+            "app",
+            "tandem.dev/cluster-id",
+            "Bad Key",
+            "/x",
+            "a/b/c",
+            "Example.com/x",
+            "example.com/",
+            &"a".repeat(63),
+            &"a".repeat(64),
+            &long_name,
+        ];
+        for s in inputs {
+            let label = matches(DNS1123_LABEL_PATTERN, DNS1123_LABEL_MAX, s);
+            assert_eq!(label, is_dns1123_label(s), "label {s:?}");
+            let subdomain = matches(DNS1123_SUBDOMAIN_PATTERN, DNS1123_SUBDOMAIN_MAX, s);
+            assert_eq!(subdomain, is_dns1123_subdomain(s), "subdomain {s:?}");
+            let value = matches(LABEL_VALUE_PATTERN, LABEL_VALUE_MAX, s);
+            assert_eq!(value, validate_label_value(s).is_ok(), "label value {s:?}");
+            let key = matches(LABEL_KEY_PATTERN, LABEL_KEY_MAX, s);
+            assert_eq!(key, validate_label_key(s).is_ok(), "label key {s:?}");
+        }
     }
 }

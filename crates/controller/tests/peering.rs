@@ -315,11 +315,12 @@ async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
         .await
         .unwrap();
     let requests: Api<PeeringRequest> = Api::namespaced(token_client, names::SYSTEM_NAMESPACE);
+    // Well-formed (the CRD's schema refuses malformed proofs and CSRs) but proving nothing.
     let req: PeeringRequest = serde_json::from_value(json!({
         "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
         "metadata": {"name": invite.token_id},
-        "spec": {"clusterID": "graz", "tokenID": invite.token_id,
-                 "tokenProof": "00", "csr": "not a CSR"},
+        "spec": {"clusterID": "graz", "tokenID": invite.token_id, "tokenProof": "00".repeat(32),
+                 "csr": "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"},
     }))
     .unwrap();
     requests.create(&Default::default(), &req).await.unwrap();
