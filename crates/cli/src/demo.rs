@@ -15,6 +15,9 @@ use serde_json::json;
 use tandem_api::{NamespaceOffloading, names};
 use tandem_lab::{Lab, LabSpec};
 
+use crate::table;
+use crate::workdir::{self, Use};
+
 /// Start two lab clusters, peer them with an invite, offload a namespace and deploy an
 /// application whose pods run in both clusters.
 #[derive(clap::Args)]
@@ -25,7 +28,8 @@ kubectl --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1 get pods -n demo 
 tandem status --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1"
 )]
 pub struct Args {
-    /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/demo].
+    /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/demo]; cleared
+    /// on start, so it must be new, empty, or one Tandem created.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// Hollow nodes per cluster.
@@ -48,17 +52,11 @@ fn step(n: u32, what: &str) {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let dir = args.dir.clone().unwrap_or_else(|| {
-        std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."))
-            .join(".tandem/demo")
-    });
-    // A demo starts from scratch: objects of an earlier run would only confuse it.
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let default = workdir::default_dir("demo");
+    let dir = args.dir.clone().unwrap_or(default.clone());
+    // A demo starts from scratch: objects of an earlier run would only confuse it. Only a
+    // directory Tandem made is ever cleared.
+    workdir::claim(&dir, &default, Use::Fresh)?;
 
     step(1, "starting two lab clusters");
     let lab = Lab::start(
@@ -270,10 +268,7 @@ async fn report(
     consumer_id: &str,
     twin: &str,
 ) -> anyhow::Result<String> {
-    let mut out = format!(
-        "{:<28} {:<22} {:<10} {}\n",
-        "POD", "NODE", "CLUSTER", "IP (consumer view)"
-    );
+    let mut t = table::new(["POD", "NODE", "CLUSTER", "IP (consumer view)"]);
     let pods = Api::<Pod>::namespaced(consumer.clone(), NS)
         .list(&ListParams::default())
         .await?;
@@ -296,13 +291,9 @@ async fn report(
             .as_ref()
             .and_then(|s| s.pod_ip.clone())
             .unwrap_or_default();
-        out.push_str(&format!(
-            "{:<28} {:<22} {:<10} {ip}\n",
-            p.name_any(),
-            node,
-            cluster
-        ));
+        t.add_row([p.name_any(), node, cluster.to_string(), ip]);
     }
+    let mut out = table::render(t, 0);
     let endpoints = |slices: Vec<EndpointSlice>| -> usize {
         slices
             .iter()
