@@ -255,8 +255,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !args.exit {
         eprintln!("Ctrl-C stops the clusters.");
         tokio::signal::ctrl_c().await?;
+        eprintln!("stopping the clusters");
     }
     lab.shutdown();
+    if !args.exit {
+        eprintln!(
+            "demo stopped; its data and kubeconfig stay in {}",
+            dir.display()
+        );
+    }
     Ok(())
 }
 
