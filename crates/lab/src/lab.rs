@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_yaml::{Mapping, Value};
+use kube::config::Kubeconfig;
 
 use crate::cluster::{LabCluster, LabConfig};
 
@@ -61,41 +61,16 @@ impl Lab {
     /// One kubeconfig with a context (and cluster and admin user) per lab cluster, named
     /// after it; the current context is the first cluster.
     pub fn kubeconfig(&self) -> anyhow::Result<String> {
-        let mut clusters = Vec::new();
-        let mut users = Vec::new();
-        let mut contexts = Vec::new();
+        let mut merged: Option<Kubeconfig> = None;
         for cluster in &self.clusters {
-            let single: Value = serde_yaml::from_str(&cluster.server.admin_kubeconfig()?)?;
-            let name = cluster.config.name.clone();
-            let cluster_body = single["clusters"][0]["cluster"].clone();
-            let user_body = single["users"][0]["user"].clone();
-            let mut c = Mapping::new();
-            c.insert("name".into(), name.clone().into());
-            c.insert("cluster".into(), cluster_body);
-            clusters.push(Value::Mapping(c));
-            let mut u = Mapping::new();
-            u.insert("name".into(), format!("{name}-admin").into());
-            u.insert("user".into(), user_body);
-            users.push(Value::Mapping(u));
-            let mut ctx = Mapping::new();
-            ctx.insert("cluster".into(), name.clone().into());
-            ctx.insert("user".into(), format!("{name}-admin").into());
-            ctx.insert("namespace".into(), "default".into());
-            let mut x = Mapping::new();
-            x.insert("name".into(), name.clone().into());
-            x.insert("context".into(), Value::Mapping(ctx));
-            contexts.push(Value::Mapping(x));
+            let one = cluster.server.admin_config()?;
+            // kube's merge keeps the first current context and appends the other entries.
+            merged = Some(match merged {
+                None => one,
+                Some(m) => m.merge(one)?,
+            });
         }
-        let mut root = Mapping::new();
-        root.insert("apiVersion".into(), "v1".into());
-        root.insert("kind".into(), "Config".into());
-        root.insert("clusters".into(), Value::Sequence(clusters));
-        root.insert("users".into(), Value::Sequence(users));
-        root.insert("contexts".into(), Value::Sequence(contexts));
-        if let Some(first) = self.clusters.first() {
-            root.insert("current-context".into(), first.config.name.clone().into());
-        }
-        Ok(serde_yaml::to_string(&Value::Mapping(root))?)
+        Ok(tandem_apiserver::to_yaml(&merged.unwrap_or_default()))
     }
 
     /// Stops every cluster.
