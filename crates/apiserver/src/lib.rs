@@ -42,7 +42,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine;
-use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
 use parking_lot::RwLock;
 use serde_json::{Value, json};
 use tandem_apimachinery::rbac::RbacIndex;
