@@ -135,7 +135,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let node = Api::<Node>::all(consumer.client.clone())
                 .get_opt(&vn)
                 .await?;
-            Ok(node.as_ref().is_some_and(node_ready))
+            Ok(node.as_ref().is_some_and(crate::status::node_ready))
         },
     )
     .await?;
@@ -325,13 +325,6 @@ async fn report(
         "\n{local} pod(s) run in {consumer_id}, {remote} in {provider_id}.\nService {NS}/{APP}: {here} ready endpoint(s) in {consumer_id}; its reflection {twin}/{APP} in {provider_id}: {there}.\n"
     ));
     Ok(out)
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 async fn wait(

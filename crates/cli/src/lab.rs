@@ -158,12 +158,7 @@ async fn status(dir: PathBuf, output: Output) -> anyhow::Result<()> {
             let ready = nodes
                 .items
                 .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .filter(|n| crate::status::node_ready(n))
                 .count();
             let pods = Api::<Pod>::all(client)
                 .list(&ListParams::default())

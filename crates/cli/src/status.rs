@@ -171,7 +171,8 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
     Ok(status)
 }
 
-fn node_ready(node: &Node) -> bool {
+/// Whether the node's Ready condition is True.
+pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
