@@ -75,9 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     )
     .await?;
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, lab.kubeconfig()?)
-        .with_context(|| format!("writing {}", kubeconfig.display()))?;
+    let kubeconfig = workdir::write_kubeconfig(&dir, &lab.kubeconfig()?)?;
     let (consumer, provider) = (&lab.clusters[0], &lab.clusters[1]);
     let (consumer_id, provider_id) = (consumer.config.name.clone(), provider.config.name.clone());
 

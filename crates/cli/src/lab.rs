@@ -89,8 +89,7 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf, default: &Path) -> anyh
         );
     })
     .await?;
-    let kubeconfig = dir.join("kubeconfig");
-    write_atomic(&kubeconfig, lab.kubeconfig()?.as_bytes())?;
+    let kubeconfig = workdir::write_kubeconfig(&dir, &lab.kubeconfig()?)?;
     for c in &lab.clusters {
         tokio::spawn(crate::host::host_controller(
             c.config.name.clone(),
@@ -106,13 +105,6 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf, default: &Path) -> anyh
     tokio::signal::ctrl_c().await?;
     eprintln!("stopping the lab");
     lab.shutdown();
-    Ok(())
-}
-
-fn write_atomic(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

@@ -57,10 +57,6 @@ fn decide(found: Found, usage: Use) -> Step {
 /// Makes `dir` ready for a command's clusters; `default` is the command's own default directory
 /// under `~/.tandem/`. Refuses a directory Tandem did not create.
 pub fn claim(dir: &Path, default: &Path, usage: Use) -> Result<(), Error> {
-    let io = |step, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Io { step, path, source }
-    };
     let found = if !dir.exists() {
         Found::Missing
     } else if dir.join(MARKER).is_file() || (dir.is_dir() && same(dir, default)) {
@@ -88,6 +84,22 @@ pub fn claim(dir: &Path, default: &Path, usage: Use) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
     let marker = dir.join(MARKER);
     std::fs::write(&marker, MARKER_TEXT).map_err(io("writing", &marker))
+}
+
+/// Writes the clusters' kubeconfig as `dir/kubeconfig` atomically (a reader — a test, kubectl —
+/// never sees half a file) and returns its path.
+pub fn write_kubeconfig(dir: &Path, yaml: &str) -> Result<PathBuf, Error> {
+    let path = dir.join("kubeconfig");
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, yaml).map_err(io("writing", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io("writing", &path))?;
+    Ok(path)
+}
+
+/// The error of file-system step `step` on `path`.
+fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { step, path, source }
 }
 
 /// Whether two paths name the same directory (either may be spelled differently).
