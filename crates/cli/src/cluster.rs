@@ -2,7 +2,7 @@
 //! peer would use) from `--kubeconfig` and `--context`, read through kube's typed `Kubeconfig`.
 
 use base64::Engine;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 
 use crate::error::Error;
@@ -24,9 +24,17 @@ impl ClusterArgs {
             Some(path) => Kubeconfig::read_from(path),
             None => Kubeconfig::read(),
         }
-        .map_err(|source| Error::ReadKubeconfig {
-            path: self.kubeconfig.clone(),
-            source,
+        .map_err(|source| match source {
+            // kube's message repeats its io::Error source; name the step and the file once.
+            KubeconfigError::ReadConfig(source, path) => Error::Io {
+                step: "reading kubeconfig",
+                path,
+                source,
+            },
+            source => Error::ReadKubeconfig {
+                path: self.kubeconfig.clone(),
+                source,
+            },
         })
     }
 
