@@ -235,6 +235,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
 
     step(6, "where the pods run");
+    // Listen before the report is out: a Ctrl-C that comes as it prints stops the demo cleanly.
+    let interrupted = crate::interrupt()?;
     let report = report(
         &consumer.client,
         &provider.client,
@@ -252,7 +254,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     if !args.exit {
         eprintln!("Ctrl-C stops the clusters.");
-        tokio::signal::ctrl_c().await?;
+        interrupted.await;
         eprintln!("stopping the clusters");
     }
     lab.shutdown();

@@ -89,6 +89,8 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf, default: &Path) -> anyh
         );
     })
     .await?;
+    // Listen before the kubeconfig is out: a Ctrl-C as soon as the lab is usable stops it cleanly.
+    let interrupted = crate::interrupt()?;
     let kubeconfig = workdir::write_kubeconfig(&dir, &lab.kubeconfig()?)?;
     for c in &lab.clusters {
         tokio::spawn(crate::host::host_controller(
@@ -102,7 +104,7 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf, default: &Path) -> anyh
         path = kubeconfig.display(),
         dir = dir.display()
     );
-    tokio::signal::ctrl_c().await?;
+    interrupted.await;
     eprintln!("stopping the lab");
     lab.shutdown();
     Ok(())

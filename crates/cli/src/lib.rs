@@ -74,6 +74,17 @@ enum Command {
     Apiserver(apiserver::Args),
 }
 
+/// Ctrl-C (SIGINT) from now on. Unlike `tokio::signal::ctrl_c`, which listens only once
+/// awaited, the handler is in place when this returns, so a Ctrl-C that comes while a
+/// foreground command still prints is caught rather than killing the process.
+fn interrupt() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        sigint.recv().await;
+    })
+}
+
 /// Runs the command line; `main` of both binaries.
 pub fn main() -> std::process::ExitCode {
     match run() {
