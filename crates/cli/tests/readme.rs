@@ -37,6 +37,24 @@ fn tool_home(var: &str, under_home: &str) -> PathBuf {
     })
 }
 
+/// Whether cargo or nextest set `name` for this test process (rather than the user for cargo).
+fn test_harness_variable(name: &str) -> bool {
+    [
+        "CARGO_MANIFEST_",
+        "CARGO_PKG_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "NEXTEST",
+        "OUT_DIR",
+        "RUST_TEST_",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
+}
+
 #[test]
 fn the_readmes_main_command_prints_the_demo_and_stops_cleanly_on_ctrl_c() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -50,6 +68,14 @@ fn the_readmes_main_command_prints_the_demo_and_stops_cleanly_on_ctrl_c() {
 
     let home = tempfile::tempdir().unwrap();
     let mut command = Command::new(words[0]);
+    // Run it as a user's shell would: without the variables cargo and nextest set for this test
+    // (a build script that watches CARGO_MANIFEST_DIR would otherwise rebuild the release tree).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if test_harness_variable(&name) {
+            command.env_remove(&*name);
+        }
+    }
     command
         .args(&words[1..])
         .current_dir(&root)
