@@ -49,6 +49,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine;
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
 use parking_lot::RwLock;
 use serde_json::{Value, json};
 use tandem_apimachinery::rbac::RbacIndex;
@@ -124,6 +127,12 @@ impl ApiServer {
         self.kubeconfig_for("admin", &["system:masters"])
     }
 
+    /// The admin kubeconfig as kube's typed `Kubeconfig`: cluster and context named after the
+    /// server, user `<name>-admin`.
+    pub fn admin_config(&self) -> anyhow::Result<Kubeconfig> {
+        self.config_for("admin", &["system:masters"])
+    }
+
     /// Writes the admin kubeconfig to `path` atomically (a reader never sees half a file).
     pub fn write_admin_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
         fsutil::write_atomic(path, self.admin_kubeconfig()?.as_bytes())
@@ -132,32 +141,65 @@ impl ApiServer {
 
     /// A kubeconfig whose client certificate names `user` with `groups`.
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<String> {
+        Ok(to_yaml(&self.config_for(user, groups)?))
+    }
+
+    fn config_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<Kubeconfig> {
         let cert = self.state.pki.ca.issue(user, groups, &[], false)?;
-        Ok(self.kubeconfig_with(
+        Ok(self.config_with(
             user,
-            json!({
-                "client-certificate-data": b64(&cert.cert_pem),
-                "client-key-data": b64(&cert.key_pem),
-            }),
+            AuthInfo {
+                client_certificate_data: Some(b64(&cert.cert_pem)),
+                client_key_data: Some(b64(&cert.key_pem).into()),
+                ..Default::default()
+            },
         ))
     }
 
     /// A kubeconfig that authenticates with a bearer token.
     pub fn kubeconfig_with_token(&self, user: &str, token: &str) -> String {
-        self.kubeconfig_with(user, json!({"token": token}))
+        to_yaml(&self.config_with(
+            user,
+            AuthInfo {
+                token: Some(token.into()),
+                ..Default::default()
+            },
+        ))
     }
 
-    fn kubeconfig_with(&self, user: &str, credentials: Value) -> String {
+    fn config_with(&self, user: &str, credentials: AuthInfo) -> Kubeconfig {
         let name = &self.state.config.name;
-        let config = json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": name, "cluster": {"server": self.url(), "certificate-authority-data": b64(self.ca_pem())}}],
-            "users": [{"name": format!("{name}-{user}"), "user": credentials}],
-            "contexts": [{"name": name, "context": {"cluster": name, "user": format!("{name}-{user}"), "namespace": "default"}}],
-            "current-context": name,
-        });
-        serde_yaml::to_string(&config).expect("kubeconfig serializes")
+        let user_name = format!("{name}-{user}");
+        Kubeconfig {
+            api_version: Some("v1".into()),
+            kind: Some("Config".into()),
+            clusters: vec![NamedCluster {
+                name: name.clone(),
+                cluster: Some(Cluster {
+                    server: Some(self.url()),
+                    certificate_authority_data: Some(b64(self.ca_pem())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            auth_infos: vec![NamedAuthInfo {
+                name: user_name.clone(),
+                auth_info: Some(credentials),
+                ..Default::default()
+            }],
+            contexts: vec![NamedContext {
+                name: name.clone(),
+                context: Some(Context {
+                    cluster: name.clone(),
+                    user: Some(user_name),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            current_context: Some(name.clone()),
+            ..Default::default()
+        }
     }
 
     /// A kube client for the admin.
@@ -169,6 +211,11 @@ impl ApiServer {
     pub fn shutdown(self) {
         self.task.abort();
     }
+}
+
+/// A kubeconfig as the YAML kubectl reads.
+pub fn to_yaml(kubeconfig: &Kubeconfig) -> String {
+    serde_yaml::to_string(kubeconfig).expect("a kubeconfig serializes")
 }
 
 /// A kube client from kubeconfig YAML.

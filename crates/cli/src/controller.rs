@@ -1,11 +1,12 @@
 //! `tandem controller`: the cluster agent (peering, negotiation, offloading, virtual kubelets,
 //! shadow pods), normally run by the Deployment `tandem install` creates.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use tandem_controller::{Controller, Options};
+
+use crate::flags::ClusterArgs;
 
 /// Run Tandem's controller against a cluster until interrupted.
 #[derive(clap::Args)]
@@ -15,12 +16,6 @@ use tandem_controller::{Controller, Options};
 tandem controller --kubeconfig ~/.tandem/lab/kubeconfig --context lab-1"
 )]
 pub struct Args {
-    /// Path to the kubeconfig file.
-    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use.
-    #[arg(long)]
-    context: Option<String>,
     /// Address of the pod-placement admission webhook.
     #[arg(long, default_value = "127.0.0.1:0")]
     webhook_addr: std::net::SocketAddr,
@@ -32,8 +27,8 @@ pub struct Args {
     provider_grace_seconds: u64,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    let client = client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
     let options = Options {
         webhook_addr: args.webhook_addr,
         heartbeat: Duration::from_secs(args.heartbeat_seconds),
@@ -46,25 +41,4 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         _ = controller.wait() => anyhow::bail!("the controller stopped"),
         r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C"),
     }
-}
-
-/// A client for `--kubeconfig`/`--context`, else kube's usual inference (in-cluster or ~/.kube).
-pub async fn client(
-    kubeconfig: Option<&std::path::Path>,
-    context: Option<&str>,
-) -> anyhow::Result<kube::Client> {
-    let options = kube::config::KubeConfigOptions {
-        context: context.map(str::to_string),
-        ..Default::default()
-    };
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await?
-        }
-        None if context.is_some() => kube::Config::from_kubeconfig(&options).await?,
-        None => kube::Config::infer().await?,
-    };
-    Ok(kube::Client::try_from(config)?)
 }

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context as _;
+
 /// Print Tandem's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
 #[derive(clap::Args)]
 pub struct Args {
@@ -14,11 +16,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.output_dir {
         None => print!("{}", tandem_api::crds::all_yaml()),
         Some(dir) => {
-            std::fs::create_dir_all(&dir)?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for crd in tandem_api::crds::all() {
                 let path = dir.join(tandem_api::crds::file_name(&crd));
                 std::fs::write(&path, tandem_api::crds::to_yaml(&crd))
-                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+                    .with_context(|| format!("writing {}", path.display()))?;
                 eprintln!("wrote {}", path.display());
             }
         }

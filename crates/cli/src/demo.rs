@@ -15,6 +15,9 @@ use serde_json::json;
 use tandem_api::{NamespaceOffloading, names};
 use tandem_lab::{Lab, LabSpec};
 
+use crate::table;
+use crate::workdir::{self, Use};
+
 /// Start two lab clusters, peer them with an invite, offload a namespace and deploy an
 /// application whose pods run in both clusters.
 #[derive(clap::Args)]
@@ -25,7 +28,8 @@ kubectl --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1 get pods -n demo 
 tandem status --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1"
 )]
 pub struct Args {
-    /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/demo].
+    /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/demo]; cleared
+    /// on start, so it must be new, empty, or one Tandem created.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// Hollow nodes per cluster.
@@ -48,17 +52,11 @@ fn step(n: u32, what: &str) {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let dir = args.dir.clone().unwrap_or_else(|| {
-        std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."))
-            .join(".tandem/demo")
-    });
-    // A demo starts from scratch: objects of an earlier run would only confuse it.
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let default = workdir::default_dir("demo");
+    let dir = args.dir.clone().unwrap_or(default.clone());
+    // A demo starts from scratch: objects of an earlier run would only confuse it. Only a
+    // directory Tandem made is ever cleared.
+    workdir::claim(&dir, &default, Use::Fresh)?;
 
     step(1, "starting two lab clusters");
     let lab = Lab::start(
@@ -77,9 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     )
     .await?;
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, lab.kubeconfig()?)
-        .with_context(|| format!("writing {}", kubeconfig.display()))?;
+    let kubeconfig = workdir::write_kubeconfig(&dir, &lab.kubeconfig()?)?;
     let (consumer, provider) = (&lab.clusters[0], &lab.clusters[1]);
     let (consumer_id, provider_id) = (consumer.config.name.clone(), provider.config.name.clone());
 
@@ -137,7 +133,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let node = Api::<Node>::all(consumer.client.clone())
                 .get_opt(&vn)
                 .await?;
-            Ok(node.as_ref().is_some_and(node_ready))
+            Ok(node.as_ref().is_some_and(crate::status::node_ready))
         },
     )
     .await?;
@@ -239,6 +235,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
 
     step(6, "where the pods run");
+    // Listen before the report is out: a Ctrl-C that comes as it prints stops the demo cleanly.
+    let interrupted = crate::interrupt()?;
     let report = report(
         &consumer.client,
         &provider.client,
@@ -256,9 +254,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     if !args.exit {
         eprintln!("Ctrl-C stops the clusters.");
-        tokio::signal::ctrl_c().await?;
+        interrupted.await;
+        eprintln!("stopping the clusters");
     }
     lab.shutdown();
+    if !args.exit {
+        eprintln!(
+            "demo stopped; its data and kubeconfig stay in {}",
+            dir.display()
+        );
+    }
     Ok(())
 }
 
@@ -270,10 +275,7 @@ async fn report(
     consumer_id: &str,
     twin: &str,
 ) -> anyhow::Result<String> {
-    let mut out = format!(
-        "{:<28} {:<22} {:<10} {}\n",
-        "POD", "NODE", "CLUSTER", "IP (consumer view)"
-    );
+    let mut t = table::new(["POD", "NODE", "CLUSTER", "IP (consumer view)"]);
     let pods = Api::<Pod>::namespaced(consumer.clone(), NS)
         .list(&ListParams::default())
         .await?;
@@ -296,13 +298,9 @@ async fn report(
             .as_ref()
             .and_then(|s| s.pod_ip.clone())
             .unwrap_or_default();
-        out.push_str(&format!(
-            "{:<28} {:<22} {:<10} {ip}\n",
-            p.name_any(),
-            node,
-            cluster
-        ));
+        t.add_row([p.name_any(), node, cluster.to_string(), ip]);
     }
+    let mut out = table::render(t, 0);
     let endpoints = |slices: Vec<EndpointSlice>| -> usize {
         slices
             .iter()
@@ -327,13 +325,6 @@ async fn report(
         "\n{local} pod(s) run in {consumer_id}, {remote} in {provider_id}.\nService {NS}/{APP}: {here} ready endpoint(s) in {consumer_id}; its reflection {twin}/{APP} in {provider_id}: {there}.\n"
     ));
     Ok(out)
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 async fn wait(

@@ -1,12 +1,10 @@
 //! `tandem install`: deploy Tandem into the current cluster and create its identity.
 
-use crate::kubeconfig::KubeArgs;
+use crate::flags::ClusterArgs;
 
 /// Install (or upgrade) Tandem in the cluster of the current context.
 #[derive(clap::Args)]
 pub struct Args {
-    #[command(flatten)]
-    kube: KubeArgs,
     /// This cluster's ID [default: kept if installed, else generated].
     #[arg(long)]
     cluster_id: Option<String>,
@@ -24,8 +22,8 @@ pub struct Args {
     image: Option<String>,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    let target = args.kube.target().await?;
+pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
     let options = tandem_controller::install::InstallOptions {
         cluster_id: args.cluster_id,
         pod_cidr: args.pod_cidr,
@@ -33,7 +31,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         share_percent: args.share_percent,
         image: args.image,
     };
-    let identity = tandem_controller::install::install(&target.client, &options, &mut |step| {
+    let identity = tandem_controller::install::install(&client, &options, &mut |step| {
         eprintln!("✓ {step}");
     })
     .await?;

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 
-use crate::kubeconfig::{KubeArgs, parse_duration};
+use crate::flags::{ClusterArgs, duration};
+use crate::table;
 
 /// Create a single-use peering invite; prints only the invite string on stdout.
 #[derive(clap::Args)]
@@ -12,10 +13,8 @@ use crate::kubeconfig::{KubeArgs, parse_duration};
     after_help = "Example:\n  tandem invite --ttl 1h > invite.txt\n  # on the consumer:\n  tandem peer \"$(cat invite.txt)\""
 )]
 pub struct Args {
-    #[command(flatten)]
-    kube: KubeArgs,
     /// How long the invite is valid.
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = duration)]
     ttl: Duration,
     /// The API endpoint consumers should use [default: the kubeconfig's server].
     #[arg(long)]
@@ -28,8 +27,8 @@ pub struct Args {
     list: bool,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    let target = args.kube.target().await?;
+pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let target = cluster.target().await?;
     if let Some(id) = args.revoke {
         tandem_controller::invite::revoke(&target.client, &id).await?;
         eprintln!("invite {id} revoked");
@@ -37,7 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.list {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        println!("{:<8} {:<12} USED BY", "TOKEN", "EXPIRES");
+        let mut t = table::new(["TOKEN", "EXPIRES", "USED BY"]);
         for i in tandem_controller::invite::list(&target.client).await? {
             let expires = if i.expires > now {
                 format!(
@@ -47,13 +46,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 "expired".into()
             };
-            println!(
-                "{:<8} {:<12} {}",
-                i.token_id,
-                expires,
-                i.used_by.unwrap_or_else(|| "-".into())
-            );
+            t.add_row([i.token_id, expires, i.used_by.unwrap_or_else(|| "-".into())]);
         }
+        print!("{}", table::render(t, 0));
         return Ok(());
     }
     let ca = target

@@ -1,12 +1,18 @@
 //! `tandem lab`: several embedded clusters in the foreground, one kubeconfig for all.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
+use kube::config::Kubeconfig;
+use serde::Serialize;
 use tandem_lab::{Lab, LabSpec};
+
+use crate::flags::{ClusterArgs, GlobalArgs, Output};
+use crate::table;
+use crate::workdir::{self, Use};
 
 /// Arguments of `tandem lab`.
 #[derive(clap::Args)]
@@ -40,28 +46,31 @@ enum Command {
     },
 }
 
-fn default_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
-        .join(".tandem/lab")
+impl Args {
+    /// Whether the command prints objects (and so takes `-o`).
+    pub fn prints_objects(&self) -> bool {
+        matches!(self.command, Command::Status { .. })
+    }
 }
 
 /// Runs `tandem lab …`.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let default = workdir::default_dir("lab");
     match args.command {
         Command::Up {
             clusters,
             nodes,
             dir,
-        } => up(clusters, nodes, dir.unwrap_or_else(default_dir)).await,
-        Command::Status { dir } => status(dir.unwrap_or_else(default_dir)).await,
+        } => up(clusters, nodes, dir.unwrap_or(default.clone()), &default).await,
+        Command::Status { dir } => {
+            status(dir.unwrap_or(default), global.output.unwrap_or_default()).await
+        }
     }
 }
 
-async fn up(clusters: usize, nodes: usize, dir: PathBuf) -> anyhow::Result<()> {
+async fn up(clusters: usize, nodes: usize, dir: PathBuf, default: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(clusters >= 1, "--clusters must be at least 1");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    workdir::claim(&dir, default, Use::Keep)?;
     let spec = LabSpec {
         clusters,
         nodes,
@@ -80,8 +89,9 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf) -> anyhow::Result<()> {
         );
     })
     .await?;
-    let kubeconfig = dir.join("kubeconfig");
-    write_atomic(&kubeconfig, lab.kubeconfig()?.as_bytes())?;
+    // Listen before the kubeconfig is out: a Ctrl-C as soon as the lab is usable stops it cleanly.
+    let interrupted = crate::interrupt()?;
+    let kubeconfig = workdir::write_kubeconfig(&dir, &lab.kubeconfig()?)?;
     for c in &lab.clusters {
         tokio::spawn(crate::host::host_controller(
             c.config.name.clone(),
@@ -94,58 +104,55 @@ async fn up(clusters: usize, nodes: usize, dir: PathBuf) -> anyhow::Result<()> {
         path = kubeconfig.display(),
         dir = dir.display()
     );
-    tokio::signal::ctrl_c().await?;
+    interrupted.await;
     eprintln!("stopping the lab");
     lab.shutdown();
     Ok(())
 }
 
-fn write_atomic(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+/// One cluster of `tandem lab status`.
+#[derive(Serialize)]
+struct ClusterHealth {
+    cluster: String,
+    server: String,
+    health: &'static str,
+    /// Ready/all nodes; empty when the cluster does not answer.
+    nodes: String,
+    pods: Option<usize>,
+    /// Why the cluster is down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
-async fn status(dir: PathBuf) -> anyhow::Result<()> {
+async fn status(dir: PathBuf, output: Output) -> anyhow::Result<()> {
     let path = dir.join("kubeconfig");
-    let yaml = std::fs::read_to_string(&path).with_context(|| {
+    let kubeconfig = Kubeconfig::read_from(&path).with_context(|| {
         format!(
             "reading {} (is a lab running? start one with `tandem lab up`)",
             path.display()
         )
     })?;
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml)?;
-    println!(
-        "{:<8} {:<34} {:<8} {:<7} {:<6}",
-        "CLUSTER", "SERVER", "HEALTH", "NODES", "PODS"
-    );
+    let mut rows = Vec::new();
     for ctx in &kubeconfig.contexts {
-        let options = kube::config::KubeConfigOptions {
-            context: Some(ctx.name.clone()),
-            ..Default::default()
-        };
         let server = kubeconfig
             .clusters
             .iter()
             .find(|c| Some(&c.name) == ctx.context.as_ref().map(|x| &x.cluster))
             .and_then(|c| c.cluster.as_ref().and_then(|c| c.server.clone()))
             .unwrap_or_default();
+        let cluster = ClusterArgs {
+            kubeconfig: Some(path.clone()),
+            context: Some(ctx.name.clone()),
+        };
         let row = async {
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options).await?;
-            let client = kube::Client::try_from(config)?;
+            let client = cluster.client().await?;
             let nodes = Api::<Node>::all(client.clone())
                 .list(&ListParams::default())
                 .await?;
             let ready = nodes
                 .items
                 .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .filter(|n| crate::status::node_ready(n))
                 .count();
             let pods = Api::<Pod>::all(client)
                 .list(&ListParams::default())
@@ -154,16 +161,37 @@ async fn status(dir: PathBuf) -> anyhow::Result<()> {
                 .len();
             anyhow::Ok((format!("{ready}/{}", nodes.items.len()), pods))
         };
-        match tokio::time::timeout(Duration::from_secs(3), row).await {
-            Ok(Ok((nodes, pods))) => println!(
-                "{:<8} {:<34} {:<8} {:<7} {:<6}",
-                ctx.name, server, "ok", nodes, pods
-            ),
-            Ok(Err(e)) => println!("{:<8} {:<34} {:<8} ({e})", ctx.name, server, "down"),
-            Err(_) => println!(
-                "{:<8} {:<34} {:<8} (no answer in 3s)",
-                ctx.name, server, "down"
-            ),
+        let (health, nodes, pods, error) =
+            match tokio::time::timeout(Duration::from_secs(3), row).await {
+                Ok(Ok((nodes, pods))) => ("ok", nodes, Some(pods), None),
+                Ok(Err(e)) => ("down", String::new(), None, Some(format!("{e:#}"))),
+                Err(_) => ("down", String::new(), None, Some("no answer in 3s".into())),
+            };
+        rows.push(ClusterHealth {
+            cluster: ctx.name.clone(),
+            server,
+            health,
+            nodes,
+            pods,
+            error,
+        });
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
+        Output::Table => {
+            let mut t = table::new(["CLUSTER", "SERVER", "HEALTH", "NODES", "PODS", "ERROR"]);
+            for r in rows {
+                t.add_row([
+                    r.cluster,
+                    r.server,
+                    r.health.to_string(),
+                    r.nodes,
+                    r.pods.map(|p| p.to_string()).unwrap_or_default(),
+                    r.error.unwrap_or_default(),
+                ]);
+            }
+            print!("{}", table::render(t, 0));
         }
     }
     Ok(())

@@ -8,19 +8,23 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod apiserver;
+mod cluster;
 mod controller;
 mod crds;
 mod demo;
+mod error;
+mod flags;
 mod gateway;
 mod host;
 mod install;
 mod invite;
-mod kubeconfig;
 mod lab;
 mod offload;
 mod peer;
 mod status;
+mod table;
 mod unpeer;
+mod workdir;
 
 use clap::{Parser, Subcommand};
 
@@ -31,9 +35,11 @@ use clap::{Parser, Subcommand};
     version,
     about = "Tandem peers Kubernetes clusters so they work as one.",
     long_about = None,
-    after_help = "Quick start:\n  tandem demo                      two lab clusters, peered, an app in both\n  tandem install --cluster-id ID   on each cluster\n  tandem invite                    on the provider; hand the string to the consumer's admin\n  tandem peer INVITE               on the consumer\n  tandem offload namespace NS      on the consumer\n  tandem status\n\nEvery cluster command takes --kubeconfig and --context like kubectl."
+    after_help = "Quick start:\n  tandem demo                      two lab clusters, peered, an app in both\n  tandem install --cluster-id ID   on each cluster\n  tandem invite                    on the provider; hand the string to the consumer's admin\n  tandem peer INVITE               on the consumer\n  tandem offload namespace NS      on the consumer\n  tandem status\n\nLike kubectl, every command takes --kubeconfig, --context, -n and -o, before or after the verb."
 )]
 struct Cli {
+    #[command(flatten)]
+    global: flags::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,6 +72,17 @@ enum Command {
     Lab(lab::Args),
     /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
     Apiserver(apiserver::Args),
+}
+
+/// Ctrl-C (SIGINT) from now on. Unlike `tokio::signal::ctrl_c`, which listens only once
+/// awaited, the handler is in place when this returns, so a Ctrl-C that comes while a
+/// foreground command still prints is caught rather than killing the process.
+fn interrupt() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        sigint.recv().await;
+    })
 }
 
 /// Runs the command line; `main` of both binaries.
@@ -103,24 +120,37 @@ fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    let prints_objects = match &cli.command {
+        Command::Status(_) => true,
+        Command::Lab(args) => args.prints_objects(),
+        _ => false,
+    };
+    if let (Some(output), false) = (cli.global.output, prints_objects) {
+        anyhow::bail!(
+            "-o/--output {} does not apply to this command; `tandem status` and `tandem lab status` take it",
+            clap::ValueEnum::to_possible_value(&output)
+                .map_or_else(String::new, |v| v.get_name().to_string())
+        );
+    }
     if let Command::Crds(args) = cli.command {
         return crds::run(args);
     }
+    let global = cli.global;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
             Command::Gateway(args) => gateway::run(args).await,
-            Command::Lab(args) => lab::run(args).await,
-            Command::Controller(args) => controller::run(args).await,
-            Command::Status(args) => status::run(args).await,
+            Command::Lab(args) => lab::run(args, &global).await,
+            Command::Controller(args) => controller::run(args, &global.cluster).await,
+            Command::Status(args) => status::run(args, &global).await,
             Command::Demo(args) => demo::run(args).await,
-            Command::Install(args) => install::run(args).await,
-            Command::Invite(args) => invite::run(args).await,
-            Command::Peer(args) => peer::run(args).await,
-            Command::Unpeer(args) => unpeer::run(args).await,
-            Command::Offload(args) => offload::offload(args).await,
-            Command::Unoffload(args) => offload::unoffload(args).await,
+            Command::Install(args) => install::run(args, &global.cluster).await,
+            Command::Invite(args) => invite::run(args, &global.cluster).await,
+            Command::Peer(args) => peer::run(args, &global.cluster).await,
+            Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
+            Command::Offload(args) => offload::offload(args, &global).await,
+            Command::Unoffload(args) => offload::unoffload(args, &global).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })

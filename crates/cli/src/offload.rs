@@ -2,35 +2,21 @@
 //! namespace's NamespaceOffloading and wait until its twin namespaces are Ready, or delete it
 //! and wait until they are gone.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, conditions, names};
 
-/// Where to find the cluster, as kubectl takes it.
-#[derive(clap::Args, Clone, Debug)]
-pub struct ClusterArgs {
-    /// Path to the kubeconfig file [default: $KUBECONFIG or ~/.kube/config].
-    #[arg(long, value_name = "FILE", global = true)]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use [default: its current context].
-    #[arg(long, value_name = "NAME", global = true)]
-    pub context: Option<String>,
-}
+use crate::flags::{GlobalArgs, duration};
 
 /// Arguments of `tandem offload`.
 #[derive(clap::Args)]
 pub struct OffloadArgs {
     #[command(subcommand)]
     command: OffloadCommand,
-    #[command(flatten)]
-    cluster: ClusterArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -44,8 +30,8 @@ enum OffloadCommand {
 
 #[derive(clap::Args)]
 struct OffloadNamespace {
-    /// The namespace to offload.
-    namespace: String,
+    /// The namespace to offload [default: -n/--namespace].
+    namespace: Option<String>,
     /// Where the namespace's pods may run.
     #[arg(long, value_parser = ["Remote", "Local", "LocalAndRemote"])]
     pod_offloading_strategy: Option<String>,
@@ -60,7 +46,7 @@ struct OffloadNamespace {
     #[arg(long, value_name = "KEY=VALUE,...")]
     selector: Option<String>,
     /// How long to wait for the twin namespaces.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration)]
     timeout: Duration,
 }
 
@@ -69,51 +55,18 @@ struct OffloadNamespace {
 pub struct UnoffloadArgs {
     #[command(subcommand)]
     command: UnoffloadCommand,
-    #[command(flatten)]
-    cluster: ClusterArgs,
 }
 
 #[derive(clap::Subcommand)]
 enum UnoffloadCommand {
     /// Stop offloading a namespace and remove its twin namespaces.
     Namespace {
-        /// The offloaded namespace.
-        namespace: String,
+        /// The offloaded namespace [default: -n/--namespace].
+        namespace: Option<String>,
         /// How long to wait for the twin namespaces to go.
-        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = duration)]
         timeout: Duration,
     },
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 90s or 2m"))?;
-    match unit {
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?} is not a duration like 90s or 2m")),
-    }
-}
-
-/// A client for the cluster `args` name, like kubectl would pick it.
-pub async fn client(args: &ClusterArgs) -> anyhow::Result<Client> {
-    let options = KubeConfigOptions {
-        context: args.context.clone(),
-        ..Default::default()
-    };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(kubeconfig, &options).await
-        }
-        None => Config::from_kubeconfig(&options).await,
-    }
-    .context("loading the kubeconfig (pass --kubeconfig / --context)")?;
-    Client::try_from(config).context("building a client")
 }
 
 /// `key=value,...` as one node selector term (keys `region` and `zone` are the topology labels).
@@ -133,9 +86,9 @@ fn selector_terms(selector: &str) -> anyhow::Result<Value> {
 }
 
 /// Runs `tandem offload …`.
-pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
+pub async fn offload(args: OffloadArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     let OffloadCommand::Namespace(a) = args.command;
-    let ns = a.namespace.as_str();
+    let ns = &global.namespace_or(a.namespace.clone())?;
     let mapping = match (&a.namespace_mapping_strategy, &a.remote_namespace_name) {
         (Some(m), _) => m.clone(),
         (None, Some(_)) => "SelectedName".to_string(),
@@ -154,7 +107,7 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     if let Some(s) = &a.selector {
         spec["clusterSelector"] = selector_terms(s)?;
     }
-    let client = client(&args.cluster).await?;
+    let client = global.cluster.client().await?;
     Api::<Namespace>::all(client.clone())
         .get_opt(ns)
         .await
@@ -232,12 +185,10 @@ pub async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `tandem unoffload …`.
-pub async fn unoffload(args: UnoffloadArgs) -> anyhow::Result<()> {
-    let UnoffloadCommand::Namespace {
-        namespace: ns,
-        timeout,
-    } = args.command;
-    let client = client(&args.cluster).await?;
+pub async fn unoffload(args: UnoffloadArgs, global: &GlobalArgs) -> anyhow::Result<()> {
+    let UnoffloadCommand::Namespace { namespace, timeout } = args.command;
+    let ns = global.namespace_or(namespace)?;
+    let client = global.cluster.client().await?;
     let api: Api<NamespaceOffloading> = Api::namespaced(client, &ns);
     match api
         .delete(names::OFFLOADING_NAME, &DeleteParams::default())
@@ -282,7 +233,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn selectors_and_durations() {
+    fn selectors_become_one_node_selector_term() {
         assert_eq!(
             selector_terms("region=eu,tier = gold").unwrap(),
             json!({"nodeSelectorTerms": [{"matchExpressions": [
@@ -291,8 +242,5 @@ mod tests {
             ]}]})
         );
         assert!(selector_terms("region").is_err());
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("soon").is_err());
     }
 }

@@ -6,13 +6,11 @@ use std::time::Duration;
 use anyhow::anyhow;
 use tandem_core::invite::PeeringInvite;
 
-use crate::kubeconfig::{KubeArgs, parse_duration};
+use crate::flags::{ClusterArgs, duration};
 
 /// Peer with a provider using its invite (touches only this cluster).
 #[derive(clap::Args)]
 pub struct Args {
-    #[command(flatten)]
-    kube: KubeArgs,
     /// The invite string from `tandem invite` on the provider (omit with --remote-kubeconfig).
     invite: Option<String>,
     /// Create the invite on the provider with this kubeconfig first (admins of both clusters).
@@ -22,17 +20,17 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     remote_context: Option<String>,
     /// How long to wait for the peering to be established.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration)]
     timeout: Duration,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let invite = match (&args.invite, &args.remote_kubeconfig) {
         (Some(s), None) => {
             PeeringInvite::decode(s).map_err(|e| anyhow!("reading the invite: {e}"))?
         }
         (None, Some(path)) => {
-            let remote = KubeArgs {
+            let remote = ClusterArgs {
                 kubeconfig: Some(path.clone()),
                 context: args.remote_context.clone(),
             }
@@ -56,8 +54,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         _ => return Err(anyhow!("give either an INVITE or --remote-kubeconfig FILE")),
     };
     let provider = invite.provider_cluster_id.clone();
-    let target = args.kube.target().await?;
-    tandem_controller::invite::accept(&target.client, &invite)
+    let client = cluster.client().await?;
+    tandem_controller::invite::accept(&client, &invite)
         .await
         .map_err(|e| anyhow!("peering with {provider}: accepting the invite: {e}"))?;
     eprintln!(
@@ -65,7 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         invite.endpoint, invite.token_id
     );
     let result = tandem_controller::invite::wait_established(
-        &target.client,
+        &client,
         &provider,
         args.timeout,
         &mut |line| {
@@ -80,7 +78,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) => {
-            let cleanup = tandem_controller::invite::abandon(&target.client, &provider).await;
+            let cleanup = tandem_controller::invite::abandon(&client, &provider).await;
             let cause = e.to_string();
             let hint = if cause.contains("expired")
                 || cause.contains("already used")

@@ -2,7 +2,6 @@
 //! and pod counts, read from the local cluster only.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -11,28 +10,14 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 use tandem_api::{NamespaceOffloading, Peering, Tenant, names};
 
+use crate::flags::{GlobalArgs, Output};
+use crate::table;
+
 /// Show this cluster's peerings (as consumer and as provider), virtual nodes, offloaded
 /// namespaces and pod counts.
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  tandem status --context lab-1\n  tandem status -o yaml")]
-pub struct Args {
-    /// Path to the kubeconfig file.
-    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use.
-    #[arg(long)]
-    context: Option<String>,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    output: Output,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Output {
-    Table,
-    Json,
-    Yaml,
-}
+pub struct Args {}
 
 /// Everything `tandem status` reports.
 #[derive(Serialize, Default)]
@@ -82,11 +67,10 @@ pub struct OffloadedNamespace {
     pub remote_namespaces: Vec<String>,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    let client =
-        crate::controller::client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+pub async fn run(_args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let client = global.cluster.client().await?;
     let status = collect(&client).await?;
-    match args.output {
+    match global.output.unwrap_or_default() {
         Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(&status)?),
         Output::Table => print!("{}", table(&status)),
@@ -187,7 +171,8 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
     Ok(status)
 }
 
-fn node_ready(node: &Node) -> bool {
+/// Whether the node's Ready condition is True.
+pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -218,10 +203,16 @@ fn table(s: &Status) -> String {
     if s.providers.is_empty() {
         out.push_str("  none — peer with `tandem peer INVITE`\n");
     } else {
-        out.push_str(&format!(
-            "  {:<16} {:<12} {:<22} {:<6} {:<18} {:<34} {:>5}  {}\n",
-            "CLUSTER", "PHASE", "VIRTUAL NODE", "READY", "TUNNEL", "GRANTED", "PODS", "NOT TRUE"
-        ));
+        let mut t = table::new([
+            "CLUSTER",
+            "PHASE",
+            "VIRTUAL NODE",
+            "READY",
+            "TUNNEL",
+            "GRANTED",
+            "PODS",
+            "NOT TRUE",
+        ]);
         for p in &s.providers {
             let not_true: Vec<&str> = p
                 .conditions
@@ -229,62 +220,57 @@ fn table(s: &Status) -> String {
                 .filter(|(_, v)| v.as_str() != "True")
                 .map(|(k, _)| k.as_str())
                 .collect();
-            out.push_str(&format!(
-                "  {:<16} {:<12} {:<22} {:<6} {:<18} {:<34} {:>5}  {}\n",
-                p.cluster_id,
-                p.phase,
-                p.virtual_node.as_deref().unwrap_or("-"),
+            t.add_row([
+                p.cluster_id.clone(),
+                p.phase.clone(),
+                p.virtual_node.clone().unwrap_or_else(|| "-".into()),
                 match p.virtual_node_ready {
                     Some(true) => "True",
                     Some(false) => "False",
                     None => "-",
-                },
-                p.tunnel.as_deref().unwrap_or("-"),
+                }
+                .to_string(),
+                p.tunnel.clone().unwrap_or_else(|| "-".into()),
                 res(&p.granted),
-                p.pods,
+                p.pods.to_string(),
                 if not_true.is_empty() {
                     "-".to_string()
                 } else {
                     not_true.join(",")
-                }
-            ));
+                },
+            ]);
         }
+        out.push_str(&table::render(t, 2));
     }
     out.push_str("\nCONSUMERS (this cluster provides for)\n");
     if s.consumers.is_empty() {
         out.push_str("  none — hand out an invite with `tandem invite`\n");
     } else {
-        out.push_str(&format!(
-            "  {:<16} {:<30} {:<34} {:>5}\n",
-            "CLUSTER", "TENANT NAMESPACE", "GRANTED", "PODS"
-        ));
+        let mut t = table::new(["CLUSTER", "TENANT NAMESPACE", "GRANTED", "PODS"]);
         for c in &s.consumers {
-            out.push_str(&format!(
-                "  {:<16} {:<30} {:<34} {:>5}\n",
-                c.cluster_id,
-                c.tenant_namespace,
+            t.add_row([
+                c.cluster_id.clone(),
+                c.tenant_namespace.clone(),
                 res(&c.granted),
-                c.pods
-            ));
+                c.pods.to_string(),
+            ]);
         }
+        out.push_str(&table::render(t, 2));
     }
     out.push_str("\nOFFLOADED NAMESPACES\n");
     if s.offloaded_namespaces.is_empty() {
         out.push_str("  none — offload one with `tandem offload namespace NS`\n");
     } else {
-        out.push_str(&format!(
-            "  {:<20} {:<16} {:<10} {}\n",
-            "NAMESPACE", "PODS", "PHASE", "REMOTE"
-        ));
+        let mut t = table::new(["NAMESPACE", "STRATEGY", "PHASE", "REMOTE"]);
         for o in &s.offloaded_namespaces {
-            out.push_str(&format!(
-                "  {:<20} {:<16} {:<10} {}\n",
-                o.namespace,
-                o.pod_offloading_strategy,
-                o.phase,
-                o.remote_namespaces.join(", ")
-            ));
+            t.add_row([
+                o.namespace.clone(),
+                o.pod_offloading_strategy.clone(),
+                o.phase.clone(),
+                o.remote_namespaces.join(", "),
+            ]);
         }
+        out.push_str(&table::render(t, 2));
     }
     out
 }

@@ -77,7 +77,8 @@ async fn offload_and_unoffload_a_namespace() {
     let on_provider: Api<Namespace> = Api::all(provider.client.clone());
     assert!(on_provider.get("shop-rome").await.is_ok());
 
-    let (ok, out, err) = tandem(&["unoffload", "namespace", "shop"], &kubeconfig).await;
+    // The namespace may also come as kubectl's -n, before the verb.
+    let (ok, out, err) = tandem(&["-n", "shop", "unoffload", "namespace"], &kubeconfig).await;
     assert!(ok, "stdout: {out}\nstderr: {err}");
     support::until("twin namespace gone", Duration::from_secs(10), || async {
         on_provider

@@ -153,6 +153,44 @@ fn install_invite_peer_status_through_the_cli() {
         "{table}"
     );
 
+    // kubectl's global flags before or after the verb, the kubeconfig from $KUBECONFIG.
+    for (args, cluster) in [
+        (["--context", "lab-1", "status"], "rome"),
+        (["status", "--context", "lab-1"], "rome"),
+        (["--context", "lab-2", "status"], "milan"),
+        (["status", "--context", "lab-2"], "milan"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(args)
+            .env("HOME", dir.path())
+            .env("KUBECONFIG", kc)
+            .output()
+            .expect("tandem runs");
+        let (table, err) = text(&out);
+        assert!(out.status.success(), "tandem {args:?}: {err}");
+        assert!(
+            table.starts_with(&format!("Cluster {cluster}\n")),
+            "tandem {args:?}:\n{table}"
+        );
+    }
+    let out = tandem(
+        dir.path(),
+        &[
+            "-o",
+            "json",
+            "--kubeconfig",
+            kc,
+            "install",
+            "--context",
+            "lab-1",
+        ],
+    );
+    let (_, err) = text(&out);
+    assert!(
+        !out.status.success() && err.contains("-o/--output json does not apply"),
+        "{err}"
+    );
+
     let plugin_dir = dir.path().join("bin");
     std::fs::create_dir_all(&plugin_dir).unwrap();
     std::fs::copy(
@@ -200,6 +238,63 @@ fn demo_runs_pods_in_both_clusters() {
         counts_on_line(&stdout, "ready endpoint(s) in lab-1"),
         vec![6, 6]
     );
+}
+
+/// Runs `tandem args` with HOME at `home`; fails the test if it is still running after a minute.
+fn tandem_within_a_minute(home: &Path, args: &[&str]) -> (bool, String) {
+    let mut child = Background(
+        Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(args)
+            .env("HOME", home)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tandem runs"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tandem {args:?} still runs");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (status.success(), err)
+}
+
+#[test]
+fn demo_and_lab_up_refuse_a_directory_tandem_did_not_create() {
+    let home = tempfile::tempdir().unwrap();
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("notes.txt"), "my notes").unwrap();
+    let dir = work.to_str().unwrap();
+    for args in [
+        &["demo", "--exit", "--dir", dir][..],
+        &["lab", "up", "--dir", dir][..],
+    ] {
+        let (ok, err) = tandem_within_a_minute(home.path(), args);
+        assert!(!ok, "tandem {args:?} must refuse {dir}");
+        assert!(
+            err.contains(dir) && err.contains("Tandem did not create it") && err.contains("--dir"),
+            "tandem {args:?}: {err}"
+        );
+        let entries: Vec<_> = std::fs::read_dir(&work)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            entries,
+            ["notes.txt"],
+            "tandem {args:?} left {dir} as it was"
+        );
+        assert_eq!(
+            std::fs::read_to_string(work.join("notes.txt")).unwrap(),
+            "my notes"
+        );
+    }
 }
 
 /// The numbers on the line of `out` containing `marker` (cluster names left out).

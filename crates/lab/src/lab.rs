@@ -61,14 +61,16 @@ impl Lab {
     /// One kubeconfig with a context (and cluster and admin user) per lab cluster, named
     /// after it; the current context is the first cluster.
     pub fn kubeconfig(&self) -> anyhow::Result<String> {
-        // Each cluster's admin kubeconfig names its cluster, user and context after the
-        // cluster, so kubectl's merge (first wins, as with several files in $KUBECONFIG) joins
-        // them without clashes and keeps the first cluster's current context.
-        let mut merged = Kubeconfig::default();
+        let mut merged: Option<Kubeconfig> = None;
         for cluster in &self.clusters {
-            merged = merged.merge(Kubeconfig::from_yaml(&cluster.server.admin_kubeconfig()?)?)?;
+            let one = cluster.server.admin_config()?;
+            // kube's merge keeps the first current context and appends the other entries.
+            merged = Some(match merged {
+                None => one,
+                Some(m) => m.merge(one)?,
+            });
         }
-        Ok(serde_yaml::to_string(&merged)?)
+        Ok(tandem_apiserver::to_yaml(&merged.unwrap_or_default()))
     }
 
     /// Stops every cluster.
