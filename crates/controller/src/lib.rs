@@ -10,6 +10,7 @@
 
 pub mod consumer;
 pub mod context;
+pub mod error;
 pub mod identity;
 pub mod install;
 pub mod invite;

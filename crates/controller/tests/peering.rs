@@ -11,7 +11,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use support::{Cluster, tandem_owned, until, until_owned};
 use tandem_api::{NetworkParameters, Peering, PeeringRequest, Tenant, names};
-use tandem_controller::invite;
+use tandem_controller::consumer::peering::UnpeerStep;
+use tandem_controller::invite::{self, UnpeerProgress};
 
 /// How long Tandem's objects may take to settle after a step.
 const OBJECTS_WAIT: Duration = Duration::from_secs(20);
@@ -135,9 +136,15 @@ async fn invite_peer_negotiate_shrink_unpeer() {
     .await;
 
     // Unpeer from the consumer: nothing of the peering is left on either side.
-    invite::unpeer(&consumer.client, "milan", false, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &consumer.client,
+        "milan",
+        false,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(&consumer, &consumer_before, "after unpeer", OBJECTS_WAIT).await;
     until_owned(&provider, &provider_before, "after unpeer", OBJECTS_WAIT).await;
 }
@@ -244,9 +251,15 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
 
     // The provider's admin unpeers: the tenant goes, and the consumer sees it lost its grant.
     support::peer(&consumer, &provider).await;
-    invite::unpeer(&provider.client, "porto", false, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &provider.client,
+        "porto",
+        false,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(
         &provider,
         &provider_before,
@@ -269,9 +282,15 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
             .unwrap();
     assert!(cond.message.contains("unpeered us"), "{}", cond.message);
     // The consumer then unpeers too; the provider already forgot it, which is fine.
-    invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &consumer.client,
+        "lisbon",
+        false,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(
         &consumer,
         &consumer_before,
@@ -280,18 +299,70 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     )
     .await;
 
-    // Peer again, then the provider disappears for good: unpeer waits and names --force,
-    // and --force removes everything here.
+    // Peer again, then the provider disappears for good: unpeer says at once which step fails
+    // because the provider does not answer and names --force, keeps saying it while the admin
+    // waits, and --force removes everything here.
     support::peer(&consumer, &provider).await;
     provider.lab.shutdown();
-    let err = invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(3))
-        .await
-        .unwrap_err()
-        .to_string();
+    let mut told = Vec::new();
+    let err = invite::unpeer(
+        &consumer.client,
+        "lisbon",
+        false,
+        Duration::from_secs(15),
+        &mut |p| told.push(p),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        told.first(),
+        Some(&UnpeerProgress::PeeringDeleted {
+            peer: "lisbon".into()
+        }),
+        "{told:#?}"
+    );
+    // The next thing said is the step that fails, before the wait ends.
+    let stuck = told.get(1).expect("the stuck step is reported");
+    assert!(
+        matches!(
+            stuck,
+            UnpeerProgress::Stuck {
+                step: UnpeerStep::DeleteTwinNamespaces,
+                provider_unreachable: true,
+                ..
+            }
+        ),
+        "{told:#?}"
+    );
+    assert!(
+        stuck.to_string().contains("lisbon is unreachable"),
+        "{stuck}"
+    );
+    assert_eq!(
+        stuck.force_hint().as_deref(),
+        Some("if lisbon is gone for good, run `tandem unpeer lisbon --force`")
+    );
+    assert!(
+        told.iter().any(|p| matches!(
+            p,
+            UnpeerProgress::StillStuck {
+                step: UnpeerStep::DeleteTwinNamespaces,
+                ..
+            }
+        )),
+        "progress repeats while waiting: {told:#?}"
+    );
+    let err = err.to_string();
     assert!(err.contains("tandem unpeer lisbon --force"), "{err}");
-    invite::unpeer(&consumer.client, "lisbon", true, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &consumer.client,
+        "lisbon",
+        true,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(
         &consumer,
         &consumer_before,

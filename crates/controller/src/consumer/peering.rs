@@ -27,7 +27,8 @@ use tandem_core::invite::human_duration;
 
 use crate::consumer::Links;
 use crate::consumer::link::{
-    IDENTITY_KUBECONFIG_KEY, client_from_kubeconfig, identity_secret_name,
+    IDENTITY_KUBECONFIG_KEY, IdentityError, client_from_kubeconfig, identity_client,
+    identity_secret_name,
 };
 use crate::context::Ctx;
 use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
@@ -36,21 +37,134 @@ use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 /// How often an established peering re-reads the grant and the network parameters.
 const RESYNC: Duration = Duration::from_secs(2);
 
+/// What failed while reconciling a Peering.
 #[derive(Debug, thiserror::Error)]
-#[error("peering with {provider}: {step}: {message}")]
-pub struct Error {
-    provider: String,
-    step: String,
-    message: String,
+pub enum Error {
+    #[error("peering with {provider}: {step}")]
+    Kube {
+        provider: String,
+        step: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("peering with {provider}")]
+    Unpeer {
+        provider: String,
+        #[source]
+        source: UnpeerError,
+    },
 }
 
-fn fail(provider: &str, step: &str) -> impl FnOnce(String) -> Error {
+fn kube_step(provider: &str, step: &'static str) -> impl FnOnce(kube::Error) -> Error {
     let provider = provider.to_string();
-    let step = step.to_string();
-    move |message| Error {
+    move |source| Error::Kube {
         provider,
         step,
-        message,
+        source,
+    }
+}
+
+/// A step of unpeering on the consumer; when one fails, the Peering's `Unpeered` condition
+/// carries it as its reason, so `tandem unpeer` can tell the admin where it is stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnpeerStep {
+    DeleteVirtualNode,
+    DeleteLease,
+    DrainPods,
+    ReadIdentity,
+    DeleteTwinNamespaces,
+    DeleteTenant,
+    ReleaseIpam,
+    DeleteTenantNamespace,
+}
+
+impl UnpeerStep {
+    const ALL: [UnpeerStep; 8] = [
+        UnpeerStep::DeleteVirtualNode,
+        UnpeerStep::DeleteLease,
+        UnpeerStep::DrainPods,
+        UnpeerStep::ReadIdentity,
+        UnpeerStep::DeleteTwinNamespaces,
+        UnpeerStep::DeleteTenant,
+        UnpeerStep::ReleaseIpam,
+        UnpeerStep::DeleteTenantNamespace,
+    ];
+
+    /// The condition reason standing for this step.
+    pub fn reason(self) -> &'static str {
+        match self {
+            UnpeerStep::DeleteVirtualNode => "DeleteVirtualNode",
+            UnpeerStep::DeleteLease => "DeleteLease",
+            UnpeerStep::DrainPods => "DrainPods",
+            UnpeerStep::ReadIdentity => "ReadIdentity",
+            UnpeerStep::DeleteTwinNamespaces => "DeleteTwinNamespaces",
+            UnpeerStep::DeleteTenant => "DeleteTenant",
+            UnpeerStep::ReleaseIpam => "ReleaseIpam",
+            UnpeerStep::DeleteTenantNamespace => "DeleteTenantNamespace",
+        }
+    }
+
+    /// The step a condition reason stands for.
+    pub fn from_reason(reason: &str) -> Option<UnpeerStep> {
+        Self::ALL.into_iter().find(|s| s.reason() == reason)
+    }
+
+    /// Whether `tandem unpeer --force` skips this step (it needs the provider).
+    pub fn skipped_by_force(self) -> bool {
+        matches!(
+            self,
+            UnpeerStep::ReadIdentity | UnpeerStep::DeleteTwinNamespaces | UnpeerStep::DeleteTenant
+        )
+    }
+}
+
+impl std::fmt::Display for UnpeerStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UnpeerStep::DeleteVirtualNode => "deleting the virtual node",
+            UnpeerStep::DeleteLease => "deleting the virtual node's Lease",
+            UnpeerStep::DrainPods => "deleting the pods of the virtual node",
+            UnpeerStep::ReadIdentity => "reading the peer identity",
+            UnpeerStep::DeleteTwinNamespaces => "deleting the twin namespaces on the provider",
+            UnpeerStep::DeleteTenant => "deleting our Tenant on the provider",
+            UnpeerStep::ReleaseIpam => "releasing the IPAM grant",
+            UnpeerStep::DeleteTenantNamespace => "deleting the tenant namespace",
+        })
+    }
+}
+
+/// What stopped an unpeering step.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpeerCause {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Ipam(#[from] crate::provider::network::IpamError),
+}
+
+/// A step of unpeering that failed (the reconciler retries it).
+#[derive(Debug, thiserror::Error)]
+#[error("unpeering: {step}")]
+pub struct UnpeerError {
+    pub step: UnpeerStep,
+    #[source]
+    pub cause: UnpeerCause,
+}
+
+impl UnpeerError {
+    /// Whether the provider did not answer at all.
+    pub fn provider_unreachable(&self) -> bool {
+        self.step.skipped_by_force()
+            && matches!(&self.cause, UnpeerCause::Kube(e) if crate::error::is_unreachable(e))
+    }
+}
+
+fn unpeer_step<E: Into<UnpeerCause>>(step: UnpeerStep) -> impl FnOnce(E) -> UnpeerError {
+    move |e| UnpeerError {
+        step,
+        cause: e.into(),
     }
 }
 
@@ -74,7 +188,7 @@ pub async fn run(ctx: Ctx, links: Links) {
 }
 
 fn error_policy(_p: Arc<Peering>, e: &Error, _ctx: Arc<PeeringContext>) -> Action {
-    tracing::warn!(error = %e, "peering");
+    tracing::warn!(error = %crate::error::chain(e), "peering");
     Action::requeue(Duration::from_secs(1))
 }
 
@@ -103,17 +217,23 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
                 // supervisor to stop it (it drops links of deleted Peerings).
                 return Ok(Action::requeue(Duration::from_millis(100)));
             }
-            unpeer(ctx, &peering).await?;
+            if let Err(e) = unpeer(ctx, &peering).await {
+                report_stuck_unpeer(&api, &peering, &e).await;
+                return Err(Error::Unpeer {
+                    provider,
+                    source: e,
+                });
+            }
             crate::install::remove_finalizer(&api, &*peering)
                 .await
-                .map_err(|e| fail(&provider, "removing the finalizer")(e.to_string()))?;
+                .map_err(kube_step(&provider, "removing the finalizer"))?;
         }
         return Ok(Action::await_change());
     }
     if !has_finalizer {
         crate::install::add_finalizer(&api, &*peering)
             .await
-            .map_err(|e| fail(&provider, "adding the finalizer")(e.to_string()))?;
+            .map_err(kube_step(&provider, "adding the finalizer"))?;
         return Ok(Action::await_change());
     }
     let old = peering.status.clone().unwrap_or_default();
@@ -134,27 +254,97 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
         updated.status = Some(status);
         api.replace_status(&provider, &PostParams::default(), &updated)
             .await
-            .map_err(|e| fail(&provider, "writing status")(e.to_string()))?;
+            .map_err(kube_step(&provider, "writing status"))?;
     }
     Ok(action)
 }
 
+/// Why authenticating with the provider failed: the reason of the `Authenticated` condition,
+/// which `tandem peer` reads back to choose its hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthFailureReason {
+    /// This cluster's API failed us (transient).
+    LocalError,
+    /// The Secret holding the invite's token is gone.
+    InviteMissing,
+    /// The invite's token, endpoint or CA is malformed.
+    InviteInvalid,
+    /// The provider no longer accepts the token because the invite expired.
+    InviteExpired,
+    /// The provider does not know the token (wrong or revoked).
+    TokenRejected,
+    /// The token was already used (by this or another cluster).
+    TokenUsed,
+    /// The provider answered the request with an unexpected error (transient).
+    RequestFailed,
+    /// The provider did not answer (transient).
+    ProviderUnreachable,
+    /// This cluster could not make its certificate request.
+    Csr,
+    /// The provider's controller denied the request.
+    Denied,
+    /// The endpoint answered as another cluster than the invite names.
+    WrongProvider,
+    /// The peer identity Secret is gone or unusable.
+    IdentityMissing,
+}
+
+impl AuthFailureReason {
+    const ALL: [AuthFailureReason; 12] = [
+        AuthFailureReason::LocalError,
+        AuthFailureReason::InviteMissing,
+        AuthFailureReason::InviteInvalid,
+        AuthFailureReason::InviteExpired,
+        AuthFailureReason::TokenRejected,
+        AuthFailureReason::TokenUsed,
+        AuthFailureReason::RequestFailed,
+        AuthFailureReason::ProviderUnreachable,
+        AuthFailureReason::Csr,
+        AuthFailureReason::Denied,
+        AuthFailureReason::WrongProvider,
+        AuthFailureReason::IdentityMissing,
+    ];
+
+    /// The condition reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailureReason::LocalError => "LocalError",
+            AuthFailureReason::InviteMissing => "InviteMissing",
+            AuthFailureReason::InviteInvalid => "InviteInvalid",
+            AuthFailureReason::InviteExpired => "InviteExpired",
+            AuthFailureReason::TokenRejected => "TokenRejected",
+            AuthFailureReason::TokenUsed => "TokenUsed",
+            AuthFailureReason::RequestFailed => "RequestFailed",
+            AuthFailureReason::ProviderUnreachable => "ProviderUnreachable",
+            AuthFailureReason::Csr => "CSR",
+            AuthFailureReason::Denied => "Denied",
+            AuthFailureReason::WrongProvider => "WrongProvider",
+            AuthFailureReason::IdentityMissing => "IdentityMissing",
+        }
+    }
+
+    /// The reason a condition's reason stands for.
+    pub fn from_reason(reason: &str) -> Option<AuthFailureReason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == reason)
+    }
+}
+
 /// The step of the invite flow that failed, and whether retrying may help.
 struct AuthFailure {
-    reason: &'static str,
+    reason: AuthFailureReason,
     message: String,
     permanent: bool,
 }
 
 impl AuthFailure {
-    fn permanent(reason: &'static str, message: impl Into<String>) -> Self {
+    fn permanent(reason: AuthFailureReason, message: impl Into<String>) -> Self {
         AuthFailure {
             reason,
             message: message.into(),
             permanent: true,
         }
     }
-    fn transient(reason: &'static str, message: impl Into<String>) -> Self {
+    fn transient(reason: AuthFailureReason, message: impl Into<String>) -> Self {
         AuthFailure {
             reason,
             message: message.into(),
@@ -180,7 +370,7 @@ async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) 
                 status,
                 conditions::AUTHENTICATED,
                 false,
-                f.reason,
+                f.reason.as_str(),
                 &f.message,
             );
             if f.permanent {
@@ -230,10 +420,10 @@ async fn try_authenticate(
     let token_secret = secrets
         .get_opt(&secret_name)
         .await
-        .map_err(|e| AuthFailure::transient("LocalError", format!("reading Secret {tenant_ns}/{secret_name}: {e}")))?
+        .map_err(|e| AuthFailure::transient(AuthFailureReason::LocalError, format!("reading Secret {tenant_ns}/{secret_name}: {e}")))?
         .ok_or_else(|| {
             AuthFailure::permanent(
-                "InviteMissing",
+                AuthFailureReason::InviteMissing,
                 format!("the invite token Secret {tenant_ns}/{secret_name} is missing; run `tandem peer` with a new invite"),
             )
         })?;
@@ -246,7 +436,7 @@ async fn try_authenticate(
     let expires: Option<i64> = get(EXPIRES_KEY).and_then(|e| e.parse().ok());
     let Some((token_id, token_secret_part)) = token.split_once('.') else {
         return Err(AuthFailure::permanent(
-            "InviteInvalid",
+            AuthFailureReason::InviteInvalid,
             format!("Secret {tenant_ns}/{secret_name} holds no valid token"),
         ));
     };
@@ -256,7 +446,7 @@ async fn try_authenticate(
             && exp <= now
         {
             return AuthFailure::permanent(
-                "InviteExpired",
+                AuthFailureReason::InviteExpired,
                 format!(
                     "provider rejected the token: the invite expired {} ago",
                     human_duration(now - exp)
@@ -264,7 +454,7 @@ async fn try_authenticate(
             );
         }
         AuthFailure::permanent(
-            "TokenRejected",
+            AuthFailureReason::TokenRejected,
             format!(
                 "provider rejected the token ({what}): the provider does not know this token (wrong or revoked)"
             ),
@@ -275,23 +465,26 @@ async fn try_authenticate(
         &peering.spec.ca_data,
         json!({"token": token}),
     );
-    let client = client_from_kubeconfig(&kc)
-        .await
-        .map_err(|e| AuthFailure::permanent("InviteInvalid", format!("invite endpoint/CA: {e}")))?;
+    let client = client_from_kubeconfig(&kc).await.map_err(|e| {
+        AuthFailure::permanent(
+            AuthFailureReason::InviteInvalid,
+            format!("invite endpoint/CA: {}", crate::error::chain(&e)),
+        )
+    })?;
     let requests: Api<PeeringRequest> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
     // What the provider's answer to the token at `step` means; `used` explains a 403.
     let refused = |e: &kube::Error, step: &str, used: &str| match api_code(e) {
         Some(401) => rejected("401 Unauthorized"),
         Some(403) => AuthFailure::permanent(
-            "TokenUsed",
+            AuthFailureReason::TokenUsed,
             format!("provider rejected the token: {used}; ask the provider for a new invite"),
         ),
         Some(_) => AuthFailure::transient(
-            "RequestFailed",
+            AuthFailureReason::RequestFailed,
             format!("{step} PeeringRequest {token_id}: {e}"),
         ),
         None => AuthFailure::transient(
-            "ProviderUnreachable",
+            AuthFailureReason::ProviderUnreachable,
             format!("provider unreachable at {}: {e}", peering.spec.endpoint),
         ),
     };
@@ -308,14 +501,15 @@ async fn try_authenticate(
     let request = match existing {
         Some(r) if r.spec.cluster_id != consumer => {
             return Err(AuthFailure::permanent(
-                "TokenUsed",
+                AuthFailureReason::TokenUsed,
                 "provider rejected the token: token already used by another cluster; ask the provider for a new invite",
             ));
         }
         Some(r) => r,
         None => {
-            let csr = make_csr(ctx)
-                .map_err(|e| AuthFailure::permanent("CSR", format!("creating the CSR: {e}")))?;
+            let csr = make_csr(ctx).map_err(|e| {
+                AuthFailure::permanent(AuthFailureReason::Csr, format!("creating the CSR: {e}"))
+            })?;
             let proof =
                 tandem_core::invite::token_proof(token_secret_part, &consumer, token_id, &csr);
             let req: PeeringRequest = serde_json::from_value(json!({
@@ -342,7 +536,7 @@ async fn try_authenticate(
     let answer = request.status.unwrap_or_default();
     match answer.phase.as_deref() {
         Some("Denied") => Err(AuthFailure::permanent(
-            "Denied",
+            AuthFailureReason::Denied,
             format!(
                 "provider denied the peering request: {}",
                 answer.message.unwrap_or_default()
@@ -351,7 +545,7 @@ async fn try_authenticate(
         Some("Approved") => {
             if answer.provider_cluster_id.as_deref() != Some(provider.as_str()) {
                 return Err(AuthFailure::permanent(
-                    "WrongProvider",
+                    AuthFailureReason::WrongProvider,
                     format!(
                         "the endpoint answered as cluster {:?}, not {provider:?}: the invite does not match its endpoint",
                         answer.provider_cluster_id.unwrap_or_default()
@@ -385,7 +579,7 @@ async fn try_authenticate(
                 .await
                 .map_err(|e| {
                     AuthFailure::transient(
-                        "LocalError",
+                        AuthFailureReason::LocalError,
                         format!("writing Secret {tenant_ns}/{identity_name}: {e}"),
                     )
                 })?;
@@ -432,41 +626,23 @@ fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
     params.serialize_request(&key)?.pem()
 }
 
-async fn identity_client(
-    ctx: &Ctx,
-    provider: &str,
-    status: &PeeringStatus,
-) -> Result<Client, String> {
-    let ns = names::tenant_namespace(provider);
-    let name = status
-        .identity_secret
-        .clone()
-        .unwrap_or_else(|| identity_secret_name(provider));
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .get(&name)
-        .await
-        .map_err(|e| format!("reading identity Secret {ns}/{name}: {e}"))?;
-    let kc = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
-        .ok_or_else(|| format!("identity Secret {ns}/{name} has no kubeconfig"))?;
-    client_from_kubeconfig(&String::from_utf8_lossy(&kc.0)).await
-}
-
 /// Negotiation with the peer identity: grant, network parameters, remaps.
 async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> Action {
     let provider = peering.spec.cluster_id.clone();
     let consumer = ctx.identity.cluster_id.clone();
-    let client = match identity_client(ctx, &provider, status).await {
-        Ok(c) => c,
+    let identity = status
+        .identity_secret
+        .clone()
+        .unwrap_or_else(|| identity_secret_name(&provider));
+    let client = match identity_client(ctx, &provider, &identity).await {
+        Ok((c, _)) => c,
         Err(e) => {
             set(
                 status,
                 conditions::AUTHENTICATED,
                 false,
-                "IdentityMissing",
-                &e,
+                AuthFailureReason::IdentityMissing.as_str(),
+                &crate::error::chain(&e),
             );
             status.phase = Some("Failed".into());
             return Action::requeue(RESYNC);
@@ -685,17 +861,54 @@ async fn negotiate_network(
     }))
 }
 
+/// Tells the admin, in the deleting Peering's status, which unpeering step fails and why:
+/// phase `Unpeering`, condition `Unpeered` False with the step as reason, and
+/// `ProviderReachable` False when the provider did not answer.
+async fn report_stuck_unpeer(api: &Api<Peering>, peering: &Peering, e: &UnpeerError) {
+    let old = peering.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.phase = Some("Unpeering".into());
+    set(
+        &mut status,
+        conditions::UNPEERED,
+        false,
+        e.step.reason(),
+        &crate::error::chain(&e.cause),
+    );
+    if e.provider_unreachable() {
+        set(
+            &mut status,
+            conditions::PROVIDER_REACHABLE,
+            false,
+            "Unreachable",
+            &format!("provider unreachable at {}", peering.spec.endpoint),
+        );
+    }
+    if status == old {
+        return;
+    }
+    let mut updated = peering.clone();
+    updated.status = Some(status);
+    // A conflict only means a newer version is on its way; the retry reports again.
+    if let Err(e) = api
+        .replace_status(&peering.name_any(), &PostParams::default(), &updated)
+        .await
+    {
+        tracing::debug!(error = %e, "reporting the unpeering step");
+    }
+}
+
 /// Deletes the pods bound to `node` (with grace 0: nothing runs them any more), again until a
 /// listing finds none — a binding the scheduler sent before it saw the node go may land after
 /// the first listing.
-async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
+async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), UnpeerError> {
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
     for _ in 0..5 {
         let bound = pods
             .list(&on_node)
             .await
-            .map_err(|e| fail(provider, "listing pods on the virtual node")(e.to_string()))?;
+            .map_err(unpeer_step(UnpeerStep::DrainPods))?;
         // A pod with finalizers of its own stays, marked deleted, until they are done.
         let live: Vec<Pod> = bound
             .items
@@ -716,12 +929,7 @@ async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
                     },
                 )
                 .await;
-            ignore_missing(deleted).map_err(|e| {
-                fail(provider, "deleting the pods of the virtual node")(format!(
-                    "{ns}/{}: {e}",
-                    pod.name_any()
-                ))
-            })?;
+            ignore_missing(deleted).map_err(unpeer_step(UnpeerStep::DrainPods))?;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -731,7 +939,7 @@ async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
 
 /// Undoes a peering: the virtual node and its pods here, the twin namespaces and the Tenant on
 /// the provider (unless forced), the IPAM grant and the tenant namespace here.
-async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
+async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     let provider = peering.spec.cluster_id.clone();
     let consumer = ctx.identity.cluster_id.clone();
     let status = peering.status.clone().unwrap_or_default();
@@ -748,19 +956,22 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
             .delete(&node, &DeleteParams::default())
             .await,
     )
-    .map_err(|e| fail(&provider, "deleting the virtual node")(e.to_string()))?;
+    .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?;
     ignore_missing(
         Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
             .delete(&node, &DeleteParams::default())
             .await,
     )
-    .map_err(|e| fail(&provider, "deleting the virtual node's Lease")(e.to_string()))?;
+    .map_err(unpeer_step(UnpeerStep::DeleteLease))?;
     drain(ctx, &provider, &node).await?;
     if !force && conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-        let hint = format!("(if {provider} is gone for good: `tandem unpeer {provider} --force`)");
-        let client = identity_client(ctx, &provider, &status)
+        let identity = status
+            .identity_secret
+            .clone()
+            .unwrap_or_else(|| identity_secret_name(&provider));
+        let (client, _) = identity_client(ctx, &provider, &identity)
             .await
-            .map_err(|e| fail(&provider, "reaching the provider")(format!("{e} {hint}")))?;
+            .map_err(unpeer_step(UnpeerStep::ReadIdentity))?;
         let remote_ns = status
             .remote_tenant_namespace
             .clone()
@@ -774,32 +985,22 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
                             .delete(&rn.name_any(), &DeleteParams::default())
                             .await,
                     )
-                    .map_err(|e| {
-                        fail(&provider, "deleting twin namespaces on the provider")(format!(
-                            "{e} {hint}"
-                        ))
-                    })?;
+                    .map_err(unpeer_step(UnpeerStep::DeleteTwinNamespaces))?;
                 }
             }
             Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => {}
-            Err(e) => {
-                return Err(fail(&provider, "listing twin namespaces on the provider")(
-                    format!("{e} {hint}"),
-                ));
-            }
+            Err(e) => return Err(unpeer_step(UnpeerStep::DeleteTwinNamespaces)(e)),
         }
         ignore_gone(
             Api::<Tenant>::namespaced(client, &remote_ns)
                 .delete(&consumer, &DeleteParams::default())
                 .await,
         )
-        .map_err(|e| {
-            fail(&provider, "deleting our Tenant on the provider")(format!("{e} {hint}"))
-        })?;
+        .map_err(unpeer_step(UnpeerStep::DeleteTenant))?;
     }
     crate::provider::network::release_peer(ctx, &provider)
         .await
-        .map_err(|e| fail(&provider, "releasing the IPAM grant")(e.to_string()))?;
+        .map_err(unpeer_step(UnpeerStep::ReleaseIpam))?;
     ignore_missing(
         Api::<Namespace>::all(ctx.client.clone())
             .delete(
@@ -808,7 +1009,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
             )
             .await,
     )
-    .map_err(|e| fail(&provider, "deleting the tenant namespace")(e.to_string()))?;
+    .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?;
     Ok(())
 }
 
