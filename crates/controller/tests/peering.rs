@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use support::{Cluster, tandem_owned, until, until_owned};
@@ -407,4 +407,107 @@ async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
     // Nothing was created for the would-be consumer.
     let ns: Api<Namespace> = Api::all(provider.client.clone());
     assert!(ns.get_opt("tandem-tenant-graz").await.unwrap().is_none());
+}
+
+/// The consumer's virtual node capacity of `resource`, if the node exists.
+async fn node_capacity(consumer: &Cluster, provider: &str, resource: &str) -> Option<String> {
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    let node = nodes
+        .get_opt(&names::virtual_node_name(provider))
+        .await
+        .unwrap()?;
+    node.status?.capacity?.get(resource).map(|q| q.0.clone())
+}
+
+#[tokio::test]
+async fn a_grant_that_is_not_a_quantity_is_reported_and_never_reaches_the_virtual_node() {
+    let provider = Cluster::start("genoa", "eu-south", 1).await;
+    let consumer = Cluster::start("turin", "eu-south", 1).await;
+    support::peer_with(
+        &consumer,
+        &provider,
+        json!({"cpu": "2", "memory": "2Gi", "pods": "20"}),
+        None,
+    )
+    .await;
+    until("the virtual node's capacity", OBJECTS_WAIT, || async {
+        (node_capacity(&consumer, "genoa", "cpu").await.as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    // An admin edits the grant on the provider; a schema that predates validation lets it in.
+    support::accept_any_spec(&provider.client, "tenants.tandem.dev").await;
+    let tenants: Api<Tenant> = Api::namespaced(provider.client.clone(), "tandem-tenant-turin");
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    for bad in ["abc", "-5"] {
+        tenants
+            .patch(
+                "turin",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"grant": {"cpu": bad}}})),
+            )
+            .await
+            .unwrap();
+        // The provider names the field on the Tenant.
+        let ready = until("the Tenant to report its grant", OBJECTS_WAIT, || async {
+            let t = tenants.get("turin").await.unwrap();
+            let c = tandem_api::conditions::find(&t.status?.conditions, "Ready")?.clone();
+            (c.reason == "InvalidGrant" && c.message.contains(&format!("{bad:?}"))).then_some(c)
+        })
+        .await;
+        assert_eq!(ready.status, "False");
+        assert!(
+            ready.message.starts_with("spec.grant.cpu: "),
+            "{}",
+            ready.message
+        );
+        // So does the consumer, on its Peering, keeping the last valid grant.
+        let p = until("the consumer to report the grant", OBJECTS_WAIT, || async {
+            let p = peerings.get("genoa").await.unwrap();
+            let c =
+                tandem_api::conditions::find(&p.status.as_ref()?.conditions, "ResourcesGranted")?;
+            (c.reason == "InvalidGrant" && c.message.contains(&format!("{bad:?}"))).then_some(p)
+        })
+        .await;
+        let status = p.status.unwrap();
+        let granted = tandem_api::conditions::find(&status.conditions, "ResourcesGranted").unwrap();
+        assert_eq!(granted.status, "False");
+        assert!(
+            granted.message.contains("spec.grant.cpu"),
+            "{}",
+            granted.message
+        );
+        assert_eq!(status.granted.get("cpu").map(|q| q.0.as_str()), Some("2"));
+        assert_eq!(
+            node_capacity(&consumer, "genoa", "cpu").await.as_deref(),
+            Some("2"),
+            "the virtual node keeps its last valid capacity"
+        );
+    }
+    // A valid grant again: both sides take it.
+    tenants
+        .patch(
+            "turin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"grant": {"cpu": "3"}}})),
+        )
+        .await
+        .unwrap();
+    until(
+        "the virtual node to take the new grant",
+        OBJECTS_WAIT,
+        || async {
+            (node_capacity(&consumer, "genoa", "cpu").await.as_deref() == Some("3")).then_some(())
+        },
+    )
+    .await;
+    until(
+        "the Tenant to say its grant is valid",
+        OBJECTS_WAIT,
+        || async {
+            let t = tenants.get("turin").await.unwrap();
+            let c = tandem_api::conditions::find(&t.status?.conditions, "Ready")?.clone();
+            (c.status == "True" && c.reason == "GrantValid").then_some(())
+        },
+    )
+    .await;
 }

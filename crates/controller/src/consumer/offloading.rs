@@ -163,8 +163,23 @@ async fn converge(
     o: &NamespaceOffloading,
 ) -> Result<Action, Error> {
     let ns = o.namespace().unwrap_or_default();
-    set_namespace_label(state, o, Some(OFFLOADING_ENABLED)).await?;
     let terms = selector_terms(o);
+    // A selector the API server let through but that means nothing is reported, and changes
+    // nothing: no twin namespace is added or removed on its account.
+    if let Err(problem) = crate::input::cluster_selector(&terms) {
+        let current = o.status.clone().unwrap_or_default().remote_namespaces;
+        write_status(
+            api,
+            o,
+            "Failed",
+            current,
+            "InvalidClusterSelector",
+            &problem.to_string(),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    set_namespace_label(state, o, Some(OFFLOADING_ENABLED)).await?;
     let twin = rules::twin_namespace_name(
         mapping(o.spec.namespace_mapping_strategy),
         &ns,

@@ -663,9 +663,21 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
                 "Answered",
                 "the provider's API answers",
             );
-            status.granted = t.spec.grant.clone();
             status.node_labels = t.spec.node_labels.clone();
-            if t.spec.grant.is_empty() {
+            if let Err(problem) = crate::input::grant(&t.spec.grant) {
+                // Keep the last valid grant: the virtual node never shows what is not a
+                // quantity, and a typo on the provider does not take its capacity away.
+                set(
+                    status,
+                    conditions::RESOURCES_GRANTED,
+                    false,
+                    "InvalidGrant",
+                    &format!(
+                        "Tenant {remote_ns}/{consumer} on {provider}: {problem}; keeping the last valid grant"
+                    ),
+                );
+            } else if t.spec.grant.is_empty() {
+                status.granted = BTreeMap::new();
                 set(
                     status,
                     conditions::RESOURCES_GRANTED,
@@ -674,6 +686,7 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
                     "the provider grants nothing",
                 );
             } else {
+                status.granted = t.spec.grant.clone();
                 let summary: Vec<String> = t
                     .spec
                     .grant

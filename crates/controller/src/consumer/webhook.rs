@@ -309,10 +309,19 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
             }});
         }
     };
+    let terms = selector_terms(&offloading);
+    if let Err(problem) = crate::input::cluster_selector(&terms) {
+        // The offloading's own status reports it too; a pod placed by a selector that means
+        // nothing could land anywhere.
+        return json!({"uid": uid, "allowed": false, "status": {
+            "code": 422,
+            "message": format!("tandem pod placement: NamespaceOffloading {namespace}/{}: {problem}", names::OFFLOADING_NAME),
+        }});
+    }
     let patch = placement_patch(
         &request.pod(),
         placement(offloading.spec.pod_offloading_strategy),
-        &selector_terms(&offloading),
+        &terms,
         MARKS,
     );
     if patch.is_empty() {

@@ -260,8 +260,10 @@ impl State {
             Ev::Tenant(e) => match e {
                 watcher::Event::Apply(t) | watcher::Event::InitApply(t) => {
                     // Only the tenant namespace of a consumer speaks for its grant.
+                    // An invalid grant (reported on the Tenant) leaves the last valid one in force.
                     if t.namespace().as_deref()
                         == Some(names::tenant_namespace(&t.spec.cluster_id).as_str())
+                        && crate::input::grant(&t.spec.grant).is_ok()
                     {
                         let grant = t
                             .spec

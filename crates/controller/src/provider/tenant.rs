@@ -9,9 +9,11 @@ use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
+use serde_json::json;
+use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::{Tenant, names};
 
 use crate::context::Ctx;
@@ -56,6 +58,9 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
                 .await
                 .map_err(err("adding the finalizer"))?;
         }
+        report_grant(&api, &tenant)
+            .await
+            .map_err(err("writing status"))?;
         return Ok(Action::await_change());
     }
     if !has_finalizer {
@@ -115,4 +120,38 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         Err(e) => return Err(err("deleting the tenant namespace")(e)),
     }
     Ok(Action::await_change())
+}
+
+/// Says in the Tenant's `Ready` condition whether its grant is usable: an edit the API server
+/// let through (`cpu: abc`, `-5`) is named here, and neither the quota nor the consumer's
+/// virtual node takes it.
+async fn report_grant(api: &Api<Tenant>, tenant: &Tenant) -> Result<(), kube::Error> {
+    let mut status = tenant.status.clone().unwrap_or_default();
+    let changed = match crate::input::grant(&tenant.spec.grant) {
+        Ok(()) => conditions::set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            ConditionStatus::True,
+            "GrantValid",
+            "the grant is in force",
+            tenant.metadata.generation,
+        ),
+        Err(problem) => conditions::set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            ConditionStatus::False,
+            "InvalidGrant",
+            &format!("{problem}; the last valid grant stays in force"),
+            tenant.metadata.generation,
+        ),
+    };
+    if changed {
+        api.patch_status(
+            &tenant.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": status.conditions}})),
+        )
+        .await?;
+    }
+    Ok(())
 }
