@@ -13,6 +13,21 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// A request to a cluster that failed: the step (naming the object) and the API's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}")]
+pub struct RequestError {
+    pub step: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Turns the error of a request made at `step` into a [`RequestError`].
+pub fn request(step: impl Into<String>) -> impl FnOnce(kube::Error) -> RequestError {
+    let step = step.into();
+    move |source| RequestError { step, source }
+}
+
 /// Whether `e` means the other end did not answer at all (no HTTP status: refused connection,
 /// timeout, TLS failure), as opposed to an API server that answered with an error.
 pub fn is_unreachable(e: &kube::Error) -> bool {

@@ -30,19 +30,25 @@ impl std::fmt::Debug for ClusterIdentity {
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error(
-        "reading Secret {ns}/{name}: {source} (is Tandem installed? run `tandem install`)",
+        "reading Secret {ns}/{name} (is Tandem installed? run `tandem install`)",
         ns = names::SYSTEM_NAMESPACE,
         name = names::IDENTITY_SECRET
     )]
-    Read { source: kube::Error },
+    Read {
+        #[source]
+        source: kube::Error,
+    },
     #[error("Secret {ns}/{name} lacks key {key:?}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
     Missing { key: &'static str },
     #[error("invalid cluster ID: {0}")]
     InvalidId(String),
     #[error("generating the cluster key: {0}")]
     Key(String),
-    #[error("creating Secret {ns}/{name}: {source}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
-    Create { source: kube::Error },
+    #[error("creating Secret {ns}/{name}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
+    Create {
+        #[source]
+        source: kube::Error,
+    },
     #[error(
         "this cluster is already installed as {existing:?}; a cluster's ID cannot change (uninstall first)"
     )]

@@ -195,7 +195,9 @@ mod tests {
 
     #[test]
     fn grant_problems_name_the_resource() {
-        let cases: &[(&str, &[(&str, &str)], Option<&str>)] = &[
+        // (case, grant entries, the field named)
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], Option<&'a str>);
+        let cases: &[Case] = &[
             (
                 "valid",
                 &[("cpu", "2"), ("memory", "4Gi"), ("pods", "110")],

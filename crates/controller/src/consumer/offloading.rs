@@ -37,8 +37,8 @@ struct State {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("NamespaceOffloading {0}: {1}: {2}")]
-    Kube(String, &'static str, kube::Error),
+    #[error("NamespaceOffloading {0}: {1}")]
+    Kube(String, &'static str, #[source] kube::Error),
     #[error("NamespaceOffloading {0}: waiting for twin namespaces to go on {1}")]
     Waiting(String, String),
     #[error("NamespaceOffloading {0}: finalizer: {1}")]
@@ -62,7 +62,7 @@ pub async fn run(ctx: Ctx, links: Links) {
 fn error_policy(_o: Arc<NamespaceOffloading>, error: &Error, _s: Arc<State>) -> Action {
     match error {
         Error::Waiting(..) => tracing::debug!(%error),
-        _ => tracing::warn!(%error, "reconciling"),
+        _ => tracing::warn!(error = %crate::error::chain(error), "reconciling"),
     }
     Action::requeue(Duration::from_secs(1))
 }

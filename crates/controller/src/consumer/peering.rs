@@ -31,6 +31,7 @@ use crate::consumer::link::{
     identity_secret_name,
 };
 use crate::context::Ctx;
+use crate::error::{RequestError, request};
 use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 
@@ -760,7 +761,13 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
             );
         }
         Err(e) => {
-            set(status, conditions::NETWORK_NEGOTIATED, false, "Failed", &e);
+            set(
+                status,
+                conditions::NETWORK_NEGOTIATED,
+                false,
+                "Failed",
+                &crate::error::chain(&e),
+            );
         }
     }
     let established = [
@@ -786,21 +793,17 @@ async fn negotiate_network(
     client: &Client,
     remote_ns: &str,
     provider: &str,
-) -> Result<Option<tandem_api::peering::PeeringNetwork>, String> {
-    let settings = crate::install::load_settings(&ctx.client)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
+    let settings = crate::install::load_settings(&ctx.client).await?;
     let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
     let ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
                       "externalCIDR": settings.external_cidr});
-    let published = match api.get_opt(CONSUMER_NETWORK_PARAMETERS).await {
-        Ok(p) => p,
-        Err(e) => {
-            return Err(format!(
-                "reading NetworkParameters {remote_ns}/consumer: {e}"
-            ));
-        }
-    };
+    let published = api
+        .get_opt(CONSUMER_NETWORK_PARAMETERS)
+        .await
+        .map_err(request(format!(
+            "reading NetworkParameters {remote_ns}/consumer"
+        )))?;
     let published = match published {
         None => {
             let np: NetworkParameters = serde_json::from_value(json!({
@@ -812,7 +815,9 @@ async fn negotiate_network(
             .expect("static manifest");
             api.create(&PostParams::default(), &np)
                 .await
-                .map_err(|e| format!("publishing NetworkParameters {remote_ns}/consumer: {e}"))?
+                .map_err(request(format!(
+                    "publishing NetworkParameters {remote_ns}/consumer"
+                )))?
         }
         Some(p) if serde_json::to_value(&p.spec).ok().as_ref() != Some(&ours) => api
             .patch(
@@ -821,13 +826,17 @@ async fn negotiate_network(
                 &Patch::Merge(json!({"spec": ours})),
             )
             .await
-            .map_err(|e| format!("updating NetworkParameters {remote_ns}/consumer: {e}"))?,
+            .map_err(request(format!(
+                "updating NetworkParameters {remote_ns}/consumer"
+            )))?,
         Some(p) => p,
     };
     let Some(theirs) = api
         .get_opt(PROVIDER_NETWORK_PARAMETERS)
         .await
-        .map_err(|e| format!("reading NetworkParameters {remote_ns}/provider: {e}"))?
+        .map_err(request(format!(
+            "reading NetworkParameters {remote_ns}/provider"
+        )))?
     else {
         return Ok(None);
     };
@@ -835,7 +844,10 @@ async fn negotiate_network(
         .spec
         .pod_cidr
         .parse()
-        .map_err(|e| format!("provider pod CIDR {:?}: {e}", theirs.spec.pod_cidr))?;
+        .map_err(|source| NegotiationError::PodCidr {
+            cidr: theirs.spec.pod_cidr.clone(),
+            source,
+        })?;
     let mut prefixes = vec![pod];
     let ext: Option<IpNet> = theirs
         .spec
@@ -843,9 +855,7 @@ async fn negotiate_network(
         .as_ref()
         .and_then(|e| e.parse().ok());
     prefixes.extend(ext);
-    let grants = crate::provider::network::map_peer(ctx, provider, &prefixes)
-        .await
-        .map_err(|e| e.to_string())?;
+    let grants = crate::provider::network::map_peer(ctx, provider, &prefixes).await?;
     let remapped_pod = grants[0].granted.to_string();
     let remapped_ext = grants.get(1).map(|g| g.granted.to_string());
     let current = theirs.status.clone().unwrap_or_default();
@@ -858,7 +868,9 @@ async fn negotiate_network(
             &Patch::Merge(json!({"status": {"remappedPodCIDR": remapped_pod, "remappedExternalCIDR": remapped_ext}})),
         )
         .await
-        .map_err(|e| format!("writing our remap into NetworkParameters {remote_ns}/provider: {e}"))?;
+        .map_err(request(format!(
+            "writing our remap into NetworkParameters {remote_ns}/provider"
+        )))?;
     }
     let Some(local_there) = published.status.and_then(|s| s.remapped_pod_cidr) else {
         return Ok(None);
@@ -909,6 +921,23 @@ async fn report_stuck_unpeer(api: &Api<Peering>, peering: &Peering, e: &UnpeerEr
     {
         tracing::debug!(error = %e, "reporting the unpeering step");
     }
+}
+
+/// Why the network parameters could not be exchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum NegotiationError {
+    #[error("reading this cluster's settings")]
+    Settings(#[from] crate::install::InstallError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("the provider's pod CIDR {cidr:?}")]
+    PodCidr {
+        cidr: String,
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    #[error("remapping the provider's prefixes")]
+    Ipam(#[from] crate::provider::network::IpamError),
 }
 
 /// Deletes the pods bound to `node` (with grace 0: nothing runs them any more), again until a

@@ -26,8 +26,8 @@ pub const TWIN_ROLE_BINDING: &str = "tandem:peer-twin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("RemoteNamespace {0}: {1}: {2}")]
-    Kube(String, &'static str, kube::Error),
+    #[error("RemoteNamespace {0}: {1}")]
+    Kube(String, &'static str, #[source] kube::Error),
     #[error("RemoteNamespace {0}: waiting for twin namespace {1} to terminate")]
     Terminating(String, String),
     #[error("RemoteNamespace {0}: finalizer: {1}")]
@@ -46,7 +46,7 @@ pub async fn run(ctx: Ctx) {
 fn error_policy(_rn: Arc<RemoteNamespace>, error: &Error, _ctx: Arc<Context>) -> Action {
     match error {
         Error::Terminating(..) => tracing::debug!(%error),
-        _ => tracing::warn!(%error, "reconciling"),
+        _ => tracing::warn!(error = %crate::error::chain(error), "reconciling"),
     }
     Action::requeue(Duration::from_secs(1))
 }

@@ -18,12 +18,25 @@ use tandem_api::{Tenant, names};
 
 use crate::context::Ctx;
 
+/// A step of the Tenant reconciler that failed.
 #[derive(Debug, thiserror::Error)]
-#[error("Tenant {tenant}: {step}: {message}")]
+#[error("Tenant {tenant}: {step}")]
 pub struct Error {
     tenant: String,
     step: &'static str,
-    message: String,
+    #[source]
+    cause: Cause,
+}
+
+/// What stopped a step of the Tenant reconciler.
+#[derive(Debug, thiserror::Error)]
+enum Cause {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Invite(#[from] crate::invite::InviteError),
+    #[error(transparent)]
+    Ipam(#[from] crate::provider::network::IpamError),
 }
 
 pub async fn run(ctx: Ctx) {
@@ -35,7 +48,7 @@ pub async fn run(ctx: Ctx) {
 }
 
 fn error_policy(_t: Arc<Tenant>, e: &Error, _ctx: Ctx) -> Action {
-    tracing::warn!(error = %e, "tenant");
+    tracing::warn!(error = %crate::error::chain(e), "tenant");
     Action::requeue(Duration::from_secs(1))
 }
 
@@ -48,7 +61,7 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         move |e: kube::Error| Error {
             tenant,
             step,
-            message: e.to_string(),
+            cause: e.into(),
         }
     };
     let has_finalizer = tenant.finalizers().iter().any(|f| f == names::FINALIZER);
@@ -100,7 +113,7 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
                 .map_err(|e| Error {
                     tenant: format!("{ns}/{name}"),
                     step: "removing used invites",
-                    message: e.to_string(),
+                    cause: e.into(),
                 })?;
         }
     }
@@ -109,7 +122,7 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         .map_err(|e| Error {
             tenant: format!("{ns}/{name}"),
             step: "releasing the IPAM grant",
-            message: e.to_string(),
+            cause: e.into(),
         })?;
     crate::install::remove_finalizer(&api, &*tenant)
         .await
