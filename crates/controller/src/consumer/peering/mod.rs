@@ -4,7 +4,6 @@
 //! that identity: the grant from the provider's `Tenant`, the network parameters both sides
 //! publish, and the IPAM remaps. Re-converges every few seconds. Its finalizer unpeers.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,11 +18,10 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tandem_api::conditions::{self, ConditionStatus};
+use tandem_api::conditions;
 use tandem_api::{
     NetworkParameters, Peering, PeeringRequest, PeeringStatus, RemoteNamespace, Tenant, names,
 };
-use tandem_core::invite::human_duration;
 
 use crate::consumer::Links;
 use crate::consumer::link::{
@@ -32,8 +30,13 @@ use crate::consumer::link::{
 };
 use crate::context::Ctx;
 use crate::error::{RequestError, request};
+
+mod plan;
+
 use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
+pub use plan::AuthFailureReason;
+use plan::{AuthFailure, Step, TenantAnswer, Verdict, set};
 
 /// How often an established peering re-reads the grant and the network parameters.
 const RESYNC: Duration = Duration::from_secs(2);
@@ -210,14 +213,12 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
     let ctx = &pctx.ctx;
     let provider = peering.name_any();
     let api: Api<Peering> = Api::all(ctx.client.clone());
-    let has_finalizer = peering.finalizers().iter().any(|f| f == names::FINALIZER);
-    if peering.metadata.deletion_timestamp.is_some() {
-        if has_finalizer {
-            if pctx.links.snapshot().contains_key(&provider) {
-                // The virtual kubelet still runs and would recreate the node: wait for the
-                // supervisor to stop it (it drops links of deleted Peerings).
-                return Ok(Action::requeue(Duration::from_millis(100)));
-            }
+    let link_running = pctx.links.snapshot().contains_key(&provider);
+    let old = peering.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let action = match plan::next_step(&peering, link_running) {
+        Step::WaitForLinkToStop => return Ok(Action::requeue(Duration::from_millis(100))),
+        Step::Unpeer => {
             if let Err(e) = unpeer(ctx, &peering).await {
                 report_stuck_unpeer(&api, &peering, &e).await;
                 return Err(Error::Unpeer {
@@ -228,24 +229,20 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
             crate::install::remove_finalizer(&api, &*peering)
                 .await
                 .map_err(kube_step(&provider, "removing the finalizer"))?;
+            return Ok(Action::await_change());
         }
-        return Ok(Action::await_change());
-    }
-    if !has_finalizer {
-        crate::install::add_finalizer(&api, &*peering)
-            .await
-            .map_err(kube_step(&provider, "adding the finalizer"))?;
-        return Ok(Action::await_change());
-    }
-    let old = peering.status.clone().unwrap_or_default();
-    let mut status = old.clone();
-    let action = if conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-        negotiate(ctx, &peering, &mut status).await
-    } else if status.phase.as_deref() == Some("Failed") {
-        // A refused invite stays refused: `tandem peer` reports it and cleans up.
-        Action::await_change()
-    } else {
-        authenticate(ctx, &peering, &mut status).await
+        Step::Gone | Step::StayFailed => return Ok(Action::await_change()),
+        Step::AddFinalizer => {
+            crate::install::add_finalizer(&api, &*peering)
+                .await
+                .map_err(kube_step(&provider, "adding the finalizer"))?;
+            return Ok(Action::await_change());
+        }
+        Step::Negotiate => negotiate(ctx, &peering, &mut status).await,
+        Step::Authenticate => {
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            authenticate(ctx, &peering, &mut status, now).await
+        }
     };
     if status != old {
         // Replace the whole status: a merge patch would keep resources the provider no longer
@@ -260,102 +257,13 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
     Ok(action)
 }
 
-/// Why authenticating with the provider failed: the reason of the `Authenticated` condition,
-/// which `tandem peer` reads back to choose its hint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AuthFailureReason {
-    /// This cluster's API failed us (transient).
-    LocalError,
-    /// The Secret holding the invite's token is gone.
-    InviteMissing,
-    /// The invite's token, endpoint or CA is malformed.
-    InviteInvalid,
-    /// The provider no longer accepts the token because the invite expired.
-    InviteExpired,
-    /// The provider does not know the token (wrong or revoked).
-    TokenRejected,
-    /// The token was already used (by this or another cluster).
-    TokenUsed,
-    /// The provider answered the request with an unexpected error (transient).
-    RequestFailed,
-    /// The provider did not answer (transient).
-    ProviderUnreachable,
-    /// This cluster could not make its certificate request.
-    Csr,
-    /// The provider's controller denied the request.
-    Denied,
-    /// The endpoint answered as another cluster than the invite names.
-    WrongProvider,
-    /// The peer identity Secret is gone or unusable.
-    IdentityMissing,
-}
-
-impl AuthFailureReason {
-    const ALL: [AuthFailureReason; 12] = [
-        AuthFailureReason::LocalError,
-        AuthFailureReason::InviteMissing,
-        AuthFailureReason::InviteInvalid,
-        AuthFailureReason::InviteExpired,
-        AuthFailureReason::TokenRejected,
-        AuthFailureReason::TokenUsed,
-        AuthFailureReason::RequestFailed,
-        AuthFailureReason::ProviderUnreachable,
-        AuthFailureReason::Csr,
-        AuthFailureReason::Denied,
-        AuthFailureReason::WrongProvider,
-        AuthFailureReason::IdentityMissing,
-    ];
-
-    /// The condition reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuthFailureReason::LocalError => "LocalError",
-            AuthFailureReason::InviteMissing => "InviteMissing",
-            AuthFailureReason::InviteInvalid => "InviteInvalid",
-            AuthFailureReason::InviteExpired => "InviteExpired",
-            AuthFailureReason::TokenRejected => "TokenRejected",
-            AuthFailureReason::TokenUsed => "TokenUsed",
-            AuthFailureReason::RequestFailed => "RequestFailed",
-            AuthFailureReason::ProviderUnreachable => "ProviderUnreachable",
-            AuthFailureReason::Csr => "CSR",
-            AuthFailureReason::Denied => "Denied",
-            AuthFailureReason::WrongProvider => "WrongProvider",
-            AuthFailureReason::IdentityMissing => "IdentityMissing",
-        }
-    }
-
-    /// The reason a condition's reason stands for.
-    pub fn from_reason(reason: &str) -> Option<AuthFailureReason> {
-        Self::ALL.into_iter().find(|r| r.as_str() == reason)
-    }
-}
-
-/// The step of the invite flow that failed, and whether retrying may help.
-struct AuthFailure {
-    reason: AuthFailureReason,
-    message: String,
-    permanent: bool,
-}
-
-impl AuthFailure {
-    fn permanent(reason: AuthFailureReason, message: impl Into<String>) -> Self {
-        AuthFailure {
-            reason,
-            message: message.into(),
-            permanent: true,
-        }
-    }
-    fn transient(reason: AuthFailureReason, message: impl Into<String>) -> Self {
-        AuthFailure {
-            reason,
-            message: message.into(),
-            permanent: false,
-        }
-    }
-}
-
-async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> Action {
-    match try_authenticate(ctx, peering, status).await {
+async fn authenticate(
+    ctx: &Ctx,
+    peering: &Peering,
+    status: &mut PeeringStatus,
+    now: i64,
+) -> Action {
+    match try_authenticate(ctx, peering, status, now).await {
         Ok(Some(())) => {
             status.phase = Some("Authenticating".into());
             Action::requeue(Duration::from_millis(50))
@@ -385,17 +293,6 @@ async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) 
     }
 }
 
-fn set(status: &mut PeeringStatus, type_: &str, ok: bool, reason: &str, message: &str) {
-    conditions::set_condition(
-        &mut status.conditions,
-        type_,
-        ConditionStatus::from(ok),
-        reason,
-        message,
-        None,
-    );
-}
-
 fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
@@ -408,6 +305,7 @@ async fn try_authenticate(
     ctx: &Ctx,
     peering: &Peering,
     status: &mut PeeringStatus,
+    now: i64,
 ) -> Result<Option<()>, AuthFailure> {
     let provider = peering.spec.cluster_id.clone();
     let tenant_ns = names::tenant_namespace(&provider);
@@ -441,26 +339,6 @@ async fn try_authenticate(
             format!("Secret {tenant_ns}/{secret_name} holds no valid token"),
         ));
     };
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let rejected = |what: &str| {
-        if let Some(exp) = expires
-            && exp <= now
-        {
-            return AuthFailure::permanent(
-                AuthFailureReason::InviteExpired,
-                format!(
-                    "provider rejected the token: the invite expired {} ago",
-                    human_duration(now - exp)
-                ),
-            );
-        }
-        AuthFailure::permanent(
-            AuthFailureReason::TokenRejected,
-            format!(
-                "provider rejected the token ({what}): the provider does not know this token (wrong or revoked)"
-            ),
-        )
-    };
     let kc = kubeconfig(
         &peering.spec.endpoint,
         &peering.spec.ca_data,
@@ -473,21 +351,14 @@ async fn try_authenticate(
         )
     })?;
     let requests: Api<PeeringRequest> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
+    let token = plan::Token {
+        id: token_id,
+        endpoint: &peering.spec.endpoint,
+        expires,
+    };
     // What the provider's answer to the token at `step` means; `used` explains a 403.
-    let refused = |e: &kube::Error, step: &str, used: &str| match api_code(e) {
-        Some(401) => rejected("401 Unauthorized"),
-        Some(403) => AuthFailure::permanent(
-            AuthFailureReason::TokenUsed,
-            format!("provider rejected the token: {used}; ask the provider for a new invite"),
-        ),
-        Some(_) => AuthFailure::transient(
-            AuthFailureReason::RequestFailed,
-            format!("{step} PeeringRequest {token_id}: {e}"),
-        ),
-        None => AuthFailure::transient(
-            AuthFailureReason::ProviderUnreachable,
-            format!("provider unreachable at {}: {e}", peering.spec.endpoint),
-        ),
+    let refused = |e: &kube::Error, step: &str, used: &str| {
+        plan::token_refusal(api_code(e), &e.to_string(), step, used, &token, now)
     };
     let existing = match requests.get_opt(token_id).await {
         Ok(r) => r,
@@ -500,12 +371,7 @@ async fn try_authenticate(
         }
     };
     let request = match existing {
-        Some(r) if r.spec.cluster_id != consumer => {
-            return Err(AuthFailure::permanent(
-                AuthFailureReason::TokenUsed,
-                "provider rejected the token: token already used by another cluster; ask the provider for a new invite",
-            ));
-        }
+        Some(r) if r.spec.cluster_id != consumer => return Err(plan::used_by_another_cluster()),
         Some(r) => r,
         None => {
             let csr = make_csr(ctx).map_err(|e| {
@@ -535,24 +401,9 @@ async fn try_authenticate(
         "the provider answered the peering request",
     );
     let answer = request.status.unwrap_or_default();
-    match answer.phase.as_deref() {
-        Some("Denied") => Err(AuthFailure::permanent(
-            AuthFailureReason::Denied,
-            format!(
-                "provider denied the peering request: {}",
-                answer.message.unwrap_or_default()
-            ),
-        )),
-        Some("Approved") => {
-            if answer.provider_cluster_id.as_deref() != Some(provider.as_str()) {
-                return Err(AuthFailure::permanent(
-                    AuthFailureReason::WrongProvider,
-                    format!(
-                        "the endpoint answered as cluster {:?}, not {provider:?}: the invite does not match its endpoint",
-                        answer.provider_cluster_id.unwrap_or_default()
-                    ),
-                ));
-            }
+    match plan::request_verdict(&answer, &provider) {
+        Verdict::Refused(f) => Err(f),
+        Verdict::Approved => {
             let cert = answer.certificate.unwrap_or_default();
             let remote_tenant = answer
                 .tenant_namespace
@@ -600,7 +451,7 @@ async fn try_authenticate(
             );
             Ok(Some(()))
         }
-        _ => {
+        Verdict::Pending => {
             set(
                 status,
                 conditions::AUTHENTICATED,
@@ -655,83 +506,21 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
         .unwrap_or_else(|| names::tenant_namespace(&consumer));
     // Grant.
     let tenants: Api<Tenant> = Api::namespaced(client.clone(), &remote_ns);
-    match tenants.get(&consumer).await {
-        Ok(t) => {
-            set(
-                status,
-                conditions::PROVIDER_REACHABLE,
-                true,
-                "Answered",
-                "the provider's API answers",
-            );
-            status.node_labels = t.spec.node_labels.clone();
-            if let Err(problem) = crate::input::grant(&t.spec.grant) {
-                // Keep the last valid grant: the virtual node never shows what is not a
-                // quantity, and a typo on the provider does not take its capacity away.
-                set(
-                    status,
-                    conditions::RESOURCES_GRANTED,
-                    false,
-                    "InvalidGrant",
-                    &format!(
-                        "Tenant {remote_ns}/{consumer} on {provider}: {problem}; keeping the last valid grant"
-                    ),
-                );
-            } else if t.spec.grant.is_empty() {
-                status.granted = BTreeMap::new();
-                set(
-                    status,
-                    conditions::RESOURCES_GRANTED,
-                    false,
-                    "Revoked",
-                    "the provider grants nothing",
-                );
-            } else {
-                status.granted = t.spec.grant.clone();
-                let summary: Vec<String> = t
-                    .spec
-                    .grant
-                    .iter()
-                    .map(|(k, v)| format!("{k}={}", v.0))
-                    .collect();
-                set(
-                    status,
-                    conditions::RESOURCES_GRANTED,
-                    true,
-                    "Granted",
-                    &summary.join(", "),
-                );
-            }
-        }
+    let answer = match tenants.get(&consumer).await {
+        Ok(t) => TenantAnswer::Found(Box::new(t)),
         Err(e) if matches!(api_code(&e), Some(403 | 404 | 401)) => {
-            set(
-                status,
-                conditions::PROVIDER_REACHABLE,
-                true,
-                "Answered",
-                "the provider's API answers",
-            );
-            set(
-                status,
-                conditions::RESOURCES_GRANTED,
-                false,
-                "TenantGone",
-                &format!(
-                    "the provider no longer has our Tenant ({e}); it unpeered us — `tandem unpeer {provider}`"
-                ),
-            );
-            status.granted = BTreeMap::new();
+            TenantAnswer::Gone(e.to_string())
         }
-        Err(e) => {
-            set(
-                status,
-                conditions::PROVIDER_REACHABLE,
-                false,
-                "Unreachable",
-                &format!("provider unreachable at {}: {e}", peering.spec.endpoint),
-            );
-            return Action::requeue(RESYNC);
-        }
+        Err(e) => TenantAnswer::Unreachable(e.to_string()),
+    };
+    let place = plan::Place {
+        provider: &provider,
+        consumer: &consumer,
+        remote_namespace: &remote_ns,
+        endpoint: &peering.spec.endpoint,
+    };
+    if !plan::apply_tenant_answer(status, &answer, &place) {
+        return Action::requeue(RESYNC);
     }
     // Network.
     match negotiate_network(ctx, &client, &remote_ns, &provider).await {
@@ -770,21 +559,7 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
             );
         }
     }
-    let established = [
-        conditions::AUTHENTICATED,
-        conditions::RESOURCES_GRANTED,
-        conditions::NETWORK_NEGOTIATED,
-    ]
-    .iter()
-    .all(|c| conditions::is_true(&status.conditions, c));
-    status.phase = Some(
-        if established {
-            "Established"
-        } else {
-            "Negotiating"
-        }
-        .into(),
-    );
+    status.phase = Some(plan::negotiated_phase(status).into());
     Action::requeue(RESYNC)
 }
 
