@@ -8,6 +8,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
+use tandem_api::client;
 use tandem_api::names;
 
 /// This cluster's ID and key pair.
@@ -140,7 +141,7 @@ impl ClusterIdentity {
         match secrets.create(&PostParams::default(), &secret).await {
             Ok(created) => Self::from_secret(&created),
             // Another installer won the race: use what it stored.
-            Err(kube::Error::Api(s)) if s.code == 409 => Self::load(client).await,
+            Err(e) if client::is_conflict(&e) => Self::load(client).await,
             Err(source) => Err(IdentityError::Create { source }),
         }
         .inspect(|id| tracing::info!(cluster_id = %id.cluster_id, secret = %secret.name_any(), "cluster identity created"))

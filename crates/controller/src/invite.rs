@@ -13,6 +13,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{Peering, Tenant, conditions, names};
 use tandem_core::invite::{PeeringInvite, human_duration};
 
@@ -368,14 +369,12 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(InviteError::Api {
+    client::delete_if_exists(api, name, &DeleteParams::background())
+        .await
+        .map_err(|source| InviteError::Api {
             step: format!("deleting {} {name}", K::kind(&K::DynamicType::default())),
             source,
-        }),
-    }
+        })
 }
 
 /// Accepts an invite on the consumer (`client`): creates the tenant namespace, the token Secret

@@ -15,6 +15,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::{
     NamespaceMappingStrategy, NamespaceOffloading, PodOffloadingStrategy, RemoteNamespace,
@@ -152,7 +153,7 @@ async fn set_namespace_label(
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 && value.is_none() => Ok(()),
+        Err(e) if client::is_not_found(&e) && value.is_none() => Ok(()),
         Err(e) => Err(Error::Kube(key(o), "labelling its namespace", e)),
     }
 }
@@ -319,7 +320,7 @@ async fn remove_twin(link: &ProviderLink, ns: &str) -> Result<bool, kube::Error>
             if existing.metadata.deletion_timestamp.is_none() {
                 match api.delete(ns, &DeleteParams::default()).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(true),
+                    Err(e) if client::is_not_found(&e) => return Ok(true),
                     Err(e) => return Err(e),
                 }
             }

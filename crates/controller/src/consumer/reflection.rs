@@ -21,6 +21,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{NamespaceOffloading, names};
 use tandem_core::offloading::{EndpointView, endpoint_address_there};
 
@@ -472,7 +473,7 @@ where
         if ours && !wanted.contains(&name) {
             match remote.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) if client::is_not_found(&e) => {}
                 Err(e) => {
                     return Err(request(format!(
                         "deleting reflected {} {name}",

@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{Peering, Tenant, names};
 use tandem_core::offloading::VirtualNodeMarks;
 use tokio::time::Instant;
@@ -394,7 +395,7 @@ async fn renew_lease(ctx: &Ctx, node: &str, node_uid: Option<&str>) -> Result<()
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => {
+        Err(e) if client::is_not_found(&e) => {
             let lease: Lease = serde_json::from_value(json!({
                 "metadata": {"name": node, "namespace": LEASE_NAMESPACE,
                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY},
@@ -405,7 +406,7 @@ async fn renew_lease(ctx: &Ctx, node: &str, node_uid: Option<&str>) -> Result<()
             .map_err(kube::Error::SerdeError)?;
             match leases.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) if client::is_conflict(&e) => Ok(()),
                 Err(e) => Err(e),
             }
         }

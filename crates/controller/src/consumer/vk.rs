@@ -34,6 +34,7 @@ use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{NamespaceOffloading, ShadowPod, ShadowPodSpec, names};
 use tandem_core::shadow::{self, IpRemap, VirtualNodeKeys};
 use tokio::sync::mpsc;
@@ -591,7 +592,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match create_unread::<ShadowPod>(&remote, &twin, &sp).await {
                 Ok(()) => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
+                Err(e) if client::is_conflict(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), twin = %twin, "creating the shadow pod: {e}");
                     Outcome::Failed(key)
@@ -609,7 +610,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match api.delete(&name, &dp).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => {}
                 Err(e) => {
                     tracing::warn!(shadowpod = %format!("{twin}/{name}"), "deleting the shadow pod: {e}")
                 }
@@ -628,7 +629,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match api.delete(&key.1, &dp).await {
                 Ok(_) => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Outcome::Done,
+                Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "deleting the pod: {e}");
                     Outcome::Failed(key)
@@ -641,7 +642,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match patch_status(&local, &key, &Patch::Merge(&patch)).await {
                 Ok(()) => Outcome::Written(key, hash),
-                Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
+                Err(e) if client::is_not_found(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "writing the pod status: {e}");
                     Outcome::Done

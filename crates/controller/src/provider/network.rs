@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{NetworkParameters, Tenant, names};
 use tandem_core::ipam::{Grant, Ipam, IpamConfig, IpamState};
 
@@ -86,7 +87,7 @@ async fn with_ipam<T>(
                 };
                 match maps.delete(IPAM_CONFIG_MAP, &dp).await {
                     Ok(_) => return Ok(out),
-                    Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+                    Err(e) if client::is_conflict(&e) || client::is_not_found(&e) => continue,
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -115,7 +116,7 @@ async fn with_ipam<T>(
         };
         match result {
             Ok(_) => return Ok(out),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) if client::is_conflict(&e) => continue,
             Err(e) => return Err(e.into()),
         }
     }

@@ -18,6 +18,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{NetworkParameters, PeeringRequest, Tenant, names};
 
 use crate::context::Ctx;
@@ -276,9 +277,10 @@ async fn mark_used(client: &Client, token_id: &str, consumer: &str) -> Result<()
 }
 
 fn ignore_missing<K: Default>(e: kube::Error) -> Result<K, kube::Error> {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => Ok(K::default()),
-        e => Err(e),
+    if client::is_not_found(&e) {
+        Ok(K::default())
+    } else {
+        Err(e)
     }
 }
 
@@ -316,7 +318,7 @@ pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error>
         .expect("static manifest");
         match tenants.create(&PostParams::default(), &tenant).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) if client::is_conflict(&e) => {}
             Err(e) => return Err(e),
         }
     }
@@ -418,7 +420,7 @@ async fn signed_certificate(
             .expect("static manifest");
             match api.create(&PostParams::default(), &csr).await {
                 Ok(c) => c,
-                Err(kube::Error::Api(s)) if s.code == 409 => api.get(&name).await?,
+                Err(e) if client::is_conflict(&e) => api.get(&name).await?,
                 Err(e) => return Err(e),
             }
         }

@@ -15,6 +15,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{RemoteNamespace, names};
 
 use crate::context::{Context, Ctx};
@@ -215,7 +216,7 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
     if existing.metadata.deletion_timestamp.is_none() {
         match namespaces.delete(twin, &DeleteParams::default()).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+            Err(e) if client::is_not_found(&e) => return Ok(Action::await_change()),
             Err(e) => return Err(Error::Kube(k, "deleting the twin namespace", e)),
         }
     }

@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{ShadowPod, Tenant, names};
 use tandem_core::offloading::keep_off_virtual_nodes;
 use tandem_core::shadow::{self, Resources};
@@ -464,9 +465,9 @@ async fn act(client: Client, action: Action) -> Outcome {
             // The created pod in the answer is not decoded.
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
-                    Outcome::CreateRefused(key, format!("the real pod was refused: {}", e.message))
+                Err(e) if client::is_conflict(&e) => Outcome::Done,
+                Err(kube::Error::Api(s)) if s.is_invalid() || s.code == 400 => {
+                    Outcome::CreateRefused(key, format!("the real pod was refused: {}", s.message))
                 }
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "creating the real pod of the shadow pod: {e}");
@@ -491,7 +492,7 @@ async fn act(client: Client, action: Action) -> Outcome {
             if let Err(e) = api
                 .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+                && !client::is_not_found(&e)
             {
                 tracing::warn!(shadowpod = %format!("{}/{}", key.0, key.1), "setting status {phase}: {e}");
             }

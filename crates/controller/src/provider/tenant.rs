@@ -13,6 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::{Tenant, names};
 
@@ -129,7 +130,7 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         .map_err(err("removing the finalizer"))?;
     match namespaces.delete(&ns, &DeleteParams::background()).await {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) if client::is_not_found(&e) => {}
         Err(e) => return Err(err("deleting the tenant namespace")(e)),
     }
     Ok(Action::await_change())

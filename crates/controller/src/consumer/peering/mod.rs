@@ -18,6 +18,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::conditions;
 use tandem_api::{
     NetworkParameters, Peering, PeeringRequest, PeeringStatus, RemoteNamespace, Tenant, names,
@@ -293,13 +294,6 @@ async fn authenticate(
     }
 }
 
-fn api_code(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(s) => Some(s.code),
-        _ => None,
-    }
-}
-
 /// Files the request (once), reads the answer; Ok(Some) when the identity was stored.
 async fn try_authenticate(
     ctx: &Ctx,
@@ -358,7 +352,14 @@ async fn try_authenticate(
     };
     // What the provider's answer to the token at `step` means; `used` explains a 403.
     let refused = |e: &kube::Error, step: &str, used: &str| {
-        plan::token_refusal(api_code(e), &e.to_string(), step, used, &token, now)
+        plan::token_refusal(
+            client::status_code(e),
+            &e.to_string(),
+            step,
+            used,
+            &token,
+            now,
+        )
     };
     let existing = match requests.get_opt(token_id).await {
         Ok(r) => r,
@@ -388,7 +389,7 @@ async fn try_authenticate(
             .expect("static manifest");
             match requests.create(&PostParams::default(), &req).await {
                 Ok(r) => r,
-                Err(e) if api_code(&e) == Some(409) => return Ok(None),
+                Err(e) if client::is_conflict(&e) => return Ok(None),
                 Err(e) => return Err(refused(&e, "filing", "token already used")),
             }
         }
@@ -508,9 +509,7 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
     let tenants: Api<Tenant> = Api::namespaced(client.clone(), &remote_ns);
     let answer = match tenants.get(&consumer).await {
         Ok(t) => TenantAnswer::Found(Box::new(t)),
-        Err(e) if matches!(api_code(&e), Some(403 | 404 | 401)) => {
-            TenantAnswer::Gone(e.to_string())
-        }
+        Err(e) if client::is_gone_or_forbidden(&e) => TenantAnswer::Gone(e.to_string()),
         Err(e) => TenantAnswer::Unreachable(e.to_string()),
     };
     let place = plan::Place {
@@ -805,7 +804,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
                     .map_err(unpeer_step(UnpeerStep::DeleteTwinNamespaces))?;
                 }
             }
-            Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => {}
+            Err(e) if client::is_gone_or_forbidden(&e) => {}
             Err(e) => return Err(unpeer_step(UnpeerStep::DeleteTwinNamespaces)(e)),
         }
         ignore_gone(
@@ -831,18 +830,13 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
 }
 
 fn ignore_missing<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(e) if api_code(&e) == Some(404) => Ok(()),
-        Err(e) => Err(e),
-    }
+    client::ok_if_not_found(r).map(|_| ())
 }
 
 /// Missing, or no longer ours to touch (the provider already removed our access).
 fn ignore_gone<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match r {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => Ok(()),
-        Err(e) => Err(e),
+        Err(e) if !client::is_gone_or_forbidden(&e) => Err(e),
+        _ => Ok(()),
     }
 }
