@@ -1,13 +1,17 @@
 //! Shared handling of errors: how a cause chain reads in a log line or a condition's message.
 
 /// `e` and its causes, outermost first, joined by ": " — the text a condition's message or a
-/// log line shows (each error's own message names only its step, never its cause).
+/// log line shows. A cause whose text the message before it already ends with is said once
+/// (some foreign errors, kube's and hyper's among them, repeat their source).
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
+        let text = c.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         cause = c.source();
     }
     out
@@ -42,9 +46,15 @@ mod tests {
     #[error("outer step")]
     struct Outer(#[source] std::io::Error);
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error: connection refused")]
+    struct Repeating(#[source] std::io::Error);
+
     #[test]
     fn chain_names_each_cause_once() {
         let e = Outer(std::io::Error::other("connection refused"));
         assert_eq!(chain(&e), "outer step: connection refused");
+        let e = Repeating(std::io::Error::other("connection refused"));
+        assert_eq!(chain(&e), "client error: connection refused");
     }
 }

@@ -692,7 +692,11 @@ pub async fn unpeer(
         }
         let now = tokio::time::Instant::now();
         let state = match &peering {
-            Some(p) => stuck_at(p),
+            // Forced, the provider's steps are skipped: a report about them is from before.
+            Some(p) => stuck_at(p).filter(|s| {
+                !(force
+                    && matches!(s, UnpeerProgress::Stuck { step, .. } if step.skipped_by_force()))
+            }),
             None => Some(UnpeerProgress::TenantNamespaceTerminating {
                 namespace: tenant_ns.clone(),
             }),
