@@ -43,8 +43,8 @@ pub enum IdentityError {
     Missing { key: &'static str },
     #[error("invalid cluster ID: {0}")]
     InvalidId(String),
-    #[error("generating the cluster key: {0}")]
-    Key(String),
+    #[error("generating the cluster key")]
+    Key(#[source] rcgen::Error),
     #[error("creating Secret {ns}/{name}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
     Create {
         #[source]
@@ -108,7 +108,7 @@ impl ClusterIdentity {
             None => generated_id(),
         };
         names::validate_cluster_id(&cluster_id).map_err(IdentityError::InvalidId)?;
-        let key = rcgen::KeyPair::generate().map_err(|e| IdentityError::Key(e.to_string()))?;
+        let key = rcgen::KeyPair::generate().map_err(IdentityError::Key)?;
         let identity = ClusterIdentity {
             cluster_id,
             private_key_pem: key.serialize_pem(),

@@ -42,8 +42,11 @@ pub enum Error {
     Kube(String, &'static str, #[source] kube::Error),
     #[error("NamespaceOffloading {0}: waiting for twin namespaces to go on {1}")]
     Waiting(String, String),
-    #[error("NamespaceOffloading {0}: finalizer: {1}")]
-    Finalizer(String, String),
+    #[error("NamespaceOffloading {0}: finalizer")]
+    Finalizer(
+        String,
+        #[source] Box<kube::runtime::finalizer::Error<Error>>,
+    ),
 }
 
 /// Runs the reconciler; every change of the provider links re-reconciles every offloading.
@@ -94,7 +97,7 @@ async fn reconcile(o: Arc<NamespaceOffloading>, state: Arc<State>) -> Result<Act
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(k, other.to_string()),
+        other => Error::Finalizer(k, Box::new(other)),
     })
 }
 

@@ -31,8 +31,11 @@ pub enum Error {
     Kube(String, &'static str, #[source] kube::Error),
     #[error("RemoteNamespace {0}: waiting for twin namespace {1} to terminate")]
     Terminating(String, String),
-    #[error("RemoteNamespace {0}: finalizer: {1}")]
-    Finalizer(String, String),
+    #[error("RemoteNamespace {0}: finalizer")]
+    Finalizer(
+        String,
+        #[source] Box<kube::runtime::finalizer::Error<Error>>,
+    ),
 }
 
 /// Runs the reconciler until the controller stops.
@@ -70,7 +73,7 @@ async fn reconcile(rn: Arc<RemoteNamespace>, ctx: Arc<Context>) -> Result<Action
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(k, other.to_string()),
+        other => Error::Finalizer(k, Box::new(other)),
     })
 }
 
