@@ -40,6 +40,8 @@ pub const NETWORK_NEGOTIATED: &str = "NetworkNegotiated";
 pub const PROVIDER_REACHABLE: &str = "ProviderReachable";
 /// Peering: the virtual node exists and is Ready.
 pub const VIRTUAL_NODE_READY: &str = "VirtualNodeReady";
+/// Peering being deleted: False while an unpeering step fails (the reason names the step).
+pub const UNPEERED: &str = "Unpeered";
 /// Summary condition of most objects.
 pub const READY: &str = "Ready";
 

@@ -3,6 +3,7 @@
 //!
 //! This crate owns the k8s-openapi version for the controller and the CLI.
 
+pub mod client;
 pub mod conditions;
 pub mod crds;
 pub mod names;

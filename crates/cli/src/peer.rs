@@ -57,7 +57,9 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     tandem_controller::invite::accept(&client, &invite)
         .await
-        .map_err(|e| anyhow!("peering with {provider}: accepting the invite: {e}"))?;
+        .map_err(|e| {
+            anyhow::Error::new(e).context(format!("peering with {provider}: accepting the invite"))
+        })?;
     eprintln!(
         "peering with {provider} at {} (token {})",
         invite.endpoint, invite.token_id
@@ -79,22 +81,31 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         }
         Err(e) => {
             let cleanup = tandem_controller::invite::abandon(&client, &provider).await;
-            let cause = e.to_string();
-            let hint = if cause.contains("expired")
-                || cause.contains("already used")
-                || cause.contains("wrong or revoked")
-            {
-                "ask the provider's admin for a new invite (`tandem invite`)"
-            } else if cause.contains("unreachable") {
-                "check that this cluster's controller can reach the provider's API endpoint"
-            } else {
-                "see `kubectl get peering` and the controller's logs"
-            };
+            let hint = peer_hint(&e);
+            let cause = format!("{:#}", anyhow::Error::new(e));
             let mut msg = format!("peering with {provider}: establishing: {cause}\nhint: {hint}");
             if let Err(c) = cleanup {
-                msg.push_str(&format!("\nwarning: cleaning up failed: {c}"));
+                msg.push_str(&format!(
+                    "\nwarning: cleaning up failed: {:#}",
+                    anyhow::Error::new(c)
+                ));
             }
             Err(anyhow!(msg))
         }
+    }
+}
+
+/// What the admin can do about a peering that did not get established.
+fn peer_hint(e: &tandem_controller::invite::InviteError) -> &'static str {
+    use tandem_controller::invite::InviteError;
+    match e {
+        InviteError::Refused(r) if r.needs_new_invite() => {
+            "ask the provider's admin for a new invite (`tandem invite`)"
+        }
+        InviteError::NotEstablished {
+            provider_unreachable: true,
+            ..
+        } => "check that this cluster's controller can reach the provider's API endpoint",
+        _ => "see `kubectl get peering` and the controller's logs",
     }
 }

@@ -21,9 +21,20 @@ pub struct Args {
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     eprintln!("unpeering from {}", args.cluster_id);
-    tandem_controller::invite::unpeer(&client, &args.cluster_id, args.force, args.timeout)
-        .await
-        .map_err(|e| anyhow::anyhow!("unpeering from {}: {e}", args.cluster_id))?;
+    tandem_controller::invite::unpeer(
+        &client,
+        &args.cluster_id,
+        args.force,
+        args.timeout,
+        &mut |progress| {
+            eprintln!("… {progress}");
+            if let Some(hint) = progress.force_hint() {
+                eprintln!("  hint: {hint}");
+            }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::Error::new(e).context(format!("unpeering from {}", args.cluster_id)))?;
     eprintln!("unpeered from {}", args.cluster_id);
     Ok(())
 }

@@ -8,6 +8,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
+use tandem_api::client;
 use tandem_api::names;
 
 /// This cluster's ID and key pair.
@@ -30,19 +31,25 @@ impl std::fmt::Debug for ClusterIdentity {
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error(
-        "reading Secret {ns}/{name}: {source} (is Tandem installed? run `tandem install`)",
+        "reading Secret {ns}/{name} (is Tandem installed? run `tandem install`)",
         ns = names::SYSTEM_NAMESPACE,
         name = names::IDENTITY_SECRET
     )]
-    Read { source: kube::Error },
+    Read {
+        #[source]
+        source: kube::Error,
+    },
     #[error("Secret {ns}/{name} lacks key {key:?}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
     Missing { key: &'static str },
     #[error("invalid cluster ID: {0}")]
     InvalidId(String),
-    #[error("generating the cluster key: {0}")]
-    Key(String),
-    #[error("creating Secret {ns}/{name}: {source}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
-    Create { source: kube::Error },
+    #[error("generating the cluster key")]
+    Key(#[source] rcgen::Error),
+    #[error("creating Secret {ns}/{name}", ns = names::SYSTEM_NAMESPACE, name = names::IDENTITY_SECRET)]
+    Create {
+        #[source]
+        source: kube::Error,
+    },
     #[error(
         "this cluster is already installed as {existing:?}; a cluster's ID cannot change (uninstall first)"
     )]
@@ -101,7 +108,7 @@ impl ClusterIdentity {
             None => generated_id(),
         };
         names::validate_cluster_id(&cluster_id).map_err(IdentityError::InvalidId)?;
-        let key = rcgen::KeyPair::generate().map_err(|e| IdentityError::Key(e.to_string()))?;
+        let key = rcgen::KeyPair::generate().map_err(IdentityError::Key)?;
         let identity = ClusterIdentity {
             cluster_id,
             private_key_pem: key.serialize_pem(),
@@ -134,7 +141,7 @@ impl ClusterIdentity {
         match secrets.create(&PostParams::default(), &secret).await {
             Ok(created) => Self::from_secret(&created),
             // Another installer won the race: use what it stored.
-            Err(kube::Error::Api(s)) if s.code == 409 => Self::load(client).await,
+            Err(e) if client::is_conflict(&e) => Self::load(client).await,
             Err(source) => Err(IdentityError::Create { source }),
         }
         .inspect(|id| tracing::info!(cluster_id = %id.cluster_id, secret = %secret.name_any(), "cluster identity created"))

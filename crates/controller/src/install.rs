@@ -47,16 +47,17 @@ pub const DEFAULT_SHARE_PERCENT: u32 = 50;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error("install step {step:?}: {source}")]
+    #[error("install step {step:?}")]
     Step {
         step: &'static str,
+        #[source]
         source: kube::Error,
     },
     #[error("install step \"CRDs\": CustomResourceDefinition {0} not Established after 30s")]
     CrdNotEstablished(String),
     #[error("install step \"settings\": {0}")]
     Settings(String),
-    #[error("install step \"cluster identity\": {0}")]
+    #[error("install step \"cluster identity\"")]
     Identity(#[from] IdentityError),
 }
 

@@ -13,9 +13,11 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{Peering, Tenant, conditions, names};
 use tandem_core::invite::{PeeringInvite, human_duration};
 
+use crate::consumer::peering::{AuthFailureReason, UnpeerStep};
 use crate::identity::ClusterIdentity;
 
 /// Key of the consumer's token Secret holding `<id>.<secret>`.
@@ -42,16 +44,130 @@ pub fn consumer_token_secret_name(provider_id: &str) -> String {
     format!("tandem-invite-{provider_id}")
 }
 
+/// What went wrong in an admin-side step of peering.
 #[derive(Debug, thiserror::Error)]
 pub enum InviteError {
-    #[error("{step}: {source}")]
-    Api { step: String, source: kube::Error },
-    #[error("{0}")]
+    #[error("{step}")]
+    Api {
+        step: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
     Identity(#[from] crate::identity::IdentityError),
-    #[error("{0}")]
+    #[error(transparent)]
     Invite(#[from] tandem_core::invite::InviteError),
+    /// Peering or unpeering refused, for a reason the caller may act on.
     #[error("{0}")]
-    Refused(String),
+    Refused(Refusal),
+    /// The Peering is neither Established nor Failed after `after`.
+    #[error("not established after {}: {pending}", human_duration(after.as_secs() as i64))]
+    NotEstablished {
+        after: Duration,
+        /// The first condition that is not True (`Type: message`), or what is missing.
+        pending: String,
+        /// Why authentication still fails, if that is where it waits.
+        reason: Option<AuthFailureReason>,
+        /// Whether the controller reports that the provider does not answer.
+        provider_unreachable: bool,
+    },
+    /// Unpeering did not finish within `after`.
+    #[error(
+        "still unpeering from {peer} after {}{}{}",
+        human_duration(after.as_secs() as i64),
+        stuck.map(|s| format!(" ({s})")).unwrap_or_default(),
+        force_hint.as_ref().map(|h| format!("; {h}")).unwrap_or_default()
+    )]
+    UnpeerTimedOut {
+        peer: String,
+        after: Duration,
+        /// The step the controller retries, if it reported one.
+        stuck: Option<UnpeerStep>,
+        /// How to skip the provider's steps, unless already forced.
+        force_hint: Option<String>,
+    },
+    /// Cleaning up after a refused peering did not finish.
+    #[error("Peering {provider} or namespace {namespace} still there after {}", human_duration(after.as_secs() as i64))]
+    CleanupTimedOut {
+        provider: String,
+        namespace: String,
+        after: Duration,
+    },
+}
+
+/// Why a peering step was refused: a typed value the CLI chooses its hint from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The invite names a cluster ID that is not a valid one.
+    InvalidClusterId { id: String, problem: String },
+    /// The invite comes from this very cluster.
+    SameCluster { id: String },
+    /// This cluster already has a Peering with the provider.
+    AlreadyPeered { provider: String, phase: String },
+    /// The tenant namespace of an earlier peering is still terminating.
+    TenantNamespaceTerminating { namespace: String },
+    /// No invite has this token ID.
+    NoSuchInvite { token_id: String },
+    /// This cluster has neither a Peering nor a Tenant for `peer`.
+    NotPeered { peer: String },
+    /// The controller could not authenticate with the provider (the Peering Failed).
+    Authentication {
+        /// The `Authenticated` condition's reason, when it is one the controller sets.
+        reason: Option<AuthFailureReason>,
+        message: String,
+    },
+}
+
+impl Refusal {
+    /// Whether only a new invite from the provider can help.
+    pub fn needs_new_invite(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Authentication {
+                reason: Some(
+                    AuthFailureReason::InviteExpired
+                        | AuthFailureReason::TokenUsed
+                        | AuthFailureReason::TokenRejected
+                        | AuthFailureReason::InviteMissing
+                ),
+                ..
+            }
+        )
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::InvalidClusterId { id, problem } => {
+                write!(
+                    f,
+                    "the invite names an invalid cluster ID {id:?}: {problem}"
+                )
+            }
+            Refusal::SameCluster { id } => write!(
+                f,
+                "the invite is from this very cluster ({id}); run `tandem peer` on the consumer"
+            ),
+            Refusal::AlreadyPeered { provider, phase } => write!(
+                f,
+                "this cluster already peers with {provider} (phase {phase}); `tandem unpeer {provider}` first"
+            ),
+            Refusal::TenantNamespaceTerminating { namespace } => write!(
+                f,
+                "namespace {namespace} of an earlier peering is still being deleted; retry in a moment"
+            ),
+            Refusal::NoSuchInvite { token_id } => write!(
+                f,
+                "no invite with token ID {token_id:?} (see `tandem invite --list`)"
+            ),
+            Refusal::NotPeered { peer } => write!(
+                f,
+                "this cluster has no peering with {peer:?} (no Peering and no Tenant)"
+            ),
+            Refusal::Authentication { message, .. } => f.write_str(message),
+        }
+    }
 }
 
 fn api(step: impl Into<String>) -> impl FnOnce(kube::Error) -> InviteError {
@@ -220,9 +336,9 @@ pub async fn revoke(client: &Client, token_id: &str) -> Result<(), InviteError> 
         .await
         .map_err(api(format!("reading Secret kube-system/{name}")))?;
     if found.is_none() {
-        return Err(InviteError::Refused(format!(
-            "no invite with token ID {token_id:?} (see `tandem invite --list`)"
-        )));
+        return Err(InviteError::Refused(Refusal::NoSuchInvite {
+            token_id: token_id.to_string(),
+        }));
     }
     remove_invite_objects(client, token_id).await
 }
@@ -253,14 +369,12 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(InviteError::Api {
+    client::delete_if_exists(api, name, &DeleteParams::background())
+        .await
+        .map_err(|source| InviteError::Api {
             step: format!("deleting {} {name}", K::kind(&K::DynamicType::default())),
             source,
-        }),
-    }
+        })
 }
 
 /// Accepts an invite on the consumer (`client`): creates the tenant namespace, the token Secret
@@ -269,11 +383,16 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
     invite.check_expiry(now_unix())?;
     let identity = ClusterIdentity::load(client).await?;
     let provider = &invite.provider_cluster_id;
-    names::validate_cluster_id(provider).map_err(InviteError::Refused)?;
+    names::validate_cluster_id(provider).map_err(|problem| {
+        InviteError::Refused(Refusal::InvalidClusterId {
+            id: provider.clone(),
+            problem,
+        })
+    })?;
     if provider == &identity.cluster_id {
-        return Err(InviteError::Refused(format!(
-            "the invite is from this very cluster ({provider}); run `tandem peer` on the consumer"
-        )));
+        return Err(InviteError::Refused(Refusal::SameCluster {
+            id: provider.clone(),
+        }));
     }
     let peerings: Api<Peering> = Api::all(client.clone());
     if let Some(existing) = peerings
@@ -285,9 +404,10 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
             .status
             .and_then(|s| s.phase)
             .unwrap_or_else(|| "Pending".into());
-        return Err(InviteError::Refused(format!(
-            "this cluster already peers with {provider} (phase {phase}); `tandem unpeer {provider}` first"
-        )));
+        return Err(InviteError::Refused(Refusal::AlreadyPeered {
+            provider: provider.clone(),
+            phase,
+        }));
     }
     let tenant = names::tenant_namespace(provider);
     if let Some(ns) = Api::<Namespace>::all(client.clone())
@@ -296,9 +416,9 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
         .map_err(api(format!("reading namespace {tenant}")))?
         && ns.metadata.deletion_timestamp.is_some()
     {
-        return Err(InviteError::Refused(format!(
-            "namespace {tenant} of an earlier peering is still being deleted; retry in a moment"
-        )));
+        return Err(InviteError::Refused(Refusal::TenantNamespaceTerminating {
+            namespace: tenant,
+        }));
     }
     let pp = PatchParams::apply(names::FIELD_MANAGER).force();
     let mut ns_labels = managed();
@@ -368,40 +488,148 @@ pub async fn wait_established(
         match status.phase.as_deref() {
             Some("Established") => return Ok(peering),
             Some("Failed") => {
-                let cause = status
-                    .conditions
-                    .iter()
-                    .find(|c| c.status == "False")
-                    .map(|c| c.message.clone())
-                    .unwrap_or_else(|| "failed".into());
-                return Err(InviteError::Refused(cause));
+                let failed = status.conditions.iter().find(|c| c.status == "False");
+                return Err(InviteError::Refused(Refusal::Authentication {
+                    reason: failed.and_then(|c| AuthFailureReason::from_reason(&c.reason)),
+                    message: failed
+                        .map(|c| c.message.clone())
+                        .unwrap_or_else(|| "failed".into()),
+                }));
             }
             _ => {}
         }
         if tokio::time::Instant::now() > deadline {
-            let pending = status
-                .conditions
-                .iter()
-                .find(|c| c.status != "True")
-                .map(|c| format!("{}: {}", c.type_, c.message))
-                .unwrap_or_else(|| "no progress reported (is the controller running?)".into());
-            return Err(InviteError::Refused(format!(
-                "not established after {}: {pending}",
-                human_duration(timeout.as_secs() as i64)
-            )));
+            let pending = status.conditions.iter().find(|c| c.status != "True");
+            return Err(InviteError::NotEstablished {
+                after: timeout,
+                pending: pending
+                    .map(|c| format!("{}: {}", c.type_, c.message))
+                    .unwrap_or_else(|| "no progress reported (is the controller running?)".into()),
+                reason: pending
+                    .filter(|c| c.type_ == conditions::AUTHENTICATED)
+                    .and_then(|c| AuthFailureReason::from_reason(&c.reason)),
+                provider_unreachable: status.conditions.iter().any(|c| {
+                    c.status == "False"
+                        && (c.type_ == conditions::PROVIDER_REACHABLE
+                            || c.reason == AuthFailureReason::ProviderUnreachable.as_str())
+                }),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
+/// What `unpeer` tells its caller while it waits, so an admin sees where it stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnpeerProgress {
+    /// The Peering with `peer` (this cluster its consumer) is being deleted.
+    PeeringDeleted { peer: String },
+    /// The Tenant of `peer` (this cluster its provider) is being deleted.
+    TenantDeleted { peer: String },
+    /// The controller fails at `step` and retries it; `provider_unreachable` when `peer` did
+    /// not answer at all.
+    Stuck {
+        peer: String,
+        step: UnpeerStep,
+        provider_unreachable: bool,
+        /// The failure, as the controller reports it in the Peering's `Unpeered` condition.
+        message: String,
+    },
+    /// Still stuck at `step` after `waited` (repeated while the admin waits).
+    StillStuck {
+        peer: String,
+        step: UnpeerStep,
+        waited: Duration,
+    },
+    /// Everything of the peering is gone but the tenant namespace, which is terminating.
+    TenantNamespaceTerminating { namespace: String },
+}
+
+impl UnpeerProgress {
+    /// A hint naming `tandem unpeer --force` when waiting for `peer` may be pointless.
+    pub fn force_hint(&self) -> Option<String> {
+        match self {
+            UnpeerProgress::Stuck { peer, step, .. }
+            | UnpeerProgress::StillStuck { peer, step, .. }
+                if step.skipped_by_force() =>
+            {
+                Some(force_hint(peer))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for UnpeerProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnpeerProgress::PeeringDeleted { peer } => {
+                write!(f, "Peering {peer} deleted; the controller undoes it")
+            }
+            UnpeerProgress::TenantDeleted { peer } => {
+                write!(f, "Tenant {peer} deleted; the controller undoes it")
+            }
+            UnpeerProgress::Stuck {
+                peer,
+                step,
+                provider_unreachable,
+                message,
+            } => {
+                if *provider_unreachable {
+                    write!(f, "{step}: {peer} is unreachable ({message}); retrying")
+                } else {
+                    write!(f, "{step}: {message}; retrying")
+                }
+            }
+            UnpeerProgress::StillStuck { peer, step, waited } => write!(
+                f,
+                "still {step} for {peer} after {}; retrying",
+                human_duration(waited.as_secs() as i64)
+            ),
+            UnpeerProgress::TenantNamespaceTerminating { namespace } => {
+                write!(f, "waiting for namespace {namespace} to terminate")
+            }
+        }
+    }
+}
+
+fn force_hint(peer: &str) -> String {
+    format!("if {peer} is gone for good, run `tandem unpeer {peer} --force`")
+}
+
+/// How often `unpeer` repeats that it is still stuck.
+const STILL_STUCK_EVERY: Duration = Duration::from_secs(10);
+
+/// Where a deleting Peering's unpeering is stuck, from the controller's report in its status.
+fn stuck_at(peering: &Peering) -> Option<UnpeerProgress> {
+    let status = peering.status.as_ref()?;
+    let unpeered = conditions::find(&status.conditions, conditions::UNPEERED)?;
+    if unpeered.status != "False" {
+        return None;
+    }
+    let step = UnpeerStep::from_reason(&unpeered.reason)?;
+    let provider_unreachable = step.skipped_by_force()
+        && conditions::find(&status.conditions, conditions::PROVIDER_REACHABLE)
+            .is_some_and(|c| c.status == "False");
+    Some(UnpeerProgress::Stuck {
+        peer: peering.name_any(),
+        step,
+        provider_unreachable,
+        message: unpeered.message.clone(),
+    })
+}
+
 /// Unpeers from `peer` on this cluster: as consumer deletes the Peering (the controller undoes
 /// everything, on the provider too unless `force`), as provider deletes the Tenant. Waits until
-/// the tenant namespace is gone.
+/// the tenant namespace is gone, telling `progress` where it stands: which step the controller
+/// retries (and whether the provider is unreachable) as soon as it reports one, and again every
+/// few seconds while it stays stuck.
 pub async fn unpeer(
     client: &Client,
     peer: &str,
     force: bool,
     timeout: Duration,
+    progress: &mut (dyn FnMut(UnpeerProgress) + Send),
 ) -> Result<(), InviteError> {
     let peerings: Api<Peering> = Api::all(client.clone());
     let tenant_ns = names::tenant_namespace(peer);
@@ -426,6 +654,7 @@ pub async fn unpeer(
                 .map_err(api(format!("annotating Peering {peer}")))?;
         }
         delete_ignoring_missing(&peerings, peer).await?;
+        progress(UnpeerProgress::PeeringDeleted { peer: peer.into() });
     }
     let tenants: Api<Tenant> = Api::namespaced(client.clone(), &tenant_ns);
     if tenants
@@ -436,38 +665,70 @@ pub async fn unpeer(
     {
         found = true;
         delete_ignoring_missing(&tenants, peer).await?;
+        progress(UnpeerProgress::TenantDeleted { peer: peer.into() });
     }
     if !found {
-        return Err(InviteError::Refused(format!(
-            "this cluster has no peering with {peer:?} (no Peering and no Tenant)"
-        )));
+        return Err(InviteError::Refused(Refusal::NotPeered {
+            peer: peer.to_string(),
+        }));
     }
-    let deadline = tokio::time::Instant::now() + timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut last: Option<UnpeerProgress> = None;
+    let mut stuck_since = started;
+    let mut told_still = started;
     loop {
-        let peering_gone = peerings
+        let peering = peerings
             .get_opt(peer)
             .await
-            .map_err(api(format!("reading Peering {peer}")))?
-            .is_none();
-        let ns_gone = namespaces
+            .map_err(api(format!("reading Peering {peer}")))?;
+        let ns = namespaces
             .get_opt(&tenant_ns)
             .await
-            .map_err(api(format!("reading namespace {tenant_ns}")))?
-            .is_none();
-        if peering_gone && ns_gone {
+            .map_err(api(format!("reading namespace {tenant_ns}")))?;
+        if peering.is_none() && ns.is_none() {
             return Ok(());
         }
-        if tokio::time::Instant::now() > deadline {
-            let hint = if force {
-                String::new()
-            } else {
-                format!("; if {peer} is gone for good, run `tandem unpeer {peer} --force`")
+        let now = tokio::time::Instant::now();
+        let state = match &peering {
+            // Forced, the provider's steps are skipped: a report about them is from before.
+            Some(p) => stuck_at(p).filter(|s| {
+                !(force
+                    && matches!(s, UnpeerProgress::Stuck { step, .. } if step.skipped_by_force()))
+            }),
+            None => Some(UnpeerProgress::TenantNamespaceTerminating {
+                namespace: tenant_ns.clone(),
+            }),
+        };
+        if state != last {
+            stuck_since = now;
+            told_still = now;
+            if let Some(s) = &state {
+                progress(s.clone());
+            }
+            last = state;
+        } else if let Some(UnpeerProgress::Stuck { step, .. }) = &last
+            && now.duration_since(told_still) >= STILL_STUCK_EVERY
+        {
+            told_still = now;
+            progress(UnpeerProgress::StillStuck {
+                peer: peer.to_string(),
+                step: *step,
+                waited: now.duration_since(stuck_since),
+            });
+        }
+        if now > deadline {
+            let stuck = match &last {
+                Some(UnpeerProgress::Stuck { step, .. }) => Some(*step),
+                _ => None,
             };
-            return Err(InviteError::Refused(format!(
-                "still unpeering after {}{hint}",
-                human_duration(timeout.as_secs() as i64)
-            )));
+            return Err(InviteError::UnpeerTimedOut {
+                peer: peer.to_string(),
+                after: timeout,
+                stuck,
+                force_hint: (!force).then(|| force_hint(peer)),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -523,9 +784,11 @@ pub async fn abandon(client: &Client, provider: &str) -> Result<(), InviteError>
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(InviteError::Refused(format!(
-                "Peering {provider} or namespace {tenant_ns} still there after 30s"
-            )));
+            return Err(InviteError::CleanupTimedOut {
+                provider: provider.to_string(),
+                namespace: tenant_ns,
+                after: Duration::from_secs(30),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

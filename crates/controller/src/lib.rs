@@ -10,7 +10,9 @@
 
 pub mod consumer;
 pub mod context;
+pub mod error;
 pub mod identity;
+pub mod input;
 pub mod install;
 pub mod invite;
 pub mod lean;

@@ -224,6 +224,7 @@ pub fn controller_role() -> ClusterRole {
                 &[
                     "peerings/status",
                     "peeringrequests/status",
+                    "tenants/status",
                     "networkparameters/status",
                     "remotenamespaces/status",
                     "shadowpods/status",

@@ -805,7 +805,7 @@ async fn unpeer_leaves_nothing_tandem_owned() {
         );
     }
     // Unpeer with the workload still there.
-    tandem_controller::invite::unpeer(&consumer.client, "milan", false, WAIT)
+    tandem_controller::invite::unpeer(&consumer.client, "milan", false, WAIT, &mut |_| {})
         .await
         .expect("unpeer");
 

@@ -468,3 +468,53 @@ async fn cluster_selector_picks_only_matching_providers() {
     namespace_gone(&us.client, "shop-genoa").await;
     entries_become(&consumer.client, "shop", &[]).await;
 }
+
+#[tokio::test]
+async fn a_cluster_selector_with_an_unknown_operator_is_reported_not_offloaded() {
+    let consumer = Cluster::start("siena", "eu-south", 1).await;
+    let provider = Cluster::start("pisa", "eu-west", 1).await;
+    support::peer_with(&consumer, &provider, grant(), None).await;
+    support::accept_any_spec(&consumer.client, "namespaceoffloadings.tandem.dev").await;
+    create_namespace(&consumer.client, "bogus").await;
+    offload(
+        &consumer.client,
+        "bogus",
+        names::OFFLOADING_NAME,
+        json!({"clusterSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "topology.kubernetes.io/region", "operator": "Bogus", "values": ["eu-west"]},
+        ]}]}}),
+    )
+    .await;
+    let api: Api<NamespaceOffloading> = Api::namespaced(consumer.client.clone(), "bogus");
+    let status = until("the offloading to report its selector", WAIT, || async {
+        let status = api.get(names::OFFLOADING_NAME).await.ok()?.status?;
+        status.phase.is_some().then_some(status)
+    })
+    .await;
+    assert_eq!(status.phase.as_deref(), Some("Failed"), "{status:?}");
+    let ready = tandem_api::conditions::find(&status.conditions, "Ready").expect("Ready");
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, "InvalidClusterSelector");
+    assert!(
+        ready
+            .message
+            .contains("spec.clusterSelector.nodeSelectorTerms[0].matchExpressions[0].operator")
+            && ready.message.contains("Bogus"),
+        "{}",
+        ready.message
+    );
+    // Nothing was offloaded on its account.
+    assert!(status.remote_namespaces.is_empty(), "{status:?}");
+    let twins: Api<RemoteNamespace> = Api::namespaced(
+        provider.client.clone(),
+        &names::tenant_namespace(&consumer.id),
+    );
+    assert!(twins.get_opt("bogus").await.unwrap().is_none());
+    let cns: Api<Namespace> = Api::all(consumer.client.clone());
+    let ns = cns.get("bogus").await.unwrap();
+    assert!(
+        !ns.labels().contains_key(OFFLOADING_LABEL),
+        "{:?}",
+        ns.labels()
+    );
+}

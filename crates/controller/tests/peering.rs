@@ -6,12 +6,13 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use support::{Cluster, tandem_owned, until, until_owned};
 use tandem_api::{NetworkParameters, Peering, PeeringRequest, Tenant, names};
-use tandem_controller::invite;
+use tandem_controller::consumer::peering::UnpeerStep;
+use tandem_controller::invite::{self, UnpeerProgress};
 
 /// How long Tandem's objects may take to settle after a step.
 const OBJECTS_WAIT: Duration = Duration::from_secs(20);
@@ -135,9 +136,15 @@ async fn invite_peer_negotiate_shrink_unpeer() {
     .await;
 
     // Unpeer from the consumer: nothing of the peering is left on either side.
-    invite::unpeer(&consumer.client, "milan", false, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &consumer.client,
+        "milan",
+        false,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(&consumer, &consumer_before, "after unpeer", OBJECTS_WAIT).await;
     until_owned(&provider, &provider_before, "after unpeer", OBJECTS_WAIT).await;
 }
@@ -244,9 +251,15 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
 
     // The provider's admin unpeers: the tenant goes, and the consumer sees it lost its grant.
     support::peer(&consumer, &provider).await;
-    invite::unpeer(&provider.client, "porto", false, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &provider.client,
+        "porto",
+        false,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(
         &provider,
         &provider_before,
@@ -269,9 +282,15 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
             .unwrap();
     assert!(cond.message.contains("unpeered us"), "{}", cond.message);
     // The consumer then unpeers too; the provider already forgot it, which is fine.
-    invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &consumer.client,
+        "lisbon",
+        false,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(
         &consumer,
         &consumer_before,
@@ -280,18 +299,70 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     )
     .await;
 
-    // Peer again, then the provider disappears for good: unpeer waits and names --force,
-    // and --force removes everything here.
+    // Peer again, then the provider disappears for good: unpeer says at once which step fails
+    // because the provider does not answer and names --force, keeps saying it while the admin
+    // waits, and --force removes everything here.
     support::peer(&consumer, &provider).await;
     provider.lab.shutdown();
-    let err = invite::unpeer(&consumer.client, "lisbon", false, Duration::from_secs(3))
-        .await
-        .unwrap_err()
-        .to_string();
+    let mut told = Vec::new();
+    let err = invite::unpeer(
+        &consumer.client,
+        "lisbon",
+        false,
+        Duration::from_secs(15),
+        &mut |p| told.push(p),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        told.first(),
+        Some(&UnpeerProgress::PeeringDeleted {
+            peer: "lisbon".into()
+        }),
+        "{told:#?}"
+    );
+    // The next thing said is the step that fails, before the wait ends.
+    let stuck = told.get(1).expect("the stuck step is reported");
+    assert!(
+        matches!(
+            stuck,
+            UnpeerProgress::Stuck {
+                step: UnpeerStep::DeleteTwinNamespaces,
+                provider_unreachable: true,
+                ..
+            }
+        ),
+        "{told:#?}"
+    );
+    assert!(
+        stuck.to_string().contains("lisbon is unreachable"),
+        "{stuck}"
+    );
+    assert_eq!(
+        stuck.force_hint().as_deref(),
+        Some("if lisbon is gone for good, run `tandem unpeer lisbon --force`")
+    );
+    assert!(
+        told.iter().any(|p| matches!(
+            p,
+            UnpeerProgress::StillStuck {
+                step: UnpeerStep::DeleteTwinNamespaces,
+                ..
+            }
+        )),
+        "progress repeats while waiting: {told:#?}"
+    );
+    let err = err.to_string();
     assert!(err.contains("tandem unpeer lisbon --force"), "{err}");
-    invite::unpeer(&consumer.client, "lisbon", true, Duration::from_secs(20))
-        .await
-        .unwrap();
+    invite::unpeer(
+        &consumer.client,
+        "lisbon",
+        true,
+        Duration::from_secs(20),
+        &mut |_| {},
+    )
+    .await
+    .unwrap();
     until_owned(
         &consumer,
         &consumer_before,
@@ -337,4 +408,107 @@ async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
     // Nothing was created for the would-be consumer.
     let ns: Api<Namespace> = Api::all(provider.client.clone());
     assert!(ns.get_opt("tandem-tenant-graz").await.unwrap().is_none());
+}
+
+/// The consumer's virtual node capacity of `resource`, if the node exists.
+async fn node_capacity(consumer: &Cluster, provider: &str, resource: &str) -> Option<String> {
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    let node = nodes
+        .get_opt(&names::virtual_node_name(provider))
+        .await
+        .unwrap()?;
+    node.status?.capacity?.get(resource).map(|q| q.0.clone())
+}
+
+#[tokio::test]
+async fn a_grant_that_is_not_a_quantity_is_reported_and_never_reaches_the_virtual_node() {
+    let provider = Cluster::start("genoa", "eu-south", 1).await;
+    let consumer = Cluster::start("turin", "eu-south", 1).await;
+    support::peer_with(
+        &consumer,
+        &provider,
+        json!({"cpu": "2", "memory": "2Gi", "pods": "20"}),
+        None,
+    )
+    .await;
+    until("the virtual node's capacity", OBJECTS_WAIT, || async {
+        (node_capacity(&consumer, "genoa", "cpu").await.as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    // An admin edits the grant on the provider; a schema that predates validation lets it in.
+    support::accept_any_spec(&provider.client, "tenants.tandem.dev").await;
+    let tenants: Api<Tenant> = Api::namespaced(provider.client.clone(), "tandem-tenant-turin");
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    for bad in ["abc", "-5"] {
+        tenants
+            .patch(
+                "turin",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"grant": {"cpu": bad}}})),
+            )
+            .await
+            .unwrap();
+        // The provider names the field on the Tenant.
+        let ready = until("the Tenant to report its grant", OBJECTS_WAIT, || async {
+            let t = tenants.get("turin").await.unwrap();
+            let c = tandem_api::conditions::find(&t.status?.conditions, "Ready")?.clone();
+            (c.reason == "InvalidGrant" && c.message.contains(&format!("{bad:?}"))).then_some(c)
+        })
+        .await;
+        assert_eq!(ready.status, "False");
+        assert!(
+            ready.message.starts_with("spec.grant.cpu: "),
+            "{}",
+            ready.message
+        );
+        // So does the consumer, on its Peering, keeping the last valid grant.
+        let p = until("the consumer to report the grant", OBJECTS_WAIT, || async {
+            let p = peerings.get("genoa").await.unwrap();
+            let c =
+                tandem_api::conditions::find(&p.status.as_ref()?.conditions, "ResourcesGranted")?;
+            (c.reason == "InvalidGrant" && c.message.contains(&format!("{bad:?}"))).then_some(p)
+        })
+        .await;
+        let status = p.status.unwrap();
+        let granted = tandem_api::conditions::find(&status.conditions, "ResourcesGranted").unwrap();
+        assert_eq!(granted.status, "False");
+        assert!(
+            granted.message.contains("spec.grant.cpu"),
+            "{}",
+            granted.message
+        );
+        assert_eq!(status.granted.get("cpu").map(|q| q.0.as_str()), Some("2"));
+        assert_eq!(
+            node_capacity(&consumer, "genoa", "cpu").await.as_deref(),
+            Some("2"),
+            "the virtual node keeps its last valid capacity"
+        );
+    }
+    // A valid grant again: both sides take it.
+    tenants
+        .patch(
+            "turin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"grant": {"cpu": "3"}}})),
+        )
+        .await
+        .unwrap();
+    until(
+        "the virtual node to take the new grant",
+        OBJECTS_WAIT,
+        || async {
+            (node_capacity(&consumer, "genoa", "cpu").await.as_deref() == Some("3")).then_some(())
+        },
+    )
+    .await;
+    until(
+        "the Tenant to say its grant is valid",
+        OBJECTS_WAIT,
+        || async {
+            let t = tenants.get("turin").await.unwrap();
+            let c = tandem_api::conditions::find(&t.status?.conditions, "Ready")?.clone();
+            (c.status == "True" && c.reason == "GrantValid").then_some(())
+        },
+    )
+    .await;
 }

@@ -26,8 +26,9 @@ async fn install_is_idempotent_and_keeps_the_identity() {
     );
     let err = tandem_controller::install::install(&cluster.client, &opts("other"), &mut |_| {})
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    // The step, then its cause, as `tandem install` prints them.
+    let err = tandem_controller::error::chain(&err);
     assert!(err.contains("already installed as \"smoke\""), "{err}");
     let settings = tandem_controller::install::load_settings(&cluster.client)
         .await

@@ -140,8 +140,74 @@ impl LinkWatch {
     }
 }
 
+/// Why a client for a provider could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid kubeconfig")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    #[error("building a client")]
+    Build(#[source] kube::Error),
+}
+
+/// Why the peer identity (the kubeconfig Secret the provider's answer became) is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("reading identity Secret {namespace}/{name}")]
+    Read {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("identity Secret {namespace}/{name} has no kubeconfig")]
+    NoKubeconfig { namespace: String, name: String },
+    #[error("identity Secret {namespace}/{name}")]
+    Client {
+        namespace: String,
+        name: String,
+        #[source]
+        source: ClientError,
+    },
+}
+
+/// A client for `provider` with the peer identity in Secret `name` of its local tenant
+/// namespace, and that Secret (its resourceVersion tells when the identity changed).
+pub async fn identity_client(
+    ctx: &Ctx,
+    provider: &str,
+    name: &str,
+) -> Result<(Client, Secret), IdentityError> {
+    let namespace = names::tenant_namespace(provider);
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+        .get(name)
+        .await
+        .map_err(|source| IdentityError::Read {
+            namespace: namespace.clone(),
+            name: name.to_string(),
+            source,
+        })?;
+    let Some(kubeconfig) = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
+    else {
+        return Err(IdentityError::NoKubeconfig {
+            namespace,
+            name: name.to_string(),
+        });
+    };
+    let client = client_from_kubeconfig(&String::from_utf8_lossy(&kubeconfig.0))
+        .await
+        .map_err(|source| IdentityError::Client {
+            namespace,
+            name: name.to_string(),
+            source,
+        })?;
+    Ok((client, secret))
+}
+
 /// Builds the link of an authenticated Peering: reads its identity Secret and makes a client.
-pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLink>, String> {
+pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLink>, IdentityError> {
     let Some(status) = &peering.status else {
         return Ok(None);
     };
@@ -160,19 +226,7 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
     };
     let provider_id = peering.spec.cluster_id.clone();
     let local_tenant = names::tenant_namespace(&provider_id);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &local_tenant);
-    let secret = secrets
-        .get(secret_name)
-        .await
-        .map_err(|e| format!("reading identity Secret {local_tenant}/{secret_name}: {e}"))?;
-    let kubeconfig = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
-        .ok_or_else(|| format!("identity Secret {local_tenant}/{secret_name} has no kubeconfig"))?;
-    let client = client_from_kubeconfig(&String::from_utf8_lossy(&kubeconfig.0))
-        .await
-        .map_err(|e| format!("identity Secret {local_tenant}/{secret_name}: {e}"))?;
+    let (client, secret) = identity_client(ctx, &provider_id, secret_name).await?;
     let network = status.network.as_ref().and_then(|n| {
         Some(NetworkView {
             remote_pod_cidr: n.remote_pod_cidr.parse().ok()?,
@@ -203,16 +257,16 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
 }
 
 /// A client from a kubeconfig document (its current context).
-pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, String> {
-    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|e| format!("invalid kubeconfig: {e}"))?;
+pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
+    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(ClientError::Kubeconfig)?;
     let mut config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .map_err(|e| format!("invalid kubeconfig: {e}"))?;
+            .map_err(ClientError::Kubeconfig)?;
     // Fail fast on an unreachable provider instead of hanging reconcilers.
     config.connect_timeout = Some(Duration::from_secs(3));
     config.read_timeout = Some(Duration::from_secs(30));
-    Client::try_from(config).map_err(|e| format!("building a client: {e}"))
+    Client::try_from(config).map_err(ClientError::Build)
 }
 
 /// Keeps `links` equal to the authenticated Peerings, and runs the per-provider tasks of each
@@ -296,7 +350,9 @@ async fn publish(ctx: Ctx, links: Links) {
                     next.insert(link.provider_id.clone(), link);
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(peering = %peering.name_any(), error = %e, "no link"),
+                Err(e) => {
+                    tracing::warn!(peering = %peering.name_any(), error = %crate::error::chain(&e), "no link")
+                }
             }
         }
         // Reuse existing clients when nothing changed, so watches are not rebuilt.

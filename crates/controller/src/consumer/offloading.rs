@@ -15,6 +15,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::{
     NamespaceMappingStrategy, NamespaceOffloading, PodOffloadingStrategy, RemoteNamespace,
@@ -37,12 +38,15 @@ struct State {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("NamespaceOffloading {0}: {1}: {2}")]
-    Kube(String, &'static str, kube::Error),
+    #[error("NamespaceOffloading {0}: {1}")]
+    Kube(String, &'static str, #[source] kube::Error),
     #[error("NamespaceOffloading {0}: waiting for twin namespaces to go on {1}")]
     Waiting(String, String),
-    #[error("NamespaceOffloading {0}: finalizer: {1}")]
-    Finalizer(String, String),
+    #[error("NamespaceOffloading {0}: finalizer")]
+    Finalizer(
+        String,
+        #[source] Box<kube::runtime::finalizer::Error<Error>>,
+    ),
 }
 
 /// Runs the reconciler; every change of the provider links re-reconciles every offloading.
@@ -62,7 +66,7 @@ pub async fn run(ctx: Ctx, links: Links) {
 fn error_policy(_o: Arc<NamespaceOffloading>, error: &Error, _s: Arc<State>) -> Action {
     match error {
         Error::Waiting(..) => tracing::debug!(%error),
-        _ => tracing::warn!(%error, "reconciling"),
+        _ => tracing::warn!(error = %crate::error::chain(error), "reconciling"),
     }
     Action::requeue(Duration::from_secs(1))
 }
@@ -93,7 +97,7 @@ async fn reconcile(o: Arc<NamespaceOffloading>, state: Arc<State>) -> Result<Act
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(k, other.to_string()),
+        other => Error::Finalizer(k, Box::new(other)),
     })
 }
 
@@ -152,7 +156,7 @@ async fn set_namespace_label(
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 && value.is_none() => Ok(()),
+        Err(e) if client::is_not_found(&e) && value.is_none() => Ok(()),
         Err(e) => Err(Error::Kube(key(o), "labelling its namespace", e)),
     }
 }
@@ -163,8 +167,23 @@ async fn converge(
     o: &NamespaceOffloading,
 ) -> Result<Action, Error> {
     let ns = o.namespace().unwrap_or_default();
-    set_namespace_label(state, o, Some(OFFLOADING_ENABLED)).await?;
     let terms = selector_terms(o);
+    // A selector the API server let through but that means nothing is reported, and changes
+    // nothing: no twin namespace is added or removed on its account.
+    if let Err(problem) = crate::input::cluster_selector(&terms) {
+        let current = o.status.clone().unwrap_or_default().remote_namespaces;
+        write_status(
+            api,
+            o,
+            "Failed",
+            current,
+            "InvalidClusterSelector",
+            &problem.to_string(),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    set_namespace_label(state, o, Some(OFFLOADING_ENABLED)).await?;
     let twin = rules::twin_namespace_name(
         mapping(o.spec.namespace_mapping_strategy),
         &ns,
@@ -304,7 +323,7 @@ async fn remove_twin(link: &ProviderLink, ns: &str) -> Result<bool, kube::Error>
             if existing.metadata.deletion_timestamp.is_none() {
                 match api.delete(ns, &DeleteParams::default()).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(true),
+                    Err(e) if client::is_not_found(&e) => return Ok(true),
                     Err(e) => return Err(e),
                 }
             }

@@ -21,12 +21,14 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{NamespaceOffloading, names};
 use tandem_core::offloading::{EndpointView, endpoint_address_there};
 
 use crate::consumer::ProviderLink;
 use crate::consumer::link::LinkWatch;
 use crate::context::Ctx;
+use crate::error::{RequestError, request};
 
 /// Annotation on reflected objects: the source's resourceVersion they were made from.
 pub const SOURCE_VERSION_ANNOTATION: &str = "tandem.dev/source-resource-version";
@@ -246,7 +248,7 @@ impl NamespaceReflector {
             let mut failed = BTreeSet::new();
             for kind in std::mem::take(&mut dirty) {
                 if let Err(e) = self.sync(kind, rewrite).await {
-                    tracing::warn!(namespace = %ns, twin = %self.twin, provider = %self.link.provider_id, error = %e, "reflecting {}s", kind.label());
+                    tracing::warn!(namespace = %ns, twin = %self.twin, provider = %self.link.provider_id, error = %crate::error::chain(&e), "reflecting {}s", kind.label());
                     failed.insert(kind);
                 }
             }
@@ -277,7 +279,7 @@ impl NamespaceReflector {
                     }
                     Trigger::RemoteEvent(e) => {
                         if let Err(err) = self.reflect_event(&e).await {
-                            tracing::debug!(namespace = %ns, error = %err, "reflecting an Event back");
+                            tracing::debug!(namespace = %ns, error = %crate::error::chain(&err), "reflecting an Event back");
                         }
                     }
                 }
@@ -285,7 +287,7 @@ impl NamespaceReflector {
         }
     }
 
-    async fn sync(&self, kind: Kind, rewrite: bool) -> Result<(), String> {
+    async fn sync(&self, kind: Kind, rewrite: bool) -> Result<(), RequestError> {
         let local = self.ctx.client.clone();
         let remote = self.link.client.clone();
         let (ns, twin) = (self.namespace.as_str(), self.twin.as_str());
@@ -338,7 +340,7 @@ impl NamespaceReflector {
     }
 
     /// Copies an Event of a provider pod onto the consumer's pod of the same name.
-    async fn reflect_event(&self, e: &CoreEvent) -> Result<(), String> {
+    async fn reflect_event(&self, e: &CoreEvent) -> Result<(), RequestError> {
         if e.involved_object.kind.as_deref() != Some("Pod") {
             return Ok(());
         }
@@ -346,10 +348,10 @@ impl NamespaceReflector {
             return Ok(());
         };
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        let Some(pod) = pods
-            .get_opt(pod_name)
-            .await
-            .map_err(|err| format!("reading pod {}/{pod_name}: {err}", self.namespace))?
+        let Some(pod) = pods.get_opt(pod_name).await.map_err(request(format!(
+            "reading pod {}/{pod_name}",
+            self.namespace
+        )))?
         else {
             return Ok(());
         };
@@ -381,7 +383,7 @@ impl NamespaceReflector {
             &Patch::Apply(&event),
         )
         .await
-        .map_err(|err| format!("writing Event {}/{name}: {err}", self.namespace))?;
+        .map_err(request(format!("writing Event {}/{name}", self.namespace)))?;
         Ok(())
     }
 }
@@ -409,7 +411,7 @@ async fn converge<K, F>(
     desired: F,
     context: &str,
     rewrite: bool,
-) -> Result<(), String>
+) -> Result<(), RequestError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
     F: Fn(&K) -> Option<Value>,
@@ -417,11 +419,14 @@ where
     let sources = local
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("listing local {}s: {e}", kind.label()))?;
+        .map_err(request(format!("listing local {}s", kind.label())))?;
     let existing = remote
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("listing {}s in the twin namespace: {e}", kind.label()))?;
+        .map_err(request(format!(
+            "listing {}s in the twin namespace",
+            kind.label()
+        )))?;
     // name → (reflected by us, source version it was made from)
     let there: BTreeMap<String, (bool, Option<String>)> = existing
         .items
@@ -462,14 +467,19 @@ where
                 &Patch::Apply(&object),
             )
             .await
-            .map_err(|e| format!("reflecting {} {name}: {e}", kind.label()))?;
+            .map_err(request(format!("reflecting {} {name}", kind.label())))?;
     }
     for (name, (ours, _)) in there {
         if ours && !wanted.contains(&name) {
             match remote.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(format!("deleting reflected {} {name}: {e}", kind.label())),
+                Err(e) if client::is_not_found(&e) => {}
+                Err(e) => {
+                    return Err(request(format!(
+                        "deleting reflected {} {name}",
+                        kind.label()
+                    ))(e));
+                }
             }
         }
     }

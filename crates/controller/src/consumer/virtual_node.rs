@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{Peering, Tenant, names};
 use tandem_core::offloading::VirtualNodeMarks;
 use tokio::time::Instant;
@@ -131,7 +132,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
 
         match probe(&l, probe_timeout(&ctx)).await {
             Ok(()) => last_answer = Some(Instant::now()),
-            Err(e) => last_error = e,
+            Err(e) => last_error = crate::error::chain(&e),
         }
         let since = last_answer.unwrap_or(started);
         let readiness = if last_answer.is_some_and(|t| t.elapsed() < ctx.options.provider_grace) {
@@ -259,46 +260,65 @@ pub struct GatewayReport {
 /// Reads the gateway's status API at `addr` (`host:port`, `GET /status`). One plain HTTP/1.1
 /// request per heartbeat over hyper's client connection: the status API is unencrypted and
 /// local, so there is nothing for a pooled client to add.
-async fn gateway_state(addr: &str, timeout: Duration) -> Result<GatewayReport, String> {
+async fn gateway_state(addr: &str, timeout: Duration) -> Result<GatewayReport, ProbeError> {
     use http_body_util::BodyExt;
     let fetch = async {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connecting: {e}"))?;
+            .map_err(ProbeError::Connect)?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(ProbeError::Http)?;
         tokio::spawn(conn);
         let request = http::Request::get("/status")
             .header(http::header::HOST, addr)
             .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(ProbeError::Request)?;
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(ProbeError::Http)?;
         if !response.status().is_success() {
-            return Err(format!("GET /status answered {}", response.status()));
+            return Err(ProbeError::Status(response.status()));
         }
         let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(ProbeError::Http)?
             .to_bytes();
-        serde_json::from_slice(&body).map_err(|e| format!("reading GET /status: {e}"))
+        serde_json::from_slice(&body).map_err(ProbeError::Decode)
     };
     tokio::time::timeout(timeout, fetch)
         .await
-        .map_err(|_| format!("no answer within {}s", timeout.as_secs()))?
+        .map_err(|_| ProbeError::Timeout(timeout))?
+}
+
+/// Why a peer (its API server or its gateway's status API) gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("connecting")]
+    Connect(#[source] std::io::Error),
+    #[error("HTTP")]
+    Http(#[source] hyper::Error),
+    #[error("building the request")]
+    Request(#[source] http::Error),
+    #[error("GET /status answered {0}")]
+    Status(http::StatusCode),
+    #[error("reading GET /status")]
+    Decode(#[source] serde_json::Error),
+    #[error("no answer within {}s", .0.as_secs())]
+    Timeout(Duration),
+    #[error("no answer")]
+    Kube(#[source] kube::Error),
 }
 
 /// The NetworkUnavailable condition of `provider`'s virtual node from its gateway's report.
 pub fn network_health(
     provider: &str,
     addr: &str,
-    report: Result<GatewayReport, String>,
+    report: Result<GatewayReport, ProbeError>,
 ) -> NetworkHealth {
     let (unavailable, reason, message) = match report {
         Ok(r) if r.state == "connected" => (
@@ -331,7 +351,8 @@ pub fn network_health(
             "GatewayUnreachable",
             format!(
                 "the gateway to provider {provider} does not report its tunnel: status API at \
-                 {addr}: {e}; check that `tandem gateway` runs with statusListen = \"{addr}\""
+                 {addr}: {}; check that `tandem gateway` runs with statusListen = \"{addr}\"",
+                crate::error::chain(&e)
             ),
         ),
     };
@@ -347,12 +368,12 @@ fn probe_timeout(ctx: &Ctx) -> Duration {
 }
 
 /// The provider answers (any HTTP answer counts, even 403/404: the API server is up).
-async fn probe(link: &ProviderLink, timeout: Duration) -> Result<(), String> {
+async fn probe(link: &ProviderLink, timeout: Duration) -> Result<(), ProbeError> {
     let tenants: Api<Tenant> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
     match tokio::time::timeout(timeout, tenants.get_opt(&link.consumer_id)).await {
         Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
+        Ok(Err(e)) => Err(ProbeError::Kube(e)),
+        Err(_) => Err(ProbeError::Timeout(timeout)),
     }
 }
 
@@ -374,7 +395,7 @@ async fn renew_lease(ctx: &Ctx, node: &str, node_uid: Option<&str>) -> Result<()
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => {
+        Err(e) if client::is_not_found(&e) => {
             let lease: Lease = serde_json::from_value(json!({
                 "metadata": {"name": node, "namespace": LEASE_NAMESPACE,
                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY},
@@ -385,7 +406,7 @@ async fn renew_lease(ctx: &Ctx, node: &str, node_uid: Option<&str>) -> Result<()
             .map_err(kube::Error::SerdeError)?;
             match leases.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) if client::is_conflict(&e) => Ok(()),
                 Err(e) => Err(e),
             }
         }

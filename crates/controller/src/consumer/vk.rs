@@ -34,6 +34,7 @@ use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{NamespaceOffloading, ShadowPod, ShadowPodSpec, names};
 use tandem_core::shadow::{self, IpRemap, VirtualNodeKeys};
 use tokio::sync::mpsc;
@@ -385,7 +386,9 @@ impl State {
         self.reals_synced.remove(twin);
     }
 
-    fn decide(&mut self, provider: &str) -> Vec<Action> {
+    /// The writes that bring the dirty pods closer to agreement, as of `now` (a create or delete
+    /// sent less than [`RETRY_AFTER`] ago is waited for, not sent again).
+    fn decide(&mut self, provider: &str, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
         let keys: Vec<Key> = self.dirty.drain().collect();
         for key in keys {
@@ -413,7 +416,9 @@ impl State {
                 }
                 continue;
             };
-            let recently = local.requested.is_some_and(|t| t.elapsed() < RETRY_AFTER);
+            let recently = local
+                .requested
+                .is_some_and(|t| now.saturating_duration_since(t) < RETRY_AFTER);
             let own_shadow = shadow.as_ref().filter(|s| s.origin_uid == local.uid);
             let own_real = real.as_ref().filter(|p| p.origin_uid == local.uid);
             if own_shadow.is_some() {
@@ -434,7 +439,7 @@ impl State {
             if local.deleting {
                 match &shadow {
                     Some(s) if !s.deleting && !recently => {
-                        local.requested = Some(Instant::now());
+                        local.requested = Some(now);
                         actions.push(Action::DeleteShadow {
                             twin,
                             name: key.1.clone(),
@@ -443,7 +448,7 @@ impl State {
                     }
                     Some(_) => {}
                     None if real.is_none() && !recently => {
-                        local.requested = Some(Instant::now());
+                        local.requested = Some(now);
                         actions.push(Action::DeleteLocal {
                             key: key.clone(),
                             uid: local.uid.clone(),
@@ -457,7 +462,7 @@ impl State {
                 (Some(s), None) => {
                     // The shadow pod of an earlier pod of the same name: make way.
                     if !s.deleting && !recently {
-                        local.requested = Some(Instant::now());
+                        local.requested = Some(now);
                         actions.push(Action::DeleteShadow {
                             twin,
                             name: key.1.clone(),
@@ -468,7 +473,7 @@ impl State {
                 (None, _) if local.started => {
                     // Deleted or evicted on the provider: let the owner replace the pod.
                     if !recently {
-                        local.requested = Some(Instant::now());
+                        local.requested = Some(now);
                         actions.push(Action::DeleteLocal {
                             key: key.clone(),
                             uid: local.uid.clone(),
@@ -477,7 +482,7 @@ impl State {
                 }
                 (None, _) => {
                     if !recently {
-                        local.requested = Some(Instant::now());
+                        local.requested = Some(now);
                         actions.push(Action::CreateShadow {
                             key: key.clone(),
                             twin,
@@ -587,7 +592,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match create_unread::<ShadowPod>(&remote, &twin, &sp).await {
                 Ok(()) => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
+                Err(e) if client::is_conflict(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), twin = %twin, "creating the shadow pod: {e}");
                     Outcome::Failed(key)
@@ -605,7 +610,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match api.delete(&name, &dp).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => {}
                 Err(e) => {
                     tracing::warn!(shadowpod = %format!("{twin}/{name}"), "deleting the shadow pod: {e}")
                 }
@@ -624,7 +629,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match api.delete(&key.1, &dp).await {
                 Ok(_) => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Outcome::Done,
+                Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "deleting the pod: {e}");
                     Outcome::Failed(key)
@@ -637,7 +642,7 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
             };
             match patch_status(&local, &key, &Patch::Merge(&patch)).await {
                 Ok(()) => Outcome::Written(key, hash),
-                Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
+                Err(e) if client::is_not_found(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "writing the pod status: {e}");
                     Outcome::Done
@@ -951,7 +956,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                 Change::Readiness(false) => {}
             }
         }
-        let actions = state.decide(&l.provider_id);
+        let actions = state.decide(&l.provider_id, Instant::now());
         if actions.is_empty() {
             continue;
         }
@@ -970,5 +975,284 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         for o in outcomes {
             state.outcome(o);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWIN: &str = "app-rome";
+
+    /// A virtual kubelet state with namespace `app` offloaded to `TWIN`, everything listed and
+    /// the provider reachable.
+    fn world() -> State {
+        let mut s = State {
+            local_synced: true,
+            node_ready: true,
+            ..Default::default()
+        };
+        s.twins.insert("app".into(), TWIN.into());
+        s.origins.insert(TWIN.into(), "app".into());
+        s.shadows_synced.insert(TWIN.into());
+        s.reals_synced.insert(TWIN.into());
+        s
+    }
+
+    /// The consumer pod `app/web` with UID `uid`.
+    fn local(uid: &str) -> LocalPod {
+        LocalPod {
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    fn shadow(origin_uid: &str) -> RemoteShadow {
+        RemoteShadow {
+            uid: format!("shadow-of-{origin_uid}"),
+            origin_uid: origin_uid.into(),
+            deleting: false,
+            rejected: None,
+        }
+    }
+
+    fn real(origin_uid: &str) -> RemotePod {
+        RemotePod {
+            origin_uid: origin_uid.into(),
+            hash: 7,
+            news: true,
+            status: Some(Arc::new(json!({"phase": "Running"}))),
+        }
+    }
+
+    fn key() -> Key {
+        ("app".into(), "web".into())
+    }
+
+    fn rkey() -> Key {
+        (TWIN.into(), "web".into())
+    }
+
+    /// One word per action, to compare with a table.
+    fn summary(a: &Action) -> String {
+        match a {
+            Action::CreateShadow { .. } => "create-shadow".into(),
+            Action::DeleteShadow { uid, .. } => format!("delete-shadow {uid}"),
+            Action::DeleteLocal { .. } => "delete-local".into(),
+            Action::WriteStatus { status, .. } => format!(
+                "status {}",
+                status["reason"]
+                    .as_str()
+                    .or(status["phase"].as_str())
+                    .unwrap_or("")
+            ),
+            Action::MarkUnready { .. } => "unready".into(),
+        }
+    }
+
+    #[test]
+    fn decide_table() {
+        let now = Instant::now();
+        let second_ago = now - Duration::from_secs(1);
+        let long_ago = now - RETRY_AFTER - Duration::from_secs(1);
+        type Setup = fn(&mut State, Instant, Instant);
+        let cases: Vec<(&str, Setup, &[&str])> = vec![
+            (
+                "a new pod gets its shadow pod",
+                |s, _, _| {
+                    s.local.insert(key(), local("u1"));
+                },
+                &["create-shadow"],
+            ),
+            (
+                "a create sent a second ago is waited for",
+                |s, recent, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            requested: Some(recent),
+                            ..local("u1")
+                        },
+                    );
+                },
+                &[],
+            ),
+            (
+                "a create unconfirmed for too long is sent again",
+                |s, _, old| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            requested: Some(old),
+                            ..local("u1")
+                        },
+                    );
+                },
+                &["create-shadow"],
+            ),
+            (
+                "a deleted pod deletes its shadow pod",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            deleting: true,
+                            ..local("u1")
+                        },
+                    );
+                    s.shadows.insert(rkey(), shadow("u1"));
+                },
+                &["delete-shadow shadow-of-u1"],
+            ),
+            (
+                "a deleted pod with nothing left remotely goes",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            deleting: true,
+                            ..local("u1")
+                        },
+                    );
+                },
+                &["delete-local"],
+            ),
+            (
+                "a deleted pod waits for its real pod to go",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            deleting: true,
+                            ..local("u1")
+                        },
+                    );
+                    s.reals.insert(rkey(), real("u1"));
+                },
+                &[],
+            ),
+            (
+                "a started pod whose shadow pod vanished is replaced by its owner",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            started: true,
+                            ..local("u1")
+                        },
+                    );
+                },
+                &["delete-local"],
+            ),
+            (
+                "the shadow pod of an earlier pod of that name makes way",
+                |s, _, _| {
+                    s.local.insert(key(), local("u2"));
+                    s.shadows.insert(rkey(), shadow("u1"));
+                },
+                &["delete-shadow shadow-of-u1"],
+            ),
+            (
+                "the real pod's status is mirrored",
+                |s, _, _| {
+                    s.local.insert(key(), local("u1"));
+                    s.shadows.insert(rkey(), shadow("u1"));
+                    s.reals.insert(rkey(), real("u1"));
+                },
+                &["status Running"],
+            ),
+            (
+                "a status already written is not written again",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            written: 7,
+                            ..local("u1")
+                        },
+                    );
+                    s.shadows.insert(rkey(), shadow("u1"));
+                    s.reals.insert(rkey(), real("u1"));
+                },
+                &[],
+            ),
+            (
+                "a rejected shadow pod shows as a Pending pod",
+                |s, _, _| {
+                    s.local.insert(key(), local("u1"));
+                    s.shadows.insert(
+                        rkey(),
+                        RemoteShadow {
+                            rejected: Some("quota".into()),
+                            ..shadow("u1")
+                        },
+                    );
+                },
+                &["status OffloadingRejected"],
+            ),
+            (
+                "an unreachable provider marks offloaded pods not ready",
+                |s, _, _| {
+                    s.node_ready = false;
+                    s.local.insert(key(), local("u1"));
+                    s.shadows.insert(rkey(), shadow("u1"));
+                },
+                &["unready"],
+            ),
+            (
+                "an unreachable provider gets no writes",
+                |s, _, _| {
+                    s.node_ready = false;
+                    s.local.insert(key(), local("u1"));
+                },
+                &[],
+            ),
+            (
+                "an orphan shadow pod is deleted",
+                |s, _, _| {
+                    s.shadows.insert(rkey(), shadow("u1"));
+                },
+                &["delete-shadow shadow-of-u1"],
+            ),
+            (
+                "nothing is an orphan before the consumer's pods are listed",
+                |s, _, _| {
+                    s.local_synced = false;
+                    s.shadows.insert(rkey(), shadow("u1"));
+                },
+                &[],
+            ),
+            (
+                "nothing is created before the twin namespace is listed",
+                |s, _, _| {
+                    s.reals_synced.clear();
+                    s.local.insert(key(), local("u1"));
+                },
+                &[],
+            ),
+        ];
+        for (name, setup, want) in cases {
+            let mut s = world();
+            setup(&mut s, second_ago, long_ago);
+            s.dirty.insert(key());
+            let got: Vec<String> = s.decide("milan", now).iter().map(summary).collect();
+            assert_eq!(got, want.to_vec(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_create_is_retried_only_after_the_retry_delay() {
+        let start = Instant::now();
+        let mut s = world();
+        s.local.insert(key(), local("u1"));
+        s.dirty.insert(key());
+        assert_eq!(s.decide("milan", start).len(), 1, "sent");
+        s.dirty.insert(key());
+        assert!(
+            s.decide("milan", start + RETRY_AFTER / 2).is_empty(),
+            "awaited"
+        );
+        s.dirty.insert(key());
+        assert_eq!(s.decide("milan", start + RETRY_AFTER).len(), 1, "retried");
     }
 }

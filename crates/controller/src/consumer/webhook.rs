@@ -39,20 +39,36 @@ pub async fn run(ctx: Ctx) {
         match serve(&ctx).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(error = %e, "pod-placement webhook");
+                tracing::warn!(error = %crate::error::chain(&e), "pod-placement webhook");
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
             }
         }
     }
 }
 
+/// Why the webhook could not start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("{0}")]
+    Certificate(&'static str, #[source] rcgen::Error),
+    #[error("TLS config")]
+    Tls(#[source] rustls::Error),
+    #[error("listening on {addr}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("listener address")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("applying MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION}")]
+    Configuration(#[source] kube::Error),
+}
+
 /// The webhook's TLS material: the CA's PEM (caBundle) and the server config.
-fn tls() -> Result<(String, rustls::ServerConfig), String> {
+fn tls() -> Result<(String, rustls::ServerConfig), WebhookError> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    let e = |what: &str| {
-        let what = what.to_string();
-        move |err: rcgen::Error| format!("{what}: {err}")
-    };
+    let e = |what: &'static str| move |err: rcgen::Error| WebhookError::Certificate(what, err);
     let ca_key = KeyPair::generate().map_err(e("generating the CA key"))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(e("CA params"))?;
     ca_params
@@ -75,13 +91,13 @@ fn tls() -> Result<(String, rustls::ServerConfig), String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS config: {e}"))?
+        .map_err(WebhookError::Tls)?
         .with_no_client_auth()
         .with_single_cert(
             vec![cert.der().clone()],
             rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
         )
-        .map_err(|e| format!("TLS config: {e}"))?;
+        .map_err(WebhookError::Tls)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok((ca_cert.pem(), config))
 }
@@ -97,7 +113,7 @@ fn offloadings(ctx: &Ctx) -> (Store<NamespaceOffloading>, tokio::task::JoinHandl
     (reader, tokio::spawn(stream))
 }
 
-async fn serve(ctx: &Ctx) -> Result<(), String> {
+async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
     let (cache, cache_task) = offloadings(ctx);
     // Stops the cache's watch when the server stops.
     struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -111,17 +127,16 @@ async fn serve(ctx: &Ctx) -> Result<(), String> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(ctx.options.webhook_addr)
         .await
-        .map_err(|e| format!("listening on {}: {e}", ctx.options.webhook_addr))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("listener address: {e}"))?;
+        .map_err(|source| WebhookError::Listen {
+            addr: ctx.options.webhook_addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(WebhookError::LocalAddr)?;
     let url = format!("https://{addr}/mutate-pods");
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
     apply(&hooks, &configuration(&url, &ca_pem))
         .await
-        .map_err(|e| {
-            format!("applying MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION}: {e}")
-        })?;
+        .map_err(WebhookError::Configuration)?;
     tracing::info!(%url, "pod-placement webhook serving");
     loop {
         let (tcp, _) = match listener.accept().await {
@@ -309,10 +324,19 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
             }});
         }
     };
+    let terms = selector_terms(&offloading);
+    if let Err(problem) = crate::input::cluster_selector(&terms) {
+        // The offloading's own status reports it too; a pod placed by a selector that means
+        // nothing could land anywhere.
+        return json!({"uid": uid, "allowed": false, "status": {
+            "code": 422,
+            "message": format!("tandem pod placement: NamespaceOffloading {namespace}/{}: {problem}", names::OFFLOADING_NAME),
+        }});
+    }
     let patch = placement_patch(
         &request.pod(),
         placement(offloading.spec.pod_offloading_strategy),
-        &selector_terms(&offloading),
+        &terms,
         MARKS,
     );
     if patch.is_empty() {

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{NetworkParameters, Tenant, names};
 use tandem_core::ipam::{Grant, Ipam, IpamConfig, IpamState};
 
@@ -22,23 +23,32 @@ const IPAM_KEY: &str = "state.json";
 /// Where remapped prefixes come from (RFC 1918), minus whatever is local.
 const POOLS: &[&str] = &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"];
 
+/// Why the IPAM could not map or release a peer's prefixes.
 #[derive(Debug, thiserror::Error)]
 pub enum IpamError {
-    #[error("IPAM ConfigMap {ns}/{IPAM_CONFIG_MAP}: {0}", ns = names::SYSTEM_NAMESPACE)]
+    #[error("IPAM ConfigMap {ns}/{IPAM_CONFIG_MAP}", ns = names::SYSTEM_NAMESPACE)]
     Api(#[from] kube::Error),
-    #[error("IPAM: {0}")]
+    #[error("IPAM")]
     Ipam(#[from] tandem_core::ipam::IpamError),
-    #[error("IPAM: {0}")]
-    Settings(String),
+    #[error("IPAM: reading the cluster's settings")]
+    Settings(#[from] crate::install::InstallError),
+    #[error("IPAM: {cidr:?} is not a CIDR")]
+    Cidr {
+        cidr: String,
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    #[error("IPAM ConfigMap {ns}/{IPAM_CONFIG_MAP}: too many concurrent updates", ns = names::SYSTEM_NAMESPACE)]
+    Contended,
 }
 
 async fn ipam_config(ctx: &Ctx) -> Result<IpamConfig, IpamError> {
-    let settings = crate::install::load_settings(&ctx.client)
-        .await
-        .map_err(|e| IpamError::Settings(e.to_string()))?;
+    let settings = crate::install::load_settings(&ctx.client).await?;
     let parse = |s: &str| {
-        s.parse::<IpNet>()
-            .map_err(|e| IpamError::Settings(format!("{s:?}: {e}")))
+        s.parse::<IpNet>().map_err(|source| IpamError::Cidr {
+            cidr: s.to_string(),
+            source,
+        })
     };
     Ok(IpamConfig {
         reserved: vec![parse(&settings.pod_cidr)?, parse(&settings.external_cidr)?],
@@ -77,7 +87,7 @@ async fn with_ipam<T>(
                 };
                 match maps.delete(IPAM_CONFIG_MAP, &dp).await {
                     Ok(_) => return Ok(out),
-                    Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+                    Err(e) if client::is_conflict(&e) || client::is_not_found(&e) => continue,
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -106,11 +116,11 @@ async fn with_ipam<T>(
         };
         match result {
             Ok(_) => return Ok(out),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) if client::is_conflict(&e) => continue,
             Err(e) => return Err(e.into()),
         }
     }
-    Err(IpamError::Settings("too many concurrent updates".into()))
+    Err(IpamError::Contended)
 }
 
 /// Maps `peer`'s prefixes into this cluster (same prefix when free, else remapped).
@@ -156,15 +166,13 @@ pub async fn run(ctx: Ctx) {
     loop {
         tick.tick().await;
         if let Err(e) = sweep(&ctx).await {
-            tracing::warn!(error = %e, "network negotiation (provider side)");
+            tracing::warn!(error = %crate::error::chain(&e), "network negotiation (provider side)");
         }
     }
 }
 
 async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
-    let settings = crate::install::load_settings(&ctx.client)
-        .await
-        .map_err(|e| IpamError::Settings(e.to_string()))?;
+    let settings = crate::install::load_settings(&ctx.client).await?;
     let tenants = Api::<Tenant>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await?;

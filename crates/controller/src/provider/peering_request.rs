@@ -18,6 +18,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{NetworkParameters, PeeringRequest, Tenant, names};
 
 use crate::context::Ctx;
@@ -32,10 +33,11 @@ pub const PEER_ROLE_BINDING: &str = "tandem:peer";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("PeeringRequest {request}: {step}: {source}")]
+    #[error("PeeringRequest {request}: {step}")]
     Api {
         request: String,
         step: String,
+        #[source]
         source: kube::Error,
     },
 }
@@ -52,7 +54,7 @@ pub async fn run(ctx: Ctx) {
 }
 
 fn error_policy(_r: Arc<PeeringRequest>, e: &Error, _ctx: Ctx) -> Action {
-    tracing::warn!(error = %e, "peering request");
+    tracing::warn!(error = %crate::error::chain(e), "peering request");
     Action::requeue(Duration::from_secs(1))
 }
 
@@ -188,16 +190,37 @@ fn check(ctx: &Ctx, req: &PeeringRequest, token: &Secret) -> Verdict {
     Verdict::Accept
 }
 
+/// Why a peering request's CSR is refused (x509-parser's errors borrow the input, so their
+/// text is kept).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    #[error("not PEM: {0}")]
+    NotPem(String),
+    #[error("not a PKCS#10 request: {0}")]
+    NotPkcs10(String),
+    #[error("bad signature: {0}")]
+    BadSignature(String),
+    #[error(
+        "subject must be CN={user}, O={group} (got CN={common_names:?}, O={organizations:?})",
+        group = names::PEERS_GROUP
+    )]
+    WrongSubject {
+        user: String,
+        common_names: Vec<String>,
+        organizations: Vec<String>,
+    },
+}
+
 /// The CSR must be validly self-signed and ask for exactly the peer user in the peers group.
-pub fn check_csr(pem: &str, consumer: &str) -> Result<(), String> {
+pub fn check_csr(pem: &str, consumer: &str) -> Result<(), CsrError> {
     use x509_parser::certification_request::X509CertificationRequest;
     use x509_parser::prelude::FromDer;
-    let (_, pem) =
-        x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| format!("not PEM: {e}"))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+        .map_err(|e| CsrError::NotPem(e.to_string()))?;
     let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
-        .map_err(|e| format!("not a PKCS#10 request: {e}"))?;
+        .map_err(|e| CsrError::NotPkcs10(e.to_string()))?;
     csr.verify_signature()
-        .map_err(|e| format!("bad signature: {e}"))?;
+        .map_err(|e| CsrError::BadSignature(e.to_string()))?;
     let subject = &csr.certification_request_info.subject;
     let cns: Vec<&str> = subject
         .iter_common_name()
@@ -209,10 +232,11 @@ pub fn check_csr(pem: &str, consumer: &str) -> Result<(), String> {
         .collect();
     let user = names::peer_user(consumer);
     if cns != [user.as_str()] || orgs != [names::PEERS_GROUP] {
-        return Err(format!(
-            "subject must be CN={user}, O={} (got CN={cns:?}, O={orgs:?})",
-            names::PEERS_GROUP
-        ));
+        return Err(CsrError::WrongSubject {
+            user,
+            common_names: cns.iter().map(|s| s.to_string()).collect(),
+            organizations: orgs.iter().map(|s| s.to_string()).collect(),
+        });
     }
     Ok(())
 }
@@ -253,9 +277,10 @@ async fn mark_used(client: &Client, token_id: &str, consumer: &str) -> Result<()
 }
 
 fn ignore_missing<K: Default>(e: kube::Error) -> Result<K, kube::Error> {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => Ok(K::default()),
-        e => Err(e),
+    if client::is_not_found(&e) {
+        Ok(K::default())
+    } else {
+        Err(e)
     }
 }
 
@@ -293,7 +318,7 @@ pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error>
         .expect("static manifest");
         match tenants.create(&PostParams::default(), &tenant).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) if client::is_conflict(&e) => {}
             Err(e) => return Err(e),
         }
     }
@@ -395,7 +420,7 @@ async fn signed_certificate(
             .expect("static manifest");
             match api.create(&PostParams::default(), &csr).await {
                 Ok(c) => c,
-                Err(kube::Error::Api(s)) if s.code == 409 => api.get(&name).await?,
+                Err(e) if client::is_conflict(&e) => api.get(&name).await?,
                 Err(e) => return Err(e),
             }
         }
@@ -430,7 +455,7 @@ async fn janitor(ctx: Ctx) {
     loop {
         tick.tick().await;
         if let Err(e) = sweep(&ctx).await {
-            tracing::warn!(error = %e, "cleaning up invites");
+            tracing::warn!(error = %crate::error::chain(&e), "cleaning up invites");
         }
     }
 }
@@ -542,7 +567,7 @@ mod tests {
         for (name, pem, consumer, want) in cases {
             match (check_csr(&pem, consumer), want) {
                 (Ok(()), None) => {}
-                (Err(e), Some(w)) => assert!(e.contains(w), "{name}: {e}"),
+                (Err(e), Some(w)) => assert!(e.to_string().contains(w), "{name}: {e}"),
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
             }
         }

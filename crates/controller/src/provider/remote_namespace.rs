@@ -15,6 +15,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::client;
 use tandem_api::{RemoteNamespace, names};
 
 use crate::context::{Context, Ctx};
@@ -26,12 +27,15 @@ pub const TWIN_ROLE_BINDING: &str = "tandem:peer-twin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("RemoteNamespace {0}: {1}: {2}")]
-    Kube(String, &'static str, kube::Error),
+    #[error("RemoteNamespace {0}: {1}")]
+    Kube(String, &'static str, #[source] kube::Error),
     #[error("RemoteNamespace {0}: waiting for twin namespace {1} to terminate")]
     Terminating(String, String),
-    #[error("RemoteNamespace {0}: finalizer: {1}")]
-    Finalizer(String, String),
+    #[error("RemoteNamespace {0}: finalizer")]
+    Finalizer(
+        String,
+        #[source] Box<kube::runtime::finalizer::Error<Error>>,
+    ),
 }
 
 /// Runs the reconciler until the controller stops.
@@ -46,7 +50,7 @@ pub async fn run(ctx: Ctx) {
 fn error_policy(_rn: Arc<RemoteNamespace>, error: &Error, _ctx: Arc<Context>) -> Action {
     match error {
         Error::Terminating(..) => tracing::debug!(%error),
-        _ => tracing::warn!(%error, "reconciling"),
+        _ => tracing::warn!(error = %crate::error::chain(error), "reconciling"),
     }
     Action::requeue(Duration::from_secs(1))
 }
@@ -69,7 +73,7 @@ async fn reconcile(rn: Arc<RemoteNamespace>, ctx: Arc<Context>) -> Result<Action
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(k, other.to_string()),
+        other => Error::Finalizer(k, Box::new(other)),
     })
 }
 
@@ -215,7 +219,7 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
     if existing.metadata.deletion_timestamp.is_none() {
         match namespaces.delete(twin, &DeleteParams::default()).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+            Err(e) if client::is_not_found(&e) => return Ok(Action::await_change()),
             Err(e) => return Err(Error::Kube(k, "deleting the twin namespace", e)),
         }
     }

@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+use tandem_api::client;
 use tandem_api::{ShadowPod, Tenant, names};
 use tandem_core::offloading::keep_off_virtual_nodes;
 use tandem_core::shadow::{self, Resources};
@@ -260,8 +261,10 @@ impl State {
             Ev::Tenant(e) => match e {
                 watcher::Event::Apply(t) | watcher::Event::InitApply(t) => {
                     // Only the tenant namespace of a consumer speaks for its grant.
+                    // An invalid grant (reported on the Tenant) leaves the last valid one in force.
                     if t.namespace().as_deref()
                         == Some(names::tenant_namespace(&t.spec.cluster_id).as_str())
+                        && crate::input::grant(&t.spec.grant).is_ok()
                     {
                         let grant = t
                             .spec
@@ -462,9 +465,9 @@ async fn act(client: Client, action: Action) -> Outcome {
             // The created pod in the answer is not decoded.
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 409 => Outcome::Done,
-                Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
-                    Outcome::CreateRefused(key, format!("the real pod was refused: {}", e.message))
+                Err(e) if client::is_conflict(&e) => Outcome::Done,
+                Err(kube::Error::Api(s)) if s.is_invalid() || s.code == 400 => {
+                    Outcome::CreateRefused(key, format!("the real pod was refused: {}", s.message))
                 }
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "creating the real pod of the shadow pod: {e}");
@@ -489,7 +492,7 @@ async fn act(client: Client, action: Action) -> Outcome {
             if let Err(e) = api
                 .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+                && !client::is_not_found(&e)
             {
                 tracing::warn!(shadowpod = %format!("{}/{}", key.0, key.1), "setting status {phase}: {e}");
             }
@@ -572,5 +575,189 @@ pub async fn run(ctx: Ctx) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWIN: &str = "app-rome";
+
+    /// A shadow pod `TWIN/name` with UID `uid`, asking for `cpu` and (unless None) a status.
+    fn shadow_pod(name: &str, uid: &str, cpu: &str, extra: Value) -> Arc<LeanShadowPod> {
+        let mut pod = json!({"containers": [{"name": "c", "image": "nginx",
+            "resources": {"requests": {"cpu": cpu}}}]});
+        if let (Some(p), Some(e)) = (pod.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        let doc = json!({"metadata": {"name": name, "namespace": TWIN, "uid": uid, "generation": 1},
+                         "spec": {"pod": pod}});
+        Arc::new(serde_json::from_str(&doc.to_string()).expect("a shadow pod"))
+    }
+
+    /// A provider whose twin namespace `TWIN` belongs to consumer `rome`, granted 2 CPUs.
+    fn world() -> State {
+        let mut s = State::default();
+        s.twins.insert(TWIN.into(), "rome".into());
+        s.grants
+            .insert("rome".into(), [("cpu".to_string(), 2000)].into());
+        s
+    }
+
+    fn key(name: &str) -> Key {
+        (TWIN.into(), name.into())
+    }
+
+    fn add(s: &mut State, sp: Arc<LeanShadowPod>) {
+        let k = key_of(&*sp);
+        s.shadows.insert(k.clone(), sp);
+        s.dirty.insert(k);
+    }
+
+    fn record(owner_uid: Option<&str>) -> PodRecord {
+        PodRecord {
+            uid: "pod-1".into(),
+            owner_uid: owner_uid.map(String::from),
+            consumer: "rome".into(),
+            requests: Resources::new(),
+            terminal: false,
+        }
+    }
+
+    fn summary(a: &Action) -> String {
+        match a {
+            Action::CreatePod { key, .. } => format!("create {}", key.1),
+            Action::DeletePod { key } => format!("delete {}", key.1),
+            Action::Status {
+                key,
+                phase,
+                message,
+            } => format!("{phase} {}: {message}", key.1),
+        }
+    }
+
+    #[test]
+    fn decide_table() {
+        type Setup = fn(&mut State);
+        let cases: Vec<(&str, Setup, &[&str])> = vec![
+            (
+                "a shadow pod within the grant gets its pod",
+                |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &["create web"],
+            ),
+            (
+                "first come, first served within the grant",
+                |s| {
+                    add(s, shadow_pod("a", "s1", "1500m", json!({})));
+                    add(s, shadow_pod("b", "s2", "1", json!({})));
+                },
+                &[
+                    "create a",
+                    "Rejected b: quota exceeded for cpu: requested 1000m, used 1500m of 2000m (grant of Tenant tandem-tenant-rome/rome)",
+                ],
+            ),
+            (
+                "no grant, no pod",
+                |s| {
+                    s.grants.clear();
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &[
+                    "Rejected web: consumer rome has no resources granted (Tenant tandem-tenant-rome/rome)",
+                ],
+            ),
+            (
+                "a namespace of no consumer",
+                |s| {
+                    s.twins.clear();
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &["Rejected web: namespace app-rome is not a twin namespace of any consumer"],
+            ),
+            (
+                "host namespaces are refused",
+                |s| {
+                    add(
+                        s,
+                        shadow_pod("web", "s1", "1", json!({"hostNetwork": true})),
+                    );
+                },
+                &["Rejected web: hostNetwork is not allowed for offloaded pods"],
+            ),
+            (
+                "its own pod: nothing to do",
+                |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                    s.pods.insert(key("web"), record(Some("s1")));
+                },
+                &[],
+            ),
+            (
+                "the pod of an earlier shadow pod makes way",
+                |s| {
+                    add(s, shadow_pod("web", "s2", "1", json!({})));
+                    s.pods.insert(key("web"), record(Some("s1")));
+                },
+                &["delete web"],
+            ),
+            (
+                "a pod Tandem did not make is never touched",
+                |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                    s.pods.insert(key("web"), record(None));
+                },
+                &["Rejected web: a pod app-rome/web not owned by Tandem already exists"],
+            ),
+            (
+                "a create in flight is waited for",
+                |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                    s.insert_pending(key("web"), "rome".into(), Resources::new());
+                },
+                &[],
+            ),
+            (
+                "a spec the API server refused stays refused",
+                |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                    s.refused
+                        .insert(key("web"), ("s1/1".into(), "spec.x: Invalid".into()));
+                },
+                &["Rejected web: spec.x: Invalid"],
+            ),
+            (
+                "a changed spec is tried again",
+                |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                    s.refused
+                        .insert(key("web"), ("s1/0".into(), "spec.x: Invalid".into()));
+                },
+                &["create web"],
+            ),
+        ];
+        for (name, setup, want) in cases {
+            let mut s = world();
+            setup(&mut s);
+            let got: Vec<String> = s.decide().iter().map(summary).collect();
+            assert_eq!(got, want.to_vec(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_rejection_already_reported_is_not_written_again() {
+        let mut s = world();
+        s.grants.clear();
+        let message = "consumer rome has no resources granted (Tenant tandem-tenant-rome/rome)";
+        let doc = json!({"metadata": {"name": "web", "namespace": TWIN, "uid": "s1"},
+                         "spec": {"pod": {"containers": []}},
+                         "status": {"phase": PHASE_REJECTED, "message": message}});
+        add(
+            &mut s,
+            Arc::new(serde_json::from_str(&doc.to_string()).unwrap()),
+        );
+        assert!(s.decide().is_empty());
     }
 }

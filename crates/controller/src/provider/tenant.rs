@@ -9,19 +9,35 @@ use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
+use serde_json::json;
+use tandem_api::client;
+use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::{Tenant, names};
 
 use crate::context::Ctx;
 
+/// A step of the Tenant reconciler that failed.
 #[derive(Debug, thiserror::Error)]
-#[error("Tenant {tenant}: {step}: {message}")]
+#[error("Tenant {tenant}: {step}")]
 pub struct Error {
     tenant: String,
     step: &'static str,
-    message: String,
+    #[source]
+    cause: Cause,
+}
+
+/// What stopped a step of the Tenant reconciler.
+#[derive(Debug, thiserror::Error)]
+enum Cause {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Invite(#[from] crate::invite::InviteError),
+    #[error(transparent)]
+    Ipam(#[from] crate::provider::network::IpamError),
 }
 
 pub async fn run(ctx: Ctx) {
@@ -33,7 +49,7 @@ pub async fn run(ctx: Ctx) {
 }
 
 fn error_policy(_t: Arc<Tenant>, e: &Error, _ctx: Ctx) -> Action {
-    tracing::warn!(error = %e, "tenant");
+    tracing::warn!(error = %crate::error::chain(e), "tenant");
     Action::requeue(Duration::from_secs(1))
 }
 
@@ -46,7 +62,7 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         move |e: kube::Error| Error {
             tenant,
             step,
-            message: e.to_string(),
+            cause: e.into(),
         }
     };
     let has_finalizer = tenant.finalizers().iter().any(|f| f == names::FINALIZER);
@@ -56,6 +72,9 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
                 .await
                 .map_err(err("adding the finalizer"))?;
         }
+        report_grant(&api, &tenant)
+            .await
+            .map_err(err("writing status"))?;
         return Ok(Action::await_change());
     }
     if !has_finalizer {
@@ -95,7 +114,7 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
                 .map_err(|e| Error {
                     tenant: format!("{ns}/{name}"),
                     step: "removing used invites",
-                    message: e.to_string(),
+                    cause: e.into(),
                 })?;
         }
     }
@@ -104,15 +123,49 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         .map_err(|e| Error {
             tenant: format!("{ns}/{name}"),
             step: "releasing the IPAM grant",
-            message: e.to_string(),
+            cause: e.into(),
         })?;
     crate::install::remove_finalizer(&api, &*tenant)
         .await
         .map_err(err("removing the finalizer"))?;
     match namespaces.delete(&ns, &DeleteParams::background()).await {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) if client::is_not_found(&e) => {}
         Err(e) => return Err(err("deleting the tenant namespace")(e)),
     }
     Ok(Action::await_change())
+}
+
+/// Says in the Tenant's `Ready` condition whether its grant is usable: an edit the API server
+/// let through (`cpu: abc`, `-5`) is named here, and neither the quota nor the consumer's
+/// virtual node takes it.
+async fn report_grant(api: &Api<Tenant>, tenant: &Tenant) -> Result<(), kube::Error> {
+    let mut status = tenant.status.clone().unwrap_or_default();
+    let changed = match crate::input::grant(&tenant.spec.grant) {
+        Ok(()) => conditions::set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            ConditionStatus::True,
+            "GrantValid",
+            "the grant is in force",
+            tenant.metadata.generation,
+        ),
+        Err(problem) => conditions::set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            ConditionStatus::False,
+            "InvalidGrant",
+            &format!("{problem}; the last valid grant stays in force"),
+            tenant.metadata.generation,
+        ),
+    };
+    if changed {
+        api.patch_status(
+            &tenant.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": status.conditions}})),
+        )
+        .await?;
+    }
+    Ok(())
 }

@@ -4,7 +4,6 @@
 //! that identity: the grant from the provider's `Tenant`, the network parameters both sides
 //! publish, and the IPAM remaps. Re-converges every few seconds. Its finalizer unpeers.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,38 +18,158 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tandem_api::conditions::{self, ConditionStatus};
+use tandem_api::client;
+use tandem_api::conditions;
 use tandem_api::{
     NetworkParameters, Peering, PeeringRequest, PeeringStatus, RemoteNamespace, Tenant, names,
 };
-use tandem_core::invite::human_duration;
 
 use crate::consumer::Links;
 use crate::consumer::link::{
-    IDENTITY_KUBECONFIG_KEY, client_from_kubeconfig, identity_secret_name,
+    IDENTITY_KUBECONFIG_KEY, IdentityError, client_from_kubeconfig, identity_client,
+    identity_secret_name,
 };
 use crate::context::Ctx;
+use crate::error::{RequestError, request};
+
+mod plan;
+
 use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
+pub use plan::AuthFailureReason;
+use plan::{AuthFailure, Step, TenantAnswer, Verdict, set};
 
 /// How often an established peering re-reads the grant and the network parameters.
 const RESYNC: Duration = Duration::from_secs(2);
 
+/// What failed while reconciling a Peering.
 #[derive(Debug, thiserror::Error)]
-#[error("peering with {provider}: {step}: {message}")]
-pub struct Error {
-    provider: String,
-    step: String,
-    message: String,
+pub enum Error {
+    #[error("peering with {provider}: {step}")]
+    Kube {
+        provider: String,
+        step: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("peering with {provider}")]
+    Unpeer {
+        provider: String,
+        #[source]
+        source: UnpeerError,
+    },
 }
 
-fn fail(provider: &str, step: &str) -> impl FnOnce(String) -> Error {
+fn kube_step(provider: &str, step: &'static str) -> impl FnOnce(kube::Error) -> Error {
     let provider = provider.to_string();
-    let step = step.to_string();
-    move |message| Error {
+    move |source| Error::Kube {
         provider,
         step,
-        message,
+        source,
+    }
+}
+
+/// A step of unpeering on the consumer; when one fails, the Peering's `Unpeered` condition
+/// carries it as its reason, so `tandem unpeer` can tell the admin where it is stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnpeerStep {
+    DeleteVirtualNode,
+    DeleteLease,
+    DrainPods,
+    ReadIdentity,
+    DeleteTwinNamespaces,
+    DeleteTenant,
+    ReleaseIpam,
+    DeleteTenantNamespace,
+}
+
+impl UnpeerStep {
+    const ALL: [UnpeerStep; 8] = [
+        UnpeerStep::DeleteVirtualNode,
+        UnpeerStep::DeleteLease,
+        UnpeerStep::DrainPods,
+        UnpeerStep::ReadIdentity,
+        UnpeerStep::DeleteTwinNamespaces,
+        UnpeerStep::DeleteTenant,
+        UnpeerStep::ReleaseIpam,
+        UnpeerStep::DeleteTenantNamespace,
+    ];
+
+    /// The condition reason standing for this step.
+    pub fn reason(self) -> &'static str {
+        match self {
+            UnpeerStep::DeleteVirtualNode => "DeleteVirtualNode",
+            UnpeerStep::DeleteLease => "DeleteLease",
+            UnpeerStep::DrainPods => "DrainPods",
+            UnpeerStep::ReadIdentity => "ReadIdentity",
+            UnpeerStep::DeleteTwinNamespaces => "DeleteTwinNamespaces",
+            UnpeerStep::DeleteTenant => "DeleteTenant",
+            UnpeerStep::ReleaseIpam => "ReleaseIpam",
+            UnpeerStep::DeleteTenantNamespace => "DeleteTenantNamespace",
+        }
+    }
+
+    /// The step a condition reason stands for.
+    pub fn from_reason(reason: &str) -> Option<UnpeerStep> {
+        Self::ALL.into_iter().find(|s| s.reason() == reason)
+    }
+
+    /// Whether `tandem unpeer --force` skips this step (it needs the provider).
+    pub fn skipped_by_force(self) -> bool {
+        matches!(
+            self,
+            UnpeerStep::ReadIdentity | UnpeerStep::DeleteTwinNamespaces | UnpeerStep::DeleteTenant
+        )
+    }
+}
+
+impl std::fmt::Display for UnpeerStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UnpeerStep::DeleteVirtualNode => "deleting the virtual node",
+            UnpeerStep::DeleteLease => "deleting the virtual node's Lease",
+            UnpeerStep::DrainPods => "deleting the pods of the virtual node",
+            UnpeerStep::ReadIdentity => "reading the peer identity",
+            UnpeerStep::DeleteTwinNamespaces => "deleting the twin namespaces on the provider",
+            UnpeerStep::DeleteTenant => "deleting our Tenant on the provider",
+            UnpeerStep::ReleaseIpam => "releasing the IPAM grant",
+            UnpeerStep::DeleteTenantNamespace => "deleting the tenant namespace",
+        })
+    }
+}
+
+/// What stopped an unpeering step.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpeerCause {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Ipam(#[from] crate::provider::network::IpamError),
+}
+
+/// A step of unpeering that failed (the reconciler retries it).
+#[derive(Debug, thiserror::Error)]
+#[error("unpeering: {step}")]
+pub struct UnpeerError {
+    pub step: UnpeerStep,
+    #[source]
+    pub cause: UnpeerCause,
+}
+
+impl UnpeerError {
+    /// Whether the provider did not answer at all.
+    pub fn provider_unreachable(&self) -> bool {
+        self.step.skipped_by_force()
+            && matches!(&self.cause, UnpeerCause::Kube(e) if crate::error::is_unreachable(e))
+    }
+}
+
+fn unpeer_step<E: Into<UnpeerCause>>(step: UnpeerStep) -> impl FnOnce(E) -> UnpeerError {
+    move |e| UnpeerError {
+        step,
+        cause: e.into(),
     }
 }
 
@@ -74,7 +193,7 @@ pub async fn run(ctx: Ctx, links: Links) {
 }
 
 fn error_policy(_p: Arc<Peering>, e: &Error, _ctx: Arc<PeeringContext>) -> Action {
-    tracing::warn!(error = %e, "peering");
+    tracing::warn!(error = %crate::error::chain(e), "peering");
     Action::requeue(Duration::from_secs(1))
 }
 
@@ -95,36 +214,36 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
     let ctx = &pctx.ctx;
     let provider = peering.name_any();
     let api: Api<Peering> = Api::all(ctx.client.clone());
-    let has_finalizer = peering.finalizers().iter().any(|f| f == names::FINALIZER);
-    if peering.metadata.deletion_timestamp.is_some() {
-        if has_finalizer {
-            if pctx.links.snapshot().contains_key(&provider) {
-                // The virtual kubelet still runs and would recreate the node: wait for the
-                // supervisor to stop it (it drops links of deleted Peerings).
-                return Ok(Action::requeue(Duration::from_millis(100)));
-            }
-            unpeer(ctx, &peering).await?;
-            crate::install::remove_finalizer(&api, &*peering)
-                .await
-                .map_err(|e| fail(&provider, "removing the finalizer")(e.to_string()))?;
-        }
-        return Ok(Action::await_change());
-    }
-    if !has_finalizer {
-        crate::install::add_finalizer(&api, &*peering)
-            .await
-            .map_err(|e| fail(&provider, "adding the finalizer")(e.to_string()))?;
-        return Ok(Action::await_change());
-    }
+    let link_running = pctx.links.snapshot().contains_key(&provider);
     let old = peering.status.clone().unwrap_or_default();
     let mut status = old.clone();
-    let action = if conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-        negotiate(ctx, &peering, &mut status).await
-    } else if status.phase.as_deref() == Some("Failed") {
-        // A refused invite stays refused: `tandem peer` reports it and cleans up.
-        Action::await_change()
-    } else {
-        authenticate(ctx, &peering, &mut status).await
+    let action = match plan::next_step(&peering, link_running) {
+        Step::WaitForLinkToStop => return Ok(Action::requeue(Duration::from_millis(100))),
+        Step::Unpeer => {
+            if let Err(e) = unpeer(ctx, &peering).await {
+                report_stuck_unpeer(&api, &peering, &e).await;
+                return Err(Error::Unpeer {
+                    provider,
+                    source: e,
+                });
+            }
+            crate::install::remove_finalizer(&api, &*peering)
+                .await
+                .map_err(kube_step(&provider, "removing the finalizer"))?;
+            return Ok(Action::await_change());
+        }
+        Step::Gone | Step::StayFailed => return Ok(Action::await_change()),
+        Step::AddFinalizer => {
+            crate::install::add_finalizer(&api, &*peering)
+                .await
+                .map_err(kube_step(&provider, "adding the finalizer"))?;
+            return Ok(Action::await_change());
+        }
+        Step::Negotiate => negotiate(ctx, &peering, &mut status).await,
+        Step::Authenticate => {
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            authenticate(ctx, &peering, &mut status, now).await
+        }
     };
     if status != old {
         // Replace the whole status: a merge patch would keep resources the provider no longer
@@ -134,37 +253,18 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
         updated.status = Some(status);
         api.replace_status(&provider, &PostParams::default(), &updated)
             .await
-            .map_err(|e| fail(&provider, "writing status")(e.to_string()))?;
+            .map_err(kube_step(&provider, "writing status"))?;
     }
     Ok(action)
 }
 
-/// The step of the invite flow that failed, and whether retrying may help.
-struct AuthFailure {
-    reason: &'static str,
-    message: String,
-    permanent: bool,
-}
-
-impl AuthFailure {
-    fn permanent(reason: &'static str, message: impl Into<String>) -> Self {
-        AuthFailure {
-            reason,
-            message: message.into(),
-            permanent: true,
-        }
-    }
-    fn transient(reason: &'static str, message: impl Into<String>) -> Self {
-        AuthFailure {
-            reason,
-            message: message.into(),
-            permanent: false,
-        }
-    }
-}
-
-async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> Action {
-    match try_authenticate(ctx, peering, status).await {
+async fn authenticate(
+    ctx: &Ctx,
+    peering: &Peering,
+    status: &mut PeeringStatus,
+    now: i64,
+) -> Action {
+    match try_authenticate(ctx, peering, status, now).await {
         Ok(Some(())) => {
             status.phase = Some("Authenticating".into());
             Action::requeue(Duration::from_millis(50))
@@ -180,7 +280,7 @@ async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) 
                 status,
                 conditions::AUTHENTICATED,
                 false,
-                f.reason,
+                f.reason.as_str(),
                 &f.message,
             );
             if f.permanent {
@@ -194,29 +294,12 @@ async fn authenticate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) 
     }
 }
 
-fn set(status: &mut PeeringStatus, type_: &str, ok: bool, reason: &str, message: &str) {
-    conditions::set_condition(
-        &mut status.conditions,
-        type_,
-        ConditionStatus::from(ok),
-        reason,
-        message,
-        None,
-    );
-}
-
-fn api_code(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(s) => Some(s.code),
-        _ => None,
-    }
-}
-
 /// Files the request (once), reads the answer; Ok(Some) when the identity was stored.
 async fn try_authenticate(
     ctx: &Ctx,
     peering: &Peering,
     status: &mut PeeringStatus,
+    now: i64,
 ) -> Result<Option<()>, AuthFailure> {
     let provider = peering.spec.cluster_id.clone();
     let tenant_ns = names::tenant_namespace(&provider);
@@ -230,10 +313,10 @@ async fn try_authenticate(
     let token_secret = secrets
         .get_opt(&secret_name)
         .await
-        .map_err(|e| AuthFailure::transient("LocalError", format!("reading Secret {tenant_ns}/{secret_name}: {e}")))?
+        .map_err(|e| AuthFailure::transient(AuthFailureReason::LocalError, format!("reading Secret {tenant_ns}/{secret_name}: {e}")))?
         .ok_or_else(|| {
             AuthFailure::permanent(
-                "InviteMissing",
+                AuthFailureReason::InviteMissing,
                 format!("the invite token Secret {tenant_ns}/{secret_name} is missing; run `tandem peer` with a new invite"),
             )
         })?;
@@ -246,54 +329,37 @@ async fn try_authenticate(
     let expires: Option<i64> = get(EXPIRES_KEY).and_then(|e| e.parse().ok());
     let Some((token_id, token_secret_part)) = token.split_once('.') else {
         return Err(AuthFailure::permanent(
-            "InviteInvalid",
+            AuthFailureReason::InviteInvalid,
             format!("Secret {tenant_ns}/{secret_name} holds no valid token"),
         ));
-    };
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let rejected = |what: &str| {
-        if let Some(exp) = expires
-            && exp <= now
-        {
-            return AuthFailure::permanent(
-                "InviteExpired",
-                format!(
-                    "provider rejected the token: the invite expired {} ago",
-                    human_duration(now - exp)
-                ),
-            );
-        }
-        AuthFailure::permanent(
-            "TokenRejected",
-            format!(
-                "provider rejected the token ({what}): the provider does not know this token (wrong or revoked)"
-            ),
-        )
     };
     let kc = kubeconfig(
         &peering.spec.endpoint,
         &peering.spec.ca_data,
         json!({"token": token}),
     );
-    let client = client_from_kubeconfig(&kc)
-        .await
-        .map_err(|e| AuthFailure::permanent("InviteInvalid", format!("invite endpoint/CA: {e}")))?;
+    let client = client_from_kubeconfig(&kc).await.map_err(|e| {
+        AuthFailure::permanent(
+            AuthFailureReason::InviteInvalid,
+            format!("invite endpoint/CA: {}", crate::error::chain(&e)),
+        )
+    })?;
     let requests: Api<PeeringRequest> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
+    let token = plan::Token {
+        id: token_id,
+        endpoint: &peering.spec.endpoint,
+        expires,
+    };
     // What the provider's answer to the token at `step` means; `used` explains a 403.
-    let refused = |e: &kube::Error, step: &str, used: &str| match api_code(e) {
-        Some(401) => rejected("401 Unauthorized"),
-        Some(403) => AuthFailure::permanent(
-            "TokenUsed",
-            format!("provider rejected the token: {used}; ask the provider for a new invite"),
-        ),
-        Some(_) => AuthFailure::transient(
-            "RequestFailed",
-            format!("{step} PeeringRequest {token_id}: {e}"),
-        ),
-        None => AuthFailure::transient(
-            "ProviderUnreachable",
-            format!("provider unreachable at {}: {e}", peering.spec.endpoint),
-        ),
+    let refused = |e: &kube::Error, step: &str, used: &str| {
+        plan::token_refusal(
+            client::status_code(e),
+            &e.to_string(),
+            step,
+            used,
+            &token,
+            now,
+        )
     };
     let existing = match requests.get_opt(token_id).await {
         Ok(r) => r,
@@ -306,16 +372,12 @@ async fn try_authenticate(
         }
     };
     let request = match existing {
-        Some(r) if r.spec.cluster_id != consumer => {
-            return Err(AuthFailure::permanent(
-                "TokenUsed",
-                "provider rejected the token: token already used by another cluster; ask the provider for a new invite",
-            ));
-        }
+        Some(r) if r.spec.cluster_id != consumer => return Err(plan::used_by_another_cluster()),
         Some(r) => r,
         None => {
-            let csr = make_csr(ctx)
-                .map_err(|e| AuthFailure::permanent("CSR", format!("creating the CSR: {e}")))?;
+            let csr = make_csr(ctx).map_err(|e| {
+                AuthFailure::permanent(AuthFailureReason::Csr, format!("creating the CSR: {e}"))
+            })?;
             let proof =
                 tandem_core::invite::token_proof(token_secret_part, &consumer, token_id, &csr);
             let req: PeeringRequest = serde_json::from_value(json!({
@@ -327,7 +389,7 @@ async fn try_authenticate(
             .expect("static manifest");
             match requests.create(&PostParams::default(), &req).await {
                 Ok(r) => r,
-                Err(e) if api_code(&e) == Some(409) => return Ok(None),
+                Err(e) if client::is_conflict(&e) => return Ok(None),
                 Err(e) => return Err(refused(&e, "filing", "token already used")),
             }
         }
@@ -340,24 +402,9 @@ async fn try_authenticate(
         "the provider answered the peering request",
     );
     let answer = request.status.unwrap_or_default();
-    match answer.phase.as_deref() {
-        Some("Denied") => Err(AuthFailure::permanent(
-            "Denied",
-            format!(
-                "provider denied the peering request: {}",
-                answer.message.unwrap_or_default()
-            ),
-        )),
-        Some("Approved") => {
-            if answer.provider_cluster_id.as_deref() != Some(provider.as_str()) {
-                return Err(AuthFailure::permanent(
-                    "WrongProvider",
-                    format!(
-                        "the endpoint answered as cluster {:?}, not {provider:?}: the invite does not match its endpoint",
-                        answer.provider_cluster_id.unwrap_or_default()
-                    ),
-                ));
-            }
+    match plan::request_verdict(&answer, &provider) {
+        Verdict::Refused(f) => Err(f),
+        Verdict::Approved => {
             let cert = answer.certificate.unwrap_or_default();
             let remote_tenant = answer
                 .tenant_namespace
@@ -385,7 +432,7 @@ async fn try_authenticate(
                 .await
                 .map_err(|e| {
                     AuthFailure::transient(
-                        "LocalError",
+                        AuthFailureReason::LocalError,
                         format!("writing Secret {tenant_ns}/{identity_name}: {e}"),
                     )
                 })?;
@@ -405,7 +452,7 @@ async fn try_authenticate(
             );
             Ok(Some(()))
         }
-        _ => {
+        Verdict::Pending => {
             set(
                 status,
                 conditions::AUTHENTICATED,
@@ -432,41 +479,23 @@ fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
     params.serialize_request(&key)?.pem()
 }
 
-async fn identity_client(
-    ctx: &Ctx,
-    provider: &str,
-    status: &PeeringStatus,
-) -> Result<Client, String> {
-    let ns = names::tenant_namespace(provider);
-    let name = status
-        .identity_secret
-        .clone()
-        .unwrap_or_else(|| identity_secret_name(provider));
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .get(&name)
-        .await
-        .map_err(|e| format!("reading identity Secret {ns}/{name}: {e}"))?;
-    let kc = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
-        .ok_or_else(|| format!("identity Secret {ns}/{name} has no kubeconfig"))?;
-    client_from_kubeconfig(&String::from_utf8_lossy(&kc.0)).await
-}
-
 /// Negotiation with the peer identity: grant, network parameters, remaps.
 async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> Action {
     let provider = peering.spec.cluster_id.clone();
     let consumer = ctx.identity.cluster_id.clone();
-    let client = match identity_client(ctx, &provider, status).await {
-        Ok(c) => c,
+    let identity = status
+        .identity_secret
+        .clone()
+        .unwrap_or_else(|| identity_secret_name(&provider));
+    let client = match identity_client(ctx, &provider, &identity).await {
+        Ok((c, _)) => c,
         Err(e) => {
             set(
                 status,
                 conditions::AUTHENTICATED,
                 false,
-                "IdentityMissing",
-                &e,
+                AuthFailureReason::IdentityMissing.as_str(),
+                &crate::error::chain(&e),
             );
             status.phase = Some("Failed".into());
             return Action::requeue(RESYNC);
@@ -478,70 +507,19 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
         .unwrap_or_else(|| names::tenant_namespace(&consumer));
     // Grant.
     let tenants: Api<Tenant> = Api::namespaced(client.clone(), &remote_ns);
-    match tenants.get(&consumer).await {
-        Ok(t) => {
-            set(
-                status,
-                conditions::PROVIDER_REACHABLE,
-                true,
-                "Answered",
-                "the provider's API answers",
-            );
-            status.granted = t.spec.grant.clone();
-            status.node_labels = t.spec.node_labels.clone();
-            if t.spec.grant.is_empty() {
-                set(
-                    status,
-                    conditions::RESOURCES_GRANTED,
-                    false,
-                    "Revoked",
-                    "the provider grants nothing",
-                );
-            } else {
-                let summary: Vec<String> = t
-                    .spec
-                    .grant
-                    .iter()
-                    .map(|(k, v)| format!("{k}={}", v.0))
-                    .collect();
-                set(
-                    status,
-                    conditions::RESOURCES_GRANTED,
-                    true,
-                    "Granted",
-                    &summary.join(", "),
-                );
-            }
-        }
-        Err(e) if matches!(api_code(&e), Some(403 | 404 | 401)) => {
-            set(
-                status,
-                conditions::PROVIDER_REACHABLE,
-                true,
-                "Answered",
-                "the provider's API answers",
-            );
-            set(
-                status,
-                conditions::RESOURCES_GRANTED,
-                false,
-                "TenantGone",
-                &format!(
-                    "the provider no longer has our Tenant ({e}); it unpeered us — `tandem unpeer {provider}`"
-                ),
-            );
-            status.granted = BTreeMap::new();
-        }
-        Err(e) => {
-            set(
-                status,
-                conditions::PROVIDER_REACHABLE,
-                false,
-                "Unreachable",
-                &format!("provider unreachable at {}: {e}", peering.spec.endpoint),
-            );
-            return Action::requeue(RESYNC);
-        }
+    let answer = match tenants.get(&consumer).await {
+        Ok(t) => TenantAnswer::Found(Box::new(t)),
+        Err(e) if client::is_gone_or_forbidden(&e) => TenantAnswer::Gone(e.to_string()),
+        Err(e) => TenantAnswer::Unreachable(e.to_string()),
+    };
+    let place = plan::Place {
+        provider: &provider,
+        consumer: &consumer,
+        remote_namespace: &remote_ns,
+        endpoint: &peering.spec.endpoint,
+    };
+    if !plan::apply_tenant_answer(status, &answer, &place) {
+        return Action::requeue(RESYNC);
     }
     // Network.
     match negotiate_network(ctx, &client, &remote_ns, &provider).await {
@@ -571,24 +549,16 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
             );
         }
         Err(e) => {
-            set(status, conditions::NETWORK_NEGOTIATED, false, "Failed", &e);
+            set(
+                status,
+                conditions::NETWORK_NEGOTIATED,
+                false,
+                "Failed",
+                &crate::error::chain(&e),
+            );
         }
     }
-    let established = [
-        conditions::AUTHENTICATED,
-        conditions::RESOURCES_GRANTED,
-        conditions::NETWORK_NEGOTIATED,
-    ]
-    .iter()
-    .all(|c| conditions::is_true(&status.conditions, c));
-    status.phase = Some(
-        if established {
-            "Established"
-        } else {
-            "Negotiating"
-        }
-        .into(),
-    );
+    status.phase = Some(plan::negotiated_phase(status).into());
     Action::requeue(RESYNC)
 }
 
@@ -597,21 +567,17 @@ async fn negotiate_network(
     client: &Client,
     remote_ns: &str,
     provider: &str,
-) -> Result<Option<tandem_api::peering::PeeringNetwork>, String> {
-    let settings = crate::install::load_settings(&ctx.client)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
+    let settings = crate::install::load_settings(&ctx.client).await?;
     let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
     let ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
                       "externalCIDR": settings.external_cidr});
-    let published = match api.get_opt(CONSUMER_NETWORK_PARAMETERS).await {
-        Ok(p) => p,
-        Err(e) => {
-            return Err(format!(
-                "reading NetworkParameters {remote_ns}/consumer: {e}"
-            ));
-        }
-    };
+    let published = api
+        .get_opt(CONSUMER_NETWORK_PARAMETERS)
+        .await
+        .map_err(request(format!(
+            "reading NetworkParameters {remote_ns}/consumer"
+        )))?;
     let published = match published {
         None => {
             let np: NetworkParameters = serde_json::from_value(json!({
@@ -623,7 +589,9 @@ async fn negotiate_network(
             .expect("static manifest");
             api.create(&PostParams::default(), &np)
                 .await
-                .map_err(|e| format!("publishing NetworkParameters {remote_ns}/consumer: {e}"))?
+                .map_err(request(format!(
+                    "publishing NetworkParameters {remote_ns}/consumer"
+                )))?
         }
         Some(p) if serde_json::to_value(&p.spec).ok().as_ref() != Some(&ours) => api
             .patch(
@@ -632,13 +600,17 @@ async fn negotiate_network(
                 &Patch::Merge(json!({"spec": ours})),
             )
             .await
-            .map_err(|e| format!("updating NetworkParameters {remote_ns}/consumer: {e}"))?,
+            .map_err(request(format!(
+                "updating NetworkParameters {remote_ns}/consumer"
+            )))?,
         Some(p) => p,
     };
     let Some(theirs) = api
         .get_opt(PROVIDER_NETWORK_PARAMETERS)
         .await
-        .map_err(|e| format!("reading NetworkParameters {remote_ns}/provider: {e}"))?
+        .map_err(request(format!(
+            "reading NetworkParameters {remote_ns}/provider"
+        )))?
     else {
         return Ok(None);
     };
@@ -646,7 +618,10 @@ async fn negotiate_network(
         .spec
         .pod_cidr
         .parse()
-        .map_err(|e| format!("provider pod CIDR {:?}: {e}", theirs.spec.pod_cidr))?;
+        .map_err(|source| NegotiationError::PodCidr {
+            cidr: theirs.spec.pod_cidr.clone(),
+            source,
+        })?;
     let mut prefixes = vec![pod];
     let ext: Option<IpNet> = theirs
         .spec
@@ -654,9 +629,7 @@ async fn negotiate_network(
         .as_ref()
         .and_then(|e| e.parse().ok());
     prefixes.extend(ext);
-    let grants = crate::provider::network::map_peer(ctx, provider, &prefixes)
-        .await
-        .map_err(|e| e.to_string())?;
+    let grants = crate::provider::network::map_peer(ctx, provider, &prefixes).await?;
     let remapped_pod = grants[0].granted.to_string();
     let remapped_ext = grants.get(1).map(|g| g.granted.to_string());
     let current = theirs.status.clone().unwrap_or_default();
@@ -669,7 +642,9 @@ async fn negotiate_network(
             &Patch::Merge(json!({"status": {"remappedPodCIDR": remapped_pod, "remappedExternalCIDR": remapped_ext}})),
         )
         .await
-        .map_err(|e| format!("writing our remap into NetworkParameters {remote_ns}/provider: {e}"))?;
+        .map_err(request(format!(
+            "writing our remap into NetworkParameters {remote_ns}/provider"
+        )))?;
     }
     let Some(local_there) = published.status.and_then(|s| s.remapped_pod_cidr) else {
         return Ok(None);
@@ -685,17 +660,71 @@ async fn negotiate_network(
     }))
 }
 
+/// Tells the admin, in the deleting Peering's status, which unpeering step fails and why:
+/// phase `Unpeering`, condition `Unpeered` False with the step as reason, and
+/// `ProviderReachable` False when the provider did not answer.
+async fn report_stuck_unpeer(api: &Api<Peering>, peering: &Peering, e: &UnpeerError) {
+    let old = peering.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.phase = Some("Unpeering".into());
+    set(
+        &mut status,
+        conditions::UNPEERED,
+        false,
+        e.step.reason(),
+        &crate::error::chain(&e.cause),
+    );
+    if e.provider_unreachable() {
+        set(
+            &mut status,
+            conditions::PROVIDER_REACHABLE,
+            false,
+            "Unreachable",
+            &format!("provider unreachable at {}", peering.spec.endpoint),
+        );
+    }
+    if status == old {
+        return;
+    }
+    let mut updated = peering.clone();
+    updated.status = Some(status);
+    // A conflict only means a newer version is on its way; the retry reports again.
+    if let Err(e) = api
+        .replace_status(&peering.name_any(), &PostParams::default(), &updated)
+        .await
+    {
+        tracing::debug!(error = %e, "reporting the unpeering step");
+    }
+}
+
+/// Why the network parameters could not be exchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum NegotiationError {
+    #[error("reading this cluster's settings")]
+    Settings(#[from] crate::install::InstallError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("the provider's pod CIDR {cidr:?}")]
+    PodCidr {
+        cidr: String,
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    #[error("remapping the provider's prefixes")]
+    Ipam(#[from] crate::provider::network::IpamError),
+}
+
 /// Deletes the pods bound to `node` (with grace 0: nothing runs them any more), again until a
 /// listing finds none — a binding the scheduler sent before it saw the node go may land after
 /// the first listing.
-async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
+async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), UnpeerError> {
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
     for _ in 0..5 {
         let bound = pods
             .list(&on_node)
             .await
-            .map_err(|e| fail(provider, "listing pods on the virtual node")(e.to_string()))?;
+            .map_err(unpeer_step(UnpeerStep::DrainPods))?;
         // A pod with finalizers of its own stays, marked deleted, until they are done.
         let live: Vec<Pod> = bound
             .items
@@ -716,12 +745,7 @@ async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
                     },
                 )
                 .await;
-            ignore_missing(deleted).map_err(|e| {
-                fail(provider, "deleting the pods of the virtual node")(format!(
-                    "{ns}/{}: {e}",
-                    pod.name_any()
-                ))
-            })?;
+            ignore_missing(deleted).map_err(unpeer_step(UnpeerStep::DrainPods))?;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -731,7 +755,7 @@ async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), Error> {
 
 /// Undoes a peering: the virtual node and its pods here, the twin namespaces and the Tenant on
 /// the provider (unless forced), the IPAM grant and the tenant namespace here.
-async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
+async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     let provider = peering.spec.cluster_id.clone();
     let consumer = ctx.identity.cluster_id.clone();
     let status = peering.status.clone().unwrap_or_default();
@@ -748,19 +772,22 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
             .delete(&node, &DeleteParams::default())
             .await,
     )
-    .map_err(|e| fail(&provider, "deleting the virtual node")(e.to_string()))?;
+    .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?;
     ignore_missing(
         Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
             .delete(&node, &DeleteParams::default())
             .await,
     )
-    .map_err(|e| fail(&provider, "deleting the virtual node's Lease")(e.to_string()))?;
+    .map_err(unpeer_step(UnpeerStep::DeleteLease))?;
     drain(ctx, &provider, &node).await?;
     if !force && conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-        let hint = format!("(if {provider} is gone for good: `tandem unpeer {provider} --force`)");
-        let client = identity_client(ctx, &provider, &status)
+        let identity = status
+            .identity_secret
+            .clone()
+            .unwrap_or_else(|| identity_secret_name(&provider));
+        let (client, _) = identity_client(ctx, &provider, &identity)
             .await
-            .map_err(|e| fail(&provider, "reaching the provider")(format!("{e} {hint}")))?;
+            .map_err(unpeer_step(UnpeerStep::ReadIdentity))?;
         let remote_ns = status
             .remote_tenant_namespace
             .clone()
@@ -774,32 +801,22 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
                             .delete(&rn.name_any(), &DeleteParams::default())
                             .await,
                     )
-                    .map_err(|e| {
-                        fail(&provider, "deleting twin namespaces on the provider")(format!(
-                            "{e} {hint}"
-                        ))
-                    })?;
+                    .map_err(unpeer_step(UnpeerStep::DeleteTwinNamespaces))?;
                 }
             }
-            Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => {}
-            Err(e) => {
-                return Err(fail(&provider, "listing twin namespaces on the provider")(
-                    format!("{e} {hint}"),
-                ));
-            }
+            Err(e) if client::is_gone_or_forbidden(&e) => {}
+            Err(e) => return Err(unpeer_step(UnpeerStep::DeleteTwinNamespaces)(e)),
         }
         ignore_gone(
             Api::<Tenant>::namespaced(client, &remote_ns)
                 .delete(&consumer, &DeleteParams::default())
                 .await,
         )
-        .map_err(|e| {
-            fail(&provider, "deleting our Tenant on the provider")(format!("{e} {hint}"))
-        })?;
+        .map_err(unpeer_step(UnpeerStep::DeleteTenant))?;
     }
     crate::provider::network::release_peer(ctx, &provider)
         .await
-        .map_err(|e| fail(&provider, "releasing the IPAM grant")(e.to_string()))?;
+        .map_err(unpeer_step(UnpeerStep::ReleaseIpam))?;
     ignore_missing(
         Api::<Namespace>::all(ctx.client.clone())
             .delete(
@@ -808,23 +825,18 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), Error> {
             )
             .await,
     )
-    .map_err(|e| fail(&provider, "deleting the tenant namespace")(e.to_string()))?;
+    .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?;
     Ok(())
 }
 
 fn ignore_missing<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(e) if api_code(&e) == Some(404) => Ok(()),
-        Err(e) => Err(e),
-    }
+    client::ok_if_not_found(r).map(|_| ())
 }
 
 /// Missing, or no longer ours to touch (the provider already removed our access).
 fn ignore_gone<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match r {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(api_code(&e), Some(401 | 403 | 404)) => Ok(()),
-        Err(e) => Err(e),
+        Err(e) if !client::is_gone_or_forbidden(&e) => Err(e),
+        _ => Ok(()),
     }
 }
