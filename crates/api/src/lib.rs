@@ -6,6 +6,7 @@
 pub mod client;
 pub mod conditions;
 pub mod crds;
+pub mod kubeconfig;
 pub mod names;
 pub mod offloading;
 pub mod peering;

@@ -49,11 +49,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine;
-use kube::config::{
-    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
-};
+use kube::config::Kubeconfig;
 use parking_lot::RwLock;
 use serde_json::{Value, json};
+use tandem_api::kubeconfig::{self, Credentials, to_yaml};
 use tandem_apimachinery::rbac::RbacIndex;
 
 pub use state::{Config, State};
@@ -148,58 +147,29 @@ impl ApiServer {
         let cert = self.state.pki.ca.issue(user, groups, &[], false)?;
         Ok(self.config_with(
             user,
-            AuthInfo {
-                client_certificate_data: Some(b64(&cert.cert_pem)),
-                client_key_data: Some(b64(&cert.key_pem).into()),
-                ..Default::default()
+            Credentials::ClientCertificate {
+                cert_pem: &cert.cert_pem,
+                key_pem: &cert.key_pem,
             },
         ))
     }
 
     /// A kubeconfig that authenticates with a bearer token.
     pub fn kubeconfig_with_token(&self, user: &str, token: &str) -> String {
-        to_yaml(&self.config_with(
-            user,
-            AuthInfo {
-                token: Some(token.into()),
-                ..Default::default()
-            },
-        ))
+        to_yaml(&self.config_with(user, Credentials::Token(token)))
     }
 
-    fn config_with(&self, user: &str, credentials: AuthInfo) -> Kubeconfig {
+    /// Cluster and context named after the server, user `<name>-<user>`, namespace `default`.
+    fn config_with(&self, user: &str, credentials: Credentials<'_>) -> Kubeconfig {
         let name = &self.state.config.name;
-        let user_name = format!("{name}-{user}");
-        Kubeconfig {
-            api_version: Some("v1".into()),
-            kind: Some("Config".into()),
-            clusters: vec![NamedCluster {
-                name: name.clone(),
-                cluster: Some(Cluster {
-                    server: Some(self.url()),
-                    certificate_authority_data: Some(b64(self.ca_pem())),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            auth_infos: vec![NamedAuthInfo {
-                name: user_name.clone(),
-                auth_info: Some(credentials),
-                ..Default::default()
-            }],
-            contexts: vec![NamedContext {
-                name: name.clone(),
-                context: Some(Context {
-                    cluster: name.clone(),
-                    user: Some(user_name),
-                    namespace: Some("default".into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            current_context: Some(name.clone()),
-            ..Default::default()
-        }
+        kubeconfig::single(
+            name,
+            &self.url(),
+            self.ca_pem(),
+            &format!("{name}-{user}"),
+            credentials,
+            Some("default"),
+        )
     }
 
     /// A kube client for the admin.
@@ -213,20 +183,11 @@ impl ApiServer {
     }
 }
 
-/// A kubeconfig as the YAML kubectl reads.
-pub fn to_yaml(kubeconfig: &Kubeconfig) -> String {
-    serde_yaml::to_string(kubeconfig).expect("a kubeconfig serializes")
-}
-
 /// A kube client from kubeconfig YAML.
 pub async fn client_from_kubeconfig(yaml: &str) -> anyhow::Result<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
     Ok(kube::Client::try_from(config)?)
-}
-
-fn b64(s: &str) -> String {
-    base64::engine::general_purpose::STANDARD.encode(s)
 }
 
 fn random_token() -> String {

@@ -39,7 +39,7 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
         return Err(ApiError::unsupported_media_type(content_type));
     }
     if content_type.contains("yaml") {
-        serde_yaml::from_slice::<Value>(body)
+        serde_saphyr::from_slice::<Value>(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
         serde_json::from_slice(body).map_err(|e| {

@@ -552,7 +552,7 @@ pub struct GadgetStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_resources_from_a_kube_derive_type() {
     let c = Cluster::start().await;
-    let crd = serde_yaml::to_string(&Gadget::crd()).unwrap();
+    let crd = serde_saphyr::to_string(&Gadget::crd()).unwrap();
     c.ok_in(&["apply", "-f", "-"], &crd).await;
     c.ok(&[
         "wait",

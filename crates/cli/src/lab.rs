@@ -178,7 +178,7 @@ async fn status(dir: PathBuf, output: Output) -> anyhow::Result<()> {
     }
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&rows)?),
         Output::Table => {
             let mut t = table::new(["CLUSTER", "SERVER", "HEALTH", "NODES", "PODS", "ERROR"]);
             for r in rows {

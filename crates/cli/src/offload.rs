@@ -195,7 +195,7 @@ pub async fn unoffload(args: UnoffloadArgs, global: &GlobalArgs) -> anyhow::Resu
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => bail!("namespace {ns} is not offloaded"),
+        Err(e) if tandem_api::client::is_not_found(&e) => bail!("namespace {ns} is not offloaded"),
         Err(e) => {
             return Err(e).with_context(|| format!("deleting NamespaceOffloading {ns}/offloading"));
         }

@@ -72,7 +72,7 @@ pub async fn run(_args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     let status = collect(&client).await?;
     match global.output.unwrap_or_default() {
         Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&status)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&status)?),
         Output::Table => print!("{}", table(&status)),
     }
     Ok(())

@@ -125,13 +125,19 @@ async fn sigkill_during_write_burst_loses_no_acknowledged_write() {
     for (name, value) in &acked {
         last.insert(name.clone(), value.clone());
     }
+    // An update the kill interrupted may or may not have been stored (its answer never came),
+    // as with kube-apiserver: an acknowledged "1" may read back as the "2" sent after it.
     let missing: Vec<_> = last
         .iter()
-        .filter(|(n, v)| stored.get(*n) != Some(v))
+        .filter(|(n, v)| {
+            let got = stored.get(*n);
+            got != Some(v) && !(v.as_str() == "1" && got.map(String::as_str) == Some("2"))
+        })
+        .map(|(n, v)| (n, v, stored.get(n)))
         .collect();
     assert!(
         missing.is_empty(),
-        "{} of {} acknowledged writes lost, e.g. {:?}",
+        "{} of {} acknowledged writes lost, e.g. (name, acknowledged, stored) {:?}",
         missing.len(),
         last.len(),
         &missing[..missing.len().min(5)]

@@ -380,7 +380,7 @@ async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
     let kc = tandem_controller::consumer::peering::kubeconfig(
         &invite.endpoint,
         &invite.ca_data,
-        json!({"token": invite.bearer_token()}),
+        tandem_api::kubeconfig::Credentials::Token(&invite.bearer_token()),
     );
     let token_client = tandem_controller::consumer::link::client_from_kubeconfig(&kc)
         .await

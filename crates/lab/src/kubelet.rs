@@ -465,7 +465,7 @@ impl Kubelet {
         .map_err(kube::Error::SerdeError)?;
         let created = match nodes.create(&PostParams::default(), &object).await {
             Ok(node) => node,
-            Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(&n.name).await?,
+            Err(e) if tandem_api::client::is_conflict(&e) => nodes.get(&n.name).await?,
             Err(e) => return Err(e),
         };
         self.node_uid = created.metadata.uid.clone();
@@ -499,7 +499,7 @@ impl Kubelet {
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => {
+            Err(e) if tandem_api::client::is_not_found(&e) => {
                 let lease: Lease = serde_json::from_value(json!({
                     "metadata": {"name": self.node.name, "namespace": NODE_LEASE_NAMESPACE,
                         "ownerReferences": self.node_uid.as_ref().map(|uid| vec![json!({
@@ -621,7 +621,9 @@ impl Kubelet {
             };
             match api.delete(&name, &dp).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e)
+                    if tandem_api::client::is_not_found(&e)
+                        || tandem_api::client::is_conflict(&e) => {}
                 Err(e) => {
                     tracing::warn!(pod = %name, "finishing deletion: {e}");
                     self.deleting.remove(&uid);

@@ -70,7 +70,7 @@ impl Lab {
                 Some(m) => m.merge(one)?,
             });
         }
-        Ok(tandem_apiserver::to_yaml(&merged.unwrap_or_default()))
+        Ok(tandem_api::kubeconfig::to_yaml(&merged.unwrap_or_default()))
     }
 
     /// Stops every cluster.

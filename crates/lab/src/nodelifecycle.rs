@@ -443,7 +443,7 @@ async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant)
                 .await;
                 view.evicted.insert(uid);
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {
+            Err(e) if tandem_api::client::is_not_found(&e) => {
                 view.evicted.insert(uid);
             }
             Err(e) => tracing::warn!(pod = %name, node, "evicting: {e}"),

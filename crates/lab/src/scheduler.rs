@@ -1167,7 +1167,7 @@ async fn report(client: kube::Client, pod: Arc<Pod>, message: String) {
             .await
         {
             Ok(_) => break,
-            Err(kube::Error::Api(e)) if e.code == 409 => match pods.get_opt(&name).await {
+            Err(e) if tandem_api::client::is_conflict(&e) => match pods.get_opt(&name).await {
                 Ok(Some(fresh)) if fresh.metadata.uid == pod.metadata.uid && !is_bound(&fresh) => {
                     rv = fresh.metadata.resource_version;
                 }

@@ -13,6 +13,7 @@ pub mod serviceaccount;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
+pub(crate) use tandem_api::client::{is_conflict, is_not_found};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -141,16 +142,6 @@ pub(crate) fn key(meta: &ObjectMeta) -> String {
         Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or("")),
         None => meta.name.clone().unwrap_or_default(),
     }
-}
-
-/// Whether a client error is the API's 404.
-pub(crate) fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-/// Whether a client error is the API's 409 (already exists or conflict).
-pub(crate) fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// Logs a failed reconcile and retries later; the next reconcile starts again from the

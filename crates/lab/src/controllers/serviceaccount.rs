@@ -70,7 +70,7 @@ async fn reconcile(ns: Arc<Namespace>, client: Arc<Client>) -> Result<Action, Er
                 Err(e)
                     if is_conflict(&e)
                         || is_not_found(&e)
-                        || matches!(&e, kube::Error::Api(s) if s.code == 403) => {}
+                        || tandem_api::client::status_code(&e) == Some(403) => {}
                 r => {
                     r.step(&name, "creating the default serviceaccount")?;
                 }

@@ -163,13 +163,13 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
 
     // The certificate authenticates as its subject, in every group the CSR asked for (the
     // kubeconfig carol filed it with has no groups).
-    let mut kubeconfig: serde_yaml::Value =
-        serde_yaml::from_str(&cluster.server.kubeconfig_for("carol", &[]).unwrap()).unwrap();
+    let mut kubeconfig: serde_json::Value =
+        serde_saphyr::from_str(&cluster.server.kubeconfig_for("carol", &[]).unwrap()).unwrap();
     let user = &mut kubeconfig["users"][0]["user"];
     user["client-certificate-data"] = base64(&cert).into();
     user["client-key-data"] = base64(&key).into();
     let signed_client =
-        tandem_apiserver::client_from_kubeconfig(&serde_yaml::to_string(&kubeconfig).unwrap())
+        tandem_apiserver::client_from_kubeconfig(&serde_saphyr::to_string(&kubeconfig).unwrap())
             .await
             .unwrap();
     let review: SelfSubjectReview = serde_json::from_value(

@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -20,6 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
 use tandem_api::conditions;
+use tandem_api::kubeconfig::Credentials;
 use tandem_api::{
     NetworkParameters, Peering, PeeringRequest, PeeringStatus, RemoteNamespace, Tenant, names,
 };
@@ -197,17 +196,16 @@ fn error_policy(_p: Arc<Peering>, e: &Error, _ctx: Arc<PeeringContext>) -> Actio
     Action::requeue(Duration::from_secs(1))
 }
 
-/// A kubeconfig for `endpoint` with `user` (a token, or a client certificate and key).
-pub fn kubeconfig(endpoint: &str, ca_pem: &str, user: serde_json::Value) -> String {
-    let doc = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "provider", "cluster": {
-            "server": endpoint, "certificate-authority-data": STANDARD.encode(ca_pem)}}],
-        "users": [{"name": "peer", "user": user}],
-        "contexts": [{"name": "provider", "context": {"cluster": "provider", "user": "peer"}}],
-        "current-context": "provider",
-    });
-    serde_yaml::to_string(&doc).expect("kubeconfig serializes")
+/// A kubeconfig for the provider at `endpoint` (trusting `ca_pem`) with `credentials`.
+pub fn kubeconfig(endpoint: &str, ca_pem: &str, credentials: Credentials<'_>) -> String {
+    tandem_api::kubeconfig::to_yaml(&tandem_api::kubeconfig::single(
+        "provider",
+        endpoint,
+        ca_pem,
+        "peer",
+        credentials,
+        None,
+    ))
 }
 
 async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<Action, Error> {
@@ -336,7 +334,7 @@ async fn try_authenticate(
     let kc = kubeconfig(
         &peering.spec.endpoint,
         &peering.spec.ca_data,
-        json!({"token": token}),
+        Credentials::Token(&token),
     );
     let client = client_from_kubeconfig(&kc).await.map_err(|e| {
         AuthFailure::permanent(
@@ -412,10 +410,10 @@ async fn try_authenticate(
             let identity_kc = kubeconfig(
                 &peering.spec.endpoint,
                 &peering.spec.ca_data,
-                json!({
-                    "client-certificate-data": STANDARD.encode(&cert),
-                    "client-key-data": STANDARD.encode(&ctx.identity.private_key_pem),
-                }),
+                Credentials::ClientCertificate {
+                    cert_pem: &cert,
+                    key_pem: &ctx.identity.private_key_pem,
+                },
             );
             let identity_name = identity_secret_name(&provider);
             secrets
