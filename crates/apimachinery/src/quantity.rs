@@ -160,12 +160,6 @@ fn parse_exponent(s: &str) -> Result<i32, QuantityError> {
         .ok_or(QuantityError::TooLarge)
 }
 
-/// A quantity in thousandths of a unit (millicores, millibytes), rounded up; `None` if `s` is
-/// not a quantity.
-pub fn parse_milli(s: &str) -> Option<i128> {
-    Quantity::parse(s).ok().map(|q| q.milli_value())
-}
-
 /// Checks that `s` is a quantity of zero or more, with kube's messages.
 pub fn validate_non_negative(s: &str) -> Result<Quantity, String> {
     let q = Quantity::parse(s).map_err(|e| e.to_string())?;
