@@ -234,10 +234,5 @@ pub async fn delete_one(
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::conflict(
-        &res.group,
-        &res.resource,
-        name,
-        "too many concurrent writers, try again",
-    ))
+    Err(ApiError::too_many_writers(&res.group, &res.resource, name))
 }

@@ -117,6 +117,16 @@ impl ApiError {
         .with_details(group, resource, name)
     }
 
+    /// 409 Conflict after a write lost its optimistic-concurrency race on every retry.
+    pub fn too_many_writers(group: &str, resource: &str, name: &str) -> Self {
+        Self::conflict(
+            group,
+            resource,
+            name,
+            "too many concurrent writers, try again",
+        )
+    }
+
     /// 409 Conflict with a free-form message (server-side apply conflicts).
     pub fn conflict_message(message: impl Into<String>) -> Self {
         Self::new(409, "Conflict", message)

@@ -538,12 +538,7 @@ async fn write_loop(
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::conflict(
-        &res.group,
-        &res.resource,
-        &name,
-        "too many concurrent writers, try again",
-    ))
+    Err(ApiError::too_many_writers(&res.group, &res.resource, &name))
 }
 
 async fn delete(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {

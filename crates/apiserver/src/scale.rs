@@ -170,12 +170,7 @@ pub async fn write(
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::conflict(
-        &res.group,
-        &res.resource,
-        name,
-        "too many concurrent writers, try again",
-    ))
+    Err(ApiError::too_many_writers(&res.group, &res.resource, name))
 }
 
 #[cfg(test)]

@@ -73,12 +73,7 @@ pub async fn bind(
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::conflict(
-        "",
-        "pods",
-        name,
-        "too many concurrent writers, try again",
-    ))
+    Err(ApiError::too_many_writers("", "pods", name))
 }
 
 /// POST pods/{name}/eviction: deletes the pod with the eviction's DeleteOptions.
