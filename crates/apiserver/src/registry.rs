@@ -207,6 +207,75 @@ const BUILTINS: &[Builtin] = &[
     .all()
     .subs(&["status", "scale"]),
     b(
+        "apps",
+        "v1",
+        "statefulsets",
+        "statefulset",
+        "StatefulSet",
+        true,
+    )
+    .short(&["sts"])
+    .all()
+    .subs(&["status", "scale"]),
+    b("apps", "v1", "daemonsets", "daemonset", "DaemonSet", true)
+        .short(&["ds"])
+        .all()
+        .subs(&["status"]),
+    b(
+        "apps",
+        "v1",
+        "controllerrevisions",
+        "controllerrevision",
+        "ControllerRevision",
+        true,
+    ),
+    b("batch", "v1", "jobs", "job", "Job", true)
+        .all()
+        .subs(&["status"]),
+    b("batch", "v1", "cronjobs", "cronjob", "CronJob", true)
+        .short(&["cj"])
+        .all()
+        .subs(&["status"]),
+    b(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        "PersistentVolumeClaim",
+        true,
+    )
+    .short(&["pvc"])
+    .subs(&["status"]),
+    b(
+        "",
+        "v1",
+        "persistentvolumes",
+        "persistentvolume",
+        "PersistentVolume",
+        false,
+    )
+    .short(&["pv"])
+    .subs(&["status"]),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "storageclasses",
+        "storageclass",
+        "StorageClass",
+        false,
+    )
+    .short(&["sc"]),
+    b(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+    )
+    .short(&["pdb"])
+    .subs(&["status"]),
+    b(
         "coordination.k8s.io",
         "v1",
         "leases",
