@@ -1,11 +1,13 @@
 //! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
-//! Deployment, EndpointSlice/Endpoints, the kube-apiserver-client CSR signer and the
+//! Deployment, DaemonSet, disruption (PodDisruptionBudget status), EndpointSlice/Endpoints, the kube-apiserver-client CSR signer and the
 //! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.
 
 pub mod csr;
+pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod replicaset;
 pub mod serviceaccount;
@@ -29,6 +31,8 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
     tokio::select! {
         () = replicaset::run(client.clone()) => anyhow::bail!("replicaset controller stopped"),
         () = deployment::run(client.clone()) => anyhow::bail!("deployment controller stopped"),
+        () = daemonset::run(client.clone()) => anyhow::bail!("daemonset controller stopped"),
+        () = disruption::run(client.clone()) => anyhow::bail!("disruption controller stopped"),
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
