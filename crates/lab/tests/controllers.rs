@@ -7,8 +7,12 @@
 mod common;
 #[path = "controllers/csr.rs"]
 mod csr;
+#[path = "controllers/daemonsets.rs"]
+mod daemonsets;
 #[path = "controllers/deployments.rs"]
 mod deployments;
+#[path = "controllers/disruption.rs"]
+mod disruption;
 #[path = "controllers/endpoints.rs"]
 mod endpoints;
 #[path = "controllers/replicasets.rs"]
