@@ -9,50 +9,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::{Cluster, peer_with, until};
+use support::{Cluster, offload, peer_with, until};
 use tandem_api::{ShadowPod, names};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Offloads `ns` with the LocalAndRemote strategy; returns its twin namespace on `provider`.
-async fn offload_local_and_remote(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
-    let pp = PatchParams::apply("test").force();
-    Api::<Namespace>::all(consumer.client.clone())
-        .patch(
-            ns,
-            &pp,
-            &Patch::Apply(
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-            ),
-        )
-        .await
-        .expect("namespace");
-    let nsos: Api<tandem_api::NamespaceOffloading> = Api::namespaced(consumer.client.clone(), ns);
-    nsos.patch(
-        names::OFFLOADING_NAME,
-        &pp,
-        &Patch::Apply(json!({
-            "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
-            "metadata": {"name": names::OFFLOADING_NAME},
-            "spec": {"podOffloadingStrategy": "LocalAndRemote"},
-        })),
-    )
-    .await
-    .expect("namespace offloading");
-    until("the twin namespace Ready", WAIT, || async {
-        let o = nsos.get(names::OFFLOADING_NAME).await.ok()?;
-        o.status?
-            .remote_namespaces
-            .into_iter()
-            .find(|r| r.cluster_id == provider.id && r.phase == "Ready")
-            .map(|r| r.namespace)
-    })
-    .await
-}
 
 /// A DaemonSet whose pods tolerate every taint, as kube-proxy's do.
 fn tolerant_daemonset(name: &str, annotations: Value) -> DaemonSet {
@@ -106,7 +70,7 @@ async fn daemonsets_stay_off_virtual_nodes_unless_they_opt_in() {
     let grant = json!({"cpu": "16", "memory": "64Gi", "pods": "500"});
     peer_with(&consumer, &provider, grant, None).await;
     let vn = names::virtual_node_name("milan");
-    let twin = offload_local_and_remote(&consumer, &provider, "agents").await;
+    let twin = offload(&consumer, &provider, "agents", "LocalAndRemote").await;
     let local_nodes = consumer.lab.node_names();
     let daemonsets: Api<DaemonSet> = Api::namespaced(consumer.client.clone(), "agents");
     let shadows: Api<ShadowPod> = Api::namespaced(provider.client.clone(), &twin);
@@ -216,7 +180,7 @@ async fn a_daemonset_from_before_tandem_is_refused_on_the_virtual_node_until_upd
     let grant = json!({"cpu": "16", "memory": "64Gi", "pods": "500"});
     peer_with(&consumer, &provider, grant, None).await;
     let vn = names::virtual_node_name("milan");
-    let twin = offload_local_and_remote(&consumer, &provider, "legacy").await;
+    let twin = offload(&consumer, &provider, "legacy", "LocalAndRemote").await;
 
     // As if the DaemonSet had been created before Tandem's webhook existed.
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(consumer.client.clone());

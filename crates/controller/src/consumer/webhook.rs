@@ -291,6 +291,11 @@ fn keep_local(request: &ReviewRequest) -> Value {
         return json!({"uid": uid, "allowed": true});
     }
     let patch = placement_patch(&pod, placement(PodOffloadingStrategy::Local), &[], MARKS);
+    allowed_with(uid, patch)
+}
+
+/// An admission that allows the object, changed by `patch` (JSON patch) unless it is empty.
+fn allowed_with(uid: &Value, patch: Vec<Value>) -> Value {
     if patch.is_empty() {
         return json!({"uid": uid, "allowed": true});
     }
@@ -306,16 +311,10 @@ fn keep_local(request: &ReviewRequest) -> Value {
 /// `consumer::daemonset`).
 fn keep_daemonset_off_virtual_nodes(uid: &Value, body: &[u8]) -> Value {
     let review: Value = serde_json::from_slice(body).unwrap_or_default();
-    let patch = daemonset::admission_patch(&review["request"]["object"]);
-    if patch.is_empty() {
-        return json!({"uid": uid, "allowed": true});
-    }
-    json!({
-        "uid": uid,
-        "allowed": true,
-        "patchType": "JSONPatch",
-        "patch": STANDARD.encode(Value::Array(patch).to_string()),
-    })
+    allowed_with(
+        uid,
+        daemonset::admission_patch(&review["request"]["object"]),
+    )
 }
 
 /// The admission response for one request.
@@ -362,15 +361,7 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
         &terms,
         MARKS,
     );
-    if patch.is_empty() {
-        return allowed;
-    }
-    json!({
-        "uid": uid,
-        "allowed": true,
-        "patchType": "JSONPatch",
-        "patch": STANDARD.encode(Value::Array(patch).to_string()),
-    })
+    allowed_with(uid, patch)
 }
 
 #[cfg(test)]

@@ -184,6 +184,33 @@ pub(crate) fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
+/// The controllers of kind `K` a pod event concerns: its controller if it is a `K`, else (an
+/// orphan) those of its namespace whose selector matches it, which may adopt it.
+pub(crate) fn pod_controllers<K>(
+    store: &kube::runtime::reflector::Store<K>,
+    pod: &Pod,
+    selector: impl Fn(&K) -> Option<&LabelSelector>,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    use kube::runtime::reflector::ObjectRef;
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    match controller_of(&pod.metadata) {
+        Some(owner) if owner.kind == K::kind(&()) => {
+            vec![ObjectRef::<K>::new(&owner.name).within(&ns)]
+        }
+        Some(_) => Vec::new(),
+        None => store
+            .state()
+            .iter()
+            .filter(|o| o.meta().namespace.as_deref() == Some(ns.as_str()))
+            .filter(|o| selector(o).is_some_and(|s| selects(s, pod.metadata.labels.as_ref())))
+            .map(|o| ObjectRef::from_obj(o.as_ref()))
+            .collect(),
+    }
+}
+
 /// Whether `selector` selects `labels`. An empty or unparsable selector selects nothing,
 /// as a workload controller must never grab every pod of a namespace.
 pub(crate) fn selects(selector: &LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {

@@ -13,14 +13,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::{
     Availability, Context, Error, StepExt, availability, controller_of, drain, is_active,
-    is_not_found, is_ready, key, ready_since, retry_after_error, selects,
+    is_not_found, is_ready, key, pod_controllers, ready_since, retry_after_error, selects,
 };
 
 /// At most this many pods are created or deleted in one reconcile (kube's burstReplicas).
@@ -38,24 +37,9 @@ pub async fn run(client: Client) {
         Api::<Pod>::all(client.clone()),
         watcher::Config::default(),
         move |pod: Pod| {
-            let ns = pod.namespace().unwrap_or_default();
-            match controller_of(&pod.metadata) {
-                Some(owner) if owner.kind == "ReplicaSet" => {
-                    vec![ObjectRef::<ReplicaSet>::new(&owner.name).within(&ns)]
-                }
-                Some(_) => Vec::new(),
-                None => store
-                    .state()
-                    .iter()
-                    .filter(|rs| rs.namespace().as_deref() == Some(ns.as_str()))
-                    .filter(|rs| {
-                        rs.spec
-                            .as_ref()
-                            .is_some_and(|s| selects(&s.selector, pod.metadata.labels.as_ref()))
-                    })
-                    .map(|rs| ObjectRef::from_obj(rs.as_ref()))
-                    .collect(),
-            }
+            pod_controllers(&store, &pod, |rs: &ReplicaSet| {
+                rs.spec.as_ref().map(|s| &s.selector)
+            })
         },
     );
     drain(

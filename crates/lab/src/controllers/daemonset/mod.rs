@@ -16,7 +16,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
@@ -32,7 +31,7 @@ pub use plan::{
 };
 
 use super::{
-    Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key,
+    Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key, pod_controllers,
     retry_after_error, selects,
 };
 
@@ -55,24 +54,9 @@ pub async fn run(client: Client) {
             Api::<Pod>::all(client.clone()),
             watcher::Config::default(),
             move |pod: Pod| {
-                let ns = pod.namespace().unwrap_or_default();
-                match controller_of(&pod.metadata) {
-                    Some(owner) if owner.kind == "DaemonSet" => {
-                        vec![ObjectRef::<DaemonSet>::new(&owner.name).within(&ns)]
-                    }
-                    Some(_) => Vec::new(),
-                    None => store
-                        .state()
-                        .iter()
-                        .filter(|ds| ds.namespace().as_deref() == Some(ns.as_str()))
-                        .filter(|ds| {
-                            ds.spec
-                                .as_ref()
-                                .is_some_and(|s| selects(&s.selector, pod.metadata.labels.as_ref()))
-                        })
-                        .map(|ds| ObjectRef::from_obj(ds.as_ref()))
-                        .collect(),
-                }
+                pod_controllers(&store, &pod, |ds: &DaemonSet| {
+                    ds.spec.as_ref().map(|s| &s.selector)
+                })
             },
         )
         .reconcile_all_on(node_changes(client.clone()));

@@ -521,7 +521,7 @@ pub fn rolling_update(view: &View<'_>, budget: Budget) -> Changes {
         let mut unavailable = 0;
         let mut replacements = Vec::new();
         let mut candidates = Vec::new();
-        for (_, pods) in &nodes {
+        for pods in nodes.values() {
             let Some((new, old)) = updated_and_old(pods, view.hash, generation) else {
                 unavailable += 1;
                 continue;
