@@ -361,4 +361,36 @@ async fn node_labels_select_nodes_and_a_rolling_update_replaces_every_pod() {
     );
     let history = lab.ok(&["rollout", "history", "ds/storage"]).await;
     assert!(history.contains('1') && history.contains('2'), "{history}");
+
+    // Undo: kubectl restores the template from revision 1, which becomes revision 3.
+    lab.ok(&["rollout", "undo", "ds/storage"]).await;
+    lab.ok(&["rollout", "status", "ds/storage", "--timeout=60s"])
+        .await;
+    lab.pods_by_node("every pod back on v1", "storage", |m| {
+        one_ready_pod_on(m, &rest)
+            && m.values()
+                .all(|p| p[0]["spec"]["containers"][0]["image"] == "storage:v1")
+    })
+    .await;
+    lab.eventually(
+        "the old revision renumbered as the newest",
+        &[
+            "get",
+            "controllerrevisions",
+            "-l",
+            "app=storage",
+            "-o",
+            "json",
+        ],
+        |v| {
+            let revisions: Vec<i64> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["revision"].as_i64())
+                .collect();
+            revisions.len() == 2 && revisions.contains(&2) && revisions.contains(&3)
+        },
+    )
+    .await;
 }
