@@ -4,7 +4,7 @@
 //! (maxUnavailable, maxSurge) or OnDelete; its templates kept as ControllerRevisions.
 //! Observe here, decide in `plan` and `revision`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use serde_json::json;
+use tokio::time::Instant;
 
 pub mod plan;
 pub mod revision;
@@ -37,6 +38,50 @@ use super::{
 
 /// At most this many pods are created or deleted in one pass (kube's BurstReplicas).
 const BURST: usize = 250;
+/// First and longest wait before deleting another failed pod on the same node (kube's
+/// failedPodsBackoff of kube-controller-manager: 1 s doubling up to 15 min).
+const FAILED_BACKOFF_START: Duration = Duration::from_secs(1);
+const FAILED_BACKOFF_MAX: Duration = Duration::from_secs(15 * 60);
+
+/// When each (DaemonSet uid, node) last had a failed pod deleted, and the current delay. Kept in
+/// memory, as kube's: a restart only forgets a delay.
+type FailedBackoff = Mutex<HashMap<(String, String), (Instant, Duration)>>;
+static FAILED_BACKOFF: std::sync::LazyLock<FailedBackoff> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// Nodes of DaemonSet `uid` still in back-off at `now`, and the soonest end of one.
+fn nodes_in_backoff(uid: &str, now: Instant) -> (BTreeSet<String>, Option<Duration>) {
+    let mut map = FAILED_BACKOFF.lock();
+    // Forget entries long idle, as kube's backoff GC.
+    map.retain(|_, (at, _)| now.saturating_duration_since(*at) < 2 * FAILED_BACKOFF_MAX);
+    let mut soonest: Option<Duration> = None;
+    let nodes = map
+        .iter()
+        .filter(|((u, _), _)| u == uid)
+        .filter_map(|((_, node), (at, delay))| {
+            let left = (*at + *delay).checked_duration_since(now)?;
+            soonest = Some(soonest.map_or(left, |s| s.min(left)));
+            Some(node.clone())
+        })
+        .collect();
+    (nodes, soonest)
+}
+
+/// Records that failed pods of DaemonSet `uid` were deleted on `nodes` at `now`.
+fn back_off(uid: &str, nodes: &[String], now: Instant) {
+    let mut map = FAILED_BACKOFF.lock();
+    for node in nodes {
+        let entry = map
+            .entry((uid.to_string(), node.clone()))
+            .or_insert((now, Duration::ZERO));
+        entry.1 = if entry.1.is_zero() {
+            FAILED_BACKOFF_START
+        } else {
+            (entry.1 * 2).min(FAILED_BACKOFF_MAX)
+        };
+        entry.0 = now;
+    }
+}
 
 /// Runs the DaemonSet controller until its watches end.
 pub async fn run(client: Client) {
@@ -160,12 +205,14 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Erro
         }
     }
     let now = Timestamp::now();
+    let (failed_backoff, backoff_ends) = nodes_in_backoff(&uid, Instant::now());
     let view = View {
         ds: &ds,
         nodes: &nodes,
         pods: &by_node,
         hash: &hash,
         now,
+        failed_backoff: &failed_backoff,
     };
     let mut changes = manage(&view);
     if changes.is_empty() {
@@ -179,12 +226,14 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Erro
                 reason,
             }
         })?;
-        let events = std::mem::take(&mut changes.events);
+        let (events, backing_off) = (std::mem::take(&mut changes.events), changes.backing_off);
         changes = rolling_update(&view, budget);
         changes.events.extend(events);
+        changes.backing_off = backing_off;
     }
     let (status, recheck) = status_of(&view);
     let applied = apply(&ctx, &ds, &ns, &hash, &changes).await;
+    back_off(&uid, &changes.failed_on, Instant::now());
 
     let live: Vec<&str> = pods
         .iter()
@@ -205,13 +254,15 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Erro
     }
     write_status(client, &ds, &ns, status).await?;
     applied?;
-    Ok(if recheck {
-        let min_ready = spec.min_ready_seconds.unwrap_or(0).max(0);
-        Action::requeue(
-            Duration::from_secs(u64::try_from(min_ready).unwrap_or(0)) + Duration::from_millis(100),
-        )
-    } else {
-        Action::await_change()
+    let min_ready = spec.min_ready_seconds.unwrap_or(0).max(0);
+    let available_in = recheck.then(|| {
+        Duration::from_secs(u64::try_from(min_ready).unwrap_or(0)) + Duration::from_millis(100)
+    });
+    let backoff_in = backoff_ends.filter(|_| changes.backing_off);
+    Ok(match (available_in, backoff_in) {
+        (Some(a), Some(b)) => Action::requeue(a.min(b)),
+        (Some(d), None) | (None, Some(d)) => Action::requeue(d),
+        (None, None) => Action::await_change(),
     })
 }
 

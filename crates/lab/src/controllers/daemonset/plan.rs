@@ -2,7 +2,7 @@
 //! util/daemonset_util.go): which nodes should run a daemon pod, which pods to create and
 //! delete, one rolling-update step, and the status.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{
@@ -303,6 +303,10 @@ pub struct Changes {
     pub delete: Vec<String>,
     /// (reason, message) of events about the DaemonSet.
     pub events: Vec<(String, String)>,
+    /// Nodes whose failed pod this pass deletes (the caller backs off deleting the next).
+    pub failed_on: Vec<String>,
+    /// A failed pod is left alone for now, its node in back-off: look again later.
+    pub backing_off: bool,
 }
 
 impl Changes {
@@ -325,6 +329,8 @@ pub struct View<'a> {
     pub hash: &'a str,
     /// Now, for minReadySeconds.
     pub now: Timestamp,
+    /// Nodes where deleting a failed pod again must wait (kube's failedPodsBackoff).
+    pub failed_backoff: &'a BTreeSet<String>,
 }
 
 impl View<'_> {
@@ -383,7 +389,13 @@ pub fn manage(view: &View<'_>) -> Changes {
                 let name = pod.metadata.name.clone().unwrap_or_default();
                 let ns = pod.metadata.namespace.clone().unwrap_or_default();
                 match phase(pod) {
+                    Some("Failed") if view.failed_backoff.contains(node) => {
+                        // kube backs off deleting failed pods on a node that keeps failing
+                        // them, rather than fighting its kubelet in a hot loop.
+                        changes.backing_off = true;
+                    }
                     Some("Failed") => {
+                        changes.failed_on.push(node.clone());
                         changes.events.push((
                             "FailedDaemonPod".into(),
                             format!("Found failed daemon pod {ns}/{name} on node {node}, will try to kill it"),

@@ -4,6 +4,7 @@
 use super::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::json;
+use std::collections::BTreeSet;
 
 fn node(name: &str, labels: serde_json::Value, taints: serde_json::Value) -> Node {
     serde_json::from_value(json!({
@@ -384,6 +385,7 @@ fn manage_creates_prunes_and_evicts_per_node() {
             pods: &by_node,
             hash: "h",
             now: at(100),
+            failed_backoff: &BTreeSet::new(),
         };
         let changes = manage(&view);
         assert_eq!(changes.create_on, create, "{what}: created");
@@ -391,6 +393,39 @@ fn manage_creates_prunes_and_evicts_per_node() {
         deleted.sort();
         assert_eq!(deleted, delete, "{what}: deleted");
     }
+}
+
+#[test]
+fn failed_pods_are_deleted_unless_their_node_is_in_back_off() {
+    let nodes = vec![
+        node("a", json!({}), json!([])),
+        node("b", json!({}), json!([])),
+    ];
+    let d = ds(json!({}), json!({}));
+    let mut by_node: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
+    by_node.insert(
+        "a".into(),
+        vec![phase(pod("pa", "a", "h", 0, None), "Failed")],
+    );
+    by_node.insert(
+        "b".into(),
+        vec![phase(pod("pb", "b", "h", 0, None), "Failed")],
+    );
+    let backoff: BTreeSet<String> = ["b".to_string()].into();
+    let view = View {
+        ds: &d,
+        nodes: &nodes,
+        pods: &by_node,
+        hash: "h",
+        now: at(100),
+        failed_backoff: &backoff,
+    };
+    let changes = manage(&view);
+    assert_eq!(changes.delete, vec!["pa"]);
+    assert_eq!(changes.failed_on, vec!["a"]);
+    assert!(changes.backing_off, "b is looked at again later");
+    assert_eq!(changes.events.len(), 1);
+    assert_eq!(changes.events[0].0, "FailedDaemonPod");
 }
 
 #[test]
@@ -569,6 +604,7 @@ fn rolling_update_steps_follow_kube() {
             pods: &by_node,
             hash: "v2",
             now: at(100),
+            failed_backoff: &BTreeSet::new(),
         };
         let changes = rolling_update(&view, budget);
         assert_eq!(changes.create_on, create, "{what}: created");
@@ -587,6 +623,7 @@ fn rolling_update_steps_follow_kube() {
         pods: &by_node,
         hash: "v2",
         now: at(100),
+        failed_backoff: &BTreeSet::new(),
     };
     assert!(
         rolling_update(&view, on_delete).is_empty(),
@@ -618,6 +655,7 @@ fn status_counts_per_node_like_kube() {
         pods: &by_node,
         hash: "v2",
         now: at(100),
+        failed_backoff: &BTreeSet::new(),
     };
     let (status, recheck) = status_of(&view);
     assert_eq!(status.desired_number_scheduled, 3);
