@@ -211,6 +211,30 @@ where
     }
 }
 
+/// The pod a workload controller creates from its pod template: `<owner>-<random>`, owned by it
+/// (kube's GetPodFromTemplate).
+pub(crate) fn pod_from_template(
+    template: k8s_openapi::api::core::v1::PodTemplateSpec,
+    owner_name: &str,
+    ns: &str,
+    owner: OwnerReference,
+) -> Pod {
+    let meta = template.metadata.unwrap_or_default();
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{owner_name}-")),
+            namespace: Some(ns.to_string()),
+            labels: meta.labels,
+            annotations: meta.annotations,
+            finalizers: meta.finalizers,
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: template.spec,
+        status: None,
+    }
+}
+
 /// Whether `selector` selects `labels`. An empty or unparsable selector selects nothing,
 /// as a workload controller must never grab every pod of a namespace.
 pub(crate) fn selects(selector: &LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {

@@ -12,7 +12,6 @@ use futures::future::join_all;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -33,7 +32,7 @@ pub use plan::{
 
 use super::{
     Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key, pod_controllers,
-    retry_after_error, selects,
+    pod_from_template, retry_after_error, selects,
 };
 
 /// At most this many pods are created or deleted in one pass (kube's BurstReplicas).
@@ -470,20 +469,7 @@ async fn apply(
     let owner = ds.controller_owner_ref(&()).expect("named");
     let pod_for = |node: &str| {
         let template = pod_template(&spec.template, generation, hash, node);
-        let meta = template.metadata.unwrap_or_default();
-        Pod {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}-", ds.name_any())),
-                namespace: Some(ns.to_string()),
-                labels: meta.labels,
-                annotations: meta.annotations,
-                finalizers: meta.finalizers,
-                owner_references: Some(vec![owner.clone()]),
-                ..Default::default()
-            },
-            spec: template.spec,
-            status: None,
-        }
+        pod_from_template(template, &ds.name_any(), ns, owner.clone())
     };
     let nodes: Vec<&String> = changes.create_on.iter().take(BURST).collect();
     let mut failure: Option<(String, kube::Error)> = None;
