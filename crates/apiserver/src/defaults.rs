@@ -164,9 +164,225 @@ pub fn apply(
             default(object_at(obj, "spec"), "replicas", json!(1));
             pod_template(obj);
         }
+        ("apps", "StatefulSet") => {
+            stateful_set(obj);
+            if old.is_none() {
+                zero_status(obj, &["replicas", "availableReplicas"]);
+            }
+        }
+        ("policy", "PodDisruptionBudget") if old.is_none() => zero_status(
+            obj,
+            &[
+                "disruptionsAllowed",
+                "currentHealthy",
+                "desiredHealthy",
+                "expectedPods",
+            ],
+        ),
+        ("apps", "DaemonSet") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(spec, "updateStrategy", json!({"type": "RollingUpdate"}));
+            if spec["updateStrategy"]["type"] == "RollingUpdate" {
+                let ru = object_at(&mut spec["updateStrategy"], "rollingUpdate");
+                default(ru, "maxUnavailable", json!(1));
+                default(ru, "maxSurge", json!(0));
+            }
+            pod_template(obj);
+            if old.is_none() {
+                zero_status(
+                    obj,
+                    &[
+                        "currentNumberScheduled",
+                        "numberMisscheduled",
+                        "desiredNumberScheduled",
+                        "numberReady",
+                    ],
+                );
+            }
+        }
+        ("batch", "Job") => job(obj, old.is_none()),
+        ("batch", "CronJob") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "concurrencyPolicy", json!("Allow"));
+            default(spec, "suspend", json!(false));
+            default(spec, "successfulJobsHistoryLimit", json!(3));
+            default(spec, "failedJobsHistoryLimit", json!(1));
+            let template = &mut obj["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+            if template.is_object() {
+                pod_spec(template);
+            }
+        }
+        ("", "PersistentVolumeClaim") => {
+            persistent_volume_claim(obj);
+            if old.is_none() {
+                default_storage_class(state, obj);
+            }
+        }
+        ("", "PersistentVolume") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
+            default(spec, "volumeMode", json!("Filesystem"));
+            if old.is_none() {
+                default(object_at(obj, "status"), "phase", json!("Pending"));
+            }
+        }
+        ("storage.k8s.io", "StorageClass") => {
+            let map = obj.as_object_mut().expect("objects are maps");
+            default(map, "reclaimPolicy", json!("Delete"));
+            default(map, "volumeBindingMode", json!("Immediate"));
+        }
         _ => {}
     }
     Ok(())
+}
+
+/// A new object's status as kube renders its empty Go struct: counters without `omitempty`
+/// are written as 0.
+fn zero_status(obj: &mut Value, counters: &[&str]) {
+    let status = object_at(obj, "status");
+    for counter in counters {
+        default(status, counter, json!(0));
+    }
+}
+
+/// `SetDefaults_PersistentVolumeClaim` (also applied to StatefulSet volumeClaimTemplates).
+fn persistent_volume_claim(obj: &mut Value) {
+    default(object_at(obj, "spec"), "volumeMode", json!("Filesystem"));
+    default(object_at(obj, "status"), "phase", json!("Pending"));
+}
+
+/// `SetDefaults_StatefulSet` and the PVC defaults of its volumeClaimTemplates.
+fn stateful_set(obj: &mut Value) {
+    let spec = object_at(obj, "spec");
+    default(spec, "replicas", json!(1));
+    default(spec, "podManagementPolicy", json!("OrderedReady"));
+    default(spec, "revisionHistoryLimit", json!(10));
+    default(spec, "updateStrategy", json!({"type": "RollingUpdate"}));
+    if spec["updateStrategy"]["type"] == "RollingUpdate" {
+        default(
+            object_at(&mut spec["updateStrategy"], "rollingUpdate"),
+            "partition",
+            json!(0),
+        );
+    }
+    default(spec, "persistentVolumeClaimRetentionPolicy", json!({}));
+    if let Some(retention) = spec["persistentVolumeClaimRetentionPolicy"].as_object_mut() {
+        default(retention, "whenDeleted", json!("Retain"));
+        default(retention, "whenScaled", json!("Retain"));
+    }
+    for claim in spec
+        .get_mut("volumeClaimTemplates")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if claim.is_object() {
+            persistent_volume_claim(claim);
+        }
+    }
+    pod_template(obj);
+}
+
+/// `SetDefaults_Job`, and on create the selector kube's job strategy generates
+/// (`generateSelector`): the template is labelled with the job's name and uid, and the
+/// selector picks the uid, so that the job's pods are its alone.
+fn job(obj: &mut Value, create: bool) {
+    let spec = object_at(obj, "spec");
+    if spec.get("completions").is_none_or(Value::is_null)
+        && spec.get("parallelism").is_none_or(Value::is_null)
+    {
+        spec.insert("completions".into(), json!(1));
+    }
+    default(spec, "parallelism", json!(1));
+    default(spec, "backoffLimit", json!(6));
+    default(spec, "completionMode", json!("NonIndexed"));
+    default(spec, "suspend", json!(false));
+    default(spec, "manualSelector", json!(false));
+    let replacement = if spec.get("podFailurePolicy").is_some_and(|p| !p.is_null()) {
+        "Failed"
+    } else {
+        "TerminatingOrFailed"
+    };
+    default(spec, "podReplacementPolicy", json!(replacement));
+    if create && spec["manualSelector"] != true {
+        let name = obj["metadata"]["name"].clone();
+        let uid = obj["metadata"]["uid"].clone();
+        let template_meta = object_at(&mut obj["spec"]["template"], "metadata");
+        let labels = template_meta.entry("labels").or_insert_with(|| json!({}));
+        if let Some(labels) = labels.as_object_mut() {
+            for key in [LEGACY_JOB_NAME, JOB_NAME] {
+                default(labels, key, name.clone());
+            }
+            for key in [LEGACY_CONTROLLER_UID, CONTROLLER_UID] {
+                default(labels, key, uid.clone());
+            }
+        }
+        let selector = object_at(&mut obj["spec"], "selector");
+        let match_labels = selector.entry("matchLabels").or_insert_with(|| json!({}));
+        if let Some(match_labels) = match_labels.as_object_mut() {
+            default(match_labels, CONTROLLER_UID, uid);
+        }
+    }
+    // A job without labels of its own takes its template's.
+    let template_labels = obj["spec"]["template"]["metadata"]["labels"].clone();
+    if template_labels.is_object()
+        && obj["metadata"]["labels"]
+            .as_object()
+            .is_none_or(Map::is_empty)
+    {
+        object_at(obj, "metadata").insert("labels".into(), template_labels);
+    }
+    pod_template(obj);
+}
+
+/// Labels kube's job strategy puts on a job's pod template.
+pub const CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
+/// The job's name, on its pod template.
+pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+const LEGACY_CONTROLLER_UID: &str = "controller-uid";
+const LEGACY_JOB_NAME: &str = "job-name";
+
+/// The annotation that makes a StorageClass the default one.
+pub const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+const BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-class";
+
+/// The DefaultStorageClass admission plugin: a claim created without `storageClassName`
+/// gets the default class (the newest, when several are marked). An explicit `""` asks for
+/// no class and is kept.
+fn default_storage_class(state: &State, obj: &mut Value) {
+    if obj["spec"]
+        .get("storageClassName")
+        .is_some_and(|c| !c.is_null())
+    {
+        return;
+    }
+    let (_, classes) = state
+        .store
+        .list("storage.k8s.io/storageclasses", None, None);
+    let default_class = classes
+        .iter()
+        .map(|d| d.value())
+        .filter(|c| {
+            [DEFAULT_CLASS, BETA_DEFAULT_CLASS]
+                .iter()
+                .any(|a| c["metadata"]["annotations"][a] == "true")
+        })
+        .max_by(|a, b| {
+            let created = |c: &Value| {
+                c["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .map(str::to_string)
+            };
+            created(a).cmp(&created(b)).then_with(|| {
+                b["metadata"]["name"]
+                    .as_str()
+                    .cmp(&a["metadata"]["name"].as_str())
+            })
+        });
+    if let Some(class) = default_class {
+        object_at(obj, "spec").insert("storageClassName".into(), class["metadata"]["name"].clone());
+    }
 }
 
 fn service(state: &State, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {

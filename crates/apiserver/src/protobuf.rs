@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use chrono::{DateTime, SecondsFormat};
 use k8s_pb::api::{
-    apps, authentication, authorization, certificates, core, policy, rbac, scheduling,
+    apps, authentication, authorization, batch, certificates, core, policy, rbac, scheduling,
 };
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
@@ -147,6 +147,15 @@ const KINDS: &[(&str, &str, Converter)] = &[
     ("v1", "ResourceQuota", typed::<core::v1::ResourceQuota>),
     ("v1", "Service", typed::<core::v1::Service>),
     ("apps/v1", "Deployment", typed::<apps::v1::Deployment>),
+    ("apps/v1", "StatefulSet", typed::<apps::v1::StatefulSet>),
+    ("apps/v1", "DaemonSet", typed::<apps::v1::DaemonSet>),
+    ("batch/v1", "Job", typed::<batch::v1::Job>),
+    ("batch/v1", "CronJob", typed::<batch::v1::CronJob>),
+    (
+        "policy/v1",
+        "PodDisruptionBudget",
+        typed::<policy::v1::PodDisruptionBudget>,
+    ),
     // Registered in every group version: a typed client sends its own (`v1`, `apps/v1`, ...).
     (ANY_VERSION, "DeleteOptions", typed::<meta::DeleteOptions>),
     (
@@ -760,6 +769,11 @@ to_json! {
         | core::v1::ResourceQuota
         | core::v1::Service
         | apps::v1::Deployment
+        | apps::v1::StatefulSet
+        | apps::v1::DaemonSet
+        | batch::v1::Job
+        | batch::v1::CronJob
+        | policy::v1::PodDisruptionBudget
         | certificates::v1::CertificateSigningRequest {
         opt "metadata" metadata, opt "spec" spec, opt "status" status,
     }
@@ -949,6 +963,116 @@ to_json! {
         req "type" r#type, req "status" status, opt "lastUpdateTime" last_update_time,
         opt "lastTransitionTime" last_transition_time, opt "reason" reason,
         opt "message" message,
+    }
+
+    apps::v1::StatefulSetSpec {
+        ptr "replicas" replicas, opt "selector" selector, opt "template" template,
+        no "volumeClaimTemplates" volume_claim_templates, opt "serviceName" service_name,
+        opt "podManagementPolicy" pod_management_policy,
+        opt "updateStrategy" update_strategy,
+        ptr "revisionHistoryLimit" revision_history_limit,
+        opt "minReadySeconds" min_ready_seconds,
+        ptr "persistentVolumeClaimRetentionPolicy" persistent_volume_claim_retention_policy,
+        ptr "ordinals" ordinals,
+    }
+    apps::v1::StatefulSetUpdateStrategy { opt "type" r#type, ptr "rollingUpdate" rolling_update }
+    apps::v1::RollingUpdateStatefulSetStrategy {
+        ptr "partition" partition, ptr "maxUnavailable" max_unavailable,
+    }
+    apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy {
+        opt "whenDeleted" when_deleted, opt "whenScaled" when_scaled,
+    }
+    apps::v1::StatefulSetOrdinals { opt "start" start }
+    apps::v1::StatefulSetStatus {
+        opt "observedGeneration" observed_generation, req "replicas" replicas,
+        opt "readyReplicas" ready_replicas, opt "currentReplicas" current_replicas,
+        opt "updatedReplicas" updated_replicas, opt "currentRevision" current_revision,
+        opt "updateRevision" update_revision, ptr "collisionCount" collision_count,
+        list "conditions" conditions, req "availableReplicas" available_replicas,
+    }
+    apps::v1::StatefulSetCondition | apps::v1::DaemonSetCondition {
+        req "type" r#type, req "status" status, opt "lastTransitionTime" last_transition_time,
+        opt "reason" reason, opt "message" message,
+    }
+    apps::v1::DaemonSetSpec {
+        opt "selector" selector, opt "template" template, opt "updateStrategy" update_strategy,
+        opt "minReadySeconds" min_ready_seconds,
+        ptr "revisionHistoryLimit" revision_history_limit,
+    }
+    apps::v1::DaemonSetUpdateStrategy { opt "type" r#type, ptr "rollingUpdate" rolling_update }
+    apps::v1::RollingUpdateDaemonSet {
+        ptr "maxUnavailable" max_unavailable, ptr "maxSurge" max_surge,
+    }
+    apps::v1::DaemonSetStatus {
+        req "currentNumberScheduled" current_number_scheduled,
+        req "numberMisscheduled" number_misscheduled,
+        req "desiredNumberScheduled" desired_number_scheduled, req "numberReady" number_ready,
+        opt "observedGeneration" observed_generation,
+        opt "updatedNumberScheduled" updated_number_scheduled,
+        opt "numberAvailable" number_available, opt "numberUnavailable" number_unavailable,
+        ptr "collisionCount" collision_count, list "conditions" conditions,
+    }
+
+    batch::v1::JobSpec {
+        ptr "parallelism" parallelism, ptr "completions" completions,
+        ptr "activeDeadlineSeconds" active_deadline_seconds,
+        ptr "podFailurePolicy" pod_failure_policy, ptr "successPolicy" success_policy,
+        ptr "backoffLimit" backoff_limit, ptr "backoffLimitPerIndex" backoff_limit_per_index,
+        ptr "maxFailedIndexes" max_failed_indexes, opt "selector" selector,
+        ptr "manualSelector" manual_selector, opt "template" template,
+        ptr "ttlSecondsAfterFinished" ttl_seconds_after_finished,
+        ptr "completionMode" completion_mode, ptr "suspend" suspend,
+        ptr "podReplacementPolicy" pod_replacement_policy, ptr "managedBy" managed_by,
+    }
+    batch::v1::PodFailurePolicy | batch::v1::SuccessPolicy { list "rules" rules }
+    batch::v1::PodFailurePolicyRule {
+        req "action" action, ptr "onExitCodes" on_exit_codes,
+        list "onPodConditions" on_pod_conditions,
+    }
+    batch::v1::PodFailurePolicyOnExitCodesRequirement {
+        ptr "containerName" container_name, req "operator" operator, list "values" values,
+    }
+    batch::v1::PodFailurePolicyOnPodConditionsPattern { req "type" r#type, opt "status" status }
+    batch::v1::SuccessPolicyRule {
+        ptr "succeededIndexes" succeeded_indexes, ptr "succeededCount" succeeded_count,
+    }
+    batch::v1::JobStatus {
+        list "conditions" conditions, opt "startTime" start_time,
+        opt "completionTime" completion_time, opt "active" active, opt "succeeded" succeeded,
+        opt "failed" failed, ptr "terminating" terminating,
+        opt "completedIndexes" completed_indexes, ptr "failedIndexes" failed_indexes,
+        opt "uncountedTerminatedPods" uncounted_terminated_pods, ptr "ready" ready,
+    }
+    batch::v1::JobCondition {
+        req "type" r#type, req "status" status, opt "lastProbeTime" last_probe_time,
+        opt "lastTransitionTime" last_transition_time, opt "reason" reason,
+        opt "message" message,
+    }
+    batch::v1::UncountedTerminatedPods { list "succeeded" succeeded, list "failed" failed }
+    batch::v1::JobTemplateSpec { opt "metadata" metadata, opt "spec" spec }
+    batch::v1::CronJobSpec {
+        req "schedule" schedule, ptr "timeZone" time_zone,
+        ptr "startingDeadlineSeconds" starting_deadline_seconds,
+        opt "concurrencyPolicy" concurrency_policy, ptr "suspend" suspend,
+        opt "jobTemplate" job_template,
+        ptr "successfulJobsHistoryLimit" successful_jobs_history_limit,
+        ptr "failedJobsHistoryLimit" failed_jobs_history_limit,
+    }
+    batch::v1::CronJobStatus {
+        list "active" active, opt "lastScheduleTime" last_schedule_time,
+        opt "lastSuccessfulTime" last_successful_time,
+    }
+
+    policy::v1::PodDisruptionBudgetSpec {
+        ptr "minAvailable" min_available, opt "selector" selector,
+        ptr "maxUnavailable" max_unavailable,
+        ptr "unhealthyPodEvictionPolicy" unhealthy_pod_eviction_policy,
+    }
+    policy::v1::PodDisruptionBudgetStatus {
+        opt "observedGeneration" observed_generation, map "disruptedPods" disrupted_pods,
+        req "disruptionsAllowed" disruptions_allowed, req "currentHealthy" current_healthy,
+        req "desiredHealthy" desired_healthy, req "expectedPods" expected_pods,
+        list "conditions" conditions,
     }
 
     // The pod template: what workloads carry. Volumes, security contexts, affinity and the
