@@ -93,9 +93,24 @@ pub fn apply(
         return Ok(());
     }
     match (res.group.as_str(), res.kind.as_str()) {
+        ("", "Service") => service(state, obj, old)?,
+        ("", "PersistentVolumeClaim") => {
+            builtin(res, obj, old);
+            if old.is_none() {
+                default_storage_class(state, obj);
+            }
+        }
+        _ => builtin(res, obj, old),
+    }
+    Ok(())
+}
+
+/// The defaults of built-in kinds that need nothing but the object.
+fn builtin(res: &ResourceInfo, obj: &mut Value, old: Option<&Value>) {
+    match (res.group.as_str(), res.kind.as_str()) {
         ("", "Pod") => {
             let Some(spec) = obj.get_mut("spec") else {
-                return Ok(());
+                return;
             };
             pod_spec(spec);
             let spec = object_at(obj, "spec");
@@ -121,7 +136,6 @@ pub fn apply(
                 default(status, "qosClass", json!("BestEffort"));
             }
         }
-        ("", "Service") => service(state, obj, old)?,
         ("", "Namespace") => {
             let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
             let meta = object_at(obj, "metadata");
@@ -213,12 +227,7 @@ pub fn apply(
                 pod_spec(template);
             }
         }
-        ("", "PersistentVolumeClaim") => {
-            persistent_volume_claim(obj);
-            if old.is_none() {
-                default_storage_class(state, obj);
-            }
-        }
+        ("", "PersistentVolumeClaim") => persistent_volume_claim(obj),
         ("", "PersistentVolume") => {
             let spec = object_at(obj, "spec");
             default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
@@ -234,7 +243,6 @@ pub fn apply(
         }
         _ => {}
     }
-    Ok(())
 }
 
 /// A new object's status as kube renders its empty Go struct: counters without `omitempty`
@@ -491,6 +499,171 @@ mod tests {
         assert_eq!(c[1]["ports"][0]["protocol"], "TCP");
         assert_eq!(spec["restartPolicy"], "Always");
         assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    }
+
+    /// Fails unless every field of `want` is in `got` with the same value.
+    fn assert_has(what: &str, path: &str, want: &Value, got: &Value) {
+        match (want, got) {
+            (Value::Object(w), Value::Object(g)) => {
+                for (k, v) in w {
+                    assert_has(
+                        what,
+                        &format!("{path}.{k}"),
+                        v,
+                        g.get(k).unwrap_or(&Value::Null),
+                    );
+                }
+            }
+            (Value::Array(w), Value::Array(g)) if w.len() == g.len() => {
+                for (i, (v, x)) in w.iter().zip(g).enumerate() {
+                    assert_has(what, &format!("{path}[{i}]"), v, x);
+                }
+            }
+            _ => assert_eq!(want, got, "{what}: {path} in {got}"),
+        }
+    }
+
+    #[test]
+    fn workload_and_storage_defaults_as_kube_apiserver_sets_them() {
+        let registry = crate::registry::Registry::builtin();
+        let template = json!({"metadata": {"labels": {"app": "x"}},
+                              "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        let pod_defaults = json!({"dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{"imagePullPolicy": "Always", "terminationMessagePolicy": "File"}]});
+        // (group, kind, object as sent, create?, what the stored object holds)
+        let cases: Vec<(&str, &str, Value, bool, Value)> = vec![
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "j", "uid": "u1"}, "spec": {"template": template}}),
+                true,
+                json!({"metadata": {"labels": {"app": "x", "job-name": "j", "controller-uid": "u1",
+                        "batch.kubernetes.io/job-name": "j", "batch.kubernetes.io/controller-uid": "u1"}},
+                    "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 6,
+                        "completionMode": "NonIndexed", "suspend": false, "manualSelector": false,
+                        "podReplacementPolicy": "TerminatingOrFailed",
+                        "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u1"}},
+                        "template": {"metadata": {"labels": {"app": "x", "job-name": "j",
+                            "controller-uid": "u1", "batch.kubernetes.io/job-name": "j",
+                            "batch.kubernetes.io/controller-uid": "u1"}},
+                            "spec": pod_defaults.clone()}}}),
+            ),
+            // Parallelism alone leaves completions unset (a work queue); a failure policy
+            // makes replacements wait for pods to fail.
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "q", "uid": "u2", "labels": {"team": "a"}},
+                    "spec": {"parallelism": 5, "podFailurePolicy": {"rules": []}, "template": template}}),
+                true,
+                json!({"metadata": {"labels": {"team": "a"}},
+                    "spec": {"parallelism": 5, "completions": null, "podReplacementPolicy": "Failed"}}),
+            ),
+            // A manual selector is the user's: nothing generated.
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "m", "uid": "u3"},
+                    "spec": {"manualSelector": true, "selector": {"matchLabels": {"app": "x"}},
+                             "template": template}}),
+                true,
+                json!({"spec": {"selector": {"matchLabels": {"app": "x"}},
+                             "template": {"metadata": {"labels": {"app": "x", "job-name": null}}}}}),
+            ),
+            (
+                "batch",
+                "CronJob",
+                json!({"spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}),
+                true,
+                json!({"spec": {"concurrencyPolicy": "Allow", "suspend": false,
+                    "successfulJobsHistoryLimit": 3, "failedJobsHistoryLimit": 1,
+                    // The job template is not a Job: no job defaults, only pod ones.
+                    "jobTemplate": {"spec": {"backoffLimit": null,
+                        "template": {"spec": pod_defaults.clone()}}}}}),
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                json!({"spec": {"template": template,
+                    "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {}}]}}),
+                true,
+                json!({"spec": {"replicas": 1, "podManagementPolicy": "OrderedReady",
+                    "revisionHistoryLimit": 10,
+                    "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                    "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+                    "volumeClaimTemplates": [{"spec": {"volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}],
+                    "template": {"spec": pod_defaults.clone()}},
+                    "status": {"replicas": 0, "availableReplicas": 0}}),
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                json!({"spec": {"updateStrategy": {"type": "OnDelete"}, "template": template}}),
+                true,
+                json!({"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": null}}}),
+            ),
+            (
+                "apps",
+                "DaemonSet",
+                json!({"spec": {"template": template}}),
+                true,
+                json!({"spec": {"revisionHistoryLimit": 10,
+                    "updateStrategy": {"type": "RollingUpdate",
+                        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                    "template": {"spec": pod_defaults.clone()}},
+                    "status": {"currentNumberScheduled": 0, "numberMisscheduled": 0,
+                               "desiredNumberScheduled": 0, "numberReady": 0}}),
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                json!({"spec": {"accessModes": ["ReadWriteOnce"]}}),
+                true,
+                json!({"spec": {"volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}),
+            ),
+            (
+                "",
+                "PersistentVolume",
+                json!({"spec": {"capacity": {"storage": "1Gi"}}}),
+                true,
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Filesystem"},
+                    "status": {"phase": "Pending"}}),
+            ),
+            // An update keeps the phase the binder set.
+            (
+                "",
+                "PersistentVolume",
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}, "status": {"phase": "Bound"}}),
+                false,
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}, "status": {"phase": "Bound"}}),
+            ),
+            (
+                "storage.k8s.io",
+                "StorageClass",
+                json!({"provisioner": "lab"}),
+                true,
+                json!({"reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            ),
+            (
+                "policy",
+                "PodDisruptionBudget",
+                json!({"spec": {"minAvailable": 1}}),
+                true,
+                json!({"status": {"disruptionsAllowed": 0, "currentHealthy": 0,
+                               "desiredHealthy": 0, "expectedPods": 0}}),
+            ),
+        ];
+        for (group, kind, mut obj, create, want) in cases {
+            let res = registry.by_kind(group, kind).expect("served");
+            let old = (!create).then(|| obj.clone());
+            builtin(&res, &mut obj, old.as_ref());
+            assert_has(kind, "", &want, &obj);
+            // Defaults run twice around mutating admission: the second pass changes nothing.
+            let once = obj.clone();
+            builtin(&res, &mut obj, old.as_ref());
+            assert_eq!(once, obj, "{kind}: defaulting twice changes the object");
+        }
     }
 
     #[test]

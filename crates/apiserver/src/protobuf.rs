@@ -1739,6 +1739,196 @@ mod tests {
                                                  "ports": [{"containerPort": 80}]}]}}}}),
             ),
             (
+                "batch/v1",
+                "Job",
+                batch::v1::Job {
+                    metadata: meta("pi", "prod"),
+                    spec: Some(batch::v1::JobSpec {
+                        parallelism: Some(2),
+                        completions: Some(4),
+                        backoff_limit: Some(0),
+                        completion_mode: s("Indexed"),
+                        suspend: Some(false),
+                        pod_failure_policy: Some(batch::v1::PodFailurePolicy {
+                            rules: vec![batch::v1::PodFailurePolicyRule {
+                                action: s("FailJob"),
+                                on_exit_codes: Some(
+                                    batch::v1::PodFailurePolicyOnExitCodesRequirement {
+                                        container_name: None,
+                                        operator: s("In"),
+                                        values: vec![42, 43],
+                                    },
+                                ),
+                                on_pod_conditions: vec![],
+                            }],
+                        }),
+                        template: Some(core::v1::PodTemplateSpec {
+                            metadata: Some(Default::default()),
+                            spec: Some(core::v1::PodSpec {
+                                containers: vec![core::v1::Container {
+                                    name: s("pi"),
+                                    image: s("busybox"),
+                                    resources: Some(Default::default()),
+                                    ..Default::default()
+                                }],
+                                restart_policy: s("Never"),
+                                ..Default::default()
+                            }),
+                        }),
+                        ..Default::default()
+                    }),
+                    status: Some(batch::v1::JobStatus {
+                        uncounted_terminated_pods: Some(Default::default()),
+                        ..Default::default()
+                    }),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "pi", "namespace": "prod"},
+                       "spec": {"parallelism": 2, "completions": 4, "backoffLimit": 0,
+                                "completionMode": "Indexed", "suspend": false,
+                                "podFailurePolicy": {"rules": [{"action": "FailJob",
+                                    "onExitCodes": {"operator": "In", "values": [42, 43]}}]},
+                                "template": {"spec": {"containers": [{"name": "pi", "image": "busybox"}],
+                                                      "restartPolicy": "Never"}}}}),
+            ),
+            (
+                "batch/v1",
+                "CronJob",
+                batch::v1::CronJob {
+                    metadata: meta("tick", "prod"),
+                    spec: Some(batch::v1::CronJobSpec {
+                        schedule: s("*/5 * * * *"),
+                        time_zone: s("Etc/UTC"),
+                        concurrency_policy: s("Forbid"),
+                        suspend: Some(true),
+                        job_template: Some(batch::v1::JobTemplateSpec {
+                            metadata: meta("tick", ""),
+                            spec: Some(batch::v1::JobSpec {
+                                ttl_seconds_after_finished: Some(60),
+                                ..Default::default()
+                            }),
+                        }),
+                        successful_jobs_history_limit: Some(0),
+                        ..Default::default()
+                    }),
+                    status: Some(Default::default()),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "tick", "namespace": "prod"},
+                       "spec": {"schedule": "*/5 * * * *", "timeZone": "Etc/UTC",
+                                "concurrencyPolicy": "Forbid", "suspend": true,
+                                "jobTemplate": {"metadata": {"name": "tick"},
+                                                "spec": {"ttlSecondsAfterFinished": 60}},
+                                "successfulJobsHistoryLimit": 0}}),
+            ),
+            (
+                "policy/v1",
+                "PodDisruptionBudget",
+                policy::v1::PodDisruptionBudget {
+                    metadata: meta("web", "prod"),
+                    spec: Some(policy::v1::PodDisruptionBudgetSpec {
+                        min_available: Some(IntOrString {
+                            r#type: Some(1),
+                            int_val: Some(0),
+                            str_val: s("50%"),
+                        }),
+                        selector: Some(meta::LabelSelector {
+                            match_labels: string_map(&[("app", "web")]),
+                            match_expressions: vec![],
+                        }),
+                        ..Default::default()
+                    }),
+                    // Go writes the counters, which have no omitempty, even when zero.
+                    status: Some(policy::v1::PodDisruptionBudgetStatus {
+                        observed_generation: Some(0),
+                        disrupted_pods: [(
+                            "web-0".to_string(),
+                            meta::Time {
+                                seconds: Some(1_700_000_000),
+                                nanos: Some(0),
+                            },
+                        )]
+                        .into(),
+                        disruptions_allowed: Some(0),
+                        current_healthy: Some(0),
+                        desired_healthy: Some(0),
+                        expected_pods: Some(0),
+                        conditions: vec![],
+                    }),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "web", "namespace": "prod"},
+                       "spec": {"minAvailable": "50%", "selector": {"matchLabels": {"app": "web"}}},
+                       "status": {"disruptedPods": {"web-0": "2023-11-14T22:13:20Z"},
+                                  "disruptionsAllowed": 0, "currentHealthy": 0,
+                                  "desiredHealthy": 0, "expectedPods": 0}}),
+            ),
+            (
+                "apps/v1",
+                "StatefulSet",
+                apps::v1::StatefulSet {
+                    metadata: meta("db", "prod"),
+                    spec: Some(apps::v1::StatefulSetSpec {
+                        replicas: Some(3),
+                        service_name: s("db"),
+                        pod_management_policy: s("Parallel"),
+                        update_strategy: Some(apps::v1::StatefulSetUpdateStrategy {
+                            r#type: s("RollingUpdate"),
+                            rolling_update: Some(apps::v1::RollingUpdateStatefulSetStrategy {
+                                partition: Some(1),
+                                max_unavailable: None,
+                            }),
+                        }),
+                        persistent_volume_claim_retention_policy: Some(
+                            apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy {
+                                when_deleted: s("Delete"),
+                                when_scaled: s("Retain"),
+                            },
+                        ),
+                        ..Default::default()
+                    }),
+                    status: Some(Default::default()),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "db", "namespace": "prod"},
+                       "spec": {"replicas": 3, "serviceName": "db", "podManagementPolicy": "Parallel",
+                                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}},
+                                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"}},
+                       "status": {"replicas": 0, "availableReplicas": 0}}),
+            ),
+            (
+                "apps/v1",
+                "DaemonSet",
+                apps::v1::DaemonSet {
+                    metadata: meta("agent", "kube-system"),
+                    spec: Some(apps::v1::DaemonSetSpec {
+                        selector: Some(meta::LabelSelector {
+                            match_labels: string_map(&[("app", "agent")]),
+                            match_expressions: vec![],
+                        }),
+                        update_strategy: Some(apps::v1::DaemonSetUpdateStrategy {
+                            r#type: s("RollingUpdate"),
+                            rolling_update: Some(apps::v1::RollingUpdateDaemonSet {
+                                max_unavailable: Some(IntOrString {
+                                    r#type: Some(0),
+                                    int_val: Some(1),
+                                    str_val: s(""),
+                                }),
+                                max_surge: None,
+                            }),
+                        }),
+                        revision_history_limit: Some(5),
+                        ..Default::default()
+                    }),
+                    status: None,
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "agent", "namespace": "kube-system"},
+                       "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                                "revisionHistoryLimit": 5}}),
+            ),
+            (
                 "scheduling.k8s.io/v1",
                 "PriorityClass",
                 scheduling::v1::PriorityClass {
@@ -2137,11 +2327,11 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
         );
 
-        let stateful_set = envelope("apps/v1", "StatefulSet", vec![]);
-        let err = crate::objects::parse_body(&stateful_set, PROTOBUF).unwrap_err();
+        let revision = envelope("apps/v1", "ControllerRevision", vec![]);
+        let err = crate::objects::parse_body(&revision, PROTOBUF).unwrap_err();
         assert_eq!((err.code, err.reason), (415, "UnsupportedMediaType"));
         assert!(
-            err.message.contains("apps/v1, Kind=StatefulSet"),
+            err.message.contains("apps/v1, Kind=ControllerRevision"),
             "{}",
             err.message
         );
@@ -2200,8 +2390,8 @@ mod tests {
             ),
             (
                 "group kind without a mapping",
-                envelope("apps/v1", "StatefulSet", vec![]),
-                "unsupported kind \"apps/v1, Kind=StatefulSet\" in protobuf; send it as JSON (kubectl create -f / apply)",
+                envelope("apps/v1", "ControllerRevision", vec![]),
+                "unsupported kind \"apps/v1, Kind=ControllerRevision\" in protobuf; send it as JSON (kubectl create -f / apply)",
                 true,
             ),
             (

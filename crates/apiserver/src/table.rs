@@ -1049,4 +1049,220 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn workload_storage_and_budget_rows_as_kubectl_prints_them() {
+        let pod_spec = json!({"containers": [{"name": "a", "image": "busybox"}, {"name": "b", "image": "nginx:1.25"}]});
+        // (kind, object, the cells but the AGE column)
+        let cases: Vec<(&str, Value, Value)> = vec![
+            (
+                "Job",
+                json!({"metadata": {"name": "j"}, "spec": {"completions": 3, "parallelism": 2,
+                    "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u"}},
+                    "template": {"spec": pod_spec}},
+                    "status": {"succeeded": 3, "startTime": "2024-01-01T00:00:00Z",
+                               "completionTime": "2024-01-01T00:01:05Z",
+                               "conditions": [{"type": "Complete", "status": "True"}]}}),
+                json!([
+                    "j",
+                    "Complete",
+                    "3/3",
+                    "65s",
+                    "a,b",
+                    "busybox,nginx:1.25",
+                    "batch.kubernetes.io/controller-uid=u"
+                ]),
+            ),
+            (
+                "Job",
+                json!({"metadata": {"name": "q"}, "spec": {"parallelism": 4, "suspend": true,
+                    "selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["b", "a"]}]}},
+                    "status": {"conditions": [{"type": "Suspended", "status": "True"}]}}),
+                json!(["q", "Suspended", "0/1 of 4", "", "", "", "tier in (a,b)"]),
+            ),
+            (
+                "Job",
+                json!({"metadata": {"name": "f"}, "spec": {"completions": 1},
+                    "status": {"failed": 7, "conditions": [{"type": "Failed", "status": "True"}]}}),
+                json!(["f", "Failed", "0/1", "", "", "", "<none>"]),
+            ),
+            (
+                "CronJob",
+                json!({"metadata": {"name": "c"}, "spec": {"schedule": "*/5 * * * *", "suspend": false,
+                    "jobTemplate": {"spec": {"template": {"spec": pod_spec}}}},
+                    "status": {"active": [{"name": "c-1"}, {"name": "c-2"}]}}),
+                json!([
+                    "c",
+                    "*/5 * * * *",
+                    "<none>",
+                    "False",
+                    2,
+                    "<none>",
+                    "a,b",
+                    "busybox,nginx:1.25",
+                    "<none>"
+                ]),
+            ),
+            (
+                "CronJob",
+                json!({"metadata": {"name": "t"}, "spec": {"schedule": "@daily", "timeZone": "Europe/Rome"}}),
+                json!([
+                    "t",
+                    "@daily",
+                    "Europe/Rome",
+                    "<unset>",
+                    0,
+                    "<none>",
+                    "",
+                    "",
+                    "<none>"
+                ]),
+            ),
+            (
+                "StatefulSet",
+                json!({"metadata": {"name": "db"}, "spec": {"replicas": 3, "template": {"spec": pod_spec}},
+                    "status": {"readyReplicas": 2}}),
+                json!(["db", "2/3", "a,b", "busybox,nginx:1.25"]),
+            ),
+            (
+                "DaemonSet",
+                json!({"metadata": {"name": "agent"}, "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                    "template": {"spec": {"nodeSelector": {"os": "linux", "arch": "amd64"}, "containers": []}}},
+                    "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2,
+                               "updatedNumberScheduled": 1, "numberAvailable": 2}}),
+                json!([
+                    "agent",
+                    3,
+                    3,
+                    2,
+                    1,
+                    2,
+                    "arch=amd64,os=linux",
+                    "",
+                    "",
+                    "app=agent"
+                ]),
+            ),
+            (
+                "DaemonSet",
+                json!({"metadata": {"name": "bare"}, "spec": {"selector": {"matchLabels": {"app": "x"}}}}),
+                json!(["bare", 0, 0, 0, 0, 0, "<none>", "", "", "app=x"]),
+            ),
+            (
+                "ControllerRevision",
+                json!({"metadata": {"name": "db-7f9", "ownerReferences": [
+                        {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "controller": true}]},
+                    "revision": 2}),
+                json!(["db-7f9", "statefulset.apps/db", 2]),
+            ),
+            (
+                "PersistentVolumeClaim",
+                json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "standard",
+                    "volumeMode": "Filesystem"},
+                    "status": {"phase": "Pending"}}),
+                json!([
+                    "data",
+                    "Pending",
+                    "",
+                    "",
+                    "",
+                    "standard",
+                    "<unset>",
+                    "Filesystem"
+                ]),
+            ),
+            (
+                "PersistentVolumeClaim",
+                json!({"metadata": {"name": "data"}, "spec": {"volumeName": "pv-1", "storageClassName": "standard"},
+                    "status": {"phase": "Bound", "capacity": {"storage": "2Gi"},
+                               "accessModes": ["ReadWriteMany", "ReadWriteOnce"]}}),
+                json!([
+                    "data", "Bound", "pv-1", "2Gi", "RWO,RWX", "standard", "<unset>", "<unset>"
+                ]),
+            ),
+            (
+                "PersistentVolume",
+                json!({"metadata": {"name": "pv-1"}, "spec": {"capacity": {"storage": "2Gi"},
+                    "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
+                    "claimRef": {"namespace": "prod", "name": "data"}, "storageClassName": "standard",
+                    "volumeMode": "Filesystem"},
+                    "status": {"phase": "Bound"}}),
+                json!([
+                    "pv-1",
+                    "2Gi",
+                    "RWO",
+                    "Delete",
+                    "Bound",
+                    "prod/data",
+                    "standard",
+                    "<unset>",
+                    "",
+                    "Filesystem"
+                ]),
+            ),
+            (
+                "StorageClass",
+                json!({"metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                    "provisioner": "lab.tandem.dev/hollow", "volumeBindingMode": "WaitForFirstConsumer",
+                    "allowVolumeExpansion": true}),
+                json!([
+                    "standard (default)",
+                    "lab.tandem.dev/hollow",
+                    "Delete",
+                    "WaitForFirstConsumer",
+                    true
+                ]),
+            ),
+            (
+                "StorageClass",
+                json!({"metadata": {"name": "slow"}, "provisioner": "p", "reclaimPolicy": "Retain"}),
+                json!(["slow", "p", "Retain", "Immediate", false]),
+            ),
+            (
+                "PodDisruptionBudget",
+                json!({"metadata": {"name": "p"}, "spec": {"minAvailable": 1}, "status": {"disruptionsAllowed": 2}}),
+                json!(["p", "1", "N/A", 2]),
+            ),
+            (
+                "PodDisruptionBudget",
+                json!({"metadata": {"name": "q"}, "spec": {"maxUnavailable": "25%"}}),
+                json!(["q", "N/A", "25%", 0]),
+            ),
+        ];
+        for (kind, mut obj, want) in cases {
+            obj["metadata"]["creationTimestamp"] = json!("2024-01-01T00:00:00Z");
+            let columns = builtin_columns(kind);
+            let mut cells = builtin_cells(kind, &obj);
+            assert_eq!(cells.len(), columns.len(), "{kind}: a cell per column");
+            let age_at = columns
+                .iter()
+                .position(|c| c.name == "Age")
+                .expect("an AGE column");
+            let age = cells.remove(age_at);
+            assert!(
+                age.as_str().is_some_and(|a| a.contains('y')),
+                "{kind}: age {age}"
+            );
+            assert_eq!(Value::Array(cells), want, "{kind}");
+        }
+        let names: Vec<&str> = builtin_columns("PersistentVolumeClaim")
+            .iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Name",
+                "Status",
+                "Volume",
+                "Capacity",
+                "Access Modes",
+                "StorageClass",
+                "VolumeAttributesClass",
+                "Age",
+                "VolumeMode"
+            ]
+        );
+    }
 }

@@ -51,7 +51,7 @@ fn required(field: &str) -> Cause {
 
 /// Validates `obj` (the object about to be stored); `old` is the stored one on updates.
 pub fn validate(
-    state: &State,
+    _state: &State,
     call: &Call,
     res: &Arc<ResourceInfo>,
     old: Option<&Value>,
@@ -93,7 +93,7 @@ pub fn validate(
             }
         }
     } else {
-        causes.extend(builtin(state, res, old, obj));
+        causes.extend(builtin(res, old, obj));
     }
     if causes.is_empty() {
         Ok(())
@@ -138,7 +138,7 @@ fn metadata(obj: &Value) -> Vec<Cause> {
     causes
 }
 
-fn builtin(_state: &State, res: &ResourceInfo, old: Option<&Value>, obj: &Value) -> Vec<Cause> {
+fn builtin(res: &ResourceInfo, old: Option<&Value>, obj: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
     match (res.group.as_str(), res.kind.as_str()) {
         ("", "Pod") => {
@@ -994,4 +994,296 @@ fn disruption_budget(spec: &Value) -> Vec<Cause> {
         ));
     }
     causes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(spec: Value) -> Value {
+        let mut s = json!({
+            "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u"}},
+            "template": {"metadata": {"labels": {"batch.kubernetes.io/controller-uid": "u"}},
+                         "spec": {"restartPolicy": "Never",
+                                  "containers": [{"name": "c", "image": "busybox"}]}}});
+        merge(&mut s, spec);
+        json!({"metadata": {"name": "j"}, "spec": s})
+    }
+
+    fn merge(into: &mut Value, from: Value) {
+        match (into, from) {
+            (Value::Object(into), Value::Object(from)) => {
+                for (k, v) in from {
+                    merge(into.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (into, from) => *into = from,
+        }
+    }
+
+    fn cron(schedule: &str) -> Value {
+        json!({"metadata": {"name": "c"}, "spec": {"schedule": schedule,
+            "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "OnFailure",
+                "containers": [{"name": "c", "image": "busybox"}]}}}}}})
+    }
+
+    fn stateful_set(spec: Value) -> Value {
+        let mut s = json!({"serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}},
+                         "spec": {"restartPolicy": "Always", "containers": [{"name": "c", "image": "pg"}]}}});
+        merge(&mut s, spec);
+        json!({"metadata": {"name": "db"}, "spec": s})
+    }
+
+    fn claim(spec: Value) -> Value {
+        let mut s = json!({"accessModes": ["ReadWriteOnce"],
+                           "resources": {"requests": {"storage": "1Gi"}}});
+        merge(&mut s, spec);
+        json!({"metadata": {"name": "data"}, "spec": s})
+    }
+
+    fn pdb(spec: Value) -> Value {
+        let mut s = json!({"selector": {"matchLabels": {"app": "x"}}});
+        merge(&mut s, spec);
+        json!({"metadata": {"name": "p"}, "spec": s})
+    }
+
+    #[test]
+    fn workload_storage_and_budget_rules_with_kubes_messages() {
+        let registry = crate::registry::Registry::builtin();
+        let none: &[&str] = &[];
+        // (group, kind, stored object on update, object written, kube's messages)
+        let cases: Vec<(&str, &str, Option<Value>, Value, &[&str])> = vec![
+            ("batch", "Job", None, job(json!({})), none),
+            (
+                "batch",
+                "Job",
+                None,
+                job(json!({"template": {"spec": {"restartPolicy": "Always"}}})),
+                &[
+                    r#"spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: "OnFailure", "Never""#,
+                ],
+            ),
+            (
+                "batch",
+                "Job",
+                None,
+                job(json!({"parallelism": -1, "completions": -2})),
+                &[
+                    "spec.parallelism: Invalid value: -1: must be greater than or equal to 0",
+                    "spec.completions: Invalid value: -2: must be greater than or equal to 0",
+                ],
+            ),
+            (
+                "batch",
+                "Job",
+                None,
+                job(
+                    json!({"selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "other"}}}),
+                ),
+                &[
+                    r#"spec.template.metadata.labels: Invalid value: {"batch.kubernetes.io/controller-uid":"u"}: `selector` does not match template `labels`"#,
+                ],
+            ),
+            (
+                "batch",
+                "Job",
+                Some(job(json!({}))),
+                job(
+                    json!({"template": {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}}),
+                ),
+                &["spec.template: Invalid value: "],
+            ),
+            (
+                "batch",
+                "Job",
+                Some(job(json!({}))),
+                job(json!({"selector": {"matchExpressions": [
+                 {"key": "batch.kubernetes.io/controller-uid", "operator": "Exists"}]}})),
+                &["spec.selector: Invalid value: "],
+            ),
+            (
+                "batch",
+                "Job",
+                Some(job(json!({"completions": 1}))),
+                job(json!({"completions": 3})),
+                &["spec.completions: Invalid value: 3: field is immutable"],
+            ),
+            // A suspended job's pods may still be rescheduled before it starts.
+            (
+                "batch",
+                "Job",
+                Some(job(json!({"suspend": true}))),
+                job(
+                    json!({"suspend": true, "template": {"spec": {"nodeSelector": {"zone": "a"}}}}),
+                ),
+                none,
+            ),
+            (
+                "batch",
+                "Job",
+                Some(job(json!({"parallelism": 1}))),
+                job(json!({"parallelism": 4})),
+                none,
+            ),
+            ("batch", "CronJob", None, cron("*/5 * * * *"), none),
+            (
+                "batch",
+                "CronJob",
+                None,
+                cron("bad"),
+                &[
+                    r#"spec.schedule: Invalid value: "bad": expected exactly 5 fields, found 1: [bad]"#,
+                ],
+            ),
+            (
+                "batch",
+                "CronJob",
+                None,
+                cron(""),
+                &["spec.schedule: Required value"],
+            ),
+            (
+                "batch",
+                "CronJob",
+                None,
+                cron("TZ=UTC 0 * * * *"),
+                &[
+                    r#"spec.schedule: Invalid value: "TZ=UTC 0 * * * *": cannot use TZ or CRON_TZ in schedule, use timeZone field instead"#,
+                ],
+            ),
+            ("apps", "StatefulSet", None, stateful_set(json!({})), none),
+            (
+                "apps",
+                "StatefulSet",
+                None,
+                stateful_set(json!({"template": {"metadata": {"labels": {"app": "web"}}}})),
+                &[
+                    r#"spec.template.metadata.labels: Invalid value: {"app":"web"}: `selector` does not match template `labels`"#,
+                ],
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                None,
+                stateful_set(json!({"serviceName": "DB_svc"})),
+                &["spec.serviceName: Invalid value: \"DB_svc\": "],
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                None,
+                stateful_set(json!({"podManagementPolicy": "Sometimes"})),
+                &[
+                    r#"spec.podManagementPolicy: Unsupported value: "Sometimes": supported values: "OrderedReady", "Parallel""#,
+                ],
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                Some(stateful_set(json!({}))),
+                stateful_set(json!({"replicas": 5})),
+                none,
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                Some(stateful_set(json!({}))),
+                stateful_set(json!({"serviceName": "other"})),
+                &["spec: Forbidden: updates to statefulset spec for fields other than"],
+            ),
+            ("", "PersistentVolumeClaim", None, claim(json!({})), none),
+            (
+                "",
+                "PersistentVolumeClaim",
+                None,
+                claim(json!({"accessModes": [], "resources": {"requests": {"storage": null}}})),
+                &[
+                    "spec.accessModes: Required value: at least 1 access mode is required",
+                    "spec.resources[storage]: Required value",
+                ],
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(json!({}))),
+                claim(json!({"resources": {"requests": {"storage": "2Gi"}}})),
+                none,
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(json!({}))),
+                claim(json!({"volumeName": "pv-1"})),
+                none,
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(json!({"volumeName": "pv-1"}))),
+                claim(json!({"volumeName": "pv-2"})),
+                &["spec: Forbidden: spec is immutable after creation"],
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(json!({}))),
+                claim(json!({"accessModes": ["ReadWriteMany"]})),
+                &["spec: Forbidden: spec is immutable after creation"],
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(
+                    json!({"resources": {"requests": {"storage": "2Gi"}}}),
+                )),
+                claim(json!({})),
+                &[
+                    "spec.resources.requests.storage: Forbidden: field can not be less than status.capacity",
+                ],
+            ),
+            (
+                "policy",
+                "PodDisruptionBudget",
+                None,
+                pdb(json!({"minAvailable": 1})),
+                none,
+            ),
+            (
+                "policy",
+                "PodDisruptionBudget",
+                None,
+                pdb(json!({"maxUnavailable": "50%"})),
+                none,
+            ),
+            (
+                "policy",
+                "PodDisruptionBudget",
+                None,
+                pdb(json!({"minAvailable": 1, "maxUnavailable": 1})),
+                &["spec: Invalid value: "],
+            ),
+            (
+                "policy",
+                "PodDisruptionBudget",
+                None,
+                pdb(json!({"minAvailable": "150%"})),
+                &[r#"spec.minAvailable: Invalid value: "150%": must not be greater than 100%"#],
+            ),
+        ];
+        for (group, kind, old, obj, want) in cases {
+            let res = registry.by_kind(group, kind).expect("served");
+            let got: Vec<String> = builtin(&res, old.as_ref(), &obj)
+                .into_iter()
+                .map(|(_, _, message)| message)
+                .collect();
+            assert_eq!(got.len(), want.len(), "{kind} {obj}: {got:#?}");
+            for (message, start) in got.iter().zip(want) {
+                assert!(
+                    message.starts_with(start),
+                    "{kind} {obj}: {message:?} is not {start:?}"
+                );
+            }
+        }
+    }
 }
