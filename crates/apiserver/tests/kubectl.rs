@@ -730,7 +730,8 @@ subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
 
 /// Fails the test unless every field of `sent` is in `stored` with the same value. A null
 /// (kubectl's `creationTimestamp: null`) is the server's to fill, and an object holding only
-/// empty objects (`status: {loadBalancer: {}}`) may be absent: Go writes empty structs.
+/// empty objects and nulls (`status: {loadBalancer: {}}`, a job template's
+/// `metadata: {creationTimestamp: null}`) may be absent: Go writes empty structs.
 fn assert_stored_as_sent(
     what: &str,
     path: &str,
@@ -739,7 +740,7 @@ fn assert_stored_as_sent(
 ) {
     use serde_json::Value;
     fn hollow(v: &Value) -> bool {
-        v.as_object().is_some_and(|o| o.values().all(hollow))
+        v.is_null() || v.as_object().is_some_and(|o| o.values().all(hollow))
     }
     match (sent, stored) {
         (Value::Null, _) => {}
@@ -945,6 +946,44 @@ async fn typed_create_commands_store_what_kubectl_sends() {
             ],
             "deployment/sleeper",
         ),
+        (
+            vec![
+                "cronjob",
+                "tick",
+                "--image=busybox",
+                "--schedule=*/5 * * * *",
+                "--restart=OnFailure",
+            ],
+            "cronjob/tick",
+        ),
+        (vec!["job", "once", "--image=busybox"], "job/once"),
+        (
+            vec![
+                "job",
+                "pi",
+                "--image=perl:5.34",
+                "--",
+                "perl",
+                "-e",
+                "print 1",
+            ],
+            "job/pi",
+        ),
+        // Built from the stored CronJob's job template, owned by it.
+        (vec!["job", "manual", "--from=cronjob/tick"], "job/manual"),
+        (
+            vec![
+                "poddisruptionbudget",
+                "web",
+                "--selector=app=web",
+                "--min-available=1",
+            ],
+            "poddisruptionbudget/web",
+        ),
+        (
+            vec!["pdb", "api", "--selector=app=api", "--max-unavailable=50%"],
+            "poddisruptionbudget/api",
+        ),
     ];
     for (args, object) in &cases {
         let mut create = vec!["create"];
@@ -973,4 +1012,334 @@ async fn typed_create_commands_store_what_kubectl_sends() {
         ])
         .await;
     assert_eq!(token.trim().split('.').count(), 3, "a JWT: {token}");
+}
+
+/// The words of a table's header line and of the row starting with `name`.
+fn table(out: &str, name: &str) -> (Vec<String>, String) {
+    let header = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{out}"))
+        .to_string();
+    (header, row)
+}
+
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// Fails the test unless kubectl refuses `args` (given `stdin`) with `message` in its error.
+async fn refused(c: &Cluster, args: &[&str], stdin: Option<&str>, message: &str) {
+    let out = match stdin {
+        Some(input) => c.kubectl_in(args, input).await,
+        None => c.kubectl(args).await,
+    };
+    assert!(
+        !out.ok && out.stderr.contains(message),
+        "kubectl {args:?} should fail with {message:?}:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+const WORKLOADS: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: fast
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: lab.tandem.dev/hollow
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: static}
+spec:
+  storageClassName: ""
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 3
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: pg, image: postgres:16}]}
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      nodeSelector: {kubernetes.io/os: linux}
+      containers: [{name: agent, image: busybox}]
+"#;
+
+/// Jobs, CronJobs, StatefulSets, DaemonSets and storage through kubectl: what the server
+/// fills in, the columns `kubectl get` prints, refusals in kube's words, and `get all`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_stateful_and_storage_kinds_as_kubectl_shows_them() {
+    let c = Cluster::start().await;
+    c.ok(&[
+        "create",
+        "cronjob",
+        "tick",
+        "--image=busybox",
+        "--schedule=*/5 * * * *",
+    ])
+    .await;
+    c.ok(&["create", "job", "once", "--image=busybox"]).await;
+
+    // The job's selector picks its uid, and its pods carry its name and uid.
+    let job = c.json(&["get", "job", "once"]).await;
+    let uid = job["metadata"]["uid"].as_str().unwrap();
+    assert_eq!(
+        job["spec"]["selector"],
+        serde_json::json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    );
+    for (key, value) in [
+        ("batch.kubernetes.io/controller-uid", uid),
+        ("controller-uid", uid),
+        ("batch.kubernetes.io/job-name", "once"),
+        ("job-name", "once"),
+    ] {
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"][key], value);
+        assert_eq!(
+            job["metadata"]["labels"][key], value,
+            "the job takes its template's labels"
+        );
+    }
+    for (field, value) in [
+        ("completions", serde_json::json!(1)),
+        ("parallelism", serde_json::json!(1)),
+        ("backoffLimit", serde_json::json!(6)),
+        ("completionMode", serde_json::json!("NonIndexed")),
+        ("suspend", serde_json::json!(false)),
+        (
+            "podReplacementPolicy",
+            serde_json::json!("TerminatingOrFailed"),
+        ),
+    ] {
+        assert_eq!(job["spec"][field], value, "spec.{field}");
+    }
+
+    let (header, row) = table(&c.ok(&["get", "jobs"]).await, "once");
+    assert_eq!(header, ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]);
+    assert_eq!(
+        row.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["once", "Running", "0/1"]
+    );
+    let (header, row) = table(&c.ok(&["get", "jobs", "-o", "wide"]).await, "once");
+    assert_eq!(header[5..], ["CONTAINERS", "IMAGES", "SELECTOR"]);
+    assert_eq!(
+        words(&row)[words(&row).len() - 3..],
+        [
+            "once",
+            "busybox",
+            &format!("batch.kubernetes.io/controller-uid={uid}")
+        ]
+    );
+    let (header, row) = table(&c.ok(&["get", "cronjobs"]).await, "tick");
+    assert_eq!(
+        header,
+        [
+            "NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..10],
+        [
+            "tick", "*/5", "*", "*", "*", "*", "<none>", "False", "0", "<none>"
+        ]
+    );
+
+    // Refusals, worded as kube-apiserver words them.
+    let always = r#"{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "always"},
+        "spec": {"template": {"spec": {"restartPolicy": "Always",
+                 "containers": [{"name": "c", "image": "busybox"}]}}}}"#;
+    refused(&c, &["create", "-f", "-"], Some(always),
+        r#"The Job "always" is invalid: spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: "OnFailure", "Never""#).await;
+    refused(
+        &c,
+        &["set", "image", "job/once", "once=nginx"],
+        None,
+        "spec.template: Invalid value: ",
+    )
+    .await;
+    refused(
+        &c,
+        &["set", "image", "job/once", "once=nginx"],
+        None,
+        "field is immutable",
+    )
+    .await;
+    refused(
+        &c,
+        &[
+            "create",
+            "cronjob",
+            "bad",
+            "--image=busybox",
+            "--schedule=bad",
+        ],
+        None,
+        r#"spec.schedule: Invalid value: "bad": expected exactly 5 fields, found 1: [bad]"#,
+    )
+    .await;
+    c.ok_in(&["apply", "-f", "-"], WORKLOADS).await;
+
+    // The DefaultStorageClass admission plugin names the default class; "" asks for none.
+    let data = c.json(&["get", "pvc", "data"]).await;
+    assert_eq!(data["spec"]["storageClassName"], "fast");
+    assert_eq!(data["spec"]["volumeMode"], "Filesystem");
+    assert_eq!(data["status"]["phase"], "Pending");
+    let fixed = c.json(&["get", "pvc", "static"]).await;
+    assert_eq!(fixed["spec"]["storageClassName"], "");
+    let (header, row) = table(&c.ok(&["get", "pvc"]).await, "data");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "STATUS",
+            "VOLUME",
+            "CAPACITY",
+            "ACCESS",
+            "MODES",
+            "STORAGECLASS",
+            "VOLUMEATTRIBUTESCLASS",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..4],
+        ["data", "Pending", "fast", "<unset>"],
+        "unbound: no volume, capacity or modes"
+    );
+    let (header, row) = table(&c.ok(&["get", "storageclasses"]).await, "fast");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PROVISIONER",
+            "RECLAIMPOLICY",
+            "VOLUMEBINDINGMODE",
+            "ALLOWVOLUMEEXPANSION",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..6],
+        [
+            "fast",
+            "(default)",
+            "lab.tandem.dev/hollow",
+            "Delete",
+            "WaitForFirstConsumer",
+            "false"
+        ]
+    );
+    // A claim may grow, but not change its access modes.
+    c.ok(&[
+        "patch",
+        "pvc",
+        "data",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#,
+    ])
+    .await;
+    refused(
+        &c,
+        &[
+            "patch",
+            "pvc",
+            "data",
+            "-p",
+            r#"{"spec":{"accessModes":["ReadWriteMany"]}}"#,
+        ],
+        None,
+        "spec: Forbidden: spec is immutable after creation",
+    )
+    .await;
+
+    let db = c.json(&["get", "statefulset", "db"]).await;
+    assert_eq!(db["spec"]["podManagementPolicy"], "OrderedReady");
+    assert_eq!(
+        db["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+        0
+    );
+    assert_eq!(
+        db["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"],
+        "Filesystem"
+    );
+    let (header, row) = table(&c.ok(&["get", "sts"]).await, "db");
+    assert_eq!(header, ["NAME", "READY", "AGE"]);
+    assert_eq!(words(&row)[..2], ["db", "0/3"]);
+    let (header, row) = table(&c.ok(&["get", "ds"]).await, "agent");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "DESIRED",
+            "CURRENT",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "NODE",
+            "SELECTOR",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..7],
+        ["agent", "0", "0", "0", "0", "0", "kubernetes.io/os=linux"]
+    );
+
+    // `get all` is the `all` category: workloads, not claims.
+    let all = c.ok(&["get", "all", "-o", "name"]).await;
+    for name in [
+        "job.batch/once",
+        "cronjob.batch/tick",
+        "statefulset.apps/db",
+        "daemonset.apps/agent",
+    ] {
+        assert!(
+            all.lines().any(|l| l == name),
+            "get all lacks {name}:\n{all}"
+        );
+    }
+    assert!(!all.contains("persistentvolumeclaim"), "{all}");
+    let resources = c.ok(&["api-resources", "--api-group=batch"]).await;
+    assert!(
+        resources
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["cronjobs", "cj", "batch/v1", "true", "CronJob"]),
+        "{resources}"
+    );
 }
