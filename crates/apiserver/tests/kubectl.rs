@@ -1343,3 +1343,214 @@ async fn batch_stateful_and_storage_kinds_as_kubectl_shows_them() {
         "{resources}"
     );
 }
+
+const DRAINED_NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: web, image: nginx}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: web, image: nginx}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: starting, labels: {app: web}}
+spec: {containers: [{name: web, image: nginx}]}
+"#;
+
+/// Sets the status of PodDisruptionBudget `web` as its controller would, observed at
+/// generation 1.
+async fn set_budget(c: &Cluster, allowed: i64) {
+    let patch = format!(
+        r#"{{"status":{{"observedGeneration":1,"disruptionsAllowed":{allowed},"currentHealthy":2,"desiredHealthy":1,"expectedPods":2}}}}"#
+    );
+    c.ok(&[
+        "patch",
+        "pdb",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ])
+    .await;
+}
+
+/// Whether `pod` is gone or going: a pod on a node waits for its kubelet (none here) once
+/// its grace period starts.
+async fn evicted(c: &Cluster, pod: &str) -> bool {
+    let out = c.kubectl(&["get", "pod", pod, "-o", "json"]).await;
+    !out.ok
+        || serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()["metadata"]
+            ["deletionTimestamp"]
+            .is_string()
+}
+
+/// POSTs an Eviction of `pod` with `kubectl create --raw`.
+async fn evict(c: &Cluster, pod: &str) -> Out {
+    let path = c.dir.path().join(format!("evict-{pod}.json"));
+    std::fs::write(
+        &path,
+        format!(r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}"}}}}"#),
+    )
+    .unwrap();
+    let url = format!("/api/v1/namespaces/default/pods/{pod}/eviction");
+    c.kubectl(&["create", "--raw", &url, "-f", path.to_str().unwrap()])
+        .await
+}
+
+/// `kubectl drain` and raw evictions against a PodDisruptionBudget whose status is set by
+/// hand (as the disruption controller would): refused with 429 while the budget allows no
+/// disruption or has not seen its spec, allowed (and counted in the budget) once it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_honour_pod_disruption_budgets() {
+    let c = Cluster::start().await;
+    c.ok_in(&["apply", "-f", "-"], DRAINED_NODE).await;
+    for pod in ["web-0", "web-1"] {
+        c.ok(&[
+            "patch",
+            "pod",
+            pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+        ])
+        .await;
+    }
+    c.ok(&[
+        "create",
+        "pdb",
+        "web",
+        "--selector=app=web",
+        "--min-available=1",
+    ])
+    .await;
+    set_budget(&c, 0).await;
+
+    const REFUSED: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
+
+    // No disruption allowed: 429, and the pod stays.
+    let out = evict(&c, "web-0").await;
+    assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("TooManyRequests") || out.stderr.contains("429"),
+        "{}",
+        out.stderr
+    );
+    c.ok(&["get", "pod", "web-0"]).await;
+    // A pod not running yet costs the budget nothing.
+    let out = evict(&c, "starting").await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        !c.kubectl(&["get", "pod", "starting"]).await.ok,
+        "starting was evicted"
+    );
+
+    // kubectl drain retries on 429 until its timeout...
+    let out = c
+        .kubectl(&["drain", "n1", "--force", "--grace-period=0", "--timeout=3s"])
+        .await;
+    assert!(
+        !out.ok && out.stderr.contains(REFUSED),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+
+    // ... and evicts once the budget allows one disruption: the budget counts it.
+    set_budget(&c, 1).await;
+    let out = evict(&c, "web-0").await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(evicted(&c, "web-0").await, "web-0 was evicted");
+    let pdb = c.json(&["get", "pdb", "web"]).await;
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 0);
+    assert!(pdb["status"]["disruptedPods"]["web-0"].is_string(), "{pdb}");
+    let condition = pdb["status"]["conditions"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["type"] == "DisruptionAllowed"))
+        .unwrap_or_else(|| panic!("no DisruptionAllowed condition: {pdb}"));
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (
+            &serde_json::json!("False"),
+            &serde_json::json!("InsufficientPods")
+        )
+    );
+    let out = evict(&c, "web-1").await;
+    assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
+
+    // A budget whose spec changed since its controller last looked refuses too.
+    c.ok(&[
+        "patch",
+        "pdb",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"minAvailable":0}}"#,
+    ])
+    .await;
+    c.ok(&[
+        "patch",
+        "pdb",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"disruptionsAllowed":5}}"#,
+    ])
+    .await;
+    let out = evict(&c, "web-1").await;
+    assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
+
+    // Two budgets over one pod: kube does not choose between them.
+    c.ok(&[
+        "create",
+        "pdb",
+        "web-too",
+        "--selector=app=web",
+        "--max-unavailable=1",
+    ])
+    .await;
+    let out = evict(&c, "web-1").await;
+    assert!(
+        !out.ok
+            && out.stderr.contains(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+            ),
+        "{}",
+        out.stderr
+    );
+    c.ok(&["delete", "pdb", "web-too"]).await;
+
+    // Once the budget is observed again, drain goes through.
+    c.ok(&[
+        "patch",
+        "pdb",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"observedGeneration":2}}"#,
+    ])
+    .await;
+    let out = c
+        .kubectl(&[
+            "drain",
+            "n1",
+            "--force",
+            "--grace-period=0",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("pod/web-1 evicted"), "{}", out.stdout);
+    assert!(evicted(&c, "web-1").await, "web-1 was evicted");
+}
