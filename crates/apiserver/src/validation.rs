@@ -1048,12 +1048,14 @@ mod tests {
         json!({"metadata": {"name": "p"}, "spec": s})
     }
 
+    /// (group, kind, stored object on update, object written, kube's messages)
+    type Case = (&'static str, &'static str, Option<Value>, Value, &'static [&'static str]);
+
     #[test]
     fn workload_storage_and_budget_rules_with_kubes_messages() {
         let registry = crate::registry::Registry::builtin();
         let none: &[&str] = &[];
-        // (group, kind, stored object on update, object written, kube's messages)
-        let cases: Vec<(&str, &str, Option<Value>, Value, &[&str])> = vec![
+        let cases: Vec<Case> = vec![
             ("batch", "Job", None, job(json!({})), none),
             (
                 "batch",
