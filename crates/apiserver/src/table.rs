@@ -308,6 +308,15 @@ fn builtin_columns(kind: &str) -> Vec<Column> {
     }
 }
 
+/// READY of a workload: ready replicas out of those asked for.
+fn ready_of_desired(o: &Value) -> Value {
+    json!(format!(
+        "{}/{}",
+        o["status"]["readyReplicas"].as_i64().unwrap_or(0),
+        o["spec"]["replicas"].as_i64().unwrap_or(0)
+    ))
+}
+
 /// `metav1.FormatLabelSelector`: requirements sorted by key, `<none>` for none.
 fn label_selector_string(sel: &Value) -> String {
     let mut parts: Vec<(String, String)> = sel["matchLabels"]
@@ -613,11 +622,7 @@ fn builtin_cells(kind: &str, o: &Value) -> Vec<Value> {
             let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
             vec![
                 name,
-                json!(format!(
-                    "{}/{}",
-                    o["status"]["readyReplicas"].as_i64().unwrap_or(0),
-                    o["spec"]["replicas"].as_i64().unwrap_or(0)
-                )),
+                ready_of_desired(o),
                 int_of(&o["status"]["updatedReplicas"]),
                 int_of(&o["status"]["availableReplicas"]),
                 json!(created),
@@ -865,11 +870,7 @@ fn builtin_cells(kind: &str, o: &Value) -> Vec<Value> {
             let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
             vec![
                 name,
-                json!(format!(
-                    "{}/{}",
-                    o["status"]["readyReplicas"].as_i64().unwrap_or(0),
-                    o["spec"]["replicas"].as_i64().unwrap_or(0)
-                )),
+                ready_of_desired(o),
                 json!(created),
                 json!(c),
                 json!(i),

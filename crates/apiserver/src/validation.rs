@@ -152,61 +152,22 @@ fn builtin(res: &ResourceInfo, old: Option<&Value>, obj: &Value) -> Vec<Cause> {
                 causes.extend(pod_update(old, obj));
             }
         }
-        ("apps", "Deployment" | "ReplicaSet") => {
-            let selector = &obj["spec"]["selector"];
-            if !selector.is_object() {
-                causes.push(required("spec.selector"));
-            } else {
-                match LabelSelector::from_metav1(Some(selector)) {
-                    Ok(sel) if sel.is_everything() => causes.push(cause("spec.selector", "FieldValueInvalid",
-                        format!("spec.selector: Invalid value: {selector}: empty selector is invalid for deployment"))),
-                    Ok(sel) => {
-                        if !sel.matches_object(&obj["spec"]["template"]) {
-                            let labels = &obj["spec"]["template"]["metadata"]["labels"];
-                            causes.push(cause("spec.template.metadata.labels", "FieldValueInvalid",
-                                format!("spec.template.metadata.labels: Invalid value: {labels}: `selector` does not match template `labels`")));
-                        }
-                    }
-                    Err(e) => causes.push(cause("spec.selector", "FieldValueInvalid", format!("spec.selector: Invalid value: {selector}: {e}"))),
-                }
-                if let Some(old) = old
-                    && old["spec"]["selector"] != *selector
-                {
-                    causes.push(cause(
-                        "spec.selector",
-                        "FieldValueInvalid",
-                        format!("spec.selector: Invalid value: {selector}: field is immutable"),
-                    ));
-                }
-            }
-            if obj["spec"]["replicas"].as_i64().is_some_and(|r| r < 0) {
-                causes.push(cause(
-                    "spec.replicas",
-                    "FieldValueInvalid",
-                    format!(
-                        "spec.replicas: Invalid value: {}: must be greater than or equal to 0",
-                        obj["spec"]["replicas"]
-                    ),
-                ));
-            }
-            causes.extend(pod_spec(
-                "spec.template.spec",
-                &obj["spec"]["template"]["spec"],
-            ));
-            // A workload's pods are restarted in place, never left to finish.
-            causes.extend(restart_policy(
-                "spec.template.spec.restartPolicy",
-                &obj["spec"]["template"]["spec"]["restartPolicy"],
-                &["Always"],
-            ));
-        }
-        ("apps", "StatefulSet" | "DaemonSet") => {
+        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
+            // kube's ReplicaSet validation words an empty selector as Deployment's does.
+            let noun = match res.kind.as_str() {
+                "StatefulSet" => "statefulset",
+                "DaemonSet" => "daemonset",
+                _ => "deployment",
+            };
             causes.extend(workload_selector(
                 "spec",
                 &obj["spec"],
                 old.map(|o| &o["spec"]),
-                &res.kind,
+                noun,
             ));
+            if res.kind != "DaemonSet" {
+                causes.extend(non_negative("spec.replicas", &obj["spec"]["replicas"]));
+            }
             if res.kind == "StatefulSet" {
                 causes.extend(stateful_set(obj, old));
             }
@@ -214,6 +175,7 @@ fn builtin(res: &ResourceInfo, old: Option<&Value>, obj: &Value) -> Vec<Cause> {
                 "spec.template.spec",
                 &obj["spec"]["template"]["spec"],
             ));
+            // A workload's pods are restarted in place, never left to finish.
             causes.extend(restart_policy(
                 "spec.template.spec.restartPolicy",
                 &obj["spec"]["template"]["spec"]["restartPolicy"],
@@ -619,7 +581,7 @@ fn non_negative(field: &str, value: &Value) -> Option<Cause> {
 }
 
 /// A selector that must be set, non-empty, match the template's labels and never change.
-fn workload_selector(path: &str, spec: &Value, old: Option<&Value>, kind: &str) -> Vec<Cause> {
+fn workload_selector(path: &str, spec: &Value, old: Option<&Value>, noun: &str) -> Vec<Cause> {
     let mut causes = Vec::new();
     let selector = &spec["selector"];
     let at = format!("{path}.selector");
@@ -631,10 +593,7 @@ fn workload_selector(path: &str, spec: &Value, old: Option<&Value>, kind: &str) 
         Ok(sel) if sel.is_everything() => causes.push(invalid(
             &at,
             selector,
-            &format!(
-                "empty selector is invalid for {}",
-                kind.to_ascii_lowercase()
-            ),
+            &format!("empty selector is invalid for {noun}"),
         )),
         Ok(sel) => {
             if !sel.matches_object(&spec["template"]) {
@@ -684,7 +643,7 @@ fn stateful_set(obj: &Value, old: Option<&Value>) -> Vec<Cause> {
     {
         causes.push(invalid("spec.serviceName", &spec["serviceName"], &message));
     }
-    for field in ["replicas", "revisionHistoryLimit", "minReadySeconds"] {
+    for field in ["revisionHistoryLimit", "minReadySeconds"] {
         causes.extend(non_negative(&format!("spec.{field}"), &spec[field]));
     }
     causes.extend(non_negative(
@@ -756,7 +715,7 @@ fn job_spec(path: &str, spec: &Value, with_selector: bool) -> Vec<Cause> {
         causes.push(required(&format!("{path}.completions")));
     }
     if with_selector {
-        causes.extend(workload_selector(path, spec, None, "Job"));
+        causes.extend(workload_selector(path, spec, None, "job"));
     }
     let template_spec = &spec["template"]["spec"];
     let template_path = format!("{path}.template.spec");
@@ -1049,7 +1008,13 @@ mod tests {
     }
 
     /// (group, kind, stored object on update, object written, kube's messages)
-    type Case = (&'static str, &'static str, Option<Value>, Value, &'static [&'static str]);
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<Value>,
+        Value,
+        &'static [&'static str],
+    );
 
     #[test]
     fn workload_storage_and_budget_rules_with_kubes_messages() {

@@ -1371,14 +1371,19 @@ async fn set_budget(c: &Cluster, allowed: i64) {
     let patch = format!(
         r#"{{"status":{{"observedGeneration":1,"disruptionsAllowed":{allowed},"currentHealthy":2,"desiredHealthy":1,"expectedPods":2}}}}"#
     );
+    patch_status(c, "pdb", "web", &patch).await;
+}
+
+/// Merges `patch` into the status of `kind/name`, as its controller would.
+async fn patch_status(c: &Cluster, kind: &str, name: &str, patch: &str) {
     c.ok(&[
         "patch",
-        "pdb",
-        "web",
+        kind,
+        name,
         "--subresource=status",
         "--type=merge",
         "-p",
-        &patch,
+        patch,
     ])
     .await;
 }
@@ -1414,15 +1419,12 @@ async fn evictions_honour_pod_disruption_budgets() {
     let c = Cluster::start().await;
     c.ok_in(&["apply", "-f", "-"], DRAINED_NODE).await;
     for pod in ["web-0", "web-1"] {
-        c.ok(&[
-            "patch",
+        patch_status(
+            &c,
             "pod",
             pod,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
             r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
-        ])
+        )
         .await;
     }
     c.ok(&[
@@ -1497,16 +1499,7 @@ async fn evictions_honour_pod_disruption_budgets() {
         r#"{"spec":{"minAvailable":0}}"#,
     ])
     .await;
-    c.ok(&[
-        "patch",
-        "pdb",
-        "web",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"disruptionsAllowed":5}}"#,
-    ])
-    .await;
+    patch_status(&c, "pdb", "web", r#"{"status":{"disruptionsAllowed":5}}"#).await;
     let out = evict(&c, "web-1").await;
     assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
 
@@ -1531,16 +1524,7 @@ async fn evictions_honour_pod_disruption_budgets() {
     c.ok(&["delete", "pdb", "web-too"]).await;
 
     // Once the budget is observed again, drain goes through.
-    c.ok(&[
-        "patch",
-        "pdb",
-        "web",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"observedGeneration":2}}"#,
-    ])
-    .await;
+    patch_status(&c, "pdb", "web", r#"{"status":{"observedGeneration":2}}"#).await;
     let out = c
         .kubectl(&[
             "drain",
