@@ -83,6 +83,28 @@ async fn evict_spends_the_budget_once_per_pod_and_refuses_past_it() {
         "The disruption budget web needs 1 healthy pods and has 3 currently"
     );
 
+    // A running pod that is not ready does not count as healthy: while the budget has its
+    // healthy pods, evicting it spends nothing.
+    running_pod(&pods, "web-3").await;
+    let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status("web-3", &PatchParams::default(), &Patch::Merge(unready))
+        .await
+        .unwrap();
+    pods.evict("web-3", &EvictParams::default())
+        .await
+        .expect("an unready pod is evicted");
+    assert!(pods.get_opt("web-3").await.unwrap().is_none());
+    assert_eq!(
+        budgets
+            .get("web")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .disruptions_allowed,
+        0
+    );
+
     // A dry run is allowed but spends nothing and deletes nothing.
     allow(&budgets, 1).await;
     let dry = EvictParams {
