@@ -156,9 +156,11 @@ pub async fn evict(
             status["currentHealthy"].as_i64().unwrap_or(0),
             status["desiredHealthy"].as_i64().unwrap_or(0),
         );
-        if !pod_ready(&pod) && current >= desired && desired > 0 {
+        let always_allow = budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow";
+        if !pod_ready(&pod) && (always_allow || (current >= desired && desired > 0)) {
             // An unready pod does not count as healthy: evicting it costs the budget
-            // nothing, as long as the pod has not become ready meanwhile.
+            // nothing (with `AlwaysAllow`, even when the budget lacks healthy pods), as long
+            // as the pod has not become ready meanwhile.
             guard_unready = true;
         } else {
             take_from_budget(state, &pdb_res, ns, &budget_name, name, delete.dry_run)?;

@@ -22,8 +22,10 @@ async fn running_pod(pods: &Api<Pod>, name: &str) {
         .unwrap();
 }
 
+/// Sets budget `web`'s status as its controller would, having observed its current spec.
 async fn allow(budgets: &Api<PodDisruptionBudget>, allowed: i32) {
-    let status = json!({"status": {"observedGeneration": 1, "disruptionsAllowed": allowed,
+    let generation = budgets.get("web").await.unwrap().metadata.generation;
+    let status = json!({"status": {"observedGeneration": generation, "disruptionsAllowed": allowed,
                                    "currentHealthy": 3, "desiredHealthy": 1, "expectedPods": 3}});
     budgets
         .patch_status("web", &PatchParams::default(), &Patch::Merge(status))
@@ -87,9 +89,13 @@ async fn evict_spends_the_budget_once_per_pod_and_refuses_past_it() {
     // healthy pods, evicting it spends nothing.
     running_pod(&pods, "web-3").await;
     let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
-    pods.patch_status("web-3", &PatchParams::default(), &Patch::Merge(unready))
-        .await
-        .unwrap();
+    pods.patch_status(
+        "web-3",
+        &PatchParams::default(),
+        &Patch::Merge(unready.clone()),
+    )
+    .await
+    .unwrap();
     pods.evict("web-3", &EvictParams::default())
         .await
         .expect("an unready pod is evicted");
@@ -104,6 +110,33 @@ async fn evict_spends_the_budget_once_per_pod_and_refuses_past_it() {
             .disruptions_allowed,
         0
     );
+
+    // When the budget lacks healthy pods, an unready pod is protected too, unless the
+    // budget's unhealthyPodEvictionPolicy is AlwaysAllow.
+    let lacking = json!({"status": {"currentHealthy": 0}});
+    budgets
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(lacking))
+        .await
+        .unwrap();
+    running_pod(&pods, "web-4").await;
+    pods.patch_status(
+        "web-4",
+        &PatchParams::default(),
+        &Patch::Merge(unready.clone()),
+    )
+    .await
+    .unwrap();
+    let status = api_status(pods.evict("web-4", &EvictParams::default()).await);
+    assert_eq!(status.code, 429);
+    let always = json!({"spec": {"unhealthyPodEvictionPolicy": "AlwaysAllow"}});
+    budgets
+        .patch("web", &PatchParams::default(), &Patch::Merge(always))
+        .await
+        .unwrap();
+    pods.evict("web-4", &EvictParams::default())
+        .await
+        .expect("AlwaysAllow lets an unready pod go");
+    assert!(pods.get_opt("web-4").await.unwrap().is_none());
 
     // A dry run is allowed but spends nothing and deletes nothing.
     allow(&budgets, 1).await;
