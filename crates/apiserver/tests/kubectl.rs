@@ -1320,6 +1320,19 @@ async fn batch_stateful_and_storage_kinds_as_kubectl_shows_them() {
         ["agent", "0", "0", "0", "0", "0", "kubernetes.io/os=linux"]
     );
 
+    // kubectl's describers read each kind (and the pods, claims and events around it).
+    for (what, line) in [
+        ("job/once", "Pods Statuses:"),
+        ("cronjob/tick", "Schedule:"),
+        ("statefulset/db", "Volume Claims:"),
+        ("daemonset/agent", "Desired Number of Nodes Scheduled: 0"),
+        ("pvc/data", "StorageClass:"),
+        ("storageclass/fast", "IsDefaultClass:"),
+    ] {
+        let out = c.ok(&["describe", what]).await;
+        assert!(out.contains(line), "describe {what} lacks {line:?}:\n{out}");
+    }
+
     // `get all` is the `all` category: workloads, not claims.
     let all = c.ok(&["get", "all", "-o", "name"]).await;
     for name in [
@@ -1436,6 +1449,23 @@ async fn evictions_honour_pod_disruption_budgets() {
     ])
     .await;
     set_budget(&c, 0).await;
+    let described = c.ok(&["describe", "pdb", "web"]).await;
+    assert!(described.contains("Allowed disruptions:  0"), "{described}");
+    let (header, row) = table(&c.ok(&["get", "pdb"]).await, "web");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "MIN",
+            "AVAILABLE",
+            "MAX",
+            "UNAVAILABLE",
+            "ALLOWED",
+            "DISRUPTIONS",
+            "AGE"
+        ]
+    );
+    assert_eq!(words(&row)[..4], ["web", "1", "N/A", "0"]);
 
     const REFUSED: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
 
