@@ -222,6 +222,9 @@ fn builtin(res: &ResourceInfo, obj: &mut Value, old: Option<&Value>) {
             default(spec, "suspend", json!(false));
             default(spec, "successfulJobsHistoryLimit", json!(3));
             default(spec, "failedJobsHistoryLimit", json!(1));
+            if obj["spec"]["jobTemplate"]["spec"].is_object() {
+                failure_policy_defaults(&mut obj["spec"]["jobTemplate"]["spec"]);
+            }
             let template = &mut obj["spec"]["jobTemplate"]["spec"]["template"]["spec"];
             if template.is_object() {
                 pod_spec(template);
@@ -303,7 +306,15 @@ fn job(obj: &mut Value, create: bool) {
         spec.insert("completions".into(), json!(1));
     }
     default(spec, "parallelism", json!(1));
-    default(spec, "backoffLimit", json!(6));
+    // With a backoff limit per index, the job-wide one stops counting.
+    let per_index = spec
+        .get("backoffLimitPerIndex")
+        .is_some_and(|b| !b.is_null());
+    default(
+        spec,
+        "backoffLimit",
+        json!(if per_index { i32::MAX } else { 6 }),
+    );
     default(spec, "completionMode", json!("NonIndexed"));
     default(spec, "suspend", json!(false));
     default(spec, "manualSelector", json!(false));
@@ -341,7 +352,24 @@ fn job(obj: &mut Value, create: bool) {
     {
         object_at(obj, "metadata").insert("labels".into(), template_labels);
     }
+    failure_policy_defaults(&mut obj["spec"]);
     pod_template(obj);
+}
+
+/// `SetDefaults_PodFailurePolicyOnPodConditionsPattern`: a pod condition pattern without a
+/// status matches the condition being True (in Jobs and CronJobs' job templates).
+fn failure_policy_defaults(job_spec: &mut Value) {
+    for rule in job_spec["podFailurePolicy"]["rules"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        for pattern in rule["onPodConditions"].as_array_mut().into_iter().flatten() {
+            if let Some(pattern) = pattern.as_object_mut() {
+                default(pattern, "status", json!("True"));
+            }
+        }
+    }
 }
 
 /// Labels kube's job strategy puts on a job's pod template.
@@ -559,6 +587,18 @@ mod tests {
                 true,
                 json!({"metadata": {"labels": {"team": "a"}},
                     "spec": {"parallelism": 5, "completions": null, "podReplacementPolicy": "Failed"}}),
+            ),
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "i", "uid": "u4"},
+                    "spec": {"completions": 3, "completionMode": "Indexed", "backoffLimitPerIndex": 1,
+                             "podFailurePolicy": {"rules": [{"action": "Ignore",
+                                 "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                             "template": template}}),
+                true,
+                json!({"spec": {"backoffLimit": i32::MAX, "parallelism": 1,
+                    "podFailurePolicy": {"rules": [{"onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}}}),
             ),
             // A manual selector is the user's: nothing generated.
             (
