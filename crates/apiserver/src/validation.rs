@@ -192,7 +192,8 @@ fn builtin(res: &ResourceInfo, old: Option<&Value>, obj: &Value) -> Vec<Cause> {
         ("", "PersistentVolumeClaim") => {
             causes.extend(claim_spec("spec", &obj["spec"]));
             if let Some(old) = old {
-                causes.extend(claim_update(&old["spec"], &obj["spec"]));
+                let bound = obj["status"]["phase"] == "Bound";
+                causes.extend(claim_update(&old["spec"], &obj["spec"], bound));
             }
         }
         ("policy", "PodDisruptionBudget") => causes.extend(disruption_budget(&obj["spec"])),
@@ -861,10 +862,10 @@ fn claim_spec(path: &str, spec: &Value) -> Vec<Cause> {
     causes
 }
 
-/// `ValidatePersistentVolumeClaimUpdate`: a claim's spec is fixed but for a larger storage
-/// request (of a bound claim, as kube checks it), its volume name set once, and its
-/// attributes class.
-fn claim_update(old: &Value, new: &Value) -> Vec<Cause> {
+/// `ValidatePersistentVolumeClaimUpdate`: a claim's spec is fixed, but for its volume name
+/// (set once, by the binder), its attributes class, and the storage it requests once it is
+/// bound (to grow the volume; never below what it asked before).
+fn claim_update(old: &Value, new: &Value, bound: bool) -> Vec<Cause> {
     let mut causes = Vec::new();
     let storage = |spec: &Value| {
         quantity_text(&spec["resources"]["requests"]["storage"])
@@ -880,22 +881,21 @@ fn claim_update(old: &Value, new: &Value) -> Vec<Cause> {
             "spec.resources.requests.storage: Forbidden: field can not be less than status.capacity".into(),
         ));
     }
-    let comparable = |spec: &Value, keep_volume: bool| {
+    let volume_set_once = old["volumeName"].as_str().unwrap_or("").is_empty();
+    let comparable = |spec: &Value| {
         let mut s = spec.clone();
         if let Some(m) = s.as_object_mut() {
             m.remove("volumeAttributesClassName");
-            if let Some(r) = m.get_mut("resources").and_then(Value::as_object_mut) {
-                r.remove("requests");
-            }
-            if !keep_volume {
+            if volume_set_once {
                 m.remove("volumeName");
             }
         }
+        if bound && let Some(r) = s["resources"]["requests"].as_object_mut() {
+            r.remove("storage");
+        }
         s
     };
-    // volumeName may go from unset to set (the binder does that), never change after.
-    let volume_set_once = old["volumeName"].as_str().unwrap_or("").is_empty();
-    if comparable(old, !volume_set_once) != comparable(new, !volume_set_once) {
+    if comparable(old) != comparable(new) {
         causes.push(cause("spec", "FieldValueForbidden",
             "spec: Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims".into()));
     }
@@ -999,6 +999,11 @@ mod tests {
                            "resources": {"requests": {"storage": "1Gi"}}});
         merge(&mut s, spec);
         json!({"metadata": {"name": "data"}, "spec": s})
+    }
+
+    fn bound(mut claim: Value) -> Value {
+        claim["status"] = json!({"phase": "Bound"});
+        claim
     }
 
     fn pdb(spec: Value) -> Value {
@@ -1175,6 +1180,15 @@ mod tests {
                 "PersistentVolumeClaim",
                 Some(claim(json!({}))),
                 claim(json!({"resources": {"requests": {"storage": "2Gi"}}})),
+                &["spec: Forbidden: spec is immutable after creation"],
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(bound(claim(json!({"volumeName": "pv-1"})))),
+                bound(claim(
+                    json!({"volumeName": "pv-1", "resources": {"requests": {"storage": "2Gi"}}}),
+                )),
                 none,
             ),
             (
@@ -1201,10 +1215,10 @@ mod tests {
             (
                 "",
                 "PersistentVolumeClaim",
-                Some(claim(
+                Some(bound(claim(
                     json!({"resources": {"requests": {"storage": "2Gi"}}}),
-                )),
-                claim(json!({})),
+                ))),
+                bound(claim(json!({}))),
                 &[
                     "spec.resources.requests.storage: Forbidden: field can not be less than status.capacity",
                 ],

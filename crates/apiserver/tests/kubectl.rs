@@ -1264,14 +1264,38 @@ async fn batch_stateful_and_storage_kinds_as_kubectl_shows_them() {
             "false"
         ]
     );
-    // A claim may grow, but not change its access modes.
+    // A claim is fixed until bound (the binder sets its volume once), then may grow, but
+    // never change its access modes.
+    let grow = r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#;
+    refused(
+        &c,
+        &["patch", "pvc", "data", "-p", grow],
+        None,
+        "spec: Forbidden: spec is immutable after creation",
+    )
+    .await;
     c.ok(&[
         "patch",
         "pvc",
         "data",
         "-p",
-        r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#,
+        r#"{"spec":{"volumeName":"pv-1"}}"#,
     ])
+    .await;
+    patch_status(&c, "pvc", "data", r#"{"status":{"phase":"Bound"}}"#).await;
+    c.ok(&["patch", "pvc", "data", "-p", grow]).await;
+    refused(
+        &c,
+        &[
+            "patch",
+            "pvc",
+            "data",
+            "-p",
+            r#"{"spec":{"volumeName":"pv-2"}}"#,
+        ],
+        None,
+        "spec: Forbidden: spec is immutable after creation",
+    )
     .await;
     refused(
         &c,
