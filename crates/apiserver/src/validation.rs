@@ -882,12 +882,18 @@ fn claim_update(old: &Value, new: &Value, bound: bool) -> Vec<Cause> {
         ));
     }
     let volume_set_once = old["volumeName"].as_str().unwrap_or("").is_empty();
+    // An unbound claim without a class may be given the default one later (the volume
+    // controller's retroactive default storage class).
+    let class_set_once = volume_set_once && old["storageClassName"].is_null();
     let comparable = |spec: &Value| {
         let mut s = spec.clone();
         if let Some(m) = s.as_object_mut() {
             m.remove("volumeAttributesClassName");
             if volume_set_once {
                 m.remove("volumeName");
+            }
+            if class_set_once {
+                m.remove("storageClassName");
             }
         }
         if bound && let Some(r) = s["resources"]["requests"].as_object_mut() {
@@ -1197,6 +1203,20 @@ mod tests {
                 Some(claim(json!({}))),
                 claim(json!({"volumeName": "pv-1"})),
                 none,
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(json!({}))),
+                claim(json!({"storageClassName": "standard"})),
+                none,
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                Some(claim(json!({"storageClassName": "standard"}))),
+                claim(json!({"storageClassName": "fast"})),
+                &["spec: Forbidden: spec is immutable after creation"],
             ),
             (
                 "",
