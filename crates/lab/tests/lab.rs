@@ -12,3 +12,6 @@ mod scheduling;
 
 #[path = "lab/pods.rs"]
 mod pods;
+
+#[path = "lab/statefulsets.rs"]
+mod statefulsets;

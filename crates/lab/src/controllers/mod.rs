@@ -1,5 +1,6 @@
 //! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
-//! Deployment, EndpointSlice/Endpoints, the kube-apiserver-client CSR signer and the
+//! Deployment, StatefulSet, EndpointSlice/Endpoints, the persistent volume binder (with the
+//! lab's provisioner of hollow volumes), the kube-apiserver-client CSR signer and the
 //! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.
@@ -7,8 +8,11 @@
 pub mod csr;
 pub mod deployment;
 pub mod endpoints;
+pub mod history;
 pub mod replicaset;
 pub mod serviceaccount;
+pub mod statefulset;
+pub mod volume;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -30,6 +34,8 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
         () = replicaset::run(client.clone()) => anyhow::bail!("replicaset controller stopped"),
         () = deployment::run(client.clone()) => anyhow::bail!("deployment controller stopped"),
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
+        () = statefulset::run(client.clone()) => anyhow::bail!("statefulset controller stopped"),
+        () = volume::run(client.clone()) => anyhow::bail!("persistentvolume controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
     }
