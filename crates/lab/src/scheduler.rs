@@ -2143,6 +2143,184 @@ mod tests {
         ]);
     }
 
+    fn claim_volume(mut pod: PodFixture, claim: &str) -> PodFixture {
+        pod.0["spec"]["volumes"] =
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+        pod
+    }
+
+    /// Storage objects for the volume cases: classes `standard` (lab provisioner, waits for
+    /// the first consumer), `fast` (Immediate) and `local` (no provisioner, waits), and claims
+    /// and volumes as each case lists them.
+    fn storage(snap: &mut Snapshot, objects: &[Value]) {
+        let vols = snap.volumes_mut();
+        for (name, provisioner, mode) in [
+            ("standard", "lab.tandem.dev/hollow", "WaitForFirstConsumer"),
+            ("fast", "lab.tandem.dev/hollow", "Immediate"),
+            (
+                "local",
+                "kubernetes.io/no-provisioner",
+                "WaitForFirstConsumer",
+            ),
+        ] {
+            vols.apply_class(
+                serde_json::from_value(json!({"metadata": {"name": name},
+                "provisioner": provisioner, "volumeBindingMode": mode}))
+                .unwrap(),
+            );
+        }
+        for o in objects {
+            if o["kind"] == "PersistentVolume" {
+                vols.apply_volume(serde_json::from_value(o.clone()).unwrap());
+            } else {
+                vols.apply_claim(serde_json::from_value(o.clone()).unwrap());
+            }
+        }
+    }
+
+    fn pvc(name: &str, class: &str, volume: Option<&str>) -> Value {
+        json!({"kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+               "spec": {"storageClassName": class, "volumeName": volume,
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Gi"}}}})
+    }
+
+    fn pv(name: &str, class: &str, host: &str) -> Value {
+        json!({"kind": "PersistentVolume", "metadata": {"name": name},
+               "spec": {"storageClassName": class, "capacity": {"storage": "5Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": [host]}]}]}}},
+               "status": {"phase": "Available"}})
+    }
+
+    #[test]
+    fn volume_binding_filters_nodes_by_claims_and_explains_refusals() {
+        let unresolvable = |reason: &str| {
+            format!(
+                "0/3 nodes are available: {reason}. preemption: 0/3 nodes are available: \
+                 3 Preemption is not helpful for scheduling."
+            )
+        };
+        let mut deleting = pvc("data", "standard", Some("pv-1"));
+        deleting["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        let cases: Vec<(&str, Vec<Value>, Result<&str, String>, Vec<&str>)> = vec![
+            (
+                "a missing claim",
+                vec![],
+                Err(unresolvable("persistentvolumeclaim \"data\" not found")),
+                vec![],
+            ),
+            (
+                "an unbound Immediate claim waits for the volume controller",
+                vec![pvc("data", "fast", None)],
+                Err(unresolvable(
+                    "pod has unbound immediate PersistentVolumeClaims",
+                )),
+                vec![],
+            ),
+            (
+                "a claim being deleted",
+                vec![deleting],
+                Err(unresolvable(
+                    "persistentvolumeclaim \"data\" is being deleted",
+                )),
+                vec![],
+            ),
+            (
+                "a bound volume pins the pod to its node (data gravity)",
+                vec![
+                    pvc("data", "standard", Some("pv-1")),
+                    pv("pv-1", "standard", "b"),
+                ],
+                Ok("b"),
+                vec![],
+            ),
+            (
+                "a bound volume on no node the cluster has",
+                vec![
+                    pvc("data", "standard", Some("pv-1")),
+                    pv("pv-1", "standard", "gone"),
+                ],
+                Err(
+                    "0/3 nodes are available: 3 node(s) had volume node affinity conflict. \
+                     preemption: 0/3 nodes are available: 3 Preemption is not helpful for \
+                     scheduling."
+                        .to_string(),
+                ),
+                vec![],
+            ),
+            (
+                "a claim bound to a volume not yet seen",
+                vec![pvc("data", "standard", Some("pv-1"))],
+                Err(
+                    "0/3 nodes are available: 3 node(s) unavailable due to one or more pvc(s) \
+                     bound to non-existent pv(s). preemption: 0/3 nodes are available: 3 \
+                     Preemption is not helpful for scheduling."
+                        .to_string(),
+                ),
+                vec![],
+            ),
+            (
+                "WaitForFirstConsumer with a provisioner: any node, and the claim is selected",
+                vec![pvc("data", "standard", None)],
+                Ok("a"),
+                vec!["data"],
+            ),
+            (
+                "WaitForFirstConsumer without one: only where a matching volume is",
+                vec![
+                    pvc("data", "local", None),
+                    pv("pv-c", "local", "c"),
+                    pv("pv-x", "standard", "a"),
+                ],
+                Ok("c"),
+                vec!["data"],
+            ),
+            (
+                "...and nowhere without one",
+                vec![pvc("data", "local", None)],
+                Err(
+                    "0/3 nodes are available: 3 node(s) didn't find available persistent \
+                     volumes to bind. preemption: 0/3 nodes are available: 3 Preemption is not \
+                     helpful for scheduling."
+                        .to_string(),
+                ),
+                vec![],
+            ),
+        ];
+        for (what, objects, want, select) in cases {
+            let mut snap = snapshot(nodes(&["a", "b", "c"]), vec![]);
+            storage(&mut snap, &objects);
+            let pod = claim_volume(PodFixture::new("db-0"), "data").info();
+            let got = decide(&snap, &pod).map_err(|e| e.to_string());
+            assert_eq!(got, want.map(str::to_string), "{what}");
+            if got.is_ok() {
+                assert_eq!(snap.claims_to_select(&pod), select, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn pods_without_claims_never_look_at_volumes() {
+        // No claim, no class, not even the storage caches: the pod schedules as before.
+        let snap = snapshot(nodes(&["a"]), vec![]);
+        let pod = PodFixture::new("web").info();
+        assert!(pod.claims.is_empty());
+        assert_eq!(decide(&snap, &pod), Ok("a".to_string()));
+        let mut q = synced_queue(nodes(&["a"]));
+        q.on_pod(pod_event(PodFixture::new("web")));
+        assert!(
+            matches!(q.step(), Some(Step::Bind { claims, .. }) if claims.is_empty()),
+            "bound although the storage watches have not listed yet"
+        );
+        // A pod with a claim waits for them.
+        q.on_pod(pod_event(claim_volume(PodFixture::new("db"), "data")));
+        assert!(matches!(q.step(), Some(Step::Skip)));
+        assert!(q.unschedulable.contains("db"));
+    }
+
     #[test]
     fn replicas_spread_across_nodes() {
         let mut snap = snapshot(nodes(&["a", "b", "c"]), vec![]);

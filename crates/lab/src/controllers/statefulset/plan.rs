@@ -554,3 +554,573 @@ fn complete_rolling_update(spec: &StatefulSetSpec, status: &mut StatefulSetStatu
         status.current_revision = status.update_revision.clone();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::{Value, json};
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    /// A StatefulSet `db` under construction.
+    struct SetFixture(Value);
+
+    impl SetFixture {
+        fn new(replicas: i32) -> Self {
+            SetFixture(json!({
+                "metadata": {"name": "db", "namespace": "ns", "uid": "set-uid", "generation": 2},
+                "spec": {
+                    "replicas": replicas,
+                    "serviceName": "db",
+                    "selector": {"matchLabels": {"app": "db"}},
+                    "podManagementPolicy": "OrderedReady",
+                    "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                    "template": {"metadata": {"labels": {"app": "db"}},
+                                 "spec": {"containers": [{"name": "db", "image": "pg"}]}},
+                },
+            }))
+        }
+        fn parallel(mut self) -> Self {
+            self.0["spec"]["podManagementPolicy"] = json!("Parallel");
+            self
+        }
+        fn partition(mut self, p: i32) -> Self {
+            self.0["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(p);
+            self
+        }
+        fn on_delete(mut self) -> Self {
+            self.0["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+            self
+        }
+        fn start(mut self, start: i32) -> Self {
+            self.0["spec"]["ordinals"] = json!({"start": start});
+            self
+        }
+        fn claims(mut self) -> Self {
+            self.0["spec"]["volumeClaimTemplates"] = json!([{"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "standard",
+                         "resources": {"requests": {"storage": "1Gi"}}}}]);
+            self
+        }
+        fn retention(mut self, when_deleted: &str, when_scaled: &str) -> Self {
+            self.0["spec"]["persistentVolumeClaimRetentionPolicy"] =
+                json!({"whenDeleted": when_deleted, "whenScaled": when_scaled});
+            self
+        }
+        fn build(self) -> StatefulSet {
+            serde_json::from_value(self.0).expect("valid set fixture")
+        }
+    }
+
+    /// A pod `db-<ordinal>` at a revision: `PodFixture::new(0, "r1").ready()`.
+    struct PodFixture(Pod);
+
+    impl PodFixture {
+        fn new(ordinal: i32, revision: &str) -> Self {
+            let mut pod = new_pod(
+                &SetFixture::new(1).build(),
+                Revision {
+                    name: revision,
+                    template: &PodTemplateSpec::default(),
+                },
+                ordinal,
+            );
+            pod.metadata.uid = Some(format!("pod-{ordinal}"));
+            pod.status = Some(PodStatus {
+                phase: Some("Pending".into()),
+                ..Default::default()
+            });
+            PodFixture(pod)
+        }
+        fn running(mut self) -> Self {
+            self.0.status.as_mut().unwrap().phase = Some("Running".into());
+            self
+        }
+        fn ready(mut self) -> Self {
+            self = self.running();
+            self.0.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                last_transition_time: Some(Time(at(0))),
+                ..Default::default()
+            }]);
+            self
+        }
+        fn phase(mut self, phase: &str) -> Self {
+            self.0.status.as_mut().unwrap().phase = Some(phase.into());
+            self
+        }
+        fn terminating(mut self) -> Self {
+            self.0.metadata.deletion_timestamp = Some(Time(at(5)));
+            self
+        }
+    }
+
+    fn claim(name: &str, deleting: bool, owners: Value) -> (String, PersistentVolumeClaim) {
+        let mut c: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "ownerReferences": owners},
+            "spec": {},
+        }))
+        .unwrap();
+        if deleting {
+            c.metadata.deletion_timestamp = Some(Time(at(5)));
+        }
+        (name.to_string(), c)
+    }
+
+    /// Steps as short words: `claim data-db-0`, `create db-0@r2`, `delete db-2`,
+    /// `owners data-db-2=Pod/db-2`.
+    fn words(steps: &[Step]) -> Vec<String> {
+        steps
+            .iter()
+            .map(|s| match s {
+                Step::CreateClaim(c) => format!(
+                    "claim {}={}",
+                    c.metadata.name.as_deref().unwrap(),
+                    owners_of(c.metadata.owner_references.as_deref().unwrap_or(&[]))
+                ),
+                Step::CreatePod(p) => format!(
+                    "create {}@{}",
+                    p.metadata.name.as_deref().unwrap(),
+                    p.metadata.labels.as_ref().unwrap()[POD_REVISION_LABEL]
+                ),
+                Step::DeletePod(n) => format!("delete {n}"),
+                Step::SetClaimOwners { claim, owners } => {
+                    format!("owners {claim}={}", owners_of(owners))
+                }
+            })
+            .collect()
+    }
+
+    fn owners_of(owners: &[OwnerReference]) -> String {
+        owners
+            .iter()
+            .map(|o| format!("{}/{}", o.kind, o.name))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn decide(
+        set: &StatefulSet,
+        pods: Vec<PodFixture>,
+        claims: Vec<(String, PersistentVolumeClaim)>,
+    ) -> Plan {
+        let pods: Vec<Pod> = pods.into_iter().map(|p| p.0).collect();
+        let claims: BTreeMap<String, PersistentVolumeClaim> = claims.into_iter().collect();
+        let template = PodTemplateSpec::default();
+        plan(&Observed {
+            set,
+            pods: &pods,
+            claims: &claims,
+            current: Revision {
+                name: "r1",
+                template: &template,
+            },
+            update: Revision {
+                name: "r2",
+                template: &template,
+            },
+            collision_count: 0,
+            now: at(100),
+        })
+    }
+
+    #[test]
+    fn pods_are_created_scaled_and_updated_in_upstream_order() {
+        type Case = (
+            &'static str,
+            SetFixture,
+            Vec<PodFixture>,
+            Vec<(String, PersistentVolumeClaim)>,
+            Vec<&'static str>,
+        );
+        let p = PodFixture::new;
+        let cases: Vec<Case> = vec![
+            (
+                "OrderedReady creates the first pod only",
+                SetFixture::new(3),
+                vec![],
+                vec![],
+                vec!["create db-0@r2"],
+            ),
+            (
+                "the next waits for its predecessor to be Ready",
+                SetFixture::new(3),
+                vec![p(0, "r2").running()],
+                vec![],
+                vec![],
+            ),
+            (
+                "...and comes once it is",
+                SetFixture::new(3),
+                vec![p(0, "r2").ready()],
+                vec![],
+                vec!["create db-1@r2"],
+            ),
+            (
+                "a gap is filled in order",
+                SetFixture::new(3),
+                vec![p(0, "r2").ready(), p(2, "r2").ready()],
+                vec![],
+                vec!["create db-1@r2"],
+            ),
+            (
+                "Parallel creates every pod at once",
+                SetFixture::new(3).parallel(),
+                vec![],
+                vec![],
+                vec!["create db-0@r2", "create db-1@r2", "create db-2@r2"],
+            ),
+            (
+                "spec.ordinals.start numbers from there",
+                SetFixture::new(2).start(5),
+                vec![],
+                vec![],
+                vec!["create db-5@r2"],
+            ),
+            (
+                "...in order",
+                SetFixture::new(2).start(5),
+                vec![p(5, "r2").ready()],
+                vec![],
+                vec!["create db-6@r2"],
+            ),
+            (
+                "claims come before their pod",
+                SetFixture::new(1).claims(),
+                vec![],
+                vec![],
+                vec!["claim data-db-0=", "create db-0@r2"],
+            ),
+            (
+                "an existing claim is reused",
+                SetFixture::new(1).claims(),
+                vec![],
+                vec![claim("data-db-0", false, json!([]))],
+                vec!["create db-0@r2"],
+            ),
+            (
+                "a claim being deleted holds its pod back",
+                SetFixture::new(1).claims(),
+                vec![],
+                vec![claim("data-db-0", true, json!([]))],
+                vec![],
+            ),
+            (
+                "a pending pod whose claim went gets it back",
+                SetFixture::new(1).claims(),
+                vec![p(0, "r2")],
+                vec![],
+                vec!["claim data-db-0="],
+            ),
+            (
+                "a failed pod is deleted to be recreated",
+                SetFixture::new(2),
+                vec![p(0, "r2").phase("Failed"), p(1, "r2").ready()],
+                vec![],
+                vec!["delete db-0"],
+            ),
+            (
+                "scale down: the highest ordinal first, one at a time",
+                SetFixture::new(1),
+                vec![p(0, "r2").ready(), p(1, "r2").ready(), p(2, "r2").ready()],
+                vec![],
+                vec!["delete db-2"],
+            ),
+            (
+                "scale down waits for the terminating pod",
+                SetFixture::new(1),
+                vec![
+                    p(0, "r2").ready(),
+                    p(1, "r2").ready(),
+                    p(2, "r2").ready().terminating(),
+                ],
+                vec![],
+                vec![],
+            ),
+            (
+                "scale down waits while a pod in range is not Ready",
+                SetFixture::new(1),
+                vec![p(0, "r2").running(), p(1, "r2").ready()],
+                vec![],
+                vec![],
+            ),
+            (
+                "Parallel scales down at once, highest first",
+                SetFixture::new(1).parallel(),
+                vec![p(0, "r2").ready(), p(1, "r2").ready(), p(2, "r2").ready()],
+                vec![],
+                vec!["delete db-2", "delete db-1"],
+            ),
+            (
+                "rolling update: the highest ordinal first",
+                SetFixture::new(3),
+                vec![p(0, "r1").ready(), p(1, "r1").ready(), p(2, "r1").ready()],
+                vec![],
+                vec!["delete db-2"],
+            ),
+            (
+                "...then the next once the updated one is Ready",
+                SetFixture::new(3),
+                vec![p(0, "r1").ready(), p(1, "r1").ready(), p(2, "r2").ready()],
+                vec![],
+                vec!["delete db-1"],
+            ),
+            (
+                "...not while it is not",
+                SetFixture::new(3),
+                vec![p(0, "r1").ready(), p(1, "r1").ready(), p(2, "r2").running()],
+                vec![],
+                vec![],
+            ),
+            (
+                "the partition stops the update",
+                SetFixture::new(3).partition(2),
+                vec![p(0, "r1").ready(), p(1, "r1").ready(), p(2, "r2").ready()],
+                vec![],
+                vec![],
+            ),
+            (
+                "a pod below the partition comes back at the current revision",
+                SetFixture::new(3).partition(2),
+                vec![p(0, "r1").ready(), p(2, "r2").ready()],
+                vec![],
+                vec!["create db-1@r1"],
+            ),
+            (
+                "a pod at or above it at the update revision",
+                SetFixture::new(3).partition(1),
+                vec![p(0, "r1").ready()],
+                vec![],
+                vec!["create db-1@r2"],
+            ),
+            (
+                "OnDelete leaves old pods alone",
+                SetFixture::new(2).on_delete(),
+                vec![p(0, "r1").ready(), p(1, "r1").ready()],
+                vec![],
+                vec![],
+            ),
+            (
+                "...and recreates deleted ones at the update revision",
+                SetFixture::new(2).on_delete(),
+                vec![p(0, "r1").ready()],
+                vec![],
+                vec!["create db-1@r2"],
+            ),
+        ];
+        for (what, set, pods, claims, want) in cases {
+            let got = decide(&set.build(), pods, claims);
+            assert_eq!(words(&got.steps), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn claim_owners_implement_the_retention_policy() {
+        let set_ref = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                              "uid": "set-uid", "controller": true}]);
+        let pod_ref = json!([{"apiVersion": "v1", "kind": "Pod", "name": "db-1",
+                              "uid": "pod-1", "controller": true}]);
+        let stale = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                            "uid": "old-set", "controller": true}]);
+        let ready = |n| PodFixture::new(n, "r2").ready();
+        type Case = (
+            &'static str,
+            SetFixture,
+            Vec<(String, PersistentVolumeClaim)>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "Retain/Retain: new claims have no owner",
+                SetFixture::new(3).claims().retention("Retain", "Retain"),
+                vec![
+                    claim("data-db-0", false, json!([])),
+                    claim("data-db-1", false, json!([])),
+                ],
+                vec!["claim data-db-2=", "create db-2@r2"],
+            ),
+            (
+                "whenDeleted Delete: new claims are owned by the set",
+                SetFixture::new(3).claims().retention("Delete", "Retain"),
+                vec![
+                    claim("data-db-0", false, set_ref.clone()),
+                    claim("data-db-1", false, set_ref.clone()),
+                ],
+                vec!["claim data-db-2=StatefulSet/db", "create db-2@r2"],
+            ),
+            (
+                "Retain/Retain: owners are removed",
+                SetFixture::new(2).claims().retention("Retain", "Retain"),
+                vec![
+                    claim("data-db-0", false, json!([])),
+                    claim("data-db-1", false, set_ref.clone()),
+                ],
+                vec!["owners data-db-1="],
+            ),
+            (
+                "whenDeleted Delete: claims are owned by the set",
+                SetFixture::new(2).claims().retention("Delete", "Retain"),
+                vec![
+                    claim("data-db-0", false, set_ref.clone()),
+                    claim("data-db-1", false, json!([])),
+                ],
+                vec!["owners data-db-1=StatefulSet/db"],
+            ),
+            (
+                "whenScaled Delete: a scaled-away pod owns its claim before it goes",
+                SetFixture::new(1).claims().retention("Retain", "Delete"),
+                vec![
+                    claim("data-db-0", false, json!([])),
+                    claim("data-db-1", false, json!([])),
+                ],
+                vec!["owners data-db-1=Pod/db-1", "delete db-1"],
+            ),
+            (
+                "Delete/Delete: the set gives way to the pod on scale-down",
+                SetFixture::new(1).claims().retention("Delete", "Delete"),
+                vec![
+                    claim("data-db-0", false, set_ref.clone()),
+                    claim("data-db-1", false, set_ref.clone()),
+                ],
+                vec!["owners data-db-1=Pod/db-1", "delete db-1"],
+            ),
+            (
+                "a claim already owned by the scaled-away pod is left as is",
+                SetFixture::new(1).claims().retention("Retain", "Delete"),
+                vec![
+                    claim("data-db-0", false, json!([])),
+                    claim("data-db-1", false, pod_ref),
+                ],
+                vec!["delete db-1"],
+            ),
+            (
+                "a stale reference to an earlier set is not touched",
+                SetFixture::new(2).claims().retention("Delete", "Retain"),
+                vec![
+                    claim("data-db-0", false, set_ref),
+                    claim("data-db-1", false, stale),
+                ],
+                vec![],
+            ),
+        ];
+        for (what, set, claims, want) in cases {
+            let got = decide(&set.build(), vec![ready(0), ready(1)], claims);
+            assert_eq!(words(&got.steps), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn new_pods_carry_identity_revision_and_claims() {
+        let set = SetFixture::new(3).claims().build();
+        let template: PodTemplateSpec = serde_json::from_value(json!({
+            "metadata": {"labels": {"app": "db"}},
+            "spec": {"containers": [{"name": "db", "image": "pg"}],
+                     "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cfg", "emptyDir": {}}]},
+        }))
+        .unwrap();
+        let pod = new_pod(
+            &set,
+            Revision {
+                name: "db-abc",
+                template: &template,
+            },
+            2,
+        );
+        assert_eq!(pod.metadata.name.as_deref(), Some("db-2"));
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[POD_NAME_LABEL], "db-2");
+        assert_eq!(labels[POD_INDEX_LABEL], "2");
+        assert_eq!(labels[POD_REVISION_LABEL], "db-abc");
+        assert_eq!(labels["app"], "db");
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(
+            (spec.hostname.as_deref(), spec.subdomain.as_deref()),
+            (Some("db-2"), Some("db"))
+        );
+        let volumes: Vec<(String, Option<String>)> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| {
+                (
+                    v.name.clone(),
+                    v.persistent_volume_claim
+                        .as_ref()
+                        .map(|c| c.claim_name.clone()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            volumes,
+            [
+                ("data".to_string(), Some("data-db-2".to_string())),
+                ("cfg".to_string(), None)
+            ],
+            "the claim template replaces a template volume of its name"
+        );
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("StatefulSet", "set-uid", Some(true))
+        );
+        let claims = claims_of(&set, 2);
+        assert_eq!(claims[0].metadata.name.as_deref(), Some("data-db-2"));
+        assert_eq!(
+            claims[0].metadata.labels.as_ref().unwrap()["app"],
+            "db",
+            "selector labels"
+        );
+        assert_eq!(parent_and_ordinal("my-db-12"), Some(("my-db", 12)));
+        assert_eq!(parent_and_ordinal("db-x"), None);
+    }
+
+    #[test]
+    fn status_counts_revisions_and_completes_a_finished_update() {
+        let set = SetFixture::new(3).build();
+        let p = PodFixture::new;
+        let mid = decide(
+            &set,
+            vec![p(0, "r1").ready(), p(1, "r1").ready(), p(2, "r2").running()],
+            vec![],
+        );
+        let s = &mid.status;
+        assert_eq!(
+            (
+                s.replicas,
+                s.ready_replicas,
+                s.available_replicas,
+                s.current_replicas,
+                s.updated_replicas
+            ),
+            (3, Some(2), Some(2), Some(2), Some(1))
+        );
+        assert_eq!(
+            (s.current_revision.as_deref(), s.update_revision.as_deref()),
+            (Some("r1"), Some("r2"))
+        );
+        assert_eq!(s.observed_generation, Some(2));
+        let done = decide(
+            &set,
+            vec![p(0, "r2").ready(), p(1, "r2").ready(), p(2, "r2").ready()],
+            vec![],
+        );
+        assert_eq!(
+            done.status.current_revision.as_deref(),
+            Some("r2"),
+            "the update is complete"
+        );
+        assert_eq!(done.status.current_replicas, Some(3));
+        let terminating = decide(&set, vec![p(0, "r1").ready().terminating()], vec![]);
+        assert_eq!(terminating.status.replicas, 1);
+        assert_eq!(
+            terminating.status.current_replicas,
+            Some(0),
+            "terminating pods count for no revision"
+        );
+    }
+}
