@@ -15,3 +15,5 @@ mod endpoints;
 mod replicasets;
 #[path = "controllers/serviceaccounts.rs"]
 mod serviceaccounts;
+#[path = "controllers/volumes.rs"]
+mod volumes;
