@@ -15,3 +15,6 @@ mod pods;
 
 #[path = "lab/statefulsets.rs"]
 mod statefulsets;
+
+#[path = "lab/volumes.rs"]
+mod volumes;
