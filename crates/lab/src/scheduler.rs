@@ -2205,7 +2205,14 @@ mod tests {
         };
         let mut deleting = pvc("data", "standard", Some("pv-1"));
         deleting["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
-        let cases: Vec<(&str, Vec<Value>, Result<&str, String>, Vec<&str>)> = vec![
+        /// (case, claims and volumes, expected node or message, claims to select)
+        type VolumeCase = (
+            &'static str,
+            Vec<Value>,
+            Result<&'static str, String>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<VolumeCase> = vec![
             (
                 "a missing claim",
                 vec![],

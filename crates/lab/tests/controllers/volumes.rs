@@ -363,7 +363,7 @@ async fn the_lab_provisions_its_own_classes_at_once_and_leaves_other_provisioner
         .collect();
     assert_eq!(
         provisioned,
-        [volume.clone()],
+        std::slice::from_ref(&volume),
         "nothing provisioned for the other provisioner"
     );
 
