@@ -18,7 +18,14 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// A headless Service and a StatefulSet `name` of `replicas` pods, each with a 1Gi claim
 /// `data` of the default class (fields set explicitly, so no defaulting is relied on).
-fn manifest(name: &str, replicas: i32, policy: &str, when_scaled: &str, image: &str) -> String {
+fn manifest(
+    name: &str,
+    replicas: i32,
+    policy: &str,
+    retention: (&str, &str),
+    image: &str,
+) -> String {
+    let (when_deleted, when_scaled) = retention;
     format!(
         r#"
 apiVersion: v1
@@ -38,7 +45,7 @@ spec:
   podManagementPolicy: {policy}
   revisionHistoryLimit: 10
   updateStrategy: {{type: RollingUpdate, rollingUpdate: {{partition: 0}}}}
-  persistentVolumeClaimRetentionPolicy: {{whenDeleted: Retain, whenScaled: {when_scaled}}}
+  persistentVolumeClaimRetentionPolicy: {{whenDeleted: {when_deleted}, whenScaled: {when_scaled}}}
   selector: {{matchLabels: {{app: {name}}}}}
   template:
     metadata: {{labels: {{app: {name}}}}}
@@ -127,7 +134,13 @@ async fn statefulset_starts_in_order_with_claims_on_its_nodes_and_a_deleted_pod_
     kubectl_ok(
         &cluster,
         &["apply", "-f", "-"],
-        Some(&manifest("db", 3, "OrderedReady", "Retain", "postgres:16")),
+        Some(&manifest(
+            "db",
+            3,
+            "OrderedReady",
+            ("Retain", "Retain"),
+            "postgres:16",
+        )),
     )
     .await;
 
@@ -277,17 +290,44 @@ async fn statefulset_starts_in_order_with_claims_on_its_nodes_and_a_deleted_pod_
     assert_eq!(status.observed_generation, set.metadata.generation);
     assert_eq!(status.current_revision, status.update_revision);
     assert_eq!(status.current_replicas, Some(1));
+
+    // kube-controller-manager's events, as `kubectl describe statefulset` shows them.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "default");
+    let notes: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("StatefulSet"))
+        .filter_map(|e| Some(format!("{}: {}", e.reason?, e.note?)))
+        .collect();
+    for want in [
+        "SuccessfulCreate: create Claim data-db-0 Pod db-0 in StatefulSet db success",
+        "SuccessfulCreate: create Pod db-0 in StatefulSet db successful",
+        "SuccessfulCreate: create Pod db-2 in StatefulSet db successful",
+        "SuccessfulDelete: delete Pod db-2 in StatefulSet db successful",
+        "SuccessfulDelete: delete Pod db-1 in StatefulSet db successful",
+    ] {
+        assert!(notes.iter().any(|n| n == want), "{want} in {notes:#?}");
+    }
     cluster.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scaling_down_deletes_claims_and_their_volumes_when_when_scaled_is_delete() {
+async fn claims_and_their_volumes_go_on_scale_down_and_with_the_set_under_a_delete_policy() {
     let cluster = cluster().await;
     let client = cluster.client.clone();
     kubectl_ok(
         &cluster,
         &["apply", "-f", "-"],
-        Some(&manifest("web", 2, "Parallel", "Delete", "nginx:1")),
+        Some(&manifest(
+            "web",
+            2,
+            "Parallel",
+            ("Delete", "Delete"),
+            "nginx:1",
+        )),
     )
     .await;
     let pods = until("web-0 and web-1 Running", WAIT, || {
@@ -329,6 +369,26 @@ async fn scaling_down_deletes_claims_and_their_volumes_when_when_scaled_is_delet
         "the remaining pod's claim stays"
     );
     assert_eq!(pods_of(&client, "web").await.len(), 1);
+
+    // whenDeleted: Delete: the claims go with the set.
+    kubectl_ok(
+        &cluster,
+        &["delete", "statefulset", "web", "--wait=false"],
+        None,
+    )
+    .await;
+    until("data-web-0 deleted with its set", WAIT, || {
+        let claims = claims.clone();
+        async move {
+            claims
+                .get_opt("data-web-0")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
     cluster.shutdown();
 }
 
@@ -339,7 +399,13 @@ async fn a_partitioned_rolling_update_updates_only_ordinals_at_or_above_the_part
     kubectl_ok(
         &cluster,
         &["apply", "-f", "-"],
-        Some(&manifest("kv", 3, "OrderedReady", "Retain", "kv:1")),
+        Some(&manifest(
+            "kv",
+            3,
+            "OrderedReady",
+            ("Retain", "Retain"),
+            "kv:1",
+        )),
     )
     .await;
     let sets = Api::<StatefulSet>::namespaced(client.clone(), "default");
