@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as KubeQuantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -143,10 +144,45 @@ fn annotations(
     meta.annotations.clone().unwrap_or_default()
 }
 
-fn has_finalizer(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    f: &str,
-) -> bool {
+/// Adds (`keep`) or removes `finalizer` on an object (a compare-and-swap on its
+/// resourceVersion, so a concurrent change is looked at again); an object already gone is fine.
+async fn set_finalizer<K>(
+    api: &Api<K>,
+    meta: &ObjectMeta,
+    finalizer: &str,
+    keep: bool,
+    object: &str,
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut finalizers: Vec<String> = meta
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    if keep {
+        finalizers.push(finalizer.to_string());
+    }
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": meta.resource_version,
+    }});
+    let step = if keep { "adding" } else { "removing" };
+    api.patch(
+        meta.name.as_deref().unwrap_or(""),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .map(|_| ())
+    .or_else(|e| if is_not_found(&e) { Ok(()) } else { Err(e) })
+    .step(object, format!("{step} the {finalizer} finalizer"))
+}
+
+fn has_finalizer(meta: &ObjectMeta, f: &str) -> bool {
     meta.finalizers.iter().flatten().any(|x| x == f)
 }
 
@@ -270,42 +306,11 @@ async fn sync_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
         if in_use {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
-        let rest: Vec<&String> = claim
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .filter(|f| *f != PVC_PROTECTION)
-            .collect();
-        claims
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {
-                    "finalizers": rest,
-                    "resourceVersion": claim.metadata.resource_version,
-                }})),
-            )
-            .await
-            .map(|_| ())
-            .or_else(|e| if is_not_found(&e) { Ok(()) } else { Err(e) })
-            .step(&object, "removing the pvc-protection finalizer")?;
+        set_finalizer(&claims, &claim.metadata, PVC_PROTECTION, false, &object).await?;
         return Ok(Action::await_change());
     }
     if !has_finalizer(&claim.metadata, PVC_PROTECTION) {
-        let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
-        finalizers.push(PVC_PROTECTION.into());
-        claims
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {
-                    "finalizers": finalizers,
-                    "resourceVersion": claim.metadata.resource_version,
-                }})),
-            )
-            .await
-            .step(&object, "adding the pvc-protection finalizer")?;
+        set_finalizer(&claims, &claim.metadata, PVC_PROTECTION, true, &object).await?;
         // The patch triggers the next pass.
         return Ok(Action::await_change());
     }
@@ -619,44 +624,13 @@ async fn sync_volume(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Act
         .unwrap_or("");
     if pv.metadata.deletion_timestamp.is_some() {
         if has_finalizer(&pv.metadata, PV_PROTECTION) && phase != "Bound" {
-            let rest: Vec<&String> = pv
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .filter(|f| *f != PV_PROTECTION)
-                .collect();
-            volumes
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {
-                        "finalizers": rest,
-                        "resourceVersion": pv.metadata.resource_version,
-                    }})),
-                )
-                .await
-                .map(|_| ())
-                .or_else(|e| if is_not_found(&e) { Ok(()) } else { Err(e) })
-                .step(&object, "removing the pv-protection finalizer")?;
+            set_finalizer(&volumes, &pv.metadata, PV_PROTECTION, false, &object).await?;
         }
         if phase != "Bound" {
             return Ok(Action::await_change());
         }
     } else if !has_finalizer(&pv.metadata, PV_PROTECTION) {
-        let mut finalizers = pv.metadata.finalizers.clone().unwrap_or_default();
-        finalizers.push(PV_PROTECTION.into());
-        volumes
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {
-                    "finalizers": finalizers,
-                    "resourceVersion": pv.metadata.resource_version,
-                }})),
-            )
-            .await
-            .step(&object, "adding the pv-protection finalizer")?;
+        set_finalizer(&volumes, &pv.metadata, PV_PROTECTION, true, &object).await?;
         return Ok(Action::await_change());
     }
     let set_phase = |phase: &'static str| {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
@@ -13,6 +13,22 @@ use crate::support::{cluster, create, node_of, pod, running, until};
 async fn a_pod_waits_for_its_claim_then_follows_its_volume_to_its_node() {
     let lab = cluster().await;
     let client = lab.client.clone();
+    // The FailedScheduling message counts the nodes: wait until the scheduler has all three.
+    let nodes = Api::<Node>::all(client.clone());
+    let newest = until("3 nodes registered", Duration::from_secs(20), || {
+        let nodes = nodes.clone();
+        async move {
+            let list = nodes.list(&ListParams::default()).await.ok()?.items;
+            (list.len() == 3).then(|| {
+                list.iter()
+                    .filter_map(|n| n.metadata.resource_version.as_deref()?.parse::<u64>().ok())
+                    .max()
+                    .unwrap_or(0)
+            })
+        }
+    })
+    .await;
+    lab.scheduler_sees_nodes_at(&newest.to_string()).await;
     let volume =
         json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]});
     create(&client, &pod("app", json!({"spec": volume}))).await;

@@ -76,25 +76,19 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, E
     };
     let set_name = set.name_any();
     let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pods: Vec<Pod> = pods_api
+    let listed = pods_api
         .list(&ListParams::default().labels(plan::POD_NAME_LABEL))
         .await
-        .step(&object, "listing pods")?
-        .items
-        .into_iter()
-        .filter(|p| controller_of(&p.metadata).is_some_and(|r| r.uid == uid))
-        .collect();
+        .step(&object, "listing pods")?;
+    let pods = controlled_by(listed.items, &uid);
 
     // Revisions: the set's template now is the update revision; the status names the current.
     let revisions_api = Api::<ControllerRevision>::namespaced(client.clone(), &ns);
-    let mut revisions: Vec<ControllerRevision> = revisions_api
+    let listed = revisions_api
         .list(&ListParams::default())
         .await
-        .step(&object, "listing controllerrevisions")?
-        .items
-        .into_iter()
-        .filter(|r| controller_of(&r.metadata).is_some_and(|o| o.uid == uid))
-        .collect();
+        .step(&object, "listing controllerrevisions")?;
+    let mut revisions = controlled_by(listed.items, &uid);
     history::sort(&mut revisions);
     let old_status = set.status.clone().unwrap_or_default();
     let mut collision_count = old_status.collision_count.unwrap_or(0);
@@ -242,6 +236,14 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, E
         Some(after) => Action::requeue(after + Duration::from_millis(100)),
         None => Action::await_change(),
     })
+}
+
+/// The objects among `items` whose controller has `uid`.
+fn controlled_by<K: kube::Resource>(items: Vec<K>, uid: &str) -> Vec<K> {
+    items
+        .into_iter()
+        .filter(|o| controller_of(o.meta()).is_some_and(|r| r.uid == uid))
+        .collect()
 }
 
 /// Carries out one step, with the event kube-controller-manager records for it.
