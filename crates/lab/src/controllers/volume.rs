@@ -64,7 +64,6 @@ pub async fn ensure_default_class(client: &Client) -> Result<(), kube::Error> {
         "provisioner": LAB_PROVISIONER,
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "WaitForFirstConsumer",
-        "allowVolumeExpansion": true,
     }))
     .expect("the default StorageClass is well-formed");
     match Api::<StorageClass>::all(client.clone())
