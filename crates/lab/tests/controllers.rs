@@ -19,3 +19,7 @@ mod endpoints;
 mod replicasets;
 #[path = "controllers/serviceaccounts.rs"]
 mod serviceaccounts;
+#[path = "controllers/statefulsets.rs"]
+mod statefulsets;
+#[path = "controllers/volumes.rs"]
+mod volumes;

@@ -1,5 +1,7 @@
 //! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
-//! Deployment, DaemonSet, disruption (PodDisruptionBudget status), EndpointSlice/Endpoints, the kube-apiserver-client CSR signer and the
+//! Deployment, DaemonSet, StatefulSet, disruption (PodDisruptionBudget status),
+//! EndpointSlice/Endpoints, the persistent volume binder (with the lab's provisioner of
+//! hollow volumes), the kube-apiserver-client CSR signer and the
 //! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.
@@ -9,8 +11,11 @@ pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
+pub mod history;
 pub mod replicaset;
 pub mod serviceaccount;
+pub mod statefulset;
+pub mod volume;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -34,6 +39,8 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
         () = daemonset::run(client.clone()) => anyhow::bail!("daemonset controller stopped"),
         () = disruption::run(client.clone()) => anyhow::bail!("disruption controller stopped"),
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
+        () = statefulset::run(client.clone()) => anyhow::bail!("statefulset controller stopped"),
+        () = volume::run(client.clone()) => anyhow::bail!("persistentvolume controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
     }
