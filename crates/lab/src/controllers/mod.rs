@@ -4,9 +4,11 @@
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.
 
+pub mod cronjob;
 pub mod csr;
 pub mod deployment;
 pub mod endpoints;
+pub mod job;
 pub mod replicaset;
 pub mod serviceaccount;
 
@@ -30,6 +32,8 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
         () = replicaset::run(client.clone()) => anyhow::bail!("replicaset controller stopped"),
         () = deployment::run(client.clone()) => anyhow::bail!("deployment controller stopped"),
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
+        () = job::run(client.clone()) => anyhow::bail!("job controller stopped"),
+        () = cronjob::run(client.clone()) => anyhow::bail!("cronjob controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
     }
@@ -60,6 +64,21 @@ impl Context {
     /// (one `SuccessfulCreate` each) spent most of its time there. These notes are unique per
     /// object anyway (kube-controller-manager does not aggregate them either).
     pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        self.publish(obj, "Normal", reason, note).await;
+    }
+
+    /// Publishes a Warning event about `obj` (best effort, as [`Context::event`]).
+    pub async fn warning<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        self.publish(obj, "Warning", reason, note).await;
+    }
+
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: &str,
+        reason: &str,
+        note: String,
+    ) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
         let regarding = obj.object_ref(&());
@@ -79,7 +98,7 @@ impl Context {
                 ..Default::default()
             },
             event_time: Some(MicroTime(now)),
-            type_: Some("Normal".into()),
+            type_: Some(type_.into()),
             reason: Some(reason.into()),
             action: Some(reason.into()),
             note: Some(note),
