@@ -11,6 +11,8 @@ mod csr;
 mod deployments;
 #[path = "controllers/endpoints.rs"]
 mod endpoints;
+#[path = "controllers/jobs.rs"]
+mod jobs;
 #[path = "controllers/replicasets.rs"]
 mod replicasets;
 #[path = "controllers/serviceaccounts.rs"]
