@@ -1,1 +1,615 @@
-pub async fn run(_client: kube::Client) { futures::future::pending::<()>().await }
+//! The CronJob controller (upstream's cronjob_controllerv2): creates a Job per scheduled time
+//! (`<cronjob>-<minutes since the epoch>`), honouring startingDeadlineSeconds, the
+//! concurrency policy and suspend, keeps `status.active`/`lastScheduleTime`/
+//! `lastSuccessfulTime`, and prunes finished Jobs beyond the history limits.
+//!
+//! Schedules are standard 5-field cron (and `@hourly`, `@daily`, ...) evaluated by `croner` in
+//! `spec.timeZone` (from the system tz database), or UTC without one. The clock is an argument
+//! of [`plan`] and of [`run_with_clock`], so schedules can be tested without waiting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use jiff::tz::TimeZone;
+use k8s_openapi::api::batch::v1::{CronJob, CronJobStatus, Job};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::job::plan::Note;
+use super::job::{finished_type, is_finished};
+use super::{Context, Error, StepExt, controller_of, drain, is_not_found, key, retry_after_error};
+
+/// Annotation on a CronJob's Job: its scheduled time (RFC 3339, in the CronJob's time zone).
+pub const SCHEDULED_TIMESTAMP: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
+/// How long after a scheduled time the controller looks again (upstream's nextScheduleDelta).
+const NEXT_SCHEDULE_DELTA: Duration = Duration::from_millis(100);
+/// More missed schedules than this are reported as TooManyMissedTimes.
+const MANY_MISSED: i64 = 100;
+
+/// Why a schedule cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// `TZ=` or `CRON_TZ=` in the schedule: kube rejects it in favour of spec.timeZone.
+    #[error("cannot use TZ or CRON_TZ in schedule, use timeZone field instead")]
+    TimeZoneInSchedule,
+    /// spec.timeZone names no zone of the tz database.
+    #[error("invalid timeZone: {zone:?}: {reason}")]
+    UnknownTimeZone {
+        /// The zone as written.
+        zone: String,
+        /// Why it was not found.
+        reason: String,
+    },
+    /// Not a cron expression.
+    #[error("unparseable schedule: {schedule:?} : {reason}")]
+    Unparseable {
+        /// The schedule as written.
+        schedule: String,
+        /// What the parser said.
+        reason: String,
+    },
+}
+
+/// A parsed schedule in its time zone.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: Cron,
+    tz: TimeZone,
+}
+
+impl Schedule {
+    /// Parses `schedule` (5 fields or a `@` macro) for `time_zone` (UTC when None).
+    pub fn parse(schedule: &str, time_zone: Option<&str>) -> Result<Schedule, ScheduleError> {
+        if schedule.contains("TZ") {
+            return Err(ScheduleError::TimeZoneInSchedule);
+        }
+        let tz = match time_zone {
+            None => TimeZone::UTC,
+            Some(zone) => {
+                TimeZone::get(zone).map_err(|e| ScheduleError::UnknownTimeZone {
+                    zone: zone.to_string(),
+                    reason: e.to_string(),
+                })?
+            }
+        };
+        let text = match schedule.trim() {
+            s if s.eq_ignore_ascii_case("@midnight") => "0 0 * * *",
+            s => s,
+        };
+        let unparseable = |reason: String| ScheduleError::Unparseable {
+            schedule: schedule.to_string(),
+            reason,
+        };
+        if !text.starts_with('@') && text.split_whitespace().count() != 5 {
+            return Err(unparseable(format!(
+                "expected exactly 5 fields, found {}",
+                text.split_whitespace().count()
+            )));
+        }
+        let cron = CronParser::builder()
+            .seconds(Seconds::Disallowed)
+            .year(Year::Disallowed)
+            .build()
+            .parse(text)
+            .map_err(|e| unparseable(e.to_string()))?;
+        Ok(Schedule { cron, tz })
+    }
+
+    /// The first scheduled time strictly after `t`.
+    pub fn next(&self, t: Timestamp) -> Option<Timestamp> {
+        self.cron
+            .find_next_occurrence(&t.to_zoned(self.tz.clone()), false)
+            .ok()
+            .map(|z| z.timestamp())
+    }
+}
+
+/// How many schedules were missed since the last one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// None, or only the most recent.
+    None,
+    /// A few.
+    Few,
+    /// More than 100: probably a clock problem.
+    Many,
+}
+
+/// The latest scheduled time in (earliest, now], with how many were missed, as upstream's
+/// mostRecentScheduleTime: `earliest` is the last schedule (or the creation) time, raised to
+/// now − startingDeadlineSeconds when `with_deadline`.
+pub fn most_recent(
+    cj: &CronJob,
+    schedule: &Schedule,
+    now: Timestamp,
+    with_deadline: bool,
+) -> Result<(Timestamp, Option<Timestamp>, Missed), String> {
+    let mut earliest = cj
+        .status
+        .as_ref()
+        .and_then(|s| s.last_schedule_time.as_ref())
+        .or(cj.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0)
+        .unwrap_or(now);
+    if with_deadline
+        && let Some(secs) = cj.spec.as_ref().and_then(|s| s.starting_deadline_seconds)
+    {
+        let deadline = now - SignedDuration::from_secs(secs);
+        if deadline > earliest {
+            earliest = deadline;
+        }
+    }
+    let Some(t1) = schedule.next(earliest) else {
+        return Ok((earliest, None, Missed::None));
+    };
+    if now < t1 {
+        return Ok((earliest, None, Missed::None));
+    }
+    let Some(t2) = schedule.next(t1) else {
+        return Ok((earliest, Some(t1), Missed::None));
+    };
+    if now < t2 {
+        return Ok((earliest, Some(t1), Missed::None));
+    }
+    let between = t2.duration_since(t1).as_secs();
+    if between < 1 {
+        return Err("time difference between two schedules is less than 1 second".into());
+    }
+    let missed = now.duration_since(t1).as_secs() / between + 1;
+    // Jump close to now, then let the schedule find the exact latest time (schedules are not
+    // always evenly spaced, e.g. `30 6-16/4 * * 1-5`).
+    let mut t = t1 + SignedDuration::from_secs((missed - 2).max(0) * between);
+    let mut latest = None;
+    while let Some(next) = schedule.next(t).filter(|n| *n <= now) {
+        latest = Some(next);
+        t = next;
+    }
+    let kind = if missed > MANY_MISSED {
+        Missed::Many
+    } else {
+        Missed::Few
+    };
+    Ok((earliest, latest, kind))
+}
+
+/// How long until the controller should look at `cj` again (upstream's
+/// nextScheduleTimeDuration).
+pub fn next_wait(cj: &CronJob, schedule: &Schedule, now: Timestamp) -> Duration {
+    let base = match most_recent(cj, schedule, now, false) {
+        Err(_) => now,
+        Ok((_, Some(t), _)) => t,
+        Ok((earliest, None, Missed::None)) => earliest,
+        Ok((_, None, _)) => now,
+    };
+    let next = schedule.next(base).unwrap_or(now + SignedDuration::from_secs(3600));
+    Duration::try_from(next.duration_since(now)).unwrap_or_default() + NEXT_SCHEDULE_DELTA
+}
+
+/// The name of the Job for a scheduled time: `<cronjob>-<minutes since the epoch>`.
+pub fn job_name(cj: &CronJob, scheduled: Timestamp) -> String {
+    format!("{}-{}", cj.name_any(), scheduled.as_second().div_euclid(60))
+}
+
+/// RFC 3339 as Go writes it: `Z` for a zero offset.
+fn rfc3339(t: Timestamp, tz: &TimeZone) -> String {
+    let zoned = t.to_zoned(tz.clone());
+    if zoned.offset().seconds() == 0 {
+        zoned.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    } else {
+        zoned.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
+    }
+}
+
+/// The Job a CronJob creates for `scheduled` (upstream's getJobFromTemplate2).
+pub fn job_for(cj: &CronJob, schedule: &Schedule, scheduled: Timestamp) -> Job {
+    let template = cj
+        .spec
+        .as_ref()
+        .map(|s| s.job_template.clone())
+        .unwrap_or_default();
+    let meta = template.metadata.unwrap_or_default();
+    let mut annotations = meta.annotations.unwrap_or_default();
+    annotations.insert(
+        SCHEDULED_TIMESTAMP.into(),
+        rfc3339(scheduled, &schedule.tz),
+    );
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(cj, scheduled)),
+            namespace: cj.namespace(),
+            labels: meta.labels,
+            annotations: Some(annotations),
+            owner_references: cj.controller_owner_ref(&()).map(|r| vec![r]),
+            ..Default::default()
+        },
+        spec: template.spec,
+        status: None,
+    }
+}
+
+/// A Job to delete, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// Job name.
+    pub name: String,
+    /// Job UID.
+    pub uid: String,
+}
+
+/// What one sync of a CronJob decides.
+#[derive(Debug, Clone, Default)]
+pub struct CronPlan {
+    /// The status before any Job is created.
+    pub status: CronJobStatus,
+    /// Finished Jobs beyond the history limits, and (policy Replace) running ones.
+    pub delete: Vec<Removal>,
+    /// The Job to create and its scheduled time.
+    pub create: Option<(Job, Timestamp)>,
+    /// Events to publish.
+    pub notes: Vec<Note>,
+    /// When to look again.
+    pub requeue: Option<Duration>,
+}
+
+fn note(warning: bool, reason: &'static str, message: String) -> Note {
+    Note {
+        warning,
+        reason,
+        message,
+    }
+}
+
+fn job_ref(job: &Job) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("batch/v1".into()),
+        kind: Some("Job".into()),
+        name: job.metadata.name.clone(),
+        namespace: job.metadata.namespace.clone(),
+        uid: job.metadata.uid.clone(),
+        resource_version: job.metadata.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+/// Finished Jobs beyond `limit`, oldest start first (unstarted last, then by name).
+fn beyond_limit<'a>(mut jobs: Vec<&'a Job>, limit: Option<i32>) -> Vec<&'a Job> {
+    let Some(limit) = limit else {
+        return Vec::new();
+    };
+    let excess = jobs
+        .len()
+        .saturating_sub(usize::try_from(limit.max(0)).unwrap_or(0));
+    jobs.sort_by_key(|j| {
+        let start = j
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map(|t| t.0);
+        (start.is_none(), start, j.name_any())
+    });
+    jobs.truncate(excess);
+    jobs
+}
+
+/// Decides one sync of `cj` over the Jobs it controls, at `now`.
+pub fn plan(cj: &CronJob, jobs: &[Job], now: Timestamp) -> CronPlan {
+    let mut out = CronPlan::default();
+    let spec = cj.spec.clone().unwrap_or_default();
+    let mut status = cj.status.clone().unwrap_or_default();
+    let mut active = status.active.take().unwrap_or_default();
+    let uid_of = |j: &Job| j.metadata.uid.clone().unwrap_or_default();
+
+    // History: the oldest finished Jobs beyond each limit go.
+    let done = |kind: &str| -> Vec<&Job> {
+        jobs.iter()
+            .filter(|j| finished_type(j) == Some(kind))
+            .collect()
+    };
+    let old = beyond_limit(done("Complete"), spec.successful_jobs_history_limit)
+        .into_iter()
+        .chain(beyond_limit(done("Failed"), spec.failed_jobs_history_limit));
+    for j in old {
+        out.delete.push(Removal {
+            name: j.name_any(),
+            uid: uid_of(j),
+        });
+        active.retain(|r| r.uid.as_deref() != Some(uid_of(j).as_str()));
+    }
+
+    for j in jobs {
+        let uid = uid_of(j);
+        let listed = active.iter().any(|r| r.uid.as_deref() == Some(uid.as_str()));
+        if !listed && !is_finished(j) {
+            out.notes.push(note(
+                true,
+                "UnexpectedJob",
+                format!(
+                    "Saw a job that the controller did not create or forgot: {}",
+                    j.name_any()
+                ),
+            ));
+        } else if let Some(kind) = finished_type(j) {
+            if listed {
+                active.retain(|r| r.uid.as_deref() != Some(uid.as_str()));
+                out.notes.push(note(
+                    false,
+                    "SawCompletedJob",
+                    format!("Saw completed job: {}, condition: {kind}", j.name_any()),
+                ));
+            }
+            let completed = j.status.as_ref().and_then(|s| s.completion_time.clone());
+            if kind == "Complete"
+                && let Some(t) = completed
+                && status.last_successful_time.as_ref().is_none_or(|l| t.0 > l.0)
+            {
+                status.last_successful_time = Some(t);
+            }
+        }
+    }
+    active.retain(|r| {
+        let present = jobs.iter().any(|j| j.metadata.uid == r.uid);
+        if !present {
+            out.notes.push(note(
+                false,
+                "MissingJob",
+                format!(
+                    "Active job went missing: {}",
+                    r.name.as_deref().unwrap_or("")
+                ),
+            ));
+        }
+        present
+    });
+    status.active = Some(active);
+    let finish = |mut out: CronPlan, status: CronJobStatus| {
+        out.status = status;
+        out
+    };
+
+    if cj.metadata.deletion_timestamp.is_some() {
+        return finish(out, status);
+    }
+    let schedule = match Schedule::parse(&spec.schedule, spec.time_zone.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            let reason = match e {
+                ScheduleError::UnknownTimeZone { .. } => "UnknownTimeZone",
+                ScheduleError::TimeZoneInSchedule => "UnsupportedSchedule",
+                ScheduleError::Unparseable { .. } => "UnparseableSchedule",
+            };
+            out.notes.push(note(true, reason, e.to_string()));
+            return finish(out, status);
+        }
+    };
+    if spec.suspend == Some(true) {
+        return finish(out, status);
+    }
+    let mut current = cj.clone();
+    current.status = Some(status.clone());
+    let scheduled = match most_recent(&current, &schedule, now, true) {
+        Err(e) => {
+            out.notes.push(note(
+                true,
+                "InvalidSchedule",
+                format!("invalid schedule: {} : {e}", spec.schedule),
+            ));
+            return finish(out, status);
+        }
+        Ok((_, None, _)) => {
+            out.requeue = Some(next_wait(&current, &schedule, now));
+            return finish(out, status);
+        }
+        Ok((_, Some(t), missed)) => {
+            if missed == Missed::Many {
+                out.notes.push(note(
+                    true,
+                    "TooManyMissedTimes",
+                    "too many missed start times. Set or decrease .spec.startingDeadlineSeconds or check clock skew".into(),
+                ));
+            }
+            t
+        }
+    };
+    out.requeue = Some(next_wait(&current, &schedule, now));
+    let too_late = spec
+        .starting_deadline_seconds
+        .is_some_and(|secs| scheduled + SignedDuration::from_secs(secs) < now);
+    if too_late {
+        let when = scheduled.to_zoned(TimeZone::UTC);
+        out.notes.push(note(
+            true,
+            "MissSchedule",
+            format!(
+                "Missed scheduled time to start a job: {}",
+                when.strftime("%a, %d %b %Y %H:%M:%S %z")
+            ),
+        ));
+        return finish(out, status);
+    }
+    let name = job_name(cj, scheduled);
+    let listed = status.active.iter().flatten();
+    let processed = listed.clone().any(|r| r.name.as_deref() == Some(name.as_str()))
+        || status.last_schedule_time.as_ref().map(|t| t.0) == Some(scheduled);
+    if processed {
+        return finish(out, status);
+    }
+    let running = status.active.as_deref().unwrap_or_default();
+    match spec.concurrency_policy.as_deref() {
+        Some("Forbid") if !running.is_empty() => {
+            out.notes.push(note(
+                false,
+                "JobAlreadyActive",
+                "Not starting job because prior execution is running and concurrency policy is Forbid".into(),
+            ));
+            return finish(out, status);
+        }
+        Some("Replace") => {
+            for r in running {
+                if !out.delete.iter().any(|d| Some(&d.uid) == r.uid.as_ref()) {
+                    out.delete.push(Removal {
+                        name: r.name.clone().unwrap_or_default(),
+                        uid: r.uid.clone().unwrap_or_default(),
+                    });
+                }
+            }
+            status.active = Some(Vec::new());
+        }
+        _ => {}
+    }
+    out.create = Some((job_for(cj, &schedule, scheduled), scheduled));
+    current.status = Some(CronJobStatus {
+        last_schedule_time: Some(Time(scheduled)),
+        ..status.clone()
+    });
+    out.requeue = Some(next_wait(&current, &schedule, now));
+    finish(out, status)
+}
+
+/// What a CronJob's reconciles share: the context and the clock.
+struct CronContext {
+    ctx: Context,
+    now: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+}
+
+/// Runs the CronJob controller on the real clock.
+pub async fn run(client: Client) {
+    run_with_clock(client, Arc::new(Timestamp::now)).await;
+}
+
+/// Runs the CronJob controller with `now` as its clock.
+pub async fn run_with_clock(client: Client, now: Arc<dyn Fn() -> Timestamp + Send + Sync>) {
+    let controller = Controller::new(
+        Api::<CronJob>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Job>::all(client.clone()), watcher::Config::default());
+    let ctx = CronContext {
+        ctx: Context::new(client, "cronjob-controller"),
+        now,
+    };
+    drain(
+        "cronjob",
+        controller.run(reconcile, retry_after_error("cronjob"), Arc::new(ctx)),
+    )
+    .await;
+}
+
+async fn reconcile(cj: Arc<CronJob>, cx: Arc<CronContext>) -> Result<Action, Error> {
+    let ctx = &cx.ctx;
+    let object = key(&cj.metadata);
+    let Some(ns) = cj.namespace() else {
+        return Ok(Action::await_change());
+    };
+    let cj_api = Api::<CronJob>::namespaced(ctx.client.clone(), &ns);
+    let cj = match cj_api.get(&cj.name_any()).await {
+        Ok(c) if c.uid() == cj.uid() => c,
+        Ok(_) => return Ok(Action::await_change()),
+        Err(e) if is_not_found(&e) => return Ok(Action::await_change()),
+        Err(e) => return Err(e).step(&object, "reading the cronjob"),
+    };
+    let job_api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
+    let jobs: Vec<Job> = job_api
+        .list(&ListParams::default())
+        .await
+        .step(&object, "listing jobs")?
+        .items
+        .into_iter()
+        .filter(|j| {
+            controller_of(&j.metadata)
+                .is_some_and(|r| r.kind == "CronJob" && r.name == cj.name_any())
+        })
+        .collect();
+    let plan = plan(&cj, &jobs, (cx.now)());
+    let mut status = plan.status.clone();
+    for n in &plan.notes {
+        if n.warning {
+            ctx.warning(&cj, n.reason, n.message.clone()).await;
+        } else {
+            ctx.event(&cj, n.reason, n.message.clone()).await;
+        }
+    }
+    let background = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
+    for r in &plan.delete {
+        match job_api.delete(&r.name, &background).await {
+            Ok(_) => {
+                let note = format!("Deleted job {}", r.name);
+                ctx.event(&cj, "SuccessfulDelete", note).await;
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                ctx.warning(&cj, "FailedDelete", format!("Deleted job: {e}"))
+                    .await;
+                tracing::warn!("cronjob controller: {object}: deleting job {}: {e}", r.name);
+            }
+        }
+    }
+    let mut failure = None;
+    if let Some((job, scheduled)) = &plan.create {
+        let name = job.name_any();
+        let made = match job_api.create(&PostParams::default(), job).await {
+            Ok(made) => {
+                ctx.event(&cj, "SuccessfulCreate", format!("Created job {name}"))
+                    .await;
+                Some(made)
+            }
+            Err(e) if super::is_conflict(&e) => {
+                // Created by an earlier sync that did not get to record it: record it now.
+                let existing = job_api.get(&name).await.step(&object, "reading job")?;
+                let ours = controller_of(&existing.metadata).is_some_and(|r| Some(&r.uid) == cj.metadata.uid.as_ref());
+                let listed = status
+                    .active
+                    .iter()
+                    .flatten()
+                    .any(|r| r.uid == existing.metadata.uid);
+                (ours && !listed).then_some(existing)
+            }
+            Err(e) => {
+                ctx.warning(&cj, "FailedCreate", format!("Error creating job: {e}"))
+                    .await;
+                failure = Some(Error::Api {
+                    object: object.clone(),
+                    step: format!("creating job {name}"),
+                    source: e,
+                });
+                None
+            }
+        };
+        if let Some(made) = made {
+            status.active.get_or_insert_with(Vec::new).push(job_ref(&made));
+            status.last_schedule_time = Some(Time(*scheduled));
+        }
+    }
+    let current = cj.status.clone().unwrap_or_default();
+    if serde_json::to_value(&status).ok() != serde_json::to_value(&current).ok() {
+        cj_api
+            .patch_status(
+                &cj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {
+                    "active": status.active,
+                    "lastScheduleTime": status.last_schedule_time,
+                    "lastSuccessfulTime": status.last_successful_time,
+                }})),
+            )
+            .await
+            .step(&object, "updating status")?;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(match plan.requeue {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
