@@ -613,3 +613,218 @@ async fn reconcile(cj: Arc<CronJob>, cx: Arc<CronContext>) -> Result<Action, Err
         None => Action::await_change(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("timestamp")
+    }
+
+    fn cronjob(schedule: &str, extra: serde_json::Value) -> CronJob {
+        let mut spec = json!({
+            "schedule": schedule,
+            "jobTemplate": {"metadata": {"labels": {"app": "report"}},
+                            "spec": {"template": {"spec": {"containers": []}}}},
+        });
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            spec[k] = v;
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "report", "namespace": "ns", "uid": "cj-1",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": spec,
+        }))
+        .expect("cronjob")
+    }
+
+    fn with_last(mut cj: CronJob, last: &str, active: &[(&str, &str)]) -> CronJob {
+        cj.status = Some(CronJobStatus {
+            last_schedule_time: Some(Time(at(last))),
+            active: Some(
+                active
+                    .iter()
+                    .map(|(name, uid)| ObjectReference {
+                        name: Some(name.to_string()),
+                        uid: Some(uid.to_string()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            last_successful_time: None,
+        });
+        cj
+    }
+
+    fn job(name: &str, uid: &str, finished: Option<&str>, started: &str) -> Job {
+        let conditions: Vec<serde_json::Value> = finished
+            .map(|kind| vec![json!({"type": kind, "status": "True"})])
+            .unwrap_or_default();
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "status": {"startTime": started, "conditions": conditions,
+                       "completionTime": finished.filter(|k| *k == "Complete").map(|_| started)},
+        }))
+        .expect("job")
+    }
+
+    #[test]
+    fn schedules_give_the_next_times_of_standard_cron() {
+        // (schedule, timeZone, after, next)
+        let cases = [
+            ("* * * * *", None, "2026-03-01T10:00:30Z", "2026-03-01T10:01:00Z"),
+            ("*/15 * * * *", None, "2026-03-01T10:16:00Z", "2026-03-01T10:30:00Z"),
+            ("0 0 * * *", None, "2026-03-01T10:00:00Z", "2026-03-02T00:00:00Z"),
+            ("@hourly", None, "2026-03-01T10:00:00Z", "2026-03-01T11:00:00Z"),
+            ("@daily", None, "2026-03-01T10:00:00Z", "2026-03-02T00:00:00Z"),
+            ("@midnight", None, "2026-03-01T10:00:00Z", "2026-03-02T00:00:00Z"),
+            ("@weekly", None, "2026-03-02T10:00:00Z", "2026-03-08T00:00:00Z"),
+            ("@monthly", None, "2026-03-02T10:00:00Z", "2026-04-01T00:00:00Z"),
+            ("@yearly", None, "2026-03-02T10:00:00Z", "2027-01-01T00:00:00Z"),
+            ("30 6-16/4 * * 1-5", None, "2026-03-02T07:00:00Z", "2026-03-02T10:30:00Z"),
+            ("0 9 * * MON", None, "2026-03-03T00:00:00Z", "2026-03-09T09:00:00Z"),
+            // Day of month OR day of week when both are restricted (Vixie cron).
+            ("0 0 13 * FRI", None, "2026-03-01T00:00:00Z", "2026-03-06T00:00:00Z"),
+            // 09:00 in Paris is 08:00 UTC in winter.
+            ("0 9 * * *", Some("Europe/Paris"), "2026-01-10T12:00:00Z", "2026-01-11T08:00:00Z"),
+        ];
+        for (schedule, tz, after, next) in cases {
+            let parsed = Schedule::parse(schedule, tz).unwrap_or_else(|e| panic!("{schedule}: {e}"));
+            assert_eq!(parsed.next(at(after)), Some(at(next)), "{schedule} after {after}");
+        }
+    }
+
+    #[test]
+    fn bad_schedules_and_zones_are_refused() {
+        let cases = [
+            ("TZ=UTC 0 * * * *", None, ScheduleError::TimeZoneInSchedule),
+            ("CRON_TZ=UTC 0 * * * *", None, ScheduleError::TimeZoneInSchedule),
+        ];
+        for (schedule, tz, want) in cases {
+            assert_eq!(Schedule::parse(schedule, tz).unwrap_err(), want, "{schedule}");
+        }
+        for (schedule, tz) in [
+            ("61 * * * *", None),
+            ("* * * *", None),
+            ("0 0 * * * *", None),
+            ("not a schedule", None),
+            ("0 * * * *", Some("Mars/Olympus_Mons")),
+        ] {
+            assert!(Schedule::parse(schedule, tz).is_err(), "{schedule} in {tz:?}");
+        }
+    }
+
+    #[test]
+    fn the_most_recent_missed_time_is_run_once() {
+        // (last schedule, startingDeadlineSeconds, now, job created for)
+        let cases = [
+            ("2026-03-01T10:00:00Z", None, "2026-03-01T10:00:30Z", None),
+            ("2026-03-01T10:00:00Z", None, "2026-03-01T10:01:05Z", Some("2026-03-01T10:01:00Z")),
+            // Several missed: only the latest runs.
+            ("2026-03-01T10:00:00Z", None, "2026-03-01T10:07:30Z", Some("2026-03-01T10:07:00Z")),
+            // Within the starting deadline.
+            ("2026-03-01T10:00:00Z", Some(60), "2026-03-01T10:07:30Z", Some("2026-03-01T10:07:00Z")),
+            // Past it: nothing (the deadline raises the earliest time considered).
+            ("2026-03-01T10:00:00Z", Some(10), "2026-03-01T10:07:30Z", None),
+        ];
+        for (last, deadline, now, want) in cases {
+            let extra = json!({"startingDeadlineSeconds": deadline});
+            let cj = with_last(cronjob("* * * * *", extra), last, &[]);
+            let plan = plan(&cj, &[], at(now));
+            let got = plan.create.as_ref().map(|(_, t)| *t);
+            assert_eq!(got, want.map(at), "last {last}, deadline {deadline:?}, now {now}");
+            assert!(plan.requeue.is_some(), "always looks again");
+            if let Some((job, t)) = plan.create {
+                assert_eq!(job.name_any(), format!("report-{}", t.as_second() / 60));
+                assert_eq!(
+                    job.annotations()[SCHEDULED_TIMESTAMP],
+                    want.unwrap().to_string()
+                );
+                assert_eq!(job.labels()["app"], "report");
+                let owner = &job.owner_references()[0];
+                assert_eq!((owner.kind.as_str(), owner.controller), ("CronJob", Some(true)));
+            }
+        }
+    }
+
+    #[test]
+    fn concurrency_policies_decide_what_happens_to_a_running_job() {
+        // (policy, creates, deletes the running job, event)
+        let cases = [
+            (None, true, false, None),
+            (Some("Allow"), true, false, None),
+            (Some("Forbid"), false, false, Some("JobAlreadyActive")),
+            (Some("Replace"), true, true, None),
+        ];
+        let running = job("report-100", "j-100", None, "2026-03-01T10:00:00Z");
+        for (policy, creates, deletes, event) in cases {
+            let extra = json!({"concurrencyPolicy": policy});
+            let cj = with_last(
+                cronjob("* * * * *", extra),
+                "2026-03-01T10:00:00Z",
+                &[("report-100", "j-100")],
+            );
+            let plan = plan(&cj, std::slice::from_ref(&running), at("2026-03-01T10:01:10Z"));
+            assert_eq!(plan.create.is_some(), creates, "{policy:?}");
+            assert_eq!(
+                plan.delete.iter().any(|d| d.uid == "j-100"),
+                deletes,
+                "{policy:?}"
+            );
+            if let Some(reason) = event {
+                assert!(plan.notes.iter().any(|n| n.reason == reason), "{policy:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn history_limits_delete_the_oldest_finished_jobs() {
+        let jobs = [
+            job("a", "1", Some("Complete"), "2026-03-01T10:00:00Z"),
+            job("b", "2", Some("Complete"), "2026-03-01T10:01:00Z"),
+            job("c", "3", Some("Complete"), "2026-03-01T10:02:00Z"),
+            job("d", "4", Some("Failed"), "2026-03-01T10:03:00Z"),
+            job("e", "5", Some("Failed"), "2026-03-01T10:04:00Z"),
+            job("f", "6", None, "2026-03-01T10:05:00Z"),
+        ];
+        // (successful limit, failed limit, deleted)
+        let cases = [
+            (None, None, vec![]),
+            (Some(3), Some(1), vec!["d"]),
+            (Some(1), Some(1), vec!["a", "b", "d"]),
+            (Some(0), Some(0), vec!["a", "b", "c", "d", "e"]),
+        ];
+        for (ok, failed, want) in cases {
+            let extra = json!({"successfulJobsHistoryLimit": ok, "failedJobsHistoryLimit": failed,
+                               "suspend": true});
+            let cj = with_last(cronjob("* * * * *", extra), "2026-03-01T10:05:00Z", &[("f", "6")]);
+            let plan = plan(&cj, &jobs, at("2026-03-01T10:05:30Z"));
+            let mut got: Vec<&str> = plan.delete.iter().map(|d| d.name.as_str()).collect();
+            got.sort();
+            assert_eq!(got, want, "limits {ok:?}/{failed:?}");
+            assert!(plan.create.is_none(), "suspended");
+        }
+    }
+
+    #[test]
+    fn finished_jobs_leave_the_active_list_and_set_last_successful_time() {
+        let jobs = [
+            job("done", "1", Some("Complete"), "2026-03-01T10:00:00Z"),
+            job("stray", "2", None, "2026-03-01T10:00:00Z"),
+        ];
+        let cj = with_last(
+            cronjob("0 0 1 1 *", json!({})),
+            "2026-03-01T10:00:00Z",
+            &[("done", "1"), ("gone", "9")],
+        );
+        let plan = plan(&cj, &jobs, at("2026-03-01T10:00:30Z"));
+        assert_eq!(plan.status.active, Some(vec![]));
+        assert_eq!(
+            plan.status.last_successful_time,
+            Some(Time(at("2026-03-01T10:00:00Z")))
+        );
+        let reasons: Vec<&str> = plan.notes.iter().map(|n| n.reason).collect();
+        assert_eq!(reasons, ["SawCompletedJob", "UnexpectedJob", "MissingJob"]);
+    }
+}

@@ -868,3 +868,424 @@ pub fn normalized(status: &JobStatus) -> serde_json::Value {
     }
     serde_json::to_value(s).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    /// A Job with a selector, started at `at(0)`, and `spec` merged in.
+    fn job(spec: Value, status: Value) -> Job {
+        let mut full = json!({
+            "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "j"}},
+            "template": {"spec": {"restartPolicy": "Never", "containers": []}},
+            "backoffLimit": 6,
+        });
+        for (k, v) in spec.as_object().cloned().unwrap_or_default() {
+            full[k] = v;
+        }
+        let mut st = json!({"startTime": at(0).to_string()});
+        for (k, v) in status.as_object().cloned().unwrap_or_default() {
+            st[k] = v;
+        }
+        serde_json::from_value(json!({"metadata": {"name": "pi", "namespace": "ns", "uid": "j"},
+                                      "spec": full, "status": st}))
+        .unwrap()
+    }
+
+    /// A tracked pod in `phase`, finished (if terminal) at `finished`, exiting with `code`.
+    fn pod(name: &str, phase: &str, finished: i64, code: i32) -> Pod {
+        let terminal = matches!(phase, "Succeeded" | "Failed");
+        let state = if terminal {
+            json!({"terminated": {"exitCode": code, "finishedAt": at(finished).to_string()}})
+        } else {
+            json!({"running": {}})
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "finalizers": [TRACKING_FINALIZER],
+                         "creationTimestamp": at(0).to_string()},
+            "spec": {"containers": [{"name": "main"}]},
+            "status": {"phase": phase, "containerStatuses": [
+                {"name": "main", "image": "x", "imageID": "", "ready": !terminal,
+                 "restartCount": 0, "state": state}]},
+        }))
+        .unwrap()
+    }
+
+    fn indexed(mut p: Pod, index: i32) -> Pod {
+        p.metadata.annotations = Some([(COMPLETION_INDEX.to_string(), index.to_string())].into());
+        p
+    }
+
+    fn untracked(mut p: Pod) -> Pod {
+        p.metadata.finalizers = None;
+        p
+    }
+
+    fn with_condition(mut p: Pod, type_: &str) -> Pod {
+        let c = serde_json::from_value(json!({"type": type_, "status": "True"})).unwrap();
+        p.status.as_mut().unwrap().conditions = Some(vec![c]);
+        p
+    }
+
+    fn reason_of(plan: &Plan) -> Option<(String, String)> {
+        plan.finished
+            .as_ref()
+            .map(|c| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
+    }
+
+    #[test]
+    fn pods_are_created_up_to_parallelism_and_remaining_completions() {
+        // (what, spec, status, pods, pods created, terminal condition)
+        let ok = |n: &str| pod(n, "Succeeded", 1, 0);
+        let run = |n: &str| pod(n, "Running", 0, 0);
+        let cases: Vec<(&str, Value, Value, Vec<Pod>, usize, Option<(&str, &str)>)> = vec![
+            ("fresh", json!({"completions": 5, "parallelism": 2}), json!({}), vec![], 2, None),
+            (
+                "one completion left",
+                json!({"completions": 5, "parallelism": 2}),
+                json!({"succeeded": 4}),
+                vec![],
+                1,
+                None,
+            ),
+            (
+                "a finished pod is replaced",
+                json!({"completions": 5, "parallelism": 2}),
+                json!({}),
+                vec![ok("a"), run("b")],
+                1,
+                None,
+            ),
+            (
+                "all done",
+                json!({"completions": 2, "parallelism": 2}),
+                json!({"succeeded": 1}),
+                vec![ok("a")],
+                0,
+                Some(("Complete", "")),
+            ),
+            (
+                "neither set: one pod",
+                json!({}),
+                json!({}),
+                vec![],
+                1,
+                None,
+            ),
+            (
+                "work queue: parallelism pods",
+                json!({"parallelism": 3}),
+                json!({}),
+                vec![],
+                3,
+                None,
+            ),
+            (
+                "work queue: one success stops new pods, waits for the rest",
+                json!({"parallelism": 3}),
+                json!({}),
+                vec![ok("a"), run("b")],
+                0,
+                None,
+            ),
+            (
+                "work queue: one success and none running completes",
+                json!({"parallelism": 3}),
+                json!({}),
+                vec![ok("a")],
+                0,
+                Some(("Complete", "")),
+            ),
+            (
+                "parallelism 0 runs nothing",
+                json!({"completions": 3, "parallelism": 0}),
+                json!({}),
+                vec![],
+                0,
+                None,
+            ),
+        ];
+        for (what, spec, status, pods, creates, finished) in cases {
+            let plan = plan(&job(spec, status), &pods, at(10)).unwrap();
+            assert_eq!(plan.create.len(), creates, "{what}");
+            let want = finished.map(|(t, r)| (t.to_string(), r.to_string()));
+            assert_eq!(reason_of(&plan), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn failures_beyond_backoff_limit_or_deadline_fail_the_job() {
+        let failed = |n: &str| pod(n, "Failed", 1, 1);
+        let run = |n: &str| pod(n, "Running", 0, 0);
+        let mut restarted = run("r");
+        restarted.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].restart_count =
+            2;
+        // (what, spec, pods, now, terminal condition, pods deleted)
+        let cases: Vec<(&str, Value, Vec<Pod>, i64, Option<(&str, &str)>, usize)> = vec![
+            (
+                "within the limit",
+                json!({"completions": 3, "backoffLimit": 2}),
+                vec![failed("a"), failed("b")],
+                100,
+                None,
+                0,
+            ),
+            (
+                "over the limit",
+                json!({"completions": 3, "parallelism": 2, "backoffLimit": 2}),
+                vec![failed("a"), failed("b"), failed("c"), run("d")],
+                100,
+                Some(("Failed", "BackoffLimitExceeded")),
+                1,
+            ),
+            (
+                "limit zero",
+                json!({"backoffLimit": 0}),
+                vec![failed("a")],
+                100,
+                Some(("Failed", "BackoffLimitExceeded")),
+                0,
+            ),
+            (
+                "OnFailure restarts count",
+                json!({"backoffLimit": 2,
+                       "template": {"spec": {"restartPolicy": "OnFailure", "containers": []}}}),
+                vec![restarted.clone()],
+                100,
+                Some(("Failed", "BackoffLimitExceeded")),
+                1,
+            ),
+            (
+                "restarts under Never do not",
+                json!({"backoffLimit": 2}),
+                vec![restarted],
+                100,
+                None,
+                0,
+            ),
+            (
+                "past activeDeadlineSeconds",
+                json!({"activeDeadlineSeconds": 60}),
+                vec![run("a")],
+                61,
+                Some(("Failed", "DeadlineExceeded")),
+                1,
+            ),
+        ];
+        for (what, spec, pods, now, finished, deleted) in cases {
+            let plan = plan(&job(spec, json!({})), &pods, at(now)).unwrap();
+            let want = finished.map(|(t, r)| (t.to_string(), r.to_string()));
+            assert_eq!(reason_of(&plan), want, "{what}");
+            assert_eq!(plan.delete.len(), deleted, "{what}");
+            assert!(plan.delete.iter().all(|d| !d.untrack), "{what}: counted as failed");
+            if let Some((_, reason)) = finished {
+                let target = plan.status.conditions.as_ref().unwrap();
+                assert!(
+                    target.iter().any(|c| c.type_ == "FailureTarget"
+                        && c.reason.as_deref() == Some(reason)),
+                    "{what}: FailureTarget first"
+                );
+                assert!(plan.create.is_empty(), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn deadlines_and_failure_back_off_ask_to_look_again() {
+        let plan_at = |spec: Value, pods: Vec<Pod>, now: i64| {
+            plan(&job(spec, json!({})), &pods, at(now)).unwrap()
+        };
+        let p = plan_at(json!({"activeDeadlineSeconds": 60}), vec![], 20);
+        assert_eq!(p.requeue, Some(Duration::from_secs(40)));
+        // One failure 0 s ago: wait 1 s; three consecutive failures: 4 s.
+        let p = plan_at(json!({"completions": 3}), vec![pod("a", "Failed", 10, 1)], 10);
+        assert!(p.create.is_empty());
+        assert_eq!(p.requeue, Some(Duration::from_secs(1)));
+        let three = vec![
+            pod("a", "Failed", 8, 1),
+            pod("b", "Failed", 9, 1),
+            pod("c", "Failed", 10, 1),
+        ];
+        let p = plan_at(json!({"completions": 3}), three, 10);
+        assert_eq!(p.requeue, Some(Duration::from_secs(4)));
+        // A success after the failures resets the count.
+        let mixed = vec![pod("a", "Failed", 8, 1), pod("b", "Succeeded", 9, 0)];
+        let p = plan_at(json!({"completions": 3}), mixed, 9);
+        assert_eq!(p.create.len(), 1);
+    }
+
+    #[test]
+    fn indexed_jobs_create_the_lowest_pending_indexes() {
+        let cases = [
+            ("fresh", json!({}), vec![], vec![Some(0), Some(1)], ""),
+            (
+                "0 done, 1 running",
+                json!({}),
+                vec![indexed(pod("a", "Succeeded", 1, 0), 0), indexed(pod("b", "Running", 0, 0), 1)],
+                vec![Some(2)],
+                "0",
+            ),
+            (
+                "recorded indexes are not rerun",
+                json!({"completedIndexes": "0,1", "succeeded": 2}),
+                vec![],
+                vec![Some(2), Some(3)],
+                "0,1",
+            ),
+            (
+                "a failed index is retried",
+                json!({"completedIndexes": "0", "succeeded": 1}),
+                vec![indexed(untracked(pod("b", "Failed", 0, 1)), 1)],
+                vec![Some(1), Some(2)],
+                "0",
+            ),
+        ];
+        for (what, status, pods, creates, completed) in cases {
+            let spec = json!({"completions": 4, "parallelism": 2, "completionMode": "Indexed"});
+            let plan = plan(&job(spec, status), &pods, at(100)).unwrap();
+            assert_eq!(plan.create, creates, "{what}");
+            assert_eq!(plan.status.completed_indexes.as_deref(), Some(completed), "{what}");
+        }
+        let mut idx = BTreeSet::new();
+        assert_eq!(format_indexes(&idx), "");
+        idx.extend([0, 1, 2, 4, 6, 7, 9]);
+        assert_eq!(format_indexes(&idx), "0-2,4,6,7,9");
+        assert_eq!(parse_indexes("0-2,4,6,7,9", 8), idx.into_iter().filter(|i| *i < 8).collect());
+        let dupes = vec![
+            indexed(pod("a", "Running", 0, 0), 1),
+            indexed(pod("b", "Running", 0, 0), 1),
+            indexed(pod("c", "Running", 0, 0), 9),
+        ];
+        let spec = json!({"completions": 4, "parallelism": 4, "completionMode": "Indexed"});
+        let plan = plan(&job(spec, json!({})), &dupes, at(100)).unwrap();
+        assert_eq!(plan.delete.len(), 2, "a repeated and an out-of-range index go");
+        assert!(plan.create.is_empty(), "deletions come first");
+    }
+
+    #[test]
+    fn pod_failure_policy_fails_ignores_or_counts() {
+        let policy = json!({"podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [42]}},
+        ]}, "completions": 2, "backoffLimit": 0});
+        // (what, pod, terminal condition, failed counted)
+        let cases = [
+            ("exit 42 fails the job", pod("a", "Failed", 0, 42), Some("PodFailurePolicy"), 1),
+            (
+                "a disruption is ignored",
+                with_condition(pod("a", "Failed", 0, 137), "DisruptionTarget"),
+                None,
+                0,
+            ),
+            ("exit 1 counts", pod("a", "Failed", 0, 1), Some("BackoffLimitExceeded"), 1),
+        ];
+        for (what, p, reason, counted) in cases {
+            let plan = plan(&job(policy.clone(), json!({})), std::slice::from_ref(&p), at(30))
+                .unwrap();
+            assert_eq!(
+                plan.finished.as_ref().and_then(|c| c.reason.as_deref()),
+                reason,
+                "{what}"
+            );
+            let uncounted = plan.status.uncounted_terminated_pods.clone().unwrap();
+            assert_eq!(uncounted.failed.unwrap_or_default().len(), counted, "{what}");
+            assert_eq!(plan.untrack.len(), 1, "{what}: the finalizer goes either way");
+        }
+        let ignored = with_condition(pod("a", "Failed", 0, 137), "DisruptionTarget");
+        let plan = plan(&job(policy, json!({})), &[ignored], at(30)).unwrap();
+        assert_eq!(plan.create.len(), 1, "an ignored failure is replaced at once");
+        assert_eq!(plan.requeue, None);
+    }
+
+    #[test]
+    fn suspending_deletes_active_pods_untracked_and_resuming_restarts_the_clock() {
+        let spec = json!({"completions": 3, "parallelism": 2, "suspend": true});
+        let pods = [pod("a", "Running", 0, 0), pod("b", "Running", 0, 0)];
+        let p = plan(&job(spec, json!({})), &pods, at(10)).unwrap();
+        assert_eq!(p.delete.len(), 2);
+        assert!(p.delete.iter().all(|d| d.untrack), "suspended pods are not failures");
+        assert!(p.create.is_empty());
+        let suspended = p.status.conditions.clone().unwrap();
+        assert!(suspended.iter().any(|c| c.type_ == "Suspended" && c.status == "True"));
+        assert_eq!(p.notes[0].reason, "Suspended");
+        let spec = json!({"completions": 3, "parallelism": 2, "suspend": false});
+        let status = json!({"conditions": [{"type": "Suspended", "status": "True"}]});
+        let p = plan(&job(spec, status), &[], at(50)).unwrap();
+        assert_eq!(p.create.len(), 2);
+        assert_eq!(p.notes[0].reason, "Resumed");
+        assert_eq!(p.status.start_time, Some(Time(at(50))));
+    }
+
+    #[test]
+    fn finished_pods_are_counted_once_through_uncounted_uids() {
+        let spec = json!({"completions": 3, "parallelism": 1});
+        // Sync 1: a succeeded pod is recorded by UID and its finalizer may go.
+        let ok = pod("a", "Succeeded", 1, 0);
+        let p1 = plan(&job(spec.clone(), json!({})), std::slice::from_ref(&ok), at(5)).unwrap();
+        let uncounted = p1.status.uncounted_terminated_pods.clone().unwrap();
+        assert_eq!(uncounted.succeeded, Some(vec!["uid-a".to_string()]));
+        assert_eq!(p1.status.succeeded, None, "not counted before the finalizer goes");
+        assert_eq!(p1.untrack, vec![("a".to_string(), "uid-a".to_string())]);
+        // The finalizer removal failed: settling keeps it uncounted.
+        let (kept, _) = settle(p1.status.clone(), &p1.tracked, None, 0, at(5));
+        assert_eq!(kept.succeeded, None);
+        // It worked: counted.
+        let (counted, _) = settle(p1.status.clone(), &BTreeSet::new(), None, 0, at(5));
+        assert_eq!(counted.succeeded, Some(1));
+        assert_eq!(counted.uncounted_terminated_pods, Some(Default::default()));
+        // A crash after writing sync 1's status: the next sync neither loses nor repeats it.
+        let recorded = serde_json::to_value(&p1.status).unwrap();
+        let p2 = plan(&job(spec.clone(), recorded.clone()), std::slice::from_ref(&ok), at(6))
+            .unwrap();
+        let again = p2.status.uncounted_terminated_pods.clone().unwrap();
+        assert_eq!(again.succeeded, Some(vec!["uid-a".to_string()]));
+        // The pod was deleted meanwhile (finalizer gone with it): counted at the next sync.
+        let p3 = plan(&job(spec, recorded), &[], at(7)).unwrap();
+        assert_eq!(p3.status.succeeded, Some(1));
+        // A deleted pod that never finished counts as failed.
+        let mut gone = pod("b", "Running", 0, 0);
+        gone.metadata.deletion_timestamp = Some(Time(at(3)));
+        let p4 = plan(&job(json!({"completions": 3}), json!({})), &[gone], at(8)).unwrap();
+        let f = p4.status.uncounted_terminated_pods.clone().unwrap().failed;
+        assert_eq!(f, Some(vec!["uid-b".to_string()]));
+    }
+
+    #[test]
+    fn the_terminal_condition_waits_for_uncounted_and_terminating_pods() {
+        let done = condition("Complete", "", "", at(1));
+        let status: JobStatus = serde_json::from_value(json!({
+            "uncountedTerminatedPods": {"succeeded": ["u1"]}, "succeeded": 2,
+        }))
+        .unwrap();
+        let tracked: BTreeSet<String> = ["u1".to_string()].into();
+        // (finalizer still on, terminating pods, finished now)
+        let cases = [(true, 0, false), (false, 1, false), (false, 0, true)];
+        for (still, terminating, want) in cases {
+            let set = if still { tracked.clone() } else { BTreeSet::new() };
+            let (s, finished) = settle(status.clone(), &set, Some(&done), terminating, at(2));
+            assert_eq!(finished, want, "finalizer on {still}, terminating {terminating}");
+            assert_eq!(s.completion_time.is_some(), want);
+            if want {
+                assert_eq!(s.succeeded, Some(3));
+            }
+        }
+    }
+
+    #[test]
+    fn jobs_without_a_selector_or_with_a_bad_mode_are_not_run() {
+        let mut j = job(json!({}), json!({}));
+        j.spec.as_mut().unwrap().selector = None;
+        assert_eq!(plan(&j, &[], at(0)).unwrap_err(), Invalid::NoSelector);
+        let j = job(json!({"completionMode": "Indexed", "parallelism": 2}), json!({}));
+        assert_eq!(plan(&j, &[], at(0)).unwrap_err(), Invalid::IndexedWithoutCompletions);
+        let j = job(json!({"completionMode": "Sometimes"}), json!({}));
+        assert!(matches!(plan(&j, &[], at(0)), Err(Invalid::UnknownCompletionMode(_))));
+    }
+}
