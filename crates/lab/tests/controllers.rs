@@ -5,6 +5,8 @@
 
 #[path = "controllers/common.rs"]
 mod common;
+#[path = "controllers/cronjobs.rs"]
+mod cronjobs;
 #[path = "controllers/csr.rs"]
 mod csr;
 #[path = "controllers/deployments.rs"]
