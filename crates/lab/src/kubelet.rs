@@ -893,7 +893,14 @@ mod tests {
             (true, None, true, "Succeeded", "terminated", Some(0)),
             (true, Some("fail"), false, "Failed", "terminated", Some(1)),
             (true, Some("run"), true, "Running", "running", None),
-            (true, Some("exit"), false, "Succeeded", "terminated", Some(0)),
+            (
+                true,
+                Some("exit"),
+                false,
+                "Succeeded",
+                "terminated",
+                Some(0),
+            ),
             (false, None, true, "Running", "running", None),
         ];
         let now = Timestamp::now();

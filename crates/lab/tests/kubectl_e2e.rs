@@ -449,7 +449,11 @@ spec:
 async fn jobs_run_on_hollow_nodes_to_completion_or_to_their_backoff_limit() {
     let lab = Lab::start(2).await;
     // Hollow containers of Job pods run a second and exit 0.
-    let manifest = job_manifest("count", "  completions: 5\n  parallelism: 2\n  backoffLimit: 6", "");
+    let manifest = job_manifest(
+        "count",
+        "  completions: 5\n  parallelism: 2\n  backoffLimit: 6",
+        "",
+    );
     let (ok, out) = lab.kubectl(&["create", "-f", "-"], Some(&manifest)).await;
     assert!(ok, "kubectl create:\n{out}");
     let manifest = job_manifest(

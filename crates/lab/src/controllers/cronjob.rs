@@ -73,12 +73,10 @@ impl Schedule {
         }
         let tz = match time_zone {
             None => TimeZone::UTC,
-            Some(zone) => {
-                TimeZone::get(zone).map_err(|e| ScheduleError::UnknownTimeZone {
-                    zone: zone.to_string(),
-                    reason: e.to_string(),
-                })?
-            }
+            Some(zone) => TimeZone::get(zone).map_err(|e| ScheduleError::UnknownTimeZone {
+                zone: zone.to_string(),
+                reason: e.to_string(),
+            })?,
         };
         let text = match schedule.trim() {
             s if s.eq_ignore_ascii_case("@midnight") => "0 0 * * *",
@@ -139,8 +137,7 @@ pub fn most_recent(
         .or(cj.metadata.creation_timestamp.as_ref())
         .map(|t| t.0)
         .unwrap_or(now);
-    if with_deadline
-        && let Some(secs) = cj.spec.as_ref().and_then(|s| s.starting_deadline_seconds)
+    if with_deadline && let Some(secs) = cj.spec.as_ref().and_then(|s| s.starting_deadline_seconds)
     {
         let deadline = now - SignedDuration::from_secs(secs);
         if deadline > earliest {
@@ -189,7 +186,9 @@ pub fn next_wait(cj: &CronJob, schedule: &Schedule, now: Timestamp) -> Duration 
         Ok((earliest, None, Missed::None)) => earliest,
         Ok((_, None, _)) => now,
     };
-    let next = schedule.next(base).unwrap_or(now + SignedDuration::from_secs(3600));
+    let next = schedule
+        .next(base)
+        .unwrap_or(now + SignedDuration::from_secs(3600));
     Duration::try_from(next.duration_since(now)).unwrap_or_default() + NEXT_SCHEDULE_DELTA
 }
 
@@ -217,10 +216,7 @@ pub fn job_for(cj: &CronJob, schedule: &Schedule, scheduled: Timestamp) -> Job {
         .unwrap_or_default();
     let meta = template.metadata.unwrap_or_default();
     let mut annotations = meta.annotations.unwrap_or_default();
-    annotations.insert(
-        SCHEDULED_TIMESTAMP.into(),
-        rfc3339(scheduled, &schedule.tz),
-    );
+    annotations.insert(SCHEDULED_TIMESTAMP.into(), rfc3339(scheduled, &schedule.tz));
     Job {
         metadata: ObjectMeta {
             name: Some(job_name(cj, scheduled)),
@@ -280,7 +276,7 @@ fn job_ref(job: &Job) -> ObjectReference {
 }
 
 /// Finished Jobs beyond `limit`, oldest start first (unstarted last, then by name).
-fn beyond_limit<'a>(mut jobs: Vec<&'a Job>, limit: Option<i32>) -> Vec<&'a Job> {
+fn beyond_limit(mut jobs: Vec<&Job>, limit: Option<i32>) -> Vec<&Job> {
     let Some(limit) = limit else {
         return Vec::new();
     };
@@ -326,7 +322,9 @@ pub fn plan(cj: &CronJob, jobs: &[Job], now: Timestamp) -> CronPlan {
 
     for j in jobs {
         let uid = uid_of(j);
-        let listed = active.iter().any(|r| r.uid.as_deref() == Some(uid.as_str()));
+        let listed = active
+            .iter()
+            .any(|r| r.uid.as_deref() == Some(uid.as_str()));
         if !listed && !is_finished(j) {
             out.notes.push(note(
                 true,
@@ -348,7 +346,10 @@ pub fn plan(cj: &CronJob, jobs: &[Job], now: Timestamp) -> CronPlan {
             let completed = j.status.as_ref().and_then(|s| s.completion_time.clone());
             if kind == "Complete"
                 && let Some(t) = completed
-                && status.last_successful_time.as_ref().is_none_or(|l| t.0 > l.0)
+                && status
+                    .last_successful_time
+                    .as_ref()
+                    .is_none_or(|l| t.0 > l.0)
             {
                 status.last_successful_time = Some(t);
             }
@@ -436,7 +437,9 @@ pub fn plan(cj: &CronJob, jobs: &[Job], now: Timestamp) -> CronPlan {
     }
     let name = job_name(cj, scheduled);
     let listed = status.active.iter().flatten();
-    let processed = listed.clone().any(|r| r.name.as_deref() == Some(name.as_str()))
+    let processed = listed
+        .clone()
+        .any(|r| r.name.as_deref() == Some(name.as_str()))
         || status.last_schedule_time.as_ref().map(|t| t.0) == Some(scheduled);
     if processed {
         return finish(out, status);
@@ -566,7 +569,8 @@ async fn reconcile(cj: Arc<CronJob>, cx: Arc<CronContext>) -> Result<Action, Err
             Err(e) if super::is_conflict(&e) => {
                 // Created by an earlier sync that did not get to record it: record it now.
                 let existing = job_api.get(&name).await.step(&object, "reading job")?;
-                let ours = controller_of(&existing.metadata).is_some_and(|r| Some(&r.uid) == cj.metadata.uid.as_ref());
+                let ours = controller_of(&existing.metadata)
+                    .is_some_and(|r| Some(&r.uid) == cj.metadata.uid.as_ref());
                 let listed = status
                     .active
                     .iter()
@@ -586,7 +590,10 @@ async fn reconcile(cj: Arc<CronJob>, cx: Arc<CronContext>) -> Result<Action, Err
             }
         };
         if let Some(made) = made {
-            status.active.get_or_insert_with(Vec::new).push(job_ref(&made));
+            status
+                .active
+                .get_or_insert_with(Vec::new)
+                .push(job_ref(&made));
             status.last_schedule_time = Some(Time(*scheduled));
         }
     }
@@ -673,25 +680,95 @@ mod tests {
     fn schedules_give_the_next_times_of_standard_cron() {
         // (schedule, timeZone, after, next)
         let cases = [
-            ("* * * * *", None, "2026-03-01T10:00:30Z", "2026-03-01T10:01:00Z"),
-            ("*/15 * * * *", None, "2026-03-01T10:16:00Z", "2026-03-01T10:30:00Z"),
-            ("0 0 * * *", None, "2026-03-01T10:00:00Z", "2026-03-02T00:00:00Z"),
-            ("@hourly", None, "2026-03-01T10:00:00Z", "2026-03-01T11:00:00Z"),
-            ("@daily", None, "2026-03-01T10:00:00Z", "2026-03-02T00:00:00Z"),
-            ("@midnight", None, "2026-03-01T10:00:00Z", "2026-03-02T00:00:00Z"),
-            ("@weekly", None, "2026-03-02T10:00:00Z", "2026-03-08T00:00:00Z"),
-            ("@monthly", None, "2026-03-02T10:00:00Z", "2026-04-01T00:00:00Z"),
-            ("@yearly", None, "2026-03-02T10:00:00Z", "2027-01-01T00:00:00Z"),
-            ("30 6-16/4 * * 1-5", None, "2026-03-02T07:00:00Z", "2026-03-02T10:30:00Z"),
-            ("0 9 * * MON", None, "2026-03-03T00:00:00Z", "2026-03-09T09:00:00Z"),
+            (
+                "* * * * *",
+                None,
+                "2026-03-01T10:00:30Z",
+                "2026-03-01T10:01:00Z",
+            ),
+            (
+                "*/15 * * * *",
+                None,
+                "2026-03-01T10:16:00Z",
+                "2026-03-01T10:30:00Z",
+            ),
+            (
+                "0 0 * * *",
+                None,
+                "2026-03-01T10:00:00Z",
+                "2026-03-02T00:00:00Z",
+            ),
+            (
+                "@hourly",
+                None,
+                "2026-03-01T10:00:00Z",
+                "2026-03-01T11:00:00Z",
+            ),
+            (
+                "@daily",
+                None,
+                "2026-03-01T10:00:00Z",
+                "2026-03-02T00:00:00Z",
+            ),
+            (
+                "@midnight",
+                None,
+                "2026-03-01T10:00:00Z",
+                "2026-03-02T00:00:00Z",
+            ),
+            (
+                "@weekly",
+                None,
+                "2026-03-02T10:00:00Z",
+                "2026-03-08T00:00:00Z",
+            ),
+            (
+                "@monthly",
+                None,
+                "2026-03-02T10:00:00Z",
+                "2026-04-01T00:00:00Z",
+            ),
+            (
+                "@yearly",
+                None,
+                "2026-03-02T10:00:00Z",
+                "2027-01-01T00:00:00Z",
+            ),
+            (
+                "30 6-16/4 * * 1-5",
+                None,
+                "2026-03-02T07:00:00Z",
+                "2026-03-02T10:30:00Z",
+            ),
+            (
+                "0 9 * * MON",
+                None,
+                "2026-03-03T00:00:00Z",
+                "2026-03-09T09:00:00Z",
+            ),
             // Day of month OR day of week when both are restricted (Vixie cron).
-            ("0 0 13 * FRI", None, "2026-03-01T00:00:00Z", "2026-03-06T00:00:00Z"),
+            (
+                "0 0 13 * FRI",
+                None,
+                "2026-03-01T00:00:00Z",
+                "2026-03-06T00:00:00Z",
+            ),
             // 09:00 in Paris is 08:00 UTC in winter.
-            ("0 9 * * *", Some("Europe/Paris"), "2026-01-10T12:00:00Z", "2026-01-11T08:00:00Z"),
+            (
+                "0 9 * * *",
+                Some("Europe/Paris"),
+                "2026-01-10T12:00:00Z",
+                "2026-01-11T08:00:00Z",
+            ),
         ];
         for (schedule, tz, after, next) in cases {
-            let parsed = Schedule::parse(schedule, tz).unwrap_or_else(|e| panic!("{schedule}: {e}"));
-            assert_eq!(parsed.next(at(after)), Some(at(next)), "{schedule} after {after}");
+            let parsed =
+                Schedule::parse(schedule, tz).unwrap_or_else(|e| panic!("{schedule}: {e}"));
+            assert_eq!(
+                parsed.next(at(after)),
+                Some(at(next)),
+                "{schedule} after {after}"
+            );
         }
     }
 
@@ -699,10 +776,18 @@ mod tests {
     fn bad_schedules_and_zones_are_refused() {
         let cases = [
             ("TZ=UTC 0 * * * *", None, ScheduleError::TimeZoneInSchedule),
-            ("CRON_TZ=UTC 0 * * * *", None, ScheduleError::TimeZoneInSchedule),
+            (
+                "CRON_TZ=UTC 0 * * * *",
+                None,
+                ScheduleError::TimeZoneInSchedule,
+            ),
         ];
         for (schedule, tz, want) in cases {
-            assert_eq!(Schedule::parse(schedule, tz).unwrap_err(), want, "{schedule}");
+            assert_eq!(
+                Schedule::parse(schedule, tz).unwrap_err(),
+                want,
+                "{schedule}"
+            );
         }
         for (schedule, tz) in [
             ("61 * * * *", None),
@@ -711,7 +796,10 @@ mod tests {
             ("not a schedule", None),
             ("0 * * * *", Some("Mars/Olympus_Mons")),
         ] {
-            assert!(Schedule::parse(schedule, tz).is_err(), "{schedule} in {tz:?}");
+            assert!(
+                Schedule::parse(schedule, tz).is_err(),
+                "{schedule} in {tz:?}"
+            );
         }
     }
 
@@ -720,20 +808,44 @@ mod tests {
         // (last schedule, startingDeadlineSeconds, now, job created for)
         let cases = [
             ("2026-03-01T10:00:00Z", None, "2026-03-01T10:00:30Z", None),
-            ("2026-03-01T10:00:00Z", None, "2026-03-01T10:01:05Z", Some("2026-03-01T10:01:00Z")),
+            (
+                "2026-03-01T10:00:00Z",
+                None,
+                "2026-03-01T10:01:05Z",
+                Some("2026-03-01T10:01:00Z"),
+            ),
             // Several missed: only the latest runs.
-            ("2026-03-01T10:00:00Z", None, "2026-03-01T10:07:30Z", Some("2026-03-01T10:07:00Z")),
+            (
+                "2026-03-01T10:00:00Z",
+                None,
+                "2026-03-01T10:07:30Z",
+                Some("2026-03-01T10:07:00Z"),
+            ),
             // Within the starting deadline.
-            ("2026-03-01T10:00:00Z", Some(60), "2026-03-01T10:07:30Z", Some("2026-03-01T10:07:00Z")),
+            (
+                "2026-03-01T10:00:00Z",
+                Some(60),
+                "2026-03-01T10:07:30Z",
+                Some("2026-03-01T10:07:00Z"),
+            ),
             // Past it: nothing (the deadline raises the earliest time considered).
-            ("2026-03-01T10:00:00Z", Some(10), "2026-03-01T10:07:30Z", None),
+            (
+                "2026-03-01T10:00:00Z",
+                Some(10),
+                "2026-03-01T10:07:30Z",
+                None,
+            ),
         ];
         for (last, deadline, now, want) in cases {
             let extra = json!({"startingDeadlineSeconds": deadline});
             let cj = with_last(cronjob("* * * * *", extra), last, &[]);
             let plan = plan(&cj, &[], at(now));
             let got = plan.create.as_ref().map(|(_, t)| *t);
-            assert_eq!(got, want.map(at), "last {last}, deadline {deadline:?}, now {now}");
+            assert_eq!(
+                got,
+                want.map(at),
+                "last {last}, deadline {deadline:?}, now {now}"
+            );
             assert!(plan.requeue.is_some(), "always looks again");
             if let Some((job, t)) = plan.create {
                 assert_eq!(job.name_any(), format!("report-{}", t.as_second() / 60));
@@ -743,7 +855,10 @@ mod tests {
                 );
                 assert_eq!(job.labels()["app"], "report");
                 let owner = &job.owner_references()[0];
-                assert_eq!((owner.kind.as_str(), owner.controller), ("CronJob", Some(true)));
+                assert_eq!(
+                    (owner.kind.as_str(), owner.controller),
+                    ("CronJob", Some(true))
+                );
             }
         }
     }
@@ -765,7 +880,11 @@ mod tests {
                 "2026-03-01T10:00:00Z",
                 &[("report-100", "j-100")],
             );
-            let plan = plan(&cj, std::slice::from_ref(&running), at("2026-03-01T10:01:10Z"));
+            let plan = plan(
+                &cj,
+                std::slice::from_ref(&running),
+                at("2026-03-01T10:01:10Z"),
+            );
             assert_eq!(plan.create.is_some(), creates, "{policy:?}");
             assert_eq!(
                 plan.delete.iter().any(|d| d.uid == "j-100"),
@@ -798,7 +917,11 @@ mod tests {
         for (ok, failed, want) in cases {
             let extra = json!({"successfulJobsHistoryLimit": ok, "failedJobsHistoryLimit": failed,
                                "suspend": true});
-            let cj = with_last(cronjob("* * * * *", extra), "2026-03-01T10:05:00Z", &[("f", "6")]);
+            let cj = with_last(
+                cronjob("* * * * *", extra),
+                "2026-03-01T10:05:00Z",
+                &[("f", "6")],
+            );
             let plan = plan(&cj, &jobs, at("2026-03-01T10:05:30Z"));
             let mut got: Vec<&str> = plan.delete.iter().map(|d| d.name.as_str()).collect();
             got.sort();

@@ -68,7 +68,12 @@ impl Context {
     }
 
     /// Publishes a Warning event about `obj` (best effort, as [`Context::event`]).
-    pub async fn warning<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+    pub async fn warning<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        reason: &str,
+        note: String,
+    ) {
         self.publish(obj, "Warning", reason, note).await;
     }
 

@@ -61,10 +61,16 @@ async fn every_minute_cronjob_creates_a_job_records_it_and_prunes_history() {
     let scheduled: Timestamp = job.annotations()["batch.kubernetes.io/cronjob-scheduled-timestamp"]
         .parse()
         .unwrap();
-    assert_eq!(job.name_any(), format!("tick-{}", scheduled.as_second() / 60));
+    assert_eq!(
+        job.name_any(),
+        format!("tick-{}", scheduled.as_second() / 60)
+    );
     assert!(scheduled > last && scheduled <= Timestamp::now());
     let owner = &job.owner_references()[0];
-    assert_eq!((owner.kind.as_str(), owner.controller), ("CronJob", Some(true)));
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("CronJob", Some(true))
+    );
     let status = eventually("the job listed as active", || async {
         let s = cronjobs.get("tick").await.unwrap().status?;
         (s.active.as_ref()?.len() == 1).then_some(s)
@@ -82,9 +88,11 @@ async fn every_minute_cronjob_creates_a_job_records_it_and_prunes_history() {
     pods.patch_status(
         &pod.name_any(),
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Succeeded", "containerStatuses": [
+        &Patch::Merge(
+            json!({"status": {"phase": "Succeeded", "containerStatuses": [
             {"name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
-             "state": {"terminated": {"exitCode": 0, "finishedAt": now}}}]}})),
+             "state": {"terminated": {"exitCode": 0, "finishedAt": now}}}]}}),
+        ),
     )
     .await
     .unwrap();

@@ -196,7 +196,10 @@ async fn indexed_job_gives_each_pod_its_index_and_reports_completed_indexes() {
             pod.name_any()
         );
         let spec = pod.spec.as_ref().unwrap();
-        assert_eq!(spec.hostname.as_deref(), Some(format!("idx-{index}").as_str()));
+        assert_eq!(
+            spec.hostname.as_deref(),
+            Some(format!("idx-{index}").as_str())
+        );
         let env = spec.containers[0].env.as_ref().unwrap();
         assert!(env.iter().any(|e| e.name == "JOB_COMPLETION_INDEX"));
         indexes.push(index);

@@ -226,7 +226,9 @@ async fn adopt_orphans(
 ) -> Result<(), Error> {
     let ns = job.namespace().unwrap_or_default();
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
-    let owner = job.controller_owner_ref(&()).expect("Job has a name and uid");
+    let owner = job
+        .controller_owner_ref(&())
+        .expect("Job has a name and uid");
     let pods = api
         .list(&ListParams::default())
         .await
@@ -308,7 +310,9 @@ pub fn pod_for(job: &Job, index: Option<i32>) -> Pod {
     }
     // Upstream truncates long prefixes so the generated name stays within 63 characters.
     if generate_name.len() > 58 {
-        let suffix = index.map(|i| format!("-{i}-")).unwrap_or_else(|| "-".into());
+        let suffix = index
+            .map(|i| format!("-{i}-"))
+            .unwrap_or_else(|| "-".into());
         let keep = 58usize.saturating_sub(suffix.len());
         generate_name = format!("{}{suffix}", &name[..keep.min(name.len())]);
     }
@@ -320,7 +324,8 @@ pub fn pod_for(job: &Job, index: Option<i32>) -> Pod {
             annotations: (!annotations.is_empty()).then_some(annotations),
             finalizers: Some(finalizers),
             owner_references: Some(vec![
-                job.controller_owner_ref(&()).expect("Job has a name and uid"),
+                job.controller_owner_ref(&())
+                    .expect("Job has a name and uid"),
             ]),
             ..Default::default()
         },
@@ -364,11 +369,14 @@ async fn create_pods(
         }
         if let Some(e) = first_error {
             let missing = failed + i32::try_from(later.len()).unwrap_or(i32::MAX);
-            return Err((missing, Error::Api {
-                object: object.to_string(),
-                step: "creating pod".into(),
-                source: e,
-            }));
+            return Err((
+                missing,
+                Error::Api {
+                    object: object.to_string(),
+                    step: "creating pod".into(),
+                    source: e,
+                },
+            ));
         }
         rest = later;
         batch *= 2;
@@ -461,7 +469,10 @@ async fn release_orphans(client: Client) {
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let Ok(pod) = event else { continue };
-        let Some(owner) = controller_of(&pod.metadata).filter(|r| r.kind == "Job").cloned() else {
+        let Some(owner) = controller_of(&pod.metadata)
+            .filter(|r| r.kind == "Job")
+            .cloned()
+        else {
             continue;
         };
         if !pod.finalizers().iter().any(|f| f == TRACKING_FINALIZER) {
@@ -551,6 +562,9 @@ async fn reconcile_ttl(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Error
     {
         Ok(_) => Ok(Action::await_change()),
         Err(e) if is_not_found(&e) || super::is_conflict(&e) => Ok(Action::await_change()),
-        Err(e) => Err(e).step(&object, "deleting the job after its ttlSecondsAfterFinished"),
+        Err(e) => Err(e).step(
+            &object,
+            "deleting the job after its ttlSecondsAfterFinished",
+        ),
     }
 }

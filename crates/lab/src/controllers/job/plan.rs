@@ -379,7 +379,10 @@ fn finished_at(pod: &Pod) -> Option<Timestamp> {
     }
     let unready = status
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "False"))
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == "Ready" && c.status == "False")
+        })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0);
     unready
@@ -460,13 +463,17 @@ pub fn plan(job: &Job, pods: &[Pod], now: Timestamp) -> Result<Plan, Invalid> {
     let mut uncounted_failed: Vec<String> = uncounted.failed.unwrap_or_default();
     out.tracked = pods.iter().filter(|p| tracked(p)).map(uid).collect();
     // Pods recorded in a previous sync whose finalizer is gone move into the counters.
-    move_counted(&mut status, &mut uncounted_ok, &mut uncounted_failed, &out.tracked);
+    move_counted(
+        &mut status,
+        &mut uncounted_ok,
+        &mut uncounted_failed,
+        &out.tracked,
+    );
     let was_ok: BTreeSet<String> = uncounted_ok.iter().cloned().collect();
     let was_failed: BTreeSet<String> = uncounted_failed.iter().cloned().collect();
 
     let in_range = |p: &Pod| {
-        !shape.indexed
-            || completion_index(p).is_some_and(|i| i < shape.completions.unwrap_or(0))
+        !shape.indexed || completion_index(p).is_some_and(|i| i < shape.completions.unwrap_or(0))
     };
     let fresh = |p: &&Pod| {
         let u = uid(p);
@@ -484,8 +491,7 @@ pub fn plan(job: &Job, pods: &[Pod], now: Timestamp) -> Result<Plan, Invalid> {
         .filter(|p| match_failure_policy(shape.policy, p) != PolicyVerdict::Ignore)
         .count();
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-    let mut succeeded =
-        status.succeeded.unwrap_or(0) + count(new_ok) + count(uncounted_ok.len());
+    let mut succeeded = status.succeeded.unwrap_or(0) + count(new_ok) + count(uncounted_ok.len());
     let failed = status.failed.unwrap_or(0) + count(new_failed) + count(uncounted_failed.len());
 
     let active_pods: Vec<&Pod> = pods.iter().filter(|p| is_active(p)).collect();
@@ -521,8 +527,7 @@ pub fn plan(job: &Job, pods: &[Pod], now: Timestamp) -> Result<Plan, Invalid> {
             .filter(|_| !shape.suspended)
             .zip(status.start_time.as_ref())
             .map(|(secs, start)| start.0 + SignedDuration::from_secs(secs));
-        if failed > shape.backoff_limit
-            || past_backoff_on_failure(&spec, pods, shape.backoff_limit)
+        if failed > shape.backoff_limit || past_backoff_on_failure(&spec, pods, shape.backoff_limit)
         {
             finished = Some(condition(
                 "FailureTarget",
@@ -874,6 +879,13 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
+    /// The terminal condition a case expects: (type, reason).
+    type Finish = Option<(&'static str, &'static str)>;
+    /// (what, spec, status, pods, pods created, terminal condition)
+    type CreateCase = (&'static str, Value, Value, Vec<Pod>, usize, Finish);
+    /// (what, spec, pods, now, terminal condition, pods deleted)
+    type FailCase = (&'static str, Value, Vec<Pod>, i64, Finish, usize);
+
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
@@ -892,8 +904,10 @@ mod tests {
         for (k, v) in status.as_object().cloned().unwrap_or_default() {
             st[k] = v;
         }
-        serde_json::from_value(json!({"metadata": {"name": "pi", "namespace": "ns", "uid": "j"},
-                                      "spec": full, "status": st}))
+        serde_json::from_value(
+            json!({"metadata": {"name": "pi", "namespace": "ns", "uid": "j"},
+                                      "spec": full, "status": st}),
+        )
         .unwrap()
     }
 
@@ -944,8 +958,15 @@ mod tests {
         // (what, spec, status, pods, pods created, terminal condition)
         let ok = |n: &str| pod(n, "Succeeded", 1, 0);
         let run = |n: &str| pod(n, "Running", 0, 0);
-        let cases: Vec<(&str, Value, Value, Vec<Pod>, usize, Option<(&str, &str)>)> = vec![
-            ("fresh", json!({"completions": 5, "parallelism": 2}), json!({}), vec![], 2, None),
+        let cases: Vec<CreateCase> = vec![
+            (
+                "fresh",
+                json!({"completions": 5, "parallelism": 2}),
+                json!({}),
+                vec![],
+                2,
+                None,
+            ),
             (
                 "one completion left",
                 json!({"completions": 5, "parallelism": 2}),
@@ -1024,10 +1045,16 @@ mod tests {
         let failed = |n: &str| pod(n, "Failed", 1, 1);
         let run = |n: &str| pod(n, "Running", 0, 0);
         let mut restarted = run("r");
-        restarted.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].restart_count =
-            2;
+        restarted
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .restart_count = 2;
         // (what, spec, pods, now, terminal condition, pods deleted)
-        let cases: Vec<(&str, Value, Vec<Pod>, i64, Option<(&str, &str)>, usize)> = vec![
+        let cases: Vec<FailCase> = vec![
             (
                 "within the limit",
                 json!({"completions": 3, "backoffLimit": 2}),
@@ -1083,12 +1110,16 @@ mod tests {
             let want = finished.map(|(t, r)| (t.to_string(), r.to_string()));
             assert_eq!(reason_of(&plan), want, "{what}");
             assert_eq!(plan.delete.len(), deleted, "{what}");
-            assert!(plan.delete.iter().all(|d| !d.untrack), "{what}: counted as failed");
+            assert!(
+                plan.delete.iter().all(|d| !d.untrack),
+                "{what}: counted as failed"
+            );
             if let Some((_, reason)) = finished {
                 let target = plan.status.conditions.as_ref().unwrap();
                 assert!(
-                    target.iter().any(|c| c.type_ == "FailureTarget"
-                        && c.reason.as_deref() == Some(reason)),
+                    target
+                        .iter()
+                        .any(|c| c.type_ == "FailureTarget" && c.reason.as_deref() == Some(reason)),
                     "{what}: FailureTarget first"
                 );
                 assert!(plan.create.is_empty(), "{what}");
@@ -1104,7 +1135,11 @@ mod tests {
         let p = plan_at(json!({"activeDeadlineSeconds": 60}), vec![], 20);
         assert_eq!(p.requeue, Some(Duration::from_secs(40)));
         // One failure 0 s ago: wait 1 s; three consecutive failures: 4 s.
-        let p = plan_at(json!({"completions": 3}), vec![pod("a", "Failed", 10, 1)], 10);
+        let p = plan_at(
+            json!({"completions": 3}),
+            vec![pod("a", "Failed", 10, 1)],
+            10,
+        );
         assert!(p.create.is_empty());
         assert_eq!(p.requeue, Some(Duration::from_secs(1)));
         let three = vec![
@@ -1127,7 +1162,10 @@ mod tests {
             (
                 "0 done, 1 running",
                 json!({}),
-                vec![indexed(pod("a", "Succeeded", 1, 0), 0), indexed(pod("b", "Running", 0, 0), 1)],
+                vec![
+                    indexed(pod("a", "Succeeded", 1, 0), 0),
+                    indexed(pod("b", "Running", 0, 0), 1),
+                ],
                 vec![Some(2)],
                 "0",
             ),
@@ -1150,13 +1188,20 @@ mod tests {
             let spec = json!({"completions": 4, "parallelism": 2, "completionMode": "Indexed"});
             let plan = plan(&job(spec, status), &pods, at(100)).unwrap();
             assert_eq!(plan.create, creates, "{what}");
-            assert_eq!(plan.status.completed_indexes.as_deref(), Some(completed), "{what}");
+            assert_eq!(
+                plan.status.completed_indexes.as_deref(),
+                Some(completed),
+                "{what}"
+            );
         }
         let mut idx = BTreeSet::new();
         assert_eq!(format_indexes(&idx), "");
         idx.extend([0, 1, 2, 4, 6, 7, 9]);
         assert_eq!(format_indexes(&idx), "0-2,4,6,7,9");
-        assert_eq!(parse_indexes("0-2,4,6,7,9", 8), idx.into_iter().filter(|i| *i < 8).collect());
+        assert_eq!(
+            parse_indexes("0-2,4,6,7,9", 8),
+            idx.into_iter().filter(|i| *i < 8).collect()
+        );
         let dupes = vec![
             indexed(pod("a", "Running", 0, 0), 1),
             indexed(pod("b", "Running", 0, 0), 1),
@@ -1164,7 +1209,11 @@ mod tests {
         ];
         let spec = json!({"completions": 4, "parallelism": 4, "completionMode": "Indexed"});
         let plan = plan(&job(spec, json!({})), &dupes, at(100)).unwrap();
-        assert_eq!(plan.delete.len(), 2, "a repeated and an out-of-range index go");
+        assert_eq!(
+            plan.delete.len(),
+            2,
+            "a repeated and an out-of-range index go"
+        );
         assert!(plan.create.is_empty(), "deletions come first");
     }
 
@@ -1177,30 +1226,56 @@ mod tests {
         ]}, "completions": 2, "backoffLimit": 0});
         // (what, pod, terminal condition, failed counted)
         let cases = [
-            ("exit 42 fails the job", pod("a", "Failed", 0, 42), Some("PodFailurePolicy"), 1),
+            (
+                "exit 42 fails the job",
+                pod("a", "Failed", 0, 42),
+                Some("PodFailurePolicy"),
+                1,
+            ),
             (
                 "a disruption is ignored",
                 with_condition(pod("a", "Failed", 0, 137), "DisruptionTarget"),
                 None,
                 0,
             ),
-            ("exit 1 counts", pod("a", "Failed", 0, 1), Some("BackoffLimitExceeded"), 1),
+            (
+                "exit 1 counts",
+                pod("a", "Failed", 0, 1),
+                Some("BackoffLimitExceeded"),
+                1,
+            ),
         ];
         for (what, p, reason, counted) in cases {
-            let plan = plan(&job(policy.clone(), json!({})), std::slice::from_ref(&p), at(30))
-                .unwrap();
+            let plan = plan(
+                &job(policy.clone(), json!({})),
+                std::slice::from_ref(&p),
+                at(30),
+            )
+            .unwrap();
             assert_eq!(
                 plan.finished.as_ref().and_then(|c| c.reason.as_deref()),
                 reason,
                 "{what}"
             );
             let uncounted = plan.status.uncounted_terminated_pods.clone().unwrap();
-            assert_eq!(uncounted.failed.unwrap_or_default().len(), counted, "{what}");
-            assert_eq!(plan.untrack.len(), 1, "{what}: the finalizer goes either way");
+            assert_eq!(
+                uncounted.failed.unwrap_or_default().len(),
+                counted,
+                "{what}"
+            );
+            assert_eq!(
+                plan.untrack.len(),
+                1,
+                "{what}: the finalizer goes either way"
+            );
         }
         let ignored = with_condition(pod("a", "Failed", 0, 137), "DisruptionTarget");
         let plan = plan(&job(policy, json!({})), &[ignored], at(30)).unwrap();
-        assert_eq!(plan.create.len(), 1, "an ignored failure is replaced at once");
+        assert_eq!(
+            plan.create.len(),
+            1,
+            "an ignored failure is replaced at once"
+        );
         assert_eq!(plan.requeue, None);
     }
 
@@ -1210,10 +1285,17 @@ mod tests {
         let pods = [pod("a", "Running", 0, 0), pod("b", "Running", 0, 0)];
         let p = plan(&job(spec, json!({})), &pods, at(10)).unwrap();
         assert_eq!(p.delete.len(), 2);
-        assert!(p.delete.iter().all(|d| d.untrack), "suspended pods are not failures");
+        assert!(
+            p.delete.iter().all(|d| d.untrack),
+            "suspended pods are not failures"
+        );
         assert!(p.create.is_empty());
         let suspended = p.status.conditions.clone().unwrap();
-        assert!(suspended.iter().any(|c| c.type_ == "Suspended" && c.status == "True"));
+        assert!(
+            suspended
+                .iter()
+                .any(|c| c.type_ == "Suspended" && c.status == "True")
+        );
         assert_eq!(p.notes[0].reason, "Suspended");
         let spec = json!({"completions": 3, "parallelism": 2, "suspend": false});
         let status = json!({"conditions": [{"type": "Suspended", "status": "True"}]});
@@ -1228,10 +1310,18 @@ mod tests {
         let spec = json!({"completions": 3, "parallelism": 1});
         // Sync 1: a succeeded pod is recorded by UID and its finalizer may go.
         let ok = pod("a", "Succeeded", 1, 0);
-        let p1 = plan(&job(spec.clone(), json!({})), std::slice::from_ref(&ok), at(5)).unwrap();
+        let p1 = plan(
+            &job(spec.clone(), json!({})),
+            std::slice::from_ref(&ok),
+            at(5),
+        )
+        .unwrap();
         let uncounted = p1.status.uncounted_terminated_pods.clone().unwrap();
         assert_eq!(uncounted.succeeded, Some(vec!["uid-a".to_string()]));
-        assert_eq!(p1.status.succeeded, None, "not counted before the finalizer goes");
+        assert_eq!(
+            p1.status.succeeded, None,
+            "not counted before the finalizer goes"
+        );
         assert_eq!(p1.untrack, vec![("a".to_string(), "uid-a".to_string())]);
         // The finalizer removal failed: settling keeps it uncounted.
         let (kept, _) = settle(p1.status.clone(), &p1.tracked, None, 0, at(5));
@@ -1242,8 +1332,12 @@ mod tests {
         assert_eq!(counted.uncounted_terminated_pods, Some(Default::default()));
         // A crash after writing sync 1's status: the next sync neither loses nor repeats it.
         let recorded = serde_json::to_value(&p1.status).unwrap();
-        let p2 = plan(&job(spec.clone(), recorded.clone()), std::slice::from_ref(&ok), at(6))
-            .unwrap();
+        let p2 = plan(
+            &job(spec.clone(), recorded.clone()),
+            std::slice::from_ref(&ok),
+            at(6),
+        )
+        .unwrap();
         let again = p2.status.uncounted_terminated_pods.clone().unwrap();
         assert_eq!(again.succeeded, Some(vec!["uid-a".to_string()]));
         // The pod was deleted meanwhile (finalizer gone with it): counted at the next sync.
@@ -1268,9 +1362,16 @@ mod tests {
         // (finalizer still on, terminating pods, finished now)
         let cases = [(true, 0, false), (false, 1, false), (false, 0, true)];
         for (still, terminating, want) in cases {
-            let set = if still { tracked.clone() } else { BTreeSet::new() };
+            let set = if still {
+                tracked.clone()
+            } else {
+                BTreeSet::new()
+            };
             let (s, finished) = settle(status.clone(), &set, Some(&done), terminating, at(2));
-            assert_eq!(finished, want, "finalizer on {still}, terminating {terminating}");
+            assert_eq!(
+                finished, want,
+                "finalizer on {still}, terminating {terminating}"
+            );
             assert_eq!(s.completion_time.is_some(), want);
             if want {
                 assert_eq!(s.succeeded, Some(3));
@@ -1283,9 +1384,18 @@ mod tests {
         let mut j = job(json!({}), json!({}));
         j.spec.as_mut().unwrap().selector = None;
         assert_eq!(plan(&j, &[], at(0)).unwrap_err(), Invalid::NoSelector);
-        let j = job(json!({"completionMode": "Indexed", "parallelism": 2}), json!({}));
-        assert_eq!(plan(&j, &[], at(0)).unwrap_err(), Invalid::IndexedWithoutCompletions);
+        let j = job(
+            json!({"completionMode": "Indexed", "parallelism": 2}),
+            json!({}),
+        );
+        assert_eq!(
+            plan(&j, &[], at(0)).unwrap_err(),
+            Invalid::IndexedWithoutCompletions
+        );
         let j = job(json!({"completionMode": "Sometimes"}), json!({}));
-        assert!(matches!(plan(&j, &[], at(0)), Err(Invalid::UnknownCompletionMode(_))));
+        assert!(matches!(
+            plan(&j, &[], at(0)),
+            Err(Invalid::UnknownCompletionMode(_))
+        ));
     }
 }
