@@ -232,3 +232,65 @@ async fn indexed_job_gives_each_pod_its_index_and_reports_completed_indexes() {
 }
 
 const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_jobs_release_their_pods_and_finished_ones_go_after_their_ttl() {
+    let cluster = Cluster::start().await;
+    cluster.namespace("batch").await;
+    let client = &cluster.client;
+    let jobs = Api::<Job>::namespaced(client.clone(), "batch");
+    let pods = Api::<Pod>::namespaced(client.clone(), "batch");
+    let of = |job: &'static str| {
+        let pods = pods.clone();
+        move || {
+            let pods = pods.clone();
+            async move {
+                let lp =
+                    ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
+                pods.list(&lp).await.unwrap().items
+            }
+        }
+    };
+
+    // A running Job deleted with its pods: their tracking finalizer must not hold them.
+    let spec = json!({"completions": 4, "parallelism": 2, "backoffLimit": 1});
+    jobs.create(&PostParams::default(), &job("doomed", "u-doomed", spec))
+        .await
+        .unwrap();
+    let doomed = of("doomed");
+    eventually("two running pods", || async {
+        (doomed().await.len() == 2).then_some(())
+    })
+    .await;
+    let background = DeleteParams {
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..Default::default()
+    };
+    jobs.delete("doomed", &background).await.unwrap();
+    eventually("the pods gone", || async {
+        doomed().await.is_empty().then_some(())
+    })
+    .await;
+
+    // A finished Job with ttlSecondsAfterFinished 1 is deleted a second after it completes.
+    let spec = json!({"completions": 1, "backoffLimit": 1, "ttlSecondsAfterFinished": 1});
+    jobs.create(&PostParams::default(), &job("brief", "u-brief", spec))
+        .await
+        .unwrap();
+    let brief = of("brief");
+    let pod = eventually("its pod", || async { brief().await.pop() }).await;
+    finish(&pods, &pod.name_any(), "Succeeded", 0).await;
+    eventually("the job complete", || async {
+        let j = jobs.get("brief").await.ok()?;
+        condition(&j, "Complete")
+    })
+    .await;
+    eventually("the job deleted after its TTL", || async {
+        jobs.get("brief").await.is_err().then_some(())
+    })
+    .await;
+    eventually("its pod collected", || async {
+        brief().await.is_empty().then_some(())
+    })
+    .await;
+}

@@ -462,6 +462,22 @@ async fn untrack(
 /// Removes the tracking finalizer from pods whose Job no longer exists (deleted, or replaced
 /// by another of the same name), so their deletion completes: upstream's orphan queue.
 async fn release_orphans(client: Client) {
+    // A cache of Jobs answers "does the owner exist" for most events; only a miss is checked
+    // with the API server (the cache may lag behind a new Job).
+    let (jobs_seen, writer) = kube::runtime::reflector::store::<Job>();
+    let job_watch = kube::runtime::reflector(
+        writer,
+        watcher::watcher(Api::<Job>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .for_each(|_| async {});
+    tokio::select! {
+        () = job_watch => {}
+        () = release_orphaned_pods(client, jobs_seen) => {}
+    }
+}
+
+async fn release_orphaned_pods(client: Client, jobs_seen: kube::runtime::reflector::Store<Job>) {
     let pods = Api::<Pod>::all(client.clone());
     let stream = watcher::watcher(pods, watcher::Config::default())
         .default_backoff()
@@ -479,6 +495,10 @@ async fn release_orphans(client: Client) {
             continue;
         }
         let ns = pod.namespace().unwrap_or_default();
+        let cached = jobs_seen.get(&ObjectRef::<Job>::new(&owner.name).within(&ns));
+        if cached.is_some_and(|j| j.uid().as_deref() == Some(owner.uid.as_str())) {
+            continue;
+        }
         let jobs = Api::<Job>::namespaced(client.clone(), &ns);
         let orphaned = match jobs.get(&owner.name).await {
             Ok(j) => j.uid().as_deref() != Some(owner.uid.as_str()),
