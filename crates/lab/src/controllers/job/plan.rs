@@ -65,6 +65,16 @@ pub struct Deletion {
     pub ready: bool,
 }
 
+impl Deletion {
+    fn of(pod: &Pod, untrack: bool) -> Deletion {
+        Deletion {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            untrack,
+            ready: is_ready(pod),
+        }
+    }
+}
+
 /// An event to publish about the Job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
@@ -568,13 +578,8 @@ pub fn plan(job: &Job, pods: &[Pod], now: Timestamp) -> Result<Plan, Invalid> {
 
     if finished.is_some() {
         // Active pods of a finished Job go, keeping their finalizer: they are counted failed.
-        for p in &active_pods {
-            out.delete.push(Deletion {
-                name: p.metadata.name.clone().unwrap_or_default(),
-                untrack: false,
-                ready: is_ready(p),
-            });
-        }
+        out.delete
+            .extend(active_pods.iter().map(|p| Deletion::of(p, false)));
         ready = 0;
         terminating += active;
         active = 0;
@@ -582,13 +587,8 @@ pub fn plan(job: &Job, pods: &[Pod], now: Timestamp) -> Result<Plan, Invalid> {
         let manage = !deleting;
         if manage {
             if shape.suspended {
-                for p in &active_pods {
-                    out.delete.push(Deletion {
-                        name: p.metadata.name.clone().unwrap_or_default(),
-                        untrack: true,
-                        ready: is_ready(p),
-                    });
-                }
+                out.delete
+                    .extend(active_pods.iter().map(|p| Deletion::of(p, true)));
                 ready = 0;
                 terminating += active;
                 active = 0;
@@ -607,11 +607,7 @@ pub fn plan(job: &Job, pods: &[Pod], now: Timestamp) -> Result<Plan, Invalid> {
                         if is_ready(p) {
                             ready -= 1;
                         }
-                        out.delete.push(Deletion {
-                            name: p.metadata.name.clone().unwrap_or_default(),
-                            untrack: true,
-                            ready: is_ready(p),
-                        });
+                        out.delete.push(Deletion::of(p, true));
                     }
                 } else {
                     let held = if shape.only_replace_failed {
