@@ -470,11 +470,45 @@ async fn release_orphans(client: Client) {
         watcher::watcher(Api::<Job>::all(client.clone()), watcher::Config::default()),
     )
     .default_backoff()
-    .for_each(|_| async {});
+    .for_each(|event| {
+        let client = client.clone();
+        async move {
+            // A pod event may have been judged against the cache before the Job's deletion
+            // reached it: the deletion itself releases the Job's pods (upstream's deleteJob).
+            if let Ok(watcher::Event::Delete(job)) = event {
+                release_pods_of(&client, &job).await;
+            }
+        }
+    });
     tokio::select! {
         () = job_watch => {}
-        () = release_orphaned_pods(client, jobs_seen) => {}
+        () = release_orphaned_pods(client.clone(), jobs_seen) => {}
     }
+}
+
+/// Removes the tracking finalizer from every pod the deleted `job` controlled.
+async fn release_pods_of(client: &Client, job: &Job) {
+    let (Some(ns), Some(uid)) = (job.namespace(), job.uid()) else {
+        return;
+    };
+    let api = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pods = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::warn!(
+                "job controller: {ns}/{}: listing pods to release: {e}",
+                job.name_any()
+            );
+            return;
+        }
+    };
+    let names: Vec<String> = pods
+        .iter()
+        .filter(|p| controller_of(&p.metadata).is_some_and(|r| r.uid == uid))
+        .filter(|p| p.finalizers().iter().any(|f| f == TRACKING_FINALIZER))
+        .map(|p| p.name_any())
+        .collect();
+    untrack_each(&api, &names).await;
 }
 
 async fn release_orphaned_pods(client: Client, jobs_seen: kube::runtime::reflector::Store<Job>) {
