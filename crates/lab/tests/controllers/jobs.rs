@@ -294,3 +294,47 @@ async fn deleted_jobs_release_their_pods_and_finished_ones_go_after_their_ttl() 
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_past_its_active_deadline_fails_and_its_pods_go() {
+    use k8s_openapi::api::events::v1::Event;
+    let cluster = Cluster::start().await;
+    cluster.namespace("batch").await;
+    let client = &cluster.client;
+    let jobs = Api::<Job>::namespaced(client.clone(), "batch");
+    let pods = Api::<Pod>::namespaced(client.clone(), "batch");
+    let spec = json!({"completions": 2, "parallelism": 2, "backoffLimit": 6,
+                      "activeDeadlineSeconds": 1});
+    jobs.create(&PostParams::default(), &job("slow", "u-slow", spec))
+        .await
+        .unwrap();
+    let failed = eventually("the job failed", || async {
+        let j = jobs.get("slow").await.unwrap();
+        condition(&j, "Failed").map(|_| j)
+    })
+    .await;
+    assert_eq!(condition(&failed, "Failed").unwrap().1, "DeadlineExceeded");
+    let status = failed.status.unwrap();
+    assert_eq!(status.failed, Some(2), "the running pods count as failed");
+    assert_eq!(status.active.unwrap_or(0), 0);
+    eventually("the pods gone", || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let events = Api::<Event>::namespaced(client.clone(), "batch");
+    eventually("a DeadlineExceeded warning", || async {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        list.iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("DeadlineExceeded")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .map(|_| ())
+    })
+    .await;
+}
