@@ -355,18 +355,22 @@ async fn create_pods(
         let results = join_all(pods.iter().map(|p| api.create(&params, p))).await;
         let mut first_error = None;
         let mut failed = 0;
+        let mut notes = Vec::new();
         for result in results {
             match result {
-                Ok(pod) => {
-                    let note = format!("Created pod: {}", pod.name_any());
-                    ctx.event(job, "SuccessfulCreate", note).await;
-                }
+                Ok(pod) => notes.push(format!("Created pod: {}", pod.name_any())),
                 Err(e) => {
                     failed += 1;
                     first_error.get_or_insert(e);
                 }
             }
         }
+        join_all(
+            notes
+                .into_iter()
+                .map(|note| ctx.event(job, "SuccessfulCreate", note)),
+        )
+        .await;
         if let Some(e) = first_error {
             let missing = failed + i32::try_from(later.len()).unwrap_or(i32::MAX);
             return Err((
