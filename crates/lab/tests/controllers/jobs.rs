@@ -338,3 +338,65 @@ async fn job_past_its_active_deadline_fails_and_its_pods_go() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspending_a_job_removes_its_pods_without_counting_them_failed() {
+    let cluster = Cluster::start().await;
+    cluster.namespace("batch").await;
+    let client = &cluster.client;
+    let jobs = Api::<Job>::namespaced(client.clone(), "batch");
+    let pods = Api::<Pod>::namespaced(client.clone(), "batch");
+    let count = || async { pods.list(&ListParams::default()).await.unwrap().items.len() };
+    let suspend = |on: bool| {
+        let jobs = jobs.clone();
+        async move {
+            jobs.patch(
+                "paused",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"suspend": on}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let spec = json!({"completions": 4, "parallelism": 2, "backoffLimit": 1, "suspend": true});
+    jobs.create(&PostParams::default(), &job("paused", "u-paused", spec))
+        .await
+        .unwrap();
+    let suspended = |want: &'static str| {
+        let jobs = jobs.clone();
+        move || {
+            let jobs = jobs.clone();
+            async move {
+                let j = jobs.get("paused").await.unwrap();
+                let c = j
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .find(|c| c.type_ == "Suspended")?
+                    .clone();
+                (c.status == want).then_some(j)
+            }
+        }
+    };
+    let j = eventually("Suspended True", suspended("True")).await;
+    assert!(
+        j.status.unwrap().start_time.is_none(),
+        "a suspended job has not started"
+    );
+    assert_eq!(count().await, 0);
+    suspend(false).await;
+    let j = eventually("Suspended False (resumed)", suspended("False")).await;
+    assert!(j.status.unwrap().start_time.is_some());
+    eventually("two pods", || async { (count().await == 2).then_some(()) }).await;
+    suspend(true).await;
+    eventually("pods removed", || async {
+        (count().await == 0).then_some(())
+    })
+    .await;
+    let status = jobs.get("paused").await.unwrap().status.unwrap();
+    assert_eq!(status.failed.unwrap_or(0), 0, "suspension is not failure");
+    assert_eq!(status.active.unwrap_or(0), 0);
+}
