@@ -5,6 +5,8 @@
 
 #[path = "controllers/common.rs"]
 mod common;
+#[path = "controllers/cronjobs.rs"]
+mod cronjobs;
 #[path = "controllers/csr.rs"]
 mod csr;
 #[path = "controllers/daemonsets.rs"]
@@ -15,6 +17,8 @@ mod deployments;
 mod disruption;
 #[path = "controllers/endpoints.rs"]
 mod endpoints;
+#[path = "controllers/jobs.rs"]
+mod jobs;
 #[path = "controllers/replicasets.rs"]
 mod replicasets;
 #[path = "controllers/serviceaccounts.rs"]

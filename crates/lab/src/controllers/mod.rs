@@ -1,17 +1,19 @@
 //! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
-//! Deployment, DaemonSet, StatefulSet, disruption (PodDisruptionBudget status),
+//! Deployment, DaemonSet, StatefulSet, Job, CronJob (with TTL-after-finished), disruption (PodDisruptionBudget status),
 //! EndpointSlice/Endpoints, the persistent volume binder (with the lab's provisioner of
 //! hollow volumes), the kube-apiserver-client CSR signer and the
 //! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.
 
+pub mod cronjob;
 pub mod csr;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod history;
+pub mod job;
 pub mod replicaset;
 pub mod serviceaccount;
 pub mod statefulset;
@@ -41,6 +43,8 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
         () = statefulset::run(client.clone()) => anyhow::bail!("statefulset controller stopped"),
         () = volume::run(client.clone()) => anyhow::bail!("persistentvolume controller stopped"),
+        () = job::run(client.clone()) => anyhow::bail!("job controller stopped"),
+        () = cronjob::run(client.clone()) => anyhow::bail!("cronjob controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
     }
@@ -71,6 +75,26 @@ impl Context {
     /// (one `SuccessfulCreate` each) spent most of its time there. These notes are unique per
     /// object anyway (kube-controller-manager does not aggregate them either).
     pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        self.publish(obj, "Normal", reason, note).await;
+    }
+
+    /// Publishes a Warning event about `obj` (best effort, as [`Context::event`]).
+    pub async fn warning<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        reason: &str,
+        note: String,
+    ) {
+        self.publish(obj, "Warning", reason, note).await;
+    }
+
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: &str,
+        reason: &str,
+        note: String,
+    ) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
         let regarding = obj.object_ref(&());
@@ -90,7 +114,7 @@ impl Context {
                 ..Default::default()
             },
             event_time: Some(MicroTime(now)),
-            type_: Some("Normal".into()),
+            type_: Some(type_.into()),
             reason: Some(reason.into()),
             action: Some(reason.into()),
             note: Some(note),
