@@ -507,3 +507,60 @@ async fn jobs_run_on_hollow_nodes_to_completion_or_to_their_backoff_limit() {
         .await;
     assert_eq!(reason.trim(), "BackoffLimitExceeded 2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_job_and_cronjob_run_as_on_a_real_cluster() {
+    let lab = Lab::start(2).await;
+    lab.ok(&["create", "job", "pi", "--image=busybox"]).await;
+    lab.ok(&[
+        "wait",
+        "--for=condition=complete",
+        "job/pi",
+        "--timeout=60s",
+    ])
+    .await;
+    let out = lab
+        .ok(&["get", "job", "pi", "-o", "jsonpath={.status.succeeded}"])
+        .await;
+    assert_eq!(out.trim(), "1");
+    lab.ok(&[
+        "create",
+        "cronjob",
+        "nightly",
+        "--image=busybox",
+        "--schedule=0 3 * * *",
+    ])
+    .await;
+    lab.ok(&["create", "job", "now", "--from=cronjob/nightly"])
+        .await;
+    lab.ok(&[
+        "wait",
+        "--for=condition=complete",
+        "job/now",
+        "--timeout=60s",
+    ])
+    .await;
+    let owner = lab
+        .ok(&[
+            "get",
+            "job",
+            "now",
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.status.succeeded}",
+        ])
+        .await;
+    assert_eq!(owner.trim(), "CronJob/nightly 1");
+    let (ok, out) = lab
+        .kubectl(
+            &[
+                "create",
+                "cronjob",
+                "bad",
+                "--image=busybox",
+                "--schedule=TZ=UTC 0 3 * * *",
+            ],
+            None,
+        )
+        .await;
+    assert!(!ok, "a TZ= schedule is refused:\n{out}");
+}
