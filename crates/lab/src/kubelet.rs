@@ -3,7 +3,8 @@
 //! A hollow container starts instantly and does nothing; what it does instead is chosen by
 //! the pod annotation [`BEHAVIOR_ANNOTATION`] (`lab.tandem.dev/behavior`):
 //!
-//! - absent: like `run`, except for pods owned by a Job (an ownerReference of kind `Job`),
+//! - absent: like `run`, except for pods of a Job (an ownerReference of kind `Job`, or the
+//!   `batch.kubernetes.io/job-name` label, which a Job pod's copy in a provider keeps),
 //!   whose containers run for [`JOB_POD_RUN`] and then exit with code 0, as a short-lived
 //!   image would (so `kubectl create job j --image=busybox` completes).
 //! - `run`: containers run and are ready; the pod is `Running` and `Ready`.
@@ -211,14 +212,25 @@ pub struct PodRuntime {
     pub completed: bool,
 }
 
-/// Whether a pod's controller is a Job.
+/// Whether a pod belongs to a Job: its controller is a Job, or it carries the
+/// `batch.kubernetes.io/job-name` label kube-apiserver gives every Job's pods. The label
+/// counts on its own because a Job pod offloaded to another cluster runs there as a copy
+/// owned by Tandem's ShadowPod, and must finish there as the same short-lived image would.
 fn owned_by_job(pod: &Pod) -> bool {
     pod.metadata
         .owner_references
         .iter()
         .flatten()
         .any(|r| r.kind == "Job" && r.controller == Some(true))
+        || pod
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(JOB_NAME_LABEL))
 }
+
+/// The label kube-apiserver's Job strategy puts on a Job's pod template.
+const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
 /// Back-off before restart number `restarts + 1`: 1 s doubling to 10 s.
 pub fn restart_backoff(restarts: i32) -> Duration {
@@ -928,6 +940,13 @@ mod tests {
             let c = &status["containerStatuses"][0]["state"];
             assert!(c.get(state).is_some(), "{case}: {c}");
             assert_eq!(c[state]["exitCode"].as_i64(), code.map(i64::from), "{case}");
+            // A Job pod's copy in a provider cluster has no Job owner, only the Job's label.
+            if job && behavior.is_none() {
+                p.metadata.owner_references = None;
+                p.metadata.labels = Some([(JOB_NAME_LABEL.to_string(), "pi".to_string())].into());
+                let status = desired_status(&p, &rt, "172.18.0.3", now);
+                assert_eq!(status["phase"], phase, "{case} (label only)");
+            }
         }
     }
 
