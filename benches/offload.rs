@@ -11,6 +11,11 @@
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench offload`
 //! (BENCH_SIZES=10,100 and BENCH_NODES to resize; BENCH_REPEAT=3 runs each size three times
 //! and prints the median ratio).
+//!
+//! BENCH_WORKLOAD=job runs the batch-bursting comparison instead: a consumer with 2 nodes whose
+//! 400m pods fit 40 at a time, a 300-completion Job (parallelism 100) run first in a namespace
+//! that is not offloaded (local only), then in one offloaded with `LocalAndRemote` (bursting),
+//! timed from the create until the Job is Complete with 300 succeeded.
 
 // The same allocator as the `tandem` binary, whose `tandem lab` these lab clusters stand for.
 #[global_allocator]
@@ -21,6 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tandem_lab::{LabCluster, LabConfig};
@@ -301,6 +307,11 @@ async fn main() -> anyhow::Result<()> {
         Ok("pinned") | Err(_) => true,
         Ok(other) => anyhow::bail!("BENCH_PLACEMENT={other}: want pinned or shared"),
     };
+    let job_mode = match std::env::var("BENCH_WORKLOAD").as_deref() {
+        Ok("job") => true,
+        Ok("deployment") | Err(_) => false,
+        Ok(other) => anyhow::bail!("BENCH_WORKLOAD={other}: want deployment or job"),
+    };
     anyhow::ensure!(
         tandem_bin().exists(),
         "{} missing: run `cargo build --release -p tandem-cli` first",
@@ -329,7 +340,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let consumer = site(
         dir.path(),
-        lab_config("consumer", 3, "eu-west"),
+        lab_config("consumer", if job_mode { 2 } else { 3 }, "eu-west"),
         pinned.then_some(1),
     )
     .await?;
@@ -385,10 +396,13 @@ async fn main() -> anyhow::Result<()> {
         "namespace",
         "bench",
         "--pod-offloading-strategy",
-        "Remote",
+        if job_mode { "LocalAndRemote" } else { "Remote" },
         "--kubeconfig",
         ck,
     ])?;
+    if job_mode {
+        return job_bursting(&consumer.client).await;
+    }
     let twin = "bench-consumer";
     let idle_rss = consumer_ctl.rss_bytes();
     let pids = [
@@ -459,5 +473,70 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// A Job of `completions` hollow pods (each runs a second, then exits 0), `parallelism` at a
+/// time, each requesting 400m of CPU.
+fn job(name: &str, completions: i32, parallelism: i32) -> anyhow::Result<Job> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "completions": completions,
+            "parallelism": parallelism,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "work", "image": "busybox",
+                    "resources": {"requests": {"cpu": "400m", "memory": "64Mi"}}}],
+            }},
+        },
+    }))?)
+}
+
+/// Creates the Job and returns the time until it is Complete with every completion counted.
+async fn run_job(client: &kube::Client, ns: &str, completions: i32) -> anyhow::Result<Duration> {
+    let api: Api<Job> = Api::namespaced(client.clone(), ns);
+    let started = Instant::now();
+    api.create(&PostParams::default(), &job("render", completions, 100)?)
+        .await?;
+    until(&format!("{ns}/render Complete"), async || {
+        let s = api.get("render").await?.status.unwrap_or_default();
+        Ok(s.succeeded == Some(completions)
+            && s.conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Complete" && c.status == "True"))
+    })
+    .await?;
+    Ok(started.elapsed())
+}
+
+/// The batch-bursting comparison (BENCH_WORKLOAD=job): the same Job local only, then bursting.
+async fn job_bursting(consumer: &kube::Client) -> anyhow::Result<()> {
+    let nss: Api<Namespace> = Api::all(consumer.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": "local"}}))?,
+    )
+    .await?;
+    let completions = std::env::var("BENCH_COMPLETIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    println!(
+        "\n| Job ({completions} completions, parallelism 100, 40 fit locally) | time to Complete (s) |"
+    );
+    println!("|---|---:|");
+    let local = run_job(consumer, "local", completions).await?;
+    println!("| local only | {:.2} |", local.as_secs_f64());
+    let bursting = run_job(consumer, "bench", completions).await?;
+    println!(
+        "| bursting (`LocalAndRemote`) | {:.2} |",
+        bursting.as_secs_f64()
+    );
+    println!(
+        "  bursting / local only: {:.2}",
+        bursting.as_secs_f64() / local.as_secs_f64()
+    );
     Ok(())
 }
