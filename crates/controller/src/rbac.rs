@@ -188,11 +188,12 @@ pub fn controller_role() -> ClusterRole {
                 &["get", "list", "watch", "create", "patch"],
             ),
             // RoleBindings of peer identities to the two peer roles (and nothing else: `bind`
-            // is limited to them), in tenant and twin namespaces.
+            // is limited to them), in tenant and twin namespaces; removed from a twin
+            // namespace retained for its data when its consumer unpeers.
             rule(
                 "rbac.authorization.k8s.io",
                 &["rolebindings"],
-                &["create", "patch"],
+                &["create", "patch", "delete"],
             ),
             PolicyRule {
                 resource_names: Some(vec![PEER_TENANT_ROLE.into(), PEER_TWIN_ROLE.into()]),
