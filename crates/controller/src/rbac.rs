@@ -179,7 +179,11 @@ pub fn controller_role() -> ClusterRole {
                 &["persistentvolumes"],
                 &["get", "list", "watch", "create", "delete"],
             ),
-            rule("storage.k8s.io", &["storageclasses"], &["get", "list", "watch"]),
+            rule(
+                "storage.k8s.io",
+                &["storageclasses"],
+                &["get", "list", "watch"],
+            ),
             // Provider: the storage part of a consumer's grant, as a quota in each twin
             // namespace; and the shadow pods of a twin kept for its data.
             rule(

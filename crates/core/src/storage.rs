@@ -449,7 +449,11 @@ mod tests {
                 on_milan(),
                 Remote::NoLink,
                 true,
-                &["report ProviderGone", "DeleteLocalVolume", "RemoveFinalizer"],
+                &[
+                    "report ProviderGone",
+                    "DeleteLocalVolume",
+                    "RemoveFinalizer",
+                ],
             ),
             (
                 "a deleted claim never provisioned just loses its finalizer",

@@ -11,7 +11,7 @@
 //! default.
 //!
 //! Unoffloading and unpeering never delete provider claims unless asked (`--delete-data`):
-//! [`remote_claims`] and [`delete_remote_claims`] serve those paths.
+//! [`remote_claims`] and [`remote_volumes`] serve the reports of those paths.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,7 +141,14 @@ pub fn local_volume(
 ) -> Value {
     let spec = pvc.spec.clone().unwrap_or_default();
     let capacity = remote
-        .and_then(|r| r.status.as_ref()?.capacity.as_ref()?.get("storage").cloned())
+        .and_then(|r| {
+            r.status
+                .as_ref()?
+                .capacity
+                .as_ref()?
+                .get("storage")
+                .cloned()
+        })
         .map(|q| q.0)
         .or_else(|| requested_storage(pvc));
     let (ns, name, uid) = (
@@ -298,7 +305,9 @@ fn key(pvc: &PersistentVolumeClaim) -> String {
     format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any())
 }
 
-fn step_error(pvc: &PersistentVolumeClaim) -> impl Fn(&str) -> Box<dyn FnOnce(kube::Error) -> Error> {
+fn step_error(
+    pvc: &PersistentVolumeClaim,
+) -> impl Fn(&str) -> Box<dyn FnOnce(kube::Error) -> Error> {
     let claim = key(pvc);
     move |step: &str| {
         let claim = claim.clone();
@@ -361,7 +370,9 @@ async fn act(
     let err = step_error(pvc);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let (provider, twin) = match &seen.placement {
-        Placement::Virtual { provider, twin } => (provider.clone(), twin.clone().unwrap_or_default()),
+        Placement::Virtual { provider, twin } => {
+            (provider.clone(), twin.clone().unwrap_or_default())
+        }
         _ => Default::default(),
     };
     let remote_api = || {
@@ -400,7 +411,9 @@ async fn act(
                 .map_err(err("removing its finalizer"))?;
         }
         Step::CreateRemote => {
-            let Some(api) = remote_api() else { return Ok(()) };
+            let Some(api) = remote_api() else {
+                return Ok(());
+            };
             let class = remote_class(client).await;
             let body: PersistentVolumeClaim = serde_json::from_value(remote_claim(
                 pvc,
@@ -426,7 +439,9 @@ async fn act(
             }
         }
         Step::AdoptRemote => {
-            let Some(api) = remote_api() else { return Ok(()) };
+            let Some(api) = remote_api() else {
+                return Ok(());
+            };
             api.patch(
                 &name,
                 &PatchParams::default(),
@@ -434,7 +449,9 @@ async fn act(
                     ORIGIN_UID_ANNOTATION: pvc.uid()}}})),
             )
             .await
-            .map_err(err(&format!("adopting its retained copy on provider {provider}")))?;
+            .map_err(err(&format!(
+                "adopting its retained copy on provider {provider}"
+            )))?;
             record(
                 client,
                 pvc,
@@ -445,12 +462,16 @@ async fn act(
             .await;
         }
         Step::DeleteRemote => {
-            let Some(api) = remote_api() else { return Ok(()) };
+            let Some(api) = remote_api() else {
+                return Ok(());
+            };
             client::ok_if_not_found(api.delete(&name, &DeleteParams::default()).await)
                 .map_err(err(&format!("deleting its copy on provider {provider}")))?;
         }
         Step::CreateLocalVolume => {
-            let Some(node) = &seen.node else { return Ok(()) };
+            let Some(node) = &seen.node else {
+                return Ok(());
+            };
             let body: PersistentVolume = serde_json::from_value(local_volume(
                 pvc,
                 seen.remote_obj.as_ref(),
@@ -497,7 +518,13 @@ async fn act(
 
 /// Writes (or refreshes) an Event about `pvc`; one per reason, so a waiting claim does not
 /// pile them up. A failure is logged: the report is not worth failing the reconcile for.
-async fn record(client: &Client, pvc: &PersistentVolumeClaim, warning: bool, reason: &str, message: &str) {
+async fn record(
+    client: &Client,
+    pvc: &PersistentVolumeClaim,
+    warning: bool,
+    reason: &str,
+    message: &str,
+) {
     let ns = pvc.namespace().unwrap_or_default();
     let name = format!("{}.tandem-{}", pvc.name_any(), reason.to_ascii_lowercase());
     let now = chrono_now();
@@ -515,7 +542,11 @@ async fn record(client: &Client, pvc: &PersistentVolumeClaim, warning: bool, rea
     });
     let api: Api<CoreEvent> = Api::namespaced(client.clone(), &ns);
     if let Err(e) = api
-        .patch(&name, &PatchParams::apply(COMPONENT).force(), &Patch::Apply(&event))
+        .patch(
+            &name,
+            &PatchParams::apply(COMPONENT).force(),
+            &Patch::Apply(&event),
+        )
         .await
     {
         tracing::debug!(claim = %key(pvc), %reason, error = %e, "writing an Event");
@@ -539,21 +570,6 @@ pub async fn remote_claims(link: &ProviderLink, twin: &str) -> Result<Vec<String
         Err(e) if client::is_gone_or_forbidden(&e) => Ok(Vec::new()),
         Err(e) => Err(e),
     }
-}
-
-/// Deletes every claim in `twin` on `link`'s provider (`--delete-data`); Ok(true) once none is
-/// left.
-pub async fn delete_remote_claims(link: &ProviderLink, twin: &str) -> Result<bool, kube::Error> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(link.client.clone(), twin);
-    let list = match api.list(&ListParams::default()).await {
-        Ok(l) => l.items,
-        Err(e) if client::is_gone_or_forbidden(&e) => return Ok(true),
-        Err(e) => return Err(e),
-    };
-    for c in list.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
-        client::ok_if_not_found(api.delete(&c.name_any(), &DeleteParams::default()).await)?;
-    }
-    Ok(list.is_empty())
 }
 
 /// The consumer's remote volumes, by provider: for each PV Tandem made, (claim namespace/name,
@@ -626,10 +642,12 @@ mod tests {
         assert_eq!(pv["spec"]["claimRef"]["uid"], "u1");
         assert_eq!(pv["spec"]["claimRef"]["namespace"], "db");
         assert_eq!(pv["spec"]["storageClassName"], names::STORAGE_CLASS);
-        assert_eq!(pv["spec"]["capacity"]["storage"], "1Gi", "the request until bound");
         assert_eq!(
-            pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
-                ["values"],
+            pv["spec"]["capacity"]["storage"], "1Gi",
+            "the request until bound"
+        );
+        assert_eq!(
+            pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"],
             json!(["tandem-milan"])
         );
         assert_eq!(pv["spec"]["csi"]["driver"], names::CSI_DRIVER);
@@ -639,6 +657,9 @@ mod tests {
         }))
         .unwrap();
         let pv = local_volume(&pvc(), Some(&bound), "milan", "tandem-milan", "db-rome");
-        assert_eq!(pv["spec"]["capacity"]["storage"], "2Gi", "what the provider gave");
+        assert_eq!(
+            pv["spec"]["capacity"]["storage"], "2Gi",
+            "what the provider gave"
+        );
     }
 }
