@@ -359,6 +359,80 @@ async fn unoffloading_retains_the_providers_claims_unless_asked_to_delete_data()
     .await;
 }
 
+#[tokio::test]
+async fn unpeering_retains_the_providers_claims_unless_asked_to_delete_data() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let keep = Cluster::start("milan", "eu-north", 1).await;
+    let drop = Cluster::start("turin", "eu-west", 1).await;
+    peer_with(&consumer, &keep, grant(), None).await;
+    peer_with(&consumer, &drop, grant(), None).await;
+    let twin_keep = offload_remote(&consumer, &keep, "db").await;
+    let twin_drop = offload_remote(&consumer, &drop, "db").await;
+    provisioned(&consumer, &keep, "db", &twin_keep, "kept").await;
+    provisioned(&consumer, &drop, "db", &twin_drop, "dropped").await;
+
+    // Without --delete-data: reported before, retained after, the consumer's access revoked.
+    let held = tandem_controller::invite::data_held_with(&consumer.client, "milan")
+        .await
+        .unwrap();
+    assert_eq!(
+        held,
+        vec![format!(
+            "PersistentVolumeClaim db/kept: its data stays on milan in namespace {twin_keep}"
+        )]
+    );
+    tandem_controller::invite::unpeer(&consumer.client, "milan", false, WAIT, &mut |_| {})
+        .await
+        .expect("unpeered from milan");
+    let on_keep: Api<Namespace> = Api::all(keep.client.clone());
+    let kept = on_keep
+        .get(&twin_keep)
+        .await
+        .expect("the twin namespace retained");
+    assert!(kept.metadata.deletion_timestamp.is_none());
+    assert!(
+        get(
+            &Api::<PersistentVolumeClaim>::namespaced(keep.client.clone(), &twin_keep),
+            "kept"
+        )
+        .await
+        .is_some()
+    );
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        Api::namespaced(keep.client.clone(), &twin_keep);
+    assert!(
+        bindings
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "the unpeered consumer has no access left"
+    );
+    let on_provider = tandem_controller::invite::data_held_with(&keep.client, "rome")
+        .await
+        .unwrap();
+    assert_eq!(
+        on_provider,
+        vec![format!(
+            "namespace {twin_keep} keeps rome's PersistentVolumeClaims kept"
+        )]
+    );
+
+    // With --delete-data: the twin namespace goes, data and all.
+    tandem_controller::invite::mark_delete_data(&consumer.client, "turin")
+        .await
+        .unwrap();
+    tandem_controller::invite::unpeer(&consumer.client, "turin", false, WAIT, &mut |_| {})
+        .await
+        .expect("unpeered from turin");
+    let on_drop: Api<Namespace> = Api::all(drop.client.clone());
+    until("the twin namespace deleted with its data", WAIT, || async {
+        get(&on_drop, &twin_drop).await.is_none().then_some(())
+    })
+    .await;
+}
+
 // ---- End to end with the lab's volume binder, scheduler and StatefulSet controller ----
 
 /// Pods in `ns` matching `selector`.

@@ -335,7 +335,11 @@ async fn reconcile(pvc: Arc<PersistentVolumeClaim>, state: Arc<State>) -> Result
     };
     let seen = observe(&state, &pvc).await?;
     let steps = plan::decide(&claim, &seen.placement, &seen.remote, seen.local_pv);
-    let settled = steps.is_empty();
+    // Nothing to do, or only a warning that no retry soon will change (a lost volume, a
+    // provider gone, a local node): looked at again in a while. Waiting steps: soon.
+    let settled = steps
+        .iter()
+        .all(|s| matches!(s, Step::Report(r) if r.warning && r.reason != "ProviderUnreachable"));
     for step in steps {
         act(&state, &pvc, &seen, step).await?;
     }
