@@ -31,6 +31,10 @@ pub const NODE_TYPE_LABEL: &str = "tandem.dev/type";
 pub const VIRTUAL_NODE_TYPE: &str = "virtual-node";
 /// Taint key on virtual nodes; only pods of offloaded namespaces tolerate it.
 pub const VIRTUAL_NODE_TAINT: &str = "virtual-node.tandem.dev/not-allowed";
+/// Annotation opting a DaemonSet (or its pod template) into running on virtual nodes: value
+/// `"true"`. Without it Tandem keeps DaemonSet pods off virtual nodes; with it, one pod per
+/// virtual node runs in its provider.
+pub const DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION: &str = "tandem.dev/daemonset-on-virtual-nodes";
 /// Label on reflected objects: the kind of reflection that owns them.
 pub const REFLECTED_LABEL: &str = "tandem.dev/reflected";
 /// Annotation on invite bootstrap-token Secrets: what the invite is for.

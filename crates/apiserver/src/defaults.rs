@@ -93,9 +93,24 @@ pub fn apply(
         return Ok(());
     }
     match (res.group.as_str(), res.kind.as_str()) {
+        ("", "Service") => service(state, obj, old)?,
+        ("", "PersistentVolumeClaim") => {
+            builtin(res, obj, old);
+            if old.is_none() {
+                default_storage_class(state, obj);
+            }
+        }
+        _ => builtin(res, obj, old),
+    }
+    Ok(())
+}
+
+/// The defaults of built-in kinds that need nothing but the object.
+fn builtin(res: &ResourceInfo, obj: &mut Value, old: Option<&Value>) {
+    match (res.group.as_str(), res.kind.as_str()) {
         ("", "Pod") => {
             let Some(spec) = obj.get_mut("spec") else {
-                return Ok(());
+                return;
             };
             pod_spec(spec);
             let spec = object_at(obj, "spec");
@@ -121,7 +136,6 @@ pub fn apply(
                 default(status, "qosClass", json!("BestEffort"));
             }
         }
-        ("", "Service") => service(state, obj, old)?,
         ("", "Namespace") => {
             let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
             let meta = object_at(obj, "metadata");
@@ -164,9 +178,247 @@ pub fn apply(
             default(object_at(obj, "spec"), "replicas", json!(1));
             pod_template(obj);
         }
+        ("apps", "StatefulSet") => {
+            stateful_set(obj);
+            if old.is_none() {
+                zero_status(obj, &["replicas", "availableReplicas"]);
+            }
+        }
+        ("policy", "PodDisruptionBudget") if old.is_none() => zero_status(
+            obj,
+            &[
+                "disruptionsAllowed",
+                "currentHealthy",
+                "desiredHealthy",
+                "expectedPods",
+            ],
+        ),
+        ("apps", "DaemonSet") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(spec, "updateStrategy", json!({"type": "RollingUpdate"}));
+            if spec["updateStrategy"]["type"] == "RollingUpdate" {
+                let ru = object_at(&mut spec["updateStrategy"], "rollingUpdate");
+                default(ru, "maxUnavailable", json!(1));
+                default(ru, "maxSurge", json!(0));
+            }
+            pod_template(obj);
+            if old.is_none() {
+                zero_status(
+                    obj,
+                    &[
+                        "currentNumberScheduled",
+                        "numberMisscheduled",
+                        "desiredNumberScheduled",
+                        "numberReady",
+                    ],
+                );
+            }
+        }
+        ("batch", "Job") => job(obj, old.is_none()),
+        ("batch", "CronJob") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "concurrencyPolicy", json!("Allow"));
+            default(spec, "suspend", json!(false));
+            default(spec, "successfulJobsHistoryLimit", json!(3));
+            default(spec, "failedJobsHistoryLimit", json!(1));
+            if obj["spec"]["jobTemplate"]["spec"].is_object() {
+                failure_policy_defaults(&mut obj["spec"]["jobTemplate"]["spec"]);
+            }
+            let template = &mut obj["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+            if template.is_object() {
+                pod_spec(template);
+            }
+        }
+        ("", "PersistentVolumeClaim") => persistent_volume_claim(obj),
+        ("", "PersistentVolume") => {
+            let spec = object_at(obj, "spec");
+            default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
+            default(spec, "volumeMode", json!("Filesystem"));
+            if old.is_none() {
+                default(object_at(obj, "status"), "phase", json!("Pending"));
+            }
+        }
+        ("storage.k8s.io", "StorageClass") => {
+            let map = obj.as_object_mut().expect("objects are maps");
+            default(map, "reclaimPolicy", json!("Delete"));
+            default(map, "volumeBindingMode", json!("Immediate"));
+        }
         _ => {}
     }
-    Ok(())
+}
+
+/// A new object's status as kube renders its empty Go struct: counters without `omitempty`
+/// are written as 0.
+fn zero_status(obj: &mut Value, counters: &[&str]) {
+    let status = object_at(obj, "status");
+    for counter in counters {
+        default(status, counter, json!(0));
+    }
+}
+
+/// `SetDefaults_PersistentVolumeClaim` (also applied to StatefulSet volumeClaimTemplates).
+fn persistent_volume_claim(obj: &mut Value) {
+    default(object_at(obj, "spec"), "volumeMode", json!("Filesystem"));
+    default(object_at(obj, "status"), "phase", json!("Pending"));
+}
+
+/// `SetDefaults_StatefulSet` and the PVC defaults of its volumeClaimTemplates.
+fn stateful_set(obj: &mut Value) {
+    let spec = object_at(obj, "spec");
+    default(spec, "replicas", json!(1));
+    default(spec, "podManagementPolicy", json!("OrderedReady"));
+    default(spec, "revisionHistoryLimit", json!(10));
+    default(spec, "updateStrategy", json!({"type": "RollingUpdate"}));
+    if spec["updateStrategy"]["type"] == "RollingUpdate" {
+        default(
+            object_at(&mut spec["updateStrategy"], "rollingUpdate"),
+            "partition",
+            json!(0),
+        );
+    }
+    default(spec, "persistentVolumeClaimRetentionPolicy", json!({}));
+    if let Some(retention) = spec["persistentVolumeClaimRetentionPolicy"].as_object_mut() {
+        default(retention, "whenDeleted", json!("Retain"));
+        default(retention, "whenScaled", json!("Retain"));
+    }
+    for claim in spec
+        .get_mut("volumeClaimTemplates")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if claim.is_object() {
+            persistent_volume_claim(claim);
+        }
+    }
+    pod_template(obj);
+}
+
+/// `SetDefaults_Job`, and on create the selector kube's job strategy generates
+/// (`generateSelector`): the template is labelled with the job's name and uid, and the
+/// selector picks the uid, so that the job's pods are its alone.
+fn job(obj: &mut Value, create: bool) {
+    let spec = object_at(obj, "spec");
+    if spec.get("completions").is_none_or(Value::is_null)
+        && spec.get("parallelism").is_none_or(Value::is_null)
+    {
+        spec.insert("completions".into(), json!(1));
+    }
+    default(spec, "parallelism", json!(1));
+    // With a backoff limit per index, the job-wide one stops counting.
+    let per_index = spec
+        .get("backoffLimitPerIndex")
+        .is_some_and(|b| !b.is_null());
+    default(
+        spec,
+        "backoffLimit",
+        json!(if per_index { i32::MAX } else { 6 }),
+    );
+    default(spec, "completionMode", json!("NonIndexed"));
+    default(spec, "suspend", json!(false));
+    default(spec, "manualSelector", json!(false));
+    let replacement = if spec.get("podFailurePolicy").is_some_and(|p| !p.is_null()) {
+        "Failed"
+    } else {
+        "TerminatingOrFailed"
+    };
+    default(spec, "podReplacementPolicy", json!(replacement));
+    if create && spec["manualSelector"] != true {
+        let name = obj["metadata"]["name"].clone();
+        let uid = obj["metadata"]["uid"].clone();
+        let template_meta = object_at(&mut obj["spec"]["template"], "metadata");
+        let labels = template_meta.entry("labels").or_insert_with(|| json!({}));
+        if let Some(labels) = labels.as_object_mut() {
+            for key in [LEGACY_JOB_NAME, JOB_NAME] {
+                default(labels, key, name.clone());
+            }
+            for key in [LEGACY_CONTROLLER_UID, CONTROLLER_UID] {
+                default(labels, key, uid.clone());
+            }
+        }
+        let selector = object_at(&mut obj["spec"], "selector");
+        let match_labels = selector.entry("matchLabels").or_insert_with(|| json!({}));
+        if let Some(match_labels) = match_labels.as_object_mut() {
+            default(match_labels, CONTROLLER_UID, uid);
+        }
+    }
+    // A job without labels of its own takes its template's.
+    let template_labels = obj["spec"]["template"]["metadata"]["labels"].clone();
+    if template_labels.is_object()
+        && obj["metadata"]["labels"]
+            .as_object()
+            .is_none_or(Map::is_empty)
+    {
+        object_at(obj, "metadata").insert("labels".into(), template_labels);
+    }
+    failure_policy_defaults(&mut obj["spec"]);
+    pod_template(obj);
+}
+
+/// `SetDefaults_PodFailurePolicyOnPodConditionsPattern`: a pod condition pattern without a
+/// status matches the condition being True (in Jobs and CronJobs' job templates).
+fn failure_policy_defaults(job_spec: &mut Value) {
+    for rule in job_spec["podFailurePolicy"]["rules"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        for pattern in rule["onPodConditions"].as_array_mut().into_iter().flatten() {
+            if let Some(pattern) = pattern.as_object_mut() {
+                default(pattern, "status", json!("True"));
+            }
+        }
+    }
+}
+
+/// Labels kube's job strategy puts on a job's pod template.
+pub const CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
+/// The job's name, on its pod template.
+pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+const LEGACY_CONTROLLER_UID: &str = "controller-uid";
+const LEGACY_JOB_NAME: &str = "job-name";
+
+/// The annotation that makes a StorageClass the default one.
+pub const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+const BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-class";
+
+/// The DefaultStorageClass admission plugin: a claim created without `storageClassName`
+/// gets the default class (the newest, when several are marked). An explicit `""` asks for
+/// no class and is kept.
+fn default_storage_class(state: &State, obj: &mut Value) {
+    if obj["spec"]
+        .get("storageClassName")
+        .is_some_and(|c| !c.is_null())
+    {
+        return;
+    }
+    let (_, classes) = state
+        .store
+        .list("storage.k8s.io/storageclasses", None, None);
+    let default_class = classes
+        .iter()
+        .map(|d| d.value())
+        .filter(|c| {
+            [DEFAULT_CLASS, BETA_DEFAULT_CLASS]
+                .iter()
+                .any(|a| c["metadata"]["annotations"][a] == "true")
+        })
+        .max_by(|a, b| {
+            let created = |c: &Value| {
+                c["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .map(str::to_string)
+            };
+            created(a).cmp(&created(b)).then_with(|| {
+                b["metadata"]["name"]
+                    .as_str()
+                    .cmp(&a["metadata"]["name"].as_str())
+            })
+        });
+    if let Some(class) = default_class {
+        object_at(obj, "spec").insert("storageClassName".into(), class["metadata"]["name"].clone());
+    }
 }
 
 fn service(state: &State, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {
@@ -275,6 +527,183 @@ mod tests {
         assert_eq!(c[1]["ports"][0]["protocol"], "TCP");
         assert_eq!(spec["restartPolicy"], "Always");
         assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    }
+
+    /// Fails unless every field of `want` is in `got` with the same value.
+    fn assert_has(what: &str, path: &str, want: &Value, got: &Value) {
+        match (want, got) {
+            (Value::Object(w), Value::Object(g)) => {
+                for (k, v) in w {
+                    assert_has(
+                        what,
+                        &format!("{path}.{k}"),
+                        v,
+                        g.get(k).unwrap_or(&Value::Null),
+                    );
+                }
+            }
+            (Value::Array(w), Value::Array(g)) if w.len() == g.len() => {
+                for (i, (v, x)) in w.iter().zip(g).enumerate() {
+                    assert_has(what, &format!("{path}[{i}]"), v, x);
+                }
+            }
+            _ => assert_eq!(want, got, "{what}: {path} in {got}"),
+        }
+    }
+
+    #[test]
+    fn workload_and_storage_defaults_as_kube_apiserver_sets_them() {
+        let registry = crate::registry::Registry::builtin();
+        let template = json!({"metadata": {"labels": {"app": "x"}},
+                              "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        let pod_defaults = json!({"dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{"imagePullPolicy": "Always", "terminationMessagePolicy": "File"}]});
+        // (group, kind, object as sent, create?, what the stored object holds)
+        let cases: Vec<(&str, &str, Value, bool, Value)> = vec![
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "j", "uid": "u1"}, "spec": {"template": template}}),
+                true,
+                json!({"metadata": {"labels": {"app": "x", "job-name": "j", "controller-uid": "u1",
+                        "batch.kubernetes.io/job-name": "j", "batch.kubernetes.io/controller-uid": "u1"}},
+                    "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 6,
+                        "completionMode": "NonIndexed", "suspend": false, "manualSelector": false,
+                        "podReplacementPolicy": "TerminatingOrFailed",
+                        "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u1"}},
+                        "template": {"metadata": {"labels": {"app": "x", "job-name": "j",
+                            "controller-uid": "u1", "batch.kubernetes.io/job-name": "j",
+                            "batch.kubernetes.io/controller-uid": "u1"}},
+                            "spec": pod_defaults.clone()}}}),
+            ),
+            // Parallelism alone leaves completions unset (a work queue); a failure policy
+            // makes replacements wait for pods to fail.
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "q", "uid": "u2", "labels": {"team": "a"}},
+                    "spec": {"parallelism": 5, "podFailurePolicy": {"rules": []}, "template": template}}),
+                true,
+                json!({"metadata": {"labels": {"team": "a"}},
+                    "spec": {"parallelism": 5, "completions": null, "podReplacementPolicy": "Failed"}}),
+            ),
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "i", "uid": "u4"},
+                    "spec": {"completions": 3, "completionMode": "Indexed", "backoffLimitPerIndex": 1,
+                             "podFailurePolicy": {"rules": [{"action": "Ignore",
+                                 "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                             "template": template}}),
+                true,
+                json!({"spec": {"backoffLimit": i32::MAX, "parallelism": 1,
+                    "podFailurePolicy": {"rules": [{"onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}}}),
+            ),
+            // A manual selector is the user's: nothing generated.
+            (
+                "batch",
+                "Job",
+                json!({"metadata": {"name": "m", "uid": "u3"},
+                    "spec": {"manualSelector": true, "selector": {"matchLabels": {"app": "x"}},
+                             "template": template}}),
+                true,
+                json!({"spec": {"selector": {"matchLabels": {"app": "x"}},
+                             "template": {"metadata": {"labels": {"app": "x", "job-name": null}}}}}),
+            ),
+            (
+                "batch",
+                "CronJob",
+                json!({"spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}),
+                true,
+                json!({"spec": {"concurrencyPolicy": "Allow", "suspend": false,
+                    "successfulJobsHistoryLimit": 3, "failedJobsHistoryLimit": 1,
+                    // The job template is not a Job: no job defaults, only pod ones.
+                    "jobTemplate": {"spec": {"backoffLimit": null,
+                        "template": {"spec": pod_defaults.clone()}}}}}),
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                json!({"spec": {"template": template,
+                    "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {}}]}}),
+                true,
+                json!({"spec": {"replicas": 1, "podManagementPolicy": "OrderedReady",
+                    "revisionHistoryLimit": 10,
+                    "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                    "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+                    "volumeClaimTemplates": [{"spec": {"volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}],
+                    "template": {"spec": pod_defaults.clone()}},
+                    "status": {"replicas": 0, "availableReplicas": 0}}),
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                json!({"spec": {"updateStrategy": {"type": "OnDelete"}, "template": template}}),
+                true,
+                json!({"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": null}}}),
+            ),
+            (
+                "apps",
+                "DaemonSet",
+                json!({"spec": {"template": template}}),
+                true,
+                json!({"spec": {"revisionHistoryLimit": 10,
+                    "updateStrategy": {"type": "RollingUpdate",
+                        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                    "template": {"spec": pod_defaults.clone()}},
+                    "status": {"currentNumberScheduled": 0, "numberMisscheduled": 0,
+                               "desiredNumberScheduled": 0, "numberReady": 0}}),
+            ),
+            (
+                "",
+                "PersistentVolumeClaim",
+                json!({"spec": {"accessModes": ["ReadWriteOnce"]}}),
+                true,
+                json!({"spec": {"volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}),
+            ),
+            (
+                "",
+                "PersistentVolume",
+                json!({"spec": {"capacity": {"storage": "1Gi"}}}),
+                true,
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Filesystem"},
+                    "status": {"phase": "Pending"}}),
+            ),
+            // An update keeps the phase the binder set.
+            (
+                "",
+                "PersistentVolume",
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}, "status": {"phase": "Bound"}}),
+                false,
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}, "status": {"phase": "Bound"}}),
+            ),
+            (
+                "storage.k8s.io",
+                "StorageClass",
+                json!({"provisioner": "lab"}),
+                true,
+                json!({"reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            ),
+            (
+                "policy",
+                "PodDisruptionBudget",
+                json!({"spec": {"minAvailable": 1}}),
+                true,
+                json!({"status": {"disruptionsAllowed": 0, "currentHealthy": 0,
+                               "desiredHealthy": 0, "expectedPods": 0}}),
+            ),
+        ];
+        for (group, kind, mut obj, create, want) in cases {
+            let res = registry.by_kind(group, kind).expect("served");
+            let old = (!create).then(|| obj.clone());
+            builtin(&res, &mut obj, old.as_ref());
+            assert_has(kind, "", &want, &obj);
+            // Defaults run twice around mutating admission: the second pass changes nothing.
+            let once = obj.clone();
+            builtin(&res, &mut obj, old.as_ref());
+            assert_eq!(once, obj, "{kind}: defaulting twice changes the object");
+        }
     }
 
     #[test]

@@ -127,7 +127,21 @@ pub async fn delete_one(
         }
         crate::admission::validate_delete(state, call, res, &obj).await?;
         let mut finalizers = objects::finalizers(&obj);
-        let policy = opts.propagation.as_deref().unwrap_or("Background");
+        // batch/v1 Jobs orphan their pods unless told otherwise (kube keeps that default for
+        // compatibility: `kubectl delete` asks for Background itself); a deletion already
+        // under way keeps the policy it started with.
+        let policy = match opts.propagation.as_deref() {
+            Some(policy) => policy,
+            None if res.group == "batch"
+                && res.resource == "jobs"
+                && !finalizers
+                    .iter()
+                    .any(|f| f == "foregroundDeletion" || f == "orphan") =>
+            {
+                "Orphan"
+            }
+            None => "Background",
+        };
         let special = match policy {
             "Foreground" => Some("foregroundDeletion"),
             "Orphan" => Some("orphan"),

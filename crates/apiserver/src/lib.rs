@@ -16,6 +16,7 @@ mod admission;
 mod authn;
 mod authz;
 mod crd;
+mod cron;
 mod defaults;
 mod deletion;
 mod discovery;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use chrono::{DateTime, SecondsFormat};
 use k8s_pb::api::{
-    apps, authentication, authorization, certificates, core, policy, rbac, scheduling,
+    apps, authentication, authorization, batch, certificates, core, policy, rbac, scheduling,
 };
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
@@ -147,6 +147,15 @@ const KINDS: &[(&str, &str, Converter)] = &[
     ("v1", "ResourceQuota", typed::<core::v1::ResourceQuota>),
     ("v1", "Service", typed::<core::v1::Service>),
     ("apps/v1", "Deployment", typed::<apps::v1::Deployment>),
+    ("apps/v1", "StatefulSet", typed::<apps::v1::StatefulSet>),
+    ("apps/v1", "DaemonSet", typed::<apps::v1::DaemonSet>),
+    ("batch/v1", "Job", typed::<batch::v1::Job>),
+    ("batch/v1", "CronJob", typed::<batch::v1::CronJob>),
+    (
+        "policy/v1",
+        "PodDisruptionBudget",
+        typed::<policy::v1::PodDisruptionBudget>,
+    ),
     // Registered in every group version: a typed client sends its own (`v1`, `apps/v1`, ...).
     (ANY_VERSION, "DeleteOptions", typed::<meta::DeleteOptions>),
     (
@@ -760,6 +769,11 @@ to_json! {
         | core::v1::ResourceQuota
         | core::v1::Service
         | apps::v1::Deployment
+        | apps::v1::StatefulSet
+        | apps::v1::DaemonSet
+        | batch::v1::Job
+        | batch::v1::CronJob
+        | policy::v1::PodDisruptionBudget
         | certificates::v1::CertificateSigningRequest {
         opt "metadata" metadata, opt "spec" spec, opt "status" status,
     }
@@ -949,6 +963,116 @@ to_json! {
         req "type" r#type, req "status" status, opt "lastUpdateTime" last_update_time,
         opt "lastTransitionTime" last_transition_time, opt "reason" reason,
         opt "message" message,
+    }
+
+    apps::v1::StatefulSetSpec {
+        ptr "replicas" replicas, opt "selector" selector, opt "template" template,
+        no "volumeClaimTemplates" volume_claim_templates, opt "serviceName" service_name,
+        opt "podManagementPolicy" pod_management_policy,
+        opt "updateStrategy" update_strategy,
+        ptr "revisionHistoryLimit" revision_history_limit,
+        opt "minReadySeconds" min_ready_seconds,
+        ptr "persistentVolumeClaimRetentionPolicy" persistent_volume_claim_retention_policy,
+        ptr "ordinals" ordinals,
+    }
+    apps::v1::StatefulSetUpdateStrategy { opt "type" r#type, ptr "rollingUpdate" rolling_update }
+    apps::v1::RollingUpdateStatefulSetStrategy {
+        ptr "partition" partition, ptr "maxUnavailable" max_unavailable,
+    }
+    apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy {
+        opt "whenDeleted" when_deleted, opt "whenScaled" when_scaled,
+    }
+    apps::v1::StatefulSetOrdinals { opt "start" start }
+    apps::v1::StatefulSetStatus {
+        opt "observedGeneration" observed_generation, req "replicas" replicas,
+        opt "readyReplicas" ready_replicas, opt "currentReplicas" current_replicas,
+        opt "updatedReplicas" updated_replicas, opt "currentRevision" current_revision,
+        opt "updateRevision" update_revision, ptr "collisionCount" collision_count,
+        list "conditions" conditions, req "availableReplicas" available_replicas,
+    }
+    apps::v1::StatefulSetCondition | apps::v1::DaemonSetCondition {
+        req "type" r#type, req "status" status, opt "lastTransitionTime" last_transition_time,
+        opt "reason" reason, opt "message" message,
+    }
+    apps::v1::DaemonSetSpec {
+        opt "selector" selector, opt "template" template, opt "updateStrategy" update_strategy,
+        opt "minReadySeconds" min_ready_seconds,
+        ptr "revisionHistoryLimit" revision_history_limit,
+    }
+    apps::v1::DaemonSetUpdateStrategy { opt "type" r#type, ptr "rollingUpdate" rolling_update }
+    apps::v1::RollingUpdateDaemonSet {
+        ptr "maxUnavailable" max_unavailable, ptr "maxSurge" max_surge,
+    }
+    apps::v1::DaemonSetStatus {
+        req "currentNumberScheduled" current_number_scheduled,
+        req "numberMisscheduled" number_misscheduled,
+        req "desiredNumberScheduled" desired_number_scheduled, req "numberReady" number_ready,
+        opt "observedGeneration" observed_generation,
+        opt "updatedNumberScheduled" updated_number_scheduled,
+        opt "numberAvailable" number_available, opt "numberUnavailable" number_unavailable,
+        ptr "collisionCount" collision_count, list "conditions" conditions,
+    }
+
+    batch::v1::JobSpec {
+        ptr "parallelism" parallelism, ptr "completions" completions,
+        ptr "activeDeadlineSeconds" active_deadline_seconds,
+        ptr "podFailurePolicy" pod_failure_policy, ptr "successPolicy" success_policy,
+        ptr "backoffLimit" backoff_limit, ptr "backoffLimitPerIndex" backoff_limit_per_index,
+        ptr "maxFailedIndexes" max_failed_indexes, opt "selector" selector,
+        ptr "manualSelector" manual_selector, opt "template" template,
+        ptr "ttlSecondsAfterFinished" ttl_seconds_after_finished,
+        ptr "completionMode" completion_mode, ptr "suspend" suspend,
+        ptr "podReplacementPolicy" pod_replacement_policy, ptr "managedBy" managed_by,
+    }
+    batch::v1::PodFailurePolicy | batch::v1::SuccessPolicy { list "rules" rules }
+    batch::v1::PodFailurePolicyRule {
+        req "action" action, ptr "onExitCodes" on_exit_codes,
+        list "onPodConditions" on_pod_conditions,
+    }
+    batch::v1::PodFailurePolicyOnExitCodesRequirement {
+        ptr "containerName" container_name, req "operator" operator, list "values" values,
+    }
+    batch::v1::PodFailurePolicyOnPodConditionsPattern { req "type" r#type, opt "status" status }
+    batch::v1::SuccessPolicyRule {
+        ptr "succeededIndexes" succeeded_indexes, ptr "succeededCount" succeeded_count,
+    }
+    batch::v1::JobStatus {
+        list "conditions" conditions, opt "startTime" start_time,
+        opt "completionTime" completion_time, opt "active" active, opt "succeeded" succeeded,
+        opt "failed" failed, ptr "terminating" terminating,
+        opt "completedIndexes" completed_indexes, ptr "failedIndexes" failed_indexes,
+        opt "uncountedTerminatedPods" uncounted_terminated_pods, ptr "ready" ready,
+    }
+    batch::v1::JobCondition {
+        req "type" r#type, req "status" status, opt "lastProbeTime" last_probe_time,
+        opt "lastTransitionTime" last_transition_time, opt "reason" reason,
+        opt "message" message,
+    }
+    batch::v1::UncountedTerminatedPods { list "succeeded" succeeded, list "failed" failed }
+    batch::v1::JobTemplateSpec { opt "metadata" metadata, opt "spec" spec }
+    batch::v1::CronJobSpec {
+        req "schedule" schedule, ptr "timeZone" time_zone,
+        ptr "startingDeadlineSeconds" starting_deadline_seconds,
+        opt "concurrencyPolicy" concurrency_policy, ptr "suspend" suspend,
+        opt "jobTemplate" job_template,
+        ptr "successfulJobsHistoryLimit" successful_jobs_history_limit,
+        ptr "failedJobsHistoryLimit" failed_jobs_history_limit,
+    }
+    batch::v1::CronJobStatus {
+        list "active" active, opt "lastScheduleTime" last_schedule_time,
+        opt "lastSuccessfulTime" last_successful_time,
+    }
+
+    policy::v1::PodDisruptionBudgetSpec {
+        ptr "minAvailable" min_available, opt "selector" selector,
+        ptr "maxUnavailable" max_unavailable,
+        ptr "unhealthyPodEvictionPolicy" unhealthy_pod_eviction_policy,
+    }
+    policy::v1::PodDisruptionBudgetStatus {
+        opt "observedGeneration" observed_generation, map "disruptedPods" disrupted_pods,
+        req "disruptionsAllowed" disruptions_allowed, req "currentHealthy" current_healthy,
+        req "desiredHealthy" desired_healthy, req "expectedPods" expected_pods,
+        list "conditions" conditions,
     }
 
     // The pod template: what workloads carry. Volumes, security contexts, affinity and the
@@ -1615,6 +1739,196 @@ mod tests {
                                                  "ports": [{"containerPort": 80}]}]}}}}),
             ),
             (
+                "batch/v1",
+                "Job",
+                batch::v1::Job {
+                    metadata: meta("pi", "prod"),
+                    spec: Some(batch::v1::JobSpec {
+                        parallelism: Some(2),
+                        completions: Some(4),
+                        backoff_limit: Some(0),
+                        completion_mode: s("Indexed"),
+                        suspend: Some(false),
+                        pod_failure_policy: Some(batch::v1::PodFailurePolicy {
+                            rules: vec![batch::v1::PodFailurePolicyRule {
+                                action: s("FailJob"),
+                                on_exit_codes: Some(
+                                    batch::v1::PodFailurePolicyOnExitCodesRequirement {
+                                        container_name: None,
+                                        operator: s("In"),
+                                        values: vec![42, 43],
+                                    },
+                                ),
+                                on_pod_conditions: vec![],
+                            }],
+                        }),
+                        template: Some(core::v1::PodTemplateSpec {
+                            metadata: Some(Default::default()),
+                            spec: Some(core::v1::PodSpec {
+                                containers: vec![core::v1::Container {
+                                    name: s("pi"),
+                                    image: s("busybox"),
+                                    resources: Some(Default::default()),
+                                    ..Default::default()
+                                }],
+                                restart_policy: s("Never"),
+                                ..Default::default()
+                            }),
+                        }),
+                        ..Default::default()
+                    }),
+                    status: Some(batch::v1::JobStatus {
+                        uncounted_terminated_pods: Some(Default::default()),
+                        ..Default::default()
+                    }),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "pi", "namespace": "prod"},
+                       "spec": {"parallelism": 2, "completions": 4, "backoffLimit": 0,
+                                "completionMode": "Indexed", "suspend": false,
+                                "podFailurePolicy": {"rules": [{"action": "FailJob",
+                                    "onExitCodes": {"operator": "In", "values": [42, 43]}}]},
+                                "template": {"spec": {"containers": [{"name": "pi", "image": "busybox"}],
+                                                      "restartPolicy": "Never"}}}}),
+            ),
+            (
+                "batch/v1",
+                "CronJob",
+                batch::v1::CronJob {
+                    metadata: meta("tick", "prod"),
+                    spec: Some(batch::v1::CronJobSpec {
+                        schedule: s("*/5 * * * *"),
+                        time_zone: s("Etc/UTC"),
+                        concurrency_policy: s("Forbid"),
+                        suspend: Some(true),
+                        job_template: Some(batch::v1::JobTemplateSpec {
+                            metadata: meta("tick", ""),
+                            spec: Some(batch::v1::JobSpec {
+                                ttl_seconds_after_finished: Some(60),
+                                ..Default::default()
+                            }),
+                        }),
+                        successful_jobs_history_limit: Some(0),
+                        ..Default::default()
+                    }),
+                    status: Some(Default::default()),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "tick", "namespace": "prod"},
+                       "spec": {"schedule": "*/5 * * * *", "timeZone": "Etc/UTC",
+                                "concurrencyPolicy": "Forbid", "suspend": true,
+                                "jobTemplate": {"metadata": {"name": "tick"},
+                                                "spec": {"ttlSecondsAfterFinished": 60}},
+                                "successfulJobsHistoryLimit": 0}}),
+            ),
+            (
+                "policy/v1",
+                "PodDisruptionBudget",
+                policy::v1::PodDisruptionBudget {
+                    metadata: meta("web", "prod"),
+                    spec: Some(policy::v1::PodDisruptionBudgetSpec {
+                        min_available: Some(IntOrString {
+                            r#type: Some(1),
+                            int_val: Some(0),
+                            str_val: s("50%"),
+                        }),
+                        selector: Some(meta::LabelSelector {
+                            match_labels: string_map(&[("app", "web")]),
+                            match_expressions: vec![],
+                        }),
+                        ..Default::default()
+                    }),
+                    // Go writes the counters, which have no omitempty, even when zero.
+                    status: Some(policy::v1::PodDisruptionBudgetStatus {
+                        observed_generation: Some(0),
+                        disrupted_pods: [(
+                            "web-0".to_string(),
+                            meta::Time {
+                                seconds: Some(1_700_000_000),
+                                nanos: Some(0),
+                            },
+                        )]
+                        .into(),
+                        disruptions_allowed: Some(0),
+                        current_healthy: Some(0),
+                        desired_healthy: Some(0),
+                        expected_pods: Some(0),
+                        conditions: vec![],
+                    }),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "web", "namespace": "prod"},
+                       "spec": {"minAvailable": "50%", "selector": {"matchLabels": {"app": "web"}}},
+                       "status": {"disruptedPods": {"web-0": "2023-11-14T22:13:20Z"},
+                                  "disruptionsAllowed": 0, "currentHealthy": 0,
+                                  "desiredHealthy": 0, "expectedPods": 0}}),
+            ),
+            (
+                "apps/v1",
+                "StatefulSet",
+                apps::v1::StatefulSet {
+                    metadata: meta("db", "prod"),
+                    spec: Some(apps::v1::StatefulSetSpec {
+                        replicas: Some(3),
+                        service_name: s("db"),
+                        pod_management_policy: s("Parallel"),
+                        update_strategy: Some(apps::v1::StatefulSetUpdateStrategy {
+                            r#type: s("RollingUpdate"),
+                            rolling_update: Some(apps::v1::RollingUpdateStatefulSetStrategy {
+                                partition: Some(1),
+                                max_unavailable: None,
+                            }),
+                        }),
+                        persistent_volume_claim_retention_policy: Some(
+                            apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy {
+                                when_deleted: s("Delete"),
+                                when_scaled: s("Retain"),
+                            },
+                        ),
+                        ..Default::default()
+                    }),
+                    status: Some(Default::default()),
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "db", "namespace": "prod"},
+                       "spec": {"replicas": 3, "serviceName": "db", "podManagementPolicy": "Parallel",
+                                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}},
+                                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"}},
+                       "status": {"replicas": 0, "availableReplicas": 0}}),
+            ),
+            (
+                "apps/v1",
+                "DaemonSet",
+                apps::v1::DaemonSet {
+                    metadata: meta("agent", "kube-system"),
+                    spec: Some(apps::v1::DaemonSetSpec {
+                        selector: Some(meta::LabelSelector {
+                            match_labels: string_map(&[("app", "agent")]),
+                            match_expressions: vec![],
+                        }),
+                        update_strategy: Some(apps::v1::DaemonSetUpdateStrategy {
+                            r#type: s("RollingUpdate"),
+                            rolling_update: Some(apps::v1::RollingUpdateDaemonSet {
+                                max_unavailable: Some(IntOrString {
+                                    r#type: Some(0),
+                                    int_val: Some(1),
+                                    str_val: s(""),
+                                }),
+                                max_surge: None,
+                            }),
+                        }),
+                        revision_history_limit: Some(5),
+                        ..Default::default()
+                    }),
+                    status: None,
+                }
+                .encode_to_vec(),
+                json!({"metadata": {"name": "agent", "namespace": "kube-system"},
+                       "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                                "revisionHistoryLimit": 5}}),
+            ),
+            (
                 "scheduling.k8s.io/v1",
                 "PriorityClass",
                 scheduling::v1::PriorityClass {
@@ -2013,11 +2327,11 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
         );
 
-        let stateful_set = envelope("apps/v1", "StatefulSet", vec![]);
-        let err = crate::objects::parse_body(&stateful_set, PROTOBUF).unwrap_err();
+        let revision = envelope("apps/v1", "ControllerRevision", vec![]);
+        let err = crate::objects::parse_body(&revision, PROTOBUF).unwrap_err();
         assert_eq!((err.code, err.reason), (415, "UnsupportedMediaType"));
         assert!(
-            err.message.contains("apps/v1, Kind=StatefulSet"),
+            err.message.contains("apps/v1, Kind=ControllerRevision"),
             "{}",
             err.message
         );
@@ -2076,8 +2390,8 @@ mod tests {
             ),
             (
                 "group kind without a mapping",
-                envelope("apps/v1", "StatefulSet", vec![]),
-                "unsupported kind \"apps/v1, Kind=StatefulSet\" in protobuf; send it as JSON (kubectl create -f / apply)",
+                envelope("apps/v1", "ControllerRevision", vec![]),
+                "unsupported kind \"apps/v1, Kind=ControllerRevision\" in protobuf; send it as JSON (kubectl create -f / apply)",
                 true,
             ),
             (

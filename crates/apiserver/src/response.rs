@@ -32,9 +32,21 @@ pub fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
         .expect("valid response")
 }
 
-/// The Status response for an error.
+/// The Status response for an error; like kube-apiserver, a Status that suggests when to
+/// retry (an eviction a disruption budget has yet to see) says so in `Retry-After` too.
 pub fn error_response(err: &ApiError) -> Response<Body> {
-    json_response(err.code, &err.to_status())
+    let mut response = json_response(err.code, &err.to_status());
+    if let Some(seconds) = err
+        .details
+        .as_ref()
+        .and_then(|d| d["retryAfterSeconds"].as_u64())
+        .filter(|s| *s > 0)
+    {
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
+    }
+    response
 }
 
 /// Rewrites a stored object's apiVersion for the version the client asked for.
@@ -50,4 +62,21 @@ pub fn for_version(res: &ResourceInfo, doc: &Doc) -> Bytes {
     let mut v = doc.value();
     v["apiVersion"] = json!(res.api_version());
     Bytes::from(serde_json::to_vec(&v).expect("JSON serializes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_suggesting_a_retry_sets_retry_after() {
+        let mut err = ApiError::too_many_requests("wait");
+        assert!(error_response(&err).headers().get("retry-after").is_none());
+        err.details = Some(json!({"retryAfterSeconds": 10}));
+        let response = error_response(&err);
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()["retry-after"], "10");
+        err.details = Some(json!({"retryAfterSeconds": 0}));
+        assert!(error_response(&err).headers().get("retry-after").is_none());
+    }
 }

@@ -222,8 +222,266 @@ fn builtin_columns(kind: &str) -> Vec<Column> {
             wide("Groups"),
             wide("ServiceAccounts"),
         ],
+        "Job" => vec![
+            col("Name"),
+            col("Status"),
+            col("Completions"),
+            col("Duration"),
+            col("Age"),
+            wide("Containers"),
+            wide("Images"),
+            wide("Selector"),
+        ],
+        "CronJob" => vec![
+            col("Name"),
+            col("Schedule"),
+            col("Timezone"),
+            col("Suspend"),
+            int("Active"),
+            col("Last Schedule"),
+            col("Age"),
+            wide("Containers"),
+            wide("Images"),
+            wide("Selector"),
+        ],
+        "StatefulSet" => vec![
+            col("Name"),
+            col("Ready"),
+            col("Age"),
+            wide("Containers"),
+            wide("Images"),
+        ],
+        "DaemonSet" => vec![
+            col("Name"),
+            int("Desired"),
+            int("Current"),
+            int("Ready"),
+            int("Up-to-date"),
+            int("Available"),
+            col("Node Selector"),
+            col("Age"),
+            wide("Containers"),
+            wide("Images"),
+            wide("Selector"),
+        ],
+        "ControllerRevision" => vec![col("Name"), col("Controller"), int("Revision"), col("Age")],
+        "PersistentVolumeClaim" => vec![
+            col("Name"),
+            col("Status"),
+            col("Volume"),
+            col("Capacity"),
+            col("Access Modes"),
+            col("StorageClass"),
+            col("VolumeAttributesClass"),
+            col("Age"),
+            wide("VolumeMode"),
+        ],
+        "PersistentVolume" => vec![
+            col("Name"),
+            col("Capacity"),
+            col("Access Modes"),
+            col("Reclaim Policy"),
+            col("Status"),
+            col("Claim"),
+            col("StorageClass"),
+            col("VolumeAttributesClass"),
+            col("Reason"),
+            col("Age"),
+            wide("VolumeMode"),
+        ],
+        "StorageClass" => vec![
+            col("Name"),
+            col("Provisioner"),
+            col("ReclaimPolicy"),
+            col("VolumeBindingMode"),
+            col("AllowVolumeExpansion"),
+            col("Age"),
+        ],
+        "PodDisruptionBudget" => vec![
+            col("Name"),
+            col("Min Available"),
+            col("Max Unavailable"),
+            int("Allowed Disruptions"),
+            col("Age"),
+        ],
         _ => vec![col("Name"), col("Age")],
     }
+}
+
+/// READY of a workload: ready replicas out of those asked for.
+fn ready_of_desired(o: &Value) -> Value {
+    json!(format!(
+        "{}/{}",
+        o["status"]["readyReplicas"].as_i64().unwrap_or(0),
+        o["spec"]["replicas"].as_i64().unwrap_or(0)
+    ))
+}
+
+/// `metav1.FormatLabelSelector`: requirements sorted by key, `<none>` for none.
+fn label_selector_string(sel: &Value) -> String {
+    let mut parts: Vec<(String, String)> = sel["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), format!("{k}={}", s(v))))
+        .collect();
+    for e in sel["matchExpressions"].as_array().into_iter().flatten() {
+        let key = s(&e["key"]);
+        let mut values: Vec<String> = e["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
+        values.sort();
+        let text = match e["operator"].as_str().unwrap_or("") {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.clone(),
+            "DoesNotExist" => format!("!{key}"),
+            other => format!("{key} {other}"),
+        };
+        parts.push((key, text));
+    }
+    parts.sort();
+    or_none(
+        parts
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+/// `helper.GetAccessModesAsString`: kube's short names, in kube's order.
+fn access_modes(modes: &Value) -> String {
+    let modes: Vec<&str> = modes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    [
+        ("ReadWriteOnce", "RWO"),
+        ("ReadOnlyMany", "ROX"),
+        ("ReadWriteMany", "RWX"),
+        ("ReadWriteOncePod", "RWOP"),
+    ]
+    .iter()
+    .filter(|(mode, _)| modes.contains(mode))
+    .map(|(_, short)| *short)
+    .collect::<Vec<_>>()
+    .join(",")
+}
+
+/// `printBoolPtr`.
+fn bool_ptr(v: &Value) -> String {
+    match v.as_bool() {
+        Some(true) => "True".into(),
+        Some(false) => "False".into(),
+        None => "<unset>".into(),
+    }
+}
+
+/// An IntOrString as Go prints it, `N/A` when unset.
+fn int_or_string(v: &Value) -> String {
+    if v.is_null() { "N/A".into() } else { s(v) }
+}
+
+fn has_condition(o: &Value, kind: &str) -> bool {
+    o["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == kind && c["status"] == "True")
+}
+
+/// The Job's STATUS column, in kube's order of precedence.
+fn job_status(o: &Value) -> &'static str {
+    if has_condition(o, "Complete") {
+        "Complete"
+    } else if has_condition(o, "Failed") {
+        "Failed"
+    } else if crate::objects::is_deleting(o) {
+        "Terminating"
+    } else if has_condition(o, "Suspended") {
+        "Suspended"
+    } else if has_condition(o, "FailureTarget") {
+        "FailureTarget"
+    } else if has_condition(o, "SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else {
+        "Running"
+    }
+}
+
+fn job_completions(o: &Value) -> String {
+    let succeeded = o["status"]["succeeded"].as_i64().unwrap_or(0);
+    match (
+        o["spec"]["completions"].as_i64(),
+        o["spec"]["parallelism"].as_i64(),
+    ) {
+        (Some(c), _) => format!("{succeeded}/{c}"),
+        (None, Some(p)) if p > 1 => format!("{succeeded}/1 of {p}"),
+        _ => format!("{succeeded}/1"),
+    }
+}
+
+fn job_duration(o: &Value) -> String {
+    let time = |v: &Value| {
+        v.as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+    };
+    match (
+        time(&o["status"]["startTime"]),
+        time(&o["status"]["completionTime"]),
+    ) {
+        (None, _) => String::new(),
+        (Some(start), None) => human_duration(chrono::Utc::now().signed_duration_since(start)),
+        (Some(start), Some(end)) => human_duration(end.signed_duration_since(start)),
+    }
+}
+
+/// The controller of an object as `kind.group/name`, as the CONTROLLER column shows it.
+fn controller_of(o: &Value) -> String {
+    o["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["controller"] == true)
+        .map(|r| {
+            let group = s(&r["apiVersion"])
+                .rsplit_once('/')
+                .map(|(g, _)| g.to_string())
+                .unwrap_or_default();
+            let kind = s(&r["kind"]).to_ascii_lowercase();
+            if group.is_empty() {
+                format!("{kind}/{}", s(&r["name"]))
+            } else {
+                format!("{kind}.{group}/{}", s(&r["name"]))
+            }
+        })
+        .unwrap_or_else(|| "<none>".into())
+}
+
+/// The storage class of a claim or volume: the beta annotation first, as kube reads it.
+fn storage_class(o: &Value) -> String {
+    o["metadata"]["annotations"]["volume.beta.kubernetes.io/storage-class"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| s(&o["spec"]["storageClassName"]))
+}
+
+fn phase_or_terminating(o: &Value) -> String {
+    if crate::objects::is_deleting(o) {
+        "Terminating".into()
+    } else {
+        s(&o["status"]["phase"])
+    }
+}
+
+fn unset_or(v: &Value) -> String {
+    if v.is_null() { "<unset>".into() } else { s(v) }
 }
 
 fn s(v: &Value) -> String {
@@ -364,11 +622,7 @@ fn builtin_cells(kind: &str, o: &Value) -> Vec<Value> {
             let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
             vec![
                 name,
-                json!(format!(
-                    "{}/{}",
-                    o["status"]["readyReplicas"].as_i64().unwrap_or(0),
-                    o["spec"]["replicas"].as_i64().unwrap_or(0)
-                )),
+                ready_of_desired(o),
                 int_of(&o["status"]["updatedReplicas"]),
                 int_of(&o["status"]["availableReplicas"]),
                 json!(created),
@@ -580,6 +834,145 @@ fn builtin_cells(kind: &str, o: &Value) -> Vec<Value> {
                 json!(of("ServiceAccount")),
             ]
         }
+        "Job" => {
+            let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
+            vec![
+                name,
+                json!(job_status(o)),
+                json!(job_completions(o)),
+                json!(job_duration(o)),
+                json!(created),
+                json!(c),
+                json!(i),
+                json!(label_selector_string(&o["spec"]["selector"])),
+            ]
+        }
+        "CronJob" => {
+            let job = &o["spec"]["jobTemplate"]["spec"];
+            let (c, i) = containers_and_images(&job["template"]["spec"]);
+            let last = o["status"]["lastScheduleTime"]
+                .as_str()
+                .map_or_else(|| "<none>".to_string(), age);
+            vec![
+                name,
+                json!(s(&o["spec"]["schedule"])),
+                json!(or_none(s(&o["spec"]["timeZone"]))),
+                json!(bool_ptr(&o["spec"]["suspend"])),
+                json!(o["status"]["active"].as_array().map_or(0, Vec::len)),
+                json!(last),
+                json!(created),
+                json!(c),
+                json!(i),
+                json!(label_selector_string(&job["selector"])),
+            ]
+        }
+        "StatefulSet" => {
+            let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
+            vec![
+                name,
+                ready_of_desired(o),
+                json!(created),
+                json!(c),
+                json!(i),
+            ]
+        }
+        "DaemonSet" => {
+            let (c, i) = containers_and_images(&o["spec"]["template"]["spec"]);
+            vec![
+                name,
+                int_of(&o["status"]["desiredNumberScheduled"]),
+                int_of(&o["status"]["currentNumberScheduled"]),
+                int_of(&o["status"]["numberReady"]),
+                int_of(&o["status"]["updatedNumberScheduled"]),
+                int_of(&o["status"]["numberAvailable"]),
+                json!(or_none(selector_string(
+                    &o["spec"]["template"]["spec"]["nodeSelector"]
+                ))),
+                json!(created),
+                json!(c),
+                json!(i),
+                json!(label_selector_string(&o["spec"]["selector"])),
+            ]
+        }
+        "ControllerRevision" => vec![
+            name,
+            json!(controller_of(o)),
+            int_of(&o["revision"]),
+            json!(created),
+        ],
+        "PersistentVolumeClaim" => {
+            // Capacity and access modes are the bound volume's, shown once bound.
+            let bound = !s(&o["spec"]["volumeName"]).is_empty();
+            let (capacity, modes) = if bound {
+                (
+                    s(&o["status"]["capacity"]["storage"]),
+                    access_modes(&o["status"]["accessModes"]),
+                )
+            } else {
+                (String::new(), String::new())
+            };
+            vec![
+                name,
+                json!(phase_or_terminating(o)),
+                json!(s(&o["spec"]["volumeName"])),
+                json!(capacity),
+                json!(modes),
+                json!(storage_class(o)),
+                json!(unset_or(&o["spec"]["volumeAttributesClassName"])),
+                json!(created),
+                json!(unset_or(&o["spec"]["volumeMode"])),
+            ]
+        }
+        "PersistentVolume" => {
+            let claim = &o["spec"]["claimRef"];
+            let claim = if claim.is_object() {
+                format!("{}/{}", s(&claim["namespace"]), s(&claim["name"]))
+            } else {
+                String::new()
+            };
+            let capacity = s(&o["spec"]["capacity"]["storage"]);
+            vec![
+                name,
+                json!(if capacity.is_empty() {
+                    "0".into()
+                } else {
+                    capacity
+                }),
+                json!(access_modes(&o["spec"]["accessModes"])),
+                json!(s(&o["spec"]["persistentVolumeReclaimPolicy"])),
+                json!(phase_or_terminating(o)),
+                json!(claim),
+                json!(storage_class(o)),
+                json!(unset_or(&o["spec"]["volumeAttributesClassName"])),
+                json!(s(&o["status"]["reason"])),
+                json!(created),
+                json!(unset_or(&o["spec"]["volumeMode"])),
+            ]
+        }
+        "StorageClass" => {
+            let annotations = &o["metadata"]["annotations"];
+            let default = annotations[crate::defaults::DEFAULT_CLASS] == "true"
+                || annotations["storageclass.beta.kubernetes.io/is-default-class"] == "true";
+            let mut shown = s(&o["metadata"]["name"]);
+            if default {
+                shown.push_str(" (default)");
+            }
+            vec![
+                json!(shown),
+                json!(s(&o["provisioner"])),
+                json!(o["reclaimPolicy"].as_str().unwrap_or("Delete")),
+                json!(o["volumeBindingMode"].as_str().unwrap_or("Immediate")),
+                json!(o["allowVolumeExpansion"].as_bool().unwrap_or(false)),
+                json!(created),
+            ]
+        }
+        "PodDisruptionBudget" => vec![
+            name,
+            json!(int_or_string(&o["spec"]["minAvailable"])),
+            json!(int_or_string(&o["spec"]["maxUnavailable"])),
+            int_of(&o["status"]["disruptionsAllowed"]),
+            json!(created),
+        ],
         _ => vec![name, json!(created)],
     }
 }
@@ -656,5 +1049,221 @@ mod tests {
                 "{secs}s"
             );
         }
+    }
+
+    #[test]
+    fn workload_storage_and_budget_rows_as_kubectl_prints_them() {
+        let pod_spec = json!({"containers": [{"name": "a", "image": "busybox"}, {"name": "b", "image": "nginx:1.25"}]});
+        // (kind, object, the cells but the AGE column)
+        let cases: Vec<(&str, Value, Value)> = vec![
+            (
+                "Job",
+                json!({"metadata": {"name": "j"}, "spec": {"completions": 3, "parallelism": 2,
+                    "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u"}},
+                    "template": {"spec": pod_spec}},
+                    "status": {"succeeded": 3, "startTime": "2024-01-01T00:00:00Z",
+                               "completionTime": "2024-01-01T00:01:05Z",
+                               "conditions": [{"type": "Complete", "status": "True"}]}}),
+                json!([
+                    "j",
+                    "Complete",
+                    "3/3",
+                    "65s",
+                    "a,b",
+                    "busybox,nginx:1.25",
+                    "batch.kubernetes.io/controller-uid=u"
+                ]),
+            ),
+            (
+                "Job",
+                json!({"metadata": {"name": "q"}, "spec": {"parallelism": 4, "suspend": true,
+                    "selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["b", "a"]}]}},
+                    "status": {"conditions": [{"type": "Suspended", "status": "True"}]}}),
+                json!(["q", "Suspended", "0/1 of 4", "", "", "", "tier in (a,b)"]),
+            ),
+            (
+                "Job",
+                json!({"metadata": {"name": "f"}, "spec": {"completions": 1},
+                    "status": {"failed": 7, "conditions": [{"type": "Failed", "status": "True"}]}}),
+                json!(["f", "Failed", "0/1", "", "", "", "<none>"]),
+            ),
+            (
+                "CronJob",
+                json!({"metadata": {"name": "c"}, "spec": {"schedule": "*/5 * * * *", "suspend": false,
+                    "jobTemplate": {"spec": {"template": {"spec": pod_spec}}}},
+                    "status": {"active": [{"name": "c-1"}, {"name": "c-2"}]}}),
+                json!([
+                    "c",
+                    "*/5 * * * *",
+                    "<none>",
+                    "False",
+                    2,
+                    "<none>",
+                    "a,b",
+                    "busybox,nginx:1.25",
+                    "<none>"
+                ]),
+            ),
+            (
+                "CronJob",
+                json!({"metadata": {"name": "t"}, "spec": {"schedule": "@daily", "timeZone": "Europe/Rome"}}),
+                json!([
+                    "t",
+                    "@daily",
+                    "Europe/Rome",
+                    "<unset>",
+                    0,
+                    "<none>",
+                    "",
+                    "",
+                    "<none>"
+                ]),
+            ),
+            (
+                "StatefulSet",
+                json!({"metadata": {"name": "db"}, "spec": {"replicas": 3, "template": {"spec": pod_spec}},
+                    "status": {"readyReplicas": 2}}),
+                json!(["db", "2/3", "a,b", "busybox,nginx:1.25"]),
+            ),
+            (
+                "DaemonSet",
+                json!({"metadata": {"name": "agent"}, "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                    "template": {"spec": {"nodeSelector": {"os": "linux", "arch": "amd64"}, "containers": []}}},
+                    "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2,
+                               "updatedNumberScheduled": 1, "numberAvailable": 2}}),
+                json!([
+                    "agent",
+                    3,
+                    3,
+                    2,
+                    1,
+                    2,
+                    "arch=amd64,os=linux",
+                    "",
+                    "",
+                    "app=agent"
+                ]),
+            ),
+            (
+                "DaemonSet",
+                json!({"metadata": {"name": "bare"}, "spec": {"selector": {"matchLabels": {"app": "x"}}}}),
+                json!(["bare", 0, 0, 0, 0, 0, "<none>", "", "", "app=x"]),
+            ),
+            (
+                "ControllerRevision",
+                json!({"metadata": {"name": "db-7f9", "ownerReferences": [
+                        {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "controller": true}]},
+                    "revision": 2}),
+                json!(["db-7f9", "statefulset.apps/db", 2]),
+            ),
+            (
+                "PersistentVolumeClaim",
+                json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "standard",
+                    "volumeMode": "Filesystem"},
+                    "status": {"phase": "Pending"}}),
+                json!([
+                    "data",
+                    "Pending",
+                    "",
+                    "",
+                    "",
+                    "standard",
+                    "<unset>",
+                    "Filesystem"
+                ]),
+            ),
+            (
+                "PersistentVolumeClaim",
+                json!({"metadata": {"name": "data"}, "spec": {"volumeName": "pv-1", "storageClassName": "standard"},
+                    "status": {"phase": "Bound", "capacity": {"storage": "2Gi"},
+                               "accessModes": ["ReadWriteMany", "ReadWriteOnce"]}}),
+                json!([
+                    "data", "Bound", "pv-1", "2Gi", "RWO,RWX", "standard", "<unset>", "<unset>"
+                ]),
+            ),
+            (
+                "PersistentVolume",
+                json!({"metadata": {"name": "pv-1"}, "spec": {"capacity": {"storage": "2Gi"},
+                    "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
+                    "claimRef": {"namespace": "prod", "name": "data"}, "storageClassName": "standard",
+                    "volumeMode": "Filesystem"},
+                    "status": {"phase": "Bound"}}),
+                json!([
+                    "pv-1",
+                    "2Gi",
+                    "RWO",
+                    "Delete",
+                    "Bound",
+                    "prod/data",
+                    "standard",
+                    "<unset>",
+                    "",
+                    "Filesystem"
+                ]),
+            ),
+            (
+                "StorageClass",
+                json!({"metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                    "provisioner": "lab.tandem.dev/hollow", "volumeBindingMode": "WaitForFirstConsumer",
+                    "allowVolumeExpansion": true}),
+                json!([
+                    "standard (default)",
+                    "lab.tandem.dev/hollow",
+                    "Delete",
+                    "WaitForFirstConsumer",
+                    true
+                ]),
+            ),
+            (
+                "StorageClass",
+                json!({"metadata": {"name": "slow"}, "provisioner": "p", "reclaimPolicy": "Retain"}),
+                json!(["slow", "p", "Retain", "Immediate", false]),
+            ),
+            (
+                "PodDisruptionBudget",
+                json!({"metadata": {"name": "p"}, "spec": {"minAvailable": 1}, "status": {"disruptionsAllowed": 2}}),
+                json!(["p", "1", "N/A", 2]),
+            ),
+            (
+                "PodDisruptionBudget",
+                json!({"metadata": {"name": "q"}, "spec": {"maxUnavailable": "25%"}}),
+                json!(["q", "N/A", "25%", 0]),
+            ),
+        ];
+        for (kind, mut obj, want) in cases {
+            obj["metadata"]["creationTimestamp"] = json!("2024-01-01T00:00:00Z");
+            let columns = builtin_columns(kind);
+            let mut cells = builtin_cells(kind, &obj);
+            assert_eq!(cells.len(), columns.len(), "{kind}: a cell per column");
+            let age_at = columns
+                .iter()
+                .position(|c| c.name == "Age")
+                .expect("an AGE column");
+            let age = cells.remove(age_at);
+            assert!(
+                age.as_str().is_some_and(|a| a.contains('y')),
+                "{kind}: age {age}"
+            );
+            assert_eq!(Value::Array(cells), want, "{kind}");
+        }
+        let names: Vec<&str> = builtin_columns("PersistentVolumeClaim")
+            .iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Name",
+                "Status",
+                "Volume",
+                "Capacity",
+                "Access Modes",
+                "StorageClass",
+                "VolumeAttributesClass",
+                "Age",
+                "VolumeMode"
+            ]
+        );
     }
 }

@@ -12,6 +12,8 @@ mod controller;
 mod crud;
 #[path = "kube_rs/deletion.rs"]
 mod deletion;
+#[path = "kube_rs/eviction.rs"]
+mod eviction;
 #[path = "kube_rs/identity.rs"]
 mod identity;
 #[path = "kube_rs/refusals.rs"]

@@ -730,7 +730,8 @@ subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
 
 /// Fails the test unless every field of `sent` is in `stored` with the same value. A null
 /// (kubectl's `creationTimestamp: null`) is the server's to fill, and an object holding only
-/// empty objects (`status: {loadBalancer: {}}`) may be absent: Go writes empty structs.
+/// empty objects and nulls (`status: {loadBalancer: {}}`, a job template's
+/// `metadata: {creationTimestamp: null}`) may be absent: Go writes empty structs.
 fn assert_stored_as_sent(
     what: &str,
     path: &str,
@@ -739,7 +740,7 @@ fn assert_stored_as_sent(
 ) {
     use serde_json::Value;
     fn hollow(v: &Value) -> bool {
-        v.as_object().is_some_and(|o| o.values().all(hollow))
+        v.is_null() || v.as_object().is_some_and(|o| o.values().all(hollow))
     }
     match (sent, stored) {
         (Value::Null, _) => {}
@@ -945,6 +946,44 @@ async fn typed_create_commands_store_what_kubectl_sends() {
             ],
             "deployment/sleeper",
         ),
+        (
+            vec![
+                "cronjob",
+                "tick",
+                "--image=busybox",
+                "--schedule=*/5 * * * *",
+                "--restart=OnFailure",
+            ],
+            "cronjob/tick",
+        ),
+        (vec!["job", "once", "--image=busybox"], "job/once"),
+        (
+            vec![
+                "job",
+                "pi",
+                "--image=perl:5.34",
+                "--",
+                "perl",
+                "-e",
+                "print 1",
+            ],
+            "job/pi",
+        ),
+        // Built from the stored CronJob's job template, owned by it.
+        (vec!["job", "manual", "--from=cronjob/tick"], "job/manual"),
+        (
+            vec![
+                "poddisruptionbudget",
+                "web",
+                "--selector=app=web",
+                "--min-available=1",
+            ],
+            "poddisruptionbudget/web",
+        ),
+        (
+            vec!["pdb", "api", "--selector=app=api", "--max-unavailable=50%"],
+            "poddisruptionbudget/api",
+        ),
     ];
     for (args, object) in &cases {
         let mut create = vec!["create"];
@@ -973,4 +1012,583 @@ async fn typed_create_commands_store_what_kubectl_sends() {
         ])
         .await;
     assert_eq!(token.trim().split('.').count(), 3, "a JWT: {token}");
+}
+
+/// The words of a table's header line and of the row starting with `name`.
+fn table(out: &str, name: &str) -> (Vec<String>, String) {
+    let header = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{out}"))
+        .to_string();
+    (header, row)
+}
+
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// Fails the test unless kubectl refuses `args` (given `stdin`) with `message` in its error.
+async fn refused(c: &Cluster, args: &[&str], stdin: Option<&str>, message: &str) {
+    let out = match stdin {
+        Some(input) => c.kubectl_in(args, input).await,
+        None => c.kubectl(args).await,
+    };
+    assert!(
+        !out.ok && out.stderr.contains(message),
+        "kubectl {args:?} should fail with {message:?}:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+const WORKLOADS: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: fast
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: lab.tandem.dev/hollow
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: static}
+spec:
+  storageClassName: ""
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 3
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: pg, image: postgres:16}]}
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      nodeSelector: {kubernetes.io/os: linux}
+      containers: [{name: agent, image: busybox}]
+"#;
+
+/// Jobs, CronJobs, StatefulSets, DaemonSets and storage through kubectl: what the server
+/// fills in, the columns `kubectl get` prints, refusals in kube's words, and `get all`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_stateful_and_storage_kinds_as_kubectl_shows_them() {
+    let c = Cluster::start().await;
+    c.ok(&[
+        "create",
+        "cronjob",
+        "tick",
+        "--image=busybox",
+        "--schedule=*/5 * * * *",
+    ])
+    .await;
+    c.ok(&["create", "job", "once", "--image=busybox"]).await;
+
+    // The job's selector picks its uid, and its pods carry its name and uid.
+    let job = c.json(&["get", "job", "once"]).await;
+    let uid = job["metadata"]["uid"].as_str().unwrap();
+    assert_eq!(
+        job["spec"]["selector"],
+        serde_json::json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    );
+    for (key, value) in [
+        ("batch.kubernetes.io/controller-uid", uid),
+        ("controller-uid", uid),
+        ("batch.kubernetes.io/job-name", "once"),
+        ("job-name", "once"),
+    ] {
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"][key], value);
+        assert_eq!(
+            job["metadata"]["labels"][key], value,
+            "the job takes its template's labels"
+        );
+    }
+    for (field, value) in [
+        ("completions", serde_json::json!(1)),
+        ("parallelism", serde_json::json!(1)),
+        ("backoffLimit", serde_json::json!(6)),
+        ("completionMode", serde_json::json!("NonIndexed")),
+        ("suspend", serde_json::json!(false)),
+        (
+            "podReplacementPolicy",
+            serde_json::json!("TerminatingOrFailed"),
+        ),
+    ] {
+        assert_eq!(job["spec"][field], value, "spec.{field}");
+    }
+
+    let (header, row) = table(&c.ok(&["get", "jobs"]).await, "once");
+    assert_eq!(header, ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]);
+    assert_eq!(
+        row.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["once", "Running", "0/1"]
+    );
+    let (header, row) = table(&c.ok(&["get", "jobs", "-o", "wide"]).await, "once");
+    assert_eq!(header[5..], ["CONTAINERS", "IMAGES", "SELECTOR"]);
+    assert_eq!(
+        words(&row)[words(&row).len() - 3..],
+        [
+            "once",
+            "busybox",
+            &format!("batch.kubernetes.io/controller-uid={uid}")
+        ]
+    );
+    let (header, row) = table(&c.ok(&["get", "cronjobs"]).await, "tick");
+    assert_eq!(
+        header,
+        [
+            "NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..10],
+        [
+            "tick", "*/5", "*", "*", "*", "*", "<none>", "False", "0", "<none>"
+        ]
+    );
+
+    // Refusals, worded as kube-apiserver words them.
+    let always = r#"{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "always"},
+        "spec": {"template": {"spec": {"restartPolicy": "Always",
+                 "containers": [{"name": "c", "image": "busybox"}]}}}}"#;
+    refused(&c, &["create", "-f", "-"], Some(always),
+        r#"The Job "always" is invalid: spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: "OnFailure", "Never""#).await;
+    refused(
+        &c,
+        &["set", "image", "job/once", "once=nginx"],
+        None,
+        "spec.template: Invalid value: ",
+    )
+    .await;
+    refused(
+        &c,
+        &["set", "image", "job/once", "once=nginx"],
+        None,
+        "field is immutable",
+    )
+    .await;
+    refused(
+        &c,
+        &[
+            "create",
+            "cronjob",
+            "bad",
+            "--image=busybox",
+            "--schedule=bad",
+        ],
+        None,
+        r#"spec.schedule: Invalid value: "bad": expected exactly 5 fields, found 1: [bad]"#,
+    )
+    .await;
+    c.ok_in(&["apply", "-f", "-"], WORKLOADS).await;
+
+    // The DefaultStorageClass admission plugin names the default class; "" asks for none.
+    let data = c.json(&["get", "pvc", "data"]).await;
+    assert_eq!(data["spec"]["storageClassName"], "fast");
+    assert_eq!(data["spec"]["volumeMode"], "Filesystem");
+    assert_eq!(data["status"]["phase"], "Pending");
+    let fixed = c.json(&["get", "pvc", "static"]).await;
+    assert_eq!(fixed["spec"]["storageClassName"], "");
+    let (header, row) = table(&c.ok(&["get", "pvc"]).await, "data");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "STATUS",
+            "VOLUME",
+            "CAPACITY",
+            "ACCESS",
+            "MODES",
+            "STORAGECLASS",
+            "VOLUMEATTRIBUTESCLASS",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..4],
+        ["data", "Pending", "fast", "<unset>"],
+        "unbound: no volume, capacity or modes"
+    );
+    let (header, row) = table(&c.ok(&["get", "storageclasses"]).await, "fast");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PROVISIONER",
+            "RECLAIMPOLICY",
+            "VOLUMEBINDINGMODE",
+            "ALLOWVOLUMEEXPANSION",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..6],
+        [
+            "fast",
+            "(default)",
+            "lab.tandem.dev/hollow",
+            "Delete",
+            "WaitForFirstConsumer",
+            "false"
+        ]
+    );
+    // A claim is fixed until bound (the binder sets its volume once), then may grow, but
+    // never change its access modes.
+    let grow = r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#;
+    refused(
+        &c,
+        &["patch", "pvc", "data", "-p", grow],
+        None,
+        "spec: Forbidden: spec is immutable after creation",
+    )
+    .await;
+    c.ok(&[
+        "patch",
+        "pvc",
+        "data",
+        "-p",
+        r#"{"spec":{"volumeName":"pv-1"}}"#,
+    ])
+    .await;
+    patch_status(&c, "pvc", "data", r#"{"status":{"phase":"Bound"}}"#).await;
+    c.ok(&["patch", "pvc", "data", "-p", grow]).await;
+    refused(
+        &c,
+        &[
+            "patch",
+            "pvc",
+            "data",
+            "-p",
+            r#"{"spec":{"volumeName":"pv-2"}}"#,
+        ],
+        None,
+        "spec: Forbidden: spec is immutable after creation",
+    )
+    .await;
+    refused(
+        &c,
+        &[
+            "patch",
+            "pvc",
+            "data",
+            "-p",
+            r#"{"spec":{"accessModes":["ReadWriteMany"]}}"#,
+        ],
+        None,
+        "spec: Forbidden: spec is immutable after creation",
+    )
+    .await;
+
+    let db = c.json(&["get", "statefulset", "db"]).await;
+    assert_eq!(db["spec"]["podManagementPolicy"], "OrderedReady");
+    assert_eq!(
+        db["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+        0
+    );
+    assert_eq!(
+        db["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"],
+        "Filesystem"
+    );
+    let (header, row) = table(&c.ok(&["get", "sts"]).await, "db");
+    assert_eq!(header, ["NAME", "READY", "AGE"]);
+    assert_eq!(words(&row)[..2], ["db", "0/3"]);
+    let (header, row) = table(&c.ok(&["get", "ds"]).await, "agent");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "DESIRED",
+            "CURRENT",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "NODE",
+            "SELECTOR",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        words(&row)[..7],
+        ["agent", "0", "0", "0", "0", "0", "kubernetes.io/os=linux"]
+    );
+
+    // kubectl's describers read each kind (and the pods, claims and events around it).
+    for (what, line) in [
+        ("job/once", "Pods Statuses:"),
+        ("cronjob/tick", "Schedule:"),
+        ("statefulset/db", "Volume Claims:"),
+        ("daemonset/agent", "Desired Number of Nodes Scheduled: 0"),
+        ("pvc/data", "StorageClass:"),
+        ("storageclass/fast", "IsDefaultClass:"),
+    ] {
+        let out = c.ok(&["describe", what]).await;
+        assert!(out.contains(line), "describe {what} lacks {line:?}:\n{out}");
+    }
+
+    // `get all` is the `all` category: workloads, not claims.
+    let all = c.ok(&["get", "all", "-o", "name"]).await;
+    for name in [
+        "job.batch/once",
+        "cronjob.batch/tick",
+        "statefulset.apps/db",
+        "daemonset.apps/agent",
+    ] {
+        assert!(
+            all.lines().any(|l| l == name),
+            "get all lacks {name}:\n{all}"
+        );
+    }
+    assert!(!all.contains("persistentvolumeclaim"), "{all}");
+    let resources = c.ok(&["api-resources", "--api-group=batch"]).await;
+    assert!(
+        resources
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["cronjobs", "cj", "batch/v1", "true", "CronJob"]),
+        "{resources}"
+    );
+}
+
+const DRAINED_NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: web, image: nginx}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: web, image: nginx}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: starting, labels: {app: web}}
+spec: {containers: [{name: web, image: nginx}]}
+"#;
+
+/// Sets the status of PodDisruptionBudget `web` as its controller would, observed at
+/// generation 1.
+async fn set_budget(c: &Cluster, allowed: i64) {
+    let patch = format!(
+        r#"{{"status":{{"observedGeneration":1,"disruptionsAllowed":{allowed},"currentHealthy":2,"desiredHealthy":1,"expectedPods":2}}}}"#
+    );
+    patch_status(c, "pdb", "web", &patch).await;
+}
+
+/// Merges `patch` into the status of `kind/name`, as its controller would.
+async fn patch_status(c: &Cluster, kind: &str, name: &str, patch: &str) {
+    c.ok(&[
+        "patch",
+        kind,
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+    ])
+    .await;
+}
+
+/// Whether `pod` is gone or going: a pod on a node waits for its kubelet (none here) once
+/// its grace period starts.
+async fn evicted(c: &Cluster, pod: &str) -> bool {
+    let out = c.kubectl(&["get", "pod", pod, "-o", "json"]).await;
+    !out.ok
+        || serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()["metadata"]
+            ["deletionTimestamp"]
+            .is_string()
+}
+
+/// POSTs an Eviction of `pod` with `kubectl create --raw`.
+async fn evict(c: &Cluster, pod: &str) -> Out {
+    let path = c.dir.path().join(format!("evict-{pod}.json"));
+    std::fs::write(
+        &path,
+        format!(r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}"}}}}"#),
+    )
+    .unwrap();
+    let url = format!("/api/v1/namespaces/default/pods/{pod}/eviction");
+    c.kubectl(&["create", "--raw", &url, "-f", path.to_str().unwrap()])
+        .await
+}
+
+/// `kubectl drain` and raw evictions against a PodDisruptionBudget whose status is set by
+/// hand (as the disruption controller would): refused with 429 while the budget allows no
+/// disruption or has not seen its spec, allowed (and counted in the budget) once it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_honour_pod_disruption_budgets() {
+    let c = Cluster::start().await;
+    c.ok_in(&["apply", "-f", "-"], DRAINED_NODE).await;
+    for pod in ["web-0", "web-1"] {
+        patch_status(
+            &c,
+            "pod",
+            pod,
+            r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+        )
+        .await;
+    }
+    c.ok(&[
+        "create",
+        "pdb",
+        "web",
+        "--selector=app=web",
+        "--min-available=1",
+    ])
+    .await;
+    set_budget(&c, 0).await;
+    let described = c.ok(&["describe", "pdb", "web"]).await;
+    assert!(described.contains("Allowed disruptions:  0"), "{described}");
+    let (header, row) = table(&c.ok(&["get", "pdb"]).await, "web");
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "MIN",
+            "AVAILABLE",
+            "MAX",
+            "UNAVAILABLE",
+            "ALLOWED",
+            "DISRUPTIONS",
+            "AGE"
+        ]
+    );
+    assert_eq!(words(&row)[..4], ["web", "1", "N/A", "0"]);
+
+    const REFUSED: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
+
+    // No disruption allowed: 429, and the pod stays.
+    let out = evict(&c, "web-0").await;
+    assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("TooManyRequests") || out.stderr.contains("429"),
+        "{}",
+        out.stderr
+    );
+    c.ok(&["get", "pod", "web-0"]).await;
+    // A pod not running yet costs the budget nothing.
+    let out = evict(&c, "starting").await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        !c.kubectl(&["get", "pod", "starting"]).await.ok,
+        "starting was evicted"
+    );
+
+    // kubectl drain retries on 429 until its timeout...
+    let out = c
+        .kubectl(&["drain", "n1", "--force", "--grace-period=0", "--timeout=3s"])
+        .await;
+    assert!(
+        !out.ok && out.stderr.contains(REFUSED),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+
+    // ... and evicts once the budget allows one disruption: the budget counts it.
+    set_budget(&c, 1).await;
+    let out = evict(&c, "web-0").await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(evicted(&c, "web-0").await, "web-0 was evicted");
+    let pdb = c.json(&["get", "pdb", "web"]).await;
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 0);
+    assert!(pdb["status"]["disruptedPods"]["web-0"].is_string(), "{pdb}");
+    let condition = pdb["status"]["conditions"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["type"] == "DisruptionAllowed"))
+        .unwrap_or_else(|| panic!("no DisruptionAllowed condition: {pdb}"));
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (
+            &serde_json::json!("False"),
+            &serde_json::json!("InsufficientPods")
+        )
+    );
+    let out = evict(&c, "web-1").await;
+    assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
+
+    // A budget whose spec changed since its controller last looked refuses too.
+    c.ok(&[
+        "patch",
+        "pdb",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"minAvailable":0}}"#,
+    ])
+    .await;
+    patch_status(&c, "pdb", "web", r#"{"status":{"disruptionsAllowed":5}}"#).await;
+    let out = evict(&c, "web-1").await;
+    assert!(!out.ok && out.stderr.contains(REFUSED), "{}", out.stderr);
+
+    // Two budgets over one pod: kube does not choose between them.
+    c.ok(&[
+        "create",
+        "pdb",
+        "web-too",
+        "--selector=app=web",
+        "--max-unavailable=1",
+    ])
+    .await;
+    let out = evict(&c, "web-1").await;
+    assert!(
+        !out.ok
+            && out.stderr.contains(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+            ),
+        "{}",
+        out.stderr
+    );
+    c.ok(&["delete", "pdb", "web-too"]).await;
+
+    // Once the budget is observed again, drain goes through.
+    patch_status(&c, "pdb", "web", r#"{"status":{"observedGeneration":2}}"#).await;
+    let out = c
+        .kubectl(&[
+            "drain",
+            "n1",
+            "--force",
+            "--grace-period=0",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("pod/web-1 evicted"), "{}", out.stdout);
+    assert!(evicted(&c, "web-1").await, "web-1 was evicted");
 }

@@ -3,7 +3,10 @@
 //! A hollow container starts instantly and does nothing; what it does instead is chosen by
 //! the pod annotation [`BEHAVIOR_ANNOTATION`] (`lab.tandem.dev/behavior`):
 //!
-//! - absent or `run`: containers run and are ready; the pod is `Running` and `Ready`.
+//! - absent: like `run`, except for pods owned by a Job (an ownerReference of kind `Job`),
+//!   whose containers run for [`JOB_POD_RUN`] and then exit with code 0, as a short-lived
+//!   image would (so `kubectl create job j --image=busybox` completes).
+//! - `run`: containers run and are ready; the pod is `Running` and `Ready`.
 //! - `exit`: containers exit with code 0 — phase `Succeeded` under `restartPolicy`
 //!   `Never`/`OnFailure`, restarted (and backing off) under `Always`.
 //! - `fail`: containers exit with code 1 — phase `Failed` under `Never`, restarted (and
@@ -33,6 +36,8 @@ use crate::cluster::NodePower;
 
 /// Pod annotation that chooses what a hollow container does (see the module documentation).
 pub const BEHAVIOR_ANNOTATION: &str = "lab.tandem.dev/behavior";
+/// How long the containers of a Job's pod run before exiting with code 0 (no annotation).
+pub const JOB_POD_RUN: Duration = Duration::from_secs(1);
 /// How often a hollow kubelet posts its node status (the Ready condition's heartbeat).
 pub const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(30);
 /// `nodeInfo.kubeletVersion` of hollow nodes.
@@ -98,6 +103,8 @@ pub enum Behavior {
     CrashLoop,
     /// Runs but is never ready.
     NeverReady,
+    /// Runs for [`JOB_POD_RUN`], then exits with code 0 (Job pods by default).
+    Complete,
 }
 
 impl Behavior {
@@ -114,7 +121,19 @@ impl Behavior {
             Some("fail") => Behavior::Fail,
             Some("crashloop") => Behavior::CrashLoop,
             Some("never-ready") => Behavior::NeverReady,
-            _ => Behavior::Run,
+            Some(_) => Behavior::Run,
+            None if owned_by_job(pod) => Behavior::Complete,
+            None => Behavior::Run,
+        }
+    }
+
+    /// What the containers do now: a Complete container is a Run one until it has run its
+    /// time, then an Exit one.
+    fn now(self, rt: &PodRuntime) -> Behavior {
+        match self {
+            Behavior::Complete if rt.completed => Behavior::Exit,
+            Behavior::Complete => Behavior::Run,
+            other => other,
         }
     }
 
@@ -123,7 +142,7 @@ impl Behavior {
         match self {
             Behavior::Exit => Some(0),
             Behavior::Fail | Behavior::CrashLoop => Some(1),
-            Behavior::Run | Behavior::NeverReady => None,
+            Behavior::Run | Behavior::NeverReady | Behavior::Complete => None,
         }
     }
 }
@@ -186,6 +205,19 @@ pub struct PodRuntime {
     pub next_restart: Option<Instant>,
     /// When the containers last exited.
     pub last_exit: Timestamp,
+    /// When a [`Behavior::Complete`] container exits.
+    pub exits_at: Option<Instant>,
+    /// Whether a [`Behavior::Complete`] container has exited.
+    pub completed: bool,
+}
+
+/// Whether a pod's controller is a Job.
+fn owned_by_job(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.kind == "Job" && r.controller == Some(true))
 }
 
 /// Back-off before restart number `restarts + 1`: 1 s doubling to 10 s.
@@ -209,22 +241,23 @@ fn restart_policy(pod: &Pod) -> &str {
         .unwrap_or("Always")
 }
 
-/// Whether the pod's containers have exited for good under the pod's restart policy.
-fn exited_for_good(pod: &Pod) -> Option<i32> {
-    Behavior::of(pod)
+/// Whether the pod's containers, doing `behavior`, have exited for good under the pod's
+/// restart policy.
+fn exited_for_good(pod: &Pod, behavior: Behavior) -> Option<i32> {
+    behavior
         .exit_code()
         .filter(|code| !restarts(restart_policy(pod), *code))
 }
 
 /// The status a hollow kubelet reports for `pod` (decide; the caller only sends it).
 pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp) -> Value {
-    let behavior = Behavior::of(pod);
+    let behavior = Behavior::of(pod).now(rt);
     let uid = pod.metadata.uid.as_deref().unwrap_or("");
     let ns = pod.metadata.namespace.as_deref().unwrap_or("");
     let name = pod.metadata.name.as_deref().unwrap_or("");
     let started = Time(rt.started);
     let finished = Time(rt.last_exit);
-    let final_code = exited_for_good(pod);
+    let final_code = exited_for_good(pod, behavior);
     let containers = pod
         .spec
         .as_ref()
@@ -601,6 +634,7 @@ impl Kubelet {
             }
             if let Some(rt) = self.runtimes.get_mut(&uid) {
                 rt.next_restart = None;
+                rt.exits_at = None;
             }
             // Hollow containers stop at once: report them terminated, then finish the
             // graceful deletion without waiting for the grace period.
@@ -665,9 +699,12 @@ impl Kubelet {
                     started: now,
                     restarts: 0,
                     next_restart: (behavior.exit_code().is_some()
-                        && exited_for_good(&pod).is_none())
+                        && exited_for_good(&pod, behavior).is_none())
                     .then(|| Instant::now() + restart_backoff(0)),
                     last_exit: now,
+                    exits_at: (behavior == Behavior::Complete)
+                        .then(|| Instant::now() + JOB_POD_RUN),
+                    completed: false,
                 },
             );
         }
@@ -699,9 +736,24 @@ impl Kubelet {
         }
     }
 
-    /// Restarts crash-looping containers whose back-off has passed.
+    /// Restarts crash-looping containers whose back-off has passed, and ends Job containers
+    /// that have run their time.
     async fn restart_due(&mut self) {
         let now = Instant::now();
+        let ending: Vec<String> = self
+            .runtimes
+            .iter()
+            .filter(|(_, rt)| rt.exits_at.is_some_and(|t| t <= now))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in ending {
+            if let Some(rt) = self.runtimes.get_mut(&uid) {
+                rt.exits_at = None;
+                rt.completed = true;
+                rt.last_exit = Timestamp::now();
+            }
+            self.report(&uid).await;
+        }
         let due: Vec<String> = self
             .runtimes
             .iter()
@@ -805,6 +857,8 @@ mod tests {
             restarts: 3,
             next_restart: None,
             last_exit: now,
+            exits_at: None,
+            completed: false,
         };
         for (behavior, policy, phase, ready, state) in cases {
             let status = desired_status(&pod(behavior, policy), &rt, "172.18.0.3", now);
@@ -828,6 +882,52 @@ mod tests {
             // The status parses as a core/v1 PodStatus and its key is stable.
             let typed: PodStatus = serde_json::from_value(status).expect("PodStatus");
             assert!(!status_key(Some(&typed)).is_empty());
+        }
+    }
+
+    #[test]
+    fn job_pods_run_then_exit_zero_unless_the_annotation_says_otherwise() {
+        // (owned by a Job, annotation, run time over, phase, container state, exit code)
+        let cases = [
+            (true, None, false, "Running", "running", None),
+            (true, None, true, "Succeeded", "terminated", Some(0)),
+            (true, Some("fail"), false, "Failed", "terminated", Some(1)),
+            (true, Some("run"), true, "Running", "running", None),
+            (
+                true,
+                Some("exit"),
+                false,
+                "Succeeded",
+                "terminated",
+                Some(0),
+            ),
+            (false, None, true, "Running", "running", None),
+        ];
+        let now = Timestamp::now();
+        for (job, behavior, over, phase, state, code) in cases {
+            let mut p = pod(behavior, "Never");
+            if job {
+                p.metadata.owner_references = Some(vec![
+                    serde_json::from_value(json!({"apiVersion": "batch/v1", "kind": "Job",
+                        "name": "pi", "uid": "j1", "controller": true}))
+                    .expect("owner reference"),
+                ]);
+            }
+            let rt = PodRuntime {
+                ip: None,
+                started: now,
+                restarts: 0,
+                next_restart: None,
+                last_exit: now,
+                exits_at: None,
+                completed: over,
+            };
+            let case = format!("job={job} {behavior:?} over={over}");
+            let status = desired_status(&p, &rt, "172.18.0.3", now);
+            assert_eq!(status["phase"], phase, "{case}");
+            let c = &status["containerStatuses"][0]["state"];
+            assert!(c.get(state).is_some(), "{case}: {c}");
+            assert_eq!(c[state]["exitCode"].as_i64(), code.map(i64::from), "{case}");
         }
     }
 

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    Binding, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, Pod,
-    PodAffinityTerm, Taint, Toleration,
+    Binding, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
+    PersistentVolumeClaim, Pod, PodAffinityTerm, Taint, Toleration,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
@@ -85,6 +86,18 @@ pub struct PodInfo {
     /// Pods with the same key are spread across nodes: the controlling owner, or the
     /// namespace and labels of a bare pod.
     pub spread_key: String,
+    /// The claims its volumes use (`persistentVolumeClaim` and generic ephemeral volumes);
+    /// empty for most pods, which then never look at volumes.
+    pub claims: Vec<PodClaim>,
+}
+
+/// A claim a pod's volume uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodClaim {
+    /// The claim's name (in the pod's namespace).
+    pub name: String,
+    /// Whether it comes from a generic ephemeral volume (`<pod>-<volume>`).
+    pub ephemeral: bool,
 }
 
 impl PodInfo {
@@ -123,6 +136,26 @@ impl PodInfo {
         }
         requests = requests.max(init);
         let meta = &pod.metadata;
+        let claims = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| {
+                if let Some(c) = &v.persistent_volume_claim {
+                    Some(PodClaim {
+                        name: c.claim_name.clone(),
+                        ephemeral: false,
+                    })
+                } else {
+                    v.ephemeral.as_ref().map(|_| PodClaim {
+                        name: format!("{}-{}", meta.name.as_deref().unwrap_or(""), v.name),
+                        ephemeral: true,
+                    })
+                }
+            })
+            .collect();
         let spread_key = match meta
             .owner_references
             .iter()
@@ -150,6 +183,7 @@ impl PodInfo {
             requests,
             nonzero,
             spread_key,
+            claims,
         }
     }
 
@@ -196,6 +230,267 @@ pub struct Snapshot {
     placed: HashMap<String, String>,
     /// Placed pods with required anti-affinity terms (checked against incoming pods).
     anti: HashMap<String, Arc<PodInfo>>,
+    /// Claims, volumes and classes, for pods with claims.
+    volumes: Volumes,
+}
+
+/// The scheduler's view of storage: claims by `namespace/name`, volumes and classes by name.
+#[derive(Debug, Default)]
+pub struct Volumes {
+    claims: HashMap<String, Arc<PersistentVolumeClaim>>,
+    volumes: BTreeMap<String, Arc<PersistentVolume>>,
+    classes: HashMap<String, Arc<StorageClass>>,
+}
+
+impl Volumes {
+    /// Adds or updates a claim.
+    pub fn apply_claim(&mut self, claim: PersistentVolumeClaim) {
+        let key = format!(
+            "{}/{}",
+            claim.metadata.namespace.as_deref().unwrap_or(""),
+            claim.metadata.name.as_deref().unwrap_or("")
+        );
+        self.claims.insert(key, Arc::new(claim));
+    }
+
+    /// Removes a claim.
+    pub fn delete_claim(&mut self, namespace: &str, name: &str) {
+        self.claims.remove(&format!("{namespace}/{name}"));
+    }
+
+    /// Adds or updates a volume.
+    pub fn apply_volume(&mut self, pv: PersistentVolume) {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        self.volumes.insert(name, Arc::new(pv));
+    }
+
+    /// Removes a volume.
+    pub fn delete_volume(&mut self, name: &str) {
+        self.volumes.remove(name);
+    }
+
+    /// Adds or updates a class.
+    pub fn apply_class(&mut self, class: StorageClass) {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        self.classes.insert(name, Arc::new(class));
+    }
+
+    /// Removes a class.
+    pub fn delete_class(&mut self, name: &str) {
+        self.classes.remove(name);
+    }
+
+    fn claim(&self, namespace: &str, name: &str) -> Option<&PersistentVolumeClaim> {
+        self.claims
+            .get(&format!("{namespace}/{name}"))
+            .map(Arc::as_ref)
+    }
+}
+
+/// What a pod's claims ask of a node, worked out once per scheduling attempt (VolumeBinding's
+/// PreFilter).
+#[derive(Debug, Default)]
+struct VolumeNeeds<'a> {
+    /// Volumes of bound claims (None: the claim names a volume the cache does not hold).
+    bound: Vec<Option<&'a PersistentVolume>>,
+    /// Unbound WaitForFirstConsumer claims and their class, if it exists.
+    delayed: Vec<(&'a PersistentVolumeClaim, Option<&'a StorageClass>)>,
+}
+
+/// Whether a volume's required node affinity admits `node` (no affinity admits every node).
+pub fn volume_reachable_from(pv: &PersistentVolume, node: &Node) -> bool {
+    match pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+    {
+        Some(required) => required
+            .node_selector_terms
+            .iter()
+            .any(|t| term_matches(t, node)),
+        None => true,
+    }
+}
+
+fn delays_binding(class: Option<&StorageClass>) -> bool {
+    class.is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"))
+}
+
+/// VolumeBinding's PreFilter: every claim exists and is usable, and none waits to be bound
+/// by the volume controller; the error is the reason kube-scheduler gives.
+fn volume_needs<'a>(snap: &'a Snapshot, pod: &PodInfo) -> Result<VolumeNeeds<'a>, String> {
+    let mut needs = VolumeNeeds::default();
+    let vols = &snap.volumes;
+    for c in &pod.claims {
+        let Some(claim) = vols.claim(pod.namespace(), &c.name) else {
+            return Err(if c.ephemeral {
+                format!(
+                    "waiting for ephemeral volume controller to create the persistentvolumeclaim \"{}\"",
+                    c.name
+                )
+            } else {
+                format!("persistentvolumeclaim \"{}\" not found", c.name)
+            });
+        };
+        let volume_name = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .unwrap_or("");
+        if claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost") {
+            return Err(format!(
+                "persistentvolumeclaim \"{}\" bound to non-existent persistentvolume \"{volume_name}\"",
+                c.name
+            ));
+        }
+        if claim.metadata.deletion_timestamp.is_some() {
+            return Err(format!(
+                "persistentvolumeclaim \"{}\" is being deleted",
+                c.name
+            ));
+        }
+        if !volume_name.is_empty() {
+            needs
+                .bound
+                .push(vols.volumes.get(volume_name).map(Arc::as_ref));
+            continue;
+        }
+        let class_name = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref())
+            .unwrap_or("");
+        let class = vols.classes.get(class_name).map(Arc::as_ref);
+        if !delays_binding(class) {
+            return Err("pod has unbound immediate PersistentVolumeClaims".into());
+        }
+        needs.delayed.push((claim, class));
+    }
+    Ok(needs)
+}
+
+/// Whether `pv` could serve `claim` (the volume controller's `findMatchingVolume`): free or
+/// pre-bound to it, same class and volume mode, the access modes and capacity asked for,
+/// labels the claim's selector matches, and (when `node` is given) reachable from that node.
+pub fn volume_matches(
+    pv: &PersistentVolume,
+    claim: &PersistentVolumeClaim,
+    node: Option<&Node>,
+) -> bool {
+    let (Some(spec), Some(cspec)) = (pv.spec.as_ref(), claim.spec.as_ref()) else {
+        return false;
+    };
+    if pv.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    if let Some(r) = &spec.claim_ref {
+        let same = r.name.as_deref() == claim.metadata.name.as_deref()
+            && r.namespace.as_deref() == claim.metadata.namespace.as_deref()
+            && r.uid
+                .as_deref()
+                .is_none_or(|u| u.is_empty() || Some(u) == claim.metadata.uid.as_deref());
+        if !same {
+            return false;
+        }
+    } else if pv
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p != "Available" && p != "Pending")
+    {
+        return false;
+    }
+    let class = cspec.storage_class_name.as_deref().unwrap_or("");
+    if spec.storage_class_name.as_deref().unwrap_or("") != class {
+        return false;
+    }
+    if spec.volume_mode.as_deref().unwrap_or("Filesystem")
+        != cspec.volume_mode.as_deref().unwrap_or("Filesystem")
+    {
+        return false;
+    }
+    let offered = spec.access_modes.as_deref().unwrap_or(&[]);
+    if !cspec
+        .access_modes
+        .iter()
+        .flatten()
+        .all(|m| offered.contains(m))
+    {
+        return false;
+    }
+    let storage = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.and_then(|q| Quantity::parse(&q.0).ok())
+            .map(|q| q.scaled(0).clamp(0, i64::MAX.into()) as i64)
+            .unwrap_or(0)
+    };
+    let capacity = storage(spec.capacity.as_ref().and_then(|c| c.get("storage")));
+    let wanted = storage(
+        cspec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage")),
+    );
+    if capacity < wanted {
+        return false;
+    }
+    if cspec.selector.is_some()
+        && !label_selector_matches(cspec.selector.as_ref(), pv.metadata.labels.as_ref())
+    {
+        return false;
+    }
+    node.is_none_or(|node| volume_reachable_from(pv, node))
+}
+
+/// Whether a class may provision a volume reachable from `node` (its allowedTopologies).
+fn provisionable_on(class: &StorageClass, node: &Node) -> bool {
+    if class.provisioner.is_empty() || class.provisioner == "kubernetes.io/no-provisioner" {
+        return false;
+    }
+    let labels = node.metadata.labels.as_ref();
+    match class.allowed_topologies.as_deref() {
+        None | Some([]) => true,
+        Some(terms) => terms.iter().any(|t| {
+            t.match_label_expressions.iter().flatten().all(|e| {
+                labels
+                    .and_then(|l| l.get(&e.key))
+                    .is_some_and(|v| e.values.contains(v))
+            })
+        }),
+    }
+}
+
+/// VolumeBinding's Filter on one node.
+fn volumes_fit(snap: &Snapshot, needs: &VolumeNeeds<'_>, node: &Node) -> Result<(), Failure> {
+    for pv in &needs.bound {
+        match pv {
+            None => {
+                return Err(Failure::unresolvable(
+                    "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)",
+                ));
+            }
+            Some(pv) if !volume_reachable_from(pv, node) => {
+                return Err(Failure::unresolvable(
+                    "node(s) had volume node affinity conflict",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for (claim, class) in &needs.delayed {
+        let static_fit = snap
+            .volumes
+            .volumes
+            .values()
+            .any(|pv| volume_matches(pv, claim, Some(node)));
+        if !static_fit && !class.is_some_and(|c| provisionable_on(c, node)) {
+            return Err(Failure::unresolvable(
+                "node(s) didn't find available persistent volumes to bind",
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Snapshot {
@@ -289,6 +584,24 @@ impl Snapshot {
     pub fn placed_uids(&self) -> impl Iterator<Item = &String> {
         self.placed.keys()
     }
+
+    /// The storage view, to update from watches.
+    pub fn volumes_mut(&mut self) -> &mut Volumes {
+        &mut self.volumes
+    }
+
+    /// The claims of `pod` still waiting for a node (unbound, WaitForFirstConsumer): the ones
+    /// to annotate with the chosen node before the pod is bound.
+    pub fn claims_to_select(&self, pod: &PodInfo) -> Vec<String> {
+        match volume_needs(self, pod) {
+            Ok(needs) => needs
+                .delayed
+                .iter()
+                .filter_map(|(c, _)| c.metadata.name.clone())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
 }
 
 /// Why a pod fits no node, counted per reason like kube-scheduler's `FitError`.
@@ -302,6 +615,8 @@ pub struct FitError {
     pub preemption: BTreeMap<String, usize>,
     /// Set when the pod may not preempt at all.
     pub preemption_never: bool,
+    /// Why the pod fits no node before any node was looked at (a PreFilter's reason).
+    pub prefilter: Option<String>,
 }
 
 fn histogram(map: &BTreeMap<String, usize>) -> String {
@@ -315,12 +630,15 @@ impl fmt::Display for FitError {
         if self.nodes == 0 {
             return write!(f, "no nodes available to schedule pods");
         }
-        write!(
-            f,
-            "0/{} nodes are available: {}.",
-            self.nodes,
-            histogram(&self.reasons)
-        )?;
+        match &self.prefilter {
+            Some(reason) => write!(f, "0/{} nodes are available: {reason}.", self.nodes)?,
+            None => write!(
+                f,
+                "0/{} nodes are available: {}.",
+                self.nodes,
+                histogram(&self.reasons)
+            )?,
+        }
         if self.preemption_never {
             write!(
                 f,
@@ -500,7 +818,13 @@ fn topology_value<'a>(state: &'a NodeState, key: &str) -> Option<&'a str> {
     state.labels()?.get(key).map(String::as_str)
 }
 
-fn filter(pod: &PodInfo, state: &NodeState, anti: &AntiAffinity) -> Result<(), Failure> {
+fn filter(
+    snap: &Snapshot,
+    pod: &PodInfo,
+    state: &NodeState,
+    anti: &AntiAffinity,
+    volumes: Option<&VolumeNeeds<'_>>,
+) -> Result<(), Failure> {
     let Some(node) = state.node.as_deref() else {
         return Err(Failure::unresolvable("node(s) not found"));
     };
@@ -553,6 +877,9 @@ fn filter(pod: &PodInfo, state: &NodeState, anti: &AntiAffinity) -> Result<(), F
             reasons,
             resolvable: true,
         });
+    }
+    if let Some(needs) = volumes {
+        volumes_fit(snap, needs, node)?;
     }
     if anti
         .own
@@ -677,8 +1004,6 @@ fn least_allocated(state: &NodeState, pod: &PodInfo) -> i64 {
 /// resources (1) and spreading of the pod's replicas (2); ties go to the node with fewer
 /// replicas, then fewer pods, then the first name.
 pub fn decide(snap: &Snapshot, pod: &PodInfo) -> Result<String, FitError> {
-    let anti = AntiAffinity::of(snap, pod);
-    let mut feasible: Vec<(&str, &NodeState)> = Vec::new();
     let mut error = FitError {
         nodes: 0,
         reasons: BTreeMap::new(),
@@ -689,13 +1014,33 @@ pub fn decide(snap: &Snapshot, pod: &PodInfo) -> Result<String, FitError> {
             .as_ref()
             .and_then(|s| s.preemption_policy.as_deref())
             == Some("Never"),
+        prefilter: None,
     };
+    // Only pods with claims look at volumes.
+    let volumes = if pod.claims.is_empty() {
+        None
+    } else {
+        match volume_needs(snap, pod) {
+            Ok(needs) => Some(needs),
+            Err(reason) => {
+                error.nodes = snap.node_names().count();
+                error.prefilter = Some(reason);
+                error.preemption.insert(
+                    "Preemption is not helpful for scheduling".to_string(),
+                    error.nodes,
+                );
+                return Err(error);
+            }
+        }
+    };
+    let anti = AntiAffinity::of(snap, pod);
+    let mut feasible: Vec<(&str, &NodeState)> = Vec::new();
     for (name, state) in &snap.nodes {
         if state.node.is_none() {
             continue;
         }
         error.nodes += 1;
-        match filter(pod, state, &anti) {
+        match filter(snap, pod, state, &anti, volumes.as_ref()) {
             Ok(()) => feasible.push((name, state)),
             Err(failure) => {
                 for r in failure.reasons {
@@ -791,22 +1136,41 @@ const RETRY_PERIOD: Duration = Duration::from_secs(10);
 /// ...and at most this often when nodes or pods change.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 
+/// How long a pod waits for its WaitForFirstConsumer claims to be bound once it has a node
+/// (kube-scheduler's `bindTimeoutSeconds`).
+const VOLUME_BIND_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// The outcome of one binding request.
 struct Bound {
     uid: String,
     node: String,
-    result: Result<(), kube::Error>,
+    result: Result<(), BindError>,
+    /// Whether it counted against MAX_IN_FLIGHT (pods waiting for volumes do not).
+    counted: bool,
+}
+
+/// Why a pod could not be bound.
+#[derive(Debug, thiserror::Error)]
+enum BindError {
+    /// The binding (or a claim's annotation) was refused.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// A claim was not bound in time.
+    #[error("binding volumes: timed out waiting for persistentvolumeclaim {0:?} to be bound")]
+    VolumeTimeout(String),
 }
 
 /// What the scheduling loop does next for one pod.
 enum Step {
     /// Nothing (the pod went away, or its failure was already reported).
     Skip,
-    /// Bind the pod, already assumed on `node`.
+    /// Bind the pod, already assumed on `node`, once `claims` (WaitForFirstConsumer) name
+    /// that node and are bound.
     Bind {
         uid: String,
         pod: Arc<Pod>,
         node: String,
+        claims: Vec<String>,
     },
     /// Report why the pod fits nowhere.
     Report { pod: Arc<Pod>, message: String },
@@ -831,6 +1195,8 @@ struct Queue {
     last_retry: Instant,
     nodes_synced: bool,
     pods_synced: bool,
+    /// Claims, volumes and classes listed (pods with claims wait for all three).
+    volumes_synced: [bool; 3],
     init_nodes: HashSet<String>,
     init_pods: HashSet<String>,
 }
@@ -850,6 +1216,7 @@ impl Queue {
             last_retry: Instant::now(),
             nodes_synced: false,
             pods_synced: false,
+            volumes_synced: [false; 3],
             init_nodes: HashSet::new(),
             init_pods: HashSet::new(),
         }
@@ -882,6 +1249,42 @@ impl Queue {
                 self.changed = true;
             }
         }
+    }
+
+    fn on_claim(&mut self, event: Event<PersistentVolumeClaim>) {
+        let vols = self.snap.volumes_mut();
+        match event {
+            Event::Init => vols.claims.clear(),
+            Event::InitApply(c) | Event::Apply(c) => vols.apply_claim(c),
+            Event::Delete(c) => vols.delete_claim(
+                c.metadata.namespace.as_deref().unwrap_or(""),
+                c.metadata.name.as_deref().unwrap_or(""),
+            ),
+            Event::InitDone => self.volumes_synced[0] = true,
+        }
+        self.changed = true;
+    }
+
+    fn on_volume(&mut self, event: Event<PersistentVolume>) {
+        let vols = self.snap.volumes_mut();
+        match event {
+            Event::Init => vols.volumes.clear(),
+            Event::InitApply(v) | Event::Apply(v) => vols.apply_volume(v),
+            Event::Delete(v) => vols.delete_volume(v.metadata.name.as_deref().unwrap_or("")),
+            Event::InitDone => self.volumes_synced[1] = true,
+        }
+        self.changed = true;
+    }
+
+    fn on_class(&mut self, event: Event<StorageClass>) {
+        let vols = self.snap.volumes_mut();
+        match event {
+            Event::Init => vols.classes.clear(),
+            Event::InitApply(c) | Event::Apply(c) => vols.apply_class(c),
+            Event::Delete(c) => vols.delete_class(c.metadata.name.as_deref().unwrap_or("")),
+            Event::InitDone => self.volumes_synced[2] = true,
+        }
+        self.changed = true;
     }
 
     fn drop_pod(&mut self, uid: &str) {
@@ -991,11 +1394,26 @@ impl Queue {
             return Some(Step::Skip);
         };
         let info = Arc::new(PodInfo::new(pod.clone()));
+        if !info.claims.is_empty() && self.volumes_synced.contains(&false) {
+            // Judged once the claims, volumes and classes are listed.
+            self.unschedulable.insert(uid);
+            return Some(Step::Skip);
+        }
         Some(match decide(&self.snap, &info) {
             Ok(node) => {
+                let claims = if info.claims.is_empty() {
+                    Vec::new()
+                } else {
+                    self.snap.claims_to_select(&info)
+                };
                 self.snap.place(info, &node);
                 self.assumed.insert(uid.clone(), node.clone());
-                Step::Bind { uid, pod, node }
+                Step::Bind {
+                    uid,
+                    pod,
+                    node,
+                    claims,
+                }
             }
             Err(fit) => {
                 let message = fit.to_string();
@@ -1040,7 +1458,10 @@ impl Queue {
 pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow::Result<()> {
     let nodes = watcher(Api::<Node>::all(client.clone()));
     let pods = watcher(Api::<Pod>::all(client.clone()));
-    futures::pin_mut!(nodes, pods);
+    let claims = watcher(Api::<PersistentVolumeClaim>::all(client.clone()));
+    let volumes = watcher(Api::<PersistentVolume>::all(client.clone()));
+    let classes = watcher(Api::<StorageClass>::all(client.clone()));
+    futures::pin_mut!(nodes, pods, claims, volumes, classes);
     let (tx, mut rx) = mpsc::unbounded_channel::<Bound>();
     let mut q = Queue::new();
     let mut in_flight = 0usize;
@@ -1062,7 +1483,10 @@ pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow
                 }
             }
             Some(ev) = pods.next() => q.on_pod(ev),
-            Some(b) = rx.recv() => { in_flight -= 1; q.on_bound(b) },
+            Some(ev) = claims.next() => q.on_claim(ev),
+            Some(ev) = volumes.next() => q.on_volume(ev),
+            Some(ev) = classes.next() => q.on_class(ev),
+            Some(b) = rx.recv() => { in_flight -= usize::from(b.counted); q.on_bound(b) },
             _ = tick.tick() => q.maybe_retry(),
         }
         if !(q.nodes_synced && q.pods_synced) {
@@ -1074,9 +1498,16 @@ pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow
             match q.step() {
                 None => break,
                 Some(Step::Skip) => {}
-                Some(Step::Bind { uid, pod, node }) => {
-                    in_flight += 1;
-                    tokio::spawn(bind(client.clone(), pod, uid, node, tx.clone()));
+                Some(Step::Bind {
+                    uid,
+                    pod,
+                    node,
+                    claims,
+                }) => {
+                    // Pods waiting for volumes may wait long: they do not hold up the others.
+                    let counted = claims.is_empty();
+                    in_flight += usize::from(counted);
+                    tokio::spawn(bind(client.clone(), pod, uid, node, claims, tx.clone()));
                 }
                 Some(Step::Report { pod, message }) => {
                     let (client, reports) = (client.clone(), reports.clone());
@@ -1115,25 +1546,90 @@ async fn bind(
     pod: Arc<Pod>,
     uid: String,
     node: String,
+    claims: Vec<String>,
     done: mpsc::UnboundedSender<Bound>,
 ) {
+    let counted = claims.is_empty();
+    let result = bind_volumes(&client, &pod, &node, &claims).await;
+    let result = match result {
+        Ok(()) => bind_pod(client, &pod, &uid, &node)
+            .await
+            .map_err(BindError::from),
+        Err(e) => Err(e),
+    };
+    let _ = done.send(Bound {
+        uid,
+        node,
+        result,
+        counted,
+    });
+}
+
+/// VolumeBinding's PreBind: names the chosen node on each WaitForFirstConsumer claim, then
+/// waits until the volume controller (or a provisioner) has bound every one of them.
+async fn bind_volumes(
+    client: &kube::Client,
+    pod: &Pod,
+    node: &str,
+    claims: &[String],
+) -> Result<(), BindError> {
+    if claims.is_empty() {
+        return Ok(());
+    }
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns);
+    for claim in claims {
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            "volume.kubernetes.io/selected-node": node,
+        }}});
+        api.patch(claim, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    let deadline = Instant::now() + VOLUME_BIND_TIMEOUT;
+    for claim in claims {
+        loop {
+            let current = api.get(claim).await?;
+            let bound = current
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_deref())
+                .is_some_and(|v| !v.is_empty())
+                && current.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+            if bound {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(BindError::VolumeTimeout(claim.clone()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+async fn bind_pod(
+    client: kube::Client,
+    pod: &Pod,
+    uid: &str,
+    node: &str,
+) -> Result<(), kube::Error> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let binding = Binding {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(ns.clone()),
-            uid: Some(uid.clone()),
+            uid: Some(uid.to_string()),
             ..Default::default()
         },
         target: ObjectReference {
             kind: Some("Node".into()),
             api_version: Some("v1".into()),
-            name: Some(node.clone()),
+            name: Some(node.to_string()),
             ..Default::default()
         },
     };
-    let result = Api::<Pod>::namespaced(client, &ns)
+    Api::<Pod>::namespaced(client, &ns)
         .create_subresource::<_, serde_json::Value>(
             "binding",
             &name,
@@ -1141,8 +1637,7 @@ async fn bind(
             &binding,
         )
         .await
-        .map(|_| ());
-    let _ = done.send(Bound { uid, node, result });
+        .map(|_| ())
 }
 
 /// Sets PodScheduled=False (reason Unschedulable) and records a FailedScheduling event.
@@ -1648,6 +2143,191 @@ mod tests {
         ]);
     }
 
+    fn claim_volume(mut pod: PodFixture, claim: &str) -> PodFixture {
+        pod.0["spec"]["volumes"] =
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+        pod
+    }
+
+    /// Storage objects for the volume cases: classes `standard` (lab provisioner, waits for
+    /// the first consumer), `fast` (Immediate) and `local` (no provisioner, waits), and claims
+    /// and volumes as each case lists them.
+    fn storage(snap: &mut Snapshot, objects: &[Value]) {
+        let vols = snap.volumes_mut();
+        for (name, provisioner, mode) in [
+            ("standard", "lab.tandem.dev/hollow", "WaitForFirstConsumer"),
+            ("fast", "lab.tandem.dev/hollow", "Immediate"),
+            (
+                "local",
+                "kubernetes.io/no-provisioner",
+                "WaitForFirstConsumer",
+            ),
+        ] {
+            vols.apply_class(
+                serde_json::from_value(json!({"metadata": {"name": name},
+                "provisioner": provisioner, "volumeBindingMode": mode}))
+                .unwrap(),
+            );
+        }
+        for o in objects {
+            if o["kind"] == "PersistentVolume" {
+                vols.apply_volume(serde_json::from_value(o.clone()).unwrap());
+            } else {
+                vols.apply_claim(serde_json::from_value(o.clone()).unwrap());
+            }
+        }
+    }
+
+    fn pvc(name: &str, class: &str, volume: Option<&str>) -> Value {
+        json!({"kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+               "spec": {"storageClassName": class, "volumeName": volume,
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Gi"}}}})
+    }
+
+    fn pv(name: &str, class: &str, host: &str) -> Value {
+        json!({"kind": "PersistentVolume", "metadata": {"name": name},
+               "spec": {"storageClassName": class, "capacity": {"storage": "5Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": [host]}]}]}}},
+               "status": {"phase": "Available"}})
+    }
+
+    #[test]
+    fn volume_binding_filters_nodes_by_claims_and_explains_refusals() {
+        let unresolvable = |reason: &str| {
+            format!(
+                "0/3 nodes are available: {reason}. preemption: 0/3 nodes are available: \
+                 3 Preemption is not helpful for scheduling."
+            )
+        };
+        let mut deleting = pvc("data", "standard", Some("pv-1"));
+        deleting["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        /// (case, claims and volumes, expected node or message, claims to select)
+        type VolumeCase = (
+            &'static str,
+            Vec<Value>,
+            Result<&'static str, String>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<VolumeCase> = vec![
+            (
+                "a missing claim",
+                vec![],
+                Err(unresolvable("persistentvolumeclaim \"data\" not found")),
+                vec![],
+            ),
+            (
+                "an unbound Immediate claim waits for the volume controller",
+                vec![pvc("data", "fast", None)],
+                Err(unresolvable(
+                    "pod has unbound immediate PersistentVolumeClaims",
+                )),
+                vec![],
+            ),
+            (
+                "a claim being deleted",
+                vec![deleting],
+                Err(unresolvable(
+                    "persistentvolumeclaim \"data\" is being deleted",
+                )),
+                vec![],
+            ),
+            (
+                "a bound volume pins the pod to its node (data gravity)",
+                vec![
+                    pvc("data", "standard", Some("pv-1")),
+                    pv("pv-1", "standard", "b"),
+                ],
+                Ok("b"),
+                vec![],
+            ),
+            (
+                "a bound volume on no node the cluster has",
+                vec![
+                    pvc("data", "standard", Some("pv-1")),
+                    pv("pv-1", "standard", "gone"),
+                ],
+                Err(
+                    "0/3 nodes are available: 3 node(s) had volume node affinity conflict. \
+                     preemption: 0/3 nodes are available: 3 Preemption is not helpful for \
+                     scheduling."
+                        .to_string(),
+                ),
+                vec![],
+            ),
+            (
+                "a claim bound to a volume not yet seen",
+                vec![pvc("data", "standard", Some("pv-1"))],
+                Err(
+                    "0/3 nodes are available: 3 node(s) unavailable due to one or more pvc(s) \
+                     bound to non-existent pv(s). preemption: 0/3 nodes are available: 3 \
+                     Preemption is not helpful for scheduling."
+                        .to_string(),
+                ),
+                vec![],
+            ),
+            (
+                "WaitForFirstConsumer with a provisioner: any node, and the claim is selected",
+                vec![pvc("data", "standard", None)],
+                Ok("a"),
+                vec!["data"],
+            ),
+            (
+                "WaitForFirstConsumer without one: only where a matching volume is",
+                vec![
+                    pvc("data", "local", None),
+                    pv("pv-c", "local", "c"),
+                    pv("pv-x", "standard", "a"),
+                ],
+                Ok("c"),
+                vec!["data"],
+            ),
+            (
+                "...and nowhere without one",
+                vec![pvc("data", "local", None)],
+                Err(
+                    "0/3 nodes are available: 3 node(s) didn't find available persistent \
+                     volumes to bind. preemption: 0/3 nodes are available: 3 Preemption is not \
+                     helpful for scheduling."
+                        .to_string(),
+                ),
+                vec![],
+            ),
+        ];
+        for (what, objects, want, select) in cases {
+            let mut snap = snapshot(nodes(&["a", "b", "c"]), vec![]);
+            storage(&mut snap, &objects);
+            let pod = claim_volume(PodFixture::new("db-0"), "data").info();
+            let got = decide(&snap, &pod).map_err(|e| e.to_string());
+            assert_eq!(got, want.map(str::to_string), "{what}");
+            if got.is_ok() {
+                assert_eq!(snap.claims_to_select(&pod), select, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn pods_without_claims_never_look_at_volumes() {
+        // No claim, no class, not even the storage caches: the pod schedules as before.
+        let snap = snapshot(nodes(&["a"]), vec![]);
+        let pod = PodFixture::new("web").info();
+        assert!(pod.claims.is_empty());
+        assert_eq!(decide(&snap, &pod), Ok("a".to_string()));
+        let mut q = synced_queue(nodes(&["a"]));
+        q.on_pod(pod_event(PodFixture::new("web")));
+        assert!(
+            matches!(q.step(), Some(Step::Bind { claims, .. }) if claims.is_empty()),
+            "bound although the storage watches have not listed yet"
+        );
+        // A pod with a claim waits for them.
+        q.on_pod(pod_event(claim_volume(PodFixture::new("db"), "data")));
+        assert!(matches!(q.step(), Some(Step::Skip)));
+        assert!(q.unschedulable.contains("db"));
+    }
+
     #[test]
     fn replicas_spread_across_nodes() {
         let mut snap = snapshot(nodes(&["a", "b", "c"]), vec![]);
@@ -1730,7 +2410,8 @@ mod tests {
         q.on_bound(Bound {
             uid: "web".into(),
             node: "a".into(),
-            result: Err(kube::Error::LinesCodecMaxLineLengthExceeded),
+            result: Err(kube::Error::LinesCodecMaxLineLengthExceeded.into()),
+            counted: true,
         });
         q.maybe_retry_now();
         let bound: Vec<String> = std::iter::from_fn(|| q.step())

@@ -25,7 +25,12 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(v) = check().await {
+        // The check itself is bounded too: a request that never answers fails the wait
+        // naming what it was for, instead of hanging the test until the harness kills it.
+        let Ok(found) = tokio::time::timeout_at(deadline, check()).await else {
+            panic!("timed out after {timeout:?} waiting for {what} (a check did not return)");
+        };
+        if let Some(v) = found {
             return v;
         }
         assert!(

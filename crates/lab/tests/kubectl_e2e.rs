@@ -421,3 +421,146 @@ async fn a_powered_off_node_goes_not_ready_and_its_pods_move() {
     )
     .await;
 }
+
+/// A Job manifest with the selector and labels the API server's Job defaults would add (so
+/// the test holds whether or not they are there).
+fn job_manifest(name: &str, spec: &str, annotations: &str) -> String {
+    format!(
+        r#"
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: {name}}}
+spec:
+{spec}
+  manualSelector: true
+  selector: {{matchLabels: {{batch.kubernetes.io/job-name: {name}}}}}
+  template:
+    metadata:
+      labels: {{batch.kubernetes.io/job-name: {name}, job-name: {name}}}
+      annotations: {{{annotations}}}
+    spec:
+      restartPolicy: Never
+      containers: [{{name: main, image: busybox}}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_on_hollow_nodes_to_completion_or_to_their_backoff_limit() {
+    let lab = Lab::start(2).await;
+    // Hollow containers of Job pods run a second and exit 0.
+    let manifest = job_manifest(
+        "count",
+        "  completions: 5\n  parallelism: 2\n  backoffLimit: 6",
+        "",
+    );
+    let (ok, out) = lab.kubectl(&["create", "-f", "-"], Some(&manifest)).await;
+    assert!(ok, "kubectl create:\n{out}");
+    let manifest = job_manifest(
+        "broken",
+        "  completions: 1\n  backoffLimit: 1",
+        "lab.tandem.dev/behavior: fail",
+    );
+    let (ok, out) = lab.kubectl(&["create", "-f", "-"], Some(&manifest)).await;
+    assert!(ok, "kubectl create:\n{out}");
+    lab.ok(&[
+        "wait",
+        "--for=condition=complete",
+        "job/count",
+        "--timeout=60s",
+    ])
+    .await;
+    let succeeded = lab
+        .ok(&["get", "job", "count", "-o", "jsonpath={.status.succeeded}"])
+        .await;
+    assert_eq!(succeeded.trim(), "5");
+    let pods = lab
+        .ok(&[
+            "get",
+            "pods",
+            "-l",
+            "batch.kubernetes.io/job-name=count",
+            "-o",
+            "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
+        ])
+        .await;
+    assert_eq!(
+        pods.lines().filter(|l| *l == "Succeeded").count(),
+        5,
+        "{pods}"
+    );
+    lab.ok(&[
+        "wait",
+        "--for=condition=failed",
+        "job/broken",
+        "--timeout=60s",
+    ])
+    .await;
+    let reason = lab
+        .ok(&[
+            "get",
+            "job",
+            "broken",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason} {.status.failed}",
+        ])
+        .await;
+    assert_eq!(reason.trim(), "BackoffLimitExceeded 2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_job_and_cronjob_run_as_on_a_real_cluster() {
+    let lab = Lab::start(2).await;
+    lab.ok(&["create", "job", "pi", "--image=busybox"]).await;
+    lab.ok(&[
+        "wait",
+        "--for=condition=complete",
+        "job/pi",
+        "--timeout=60s",
+    ])
+    .await;
+    let out = lab
+        .ok(&["get", "job", "pi", "-o", "jsonpath={.status.succeeded}"])
+        .await;
+    assert_eq!(out.trim(), "1");
+    lab.ok(&[
+        "create",
+        "cronjob",
+        "nightly",
+        "--image=busybox",
+        "--schedule=0 3 * * *",
+    ])
+    .await;
+    lab.ok(&["create", "job", "now", "--from=cronjob/nightly"])
+        .await;
+    lab.ok(&[
+        "wait",
+        "--for=condition=complete",
+        "job/now",
+        "--timeout=60s",
+    ])
+    .await;
+    let owner = lab
+        .ok(&[
+            "get",
+            "job",
+            "now",
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.status.succeeded}",
+        ])
+        .await;
+    assert_eq!(owner.trim(), "CronJob/nightly 1");
+    let (ok, out) = lab
+        .kubectl(
+            &[
+                "create",
+                "cronjob",
+                "bad",
+                "--image=busybox",
+                "--schedule=TZ=UTC 0 3 * * *",
+            ],
+            None,
+        )
+        .await;
+    assert!(!ok, "a TZ= schedule is refused:\n{out}");
+}

@@ -12,3 +12,9 @@ mod scheduling;
 
 #[path = "lab/pods.rs"]
 mod pods;
+
+#[path = "lab/statefulsets.rs"]
+mod statefulsets;
+
+#[path = "lab/volumes.rs"]
+mod volumes;

@@ -278,3 +278,57 @@ async fn deleting_a_namespace_deletes_its_content_then_itself() {
     })
     .await;
 }
+
+/// kube-apiserver's batch/v1 Jobs orphan their pods when a delete names no propagation
+/// policy (a client such as kube-rs sends none by default); asking for Background deletes
+/// them.
+#[tokio::test]
+async fn deleting_a_job_orphans_its_pods_unless_asked_otherwise() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::Pod;
+    let cluster = Cluster::start().await;
+    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    for (job, params) in [
+        ("kept", DeleteParams::default()),
+        ("gone", DeleteParams::background()),
+    ] {
+        let created = jobs
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": job}, "spec": {"template": {
+                    "spec": {"restartPolicy": "Never",
+                             "containers": [{"name": "c", "image": "busybox"}]}}}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let owner = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+            "uid": created.uid().unwrap(), "controller": true, "blockOwnerDeletion": true}]);
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": format!("{job}-pod"), "ownerReferences": owner},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+        jobs.delete(job, &params).await.expect("delete");
+        eventually("the job is gone", || async {
+            jobs.get_opt(job).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+    let kept = pods.get("kept-pod").await.expect("the orphaned pod stays");
+    assert!(
+        kept.owner_references().is_empty(),
+        "{:?}",
+        kept.owner_references()
+    );
+    eventually("the background deletion removes the pod", || async {
+        pods.get_opt("gone-pod").await.ok()?.is_none().then_some(())
+    })
+    .await;
+}

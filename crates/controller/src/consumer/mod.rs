@@ -4,6 +4,7 @@ use tokio::task::JoinSet;
 
 use crate::context::Ctx;
 
+pub mod daemonset;
 pub mod link;
 pub mod offloading;
 pub mod peering;

@@ -41,6 +41,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::consumer::daemonset;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 use crate::lean::{LeanPod, PodStatusRef, ShadowPodRef};
@@ -61,6 +62,9 @@ pub const KEYS: VirtualNodeKeys<'static> = VirtualNodeKeys {
         names::NODE_TYPE_LABEL,
         names::REMOTE_CLUSTER_LABEL,
         "kubernetes.io/hostname",
+        // A pod on the virtual node can only name that node by `matchFields metadata.name`
+        // (DaemonSet pods are pinned so): no provider node has that name.
+        "metadata.name",
     ],
     taint_keys: &[names::VIRTUAL_NODE_TAINT],
 };
@@ -81,6 +85,8 @@ struct LocalPod {
     written: u64,
     /// Marked not Ready for an unreachable provider.
     unready: bool,
+    /// Why the pod must not be offloaded (a DaemonSet pod without the opt-in), if so.
+    refused: Option<Arc<str>>,
     /// When the last create or delete was sent (awaiting its watch event).
     requested: Option<Instant>,
 }
@@ -268,6 +274,7 @@ impl State {
         }
         entry.deleting = pod.metadata.deletion_timestamp.is_some();
         entry.started = pod.started();
+        entry.refused = daemonset::refusal(&pod.metadata).map(Arc::from);
         let has_shadow = self
             .twins
             .get(&key.0)
@@ -477,6 +484,20 @@ impl State {
                         actions.push(Action::DeleteLocal {
                             key: key.clone(),
                             uid: local.uid.clone(),
+                        });
+                    }
+                }
+                (None, _) if local.refused.is_some() => {
+                    // Never run once per consumer in the provider: say why, and wait.
+                    let why = local.refused.as_deref().unwrap_or_default();
+                    let status = json!({"phase": "Pending", "reason": daemonset::REFUSED_REASON,
+                        "message": why});
+                    let hash = hash_of(&status);
+                    if hash != local.written {
+                        actions.push(Action::WriteStatus {
+                            key: key.clone(),
+                            status: Arc::new(status),
+                            hash,
                         });
                     }
                 }
@@ -1223,6 +1244,35 @@ mod tests {
                 &[],
             ),
             (
+                "a DaemonSet pod without the opt-in is refused, with the reason",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            refused: Some("not opted in".into()),
+                            ..local("u1")
+                        },
+                    );
+                },
+                &["status DaemonSetNotOptedIn"],
+            ),
+            (
+                "the refusal is written once",
+                |s, _, _| {
+                    let status = json!({"phase": "Pending", "reason": daemonset::REFUSED_REASON,
+                        "message": "not opted in"});
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            refused: Some("not opted in".into()),
+                            written: hash_of(&status),
+                            ..local("u1")
+                        },
+                    );
+                },
+                &[],
+            ),
+            (
                 "nothing is created before the twin namespace is listed",
                 |s, _, _| {
                     s.reals_synced.clear();
@@ -1238,6 +1288,27 @@ mod tests {
             let got: Vec<String> = s.decide("milan", now).iter().map(summary).collect();
             assert_eq!(got, want.to_vec(), "{name}");
         }
+    }
+
+    #[test]
+    fn a_daemonset_pod_runs_in_the_provider_without_its_pin_to_the_virtual_node() {
+        let meta: ObjectMeta = serde_json::from_value(json!({
+            "name": "agent-x2kd9", "uid": "u1", "labels": {"app": "agent"},
+        }))
+        .unwrap();
+        let spec = json!({
+            "containers": [{"name": "a", "image": "agent:1"}],
+            "nodeName": "tandem-milan",
+            "tolerations": [{"operator": "Exists"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["tandem-milan"]}]}]}}},
+        });
+        let out = shadow_spec_of(&meta, spec, "rome");
+        let pod = &out["pod"];
+        assert!(pod["affinity"].is_null(), "the pin is gone: {pod}");
+        assert!(pod["nodeName"].is_null());
+        assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The pod-placement mutating admission webhook: pods created in an offloaded namespace get the
 //! toleration of the virtual-node taint and the required node affinity their namespace's pod
-//! offloading strategy asks for (see `tandem_core::offloading::placement_patch`).
+//! offloading strategy asks for (see `tandem_core::offloading::placement_patch`); DaemonSets, in
+//! every namespace, are kept off virtual nodes unless they opt in (see `consumer::daemonset`).
 //!
 //! The server speaks HTTPS with a certificate issued at start by a throw-away CA, whose PEM goes
 //! into the `tandem-pod-placement` MutatingWebhookConfiguration's caBundle.
@@ -23,6 +24,7 @@ use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
 use tandem_core::offloading::{placement_patch, tolerates_virtual_nodes};
 
+use crate::consumer::daemonset;
 use crate::consumer::offloading::{
     OFFLOADING_ENABLED, OFFLOADING_LABEL, placement, selector_terms,
 };
@@ -174,7 +176,8 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
         "webhooks": [{
             "name": "pod-placement.tandem.dev",
             "clientConfig": {"url": url, "caBundle": STANDARD.encode(ca_pem)},
-            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]},
+                      {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["daemonsets"]}],
             "namespaceSelector": {"matchLabels": {OFFLOADING_LABEL: OFFLOADING_ENABLED}},
             "failurePolicy": "Fail",
             "sideEffects": "None",
@@ -186,7 +189,8 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
             // this must never block pod creation in the rest of the cluster.
             "name": "pod-locality.tandem.dev",
             "clientConfig": {"url": format!("{url}{LOCAL_ONLY_SUFFIX}"), "caBundle": STANDARD.encode(ca_pem)},
-            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]},
+                      {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["daemonsets"]}],
             // Twin namespaces are left out: the provider's controller gives the pods it creates
             // there this affinity itself (see `provider::shadowpod`), sparing the API server a
             // webhook call per offloaded pod.
@@ -259,7 +263,10 @@ async fn handle(
     let body = req.into_body().collect().await?.to_bytes();
     // An unreadable review has no uid to answer; the API server rejects the answer.
     let review: Review = serde_json::from_slice(&body).unwrap_or_default();
-    let response = if local_only {
+    let response = if review.request.kind.kind == "DaemonSet" {
+        // Rare (DaemonSets change seldom): the whole object is decoded.
+        keep_daemonset_off_virtual_nodes(&review.request.uid, &body)
+    } else if local_only {
         keep_local(&review.request)
     } else {
         admit(&ctx, &cache, &review.request).await
@@ -284,6 +291,11 @@ fn keep_local(request: &ReviewRequest) -> Value {
         return json!({"uid": uid, "allowed": true});
     }
     let patch = placement_patch(&pod, placement(PodOffloadingStrategy::Local), &[], MARKS);
+    allowed_with(uid, patch)
+}
+
+/// An admission that allows the object, changed by `patch` (JSON patch) unless it is empty.
+fn allowed_with(uid: &Value, patch: Vec<Value>) -> Value {
     if patch.is_empty() {
         return json!({"uid": uid, "allowed": true});
     }
@@ -293,6 +305,16 @@ fn keep_local(request: &ReviewRequest) -> Value {
         "patchType": "JSONPatch",
         "patch": STANDARD.encode(Value::Array(patch).to_string()),
     })
+}
+
+/// A DaemonSet, in any namespace: kept off virtual nodes unless it opts in (see
+/// `consumer::daemonset`).
+fn keep_daemonset_off_virtual_nodes(uid: &Value, body: &[u8]) -> Value {
+    let review: Value = serde_json::from_slice(body).unwrap_or_default();
+    allowed_with(
+        uid,
+        daemonset::admission_patch(&review["request"]["object"]),
+    )
 }
 
 /// The admission response for one request.
@@ -339,15 +361,7 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
         &terms,
         MARKS,
     );
-    if patch.is_empty() {
-        return allowed;
-    }
-    json!({
-        "uid": uid,
-        "allowed": true,
-        "patchType": "JSONPatch",
-        "patch": STANDARD.encode(Value::Array(patch).to_string()),
-    })
+    allowed_with(uid, patch)
 }
 
 #[cfg(test)]

@@ -198,6 +198,13 @@ pub fn remote_pod_cidrs(peering: &Peering) -> (ipnet::IpNet, ipnet::IpNet) {
 /// Offloads namespace `ns` (created if missing) with the Remote strategy to every provider and
 /// waits until its twin namespaces are Ready. Returns the twin namespace on `provider`.
 pub async fn offload_remote(consumer: &Cluster, provider: &Cluster, ns: &str) -> String {
+    offload(consumer, provider, ns, "Remote").await
+}
+
+/// Offloads namespace `ns` (created if missing) with pod offloading `strategy` to every
+/// provider and waits until its twin namespaces are Ready. Returns the twin namespace on
+/// `provider`.
+pub async fn offload(consumer: &Cluster, provider: &Cluster, ns: &str, strategy: &str) -> String {
     let pp = PatchParams::apply("test").force();
     let namespaces: Api<Namespace> = Api::all(consumer.client.clone());
     namespaces
@@ -217,7 +224,7 @@ pub async fn offload_remote(consumer: &Cluster, provider: &Cluster, ns: &str) ->
         &Patch::Apply(json!({
             "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
             "metadata": {"name": names::OFFLOADING_NAME},
-            "spec": {"podOffloadingStrategy": "Remote"},
+            "spec": {"podOffloadingStrategy": strategy},
         })),
     )
     .await

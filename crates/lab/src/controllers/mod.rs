@@ -1,14 +1,23 @@
 //! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
-//! Deployment, EndpointSlice/Endpoints, the kube-apiserver-client CSR signer and the
+//! Deployment, DaemonSet, StatefulSet, Job, CronJob (with TTL-after-finished), disruption (PodDisruptionBudget status),
+//! EndpointSlice/Endpoints, the persistent volume binder (with the lab's provisioner of
+//! hollow volumes), the kube-apiserver-client CSR signer and the
 //! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.
 
+pub mod cronjob;
 pub mod csr;
+pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
+pub mod history;
+pub mod job;
 pub mod replicaset;
 pub mod serviceaccount;
+pub mod statefulset;
+pub mod volume;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -29,7 +38,13 @@ pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
     tokio::select! {
         () = replicaset::run(client.clone()) => anyhow::bail!("replicaset controller stopped"),
         () = deployment::run(client.clone()) => anyhow::bail!("deployment controller stopped"),
+        () = daemonset::run(client.clone()) => anyhow::bail!("daemonset controller stopped"),
+        () = disruption::run(client.clone()) => anyhow::bail!("disruption controller stopped"),
         () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
+        () = statefulset::run(client.clone()) => anyhow::bail!("statefulset controller stopped"),
+        () = volume::run(client.clone()) => anyhow::bail!("persistentvolume controller stopped"),
+        () = job::run(client.clone()) => anyhow::bail!("job controller stopped"),
+        () = cronjob::run(client.clone()) => anyhow::bail!("cronjob controller stopped"),
         () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
         () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
     }
@@ -60,6 +75,26 @@ impl Context {
     /// (one `SuccessfulCreate` each) spent most of its time there. These notes are unique per
     /// object anyway (kube-controller-manager does not aggregate them either).
     pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        self.publish(obj, "Normal", reason, note).await;
+    }
+
+    /// Publishes a Warning event about `obj` (best effort, as [`Context::event`]).
+    pub async fn warning<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        reason: &str,
+        note: String,
+    ) {
+        self.publish(obj, "Warning", reason, note).await;
+    }
+
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: &str,
+        reason: &str,
+        note: String,
+    ) {
         use k8s_openapi::api::events::v1::Event;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
         let regarding = obj.object_ref(&());
@@ -79,7 +114,7 @@ impl Context {
                 ..Default::default()
             },
             event_time: Some(MicroTime(now)),
-            type_: Some("Normal".into()),
+            type_: Some(type_.into()),
             reason: Some(reason.into()),
             action: Some(reason.into()),
             note: Some(note),
@@ -178,6 +213,57 @@ pub(crate) fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .unwrap_or_default()
         .iter()
         .find(|r| r.controller == Some(true))
+}
+
+/// The controllers of kind `K` a pod event concerns: its controller if it is a `K`, else (an
+/// orphan) those of its namespace whose selector matches it, which may adopt it.
+pub(crate) fn pod_controllers<K>(
+    store: &kube::runtime::reflector::Store<K>,
+    pod: &Pod,
+    selector: impl Fn(&K) -> Option<&LabelSelector>,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    use kube::runtime::reflector::ObjectRef;
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    match controller_of(&pod.metadata) {
+        Some(owner) if owner.kind == K::kind(&()) => {
+            vec![ObjectRef::<K>::new(&owner.name).within(&ns)]
+        }
+        Some(_) => Vec::new(),
+        None => store
+            .state()
+            .iter()
+            .filter(|o| o.meta().namespace.as_deref() == Some(ns.as_str()))
+            .filter(|o| selector(o).is_some_and(|s| selects(s, pod.metadata.labels.as_ref())))
+            .map(|o| ObjectRef::from_obj(o.as_ref()))
+            .collect(),
+    }
+}
+
+/// The pod a workload controller creates from its pod template: `<owner>-<random>`, owned by it
+/// (kube's GetPodFromTemplate).
+pub(crate) fn pod_from_template(
+    template: k8s_openapi::api::core::v1::PodTemplateSpec,
+    owner_name: &str,
+    ns: &str,
+    owner: OwnerReference,
+) -> Pod {
+    let meta = template.metadata.unwrap_or_default();
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{owner_name}-")),
+            namespace: Some(ns.to_string()),
+            labels: meta.labels,
+            annotations: meta.annotations,
+            finalizers: meta.finalizers,
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: template.spec,
+        status: None,
+    }
 }
 
 /// Whether `selector` selects `labels`. An empty or unparsable selector selects nothing,

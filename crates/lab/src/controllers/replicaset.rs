@@ -8,19 +8,18 @@ use std::time::Duration;
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::{
     Availability, Context, Error, StepExt, availability, controller_of, drain, is_active,
-    is_not_found, is_ready, key, ready_since, retry_after_error, selects,
+    is_not_found, is_ready, key, pod_controllers, pod_from_template, ready_since,
+    retry_after_error, selects,
 };
 
 /// At most this many pods are created or deleted in one reconcile (kube's burstReplicas).
@@ -38,24 +37,9 @@ pub async fn run(client: Client) {
         Api::<Pod>::all(client.clone()),
         watcher::Config::default(),
         move |pod: Pod| {
-            let ns = pod.namespace().unwrap_or_default();
-            match controller_of(&pod.metadata) {
-                Some(owner) if owner.kind == "ReplicaSet" => {
-                    vec![ObjectRef::<ReplicaSet>::new(&owner.name).within(&ns)]
-                }
-                Some(_) => Vec::new(),
-                None => store
-                    .state()
-                    .iter()
-                    .filter(|rs| rs.namespace().as_deref() == Some(ns.as_str()))
-                    .filter(|rs| {
-                        rs.spec
-                            .as_ref()
-                            .is_some_and(|s| selects(&s.selector, pod.metadata.labels.as_ref()))
-                    })
-                    .map(|rs| ObjectRef::from_obj(rs.as_ref()))
-                    .collect(),
-            }
+            pod_controllers(&store, &pod, |rs: &ReplicaSet| {
+                rs.spec.as_ref().map(|s| &s.selector)
+            })
         },
     );
     drain(
@@ -147,20 +131,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, Err
     if owned.len() < want {
         let count = (want - owned.len()).min(BURST);
         let template = spec.template.clone().unwrap_or_default();
-        let meta = template.metadata.unwrap_or_default();
-        let pod = Pod {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}-", rs.name_any())),
-                namespace: Some(ns.clone()),
-                labels: meta.labels,
-                annotations: meta.annotations,
-                finalizers: meta.finalizers,
-                owner_references: Some(vec![owner.clone()]),
-                ..Default::default()
-            },
-            spec: template.spec,
-            status: None,
-        };
+        let pod = pod_from_template(template, &rs.name_any(), &ns, owner.clone());
         // Slow start, as kube: a batch of 1, then 2, 4, ... so a template the API server
         // rejects costs one failed request, not hundreds.
         let mut created = 0;
@@ -346,7 +317,7 @@ fn conditions_key(status: &ReplicaSetStatus) -> Vec<(String, String, Option<Stri
 pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     /// A pod fixture: `PodFixture::new("a").on_node().running().ready_at(t)`.
     pub(crate) struct PodFixture(pub Pod);
