@@ -475,7 +475,6 @@ fn pod_with_claim(name: &str) -> Pod {
 }
 
 #[tokio::test]
-#[ignore = "needs the lab's StatefulSet/PV controllers (branch stateful)"]
 async fn a_pod_on_the_virtual_node_binds_its_claim_there_and_its_replacement_follows() {
     let (consumer, provider, twin) = offloaded("db").await;
     let vn = names::virtual_node_name(&provider.id);
@@ -546,7 +545,6 @@ async fn a_pod_on_the_virtual_node_binds_its_claim_there_and_its_replacement_fol
 }
 
 #[tokio::test]
-#[ignore = "needs the lab's StatefulSet/PV controllers (branch stateful)"]
 async fn a_pod_whose_claim_is_bound_locally_stays_local() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
     let provider = Cluster::start("milan", "eu-north", 1).await;
@@ -556,19 +554,6 @@ async fn a_pod_whose_claim_is_bound_locally_stays_local() {
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {"name": "db"}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    // LocalAndRemote: the pod could go either way; its claim, bound to a local volume, decides.
-    Api::<NamespaceOffloading>::namespaced(consumer.client.clone(), "db")
-        .patch(
-            names::OFFLOADING_NAME,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
-                "metadata": {"name": names::OFFLOADING_NAME},
-                "spec": {"podOffloadingStrategy": "LocalAndRemote"},
-            })),
         )
         .await
         .unwrap();
@@ -595,6 +580,20 @@ async fn a_pod_whose_claim_is_bound_locally_stays_local() {
         !first.starts_with("tandem-"),
         "a default-class claim binds locally: {first}"
     );
+    // Offloaded once the claim is bound locally, LocalAndRemote: replacements could go
+    // either way; the claim decides.
+    Api::<NamespaceOffloading>::namespaced(consumer.client.clone(), "db")
+        .patch(
+            names::OFFLOADING_NAME,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+                "metadata": {"name": names::OFFLOADING_NAME},
+                "spec": {"podOffloadingStrategy": "LocalAndRemote"},
+            })),
+        )
+        .await
+        .unwrap();
     for i in 0..3 {
         let name = format!("db-r{i}");
         pods_api
@@ -629,7 +628,6 @@ async fn a_pod_whose_claim_is_bound_locally_stays_local() {
 }
 
 #[tokio::test]
-#[ignore = "needs the lab's StatefulSet/PV controllers (branch stateful)"]
 async fn a_stateful_set_offloaded_remote_keeps_names_and_claims_on_the_provider() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
     let provider = Cluster::start("milan", "eu-north", 2).await;
