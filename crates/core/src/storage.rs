@@ -278,7 +278,16 @@ mod tests {
             deleting: true,
             ..claim()
         };
-        let cases: Vec<(&str, Claim, Placement, Remote, bool, &[&str])> = vec![
+        /// (case, claim, placement, provider copy, consumer PV exists, steps wanted)
+        type Case = (
+            &'static str,
+            Claim,
+            Placement,
+            Remote,
+            bool,
+            &'static [&'static str],
+        );
+        let cases: Vec<Case> = vec![
             (
                 "a new claim gets the finalizer and waits for a pod",
                 Claim {
