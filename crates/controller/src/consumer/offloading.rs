@@ -52,10 +52,7 @@ pub enum Error {
 /// Runs the reconciler; every change of the provider links re-reconciles every offloading.
 pub async fn run(ctx: Ctx, links: Links) {
     let api: Api<NamespaceOffloading> = Api::all(ctx.client.clone());
-    let link_changes = futures::stream::unfold(links.subscribe(), |mut rx| async move {
-        rx.changed().await.ok()?;
-        Some(((), rx))
-    });
+    let link_changes = links.changes();
     Controller::new(api, watcher::Config::default())
         .reconcile_all_on(link_changes)
         .run(reconcile, error_policy, Arc::new(State { ctx, links }))
