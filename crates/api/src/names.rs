@@ -50,6 +50,35 @@ pub const OFFLOADING_NAME: &str = "offloading";
 /// Field manager used by every Tandem writer.
 pub const FIELD_MANAGER: &str = "tandem";
 
+/// StorageClass `tandem install` creates in every cluster: a PVC of this class used by a pod
+/// that the scheduler places on a virtual node is provisioned in that node's provider (in the
+/// twin namespace, same name), and its consumer PV pins the claim to that virtual node (data
+/// gravity). Binding waits for the first consumer (`WaitForFirstConsumer`).
+pub const STORAGE_CLASS: &str = "tandem";
+/// Provisioner of [`STORAGE_CLASS`] (the consumer's storage reconciler answers for it).
+pub const STORAGE_PROVISIONER: &str = "tandem.dev/remote";
+/// CSI driver named by the PVs Tandem creates for remote volumes (nothing mounts them locally:
+/// the pods using them run in the provider, which mounts its own PVC).
+pub const CSI_DRIVER: &str = "tandem.dev";
+/// StorageClass parameter of [`STORAGE_CLASS`]: the provider StorageClass to provision remote
+/// volumes with (absent: the provider's default StorageClass).
+pub const REMOTE_STORAGE_CLASS_PARAMETER: &str = "remoteStorageClass";
+/// Annotation the scheduler sets on an unbound `WaitForFirstConsumer` PVC: the node it chose.
+pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
+/// Finalizer on consumer PVCs of [`STORAGE_CLASS`]: the provider's copy is deleted first.
+pub const REMOTE_VOLUME_FINALIZER: &str = "tandem.dev/remote-volume";
+/// On a consumer PV of a remote volume: the twin namespace its provider PVC lives in.
+pub const REMOTE_NAMESPACE_ANNOTATION: &str = "tandem.dev/remote-namespace";
+/// On a NamespaceOffloading, Peering or Tenant being deleted (`--delete-data`): the provider
+/// PVCs of its twin namespaces are deleted too. Without it they are retained and reported.
+pub const DELETE_DATA_ANNOTATION: &str = "tandem.dev/delete-data";
+/// On a provider twin namespace kept after unoffloading or unpeering because it holds PVCs.
+pub const RETAINED_DATA_LABEL: &str = "tandem.dev/retained-data";
+/// ResourceQuota in every twin namespace: the storage part of the consumer's grant.
+pub const GRANT_QUOTA: &str = "tandem-grant";
+/// Grant keys that limit storage (enforced by [`GRANT_QUOTA`], not capacity of the virtual node).
+pub const STORAGE_GRANT_KEYS: &[&str] = &["requests.storage", "persistentvolumeclaims"];
+
 /// `tandem-tenant-<peer>`: the namespace holding everything about one peering, on each side.
 pub fn tenant_namespace(peer_cluster_id: &str) -> String {
     format!("tandem-tenant-{peer_cluster_id}")

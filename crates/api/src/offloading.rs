@@ -45,7 +45,9 @@ pub enum NamespaceMappingStrategy {
     /// `<namespace>-<consumer cluster ID>`.
     #[default]
     DefaultName,
-    /// The same name as in the consumer.
+    /// The same name as in the consumer. Needed for StatefulSets: their pods keep their names
+    /// on providers, and `<pod>.<service>.<namespace>.svc` resolves there only if the twin
+    /// namespace has the namespace's name (the reflected headless Service selects them).
     EnforceSameName,
     /// `spec.remoteNamespaceName`.
     SelectedName,

@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use tandem_api::{NamespaceOffloading, conditions, names};
+use tandem_api::{NamespaceOffloading, client, conditions, names};
 
 use crate::flags::{GlobalArgs, duration};
 
@@ -23,7 +24,7 @@ pub struct OffloadArgs {
 enum OffloadCommand {
     /// Offload a namespace: twin namespaces on the selected providers, pods placed per strategy.
     #[command(
-        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>."
+        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>.\n\nStatefulSets: their pods keep their names on providers, but their stable DNS names\n(<pod>.<service>.<namespace>.svc) resolve there only if the twin namespace has the same name\n(--namespace-mapping-strategy EnforceSameName). With another mapping, offload warns when the\nnamespace has StatefulSets.\n\nVolumes: PersistentVolumeClaims of StorageClass `tandem` are provisioned on the provider\nwhere their first pod is scheduled, and later pods using them are kept there."
     )]
     Namespace(OffloadNamespace),
 }
@@ -60,9 +61,16 @@ pub struct UnoffloadArgs {
 #[derive(clap::Subcommand)]
 enum UnoffloadCommand {
     /// Stop offloading a namespace and remove its twin namespaces.
+    ///
+    /// A twin namespace holding PersistentVolumeClaims (volumes of the `tandem` StorageClass)
+    /// is retained on its provider, its pods stopped, and each claim is listed; deleting the
+    /// claim here later deletes the copy there.
     Namespace {
         /// The offloaded namespace [default: -n/--namespace].
         namespace: Option<String>,
+        /// Also delete the providers' PersistentVolumeClaims of the namespace, and their data.
+        #[arg(long)]
+        delete_data: bool,
         /// How long to wait for the twin namespaces to go.
         #[arg(long, default_value = "60s", value_parser = duration)]
         timeout: Duration,
@@ -117,6 +125,11 @@ pub async fn offload(args: OffloadArgs, global: &GlobalArgs) -> anyhow::Result<(
                 "namespace {ns} does not exist (create it first: kubectl create namespace {ns})"
             )
         })?;
+    if mapping != "EnforceSameName"
+        && let Some(line) = stateful_set_warning(&client, ns, &mapping).await
+    {
+        eprintln!("{line}");
+    }
     let api: Api<NamespaceOffloading> = Api::namespaced(client.clone(), ns);
     let applied = api
         .patch(
@@ -184,12 +197,60 @@ pub async fn offload(args: OffloadArgs, global: &GlobalArgs) -> anyhow::Result<(
     }
 }
 
+/// The warning for a namespace with StatefulSets offloaded with a `mapping` that renames it on
+/// providers: `db-0.db.<ns>.svc` names `<ns>`, so in a twin namespace of another name the
+/// stable names of the pods running there do not resolve. None when it has none (or they
+/// cannot be listed: the warning is advice, not a precondition).
+async fn stateful_set_warning(client: &kube::Client, ns: &str, mapping: &str) -> Option<String> {
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .ok()?;
+    let names: Vec<String> = sets.items.iter().map(kube::ResourceExt::name_any).collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "warning: namespace {ns} has StatefulSets ({}): with {mapping} their pods' stable DNS names (<pod>.<service>.{ns}.svc) do not resolve on providers; use --namespace-mapping-strategy EnforceSameName",
+            names.join(", ")
+        )
+    })
+}
+
 /// Runs `tandem unoffload …`.
 pub async fn unoffload(args: UnoffloadArgs, global: &GlobalArgs) -> anyhow::Result<()> {
-    let UnoffloadCommand::Namespace { namespace, timeout } = args.command;
+    let UnoffloadCommand::Namespace {
+        namespace,
+        delete_data,
+        timeout,
+    } = args.command;
     let ns = global.namespace_or(namespace)?;
     let client = global.cluster.client().await?;
-    let api: Api<NamespaceOffloading> = Api::namespaced(client, &ns);
+    let api: Api<NamespaceOffloading> = Api::namespaced(client.clone(), &ns);
+    let mut retained = Vec::new();
+    if delete_data {
+        client::ok_if_not_found(
+            api.patch(
+                names::OFFLOADING_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    names::DELETE_DATA_ANNOTATION: "true"}}})),
+            )
+            .await,
+        )
+        .with_context(|| format!("marking NamespaceOffloading {ns}/offloading --delete-data"))?;
+    } else {
+        let volumes = tandem_controller::consumer::storage::remote_volumes(&client)
+            .await
+            .context("listing PersistentVolumes")?;
+        for (provider, claims) in volumes {
+            for (claim, twin) in claims {
+                if claim.split('/').next() == Some(ns.as_str()) {
+                    retained.push(format!(
+                        "retained: PersistentVolumeClaim {claim} on {provider} in namespace {twin}"
+                    ));
+                }
+            }
+        }
+    }
     match api
         .delete(names::OFFLOADING_NAME, &DeleteParams::default())
         .await
@@ -208,7 +269,19 @@ pub async fn unoffload(args: UnoffloadArgs, global: &GlobalArgs) -> anyhow::Resu
             .await
             .with_context(|| format!("reading NamespaceOffloading {ns}/offloading"))?
         else {
-            println!("namespace {ns} is no longer offloaded; its twin namespaces are gone");
+            if retained.is_empty() {
+                println!("namespace {ns} is no longer offloaded; its twin namespaces are gone");
+            } else {
+                println!(
+                    "namespace {ns} is no longer offloaded; twin namespaces holding claims are retained"
+                );
+                for line in &retained {
+                    println!("{line}");
+                }
+                println!(
+                    "(delete a claim here to delete its copy, or unoffload with --delete-data)"
+                );
+            }
             return Ok(());
         };
         if tokio::time::Instant::now() > deadline {

@@ -13,6 +13,11 @@ pub struct Args {
     /// Skip every step on the peer (when it is gone for good).
     #[arg(long)]
     force: bool,
+    /// Also delete the PersistentVolumeClaims (and their data) the provider holds for the
+    /// consumer. Without it, twin namespaces holding claims are retained on the provider (their
+    /// pods stopped, the consumer's access removed) and listed when unpeering ends.
+    #[arg(long)]
+    delete_data: bool,
     /// How long to wait.
     #[arg(long, default_value = "60s", value_parser = duration)]
     timeout: Duration,
@@ -21,6 +26,12 @@ pub struct Args {
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     eprintln!("unpeering from {}", args.cluster_id);
+    let retained = if args.delete_data {
+        tandem_controller::invite::mark_delete_data(&client, &args.cluster_id).await?;
+        Vec::new()
+    } else {
+        tandem_controller::invite::data_held_with(&client, &args.cluster_id).await?
+    };
     tandem_controller::invite::unpeer(
         &client,
         &args.cluster_id,
@@ -36,5 +47,13 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     .await
     .map_err(|e| anyhow::Error::new(e).context(format!("unpeering from {}", args.cluster_id)))?;
     eprintln!("unpeered from {}", args.cluster_id);
+    for line in &retained {
+        println!("retained: {line}");
+    }
+    if !retained.is_empty() {
+        println!(
+            "(data is never deleted unless asked: delete those namespaces or claims by hand, or unpeer with --delete-data)"
+        );
+    }
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -116,6 +117,23 @@ where
     .await
 }
 
+/// The `tandem` StorageClass: claims of it are provisioned in the provider whose virtual node
+/// the scheduler picks for their first pod (`WaitForFirstConsumer`); `allowedTopologies` keeps
+/// the scheduler from picking a local node for such a claim. Not the default class. Set the
+/// `remoteStorageClass` parameter to choose the providers' class (default: theirs).
+pub fn storage_class() -> serde_json::Value {
+    json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": names::STORAGE_CLASS, "labels": labels()},
+        "provisioner": names::STORAGE_PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowedTopologies": [{"matchLabelExpressions": [
+            {"key": names::NODE_TYPE_LABEL, "values": [names::VIRTUAL_NODE_TYPE]},
+        ]}],
+    })
+}
+
 fn labels() -> BTreeMap<String, String> {
     [(
         names::MANAGED_BY_LABEL.to_string(),
@@ -195,6 +213,15 @@ pub async fn install(
         .await
         .map_err(step("RBAC"))?;
     progress("RBAC for the controller and for peers applied");
+
+    let class: StorageClass = serde_json::from_value(storage_class()).expect("static manifest");
+    apply(&Api::all(client.clone()), &class)
+        .await
+        .map_err(step("StorageClass"))?;
+    progress(&format!(
+        "StorageClass {} (remote volumes, bound where the first pod runs)",
+        names::STORAGE_CLASS
+    ));
 
     let settings = settings_for(client, options).await?;
     let config: ConfigMap = serde_json::from_value(json!({

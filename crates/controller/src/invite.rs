@@ -619,6 +619,67 @@ fn stuck_at(peering: &Peering) -> Option<UnpeerProgress> {
     })
 }
 
+/// `--delete-data`: marks the Peering (as consumer) and the Tenant (as provider) for `peer` so
+/// that unpeering deletes the provider's claims with their twin namespaces instead of
+/// retaining them. Call before [`unpeer`].
+pub async fn mark_delete_data(client: &Client, peer: &str) -> Result<(), InviteError> {
+    let body = Patch::Merge(json!({"metadata": {"annotations": {
+        names::DELETE_DATA_ANNOTATION: "true"}}}));
+    let peerings: Api<Peering> = Api::all(client.clone());
+    client::ok_if_not_found(peerings.patch(peer, &PatchParams::default(), &body).await)
+        .map_err(api(format!("annotating Peering {peer}")))?;
+    let tenant_ns = names::tenant_namespace(peer);
+    let tenants: Api<Tenant> = Api::namespaced(client.clone(), &tenant_ns);
+    client::ok_if_not_found(tenants.patch(peer, &PatchParams::default(), &body).await)
+        .map_err(api(format!("annotating Tenant {tenant_ns}/{peer}")))?;
+    Ok(())
+}
+
+/// What unpeering from `peer` retains, one line each: as consumer, the claims provisioned on
+/// `peer` (from their PVs here); as provider, the twin namespaces of `peer` holding claims.
+pub async fn data_held_with(client: &Client, peer: &str) -> Result<Vec<String>, InviteError> {
+    let mut out = Vec::new();
+    let volumes = crate::consumer::storage::remote_volumes(client)
+        .await
+        .map_err(api("listing PersistentVolumes".to_string()))?;
+    for (claim, twin) in volumes.get(peer).into_iter().flatten() {
+        out.push(format!(
+            "PersistentVolumeClaim {claim}: its data stays on {peer} in namespace {twin}"
+        ));
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let twins = namespaces
+        .list(&ListParams::default().labels(&format!("{}={peer}", names::ORIGIN_CLUSTER_LABEL)))
+        .await
+        .map_err(api("listing twin namespaces".to_string()))?;
+    for twin in twins
+        .items
+        .iter()
+        .filter(|n| !n.labels().contains_key(names::TENANT_NAMESPACE_LABEL))
+    {
+        let claims: Vec<String> =
+            Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+                client.clone(),
+                &twin.name_any(),
+            )
+            .list(&ListParams::default())
+            .await
+            .map_err(api(format!("listing claims in {}", twin.name_any())))?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        if !claims.is_empty() {
+            out.push(format!(
+                "namespace {} keeps {peer}'s PersistentVolumeClaims {}",
+                twin.name_any(),
+                claims.join(", ")
+            ));
+        }
+    }
+    Ok(out)
+}
+
 /// Unpeers from `peer` on this cluster: as consumer deletes the Peering (the controller undoes
 /// everything, on the provider too unless `force`), as provider deletes the Tenant. Waits until
 /// the tenant namespace is gone, telling `progress` where it stands: which step the controller

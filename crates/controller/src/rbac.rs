@@ -116,6 +116,14 @@ pub fn peer_twin_role() -> ClusterRole {
             rule("discovery.k8s.io", &["endpointslices"], ALL),
             rule("", &["pods", "events"], READ),
             rule("events.k8s.io", &["events"], READ),
+            // Remote volumes: the provider's copies of the consumer's claims of the `tandem`
+            // StorageClass (the provider's quota, from the grant, bounds them).
+            rule(
+                "",
+                &["persistentvolumeclaims"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            rule("", &["resourcequotas"], READ),
         ],
     )
 }
@@ -159,12 +167,37 @@ pub fn controller_role() -> ClusterRole {
             // Real pods of shadow pods (provider); offloaded pods (consumer).
             rule("", &["pods"], &["get", "list", "watch", "create", "delete"]),
             rule("", &["pods/status"], &["patch"]),
+            // Storage offloading (consumer): claims of the `tandem` class get a finalizer and
+            // a PV pinned to their virtual node; the class names the provider's class.
+            rule(
+                "",
+                &["persistentvolumeclaims"],
+                &["get", "list", "watch", "patch"],
+            ),
+            rule(
+                "",
+                &["persistentvolumes"],
+                &["get", "list", "watch", "create", "delete"],
+            ),
+            rule(
+                "storage.k8s.io",
+                &["storageclasses"],
+                &["get", "list", "watch"],
+            ),
+            // Provider: the storage part of a consumer's grant, as a quota in each twin
+            // namespace; and the shadow pods of a twin kept for its data.
+            rule(
+                "",
+                &["resourcequotas"],
+                &["get", "list", "watch", "create", "patch"],
+            ),
             // RoleBindings of peer identities to the two peer roles (and nothing else: `bind`
-            // is limited to them), in tenant and twin namespaces.
+            // is limited to them), in tenant and twin namespaces; removed from a twin
+            // namespace retained for its data when its consumer unpeers.
             rule(
                 "rbac.authorization.k8s.io",
                 &["rolebindings"],
-                &["create", "patch"],
+                &["create", "patch", "delete"],
             ),
             PolicyRule {
                 resource_names: Some(vec![PEER_TENANT_ROLE.into(), PEER_TWIN_ROLE.into()]),
@@ -214,6 +247,12 @@ pub fn controller_role() -> ClusterRole {
                 &["patch"],
             ),
             rule(tandem_api::GROUP, &["peeringrequests"], &["delete"]),
+            // A twin namespace kept for its data loses its shadow pods (and so its pods).
+            rule(
+                tandem_api::GROUP,
+                &["shadowpods"],
+                &["delete", "deletecollection"],
+            ),
             rule(
                 tandem_api::GROUP,
                 &["tenants", "networkparameters"],

@@ -7,3 +7,4 @@ pub mod nat;
 pub mod offloading;
 pub mod prefix;
 pub mod shadow;
+pub mod storage;

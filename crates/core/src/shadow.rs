@@ -436,6 +436,15 @@ mod tests {
                     {"matchExpressions": [zone_req]}]}}}}),
             ),
             (
+                "a StatefulSet pod keeps its hostname, subdomain and claims (same claim names: the provider has copies)",
+                json!({"hostname": "db-0", "subdomain": "db",
+                       "containers": [{"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}]}),
+                json!({"hostname": "db-0", "subdomain": "db", "automountServiceAccountToken": false,
+                       "containers": [{"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}]}),
+            ),
+            (
                 "nodeSelector on virtual-node labels goes",
                 json!({"containers": [], "nodeSelector": {"tandem.dev/type": "virtual-node", "disk": "ssd"}}),
                 json!({"containers": [], "nodeSelector": {"disk": "ssd"}, "automountServiceAccountToken": false}),
@@ -482,6 +491,11 @@ mod tests {
     fn policy() {
         let cases = vec![
             (json!({"containers": [{"name": "c"}]}), None),
+            (
+                json!({"containers": [{"name": "c"}],
+                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}]}),
+                None,
+            ),
             (json!({"hostNetwork": true}), Some("hostNetwork")),
             (json!({"hostPID": true}), Some("hostPID")),
             (json!({"hostIPC": true}), Some("hostIPC")),

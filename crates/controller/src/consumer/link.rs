@@ -94,6 +94,13 @@ impl Links {
     pub fn subscribe(&self) -> watch::Receiver<BTreeMap<String, ProviderLink>> {
         self.0.subscribe()
     }
+    /// A stream that yields once per change of the links (for `reconcile_all_on`).
+    pub fn changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        futures::stream::unfold(self.subscribe(), |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        })
+    }
     /// A watch on one provider's link.
     pub fn watch(&self, provider_id: &str) -> LinkWatch {
         LinkWatch {

@@ -9,6 +9,7 @@ pub mod link;
 pub mod offloading;
 pub mod peering;
 pub mod reflection;
+pub mod storage;
 pub mod virtual_node;
 pub mod vk;
 pub mod webhook;
@@ -21,6 +22,7 @@ pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     let links = Links::default();
     tasks.spawn(peering::run(ctx.clone(), links.clone()));
     tasks.spawn(offloading::run(ctx.clone(), links.clone()));
+    tasks.spawn(storage::run(ctx.clone(), links.clone()));
     tasks.spawn(webhook::run(ctx.clone()));
     tasks.spawn(link::supervise(ctx.clone(), links));
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
@@ -52,10 +52,7 @@ pub enum Error {
 /// Runs the reconciler; every change of the provider links re-reconciles every offloading.
 pub async fn run(ctx: Ctx, links: Links) {
     let api: Api<NamespaceOffloading> = Api::all(ctx.client.clone());
-    let link_changes = futures::stream::unfold(links.subscribe(), |mut rx| async move {
-        rx.changed().await.ok()?;
-        Some(((), rx))
-    });
+    let link_changes = links.changes();
     Controller::new(api, watcher::Config::default())
         .reconcile_all_on(link_changes)
         .run(reconcile, error_policy, Arc::new(State { ctx, links }))
@@ -202,7 +199,7 @@ async fn converge(
         let selected = o.spec.pod_offloading_strategy != PodOffloadingStrategy::Local
             && rules::cluster_selected(&terms, &virtual_node_labels(&link));
         if !selected {
-            if let Err(e) = remove_twin(&link, &ns).await {
+            if let Err(e) = remove_twin(&link, &ns, false).await {
                 tracing::warn!(offloading = %key(o), provider = %id, error = %e, "removing an unselected twin namespace");
             }
             continue;
@@ -313,13 +310,32 @@ async fn ensure_twin(
     ))
 }
 
-/// Deletes the RemoteNamespace for `ns` on `link`'s provider; Ok(true) once it is gone.
-async fn remove_twin(link: &ProviderLink, ns: &str) -> Result<bool, kube::Error> {
+/// Deletes the RemoteNamespace for `ns` on `link`'s provider; Ok(true) once it is gone. With
+/// `delete_data` it is annotated first, so that the provider deletes a twin holding claims
+/// instead of retaining it.
+async fn remove_twin(
+    link: &ProviderLink,
+    ns: &str,
+    delete_data: bool,
+) -> Result<bool, kube::Error> {
     let api: Api<RemoteNamespace> =
         Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
     match api.get_opt(ns).await? {
         None => Ok(true),
         Some(existing) => {
+            if delete_data
+                && !existing
+                    .annotations()
+                    .contains_key(names::DELETE_DATA_ANNOTATION)
+            {
+                api.patch(
+                    ns,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {
+                        names::DELETE_DATA_ANNOTATION: "true"}}})),
+                )
+                .await?;
+            }
             if existing.metadata.deletion_timestamp.is_none() {
                 match api.delete(ns, &DeleteParams::default()).await {
                     Ok(_) => {}
@@ -350,9 +366,29 @@ async fn cleanup(
         )
         .await?;
     }
+    let delete_data = o.annotations().contains_key(names::DELETE_DATA_ANNOTATION);
     let mut waiting = Vec::new();
     for (id, link) in state.links.snapshot() {
-        match remove_twin(&link, &ns).await {
+        let twin = current
+            .remote_namespaces
+            .iter()
+            .find(|r| r.cluster_id == id)
+            .map(|r| r.namespace.clone());
+        if let Some(twin) = &twin {
+            match settle_data(state, o, &link, twin, delete_data).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    waiting.push(format!("{id} (deleting claims)"));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(offloading = %key(o), provider = %id, error = %e, "claims in the twin namespace");
+                    waiting.push(id);
+                    continue;
+                }
+            }
+        }
+        match remove_twin(&link, &ns, delete_data).await {
             Ok(true) => {}
             Ok(false) => waiting.push(id),
             Err(e) => {
@@ -366,6 +402,53 @@ async fn cleanup(
     }
     set_namespace_label(state, o, None).await?;
     Ok(Action::await_change())
+}
+
+/// Before a twin namespace goes: without `delete_data`, reports the claims the provider will
+/// retain, in an Event on the namespace (`DataRetained`, naming each) and the log. With it,
+/// nothing: the RemoteNamespace's annotation has the provider delete the whole twin (deleting
+/// claims one by one would wait on the pods still using them).
+async fn settle_data(
+    state: &State,
+    o: &NamespaceOffloading,
+    link: &ProviderLink,
+    twin: &str,
+    delete_data: bool,
+) -> Result<bool, kube::Error> {
+    if delete_data {
+        return Ok(true);
+    }
+    let claims = crate::consumer::storage::remote_claims(link, twin).await?;
+    if claims.is_empty() {
+        return Ok(true);
+    }
+    let ns = o.namespace().unwrap_or_default();
+    let message = format!(
+        "retained on provider {} in namespace {twin}: PersistentVolumeClaims {} (unoffload with --delete-data, or delete the claims here, to delete them)",
+        link.provider_id,
+        claims.join(", ")
+    );
+    tracing::info!(offloading = %key(o), provider = %link.provider_id, %twin, claims = %claims.join(","), "claims retained");
+    let name = format!("{ns}.tandem-dataretained-{}", link.provider_id);
+    let event = json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": ns,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "involvedObject": {"apiVersion": "v1", "kind": "Namespace", "name": ns},
+        "reason": "DataRetained", "message": message, "type": "Warning",
+        "source": {"component": names::CONTROLLER_NAME},
+    });
+    if let Err(e) = Api::<CoreEvent>::namespaced(state.ctx.client.clone(), &ns)
+        .patch(
+            &name,
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(&event),
+        )
+        .await
+    {
+        tracing::debug!(offloading = %key(o), error = %e, "writing the DataRetained Event");
+    }
+    Ok(true)
 }
 
 async fn write_status(

@@ -51,11 +51,14 @@ pub fn desired_node(link: &ProviderLink) -> Value {
     })
 }
 
-/// Capacity (= allocatable) of the virtual node: the grant, with `pods` defaulted.
+/// Capacity (= allocatable) of the virtual node: the grant, with `pods` defaulted; the storage
+/// part of the grant (`requests.storage`, `persistentvolumeclaims`) is a quota on claims in the
+/// provider, not a node resource.
 pub fn capacity(link: &ProviderLink) -> BTreeMap<String, String> {
     let mut cap: BTreeMap<String, String> = link
         .grant
         .iter()
+        .filter(|(k, _)| !names::STORAGE_GRANT_KEYS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     cap.entry("pods".into())

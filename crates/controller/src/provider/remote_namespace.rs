@@ -1,22 +1,29 @@
 //! Twin namespaces: for each `RemoteNamespace` a consumer files in its tenant namespace, the
 //! provider creates the twin Namespace and lets the consumer's peer identity work in it (a
 //! RoleBinding to `tandem:peer-twin`). It never takes over a namespace it did not create for
-//! that consumer, and deleting the request deletes the namespace.
+//! that consumer, and deleting the request deletes the namespace — unless it holds
+//! PersistentVolumeClaims and the request was not annotated `tandem.dev/delete-data`: then the
+//! namespace is retained for its data (see [`retain_if_holding_data`]). The storage part of the
+//! consumer's grant becomes the twin's ResourceQuota `tandem-grant`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Event as CoreEvent, Namespace, PersistentVolumeClaim, ResourceQuota,
+};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
-use tandem_api::{RemoteNamespace, names};
+use tandem_api::{RemoteNamespace, ShadowPod, Tenant, names};
 
 use crate::context::{Context, Ctx};
 use crate::install::apply;
@@ -153,6 +160,19 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
             .await?;
             return Ok(Action::requeue(Duration::from_secs(30)));
         }
+        if existing.labels().contains_key(names::RETAINED_DATA_LABEL) {
+            // Offloaded again: the retained claims are the consumer's to adopt.
+            namespaces
+                .patch(
+                    &twin,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"labels": {names::RETAINED_DATA_LABEL: null}}}),
+                    ),
+                )
+                .await
+                .map_err(|e| Error::Kube(k.clone(), "reclaiming a retained twin namespace", e))?;
+        }
         if existing.metadata.deletion_timestamp.is_some() {
             set_status(
                 client,
@@ -194,6 +214,7 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
                 e,
             )
         })?;
+    apply_grant_quota(client, rn, &consumer, &twin).await?;
     set_status(client, rn, "Ready", "").await?;
     Ok(Action::requeue(Duration::from_secs(60)))
 }
@@ -217,6 +238,14 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
         return Ok(Action::await_change());
     }
     if existing.metadata.deletion_timestamp.is_none() {
+        // Data is never deleted unless asked: a twin holding claims is kept, without its pods.
+        if !rn.annotations().contains_key(names::DELETE_DATA_ANNOTATION)
+            && retain_if_holding_data(client, twin, &consumer, false)
+                .await
+                .map_err(|e| Error::Kube(k.clone(), "retaining the twin namespace's claims", e))?
+        {
+            return Ok(Action::await_change());
+        }
         match namespaces.delete(twin, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(e) if client::is_not_found(&e) => return Ok(Action::await_change()),
@@ -224,6 +253,103 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
         }
     }
     Err(Error::Terminating(k, twin.clone()))
+}
+
+/// The storage part of `consumer`'s grant (`requests.storage`, `persistentvolumeclaims`) as the
+/// ResourceQuota `tandem-grant` of the twin namespace, so that kube-apiserver's quota admission
+/// bounds the claims the consumer creates there. Per twin namespace: a consumer with several
+/// twins may use the storage grant in each.
+async fn apply_grant_quota(
+    client: &Client,
+    rn: &RemoteNamespace,
+    consumer: &str,
+    twin: &str,
+) -> Result<(), Error> {
+    let tenant = Api::<Tenant>::namespaced(client.clone(), &rn.namespace().unwrap_or_default())
+        .get_opt(consumer)
+        .await
+        .map_err(|e| Error::Kube(key(rn), "reading the consumer's Tenant", e))?;
+    let hard: BTreeMap<String, String> = tenant
+        .map(|t| t.spec.grant)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| names::STORAGE_GRANT_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": names::GRANT_QUOTA, "namespace": twin,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "spec": {"hard": hard},
+    }))
+    .expect("static manifest");
+    apply(&Api::namespaced(client.clone(), twin), &quota)
+        .await
+        .map_err(|e| Error::Kube(key(rn), "applying the storage quota", e))?;
+    Ok(())
+}
+
+/// If `twin` holds claims, keeps it (labelled `tandem.dev/retained-data`, with an Event naming
+/// them) and deletes only its shadow pods, so nothing of the consumer runs on; Ok(true) if so.
+/// `revoke` also removes the consumer's access to it (unpeering); after unoffloading the
+/// consumer keeps it, so that deleting its claim still deletes the copy here.
+pub async fn retain_if_holding_data(
+    client: &Client,
+    twin: &str,
+    consumer: &str,
+    revoke: bool,
+) -> Result<bool, kube::Error> {
+    let claims: Vec<String> = Api::<PersistentVolumeClaim>::namespaced(client.clone(), twin)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    if claims.is_empty() {
+        return Ok(false);
+    }
+    Api::<ShadowPod>::namespaced(client.clone(), twin)
+        .delete_collection(&DeleteParams::background(), &ListParams::default())
+        .await?;
+    if revoke {
+        client::ok_if_not_found(
+            Api::<RoleBinding>::namespaced(client.clone(), twin)
+                .delete(TWIN_ROLE_BINDING, &DeleteParams::default())
+                .await,
+        )?;
+    }
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            twin,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {names::RETAINED_DATA_LABEL: "true"}}})),
+        )
+        .await?;
+    let message = format!(
+        "kept for the data of consumer {consumer}: PersistentVolumeClaims {}; delete the namespace to delete them",
+        claims.join(", ")
+    );
+    tracing::info!(namespace = %twin, %consumer, claims = %claims.join(","), "twin namespace retained for its data");
+    let event = json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": format!("{twin}.tandem-dataretained"), "namespace": twin,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "involvedObject": {"apiVersion": "v1", "kind": "Namespace", "name": twin},
+        "reason": "DataRetained", "message": message, "type": "Warning",
+        "source": {"component": names::CONTROLLER_NAME},
+    });
+    if let Err(e) = Api::<CoreEvent>::namespaced(client.clone(), twin)
+        .patch(
+            &format!("{twin}.tandem-dataretained"),
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(&event),
+        )
+        .await
+    {
+        tracing::debug!(namespace = %twin, error = %e, "writing the DataRetained Event");
+    }
+    Ok(true)
 }
 
 async fn set_status(

@@ -1,6 +1,8 @@
 //! Provider side: a `Tenant` holds everything of one consumer. Its finalizer undoes the peering
 //! on the provider when it is deleted (by the consumer unpeering, or by `tandem unpeer` here):
 //! twin namespaces, CSRs, the consumer's used invites, its IPAM grant and the tenant namespace.
+//! Twin namespaces holding PersistentVolumeClaims are retained (their pods stopped) unless the
+//! Tenant is annotated `tandem.dev/delete-data` (`tandem unpeer --delete-data` here).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +93,21 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         .items
     {
         if twin.name_any() != ns && twin.metadata.deletion_timestamp.is_none() {
+            // Claims are data: kept unless the unpeering asked for them to go.
+            if !tenant
+                .annotations()
+                .contains_key(names::DELETE_DATA_ANNOTATION)
+                && crate::provider::remote_namespace::retain_if_holding_data(
+                    &ctx.client,
+                    &twin.name_any(),
+                    &consumer,
+                    true,
+                )
+                .await
+                .map_err(err("retaining a twin namespace's claims"))?
+            {
+                continue;
+            }
             namespaces
                 .delete(&twin.name_any(), &DeleteParams::background())
                 .await

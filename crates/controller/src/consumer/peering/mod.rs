@@ -146,6 +146,10 @@ pub enum UnpeerCause {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     Ipam(#[from] crate::provider::network::IpamError),
+    /// `--delete-data`: the Tenant goes only once the twin namespaces are gone, or the
+    /// provider would retain those holding claims.
+    #[error("waiting for {0} twin namespace(s) to be deleted with their data")]
+    TwinsWithData(usize),
 }
 
 /// A step of unpeering that failed (the reconciler retries it).
@@ -791,15 +795,39 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
             .clone()
             .unwrap_or_else(|| names::tenant_namespace(&consumer));
         let remote_namespaces: Api<RemoteNamespace> = Api::namespaced(client.clone(), &remote_ns);
+        let delete_data = peering
+            .annotations()
+            .contains_key(names::DELETE_DATA_ANNOTATION);
         match remote_namespaces.list(&ListParams::default()).await {
             Ok(list) => {
+                let left = list.items.len();
                 for rn in list.items {
+                    if delete_data && !rn.annotations().contains_key(names::DELETE_DATA_ANNOTATION)
+                    {
+                        ignore_gone(
+                            remote_namespaces
+                                .patch(
+                                    &rn.name_any(),
+                                    &PatchParams::default(),
+                                    &Patch::Merge(json!({"metadata": {"annotations": {
+                                        names::DELETE_DATA_ANNOTATION: "true"}}})),
+                                )
+                                .await,
+                        )
+                        .map_err(unpeer_step(UnpeerStep::DeleteTwinNamespaces))?;
+                    }
                     ignore_gone(
                         remote_namespaces
                             .delete(&rn.name_any(), &DeleteParams::default())
                             .await,
                     )
                     .map_err(unpeer_step(UnpeerStep::DeleteTwinNamespaces))?;
+                }
+                if delete_data && left > 0 {
+                    return Err(UnpeerError {
+                        step: UnpeerStep::DeleteTwinNamespaces,
+                        cause: UnpeerCause::TwinsWithData(left),
+                    });
                 }
             }
             Err(e) if client::is_gone_or_forbidden(&e) => {}
