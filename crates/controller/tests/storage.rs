@@ -753,3 +753,70 @@ async fn a_stateful_set_offloaded_remote_keeps_names_and_claims_on_the_provider(
     let live = pods(&consumer.client, "shop", "app=db").await;
     assert_eq!(live.len(), 3);
 }
+
+/// A claim of the lab's default class (`standard`): provisioned in this cluster.
+fn local_claim(name: &str) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_of_this_cluster_keeps_its_pod_local_or_is_refused_where_pods_only_run_remotely() {
+    // LocalAndRemote: a pod whose (unbound) claim is of this cluster's class is placed with the
+    // Local affinity from its first scheduling, and runs on a local node.
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-north", 1).await;
+    peer_with(&consumer, &provider, grant(), None).await;
+    support::offload(&consumer, &provider, "mixed", "LocalAndRemote").await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(consumer.client.clone(), "mixed");
+    claims
+        .create(&PostParams::default(), &local_claim("data"))
+        .await
+        .unwrap();
+    let pods_api: Api<Pod> = Api::namespaced(consumer.client.clone(), "mixed");
+    let created = pods_api
+        .create(&PostParams::default(), &pod_with_claim("db-a"))
+        .await
+        .unwrap();
+    let affinity = serde_json::to_value(&created.spec.as_ref().unwrap().affinity).unwrap();
+    let terms = &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    assert_eq!(
+        terms,
+        &json!([{"matchExpressions": [{"key": names::NODE_TYPE_LABEL, "operator": "NotIn",
+            "values": [names::VIRTUAL_NODE_TYPE]}]}]),
+        "the pod was given only the Local placement: {affinity}"
+    );
+    let node = until("the pod Running", Duration::from_secs(60), || async {
+        let p = get(&pods_api, "db-a").await?;
+        (phase(&p) == Some("Running"))
+            .then(|| node_of(&p))
+            .flatten()
+    })
+    .await;
+    assert!(
+        consumer.lab.node_names().contains(&node),
+        "ran on a local node: {node}"
+    );
+
+    // Remote: such a pod could never mount its volume; its creation is refused naming the claim.
+    let twin = offload_remote(&consumer, &provider, "remote-only").await;
+    assert!(!twin.is_empty());
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(consumer.client.clone(), "remote-only");
+    claims
+        .create(&PostParams::default(), &local_claim("data"))
+        .await
+        .unwrap();
+    let refused = Api::<Pod>::namespaced(consumer.client.clone(), "remote-only")
+        .create(&PostParams::default(), &pod_with_claim("db-b"))
+        .await
+        .expect_err("a Remote-only pod with a local claim is refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("claim(s) data") && message.contains(names::STORAGE_CLASS),
+        "{message}"
+    );
+}

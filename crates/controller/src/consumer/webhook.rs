@@ -16,13 +16,14 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
-use tandem_core::offloading::{placement_patch, tolerates_virtual_nodes};
+use tandem_core::offloading::{PodPlacement, placement_patch, tolerates_virtual_nodes};
 
 use crate::consumer::daemonset;
 use crate::consumer::offloading::{
@@ -235,12 +236,13 @@ struct PlacementFields {
     spec: PlacementSpec,
 }
 
-/// What `placement_patch` and `tolerates_virtual_nodes` read of a pod.
+/// What `placement_patch`, `tolerates_virtual_nodes` and `local_claims` read of a pod.
 #[derive(Default, Deserialize)]
 #[serde(default)]
 struct PlacementSpec {
     tolerations: Value,
     affinity: Value,
+    volumes: Value,
 }
 
 impl ReviewRequest {
@@ -250,6 +252,7 @@ impl ReviewRequest {
         json!({"spec": {
             "tolerations": spec.map_or(&Value::Null, |s| &s.tolerations),
             "affinity": spec.map_or(&Value::Null, |s| &s.affinity),
+            "volumes": spec.map_or(&Value::Null, |s| &s.volumes),
         }})
     }
 }
@@ -355,13 +358,60 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
             "message": format!("tandem pod placement: NamespaceOffloading {namespace}/{}: {problem}", names::OFFLOADING_NAME),
         }});
     }
-    let patch = placement_patch(
-        &request.pod(),
-        placement(offloading.spec.pod_offloading_strategy),
-        &terms,
-        MARKS,
-    );
+    let pod = request.pod();
+    let mut strategy = placement(offloading.spec.pod_offloading_strategy);
+    if strategy != PodPlacement::Local {
+        match local_claims(ctx, namespace, &pod).await {
+            Ok(local) if local.is_empty() => {}
+            // A volume of this cluster cannot follow the pod to a provider: the pod stays here.
+            Ok(_) if strategy == PodPlacement::LocalAndRemote => strategy = PodPlacement::Local,
+            Ok(local) => {
+                return json!({"uid": uid, "allowed": false, "status": {
+                    "code": 422,
+                    "message": format!(
+                        "tandem pod placement: namespace {namespace} runs pods only in providers (Remote), \
+                         but claim(s) {} are not of StorageClass {:?} and cannot follow the pod there; \
+                         give them storageClassName {:?} or offload with LocalAndRemote",
+                        local.join(", "), names::STORAGE_CLASS, names::STORAGE_CLASS),
+                }});
+            }
+            Err(e) => {
+                return json!({"uid": uid, "allowed": false, "status": {
+                    "code": 500,
+                    "message": format!("tandem pod placement: reading the pod's claims in {namespace}: {e}"),
+                }});
+            }
+        }
+    }
+    let patch = placement_patch(&pod, strategy, &terms, MARKS);
     allowed_with(uid, patch)
+}
+
+/// The pod's volumes that live in this cluster: claims not of Tandem's StorageClass (or not
+/// created yet), and ephemeral volumes (claims made here from a template). Tandem provisions
+/// only its own class's claims in a provider; any other would be provisioned or bound here,
+/// where a pod on a virtual node could never mount it.
+async fn local_claims(ctx: &Ctx, namespace: &str, pod: &Value) -> Result<Vec<String>, kube::Error> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut local = Vec::new();
+    for volume in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+        let name = volume["name"].as_str().unwrap_or_default();
+        if volume.get("ephemeral").is_some() {
+            local.push(format!("{name} (ephemeral)"));
+            continue;
+        }
+        let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str() else {
+            continue;
+        };
+        let class = api
+            .get_opt(claim)
+            .await?
+            .and_then(|c| c.spec.and_then(|s| s.storage_class_name));
+        if class.as_deref() != Some(names::STORAGE_CLASS) {
+            local.push(claim.to_string());
+        }
+    }
+    Ok(local)
 }
 
 #[cfg(test)]
