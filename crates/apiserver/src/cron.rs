@@ -1,6 +1,11 @@
 //! The standard cron grammar CronJob schedules are checked against: five fields or a
 //! descriptor, as robfig/cron's `ParseStandard` (which kube-apiserver uses) reads them, with
 //! its error messages.
+//!
+//! Written here rather than with `croner` (which the lab's CronJob controller schedules with):
+//! kube-apiserver answers an invalid schedule with robfig/cron's own messages, and croner
+//! accepts extensions robfig's standard parser refuses (such as `L`, `W` and `#`), which
+//! kube-apiserver would reject with a 422.
 
 /// Checks `schedule`; the error is robfig/cron's message.
 pub fn check(schedule: &str) -> Result<(), String> {

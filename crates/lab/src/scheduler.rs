@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Binding, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
-    PersistentVolumeClaim, Pod, PodAffinityTerm, Taint, Toleration,
+    PersistentVolumeClaim, Pod, PodAffinityTerm, PodSpec, Taint, Toleration,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
@@ -741,16 +741,20 @@ pub fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
 }
 
 fn node_affinity_matches(pod: &Pod, node: &Node) -> bool {
-    let Some(spec) = &pod.spec else { return true };
+    pod.spec
+        .as_ref()
+        .is_none_or(|spec| selects_node(spec, node))
+}
+
+/// Whether a pod spec's nodeSelector and required node affinity select `node` (kube's
+/// NodeAffinity filter; the DaemonSet controller asks the same question).
+pub fn selects_node(spec: &PodSpec, node: &Node) -> bool {
     let labels = node.metadata.labels.as_ref();
     let selector_ok = spec
         .node_selector
         .iter()
         .flatten()
         .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-    if !selector_ok {
-        return false;
-    }
     let required = spec
         .affinity
         .as_ref()
@@ -759,13 +763,8 @@ fn node_affinity_matches(pod: &Pod, node: &Node) -> bool {
             a.required_during_scheduling_ignored_during_execution
                 .as_ref()
         });
-    match required {
-        Some(sel) => sel
-            .node_selector_terms
-            .iter()
-            .any(|t| term_matches(t, node)),
-        None => true,
-    }
+    selector_ok
+        && required.is_none_or(|r| r.node_selector_terms.iter().any(|t| term_matches(t, node)))
 }
 
 /// Whether a metav1 label selector matches `labels` (a missing selector matches nothing).

@@ -1,6 +1,7 @@
 //! Helpers for tests that drive lab clusters (this crate's, the controller's, the CLI's).
 
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 /// Polls `check` every 100 ms until it returns Some, panicking with `what` after `timeout`.
@@ -39,4 +40,41 @@ where
         );
         tokio::time::sleep(interval).await;
     }
+}
+
+/// Runs the real `kubectl --kubeconfig <kubeconfig> <args>` with `HOME` at `home` (so its
+/// discovery cache stays in the test's directory), feeding it `stdin`; returns whether it
+/// succeeded and what it printed (stdout, then stderr).
+pub async fn kubectl(
+    kubeconfig: &Path,
+    home: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env("HOME", home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl is installed");
+    let mut input = child.stdin.take().expect("kubectl's stdin");
+    if let Some(s) = stdin {
+        input
+            .write_all(s.as_bytes())
+            .await
+            .expect("kubectl's stdin written");
+    }
+    drop(input);
+    let out = child.wait_with_output().await.expect("kubectl ran");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }

@@ -128,17 +128,5 @@ pub async fn kubectl(cluster: &Cluster, args: &[&str]) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.server.write_admin_kubeconfig(&kubeconfig).unwrap();
-    let out = tokio::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(args)
-        .output()
-        .await
-        .expect("kubectl runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    tandem_lab::testing::kubectl(&kubeconfig, dir.path(), args, None).await
 }

@@ -42,29 +42,7 @@ impl Lab {
     }
 
     async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-        use tokio::io::AsyncWriteExt;
-        let mut child = tokio::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .env("HOME", self.dir.path())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl is installed");
-        let mut input = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            input.write_all(s.as_bytes()).await.unwrap();
-        }
-        drop(input);
-        let out = child.wait_with_output().await.unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        tandem_lab::testing::kubectl(&self.kubeconfig, self.dir.path(), args, stdin).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {

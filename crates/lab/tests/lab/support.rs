@@ -94,7 +94,6 @@ pub fn condition(pod: &Pod, kind: &str) -> Option<String> {
 /// Runs the real `kubectl` against `cluster` as its admin, with `stdin` as input; returns
 /// whether it succeeded and what it printed.
 pub async fn kubectl(cluster: &LabCluster, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().expect("temporary directory");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
@@ -102,28 +101,7 @@ pub async fn kubectl(cluster: &LabCluster, args: &[&str], stdin: Option<&str>) -
         cluster.server.admin_kubeconfig().expect("kubeconfig"),
     )
     .expect("kubeconfig written");
-    let mut child = tokio::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(args)
-        .env("HOME", dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed");
-    let mut input = child.stdin.take().expect("stdin");
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes()).await.expect("stdin written");
-    }
-    drop(input);
-    let out = child.wait_with_output().await.expect("kubectl ran");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    tandem_lab::testing::kubectl(&kubeconfig, dir.path(), args, stdin).await
 }
 
 /// Runs `kubectl` and fails the test if it fails; returns its output.

@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::controllers::deployment::resolve;
 use crate::controllers::{Availability, availability, is_ready};
-use crate::scheduler::{term_matches, tolerates};
+use crate::scheduler::{selects_node, tolerates};
 
 /// Label naming the ControllerRevision a daemon pod was made from.
 pub const HASH_LABEL: &str = "controller-revision-hash";
@@ -60,26 +60,6 @@ pub fn add_daemon_tolerations(spec: &mut PodSpec) {
             None => tolerations.push(toleration),
         }
     }
-}
-
-/// Whether `spec`'s nodeSelector and required node affinity select `node`.
-fn selects_node(spec: &PodSpec, node: &Node) -> bool {
-    let labels = node.metadata.labels.as_ref();
-    let selector_ok = spec
-        .node_selector
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    selector_ok
-        && required.is_none_or(|r| r.node_selector_terms.iter().any(|t| term_matches(t, node)))
 }
 
 fn untolerated<'a>(
