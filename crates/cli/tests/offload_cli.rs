@@ -26,17 +26,19 @@ async fn tandem(args: &[&str], kubeconfig: &std::path::Path) -> (bool, String, S
     )
 }
 
-#[tokio::test]
-async fn offload_and_unoffload_a_namespace() {
+/// rome (consumer) peered with milan (provider) under `grant`; the admin kubeconfig of rome a
+/// user would pass to `tandem`, in a directory that lives as long as the returned guard.
+async fn peered(
+    grant: serde_json::Value,
+) -> (
+    support::Cluster,
+    support::Cluster,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
     let consumer = support::Cluster::start("rome", "eu-south", 1).await;
     let provider = support::Cluster::start("milan", "eu-west", 1).await;
-    support::peer_with(
-        &consumer,
-        &provider,
-        json!({"cpu": "2", "pods": "10"}),
-        None,
-    )
-    .await;
+    support::peer_with(&consumer, &provider, grant, None).await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("rome.kubeconfig");
     consumer
@@ -44,13 +46,13 @@ async fn offload_and_unoffload_a_namespace() {
         .server
         .write_admin_kubeconfig(&kubeconfig)
         .unwrap();
-    Api::<Namespace>::all(consumer.client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "shop"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    (consumer, provider, dir, kubeconfig)
+}
+
+#[tokio::test]
+async fn offload_and_unoffload_a_namespace() {
+    let (consumer, provider, _dir, kubeconfig) = peered(json!({"cpu": "2", "pods": "10"})).await;
+    namespace(&consumer.client, "shop").await;
 
     let (ok, _, err) = tandem(&["offload", "namespace", "nowhere"], &kubeconfig).await;
     assert!(!ok);
@@ -108,22 +110,7 @@ async fn namespace(client: &kube::Client, name: &str) {
 
 #[tokio::test]
 async fn offload_warns_when_the_mapping_breaks_stateful_set_dns_names() {
-    let consumer = support::Cluster::start("rome", "eu-south", 1).await;
-    let provider = support::Cluster::start("milan", "eu-west", 1).await;
-    support::peer_with(
-        &consumer,
-        &provider,
-        json!({"cpu": "2", "pods": "10"}),
-        None,
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("rome.kubeconfig");
-    consumer
-        .lab
-        .server
-        .write_admin_kubeconfig(&kubeconfig)
-        .unwrap();
+    let (consumer, _provider, _dir, kubeconfig) = peered(json!({"cpu": "2", "pods": "10"})).await;
     namespace(&consumer.client, "web").await;
     namespace(&consumer.client, "shop").await;
     let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
@@ -179,22 +166,8 @@ async fn offload_warns_when_the_mapping_breaks_stateful_set_dns_names() {
 #[tokio::test]
 async fn unoffload_reports_retained_claims_and_delete_data_removes_them() {
     use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-    let consumer = support::Cluster::start("rome", "eu-south", 1).await;
-    let provider = support::Cluster::start("milan", "eu-west", 1).await;
-    support::peer_with(
-        &consumer,
-        &provider,
-        json!({"cpu": "2", "pods": "10", "requests.storage": "5Gi"}),
-        None,
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("rome.kubeconfig");
-    consumer
-        .lab
-        .server
-        .write_admin_kubeconfig(&kubeconfig)
-        .unwrap();
+    let (consumer, provider, _dir, kubeconfig) =
+        peered(json!({"cpu": "2", "pods": "10", "requests.storage": "5Gi"})).await;
     let on_provider: Api<Namespace> = Api::all(provider.client.clone());
     // A claim provisioned on milan (the scheduler's pick written by hand).
     let provision = |ns: &'static str| {
