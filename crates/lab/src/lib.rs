@@ -9,6 +9,7 @@ pub mod events;
 pub mod gate;
 pub mod kubelet;
 pub mod lab;
+pub mod network;
 pub mod nodelifecycle;
 pub mod scheduler;
 pub mod testing;
