@@ -427,7 +427,16 @@ struct Kubelet {
     seen: HashSet<String>,
     ready_since: Timestamp,
     node_uid: Option<String>,
+    events: crate::events::Recorder,
 }
+
+/// The events a kubelet records when it starts a pod's containers, in order (`{}` is the
+/// container's name; Pulled names the image instead).
+const CONTAINER_START: [(&str, &str); 3] = [
+    ("Pulled", ""),
+    ("Created", "Created container: {}"),
+    ("Started", "Started container {}"),
+];
 
 /// Runs one hollow kubelet until the process ends.
 pub async fn run(client: kube::Client, node: HollowNode, power: NodePower) -> anyhow::Result<()> {
@@ -435,8 +444,10 @@ pub async fn run(client: kube::Client, node: HollowNode, power: NodePower) -> an
         node: node.name.clone(),
         cidr: node.pod_cidr.clone(),
     })?;
+    let events = crate::events::Recorder::new(client.clone(), "kubelet", Some(node.name.clone()));
     let mut kubelet = Kubelet {
         client,
+        events,
         node,
         addresses,
         runtimes: HashMap::new(),
@@ -626,6 +637,33 @@ impl Kubelet {
         }
     }
 
+    /// Records a `reason` event about each of the pod's containers, as the kubelet's
+    /// container runtime manager does (with the container's field path).
+    fn container_events(&self, pod: &Pod, reason: &str, message: impl Fn(&str) -> String) {
+        let Some(spec) = &pod.spec else { return };
+        for c in &spec.containers {
+            let text = if reason == "Pulled" {
+                format!(
+                    "Container image \"{}\" already present on machine",
+                    c.image.as_deref().unwrap_or_default()
+                )
+            } else {
+                message(&c.name)
+            };
+            self.events.pod(
+                pod,
+                Some(format!("spec.containers{{{}}}", c.name)),
+                crate::events::PodEvent {
+                    reason,
+                    type_: "Normal",
+                    message: text,
+                    component: "kubelet",
+                    action: "",
+                },
+            );
+        }
+    }
+
     fn forget(&mut self, uid: &str) {
         self.pods.remove(uid);
         self.deleting.remove(uid);
@@ -648,6 +686,7 @@ impl Kubelet {
                 rt.next_restart = None;
                 rt.exits_at = None;
             }
+            self.container_events(&pod, "Killing", |c| format!("Stopping container {c}"));
             // Hollow containers stop at once: report them terminated, then finish the
             // graceful deletion without waiting for the grace period.
             let terminated = terminated_status(&pod);
@@ -719,6 +758,9 @@ impl Kubelet {
                     completed: false,
                 },
             );
+            for (reason, message) in CONTAINER_START {
+                self.container_events(&pod, reason, |c| message.replace("{}", c));
+            }
         }
         self.pods.insert(uid.clone(), pod);
         self.report(&uid).await;

@@ -1466,6 +1466,7 @@ pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow
     let mut in_flight = 0usize;
     let reports = Arc::new(tokio::sync::Semaphore::new(MAX_REPORTS));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let events = crate::events::Recorder::new(client.clone(), SCHEDULER_NAME, None);
     loop {
         tokio::select! {
             Some(ev) = nodes.next() => {
@@ -1506,7 +1507,15 @@ pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow
                     // Pods waiting for volumes may wait long: they do not hold up the others.
                     let counted = claims.is_empty();
                     in_flight += usize::from(counted);
-                    tokio::spawn(bind(client.clone(), pod, uid, node, claims, tx.clone()));
+                    tokio::spawn(bind(
+                        client.clone(),
+                        events.clone(),
+                        pod,
+                        uid,
+                        node,
+                        claims,
+                        tx.clone(),
+                    ));
                 }
                 Some(Step::Report { pod, message }) => {
                     let (client, reports) = (client.clone(), reports.clone());
@@ -1542,6 +1551,7 @@ where
 
 async fn bind(
     client: kube::Client,
+    events: crate::events::Recorder,
     pod: Arc<Pod>,
     uid: String,
     node: String,
@@ -1556,6 +1566,21 @@ async fn bind(
             .map_err(BindError::from),
         Err(e) => Err(e),
     };
+    if result.is_ok() {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        events.pod(
+            &pod,
+            None,
+            crate::events::PodEvent {
+                reason: "Scheduled",
+                type_: "Normal",
+                message: format!("Successfully assigned {ns}/{name} to {node}"),
+                component: SCHEDULER_NAME,
+                action: "Binding",
+            },
+        );
+    }
     let _ = done.send(Bound {
         uid,
         node,

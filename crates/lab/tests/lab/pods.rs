@@ -170,3 +170,80 @@ async fn behaviour_annotations_drive_container_state() {
     }
     lab.shutdown();
 }
+
+/// The scheduler and the kubelet record what they did to a pod, as kube's do, so that
+/// `kubectl describe pod` tells its story: Scheduled, Pulled, Created, Started, and Killing
+/// once it is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_events_tell_its_scheduling_start_and_stop() {
+    use k8s_openapi::api::core::v1::Event;
+    let lab = cluster().await;
+    let started = create(&lab.client, &pod("told", json!({}))).await;
+    let node = crate::support::node_of(&running(&lab.client, "told").await);
+    let events = kube::Api::<Event>::namespaced(lab.client.clone(), "default");
+    let reasons = |want: &'static [&'static str]| {
+        let events = events.clone();
+        let uid = started.metadata.uid.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            let mine: Vec<Event> = list
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.uid == uid)
+                .collect();
+            want.iter()
+                .all(|r| mine.iter().any(|e| e.reason.as_deref() == Some(*r)))
+                .then_some(mine)
+        }
+    };
+    let mine = until(
+        "Scheduled, Pulled, Created and Started events",
+        Duration::from_secs(30),
+        || reasons(&["Scheduled", "Pulled", "Created", "Started"]),
+    )
+    .await;
+    let scheduled = mine
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Scheduled"))
+        .unwrap();
+    assert_eq!(
+        scheduled.message.as_deref(),
+        Some(format!("Successfully assigned default/told to {node}").as_str())
+    );
+    let created = mine
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Created"))
+        .unwrap();
+    assert_eq!(
+        created.involved_object.field_path.as_deref(),
+        Some("spec.containers{app}"),
+        "container events name the container"
+    );
+    assert_eq!(
+        created.source.as_ref().and_then(|s| s.host.as_deref()),
+        Some(node.as_str()),
+        "kubelet events name their node"
+    );
+
+    let described = crate::support::kubectl_ok(&lab, &["describe", "pod", "told"], None).await;
+    for line in [
+        "Successfully assigned default/told to",
+        "Created container: app",
+        "Started container app",
+    ] {
+        assert!(
+            described.contains(line),
+            "describe shows {line:?}:\n{described}"
+        );
+    }
+
+    pods(&lab.client)
+        .delete("told", &Default::default())
+        .await
+        .expect("delete told");
+    until("a Killing event", Duration::from_secs(30), || {
+        reasons(&["Killing"])
+    })
+    .await;
+    lab.shutdown();
+}
