@@ -102,6 +102,12 @@ impl ApiServer {
         Ok(ApiServer { state, addr, task })
     }
 
+    /// Serves the API on another, already bound listener too (a lab cluster's addresses in
+    /// its network namespaces); the task ends when the listener fails.
+    pub fn serve_also(&self, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(server::serve(self.state.clone(), listener))
+    }
+
     /// The server's URL.
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)

@@ -64,6 +64,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             clusters: 2,
             nodes: args.nodes,
             dir: Some(dir.clone()),
+            network: false,
         },
         |c| {
             eprintln!(

@@ -25,7 +25,7 @@ pub struct Args {
 enum Command {
     /// Start N lab clusters on 127.0.0.1 and run them until interrupted.
     #[command(
-        after_help = "Example:\n  tandem lab up --clusters 3\n  kubectl --kubeconfig ~/.tandem/lab/kubeconfig --context lab-2 get nodes\n\nAll clusters use the pod CIDR 10.244.0.0/16 and differ in region\n(topology.kubernetes.io/region: eu-west, us-east, ap-south, …). Restarting on the\nsame --dir keeps every object."
+        after_help = "Example:\n  tandem lab up --clusters 3\n  kubectl --kubeconfig ~/.tandem/lab/kubeconfig --context lab-2 get nodes\n\nAll clusters use the pod CIDR 10.244.0.0/16 and differ in region\n(topology.kubernetes.io/region: eu-west, us-east, ap-south, …). Restarting on the\nsame --dir keeps every object.\n\nWith --network (root only) pods get real network namespaces: images tandem.dev/echo\n(an HTTP server answering who it is) and tandem.dev/probe run as built-in programs,\nServices route (nftables), and cluster DNS answers cluster.local. Nodes sit on\n172.<17+N>.0.0/16 per cluster; clusters reach each other's API servers on the lab\nWAN (198.18.N.2:6443). Nothing is added to the host's own network namespace, and\nCtrl-C removes every namespace (`ip netns list` shows them as lab-<instance>-…)."
     )]
     Up {
         /// Number of clusters (contexts lab-1 … lab-N).
@@ -37,6 +37,9 @@ enum Command {
         /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/lab].
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Network mode: real pod networking, built-in programs, Services and DNS (root).
+        #[arg(long)]
+        network: bool,
     },
     /// Show the clusters of a running lab and their health.
     Status {
@@ -61,20 +64,31 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             clusters,
             nodes,
             dir,
-        } => up(clusters, nodes, dir.unwrap_or(default.clone()), &default).await,
+            network,
+        } => up(clusters, nodes, network, dir.unwrap_or(default.clone()), &default).await,
         Command::Status { dir } => {
             status(dir.unwrap_or(default), global.output.unwrap_or_default()).await
         }
     }
 }
 
-async fn up(clusters: usize, nodes: usize, dir: PathBuf, default: &Path) -> anyhow::Result<()> {
+async fn up(
+    clusters: usize,
+    nodes: usize,
+    network: bool,
+    dir: PathBuf,
+    default: &Path,
+) -> anyhow::Result<()> {
     anyhow::ensure!(clusters >= 1, "--clusters must be at least 1");
+    if network {
+        tandem_lab::network::topology::require_root()?;
+    }
     workdir::claim(&dir, default, Use::Keep)?;
     let spec = LabSpec {
         clusters,
         nodes,
         dir: Some(dir.clone()),
+        network,
     };
     eprintln!(
         "starting {clusters} lab cluster(s) with {nodes} node(s) each in {}",

@@ -74,14 +74,18 @@ enum Command {
     Apiserver(apiserver::Args),
 }
 
-/// Ctrl-C (SIGINT) from now on. Unlike `tokio::signal::ctrl_c`, which listens only once
+/// Ctrl-C (SIGINT) or SIGTERM from now on. Unlike `tokio::signal::ctrl_c`, which listens only once
 /// awaited, the handler is in place when this returns, so a Ctrl-C that comes while a
 /// foreground command still prints is caught rather than killing the process.
 fn interrupt() -> std::io::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
     Ok(async move {
-        sigint.recv().await;
+        tokio::select! {
+            _ = sigint.recv() => {}
+            _ = sigterm.recv() => {}
+        }
     })
 }
 

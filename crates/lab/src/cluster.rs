@@ -34,6 +34,12 @@ pub struct LabConfig {
     /// How long a node's Lease may go unrenewed before the node is NotReady and unreachable
     /// (kube-controller-manager's `--node-monitor-grace-period`).
     pub node_monitor_grace_period: std::time::Duration,
+    /// The cluster's index in its lab (1-based): its node network is 172.<17+index>.0.0/16,
+    /// its WAN address 198.18.<index>.2.
+    pub index: usize,
+    /// Network mode (root only): pods get network namespaces, built-in images run, Services
+    /// route and cluster DNS answers. Off, pods are hollow.
+    pub network: bool,
 }
 
 impl Default for LabConfig {
@@ -49,6 +55,8 @@ impl Default for LabConfig {
             data_dir: None,
             port: 0,
             node_monitor_grace_period: std::time::Duration::from_secs(40),
+            index: 1,
+            network: false,
         }
     }
 }
@@ -84,6 +92,8 @@ pub struct LabCluster {
     pub client: kube::Client,
     /// Node power switches.
     pub power: NodePower,
+    /// Network mode's namespaces, programs and services (None in hollow mode).
+    pub network: Option<Arc<crate::network::ClusterNetwork>>,
     scheduler_nodes_seen: tokio::sync::watch::Receiver<u64>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -119,7 +129,7 @@ pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
                     base.get(1).copied().unwrap_or(244),
                     i % 256
                 ),
-                internal_ip: format!("172.18.{}.{}", i / 250, i % 250 + 2),
+                internal_ip: crate::network::topology::node_ip(config.index, i).to_string(),
                 name,
                 labels,
                 cpu: config.node_cpu.clone(),
@@ -136,6 +146,27 @@ pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
 impl LabCluster {
     /// Starts the API server, the hollow nodes and the controllers.
     pub async fn start(config: LabConfig) -> anyhow::Result<LabCluster> {
+        let network = if config.network {
+            let nodes = nodes_of(&config)
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| -> anyhow::Result<crate::network::topology::NodeSpec> {
+                    Ok(crate::network::topology::NodeSpec {
+                        index: i + 1,
+                        ip: n.internal_ip.parse()?,
+                        pod_cidr: n.pod_cidr.parse()?,
+                        name: n.name,
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Some(
+                crate::network::ClusterNetwork::create(&config.name, config.index, nodes)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cluster {}: network mode: {e:#}", config.name))?,
+            )
+        } else {
+            None
+        };
         let server = ApiServer::start(Config {
             name: config.name.clone(),
             data_dir: config.data_dir.clone(),
@@ -144,6 +175,12 @@ impl LabCluster {
         })
         .await?;
         let client = server.client().await?;
+        if let Some(network) = &network {
+            network
+                .start_services(&server, client.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("cluster {}: network mode: {e:#}", config.name))?;
+        }
         let power = NodePower::default();
         let mut tasks = Vec::new();
         let spawn =
@@ -173,10 +210,17 @@ impl LabCluster {
                 server.state().pki.ca.clone(),
             )),
         ));
+        let kubelet_events = crate::events::Recorder::new(client.clone(), "kubelet");
         for node in nodes_of(&config) {
             tasks.push(spawn(
                 "kubelet",
-                Box::pin(crate::kubelet::run(client.clone(), node, power.clone())),
+                Box::pin(crate::kubelet::run(
+                    client.clone(),
+                    node,
+                    power.clone(),
+                    kubelet_events.clone(),
+                    network.clone(),
+                )),
             ));
         }
         Ok(LabCluster {
@@ -184,6 +228,7 @@ impl LabCluster {
             server,
             client,
             power,
+            network,
             scheduler_nodes_seen,
             tasks,
         })
@@ -207,6 +252,9 @@ impl LabCluster {
     pub fn shutdown(self) {
         for t in self.tasks {
             t.abort();
+        }
+        if let Some(network) = &self.network {
+            network.shutdown();
         }
         self.server.shutdown();
     }

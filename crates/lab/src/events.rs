@@ -94,15 +94,25 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A recorder for `component` (on node `host`, for a kubelet), writing through `client`.
-    pub fn new(client: kube::Client, component: &'static str, host: Option<String>) -> Recorder {
+    /// A recorder for `component`, writing through `client`.
+    pub fn new(client: kube::Client, component: &'static str) -> Recorder {
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
         tokio::spawn(write_events(client, rx));
         Recorder {
             tx,
             component,
-            host,
+            host: None,
             dropped: Default::default(),
+        }
+    }
+
+    /// The same recorder (same queue and rate) for the component's instance on node `host`.
+    /// A lab cluster's hollow kubelets share one: they share one machine, and a real
+    /// kubelet's event budget is per machine.
+    pub fn for_host(&self, host: &str) -> Recorder {
+        Recorder {
+            host: Some(host.to_string()),
+            ..self.clone()
         }
     }
 

@@ -18,6 +18,7 @@
 //!
 //! Restarts back off like the kubelet's, scaled down tenfold: 1 s, 2 s, 4 s, 8 s, then 10 s.
 
+use std::sync::Arc;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -210,6 +211,9 @@ pub struct PodRuntime {
     pub exits_at: Option<Instant>,
     /// Whether a [`Behavior::Complete`] container has exited.
     pub completed: bool,
+    /// Containers that could not start (network mode: a command the image does not have),
+    /// with runc's message.
+    pub start_errors: BTreeMap<String, String>,
 }
 
 /// Whether a pod belongs to a Job: its controller is a Job, or it carries the
@@ -285,7 +289,20 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
                 "containerID": format!("hollow://{uid}/{}/{}", c.name, rt.restarts),
                 "restartCount": rt.restarts,
             });
-            let (state, last, ready, started_flag) = match (behavior.exit_code(), final_code) {
+            let start_error = rt.start_errors.get(&c.name).map(|message| {
+                (
+                    json!({"terminated": {"exitCode": 128, "reason": "StartError",
+                        "message": message, "startedAt": started, "finishedAt": finished,
+                        "containerID": base["containerID"]}}),
+                    Value::Null,
+                    false,
+                    false,
+                )
+            });
+            let (state, last, ready, started_flag) = if let Some(failed) = start_error {
+                failed
+            } else {
+                match (behavior.exit_code(), final_code) {
                 (Some(_), Some(code)) => (
                     json!({"terminated": {"exitCode": code,
                         "reason": if code == 0 { "Completed" } else { "Error" },
@@ -312,6 +329,7 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
                     behavior != Behavior::NeverReady,
                     true,
                 ),
+            }
             };
             if !ready {
                 unready.push(c.name.clone());
@@ -428,6 +446,7 @@ struct Kubelet {
     ready_since: Timestamp,
     node_uid: Option<String>,
     events: crate::events::Recorder,
+    network: Option<Arc<crate::network::ClusterNetwork>>,
 }
 
 /// The events a kubelet records when it starts a pod's containers, in order (`{}` is the
@@ -439,15 +458,22 @@ const CONTAINER_START: [(&str, &str); 3] = [
 ];
 
 /// Runs one hollow kubelet until the process ends.
-pub async fn run(client: kube::Client, node: HollowNode, power: NodePower) -> anyhow::Result<()> {
+pub async fn run(
+    client: kube::Client,
+    node: HollowNode,
+    power: NodePower,
+    events: crate::events::Recorder,
+    network: Option<Arc<crate::network::ClusterNetwork>>,
+) -> anyhow::Result<()> {
     let addresses = PodAddresses::parse(&node.pod_cidr).ok_or_else(|| KubeletError::PodCidr {
         node: node.name.clone(),
         cidr: node.pod_cidr.clone(),
     })?;
-    let events = crate::events::Recorder::new(client.clone(), "kubelet", Some(node.name.clone()));
+    let events = events.for_host(&node.name);
     let mut kubelet = Kubelet {
         client,
         events,
+        network,
         node,
         addresses,
         runtimes: HashMap::new(),
@@ -621,7 +647,7 @@ impl Kubelet {
             }
             Event::Delete(pod) => {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                self.forget(&uid);
+                self.forget(&uid).await;
             }
             Event::InitDone => {
                 let gone: Vec<String> = self
@@ -631,7 +657,7 @@ impl Kubelet {
                     .cloned()
                     .collect();
                 for uid in gone {
-                    self.forget(&uid);
+                    self.forget(&uid).await;
                 }
             }
         }
@@ -664,7 +690,10 @@ impl Kubelet {
         }
     }
 
-    fn forget(&mut self, uid: &str) {
+    async fn forget(&mut self, uid: &str) {
+        if let Some(network) = &self.network {
+            network.stop_pod(uid).await;
+        }
         self.pods.remove(uid);
         self.deleting.remove(uid);
         if let Some(ip) = self.runtimes.remove(uid).and_then(|rt| rt.ip) {
@@ -687,6 +716,9 @@ impl Kubelet {
                 rt.exits_at = None;
             }
             self.container_events(&pod, "Killing", |c| format!("Stopping container {c}"));
+            if let Some(network) = &self.network {
+                network.stop_pod(&uid).await;
+            }
             // Hollow containers stop at once: report them terminated, then finish the
             // graceful deletion without waiting for the grace period.
             let terminated = terminated_status(&pod);
@@ -722,6 +754,9 @@ impl Kubelet {
         );
         if terminal {
             // Terminal pods keep their status but give their address back.
+            if let Some(network) = &self.network {
+                network.stop_pod(&uid).await;
+            }
             if let Some(rt) = self.runtimes.get_mut(&uid)
                 && let Some(ip) = rt.ip.take()
             {
@@ -756,8 +791,23 @@ impl Kubelet {
                     exits_at: (behavior == Behavior::Complete)
                         .then(|| Instant::now() + JOB_POD_RUN),
                     completed: false,
+                    start_errors: BTreeMap::new(),
                 },
             );
+            if let (Some(network), Some(ip)) = (&self.network, ip) {
+                match network.start_pod(&self.node.name, &pod, ip).await {
+                    Ok(started) => {
+                        let errors = started.into_iter().filter_map(|(c, s)| match s {
+                            crate::network::ContainerStart::Failed(m) => Some((c, m)),
+                            crate::network::ContainerStart::Running => None,
+                        });
+                        if let Some(rt) = self.runtimes.get_mut(&uid) {
+                            rt.start_errors.extend(errors);
+                        }
+                    }
+                    Err(e) => tracing::error!(node = %self.node.name, pod = %name, "{e:#}"),
+                }
+            }
             for (reason, message) in CONTAINER_START {
                 self.container_events(&pod, reason, |c| message.replace("{}", c));
             }
@@ -913,6 +963,7 @@ mod tests {
             last_exit: now,
             exits_at: None,
             completed: false,
+            start_errors: BTreeMap::new(),
         };
         for (behavior, policy, phase, ready, state) in cases {
             let status = desired_status(&pod(behavior, policy), &rt, "172.18.0.3", now);
@@ -975,6 +1026,7 @@ mod tests {
                 last_exit: now,
                 exits_at: None,
                 completed: over,
+            start_errors: BTreeMap::new(),
             };
             let case = format!("job={job} {behavior:?} over={over}");
             let status = desired_status(&p, &rt, "172.18.0.3", now);

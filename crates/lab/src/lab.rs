@@ -20,6 +20,9 @@ pub struct LabSpec {
     pub nodes: usize,
     /// Directory holding each cluster's data (`<dir>/lab-i`) and the kubeconfig.
     pub dir: Option<PathBuf>,
+    /// Network mode (root only; see [`LabConfig::network`]): the clusters share one lab
+    /// instance and its WAN.
+    pub network: bool,
 }
 
 /// A running lab.
@@ -35,6 +38,7 @@ pub fn cluster_config(i: usize, nodes: usize, dir: Option<&Path>) -> LabConfig {
     LabConfig {
         data_dir: dir.map(|d| d.join(&name)),
         region: REGIONS[(i - 1) % REGIONS.len()].to_string(),
+        index: i,
         name,
         nodes,
         ..Default::default()
@@ -49,7 +53,11 @@ impl Lab {
     ) -> anyhow::Result<Lab> {
         let mut clusters = Vec::with_capacity(spec.clusters);
         for i in 1..=spec.clusters {
-            let cluster = LabCluster::start(cluster_config(i, spec.nodes, spec.dir.as_deref()))
+            let config = LabConfig {
+                network: spec.network,
+                ..cluster_config(i, spec.nodes, spec.dir.as_deref())
+            };
+            let cluster = LabCluster::start(config)
                 .await
                 .map_err(|e| anyhow::anyhow!("starting cluster lab-{i}: {e:#}"))?;
             progress(&cluster);

@@ -1466,7 +1466,7 @@ pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow
     let mut in_flight = 0usize;
     let reports = Arc::new(tokio::sync::Semaphore::new(MAX_REPORTS));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
-    let events = crate::events::Recorder::new(client.clone(), SCHEDULER_NAME, None);
+    let events = crate::events::Recorder::new(client.clone(), SCHEDULER_NAME);
     loop {
         tokio::select! {
             Some(ev) = nodes.next() => {
