@@ -65,7 +65,16 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             nodes,
             dir,
             network,
-        } => up(clusters, nodes, network, dir.unwrap_or(default.clone()), &default).await,
+        } => {
+            up(
+                clusters,
+                nodes,
+                network,
+                dir.unwrap_or(default.clone()),
+                &default,
+            )
+            .await
+        }
         Command::Status { dir } => {
             status(dir.unwrap_or(default), global.output.unwrap_or_default()).await
         }

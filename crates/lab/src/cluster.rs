@@ -150,14 +150,16 @@ impl LabCluster {
             let nodes = nodes_of(&config)
                 .into_iter()
                 .enumerate()
-                .map(|(i, n)| -> anyhow::Result<crate::network::topology::NodeSpec> {
-                    Ok(crate::network::topology::NodeSpec {
-                        index: i + 1,
-                        ip: n.internal_ip.parse()?,
-                        pod_cidr: n.pod_cidr.parse()?,
-                        name: n.name,
-                    })
-                })
+                .map(
+                    |(i, n)| -> anyhow::Result<crate::network::topology::NodeSpec> {
+                        Ok(crate::network::topology::NodeSpec {
+                            index: i + 1,
+                            ip: n.internal_ip.parse()?,
+                            pod_cidr: n.pod_cidr.parse()?,
+                            name: n.name,
+                        })
+                    },
+                )
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Some(
                 crate::network::ClusterNetwork::create(&config.name, config.index, nodes)

@@ -18,9 +18,9 @@
 //!
 //! Restarts back off like the kubelet's, scaled down tenfold: 1 s, 2 s, 4 s, 8 s, then 10 s.
 
-use std::sync::Arc;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -303,33 +303,33 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
                 failed
             } else {
                 match (behavior.exit_code(), final_code) {
-                (Some(_), Some(code)) => (
-                    json!({"terminated": {"exitCode": code,
+                    (Some(_), Some(code)) => (
+                        json!({"terminated": {"exitCode": code,
                         "reason": if code == 0 { "Completed" } else { "Error" },
                         "startedAt": started, "finishedAt": finished,
                         "containerID": base["containerID"]}}),
-                    Value::Null,
-                    false,
-                    false,
-                ),
-                (Some(code), None) => (
-                    json!({"waiting": {"reason": "CrashLoopBackOff", "message": format!(
+                        Value::Null,
+                        false,
+                        false,
+                    ),
+                    (Some(code), None) => (
+                        json!({"waiting": {"reason": "CrashLoopBackOff", "message": format!(
                         "back-off {}s restarting failed container={} pod={name}_{ns}({uid})",
                         restart_backoff(rt.restarts).as_secs(), c.name)}}),
-                    json!({"terminated": {"exitCode": code,
+                        json!({"terminated": {"exitCode": code,
                         "reason": if code == 0 { "Completed" } else { "Error" },
                         "startedAt": started, "finishedAt": finished,
                         "containerID": base["containerID"]}}),
-                    false,
-                    false,
-                ),
-                (None, _) => (
-                    json!({"running": {"startedAt": started}}),
-                    Value::Null,
-                    behavior != Behavior::NeverReady,
-                    true,
-                ),
-            }
+                        false,
+                        false,
+                    ),
+                    (None, _) => (
+                        json!({"running": {"startedAt": started}}),
+                        Value::Null,
+                        behavior != Behavior::NeverReady,
+                        true,
+                    ),
+                }
             };
             if !ready {
                 unready.push(c.name.clone());
@@ -1026,7 +1026,7 @@ mod tests {
                 last_exit: now,
                 exits_at: None,
                 completed: over,
-            start_errors: BTreeMap::new(),
+                start_errors: BTreeMap::new(),
             };
             let case = format!("job={job} {behavior:?} over={over}");
             let status = desired_status(&p, &rt, "172.18.0.3", now);

@@ -105,8 +105,11 @@ impl Zone {
                     return Answer::NoData;
                 }
                 if headless {
-                    let ips: Vec<Ipv4Addr> =
-                        self.endpoints(ns, svc).into_iter().map(|(ip, _)| ip).collect();
+                    let ips: Vec<Ipv4Addr> = self
+                        .endpoints(ns, svc)
+                        .into_iter()
+                        .map(|(ip, _)| ip)
+                        .collect();
                     if ips.is_empty() {
                         Answer::NoData
                     } else {
@@ -140,10 +143,14 @@ impl Zone {
                 };
                 let want_port = &port[1..];
                 let want_proto = proto.trim_start_matches('_').to_ascii_uppercase();
-                let found = service.spec.iter().flat_map(|s| s.ports.iter().flatten()).find(|p| {
-                    p.name.as_deref() == Some(want_port)
-                        && p.protocol.as_deref().unwrap_or("TCP") == want_proto
-                });
+                let found = service
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.ports.iter().flatten())
+                    .find(|p| {
+                        p.name.as_deref() == Some(want_port)
+                            && p.protocol.as_deref().unwrap_or("TCP") == want_proto
+                    });
                 match (found, kind) {
                     (None, _) => Answer::NxDomain,
                     (Some(p), RecordType::SRV) => Answer::Services(vec![(

@@ -36,7 +36,9 @@ pub struct ServiceView {
 
 impl ServiceView {
     /// Starts the watches (stopped with the returned task) and waits for the first lists.
-    pub async fn start(client: kube::Client) -> anyhow::Result<(ServiceView, tokio::task::JoinHandle<()>)> {
+    pub async fn start(
+        client: kube::Client,
+    ) -> anyhow::Result<(ServiceView, tokio::task::JoinHandle<()>)> {
         use futures::StreamExt;
         use k8s_openapi::api::core::v1::Service;
         use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -45,7 +47,10 @@ impl ServiceView {
         let (slices, slice_writer) = reflector::store::<EndpointSlice>();
         let svc = reflector::reflector(
             svc_writer,
-            watcher(kube::Api::<Service>::all(client.clone()), Default::default()),
+            watcher(
+                kube::Api::<Service>::all(client.clone()),
+                Default::default(),
+            ),
         )
         .default_backoff()
         .map(|_| ())
@@ -66,7 +71,14 @@ impl ServiceView {
         });
         services.wait_until_ready().await?;
         slices.wait_until_ready().await?;
-        Ok((ServiceView { services, slices, changes }, task))
+        Ok((
+            ServiceView {
+                services,
+                slices,
+                changes,
+            },
+            task,
+        ))
     }
 }
 
@@ -157,8 +169,16 @@ impl ClusterNetwork {
                 .map_err(|e| anyhow::anyhow!("API server listener on {ip}:6443 in {edge}: {e}"))?;
             tasks.push(server.serve_also(listener));
         }
-        endpoints(&client, "default", "kubernetes", "https", 6443, "TCP", self.edge_ip())
-            .await?;
+        endpoints(
+            &client,
+            "default",
+            "kubernetes",
+            "https",
+            6443,
+            "TCP",
+            self.edge_ip(),
+        )
+        .await?;
 
         let dns_addr = dns::listen_addr(self.edge_ip());
         let udp = netns::udp_socket(&edge, dns_addr)
@@ -169,7 +189,11 @@ impl ClusterNetwork {
             .map_err(|e| anyhow::anyhow!("DNS listener {dns_addr} in {edge}: {e}"))?;
         let (view, watch) = ServiceView::start(client.clone()).await?;
         tasks.push(watch);
-        tasks.push(tokio::spawn(dns::serve(dns::Zone::new(view.clone()), udp, tcp)));
+        tasks.push(tokio::spawn(dns::serve(
+            dns::Zone::new(view.clone()),
+            udp,
+            tcp,
+        )));
         ensure_kube_dns(&client, self.edge_ip()).await?;
 
         let mut targets: Vec<proxy::ProxyTarget> = self
@@ -209,8 +233,8 @@ impl ClusterNetwork {
             tokio::task::spawn_blocking(move || {
                 net.attach_pod(&node, &pod_ns, &pod_name, &pod_uid, ip)
             })
-                .await?
-                .map_err(|e| anyhow::anyhow!("pod {ns}/{name}: creating its network: {e}"))?
+            .await?
+            .map_err(|e| anyhow::anyhow!("pod {ns}/{name}: creating its network: {e}"))?
         };
         let identity = programs::identity(
             pod,
@@ -286,7 +310,12 @@ impl ClusterNetwork {
     }
 
     /// Runs the probe's `fetch URL` from inside pod `namespace/name`.
-    pub async fn probe_fetch(&self, namespace: &str, name: &str, url: &str) -> Result<String, String> {
+    pub async fn probe_fetch(
+        &self,
+        namespace: &str,
+        name: &str,
+        url: &str,
+    ) -> Result<String, String> {
         let who = self.identity(namespace, name)?;
         programs::probe_fetch(&who, url).await
     }

@@ -205,7 +205,13 @@ async fn serve_echo(listener: tokio::net::TcpListener, who: PodIdentity, log: Lo
                     "pod": who.pod, "namespace": who.namespace, "cluster": who.cluster,
                     "client": peer.ip().to_string(),
                 });
-                log.line(format!("{} {} {} from {}", req.method(), req.uri(), 200, peer.ip()));
+                log.line(format!(
+                    "{} {} {} from {}",
+                    req.method(),
+                    req.uri(),
+                    200,
+                    peer.ip()
+                ));
                 async move {
                     Ok::<_, std::convert::Infallible>(
                         http::Response::builder()
@@ -449,7 +455,9 @@ pub async fn run_probe(who: PodIdentity, args: Vec<String>, log: Log) {
             (verb.clone(), targets.to_vec())
         }
         Some((verb, _)) => {
-            log.line(format!("probe: unknown verb {verb:?} (want fetch or resolve)"));
+            log.line(format!(
+                "probe: unknown verb {verb:?} (want fetch or resolve)"
+            ));
             return;
         }
         None => return,
@@ -500,11 +508,23 @@ mod tests {
             ("tandem.dev/echo", None, "echo"),
             ("tandem.dev/echo:v2", None, "echo"),
             ("tandem.dev/probe", Some(&["probe"]), "probe"),
-            ("tandem.dev/probe:latest", Some(&["/usr/bin/probe"]), "probe"),
+            (
+                "tandem.dev/probe:latest",
+                Some(&["/usr/bin/probe"]),
+                "probe",
+            ),
             ("nginx", None, "hollow"),
             ("registry.example/tandem.dev/echo", None, "hollow"),
-            ("localhost:5000/evil", Some(&["/bin/sh", "-c", "id"]), "hollow"),
-            ("tandem.dev/echo", Some(&["/bin/sh", "-c", "touch /tmp/x"]), "refused"),
+            (
+                "localhost:5000/evil",
+                Some(&["/bin/sh", "-c", "id"]),
+                "hollow",
+            ),
+            (
+                "tandem.dev/echo",
+                Some(&["/bin/sh", "-c", "touch /tmp/x"]),
+                "refused",
+            ),
             ("tandem.dev/probe", Some(&["sh"]), "refused"),
         ];
         for (image, command, want) in cases {
@@ -526,7 +546,10 @@ mod tests {
             "search demo.svc.cluster.local svc.cluster.local cluster.local\n\
              nameserver 10.96.0.10\noptions ndots:5\n",
         );
-        assert_eq!(conf.nameservers, vec!["10.96.0.10".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            conf.nameservers,
+            vec!["10.96.0.10".parse::<IpAddr>().unwrap()]
+        );
         assert_eq!(conf.ndots, 5);
         assert_eq!(
             conf.candidates("hello"),

@@ -100,18 +100,13 @@ fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -> Ve
                 }) else {
                     continue;
                 };
-                let Some(target_port) = slice_port.port.and_then(|p| u16::try_from(p).ok())
-                else {
+                let Some(target_port) = slice_port.port.and_then(|p| u16::try_from(p).ok()) else {
                     continue;
                 };
                 for ep in &slice.endpoints {
                     // kube-proxy sends to ready endpoints (terminating ones only when none
                     // is ready, which the lab's graceful deletions make rare).
-                    let ready = ep
-                        .conditions
-                        .as_ref()
-                        .and_then(|c| c.ready)
-                        .unwrap_or(true);
+                    let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
                     if !ready {
                         continue;
                     }
@@ -152,11 +147,11 @@ fn render(ports: &[ServicePort], node_ip: Option<Ipv4Addr>) -> String {
     let _ = writeln!(
         s,
         "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services\n\t}}\n\
-         \tchain output {{\n\t\ttype nat hook output priority dstnat; policy accept;\n\t\tjump services\n\t}}\n\
+         \tchain output {{\n\t\ttype nat hook output priority -100; policy accept;\n\t\tjump services\n\t}}\n\
          \tchain postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tmeta mark & {MASQ_MARK:#x} == {MASQ_MARK:#x} masquerade\n\t}}\n\
          \tchain mark-for-masquerade {{\n\t\tmeta mark set meta mark | {MASQ_MARK:#x}\n\t}}\n\
-         \tchain filter-reject {{\n\t\ttype filter hook forward priority filter; policy accept;\n\t\tjump no-endpoints\n\t}}\n\
-         \tchain filter-reject-output {{\n\t\ttype filter hook output priority filter; policy accept;\n\t\tjump no-endpoints\n\t}}"
+         \tchain filter-reject {{\n\t\ttype filter hook forward priority 0; policy accept;\n\t\tjump no-endpoints\n\t}}\n\
+         \tchain filter-reject-output {{\n\t\ttype filter hook output priority 0; policy accept;\n\t\tjump no-endpoints\n\t}}"
     );
     let mut services = String::new();
     let mut no_endpoints = String::new();
@@ -286,36 +281,52 @@ mod tests {
             svc(json!({"metadata": {"name": "hello", "namespace": "demo"},
                 "spec": {"clusterIP": "10.96.0.20", "clusterIPs": ["10.96.0.20"], "type": "NodePort",
                          "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}})),
-            svc(json!({"metadata": {"name": "headless", "namespace": "demo"},
-                "spec": {"clusterIP": "None", "ports": [{"port": 80}]}})),
+            svc(
+                json!({"metadata": {"name": "headless", "namespace": "demo"},
+                "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}),
+            ),
             svc(json!({"metadata": {"name": "empty", "namespace": "demo"},
                 "spec": {"clusterIP": "10.96.0.30", "ports": [{"port": 80}]}})),
         ];
         let slices = vec![
             slice(json!({"metadata": {"name": "hello-x", "namespace": "demo",
-                    "labels": {"kubernetes.io/service-name": "hello"}},
-                "addressType": "IPv4",
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                "endpoints": [
-                    {"addresses": ["10.244.1.2"], "conditions": {"ready": true}},
-                    {"addresses": ["10.244.2.2"], "conditions": {"ready": true}},
-                    {"addresses": ["10.244.3.2"], "conditions": {"ready": false}},
-                ]})),
-            slice(json!({"metadata": {"name": "headless-x", "namespace": "demo",
+                "labels": {"kubernetes.io/service-name": "hello"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["10.244.1.2"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.2.2"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.3.2"], "conditions": {"ready": false}},
+            ]})),
+            slice(
+                json!({"metadata": {"name": "headless-x", "namespace": "demo",
                     "labels": {"kubernetes.io/service-name": "headless"}},
                 "addressType": "IPv4", "ports": [{"port": 80}],
-                "endpoints": [{"addresses": ["10.244.1.9"]}]})),
+                "endpoints": [{"addresses": ["10.244.1.9"]}]}),
+            ),
         ];
         let ports = service_ports(&services, &slices);
         assert_eq!(ports.len(), 2, "headless Services get no rules: {ports:?}");
         let script = render(&ports, Some(Ipv4Addr::new(172, 18, 0, 3)));
-        assert!(script.contains("ip daddr 10.96.0.20 tcp dport 80 goto svc-1"), "{script}");
+        assert!(
+            script.contains("ip daddr 10.96.0.20 tcp dport 80 goto svc-1"),
+            "{script}"
+        );
         assert!(script.contains("numgen random mod 2"), "{script}");
         assert!(script.contains("dnat to 10.244.1.2:8080"), "{script}");
         assert!(script.contains("dnat to 10.244.2.2:8080"), "{script}");
-        assert!(!script.contains("10.244.3.2"), "not-ready endpoints get no traffic");
-        assert!(!script.contains("10.244.1.9"), "headless endpoints get no rules");
-        assert!(script.contains("ip daddr 172.18.0.3 tcp dport 30080"), "{script}");
+        assert!(
+            !script.contains("10.244.3.2"),
+            "not-ready endpoints get no traffic"
+        );
+        assert!(
+            !script.contains("10.244.1.9"),
+            "headless endpoints get no rules"
+        );
+        assert!(
+            script.contains("ip daddr 172.18.0.3 tcp dport 30080"),
+            "{script}"
+        );
         assert!(
             script.contains("ip daddr 10.96.0.30 tcp dport 80 reject"),
             "a Service without endpoints rejects: {script}"

@@ -1,0 +1,336 @@
+//! Network mode (root): two clusters on the same pod CIDR, echo Deployments behind Services,
+//! probes that reach them by IP, ClusterIP and DNS name, isolation between the clusters,
+//! an allow-list no pod spec gets around, and nothing left on the host.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tandem_lab::testing::until;
+use tandem_lab::{Lab, LabCluster, LabSpec};
+
+/// True when root; under CI=true a missing root fails the test instead of skipping it.
+fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "network-mode tests need root and CI=true: refusing to skip"
+    );
+    eprintln!("skipped: network-mode tests need root");
+    false
+}
+
+/// The host's own addresses, routes and rules, to compare before, during and after.
+fn host_network() -> String {
+    let mut out = String::new();
+    for args in [
+        &["-4", "addr", "show"][..],
+        &["-6", "addr", "show"],
+        &["-4", "route", "show", "table", "all"],
+        &["-6", "route", "show", "table", "all"],
+        &["-4", "rule", "show"],
+    ] {
+        let o = Command::new("ip").args(args).output().expect("ip runs");
+        out.push_str(&String::from_utf8_lossy(&o.stdout));
+    }
+    // Drop lines that change on their own (address lifetimes).
+    out.lines()
+        .filter(|l| !l.contains("valid_lft"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn namespaces() -> BTreeSet<String> {
+    tandem_lab::network::topology::namespaces()
+        .into_iter()
+        .collect()
+}
+
+async fn apply(cluster: &LabCluster, objects: Value) {
+    for obj in objects.as_array().expect("a list of objects") {
+        let kind = obj["kind"].as_str().unwrap();
+        let ns = obj["metadata"]["namespace"].as_str().unwrap_or("default");
+        let name = obj["metadata"]["name"].as_str().unwrap();
+        let pp = PatchParams::apply("test").force();
+        let result = match kind {
+            "Namespace" => {
+                Api::<k8s_openapi::api::core::v1::Namespace>::all(cluster.client.clone())
+                    .patch(name, &pp, &Patch::Apply(obj))
+                    .await
+                    .map(|_| ())
+            }
+            "Deployment" => Api::<Deployment>::namespaced(cluster.client.clone(), ns)
+                .patch(name, &pp, &Patch::Apply(obj))
+                .await
+                .map(|_| ()),
+            "Service" => Api::<Service>::namespaced(cluster.client.clone(), ns)
+                .patch(name, &pp, &Patch::Apply(obj))
+                .await
+                .map(|_| ()),
+            "Pod" => Api::<Pod>::namespaced(cluster.client.clone(), ns)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(obj.clone()).unwrap(),
+                )
+                .await
+                .map(|_| ()),
+            other => panic!("unexpected kind {other}"),
+        };
+        result.unwrap_or_else(|e| panic!("applying {kind} {ns}/{name}: {e}"));
+    }
+}
+
+fn demo(replicas: i32) -> Value {
+    json!([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "hello", "namespace": "demo"},
+         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "hello"}},
+                  "template": {"metadata": {"labels": {"app": "hello"}},
+                               "spec": {"containers": [{"name": "echo", "image": "tandem.dev/echo",
+                                        "ports": [{"containerPort": 8080, "name": "http"}]}]}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hello", "namespace": "demo"},
+         "spec": {"selector": {"app": "hello"},
+                  "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}},
+    ])
+}
+
+fn probe_pod(node: &str) -> Value {
+    json!([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": "demo"},
+            "spec": {"nodeName": node, "containers": [{"name": "probe", "image": "tandem.dev/probe"}]}}])
+}
+
+/// The echo pods of `demo/hello` that are Running, by name, with their IPs and nodes.
+async fn echo_pods(cluster: &LabCluster) -> Vec<(String, String, String)> {
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), "demo")
+        .list(&kube::api::ListParams::default().labels("app=hello"))
+        .await
+        .expect("list pods");
+    pods.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let status = p.status?;
+            (status.phase.as_deref() == Some("Running")).then_some(())?;
+            Some((
+                p.metadata.name?,
+                status.pod_ip?,
+                p.spec?.node_name.unwrap_or_default(),
+            ))
+        })
+        .collect()
+}
+
+/// What the echo server answered, parsed.
+fn reply(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("echo reply {text:?}: {e}"))
+}
+
+async fn fetch(cluster: &LabCluster, url: &str) -> Result<Value, String> {
+    let network = cluster.network.as_ref().expect("network mode");
+    network
+        .probe_fetch("demo", "probe", url)
+        .await
+        .map(|t| reply(&t))
+}
+
+/// Who answers `url` over `n` requests; any failure fails the test.
+async fn answerers(cluster: &LabCluster, url: &str, n: usize) -> BTreeSet<String> {
+    try_answerers(cluster, url, n)
+        .await
+        .unwrap_or_else(|e| panic!("{} {url}: {e}", cluster.config.name))
+}
+
+/// Who answers `url` over `n` requests, or the first failure.
+async fn try_answerers(
+    cluster: &LabCluster,
+    url: &str,
+    n: usize,
+) -> Result<BTreeSet<String>, String> {
+    let mut who = BTreeSet::new();
+    for _ in 0..n {
+        let r = fetch(cluster, url).await?;
+        assert_eq!(
+            r["cluster"], cluster.config.name,
+            "a reply through {url} comes from the probe's own cluster: {r}"
+        );
+        who.insert(r["pod"].as_str().unwrap().to_string());
+    }
+    Ok(who)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_own() {
+    if !require_root() {
+        return;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("tandem_lab=info")
+        .with_test_writer()
+        .try_init();
+    let host_before = host_network();
+    let before = namespaces();
+    let lab = Lab::start(
+        &LabSpec {
+            clusters: 2,
+            nodes: 2,
+            dir: None,
+            network: true,
+        },
+        |_| {},
+    )
+    .await
+    .expect("network-mode lab starts");
+    let created: BTreeSet<String> = namespaces().difference(&before).cloned().collect();
+    let instance = created
+        .iter()
+        .find_map(|n| n.strip_suffix("-wan"))
+        .expect("a WAN namespace")
+        .to_string();
+    for want in ["-1-net", "-1-node-1", "-1-node-2", "-2-net", "-2-node-2"] {
+        assert!(
+            created.contains(&format!("{instance}{want}")),
+            "{instance}{want} among {created:?}"
+        );
+    }
+
+    for cluster in &lab.clusters {
+        apply(cluster, demo(3)).await;
+        let node = cluster.node_names()[0].clone();
+        apply(cluster, probe_pod(&node)).await;
+    }
+    for cluster in &lab.clusters {
+        until(
+            &format!("3 running echo pods and a probe in {}", cluster.config.name),
+            Duration::from_secs(60),
+            || async {
+                let probe = Api::<Pod>::namespaced(cluster.client.clone(), "demo")
+                    .get("probe")
+                    .await
+                    .ok()?;
+                let running = probe.status?.phase.as_deref() == Some("Running");
+                (running && echo_pods(cluster).await.len() == 3).then_some(())
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        host_network(),
+        host_before,
+        "the host's network is untouched while the lab runs"
+    );
+
+    for cluster in &lab.clusters {
+        let name = &cluster.config.name;
+        let pods = echo_pods(cluster).await;
+        let names: BTreeSet<String> = pods.iter().map(|p| p.0.clone()).collect();
+        // By pod IP, every pod (one of them on the probe's own node).
+        for (pod, ip, _) in &pods {
+            let r = fetch(cluster, &format!("http://{ip}:8080/"))
+                .await
+                .unwrap_or_else(|e| panic!("{name}: pod {pod} at {ip}: {e}"));
+            assert_eq!(r["pod"], pod.as_str(), "{r}");
+            assert_eq!(r["cluster"], name.as_str(), "{r}");
+        }
+        let probe_node = cluster.node_names()[0].clone();
+        assert!(
+            pods.iter().any(|p| p.2 == probe_node),
+            "the test covers a same-node endpoint: {pods:?}"
+        );
+        // By ClusterIP, by full name, and by short name through the search path: every
+        // endpoint answers (allow for the proxy to catch up with the endpoints).
+        let svc = Api::<Service>::namespaced(cluster.client.clone(), "demo")
+            .get("hello")
+            .await
+            .expect("Service");
+        let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap();
+        for url in [
+            format!("http://{cluster_ip}/"),
+            "http://hello.demo.svc.cluster.local/".to_string(),
+            "http://hello/".to_string(),
+        ] {
+            until(
+                &format!("every endpoint of hello answering {url} in {name}"),
+                Duration::from_secs(30),
+                || async { (answerers(cluster, &url, 30).await == names).then_some(()) },
+            )
+            .await;
+        }
+    }
+
+    // An address allocated only in lab-2 does not answer from lab-1.
+    let (one, two) = (&lab.clusters[0], &lab.clusters[1]);
+    let taken: BTreeSet<String> = echo_pods(one).await.into_iter().map(|p| p.1).collect();
+    let mut extra = 0;
+    let only_in_two = loop {
+        let ips: Vec<String> = echo_pods(two).await.into_iter().map(|p| p.1).collect();
+        if let Some(ip) = ips.into_iter().find(|ip| !taken.contains(ip)) {
+            break ip;
+        }
+        extra += 2;
+        Api::<Deployment>::namespaced(two.client.clone(), "demo")
+            .patch(
+                "hello",
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&demo(3 + extra)[1]),
+            )
+            .await
+            .expect("scale lab-2");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let crossed = fetch(one, &format!("http://{only_in_two}:8080/")).await;
+    assert!(
+        crossed.is_err(),
+        "{only_in_two} exists only in lab-2, yet lab-1's probe got {crossed:?}"
+    );
+
+    // Scaling down changes who answers.
+    Api::<Deployment>::namespaced(one.client.clone(), "demo")
+        .patch(
+            "hello",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&demo(1)[1]),
+        )
+        .await
+        .expect("scale lab-1 to one");
+    until(
+        "only the remaining echo pod answering after scaling to one",
+        Duration::from_secs(60),
+        || async {
+            let left: BTreeSet<String> = echo_pods(one).await.into_iter().map(|p| p.0).collect();
+            // Hollow deletion stops a pod at once, before kube-proxy has dropped it from the
+            // Service: connections may fail until the rules catch up.
+            let now = try_answerers(one, "http://hello/", 10).await.ok()?;
+            (left.len() == 1 && now == left).then_some(())
+        },
+    )
+    .await;
+
+    // The API server answers pods on the edge address.
+    let edge = one.network.as_ref().unwrap().edge_ip();
+    let ns = one.network.as_ref().unwrap().net().pod_ns("demo", "probe");
+    let reached = tandem_lab::network::netns::tcp_connect(&ns, (edge, 6443).into()).await;
+    assert!(
+        reached.is_ok(),
+        "the API server at {edge}:6443 from a pod: {reached:?}"
+    );
+
+    lab.shutdown();
+    let left: Vec<String> = namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{instance}-")) || n == &format!("{instance}-wan"))
+        .collect();
+    assert!(left.is_empty(), "namespaces left after shutdown: {left:?}");
+    assert_eq!(
+        host_network(),
+        host_before,
+        "the host's network is as it was"
+    );
+}
