@@ -334,3 +334,122 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
         "the host's network is as it was"
     );
 }
+
+/// Nothing a pod spec says makes the lab run a host command: a built-in image with another
+/// command fails to start as runc fails it, and any other image stays hollow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
+    if !require_root() {
+        return;
+    }
+    let marker = std::env::temp_dir().join(format!("tandem-allow-list-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let cluster = LabCluster::start(tandem_lab::LabConfig {
+        network: true,
+        nodes: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("network-mode cluster starts");
+    let touch = format!("touch {}", marker.display());
+    apply(
+        &cluster,
+        json!([
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sneaky", "namespace": "demo"},
+             "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "tandem.dev/echo",
+                      "command": ["/bin/sh", "-c", touch]}]}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "demo"},
+             "spec": {"containers": [{"name": "c", "image": "busybox",
+                      "command": ["/bin/sh", "-c", touch], "args": [touch]}]}},
+        ]),
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), "demo");
+    let sneaky = until(
+        "sneaky's container refused",
+        Duration::from_secs(30),
+        || async {
+            let pod = pods.get("sneaky").await.ok()?;
+            let terminated = pod
+                .status?
+                .container_statuses?
+                .first()?
+                .state
+                .clone()?
+                .terminated?;
+            Some(terminated)
+        },
+    )
+    .await;
+    assert_eq!(sneaky.exit_code, 128);
+    assert_eq!(sneaky.reason.as_deref(), Some("StartError"));
+    assert!(
+        sneaky
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("/bin/sh"),
+        "{sneaky:?}"
+    );
+    until("busy running (hollow)", Duration::from_secs(30), || async {
+        let pod = pods.get("busy").await.ok()?;
+        (pod.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let network = cluster.network.clone().expect("network mode");
+    let log = network.log("demo", "busy", "c").expect("busy has a log");
+    assert!(log.contains("hollow"), "{log}");
+    // Give a command every chance to have run, then check it did not.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "a pod spec ran a host command");
+    cluster.shutdown();
+}
+
+/// A lab instance whose process died (SIGKILL: no cleanup ran) is removed by the next start;
+/// one whose process lives is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_start_removes_instances_of_dead_processes_only() {
+    if !require_root() {
+        return;
+    }
+    use tandem_lab::network::topology::{REGISTRY, cleanup_stale, namespaces};
+    let mut dead = Command::new("true").spawn().expect("spawn true");
+    let dead_pid = dead.id();
+    dead.wait().expect("true exits");
+    let mut alive = Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("spawn sleep");
+    let id = |n: u32| format!("t{:03x}", (std::process::id() + n) & 0xfff);
+    let (dead_id, live_id) = (id(1), id(2));
+    for (instance, pid) in [(&dead_id, dead_pid), (&live_id, alive.id())] {
+        let dir = std::path::Path::new(REGISTRY).join(instance);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("owner"), format!("{pid} 0\n")).unwrap();
+        let ns = format!("lab-{instance}-1-net");
+        let ok = Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "ip netns add {ns}");
+    }
+    cleanup_stale();
+    let now = namespaces();
+    assert!(
+        !now.contains(&format!("lab-{dead_id}-1-net")),
+        "the dead instance's namespace is gone"
+    );
+    assert!(!std::path::Path::new(REGISTRY).join(&dead_id).exists());
+    assert!(
+        now.contains(&format!("lab-{live_id}-1-net")),
+        "the live instance's namespace is kept"
+    );
+    alive.kill().unwrap();
+    alive.wait().unwrap();
+    cleanup_stale();
+    assert!(
+        !namespaces().contains(&format!("lab-{live_id}-1-net")),
+        "once its process is gone, it goes too"
+    );
+}
