@@ -211,6 +211,17 @@ impl ApiError {
         )
     }
 
+    /// What a kubelet answered with `code` and `message` (its errors are plain text), as
+    /// kube-apiserver passes them on.
+    pub fn from_kubelet(code: u16, message: String) -> Self {
+        match code {
+            400 => Self::new(400, "BadRequest", message),
+            401 | 403 => Self::new(code, "Forbidden", format!("the kubelet refused: {message}")),
+            404 => Self::new(404, "NotFound", message),
+            _ => Self::internal(message),
+        }
+    }
+
     /// 504 Timeout.
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(504, "Timeout", message)

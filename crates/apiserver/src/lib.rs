@@ -24,6 +24,7 @@ pub mod error;
 mod fsutil;
 mod gc;
 mod handlers;
+pub mod kubelet_proxy;
 mod objects;
 mod openapi;
 pub mod pki;
@@ -79,6 +80,7 @@ impl ApiServer {
             None => random_token(),
         };
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port)).await?;
+        let config_name = config.name.clone();
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             config,
@@ -88,6 +90,7 @@ impl ApiServer {
             pki,
             admin_token,
             webhooks: webhook::WebhookClient::default(),
+            kubelets: kubelet_proxy::KubeletAccess::new(&config_name)?,
         });
         bootstrap(&state)?;
         let gc_state = state.clone();
@@ -106,6 +109,17 @@ impl ApiServer {
     /// its network namespaces); the task ends when the listener fails.
     pub fn serve_also(&self, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
         tokio::spawn(server::serve(self.state.clone(), listener))
+    }
+
+    /// How the API server connects to kubelets (by default a plain TCP connection to the
+    /// node's address; a lab in network mode connects from inside its node network).
+    pub fn set_kubelet_dialer(&self, dialer: kubelet_proxy::Dialer) {
+        *self.state.kubelets.dialer.write() = Some(dialer);
+    }
+
+    /// The CA kubelets must trust for the API server's client certificate, PEM.
+    pub fn kubelet_client_ca_pem(&self) -> &str {
+        &self.state.kubelets.ca.cert_pem
     }
 
     /// The server's URL.

@@ -121,6 +121,21 @@ impl ClusterPki {
     }
 }
 
+/// A CA of its own for the API server's connections to kubelets, and the client certificate
+/// it issues (kube-apiserver's `--kubelet-client-certificate`). Kubelets trust only this CA,
+/// so no certificate the cluster CA signs (for example through the CSR API) can pass for the
+/// API server at a kubelet. Made fresh by each API server process.
+pub fn kubelet_client(name: &str) -> Result<(CertPair, CertPair), PkiError> {
+    let ca = new_ca(&format!("{name}-kubelet-client-ca"))?;
+    let client = ca.issue(
+        "kube-apiserver-kubelet-client",
+        &["system:masters"],
+        &[],
+        false,
+    )?;
+    Ok((ca, client))
+}
+
 impl CertPair {
     /// Signs a new certificate: `cn` becomes the user name and `orgs` the groups when used
     /// as a client certificate; `sans` are DNS names or IP addresses for serving certificates.

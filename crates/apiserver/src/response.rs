@@ -32,6 +32,13 @@ pub fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
         .expect("valid response")
 }
 
+/// An empty body (a 101 Switching Protocols, for one).
+pub fn empty_body() -> Body {
+    Full::new(Bytes::new())
+        .map_err(|e: Infallible| match e {})
+        .boxed()
+}
+
 /// The Status response for an error; like kube-apiserver, a Status that suggests when to
 /// retry (an eviction a disruption budget has yet to see) says so in `Retry-After` too.
 pub fn error_response(err: &ApiError) -> Response<Body> {

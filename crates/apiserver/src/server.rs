@@ -103,11 +103,17 @@ async fn handle(
     state: Arc<State>,
     peer: PeerIdentity,
     remote: SocketAddr,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Response<Body> {
+    let upgrade = hyper::upgrade::on(&mut req);
     let (parts, body) = req.into_parts();
     let query = request::parse_query(parts.uri.query());
-    let info = request::parse(&parts.method, parts.uri.path(), &query);
+    let mut info = request::parse(&parts.method, parts.uri.path(), &query);
+    if crate::kubelet_proxy::is_stream_subresource(&info) {
+        // exec/attach are authorised as create whatever verb carries the upgrade (kube's
+        // AuthorizePodWebsocketUpgradeCreatePermission).
+        info.verb = "create".into();
+    }
     let user = match crate::authn::authenticate(&state, &peer, &parts.headers) {
         Some(user) => user,
         None => {
@@ -121,6 +127,17 @@ async fn handle(
     };
     if let Err(e) = authorize(&state, &user, &info) {
         return error_response(&e);
+    }
+    if crate::kubelet_proxy::is_kubelet_subresource(&info) {
+        return crate::kubelet_proxy::proxy(
+            &state,
+            &info,
+            parts.uri.query(),
+            &parts.headers,
+            upgrade,
+        )
+        .await
+        .unwrap_or_else(|e| error_response(&e));
     }
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),

@@ -59,6 +59,9 @@ pub struct State {
     pub admin_token: String,
     /// Client for admission webhooks.
     pub webhooks: WebhookClient,
+    /// How the API server reaches kubelets: its own client CA and certificate, and how to
+    /// connect to a node's address.
+    pub kubelets: crate::kubelet_proxy::KubeletAccess,
 }
 
 impl State {

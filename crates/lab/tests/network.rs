@@ -453,3 +453,165 @@ async fn the_next_start_removes_instances_of_dead_processes_only() {
         "once its process is gone, it goes too"
     );
 }
+
+/// `kubectl logs` and `kubectl exec` reach a network-mode pod through the API server and its
+/// node's kubelet endpoint; RBAC on `pods/log` and `pods/exec` decides who may; a pod calling
+/// the kubelet endpoint directly is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decides() {
+    if !require_root() {
+        return;
+    }
+    let cluster = LabCluster::start(tandem_lab::LabConfig {
+        network: true,
+        nodes: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("network-mode cluster starts");
+    apply(
+        &cluster,
+        json!([
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "echo", "namespace": "demo"},
+             "spec": {"containers": [{"name": "echo", "image": "tandem.dev/echo"}]}},
+        ]),
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), "demo");
+    let pod = until("echo running", Duration::from_secs(30), || async {
+        let pod = pods.get("echo").await.ok()?;
+        (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(pod)
+    })
+    .await;
+    let ip = pod.status.unwrap().pod_ip.unwrap();
+    // One request so the log has a request line.
+    let network = cluster.network.clone().unwrap();
+    let node_ns = network.net().node_ns(1);
+    let ok = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node_ns,
+            "curl",
+            "-s",
+            &format!("http://{ip}:8080/hi"),
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("\"pod\":\"echo\""));
+
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("admin");
+    std::fs::write(&admin, cluster.server.admin_kubeconfig().unwrap()).unwrap();
+    let kubectl = |config: std::path::PathBuf, args: Vec<&'static str>| {
+        let home = dir.path().to_path_buf();
+        async move {
+            let out = tokio::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&config)
+                .args(&args)
+                .env("HOME", &home)
+                .output()
+                .await
+                .expect("kubectl runs");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (code, out, err) = kubectl(admin.clone(), vec!["logs", "-n", "demo", "echo"]).await;
+    assert_eq!(code, Some(0), "kubectl logs: {err}");
+    assert!(out.contains("echo: listening on :8080"), "{out}");
+    assert!(out.contains("GET /hi 200"), "{out}");
+    let (code, out, _) = kubectl(
+        admin.clone(),
+        vec!["logs", "-n", "demo", "echo", "--tail", "1"],
+    )
+    .await;
+    assert_eq!(code, Some(0));
+    assert_eq!(out.lines().count(), 1, "--tail 1: {out:?}");
+
+    let (code, out, err) = kubectl(
+        admin.clone(),
+        vec!["exec", "-n", "demo", "echo", "--", "hostname"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "kubectl exec hostname: {err}");
+    assert_eq!(out.trim(), "echo");
+    let (code, _, err) = kubectl(
+        admin.clone(),
+        vec!["exec", "-n", "demo", "echo", "--", "/bin/sh", "-c", "id"],
+    )
+    .await;
+    assert_eq!(code, Some(127), "a missing executable exits 127: {err}");
+    assert!(err.contains("executable file not found"), "{err}");
+
+    // A user who may read pods but not their logs or exec into them.
+    let viewer = dir.path().join("viewer");
+    std::fs::write(&viewer, cluster.server.kubeconfig_for("vera", &[]).unwrap()).unwrap();
+    let rbac = json!([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "pod-reader", "namespace": "demo"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "vera", "namespace": "demo"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+         "subjects": [{"kind": "User", "name": "vera", "apiGroup": "rbac.authorization.k8s.io"}]},
+    ]);
+    for obj in rbac.as_array().unwrap() {
+        let kind = obj["kind"].as_str().unwrap();
+        let gvk = kube::api::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+        let resource = kube::api::ApiResource::from_gvk(&gvk);
+        kube::Api::<kube::api::DynamicObject>::namespaced_with(
+            cluster.client.clone(),
+            "demo",
+            &resource,
+        )
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(obj.clone()).unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating {kind}: {e}"));
+    }
+    let (code, _, err) = kubectl(viewer.clone(), vec!["logs", "-n", "demo", "echo"]).await;
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("forbidden") && err.contains("pods/log"),
+        "{err}"
+    );
+    let (code, _, err) = kubectl(
+        viewer.clone(),
+        vec!["exec", "-n", "demo", "echo", "--", "hostname"],
+    )
+    .await;
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("forbidden") && err.contains("pods/exec"),
+        "{err}"
+    );
+
+    // The kubelet endpoint itself, called from a pod: 401.
+    let pod_ns = network.net().pod_ns("demo", "echo");
+    let node_ip = tandem_lab::network::topology::node_ip(1, 1);
+    let direct = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &pod_ns,
+            "curl",
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("https://{node_ip}:10250/exec/demo/echo/echo?command=hostname"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&direct.stdout), "401", "{direct:?}");
+    cluster.shutdown();
+}

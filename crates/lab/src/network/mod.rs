@@ -5,10 +5,10 @@
 //! creates lives in network namespaces named `lab-<instance>-…`, never in the host's own.
 
 pub mod dns;
+pub mod kubelet_server;
 pub mod netns;
 pub mod programs;
 pub mod proxy;
-pub mod runtime;
 pub mod topology;
 
 use std::collections::HashMap;
@@ -210,6 +210,37 @@ impl ClusterNetwork {
             node_ip: None,
         });
         tasks.push(tokio::spawn(proxy::run(view, targets)));
+
+        // Kubelet endpoints on each node, and the API server reaching them from the edge.
+        let client_ca = server.kubelet_client_ca_pem().to_string();
+        for (node, netns) in self.net.node_namespaces() {
+            let ip = node.ip.to_string();
+            let cert = server
+                .state()
+                .pki
+                .ca
+                .issue(
+                    &format!("system:node:{}", node.name),
+                    &["system:nodes"],
+                    &[&node.name, &ip],
+                    true,
+                )
+                .map_err(|e| anyhow::anyhow!("node {}: serving certificate: {e}", node.name))?;
+            let tls = kubelet_server::tls_config(&cert.cert_pem, &cert.key_pem, &client_ca)?;
+            let listener = netns::tcp_listener(&netns, SocketAddr::from((node.ip, 10250)))
+                .await
+                .map_err(|e| anyhow::anyhow!("node {}: kubelet endpoint: {e}", node.name))?;
+            tasks.push(tokio::spawn(kubelet_server::serve(
+                listener,
+                Arc::new(tls),
+                self.clone(),
+            )));
+        }
+        let edge_ns = self.net.edge();
+        server.set_kubelet_dialer(Arc::new(move |addr| {
+            let edge_ns = edge_ns.clone();
+            Box::pin(async move { netns::tcp_connect(&edge_ns, addr).await })
+        }));
         self.tasks.lock().extend(tasks);
         Ok(())
     }
@@ -297,6 +328,62 @@ impl ClusterNetwork {
         if removed.is_some() {
             let (net, uid) = (self.net.clone(), uid.to_string());
             let _ = tokio::task::spawn_blocking(move || net.detach_pod(&uid)).await;
+        }
+    }
+
+    /// The log of `container` of pod `namespace/name` (while the pod runs here).
+    pub fn log_of(&self, namespace: &str, name: &str, container: &str) -> Option<Log> {
+        let pods = self.pods.lock();
+        pods.values()
+            .find(|p| p.identity.namespace == namespace && p.identity.pod == name)
+            .and_then(|p| p.logs.get(container))
+            .cloned()
+    }
+
+    /// Runs `command` in pod `namespace/name` as `kubectl exec` asks: only built-in commands,
+    /// inside the pod's network namespace — `hostname`, `cat /etc/resolv.conf`, `probe fetch
+    /// URL`, `probe resolve NAME`. Anything else fails as a missing executable does (127).
+    /// Returns (stdout, stderr, exit code).
+    pub async fn exec(
+        &self,
+        namespace: &str,
+        name: &str,
+        _container: &str,
+        command: &[String],
+    ) -> (String, String, i32) {
+        let who = match self.identity(namespace, name) {
+            Ok(who) => who,
+            Err(e) => return (String::new(), format!("{e}\n"), 126),
+        };
+        let words: Vec<&str> = command.iter().map(String::as_str).collect();
+        let program = words.first().map(|w| w.rsplit('/').next().unwrap_or(w));
+        let outcome = match (program, &words[1..]) {
+            (Some("hostname"), []) => Ok(format!("{}\n", who.pod)),
+            (Some("cat"), ["/etc/resolv.conf"]) => Ok(who.resolv_conf.clone()),
+            (Some("probe"), ["fetch", url]) => programs::probe_fetch(&who, url).await,
+            (Some("probe"), ["resolve", host]) => programs::probe_resolve(&who, host).await,
+            (Some("probe"), _) => {
+                return (
+                    String::new(),
+                    "usage: probe fetch URL | probe resolve NAME\n".into(),
+                    2,
+                );
+            }
+            _ => {
+                let first = words.first().copied().unwrap_or_default();
+                return (
+                    String::new(),
+                    format!(
+                        "OCI runtime exec failed: exec failed: unable to start container \
+                         process: exec: \"{first}\": executable file not found in $PATH: unknown\n"
+                    ),
+                    127,
+                );
+            }
+        };
+        match outcome {
+            Ok(out) => (out, String::new(), 0),
+            Err(e) => (String::new(), format!("{e}\n"), 1),
         }
     }
 

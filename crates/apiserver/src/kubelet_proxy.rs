@@ -1,0 +1,262 @@
+//! `pods/log`, `pods/exec` and `pods/attach`: carried to the kubelet of the pod's node, as
+//! kube-apiserver does. Logs stream back as the kubelet sends them; exec and attach forward
+//! the client's upgrade (WebSocket `v5.channel.k8s.io` from kubectl ≥ 1.30) to the kubelet and
+//! splice the two connections once both sides have switched protocols (kube-apiserver's
+//! UpgradeAwareHandler). The API server authenticates to kubelets with a client certificate
+//! from a CA of its own, and checks each kubelet's serving certificate against the cluster CA.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use parking_lot::RwLock;
+use serde_json::Value;
+
+use crate::error::{ApiError, ApiResult};
+use crate::pki::CertPair;
+use crate::request::RequestInfo;
+use crate::response::Body;
+use crate::state::State;
+
+/// Connects to a kubelet's address.
+pub type Dialer = Arc<
+    dyn Fn(SocketAddr) -> BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> + Send + Sync,
+>;
+
+/// The API server's means of reaching kubelets.
+pub struct KubeletAccess {
+    /// The CA kubelets trust for the API server's client certificate.
+    pub ca: CertPair,
+    client: CertPair,
+    /// How to connect (None: plain TCP from this process).
+    pub dialer: RwLock<Option<Dialer>>,
+}
+
+impl KubeletAccess {
+    /// A fresh client CA and certificate for cluster `name`.
+    pub fn new(name: &str) -> anyhow::Result<KubeletAccess> {
+        let (ca, client) = crate::pki::kubelet_client(name)?;
+        Ok(KubeletAccess {
+            ca,
+            client,
+            dialer: RwLock::new(None),
+        })
+    }
+}
+
+/// The subresources carried to the kubelet.
+pub fn is_kubelet_subresource(info: &RequestInfo) -> bool {
+    info.resource_request
+        && info.group.is_empty()
+        && info.resource == "pods"
+        && matches!(info.subresource.as_str(), "log" | "exec" | "attach")
+}
+
+/// Whether the subresource opens a stream (authorised as `create` whatever the HTTP verb, as
+/// kube does for upgrade requests).
+pub fn is_stream_subresource(info: &RequestInfo) -> bool {
+    is_kubelet_subresource(info) && info.subresource != "log"
+}
+
+fn pod_field<'a>(pod: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(pod, |v, k| v.get(*k))
+}
+
+/// Serves one log, exec or attach request.
+pub async fn proxy(
+    state: &Arc<State>,
+    info: &RequestInfo,
+    query: Option<&str>,
+    headers: &http::HeaderMap,
+    client_upgrade: hyper::upgrade::OnUpgrade,
+) -> ApiResult<Response<Body>> {
+    let pods = state
+        .registry
+        .read()
+        .get("", "v1", "pods")
+        .ok_or_else(ApiError::no_route)?;
+    let pod = crate::state::fetch(state, &pods, &info.namespace, &info.name)?.value();
+    let name = &info.name;
+    let node = pod_field(&pod, &["spec", "nodeName"])
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a host assigned")))?
+        .to_string();
+    let params: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
+    let containers: Vec<String> = pod_field(&pod, &["spec", "containers"])
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let container = match params.iter().find(|(k, _)| k == "container") {
+        Some((_, c)) => c.clone(),
+        None if containers.len() == 1 => containers[0].clone(),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            )));
+        }
+    };
+    if !containers.contains(&container) {
+        return Err(ApiError::bad_request(format!(
+            "container {container} is not valid for pod {name}"
+        )));
+    }
+    let (ip, port) = kubelet_address(state, &node)?;
+    let forwarded: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params.iter().filter(|(k, _)| k != "container"))
+        .finish();
+    let ns = &info.namespace;
+    let path = match info.subresource.as_str() {
+        "log" => format!("/containerLogs/{ns}/{name}/{container}?{forwarded}"),
+        sub => format!("/{sub}/{ns}/{name}/{container}?{forwarded}"),
+    };
+    let stream = connect(state, SocketAddr::new(ip, port), &node).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| {
+                ApiError::internal(format!("talking to the kubelet of node {node}: {e}"))
+            })?;
+    tokio::spawn(conn.with_upgrades());
+    let mut request = Request::builder()
+        .method(if info.subresource == "log" {
+            "GET"
+        } else {
+            "POST"
+        })
+        .uri(&path)
+        .header(http::header::HOST, format!("{ip}:{port}"));
+    if info.subresource != "log" {
+        // Forward the client's upgrade request as it came.
+        request = request.method("GET");
+        for (k, v) in headers {
+            let k = k.as_str();
+            if k.starts_with("sec-websocket") || k == "connection" || k == "upgrade" {
+                request = request.header(k, v);
+            }
+        }
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| ApiError::internal(format!("talking to the kubelet of node {node}: {e}")))?;
+    let status = response.status();
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        let kubelet_upgrade = hyper::upgrade::on(&mut response);
+        let mut out = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+        for (k, v) in response.headers() {
+            out = out.header(k, v);
+        }
+        tokio::spawn(async move {
+            let (Ok(client), Ok(kubelet)) = (client_upgrade.await, kubelet_upgrade.await) else {
+                return;
+            };
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut kubelet = hyper_util::rt::TokioIo::new(kubelet);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut kubelet).await;
+        });
+        return out
+            .body(crate::response::empty_body())
+            .map_err(|e| ApiError::internal(e.to_string()));
+    }
+    if !status.is_success() {
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+            .unwrap_or_default();
+        return Err(ApiError::from_kubelet(status.as_u16(), body));
+    }
+    let mut out = Response::builder().status(status);
+    for (k, v) in response.headers() {
+        if k == http::header::CONTENT_TYPE || k == http::header::TRANSFER_ENCODING {
+            out = out.header(k, v);
+        }
+    }
+    let body = response.into_body().map_err(std::io::Error::other).boxed();
+    out.body(body)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The node's InternalIP and kubelet port.
+fn kubelet_address(state: &State, node: &str) -> ApiResult<(std::net::IpAddr, u16)> {
+    let nodes = state
+        .registry
+        .read()
+        .get("", "v1", "nodes")
+        .ok_or_else(ApiError::no_route)?;
+    let doc = crate::state::fetch(state, &nodes, "", node)?.value();
+    let ip = pod_field(&doc, &["status", "addresses"])
+        .and_then(Value::as_array)
+        .and_then(|addrs| {
+            addrs
+                .iter()
+                .find(|a| a["type"] == "InternalIP")
+                .and_then(|a| a["address"].as_str())
+        })
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| ApiError::internal(format!("node {node} has no InternalIP")))?;
+    let port = pod_field(
+        &doc,
+        &["status", "daemonEndpoints", "kubeletEndpoint", "Port"],
+    )
+    .and_then(Value::as_u64)
+    .and_then(|p| u16::try_from(p).ok())
+    .filter(|p| *p != 0)
+    .unwrap_or(10250);
+    Ok((ip, port))
+}
+
+/// A TLS connection to the kubelet at `addr`, authenticated both ways.
+async fn connect(
+    state: &State,
+    addr: SocketAddr,
+    node: &str,
+) -> ApiResult<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let dialer = state.kubelets.dialer.read().clone();
+    let tcp = match dialer {
+        Some(dial) => dial(addr).await,
+        None => tokio::net::TcpStream::connect(addr).await,
+    }
+    .map_err(|e| {
+        ApiError::internal(format!(
+            "error dialing backend: dial tcp {addr}: {e} (node {node})"
+        ))
+    })?;
+    let config = client_tls(state).map_err(|e| ApiError::internal(format!("kubelet TLS: {e}")))?;
+    let server_name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| ApiError::internal(format!("TLS with the kubelet of node {node}: {e}")))
+}
+
+fn client_tls(state: &State) -> anyhow::Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut state.pki.ca.cert_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let certs = rustls_pemfile::certs(&mut state.kubelets.client.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()?;
+    let key = rustls_pemfile::private_key(&mut state.kubelets.client.key_pem.as_bytes())?
+        .ok_or_else(|| anyhow::anyhow!("kubelet client key missing"))?;
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)?)
+}
