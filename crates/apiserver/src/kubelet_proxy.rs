@@ -9,43 +9,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use parking_lot::RwLock;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
-use crate::pki::CertPair;
 use crate::request::RequestInfo;
 use crate::response::Body;
 use crate::state::State;
-
-/// Connects to a kubelet's address.
-pub type Dialer = Arc<
-    dyn Fn(SocketAddr) -> BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> + Send + Sync,
->;
-
-/// The API server's means of reaching kubelets.
-pub struct KubeletAccess {
-    /// The CA kubelets trust for the API server's client certificate.
-    pub ca: CertPair,
-    client: CertPair,
-    /// How to connect (None: plain TCP from this process).
-    pub dialer: RwLock<Option<Dialer>>,
-}
-
-impl KubeletAccess {
-    /// A fresh client CA and certificate for cluster `name`.
-    pub fn new(name: &str) -> anyhow::Result<KubeletAccess> {
-        let (ca, client) = crate::pki::kubelet_client(name)?;
-        Ok(KubeletAccess {
-            ca,
-            client,
-            dialer: RwLock::new(None),
-        })
-    }
-}
 
 /// The subresources carried to the kubelet.
 pub fn is_kubelet_subresource(info: &RequestInfo) -> bool {

@@ -24,7 +24,8 @@ pub mod error;
 mod fsutil;
 mod gc;
 mod handlers;
-pub mod kubelet_proxy;
+pub mod kubelet_access;
+mod kubelet_proxy;
 mod objects;
 mod openapi;
 pub mod pki;
@@ -74,7 +75,9 @@ impl ApiServer {
     pub async fn start(config: Config) -> anyhow::Result<ApiServer> {
         let store = store::Store::open(config.data_dir.as_deref(), config.watch_window)
             .map_err(|e| anyhow::anyhow!("opening the store in {:?}: {e}", config.data_dir))?;
-        let pki = pki::ClusterPki::load_or_create(config.data_dir.as_deref(), &config.name)?;
+        let mut sans = vec![first_service_ip(&config.service_cidr)];
+        sans.extend(config.extra_sans.iter().cloned());
+        let pki = pki::ClusterPki::load_or_create(config.data_dir.as_deref(), &config.name, &sans)?;
         let admin_token = match &config.data_dir {
             Some(dir) => load_or_create_token(dir)?,
             None => random_token(),
@@ -90,7 +93,7 @@ impl ApiServer {
             pki,
             admin_token,
             webhooks: webhook::WebhookClient::default(),
-            kubelets: kubelet_proxy::KubeletAccess::new(&config_name)?,
+            kubelets: kubelet_access::KubeletAccess::new(&config_name)?,
         });
         bootstrap(&state)?;
         let gc_state = state.clone();
@@ -113,7 +116,7 @@ impl ApiServer {
 
     /// How the API server connects to kubelets (by default a plain TCP connection to the
     /// node's address; a lab in network mode connects from inside its node network).
-    pub fn set_kubelet_dialer(&self, dialer: kubelet_proxy::Dialer) {
+    pub fn set_kubelet_dialer(&self, dialer: kubelet_access::Dialer) {
         *self.state.kubelets.dialer.write() = Some(dialer);
     }
 

@@ -83,7 +83,11 @@ pub struct ClusterPki {
 impl ClusterPki {
     /// Loads the CA from `dir` (creating and saving it on first use), then issues a fresh
     /// serving certificate. Without a dir everything is ephemeral.
-    pub fn load_or_create(dir: Option<&Path>, name: &str) -> Result<Self, PkiError> {
+    pub fn load_or_create(
+        dir: Option<&Path>,
+        name: &str,
+        extra_sans: &[String],
+    ) -> Result<Self, PkiError> {
         let ca = match dir {
             Some(dir) => {
                 let cert_path = dir.join("ca.crt");
@@ -107,12 +111,20 @@ impl ClusterPki {
             // Derived from the CA key so tokens stay valid across restarts of the same cluster.
             sha2::Sha256::digest(format!("sa-token:{}", ca.key_pem).as_bytes()).to_vec()
         };
-        let serving = ca.issue(
-            "kube-apiserver",
-            &[],
-            &["localhost", "127.0.0.1", "::1", "kubernetes.default.svc"],
-            true,
-        )?;
+        // The names kube-apiserver's certificate carries for in-cluster clients, plus the
+        // addresses it also listens on (a network-mode lab's node network and WAN, and the
+        // `kubernetes` Service's ClusterIP).
+        let mut sans: Vec<&str> = vec![
+            "localhost",
+            "127.0.0.1",
+            "::1",
+            "kubernetes.default.svc",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc.cluster.local",
+        ];
+        sans.extend(extra_sans.iter().map(String::as_str));
+        let serving = ca.issue("kube-apiserver", &[], &sans, true)?;
         Ok(ClusterPki {
             ca,
             serving,
@@ -553,7 +565,7 @@ mod tests {
 
     #[test]
     fn serving_certificate_names_every_address() {
-        let pki = ClusterPki::load_or_create(None, "test").unwrap();
+        let pki = ClusterPki::load_or_create(None, "test", &["10.96.0.1".into()]).unwrap();
         let der = der(&pki.serving.cert_pem);
         let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
         assert_eq!(
@@ -563,6 +575,10 @@ mod tests {
                 "ip:127.0.0.1",
                 "ip:::1",
                 "dns:kubernetes.default.svc",
+                "dns:kubernetes",
+                "dns:kubernetes.default",
+                "dns:kubernetes.default.svc.cluster.local",
+                "ip:10.96.0.1",
             ]
         );
         assert_eq!(extended_usages(&cert), (true, false));

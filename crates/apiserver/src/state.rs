@@ -29,6 +29,9 @@ pub struct Config {
     pub watch_window: usize,
     /// The range ClusterIPs are allocated from.
     pub service_cidr: String,
+    /// More names and addresses for the serving certificate (other addresses the server is
+    /// reached at).
+    pub extra_sans: Vec<String>,
 }
 
 impl Default for Config {
@@ -39,6 +42,7 @@ impl Default for Config {
             port: 0,
             watch_window: 20_000,
             service_cidr: "10.96.0.0/12".into(),
+            extra_sans: Vec::new(),
         }
     }
 }
@@ -61,7 +65,7 @@ pub struct State {
     pub webhooks: WebhookClient,
     /// How the API server reaches kubelets: its own client CA and certificate, and how to
     /// connect to a node's address.
-    pub kubelets: crate::kubelet_proxy::KubeletAccess,
+    pub kubelets: crate::kubelet_access::KubeletAccess,
 }
 
 impl State {

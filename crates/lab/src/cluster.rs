@@ -173,6 +173,10 @@ impl LabCluster {
             name: config.name.clone(),
             data_dir: config.data_dir.clone(),
             port: config.port,
+            extra_sans: network
+                .as_ref()
+                .map(|n| vec![n.edge_ip().to_string(), n.wan_ip().to_string()])
+                .unwrap_or_default(),
             ..Default::default()
         })
         .await?;
@@ -234,6 +238,14 @@ impl LabCluster {
             scheduler_nodes_seen,
             tasks,
         })
+    }
+
+    /// The API server's address on the lab WAN, as another cluster's pods reach it (network
+    /// mode only).
+    pub fn wan_url(&self) -> Option<String> {
+        self.network
+            .as_ref()
+            .map(|n| format!("https://{}:6443", n.wan_ip()))
     }
 
     /// Names of the cluster's hollow nodes.

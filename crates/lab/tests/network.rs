@@ -313,14 +313,42 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
     )
     .await;
 
-    // The API server answers pods on the edge address.
-    let edge = one.network.as_ref().unwrap().edge_ip();
-    let ns = one.network.as_ref().unwrap().net().pod_ns("demo", "probe");
-    let reached = tandem_lab::network::netns::tcp_connect(&ns, (edge, 6443).into()).await;
-    assert!(
-        reached.is_ok(),
-        "the API server at {edge}:6443 from a pod: {reached:?}"
-    );
+    // Pods reach their API server through the `kubernetes` Service and another cluster's on
+    // its WAN address, each verifying the server's certificate for the address it dialled.
+    let dir = tempfile::tempdir().unwrap();
+    for (from, to, url) in [
+        (one, one, "https://10.96.0.1:443/version".to_string()),
+        (one, two, format!("{}/version", two.wan_url().unwrap())),
+    ] {
+        let ca = dir.path().join(format!("{}-ca.crt", to.config.name));
+        std::fs::write(&ca, to.server.ca_pem()).unwrap();
+        let pod_ns = from.network.as_ref().unwrap().net().pod_ns("demo", "probe");
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &pod_ns,
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("--cacert")
+            .arg(&ca)
+            .arg(&url)
+            .output()
+            .unwrap();
+        // 401: TLS verified and the request reached the server, which wants credentials.
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "401",
+            "{url} from {}: {}",
+            from.config.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     lab.shutdown();
     let left: Vec<String> = namespaces()

@@ -225,12 +225,21 @@ impl Instance {
             id = format!("{:04x}", (pid.wrapping_mul(2654435761) ^ salt) & 0xffff);
             salt += 1;
         }
+        // The registration appears whole (made aside, then renamed), so that another
+        // process cleaning up never sees it without its owner.
         let registration = Path::new(REGISTRY).join(&id);
-        std::fs::create_dir_all(&registration)
-            .map_err(|e| step(format!("creating {}", registration.display()), e))?;
+        let staging = Path::new(REGISTRY).join(format!(".new-{pid}-{id}"));
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| step(format!("creating {}", staging.display()), e))?;
         let owner = format!("{pid} {}\n", start_time(pid).unwrap_or(0));
-        std::fs::write(registration.join("owner"), owner)
+        std::fs::write(staging.join("owner"), owner)
             .map_err(|e| step("registering the lab instance", e))?;
+        std::fs::rename(&staging, &registration).map_err(|e| {
+            step(
+                format!("registering the lab instance as {}", registration.display()),
+                e,
+            )
+        })?;
         let instance = Arc::new(Instance {
             id,
             registration,
@@ -290,6 +299,14 @@ pub fn cleanup_stale() {
     let all = namespaces();
     for entry in dir.filter_map(|e| e.ok()) {
         let id = entry.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = id.strip_prefix(".new-") {
+            // A registration being made: removed only if its maker is gone.
+            let maker: Option<u32> = rest.split('-').next().and_then(|p| p.parse().ok());
+            if maker.is_some_and(|p| start_time(p).is_none()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+            continue;
+        }
         let owner = std::fs::read_to_string(entry.path().join("owner")).unwrap_or_default();
         let mut fields = owner.split_whitespace();
         let pid: Option<u32> = fields.next().and_then(|p| p.parse().ok());
