@@ -24,20 +24,177 @@ pub const DNS_SERVICE_IP: &str = "10.96.0.10";
 /// TTL of answers (CoreDNS's kubernetes plugin default).
 const TTL: u32 = 30;
 
-/// The objects answers are computed from.
+/// The objects answers are computed from, and where other names go.
 #[derive(Clone)]
 pub struct Zone {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
+    config: Arc<parking_lot::RwLock<Forwarding>>,
+    /// The namespace forwarded queries leave from (None: this process's own).
+    netns: Option<String>,
 }
 
 impl Zone {
-    /// The zone of the Services and EndpointSlices `view` watches.
-    pub fn new(view: super::ServiceView) -> Zone {
+    /// The zone of the Services and EndpointSlices `view` watches; forwarded queries leave
+    /// from namespace `netns`.
+    pub fn new(view: super::ServiceView, netns: Option<String>) -> Zone {
         Zone {
             services: view.services,
             slices: view.slices,
+            config: Default::default(),
+            netns,
         }
+    }
+
+    /// Replaces where names outside the cluster zone go.
+    pub fn set_forwarding(&self, forwarding: Forwarding) {
+        *self.config.write() = forwarding;
+    }
+}
+
+/// Where names outside `cluster.local` are sent, from the Corefile: stub domains (a server
+/// block per zone with `forward . <servers>`) and the upstream (`forward` in the `.` block).
+/// Empty: such names are refused, as CoreDNS refuses them without `forward`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Forwarding {
+    /// (zone, servers), most specific zone first.
+    pub stubs: Vec<(String, Vec<SocketAddr>)>,
+    /// Servers for every other name.
+    pub upstream: Vec<SocketAddr>,
+}
+
+impl Forwarding {
+    /// The servers for `name` (lowercase, no trailing dot), if any.
+    fn servers_for(&self, name: &str) -> Option<&[SocketAddr]> {
+        self.stubs
+            .iter()
+            .find(|(zone, _)| name == zone || name.ends_with(&format!(".{zone}")))
+            .map(|(_, s)| s.as_slice())
+            .or((!self.upstream.is_empty()).then_some(self.upstream.as_slice()))
+    }
+}
+
+/// The name of the ConfigMap (in kube-system) cluster DNS is configured from, and its key.
+pub const CONFIG_MAP: &str = "coredns";
+/// The key holding the Corefile.
+pub const COREFILE_KEY: &str = "Corefile";
+/// The lab's default Corefile: the cluster zone and nothing else.
+pub const DEFAULT_COREFILE: &str = ".:53 {\n    errors\n    health\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n       pods insecure\n       fallthrough in-addr.arpa ip6.arpa\n    }\n    cache 30\n}\n";
+
+/// Reads the subset of a Corefile the lab honours: server blocks and their `forward`
+/// directive. Other plugins are accepted and ignored; a block that does not close, or a
+/// `forward` to something that is not an address, is an error naming the line.
+pub fn parse_corefile(text: &str) -> Result<Forwarding, String> {
+    let mut forwarding = Forwarding::default();
+    let mut zones: Option<Vec<String>> = None;
+    let mut depth = 0usize;
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |what: String| format!("line {}: {what}", n + 1);
+        if depth == 0 {
+            let Some(head) = line.strip_suffix('{') else {
+                return Err(at(format!(
+                    "expected a server block (`zone {{`), found {line:?}"
+                )));
+            };
+            zones = Some(
+                head.split_whitespace()
+                    .map(|z| {
+                        let z = z.split(':').next().unwrap_or(z);
+                        z.trim_end_matches('.').to_ascii_lowercase()
+                    })
+                    .collect(),
+            );
+            depth = 1;
+            continue;
+        }
+        let opens = line.ends_with('{');
+        if line == "}" {
+            depth -= 1;
+            if depth == 0 {
+                zones = None;
+            }
+            continue;
+        }
+        if depth == 1 && line.starts_with("forward ") {
+            let mut words = line.split_whitespace().skip(1);
+            let _from = words.next();
+            let mut servers = Vec::new();
+            for w in words.take_while(|w| *w != "{") {
+                let addr = w.trim_start_matches("dns://");
+                let parsed = addr
+                    .parse::<SocketAddr>()
+                    .or_else(|_| {
+                        addr.parse::<std::net::IpAddr>()
+                            .map(|ip| SocketAddr::new(ip, 53))
+                    })
+                    .map_err(|_| at(format!("forward to {w:?}: not an IP address")))?;
+                servers.push(parsed);
+            }
+            for zone in zones.iter().flatten() {
+                if zone.is_empty() {
+                    forwarding.upstream = servers.clone();
+                } else if zone != CLUSTER_DOMAIN {
+                    forwarding.stubs.push((zone.clone(), servers.clone()));
+                }
+            }
+        }
+        if opens {
+            depth += 1;
+        }
+    }
+    if depth != 0 {
+        return Err("the last server block does not close".into());
+    }
+    forwarding
+        .stubs
+        .sort_by_key(|(zone, _)| std::cmp::Reverse(zone.matches('.').count()));
+    Ok(forwarding)
+}
+
+/// Keeps `zone`'s forwarding in line with the `kube-system/coredns` ConfigMap (creating the
+/// lab default when absent), checking every second; an invalid Corefile keeps the last good
+/// configuration and is logged with its line.
+pub async fn follow_config(client: kube::Client, zone: Zone) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api = kube::Api::<ConfigMap>::namespaced(client, "kube-system");
+    let mut last: Option<String> = None;
+    loop {
+        match api.get_opt(CONFIG_MAP).await {
+            Ok(Some(cm)) => {
+                let text = cm
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(COREFILE_KEY))
+                    .cloned()
+                    .unwrap_or_default();
+                if last.as_ref() != Some(&text) {
+                    match parse_corefile(&text) {
+                        Ok(forwarding) => zone.set_forwarding(forwarding),
+                        Err(e) => tracing::error!(
+                            "ConfigMap kube-system/{CONFIG_MAP}: invalid Corefile, keeping the last good one: {e}"
+                        ),
+                    }
+                    last = Some(text);
+                }
+            }
+            Ok(None) => {
+                let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": CONFIG_MAP, "namespace": "kube-system"},
+                    "data": {COREFILE_KEY: DEFAULT_COREFILE},
+                }))
+                .expect("valid ConfigMap");
+                if let Err(e) = api.create(&Default::default(), &cm).await {
+                    tracing::debug!("creating ConfigMap kube-system/{CONFIG_MAP}: {e}");
+                }
+            }
+            Err(e) => tracing::debug!("reading ConfigMap kube-system/{CONFIG_MAP}: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 
@@ -256,14 +413,19 @@ pub async fn serve(zone: Zone, udp: tokio::net::UdpSocket, tcp: tokio::net::TcpL
             tokio::spawn(serve_tcp(tcp_zone.clone(), stream));
         }
     });
+    let udp = Arc::new(udp);
     let mut buf = vec![0u8; 4096];
     loop {
         let Ok((n, peer)) = udp.recv_from(&mut buf).await else {
             break;
         };
-        if let Some(bytes) = reply(&zone, &buf[..n]) {
-            let _ = udp.send_to(&bytes, peer).await;
-        }
+        let (zone, udp, query) = (zone.clone(), udp.clone(), buf[..n].to_vec());
+        // Each query on its own: a forwarded one may wait for its upstream.
+        tokio::spawn(async move {
+            if let Some(bytes) = reply(&zone, &query).await {
+                let _ = udp.send_to(&bytes, peer).await;
+            }
+        });
     }
     tcp_task.abort();
 }
@@ -277,7 +439,7 @@ async fn serve_tcp(zone: Zone, mut stream: tokio::net::TcpStream) {
         if stream.read_exact(&mut buf).await.is_err() {
             return;
         }
-        let Some(bytes) = reply(&zone, &buf) else {
+        let Some(bytes) = reply(&zone, &buf).await else {
             return;
         };
         let Ok(len) = u16::try_from(bytes.len()) else {
@@ -289,12 +451,65 @@ async fn serve_tcp(zone: Zone, mut stream: tokio::net::TcpStream) {
     }
 }
 
-fn reply(zone: &Zone, request: &[u8]) -> Option<Vec<u8>> {
-    let request = Message::from_vec(request).ok()?;
+async fn reply(zone: &Zone, raw: &[u8]) -> Option<Vec<u8>> {
+    let request = Message::from_vec(raw).ok()?;
     if request.message_type() != MessageType::Query {
         return None;
     }
-    zone.respond(&request).to_vec().ok()
+    let response = zone.respond(&request);
+    if response.response_code() == ResponseCode::Refused {
+        let name = request.queries().first()?.name().to_lowercase().to_ascii();
+        let name = name.trim_end_matches('.');
+        let servers = zone
+            .config
+            .read()
+            .servers_for(name)
+            .map(<[SocketAddr]>::to_vec);
+        if let Some(servers) = servers {
+            let mut failed = response.clone();
+            failed.set_response_code(ResponseCode::ServFail);
+            return Some(
+                forward(zone.netns.as_deref(), raw, request.id(), &servers)
+                    .await
+                    .unwrap_or_else(|| failed.to_vec().unwrap_or_default()),
+            );
+        }
+    }
+    response.to_vec().ok()
+}
+
+/// Sends `raw` to each of `servers` in turn (2 s each) from namespace `netns`; the first
+/// answer with the query's id.
+async fn forward(
+    netns: Option<&str>,
+    raw: &[u8],
+    id: u16,
+    servers: &[SocketAddr],
+) -> Option<Vec<u8>> {
+    let any = SocketAddr::from(([0, 0, 0, 0], 0));
+    let socket = match netns {
+        Some(ns) => super::netns::udp_socket(ns, any).await.ok()?,
+        None => tokio::net::UdpSocket::bind(any).await.ok()?,
+    };
+    let mut buf = vec![0u8; 4096];
+    for server in servers {
+        if socket.send_to(raw, server).await.is_err() {
+            continue;
+        }
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            loop {
+                let (n, from) = socket.recv_from(&mut buf).await.ok()?;
+                if from == *server && n >= 2 && u16::from_be_bytes([buf[0], buf[1]]) == id {
+                    return Some(buf[..n].to_vec());
+                }
+            }
+        })
+        .await;
+        if let Ok(Some(bytes)) = answer {
+            return Some(bytes);
+        }
+    }
+    None
 }
 
 /// The resolver configuration kubelet writes for `pod` (dnsPolicy and dnsConfig), with
@@ -365,6 +580,42 @@ pub fn listen_addr(edge_ip: Ipv4Addr) -> SocketAddr {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn corefiles_give_stub_domains_and_an_upstream() {
+        let forwarding = parse_corefile(
+            ".:53 {\n  errors\n  kubernetes cluster.local in-addr.arpa {\n    pods insecure\n  }\n  forward . 10.0.0.53 10.0.0.54:5353\n}\n\
+             corp.example:53 {\n  forward . 10.1.0.1\n}\n\
+             eu.corp.example {\n  forward . dns://10.2.0.1\n}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            forwarding.upstream,
+            vec![
+                "10.0.0.53:53".parse().unwrap(),
+                "10.0.0.54:5353".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            forwarding.stubs[0].0, "eu.corp.example",
+            "most specific first"
+        );
+        assert_eq!(
+            forwarding.servers_for("db.eu.corp.example"),
+            Some(&["10.2.0.1:53".parse().unwrap()][..])
+        );
+        assert_eq!(
+            forwarding.servers_for("corp.example"),
+            Some(&["10.1.0.1:53".parse().unwrap()][..])
+        );
+        assert_eq!(
+            parse_corefile(DEFAULT_COREFILE).unwrap(),
+            Forwarding::default()
+        );
+        let broken = parse_corefile("x {\n forward . nowhere\n}\n").unwrap_err();
+        assert!(broken.starts_with("line 2:"), "{broken}");
+        assert!(parse_corefile(". {\n errors\n").is_err());
+    }
 
     #[test]
     fn cluster_first_pods_search_their_namespace_first() {

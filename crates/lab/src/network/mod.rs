@@ -189,11 +189,12 @@ impl ClusterNetwork {
             .map_err(|e| anyhow::anyhow!("DNS listener {dns_addr} in {edge}: {e}"))?;
         let (view, watch) = ServiceView::start(client.clone()).await?;
         tasks.push(watch);
-        tasks.push(tokio::spawn(dns::serve(
-            dns::Zone::new(view.clone()),
-            udp,
-            tcp,
+        let zone = dns::Zone::new(view.clone(), Some(edge.clone()));
+        tasks.push(tokio::spawn(dns::follow_config(
+            client.clone(),
+            zone.clone(),
         )));
+        tasks.push(tokio::spawn(dns::serve(zone, udp, tcp)));
         ensure_kube_dns(&client, self.edge_ip()).await?;
 
         let mut targets: Vec<proxy::ProxyTarget> = self
