@@ -6,18 +6,6 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "network-mode tests need root and CI=true: refusing to skip"
-    );
-    eprintln!("skipped: network-mode tests need root");
-    false
-}
-
 fn lab_namespaces() -> BTreeSet<String> {
     std::fs::read_dir("/run/netns")
         .map(|d| {
@@ -72,7 +60,7 @@ fn lab_up(dir: &Path) -> (Child, BTreeSet<String>) {
 
 #[test]
 fn ctrl_c_removes_everything_and_a_killed_labs_namespaces_go_at_the_next_start() {
-    if !require_root() {
+    if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -78,3 +78,17 @@ pub async fn kubectl(
     );
     (out.status.success(), text)
 }
+
+/// Whether a network-mode test can run: true as root; otherwise it skips with a message,
+/// except under `CI=true`, where a missing root fails the test instead of skipping it.
+pub fn network_tests_can_run() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "network-mode tests need root and CI=true: refusing to skip"
+    );
+    eprintln!("skipped: network-mode tests need root");
+    false
+}

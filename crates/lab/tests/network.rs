@@ -14,19 +14,6 @@ use serde_json::{Value, json};
 use tandem_lab::testing::until;
 use tandem_lab::{Lab, LabCluster, LabSpec};
 
-/// True when root; under CI=true a missing root fails the test instead of skipping it.
-fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "network-mode tests need root and CI=true: refusing to skip"
-    );
-    eprintln!("skipped: network-mode tests need root");
-    false
-}
-
 /// The host's own addresses, routes and rules, to compare before, during and after.
 fn host_network() -> String {
     let mut out = String::new();
@@ -168,7 +155,7 @@ async fn try_answerers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_own() {
-    if !require_root() {
+    if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
     let _ = tracing_subscriber::fmt()
@@ -367,7 +354,7 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
 /// command fails to start as runc fails it, and any other image stays hollow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
-    if !require_root() {
+    if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
     let marker = std::env::temp_dir().join(format!("tandem-allow-list-{}", std::process::id()));
@@ -438,7 +425,7 @@ async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
 /// one whose process lives is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_start_removes_instances_of_dead_processes_only() {
-    if !require_root() {
+    if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
     use tandem_lab::network::topology::{REGISTRY, cleanup_stale, namespaces};
@@ -487,7 +474,7 @@ async fn the_next_start_removes_instances_of_dead_processes_only() {
 /// the kubelet endpoint directly is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decides() {
-    if !require_root() {
+    if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
     let cluster = LabCluster::start(tandem_lab::LabConfig {

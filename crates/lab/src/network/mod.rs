@@ -173,9 +173,7 @@ impl ClusterNetwork {
             &client,
             "default",
             "kubernetes",
-            "https",
-            6443,
-            "TCP",
+            &[("https", 6443, "TCP")],
             self.edge_ip(),
         )
         .await?;
@@ -447,19 +445,22 @@ impl Drop for ClusterNetwork {
     }
 }
 
-/// Writes the EndpointSlice of a selector-less Service `ns/name` with one endpoint, as
-/// kube-apiserver keeps the `kubernetes` Service's (idempotent).
+/// Writes the EndpointSlice of a selector-less Service `ns/name` with one endpoint at `ip`
+/// and `ports` (name, port, protocol), as kube-apiserver keeps the `kubernetes` Service's
+/// (idempotent).
 async fn endpoints(
     client: &kube::Client,
     ns: &str,
     name: &str,
-    port_name: &str,
-    port: u16,
-    protocol: &str,
+    ports: &[(&str, u16, &str)],
     ip: Ipv4Addr,
 ) -> anyhow::Result<()> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Patch, PatchParams};
+    let ports: Vec<serde_json::Value> = ports
+        .iter()
+        .map(|(n, p, proto)| json!({"name": n, "port": p, "protocol": proto}))
+        .collect();
     let slice: EndpointSlice = serde_json::from_value(json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": ns, "labels": {
@@ -468,7 +469,7 @@ async fn endpoints(
         }},
         "addressType": "IPv4",
         "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
-        "ports": [{"name": port_name, "port": port, "protocol": protocol}],
+        "ports": ports,
     }))?;
     kube::Api::<EndpointSlice>::namespaced(client.clone(), ns)
         .patch(
@@ -501,26 +502,13 @@ async fn ensure_kube_dns(client: &kube::Client, edge_ip: Ipv4Addr) -> anyhow::Re
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => anyhow::bail!("creating Service kube-system/kube-dns: {e}"),
     }
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
-    use kube::api::{Patch, PatchParams};
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {
-            "kubernetes.io/service-name": "kube-dns",
-            "endpointslice.kubernetes.io/managed-by": "tandem-lab",
-        }},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [edge_ip.to_string()], "conditions": {"ready": true}}],
-        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
-                  {"name": "dns-tcp", "port": 53, "protocol": "TCP"}],
-    }))?;
-    kube::Api::<EndpointSlice>::namespaced(client.clone(), "kube-system")
-        .patch(
-            "kube-dns",
-            &PatchParams::apply("tandem-lab").force(),
-            &Patch::Apply(&slice),
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("writing EndpointSlice kube-system/kube-dns: {e}"))?;
+    endpoints(
+        client,
+        "kube-system",
+        "kube-dns",
+        &[("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")],
+        edge_ip,
+    )
+    .await?;
     Ok(())
 }
