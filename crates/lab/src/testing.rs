@@ -60,6 +60,7 @@ pub async fn kubectl(
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .expect("kubectl is installed");
     let mut input = child.stdin.take().expect("kubectl's stdin");
@@ -70,7 +71,15 @@ pub async fn kubectl(
             .expect("kubectl's stdin written");
     }
     drop(input);
-    let out = child.wait_with_output().await.expect("kubectl ran");
+    // kubectl waits for an answer forever by default: a request the server never answers
+    // fails the test here, naming the command, instead of hanging it until the harness kills it.
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("kubectl {args:?} did not finish within 120 s"))
+    .expect("kubectl ran");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
