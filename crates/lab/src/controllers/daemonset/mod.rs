@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -117,7 +117,10 @@ pub async fn run(client: Client) {
 
 /// One item per change of the node set that can change where daemon pods belong: a node
 /// added or deleted, or its labels or taints changed. Heartbeats (status only) are dropped,
-/// as kube's shouldIgnoreNodeUpdate does.
+/// as kube's shouldIgnoreNodeUpdate does. Watch errors back off (as the controller's own
+/// watches do) before they are dropped here: a client that fails at once — as every request
+/// does once the runtime is shutting down — would otherwise keep this stream in one endless
+/// poll that never yields, which hung a test process's runtime shutdown.
 fn node_changes(client: Client) -> impl Stream<Item = ()> + Send + 'static {
     let seen: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let fingerprint = |node: &Node| {
@@ -127,26 +130,28 @@ fn node_changes(client: Client) -> impl Stream<Item = ()> + Send + 'static {
         ))
         .unwrap_or_default()
     };
-    watcher(Api::<Node>::all(client), watcher::Config::default()).filter_map(move |event| {
-        let seen = seen.clone();
-        let changed = match event {
-            Ok(watcher::Event::InitApply(node)) => {
-                seen.lock().insert(node.name_any(), fingerprint(&node));
-                false
-            }
-            Ok(watcher::Event::InitDone) => true,
-            Ok(watcher::Event::Apply(node)) => {
-                let print = fingerprint(&node);
-                seen.lock().insert(node.name_any(), print.clone()) != Some(print)
-            }
-            Ok(watcher::Event::Delete(node)) => {
-                seen.lock().remove(&node.name_any());
-                true
-            }
-            Ok(watcher::Event::Init) | Err(_) => false,
-        };
-        futures::future::ready(changed.then_some(()))
-    })
+    watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let seen = seen.clone();
+            let changed = match event {
+                Ok(watcher::Event::InitApply(node)) => {
+                    seen.lock().insert(node.name_any(), fingerprint(&node));
+                    false
+                }
+                Ok(watcher::Event::InitDone) => true,
+                Ok(watcher::Event::Apply(node)) => {
+                    let print = fingerprint(&node);
+                    seen.lock().insert(node.name_any(), print.clone()) != Some(print)
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    seen.lock().remove(&node.name_any());
+                    true
+                }
+                Ok(watcher::Event::Init) | Err(_) => false,
+            };
+            futures::future::ready(changed.then_some(()))
+        })
 }
 
 /// One pass over a DaemonSet. Pods, nodes and revisions are listed from the API server, so
@@ -541,4 +546,34 @@ async fn write_status(
         .await
         .step(&key(&ds.metadata), "updating status")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A node watch against a server that drops every connection retries with backoff — a
+    /// handful of attempts in two seconds — instead of retrying as fast as it fails.
+    #[tokio::test]
+    async fn a_failing_node_watch_backs_off() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = attempts.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                drop(conn);
+            }
+        });
+        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let changes = node_changes(client);
+        futures::pin_mut!(changes);
+        let waited = tokio::time::timeout(Duration::from_secs(2), changes.next()).await;
+        assert!(waited.is_err(), "no node change can arrive");
+        let n = attempts.load(Ordering::SeqCst);
+        assert!((1..=10).contains(&n), "{n} watch attempts in 2 s");
+    }
 }
