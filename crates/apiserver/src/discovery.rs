@@ -44,6 +44,17 @@ pub fn non_resource(state: &State, call: &Call, method: &Method) -> ApiResult<Re
                          "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
         "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1",
                           "groups": registry.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, v)| group_json(g, v)).collect::<Vec<_>>()}),
+        "/openapi/v2" if crate::openapi::wants_v2_protobuf(&call.headers) => {
+            let mut response = crate::response::bytes_response(
+                200,
+                bytes::Bytes::from(crate::openapi::v2_protobuf()),
+            );
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(crate::openapi::V2_PROTOBUF_CONTENT_TYPE),
+            );
+            return Ok(response);
+        }
         "/openapi/v2" => crate::openapi::v2(&registry),
         "/openapi/v3" => crate::openapi::v3_index(&registry),
         p if p.starts_with("/openapi/v3/") => {

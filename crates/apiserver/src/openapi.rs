@@ -141,6 +141,60 @@ pub fn v3_group_version(registry: &Registry, gv: &str) -> Option<Value> {
     Some(document(registry, &group, &version))
 }
 
+/// What kubectl's discovery client asks `/openapi/v2` for (client-go's `openAPIV2mimePb`).
+const V2_PROTOBUF_ACCEPT: &str = "application/com.github.proto-openapi.spec.v2";
+
+/// The content type kube-apiserver answers that request with.
+pub const V2_PROTOBUF_CONTENT_TYPE: &str =
+    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// Whether the client asks for `/openapi/v2` in protobuf (gnostic's encoding) — kubectl does,
+/// and only that: it reads the JSON form as invalid protobuf.
+pub fn wants_v2_protobuf(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains(V2_PROTOBUF_ACCEPT))
+}
+
+/// gnostic's `openapi.v2.Document`, the fields written here (OpenAPIv2.proto in
+/// google/gnostic-models). Only these two messages are needed, so they are declared with
+/// prost's derive instead of pulling in a generated copy of the whole schema.
+#[derive(Clone, PartialEq, prost::Message)]
+struct V2Document {
+    #[prost(string, tag = "1")]
+    swagger: String,
+    #[prost(message, optional, tag = "2")]
+    info: Option<V2Info>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct V2Info {
+    #[prost(string, tag = "1")]
+    title: String,
+    #[prost(string, tag = "2")]
+    version: String,
+}
+
+/// `/openapi/v2` in protobuf. kubectl reads it for one thing: to validate on the client side
+/// the items of a `List` it applies or creates (single objects it leaves to the server's
+/// `fieldValidation`, which the v3 documents declare). The definitions are left out — the
+/// built-in kinds' schemas here are open objects, which kubectl would read as "no field but
+/// apiVersion, kind, metadata, spec and status" — so kubectl treats each item as schemaless
+/// and this server validates it when it is written, as it does every other object.
+pub fn v2_protobuf() -> Vec<u8> {
+    use prost::Message;
+    V2Document {
+        swagger: "2.0".into(),
+        info: Some(V2Info {
+            title: "Kubernetes".into(),
+            version: format!("v{}.{}.0", KUBE_VERSION.0, KUBE_VERSION.1),
+        }),
+    }
+    .encode_to_vec()
+}
+
 /// `/openapi/v2`: every definition in Swagger 2.0 form.
 pub fn v2(registry: &Registry) -> Value {
     let mut definitions = Map::new();

@@ -293,6 +293,29 @@ async fn create_apply_get_and_diff() {
         wide.contains("nginx:1.26") && wide.contains("app=web"),
         "{wide}"
     );
+
+    // A List (what `kubectl get -o yaml` prints for several objects) applies item by item:
+    // kubectl validates its items against /openapi/v2 in protobuf first.
+    let list = "apiVersion: v1\nkind: List\nitems:\n\
+        - {apiVersion: v1, kind: ConfigMap, metadata: {name: one}, data: {a: '1'}}\n\
+        - {apiVersion: v1, kind: ConfigMap, metadata: {name: two}, data: {b: '2'}}\n";
+    let applied = c.ok_in(&["apply", "-f", "-"], list).await;
+    assert!(
+        applied.contains("configmap/one created") && applied.contains("configmap/two created"),
+        "{applied}"
+    );
+    let printed = c
+        .ok(&["get", "configmap", "one", "two", "-o", "yaml"])
+        .await;
+    assert!(printed.contains("kind: List"), "{printed}");
+    let again = c
+        .ok_in(
+            &["apply", "-f", "-"],
+            &printed.replace("a: \"1\"", "a: \"3\""),
+        )
+        .await;
+    assert!(again.contains("configmap/one configured"), "{again}");
+    assert_eq!(c.json(&["get", "configmap", "one"]).await["data"]["a"], "3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
