@@ -12,7 +12,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
 use crate::state::State;
-use crate::webhook::{WebhookClient, post};
+use crate::webhook::{ServiceRef, post, post_to_service};
 
 const MUTATING: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";
 const VALIDATING: &str = "admissionregistration.k8s.io/validatingwebhookconfigurations";
@@ -147,7 +147,7 @@ async fn run(
             }
             let hook_name = hook["name"].as_str().unwrap_or("");
             let ignore = hook["failurePolicy"] == "Ignore";
-            match call_hook(&state.webhooks, &req, hook, old, obj.get()).await {
+            match call_hook(state, &req, hook, old, obj.get()).await {
                 Ok(response) => {
                     if response["allowed"] != true {
                         let status = &response["status"];
@@ -262,24 +262,18 @@ fn matches(
 }
 
 async fn call_hook(
-    webhooks: &WebhookClient,
+    state: &State,
     req: &Request<'_>,
     hook: &Value,
     old: Option<&Value>,
     obj: Option<&Value>,
 ) -> Result<Value, String> {
     let cc = &hook["clientConfig"];
-    let url = match cc["url"].as_str() {
-        Some(url) => url.to_string(),
-        None => {
-            let svc = &cc["service"];
-            return Err(format!(
-                "service references ({}/{}) are not reachable from the embedded API server; use clientConfig.url",
-                svc["namespace"].as_str().unwrap_or(""),
-                svc["name"].as_str().unwrap_or("")
-            ));
-        }
+    let target = match cc["url"].as_str() {
+        Some(url) => HookTarget::Url(url.to_string()),
+        None => HookTarget::Service(ServiceRef::of(&cc["service"])),
     };
+    let url = target.url();
     let uid = uuid::Uuid::new_v4().to_string();
     let res = req.res;
     let gvk = json!({"group": res.group, "version": res.version, "kind": res.kind});
@@ -310,8 +304,18 @@ async fn call_hook(
     let ca = cc["caBundle"]
         .as_str()
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
-    let client = webhooks.client(ca.as_deref())?;
-    let response = tokio::time::timeout(timeout, post(&client, &url, review))
+    let sent = async {
+        match &target {
+            HookTarget::Url(url) => post(&state.webhooks.client(ca.as_deref())?, url, review).await,
+            HookTarget::Service(svc) => {
+                let addr =
+                    service_endpoint(state, svc).map_err(|e| format!("Post {url:?}: {e}"))?;
+                let dialer = state.kubelets.dialer.read().clone();
+                post_to_service(svc, addr, dialer, ca.as_deref(), review).await
+            }
+        }
+    };
+    let response = tokio::time::timeout(timeout, sent)
         .await
         .map_err(|_| format!("Post {url:?}: context deadline exceeded"))??;
     let review: Value = serde_json::from_slice(&response)
@@ -352,6 +356,76 @@ struct RequestOut<'a> {
     object: &'a Value,
     old_object: &'a Value,
     dry_run: bool,
+}
+
+/// Where a webhook's `clientConfig` sends its reviews.
+enum HookTarget {
+    Url(String),
+    Service(ServiceRef),
+}
+
+impl HookTarget {
+    /// The URL errors name: the Service's as kube-apiserver names it
+    /// (`https://<name>.<namespace>.svc:<port><path>`).
+    fn url(&self) -> String {
+        match self {
+            HookTarget::Url(url) => url.clone(),
+            HookTarget::Service(s) => s.url(),
+        }
+    }
+}
+
+/// A ready endpoint of Service `svc` for its port, from its EndpointSlices — as
+/// kube-apiserver does with `--enable-aggregator-routing` (a lab's API server is not on a
+/// node, so it does not go through the ClusterIP). Errors read as kube-apiserver's.
+fn service_endpoint(state: &State, svc: &ServiceRef) -> Result<std::net::SocketAddr, String> {
+    let (ns, name) = (svc.namespace.as_str(), svc.name.as_str());
+    let Some(service) = state.store.get("/services", ns, name) else {
+        return Err(format!("service \"{ns}/{name}\" not found"));
+    };
+    let port_name = service.value()["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["port"].as_u64() == Some(u64::from(svc.port)))
+        .map(|p| p["name"].as_str().unwrap_or("").to_string())
+        .ok_or_else(|| format!("service \"{ns}/{name}\" has no port {}", svc.port))?;
+    let (_, slices) = state
+        .store
+        .list("discovery.k8s.io/endpointslices", Some(ns), None);
+    let mut ready = Vec::new();
+    for slice in slices
+        .iter()
+        .filter(|s| s.label("kubernetes.io/service-name") == Some(name))
+    {
+        let slice = slice.value();
+        let Some(port) = slice["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"].as_str().unwrap_or("") == port_name)
+            .and_then(|p| p["port"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+        else {
+            continue;
+        };
+        for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
+            // Ready unless said otherwise, as EndpointSlice consumers read it.
+            if endpoint["conditions"]["ready"] == json!(false) {
+                continue;
+            }
+            for address in endpoint["addresses"].as_array().into_iter().flatten() {
+                if let Some(ip) = address.as_str().and_then(|a| a.parse().ok()) {
+                    ready.push(std::net::SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    use rand::seq::IndexedRandom;
+    ready
+        .choose(&mut rand::rng())
+        .copied()
+        .ok_or_else(|| format!("no endpoints available for service \"{name}\""))
 }
 
 #[cfg(test)]

@@ -111,6 +111,7 @@ async fn unreachable_webhook_refuses_with_fail_and_admits_with_ignore() {
 
 /// An HTTPS admission webhook with its own CA; it labels every object `mutated-by=webhook`.
 struct LabellingWebhook {
+    port: u16,
     url: String,
     ca_pem: String,
     calls: Arc<AtomicUsize>,
@@ -119,6 +120,11 @@ struct LabellingWebhook {
 
 impl LabellingWebhook {
     async fn start() -> LabellingWebhook {
+        LabellingWebhook::start_as(&["127.0.0.1"]).await
+    }
+
+    /// A webhook whose serving certificate names `names`.
+    async fn start_as(names: &[&str]) -> LabellingWebhook {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params
@@ -128,7 +134,8 @@ impl LabellingWebhook {
         let ca_cert = ca_params.self_signed(&ca_key).unwrap();
         let issuer = Issuer::new(ca_params, ca_key);
         let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
         params
             .distinguished_name
             .push(DnType::CommonName, "webhook");
@@ -172,6 +179,7 @@ impl LabellingWebhook {
             }
         });
         LabellingWebhook {
+            port,
             url: format!("https://127.0.0.1:{port}/mutate"),
             ca_pem: ca_cert.pem(),
             calls,
@@ -286,4 +294,115 @@ async fn https_webhook_patches_a_label_onto_created_config_maps() {
         2,
         "updates do not match the rules"
     );
+}
+
+/// Points webhook `name` at Service `hooks/<service>` port 443, path `/mutate`.
+fn service_hook_config(name: &str, service: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
+    let mut config = serde_json::to_value(hook_config(name, "-", Some(ca_pem), "Fail")).unwrap();
+    config["webhooks"][0]["clientConfig"] = json!({
+        "service": {"namespace": "hooks", "name": service, "path": "/mutate"},
+        "caBundle": STANDARD.encode(ca_pem),
+    });
+    serde_json::from_value(config).unwrap()
+}
+
+#[tokio::test]
+async fn a_webhook_behind_a_service_is_called_at_a_ready_endpoint_under_its_service_name() {
+    let cluster = Cluster::start().await;
+    let client = cluster.client.clone();
+    // The certificate names only the Service: the call is verified as `labeller.hooks.svc`.
+    let webhook = LabellingWebhook::start_as(&["labeller.hooks.svc"]).await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "hooks"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), "hooks");
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client.clone(), "hooks");
+    for name in ["labeller", "empty"] {
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "spec": {"ports": [{"name": "https", "port": 443, "targetPort": webhook.port}]},
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    // One endpoint not ready (nothing listens there), one ready: only the ready one is called.
+    slices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "labeller-1", "labels": {"kubernetes.io/service-name": "labeller"}},
+                "addressType": "IPv4",
+                "endpoints": [
+                    {"addresses": ["127.0.0.1"], "conditions": {"ready": true}},
+                    {"addresses": ["127.0.0.2"], "conditions": {"ready": false}},
+                ],
+                "ports": [{"name": "https", "port": webhook.port}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    hooks
+        .create(
+            &PostParams::default(),
+            &service_hook_config("labeller", "labeller", &webhook.ca_pem),
+        )
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for i in 0..4 {
+        let created = cms
+            .create(
+                &PostParams::default(),
+                &config_map(&format!("via-service-{i}")),
+            )
+            .await
+            .expect("admitted through the Service");
+        assert_eq!(
+            created.labels().get("mutated-by").map(String::as_str),
+            Some("webhook")
+        );
+    }
+    assert_eq!(webhook.calls.load(Ordering::SeqCst), 4);
+
+    // A Service without endpoints: refused (failurePolicy Fail), saying so, nothing stored.
+    hooks
+        .delete("labeller", &DeleteParams::default())
+        .await
+        .unwrap();
+    hooks
+        .create(
+            &PostParams::default(),
+            &service_hook_config("nowhere", "empty", &webhook.ca_pem),
+        )
+        .await
+        .unwrap();
+    let status = api_status(
+        cms.create(&PostParams::default(), &config_map("refused"))
+            .await,
+    );
+    assert!(
+        status.message.contains("nowhere.tandem.test")
+            && status
+                .message
+                .contains("https://empty.hooks.svc:443/mutate")
+            && status
+                .message
+                .contains("no endpoints available for service \"empty\""),
+        "{status:?}"
+    );
+    assert_eq!(api_status(cms.get("refused").await).code, 404);
 }
