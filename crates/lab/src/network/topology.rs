@@ -46,6 +46,17 @@ pub enum NetworkError {
         /// What went wrong.
         detail: String,
     },
+    /// A command network mode runs is not installed.
+    #[error(
+        "network mode needs the `{tool}` command, which is not on PATH: install the Debian \
+         package {package} (the project's .ci/install-deps does)"
+    )]
+    MissingTool {
+        /// The command.
+        tool: &'static str,
+        /// The Debian package that has it.
+        package: &'static str,
+    },
     /// Two clusters of one instance asked for the same index.
     #[error("cluster index {0} is already used in this lab instance (node networks would clash)")]
     IndexInUse(usize),
@@ -64,6 +75,25 @@ pub fn require_root() -> Result<(), NetworkError> {
         Ok(())
     } else {
         Err(NetworkError::NotRoot)
+    }
+}
+
+/// The commands network mode runs, with the Debian packages that have them.
+const TOOLS: [(&str, &str); 2] = [("ip", "iproute2"), ("nft", "nftables")];
+
+/// The first of [`TOOLS`] found in no directory of `path` (a PATH value).
+fn missing_tool(path: &std::ffi::OsStr) -> Option<(&'static str, &'static str)> {
+    TOOLS
+        .into_iter()
+        .find(|(tool, _)| !std::env::split_paths(path).any(|dir| dir.join(tool).is_file()))
+}
+
+/// Fails, naming the package, when a command network mode runs is not installed — instead of
+/// half-building a cluster's namespaces and failing at the first rule.
+pub fn require_tools() -> Result<(), NetworkError> {
+    match missing_tool(&std::env::var_os("PATH").unwrap_or_default()) {
+        Some((tool, package)) => Err(NetworkError::MissingTool { tool, package }),
+        None => Ok(()),
     }
 }
 
@@ -207,6 +237,7 @@ impl Instance {
     /// first use.
     pub fn get() -> Result<Arc<Instance>, NetworkError> {
         require_root()?;
+        require_tools()?;
         let mut current = CURRENT.lock();
         if let Some(live) = current.upgrade() {
             return Ok(live);
@@ -608,6 +639,19 @@ mod tests {
         assert_eq!(node_ip(1, 251), Ipv4Addr::new(172, 18, 1, 3));
         assert_eq!(edge_ip(3), Ipv4Addr::new(172, 20, 0, 1));
         assert_eq!(wan_ip(2), Ipv4Addr::new(198, 18, 2, 2));
+    }
+
+    #[test]
+    fn a_missing_command_is_named_with_its_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::env::join_paths([dir.path()]).unwrap();
+        let (tool, package) = missing_tool(&path).expect("nothing is installed there");
+        let text = NetworkError::MissingTool { tool, package }.to_string();
+        assert!(text.contains("`ip`") && text.contains("iproute2"), "{text}");
+        for tool in ["ip", "nft"] {
+            std::fs::write(dir.path().join(tool), "").unwrap();
+        }
+        assert_eq!(missing_tool(&path), None);
     }
 
     #[test]
