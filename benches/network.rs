@@ -122,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(ips.len() == pods, "{} pod IPs for {pods} pods", ips.len());
     let mut answered = BTreeSet::new();
+    let mut failures = Vec::new();
     while answered.len() < pods {
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -132,16 +133,29 @@ async fn main() -> anyhow::Result<()> {
             if answered.contains(ip) {
                 continue;
             }
-            if network
+            let tried = Instant::now();
+            match network
                 .probe_fetch(ns, "probe", &format!("http://{ip}:8080/"))
                 .await
-                .is_ok()
             {
-                answered.insert(ip.clone());
+                Ok(_) => {
+                    answered.insert(ip.clone());
+                }
+                Err(e) => failures.push(format!(
+                    "{:.2?} after the Deployment, {:.2?} lost: {e}",
+                    tried - t0,
+                    tried.elapsed()
+                )),
             }
         }
     }
     let answering_time = t0.elapsed();
+    if !failures.is_empty() {
+        println!("{} fetches by IP failed first, e.g.:", failures.len());
+        for f in failures.iter().take(5) {
+            println!("  {f}");
+        }
+    }
     while network
         .probe_fetch(ns, "probe", "http://echo/")
         .await

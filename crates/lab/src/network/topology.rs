@@ -576,9 +576,14 @@ impl ClusterNet {
                  route replace {ip}/32 dev {veth}\n"
             ),
         )?;
+        // Answered at once, as Calico configures its veths: Linux delays proxy ARP replies by
+        // up to proxy_delay (0.8 s by default), which every pod's first packet waited for.
         sysctls(
             &node_ns,
-            &[(format!("net/ipv4/conf/{veth}/proxy_arp"), "1")],
+            &[
+                (format!("net/ipv4/conf/{veth}/proxy_arp"), "1"),
+                (format!("net/ipv4/neigh/{veth}/proxy_delay"), "0"),
+            ],
         )?;
         ip_batch(
             Some(&ns),
