@@ -39,6 +39,7 @@ mod selectors;
 mod server;
 mod state;
 pub mod store;
+mod strict;
 mod subresources;
 mod table;
 mod validation;

@@ -93,6 +93,29 @@ pub fn validate(
             }
         }
     } else {
+        // Only fields this write brings are refused: kube would never have stored one that
+        // is already there (written without Strict), and a patch elsewhere must not fail on it.
+        let brought = || {
+            let mut unknown = crate::strict::unknown_fields(res, obj)?;
+            if let Some(stored) = old.and_then(|old| crate::strict::unknown_fields(res, old)) {
+                unknown.retain(|p| !stored.contains(p));
+            }
+            Some(unknown)
+        };
+        if call.query.get("fieldValidation").map(String::as_str) == Some("Strict")
+            && let Some(unknown) = brought()
+            && !unknown.is_empty()
+        {
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|p| format!("unknown field {p:?}"))
+                .collect();
+            let (kind, version) = (&res.kind, &res.version);
+            return Err(ApiError::bad_request(format!(
+                "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+                list.join(", ")
+            )));
+        }
         causes.extend(builtin(res, old, obj));
     }
     if causes.is_empty() {

@@ -316,6 +316,29 @@ async fn create_apply_get_and_diff() {
         .await;
     assert!(again.contains("configmap/one configured"), "{again}");
     assert_eq!(c.json(&["get", "configmap", "one"]).await["data"]["a"], "3");
+
+    // A misspelt field is refused, as kube-apiserver refuses it when kubectl asks for strict
+    // validation (its default); --validate=false lets it through.
+    let typo = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo}\n\
+        spec: {replica: 2, selector: {matchLabels: {app: t}}, template: {metadata: {labels: {app: t}}, \
+        spec: {containers: [{name: t, image: t, imagePullPolicyy: Always}]}}}\n";
+    let refused = c.kubectl_in(&["apply", "-f", "-"], typo).await;
+    assert!(
+        !refused.ok
+            && refused.stderr.contains("strict decoding error")
+            && refused.stderr.contains(r#"unknown field "spec.replica""#)
+            && refused
+                .stderr
+                .contains(r#"unknown field "spec.template.spec.containers[0].imagePullPolicyy""#),
+        "{}",
+        refused.stderr
+    );
+    c.ok_in(&["apply", "--validate=false", "-f", "-"], typo)
+        .await;
+    // A later strict write that does not bring the field is not refused for it.
+    c.ok(&["label", "deploy", "typo", "checked=yes"]).await;
+    let fixed = typo.replace("replica: 2", "replicas: 2");
+    c.ok_in(&["apply", "-f", "-"], &fixed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
