@@ -150,8 +150,7 @@ pub async fn post_to_service(
     ca_pem: Option<&[u8]>,
     body: String,
 ) -> Result<Bytes, String> {
-    let host = svc.host();
-    let url = format!("https://{host}:{}{}", svc.port, svc.path);
+    let (host, url) = (svc.host(), svc.url());
     let fail = |e: &dyn std::fmt::Display| format!("Post {url:?}: {e}");
     let tcp = match dialer {
         Some(dial) => dial(addr).await,
@@ -174,17 +173,7 @@ pub async fn post_to_service(
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| fail(&e))?;
     let response = sender.send_request(request).await.map_err(|e| fail(&e))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| fail(&e))?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(fail(&format!("HTTP {status}")));
-    }
-    Ok(body)
+    answer(&url, response).await
 }
 
 /// POSTs a JSON body and returns the body of a 2xx answer; errors start `Post "url": `.
@@ -202,6 +191,14 @@ pub async fn post(client: &HttpsClient, url: &str, body: String) -> Result<Bytes
         }
         msg
     })?;
+    answer(url, response).await
+}
+
+/// The body of a webhook's 2xx answer to a POST to `url`; errors start `Post "url": `.
+async fn answer(
+    url: &str,
+    response: http::Response<hyper::body::Incoming>,
+) -> Result<Bytes, String> {
     let status = response.status();
     let body = response
         .into_body()
