@@ -133,7 +133,19 @@ fn sign(key: &[u8], data: &str) -> String {
     URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
 }
 
-/// Issues a token for ServiceAccount `namespace/name` (uid `uid`), valid `seconds`.
+/// The audience this API server accepts, as kube-apiserver's default `--api-audiences`.
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc";
+
+/// The object a token is bound to (a Pod), as TokenRequest's `boundObjectRef` names it: the
+/// token dies with it.
+#[derive(Clone, Debug)]
+pub struct BoundPod {
+    pub name: String,
+    pub uid: String,
+}
+
+/// Issues a token for ServiceAccount `namespace/name` (uid `uid`), valid `seconds`, bound to
+/// `pod` when given.
 pub fn issue_service_account_token(
     state: &State,
     namespace: &str,
@@ -141,11 +153,12 @@ pub fn issue_service_account_token(
     uid: &str,
     audiences: &[String],
     seconds: i64,
+    pod: Option<&BoundPod>,
 ) -> (String, chrono::DateTime<chrono::Utc>) {
     let now = chrono::Utc::now();
     let exp = now + chrono::Duration::seconds(seconds);
     let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
-    let claims = json!({
+    let mut claims = json!({
         "iss": "https://kubernetes.default.svc",
         "sub": format!("system:serviceaccount:{namespace}:{name}"),
         "aud": audiences,
@@ -154,6 +167,9 @@ pub fn issue_service_account_token(
         "exp": exp.timestamp(),
         "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name, "uid": uid}},
     });
+    if let Some(pod) = pod {
+        claims["kubernetes.io"]["pod"] = json!({"name": pod.name, "uid": pod.uid});
+    }
     let payload = URL_SAFE_NO_PAD.encode(claims.to_string());
     let signing_input = format!("{header}.{payload}");
     let signature = sign(&state.pki.token_key, &signing_input);
@@ -173,6 +189,16 @@ fn service_account_token(state: &State, token: &str) -> Option<UserInfo> {
     if claims["exp"].as_i64()? < chrono::Utc::now().timestamp() {
         return None;
     }
+    // A token meant for another audience (a Vault, a webhook) is not a credential here, as
+    // kube-apiserver checks `aud` against its --api-audiences.
+    let audiences = match &claims["aud"] {
+        Value::String(one) => vec![one.as_str()],
+        Value::Array(many) => many.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    if !audiences.contains(&API_AUDIENCE) {
+        return None;
+    }
     let k = &claims["kubernetes.io"];
     let namespace = k["namespace"].as_str()?;
     let name = k["serviceaccount"]["name"].as_str()?;
@@ -180,6 +206,13 @@ fn service_account_token(state: &State, token: &str) -> Option<UserInfo> {
     let sa = state.store.get("/serviceaccounts", namespace, name)?;
     if *sa.uid != *k["serviceaccount"]["uid"].as_str()? {
         return None;
+    }
+    // A bound token dies with its pod (kube-apiserver checks the pod's uid the same way).
+    if let Some(pod) = k.get("pod") {
+        let live = state.store.get("/pods", namespace, pod["name"].as_str()?)?;
+        if *live.uid != *pod["uid"].as_str()? {
+            return None;
+        }
     }
     Some(UserInfo {
         name: format!("system:serviceaccount:{namespace}:{name}"),

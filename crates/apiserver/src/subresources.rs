@@ -331,6 +331,62 @@ fn insufficient_pods(pdb: &mut Value, now: &str) {
     }
 }
 
+/// The pod a TokenRequest binds its token to (`spec.boundObjectRef`), checked as
+/// kube-apiserver checks it: a Pod of the ServiceAccount's namespace that exists, has the
+/// given uid and runs as that ServiceAccount. Only Pods can be bound here.
+fn bound_pod(
+    state: &State,
+    call: &Call,
+    reference: &Value,
+) -> ApiResult<Option<crate::authn::BoundPod>> {
+    if reference.is_null() {
+        return Ok(None);
+    }
+    let invalid = |detail: String| {
+        ApiError::invalid_field(
+            "authentication.k8s.io",
+            "TokenRequest",
+            &call.info.name,
+            "spec.boundObjectRef",
+            &detail,
+        )
+    };
+    let kind = reference["kind"].as_str().unwrap_or_default();
+    if kind != "Pod" {
+        return Err(invalid(format!(
+            "Unsupported value: \"{kind}\": supported values: \"Pod\""
+        )));
+    }
+    let name = reference["name"].as_str().unwrap_or_default();
+    let ns = &call.info.namespace;
+    let Some(pod) = state.store.get("/pods", ns, name) else {
+        return Err(ApiError::not_found("", "pods", name));
+    };
+    if let Some(uid) = reference["uid"].as_str()
+        && uid != &*pod.uid
+    {
+        return Err(ApiError::conflict_message(&format!(
+            "the UID in the bound object reference ({uid}) does not match the UID in record \
+             ({}). The object might have been deleted and then recreated",
+            pod.uid
+        )));
+    }
+    let spec = pod.value();
+    let account = spec["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or("default");
+    if account != call.info.name {
+        return Err(invalid(format!(
+            "Invalid value: \"{name}\": pod {ns}/{name} runs as ServiceAccount {account}, not {}",
+            call.info.name
+        )));
+    }
+    Ok(Some(crate::authn::BoundPod {
+        name: name.to_string(),
+        uid: pod.uid.to_string(),
+    }))
+}
+
 /// POST serviceaccounts/{name}/token: a signed token for the ServiceAccount.
 pub fn token_request(
     state: &State,
@@ -359,7 +415,8 @@ pub fn token_request(
                 .collect()
         })
         .filter(|a: &Vec<String>| !a.is_empty())
-        .unwrap_or_else(|| vec!["https://kubernetes.default.svc".into()]);
+        .unwrap_or_else(|| vec![crate::authn::API_AUDIENCE.into()]);
+    let pod = bound_pod(state, call, &request["spec"]["boundObjectRef"])?;
     let (token, exp) = crate::authn::issue_service_account_token(
         state,
         &call.info.namespace,
@@ -367,6 +424,7 @@ pub fn token_request(
         &sa.uid,
         &audiences,
         seconds,
+        pod.as_ref(),
     );
     request["apiVersion"] = json!("authentication.k8s.io/v1");
     request["kind"] = json!("TokenRequest");

@@ -256,6 +256,107 @@ async fn bootstrap_tokens_authenticate_until_they_expire() {
     );
 }
 
+/// A ServiceAccount token requested for a pod (as kubelet requests it) authenticates as the
+/// account while that pod exists, and not after; a token for another audience, or bound to a
+/// pod of another account, is no credential.
+#[tokio::test]
+async fn pod_bound_tokens_die_with_their_pod_and_other_audiences_are_refused() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let cluster = Cluster::start().await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let pp = PostParams::default();
+    for name in ["app", "other"] {
+        accounts
+            .create(
+                &pp,
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let pod: Pod = pods
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {
+                "serviceAccountName": "app", "containers": [{"name": "c", "image": "nginx"}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+    let request = |account: &str, audiences: &[&str]| -> TokenRequest {
+        serde_json::from_value(json!({"spec": {
+            "audiences": audiences, "expirationSeconds": 3607,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": uid}}}))
+        .unwrap_or_else(|e| panic!("{account}: {e}"))
+    };
+    let token = accounts
+        .create_token_request("app", &pp, &request("app", &[]))
+        .await
+        .expect("a token bound to the pod")
+        .status
+        .unwrap()
+        .token;
+    let user = whoami(cluster.client_with_token(&token).await)
+        .await
+        .expect("the bound token authenticates")
+        .status
+        .unwrap()
+        .user_info
+        .unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:default:app")
+    );
+
+    let vault = accounts
+        .create_token_request("app", &pp, &request("app", &["vault"]))
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    assert_eq!(
+        api_status(whoami(cluster.client_with_token(&vault).await).await).code,
+        401,
+        "a token for another audience is refused"
+    );
+    let status = api_status(
+        accounts
+            .create_token_request("other", &pp, &request("other", &[]))
+            .await,
+    );
+    assert_eq!(
+        status.code, 422,
+        "bound to a pod of another account: {status:?}"
+    );
+    assert!(
+        status.message.contains("runs as ServiceAccount app"),
+        "{status:?}"
+    );
+
+    pods.delete(
+        "web",
+        &kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    eventually("the pod gone", || async {
+        pods.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert_eq!(
+        api_status(whoami(cluster.client_with_token(&token).await).await).code,
+        401,
+        "a token outlives its pod"
+    );
+}
+
 #[tokio::test]
 async fn custom_resources_violating_their_schema_are_refused_naming_the_field() {
     let cluster = Cluster::start().await;
