@@ -365,7 +365,7 @@ fn bound_pod(
     if let Some(uid) = reference["uid"].as_str()
         && uid != &*pod.uid
     {
-        return Err(ApiError::conflict_message(&format!(
+        return Err(ApiError::conflict_message(format!(
             "the UID in the bound object reference ({uid}) does not match the UID in record \
              ({}). The object might have been deleted and then recreated",
             pod.uid

@@ -65,6 +65,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             nodes: args.nodes,
             dir: Some(dir.clone()),
             network: false,
+            tandem_binary: None,
         },
         |c| {
             eprintln!(

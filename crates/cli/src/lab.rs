@@ -98,6 +98,8 @@ async fn up(
         nodes,
         dir: Some(dir.clone()),
         network,
+        // Pods of Tandem's image run this very binary.
+        tandem_binary: network.then(std::env::current_exe).transpose()?,
     };
     eprintln!(
         "starting {clusters} lab cluster(s) with {nodes} node(s) each in {}",
@@ -115,18 +117,37 @@ async fn up(
     // Listen before the kubeconfig is out: a Ctrl-C as soon as the lab is usable stops it cleanly.
     let interrupted = crate::interrupt()?;
     let kubeconfig = workdir::write_kubeconfig(&dir, &lab.kubeconfig()?)?;
-    for c in &lab.clusters {
-        tokio::spawn(crate::host::host_controller(
-            c.config.name.clone(),
-            c.client.clone(),
-            tandem_controller::Options::default(),
-        ));
+    // Hollow pods run nothing: the controller of an installed cluster runs in this process.
+    // In network mode it runs as its Deployment's pod, this binary sandboxed in the pod.
+    if !network {
+        for c in &lab.clusters {
+            tokio::spawn(crate::host::host_controller(
+                c.config.name.clone(),
+                c.client.clone(),
+                tandem_controller::Options::default(),
+            ));
+        }
     }
+    let runs = if network {
+        "as its Deployment's pod (this binary, sandboxed in the pod's namespaces)".to_string()
+    } else {
+        "in this process".to_string()
+    };
     eprintln!(
-        "lab ready; kubeconfig: {path}\n  kubectl --kubeconfig {path} --context lab-1 get nodes\n`tandem install --kubeconfig {path} --context lab-N` runs Tandem's controller in this process.\nCtrl-C stops the lab (objects are kept in {dir}).",
+        "lab ready; kubeconfig: {path}\n  kubectl --kubeconfig {path} --context lab-1 get nodes\n`tandem install --kubeconfig {path} --context lab-N` runs Tandem's controller {runs}.\nCtrl-C stops the lab (objects are kept in {dir}).",
         path = kubeconfig.display(),
         dir = dir.display()
     );
+    if network {
+        for c in &lab.clusters {
+            if let Some(wan) = c.wan_url() {
+                eprintln!(
+                    "  {}: peers reach its API server at {wan} (`tandem invite --endpoint {wan}`)",
+                    c.config.name
+                );
+            }
+        }
+    }
     interrupted.await;
     eprintln!("stopping the lab");
     lab.shutdown();

@@ -91,6 +91,19 @@ fn interrupt() -> std::io::Result<impl Future<Output = ()>> {
 
 /// Runs the command line; `main` of both binaries.
 pub fn main() -> std::process::ExitCode {
+    // A network-mode lab starts pods of Tandem's image as `tandem __lab-sandbox`: set the
+    // sandbox up while this process has one thread, then become the pod's role.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(
+            tandem_lab::network::incluster::SANDBOX_ARG,
+        ))
+    {
+        let spec = std::env::var(tandem_lab::network::incluster::SANDBOX_ENV).unwrap_or_default();
+        let Err(e) = tandem_lab::network::incluster::enter(&spec);
+        eprintln!("error: {e}");
+        // What runc answers for a container that cannot start.
+        return std::process::ExitCode::from(128);
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -123,6 +136,8 @@ fn run() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| if servers { "info" } else { "warn" }.into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a terminal: a pod's log (or a file) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let prints_objects = match &cli.command {
         Command::Status(_) => true,

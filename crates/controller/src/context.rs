@@ -12,6 +12,9 @@ use crate::identity::ClusterIdentity;
 pub struct Options {
     /// Address the pod-placement admission webhook listens on (port 0 picks one).
     pub webhook_addr: std::net::SocketAddr,
+    /// The Service (namespace, name) the API server calls the webhook through, when the
+    /// controller runs as a pod behind it; None: the API server calls `webhook_addr` directly.
+    pub webhook_service: Option<(String, String)>,
     /// How often virtual nodes renew their Lease and probe their provider.
     pub heartbeat: Duration,
     /// How long a provider may stay unreachable before its virtual node turns NotReady.
@@ -22,6 +25,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             webhook_addr: ([127, 0, 0, 1], 0).into(),
+            webhook_service: None,
             heartbeat: Duration::from_secs(5),
             provider_grace: Duration::from_secs(15),
         }

@@ -44,6 +44,8 @@ pub struct ClusterSettings {
 }
 
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
+/// Port of the pod-placement webhook in the controller's pod.
+pub const WEBHOOK_PORT: u16 = 9443;
 pub const DEFAULT_SHARE_PERCENT: u32 = 50;
 
 #[derive(Debug, thiserror::Error)]
@@ -262,7 +264,16 @@ pub async fn install(
                 "metadata": {"labels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},
                 "spec": {
                     "serviceAccountName": names::CONTROLLER_NAME,
-                    "containers": [{"name": "controller", "image": image, "args": ["controller"]}],
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
+                    "containers": [{
+                        "name": "controller", "image": image,
+                        "args": ["controller",
+                                 format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
+                                 format!("--webhook-service={}/{}", names::SYSTEM_NAMESPACE, names::CONTROLLER_NAME)],
+                        "ports": [{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"}],
+                        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                            "capabilities": {"drop": ["ALL"]}},
+                    }],
                 },
             },
         },
@@ -274,6 +285,23 @@ pub async fn install(
     )
     .await
     .map_err(step("controller Deployment"))?;
+    // The API server calls the pod-placement webhook through this Service when the
+    // controller runs as the Deployment's pod.
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": names::CONTROLLER_NAME},
+            "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}],
+        },
+    }))
+    .expect("static manifest");
+    apply(
+        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &service,
+    )
+    .await
+    .map_err(step("controller Service"))?;
     progress(&format!(
         "controller Deployment {}/{}",
         names::SYSTEM_NAMESPACE,

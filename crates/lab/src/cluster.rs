@@ -40,6 +40,9 @@ pub struct LabConfig {
     /// Network mode (root only): pods get network namespaces, built-in images run, Services
     /// route and cluster DNS answers. Off, pods are hollow.
     pub network: bool,
+    /// The `tandem` binary network mode runs for pods of Tandem's image
+    /// (`ghcr.io/tandem-dev/tandem`); None: such pods fail to start, saying so.
+    pub tandem_binary: Option<PathBuf>,
 }
 
 impl Default for LabConfig {
@@ -57,6 +60,7 @@ impl Default for LabConfig {
             node_monitor_grace_period: std::time::Duration::from_secs(40),
             index: 1,
             network: false,
+            tandem_binary: None,
         }
     }
 }
@@ -162,9 +166,14 @@ impl LabCluster {
                 )
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Some(
-                crate::network::ClusterNetwork::create(&config.name, config.index, nodes)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("cluster {}: network mode: {e:#}", config.name))?,
+                crate::network::ClusterNetwork::create(
+                    &config.name,
+                    config.index,
+                    nodes,
+                    config.tandem_binary.clone(),
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("cluster {}: network mode: {e:#}", config.name))?,
             )
         } else {
             None

@@ -23,6 +23,9 @@ pub struct LabSpec {
     /// Network mode (root only; see [`LabConfig::network`]): the clusters share one lab
     /// instance and its WAN.
     pub network: bool,
+    /// The `tandem` binary network mode runs for Tandem's image (see
+    /// [`LabConfig::tandem_binary`]).
+    pub tandem_binary: Option<PathBuf>,
 }
 
 /// A running lab.
@@ -55,6 +58,7 @@ impl Lab {
         for i in 1..=spec.clusters {
             let config = LabConfig {
                 network: spec.network,
+                tandem_binary: spec.tandem_binary.clone(),
                 ..cluster_config(i, spec.nodes, spec.dir.as_deref())
             };
             let cluster = LabCluster::start(config)

@@ -170,6 +170,7 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
             nodes: 2,
             dir: None,
             network: true,
+            tandem_binary: None,
         },
         |_| {},
     )

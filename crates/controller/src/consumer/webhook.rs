@@ -68,8 +68,41 @@ pub enum WebhookError {
     Configuration(#[source] kube::Error),
 }
 
-/// The webhook's TLS material: the CA's PEM (caBundle) and the server config.
-fn tls() -> Result<(String, rustls::ServerConfig), WebhookError> {
+/// Where the API server calls the webhook.
+#[derive(Clone, Debug)]
+pub enum WebhookTarget {
+    /// An address it reaches directly (`https://127.0.0.1:port`, in-process lab controllers).
+    Url(String),
+    /// A Service in front of the controller's pod (namespace, name), port 443.
+    Service(String, String),
+}
+
+impl WebhookTarget {
+    /// The `clientConfig` calling `path` on this target.
+    fn client_config(&self, path: &str, ca_pem: &str) -> Value {
+        match self {
+            WebhookTarget::Url(base) => {
+                json!({"url": format!("{base}{path}"), "caBundle": STANDARD.encode(ca_pem)})
+            }
+            WebhookTarget::Service(namespace, name) => json!({
+                "service": {"namespace": namespace, "name": name, "path": path, "port": 443},
+                "caBundle": STANDARD.encode(ca_pem)}),
+        }
+    }
+
+    /// Names the serving certificate must carry.
+    fn names(&self) -> Vec<String> {
+        let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+        if let WebhookTarget::Service(ns, name) = self {
+            names.push(format!("{name}.{ns}.svc"));
+            names.push(format!("{name}.{ns}.svc.cluster.local"));
+        }
+        names
+    }
+}
+
+/// The webhook's TLS material for `target`: the CA's PEM (caBundle) and the server config.
+fn tls(target: &WebhookTarget) -> Result<(String, rustls::ServerConfig), WebhookError> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let e = |what: &'static str| move |err: rcgen::Error| WebhookError::Certificate(what, err);
     let ca_key = KeyPair::generate().map_err(e("generating the CA key"))?;
@@ -83,8 +116,7 @@ fn tls() -> Result<(String, rustls::ServerConfig), WebhookError> {
         .map_err(e("self-signing the CA"))?;
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().map_err(e("generating the server key"))?;
-    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .map_err(e("server params"))?;
+    let mut params = CertificateParams::new(target.names()).map_err(e("server params"))?;
     params
         .distinguished_name
         .push(DnType::CommonName, "tandem-pod-placement");
@@ -126,8 +158,6 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
         }
     }
     let _cache_task = AbortOnDrop(cache_task);
-    let (ca_pem, config) = tls()?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(ctx.options.webhook_addr)
         .await
         .map_err(|source| WebhookError::Listen {
@@ -135,12 +165,17 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
             source,
         })?;
     let addr = listener.local_addr().map_err(WebhookError::LocalAddr)?;
-    let url = format!("https://{addr}/mutate-pods");
+    let target = match &ctx.options.webhook_service {
+        Some((ns, name)) => WebhookTarget::Service(ns.clone(), name.clone()),
+        None => WebhookTarget::Url(format!("https://{addr}")),
+    };
+    let (ca_pem, config) = tls(&target)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-    apply(&hooks, &configuration(&url, &ca_pem))
+    apply(&hooks, &configuration(&target, &ca_pem))
         .await
         .map_err(WebhookError::Configuration)?;
-    tracing::info!(%url, "pod-placement webhook serving");
+    tracing::info!(%addr, ?target, "pod-placement webhook serving");
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,
@@ -165,18 +200,21 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
     }
 }
 
+/// Path of the pod-placement webhook.
+const MUTATE_PATH: &str = "/mutate-pods";
+
 /// Path suffix of the webhook keeping pods of non-offloaded namespaces off virtual nodes.
 const LOCAL_ONLY_SUFFIX: &str = "-local";
 
-/// The MutatingWebhookConfiguration pointing at `url`.
-pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
+/// The MutatingWebhookConfiguration pointing at `target`.
+pub fn configuration(target: &WebhookTarget, ca_pem: &str) -> MutatingWebhookConfiguration {
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": WEBHOOK_CONFIGURATION,
                      "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
         "webhooks": [{
             "name": "pod-placement.tandem.dev",
-            "clientConfig": {"url": url, "caBundle": STANDARD.encode(ca_pem)},
+            "clientConfig": target.client_config(MUTATE_PATH, ca_pem),
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]},
                       {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["daemonsets"]}],
             "namespaceSelector": {"matchLabels": {OFFLOADING_LABEL: OFFLOADING_ENABLED}},
@@ -189,7 +227,7 @@ pub fn configuration(url: &str, ca_pem: &str) -> MutatingWebhookConfiguration {
             // they tolerate its taint (no virtual kubelet would run them). Ignore on failure:
             // this must never block pod creation in the rest of the cluster.
             "name": "pod-locality.tandem.dev",
-            "clientConfig": {"url": format!("{url}{LOCAL_ONLY_SUFFIX}"), "caBundle": STANDARD.encode(ca_pem)},
+            "clientConfig": target.client_config(&format!("{MUTATE_PATH}{LOCAL_ONLY_SUFFIX}"), ca_pem),
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]},
                       {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["daemonsets"]}],
             // Twin namespaces are left out: the provider's controller gives the pods it creates

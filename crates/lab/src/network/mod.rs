@@ -5,6 +5,7 @@
 //! creates lives in network namespaces named `lab-<instance>-…`, never in the host's own.
 
 pub mod dns;
+pub mod incluster;
 pub mod kubelet_server;
 pub mod netns;
 pub mod programs;
@@ -82,15 +83,41 @@ impl ServiceView {
     }
 }
 
-/// A running pod's programs: a log per container, and the tasks serving them.
+/// A running pod's programs: a log per container, the tasks serving them, and the supervisors
+/// of its real processes (Tandem's image), which stop them gracefully when told.
 struct PodProcesses {
     identity: PodIdentity,
     logs: HashMap<String, Log>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    processes: Vec<(
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl PodProcesses {
+    /// Stops the real processes: SIGTERM, then SIGKILL after `grace`; waits for them.
+    async fn stop_processes(&mut self, grace: std::time::Duration) {
+        for (stop, _) in &self.processes {
+            let _ = stop.send(true);
+        }
+        for (_, task) in self.processes.drain(..) {
+            if tokio::time::timeout(grace + std::time::Duration::from_secs(1), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(pod = %self.identity.pod, "a process outlived its grace period");
+            }
+        }
+    }
 }
 
 impl Drop for PodProcesses {
     fn drop(&mut self) {
+        // Supervisors dropped with their process kill it (kill_on_drop).
+        for (_, task) in &self.processes {
+            task.abort();
+        }
         for t in &self.tasks {
             t.abort();
         }
@@ -116,6 +143,11 @@ pub struct ClusterNetwork {
     net: Arc<ClusterNet>,
     pods: Mutex<HashMap<String, PodProcesses>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The `tandem` binary run for Tandem's image; None: that image fails to start.
+    tandem_binary: Option<std::path::PathBuf>,
+    /// The API server as pods see it (client for token requests and namespace checks, CA),
+    /// once the services have started.
+    api: std::sync::OnceLock<(kube::Client, String)>,
 }
 
 impl ClusterNetwork {
@@ -124,6 +156,7 @@ impl ClusterNetwork {
         cluster: &str,
         index: usize,
         nodes: Vec<NodeSpec>,
+        tandem_binary: Option<std::path::PathBuf>,
     ) -> anyhow::Result<Arc<ClusterNetwork>> {
         let net = tokio::task::spawn_blocking(move || -> anyhow::Result<ClusterNet> {
             let instance = Instance::get()?;
@@ -135,6 +168,8 @@ impl ClusterNetwork {
             net: Arc::new(net),
             pods: Mutex::new(HashMap::new()),
             tasks: Mutex::new(Vec::new()),
+            tandem_binary,
+            api: std::sync::OnceLock::new(),
         }))
     }
 
@@ -162,6 +197,7 @@ impl ClusterNetwork {
         client: kube::Client,
     ) -> anyhow::Result<()> {
         let edge = self.net.edge();
+        let _ = self.api.set((client.clone(), server.ca_pem().to_string()));
         let mut tasks = Vec::new();
         for ip in [self.edge_ip(), self.wan_ip()] {
             let listener = netns::tcp_listener(&edge, SocketAddr::from((ip, 6443)))
@@ -276,11 +312,30 @@ impl ClusterNetwork {
             identity: identity.clone(),
             logs: HashMap::new(),
             tasks: Vec::new(),
+            processes: Vec::new(),
         };
         let mut started = Vec::new();
         for container in pod.spec.iter().flat_map(|s| s.containers.iter()) {
             let log = Log::default();
             let image = container.image.clone().unwrap_or_default();
+            if incluster::is_tandem_image(&image) {
+                let outcome = match self
+                    .start_tandem(pod, container, &identity, log.clone())
+                    .await
+                {
+                    Ok(process) => {
+                        processes.processes.push(process);
+                        ContainerStart::Running
+                    }
+                    Err(message) => {
+                        log.line(message.clone());
+                        ContainerStart::Failed(message)
+                    }
+                };
+                processes.logs.insert(container.name.clone(), log);
+                started.push((container.name.clone(), outcome));
+                continue;
+            }
             let outcome = match programs::start_of(container) {
                 Start::Hollow => {
                     log.line(format!(
@@ -321,10 +376,58 @@ impl ClusterNetwork {
         Ok(started)
     }
 
+    /// Starts a container of Tandem's image: checks it against the allow-list, then runs the
+    /// tandem binary sandboxed under a supervisor that renews its token and restarts it when
+    /// it exits. The error says why nothing runs.
+    async fn start_tandem(
+        &self,
+        pod: &Pod,
+        container: &k8s_openapi::api::core::v1::Container,
+        who: &PodIdentity,
+        log: Log,
+    ) -> Result<
+        (
+            tokio::sync::watch::Sender<bool>,
+            tokio::task::JoinHandle<()>,
+        ),
+        String,
+    > {
+        let (client, ca) = self
+            .api
+            .get()
+            .cloned()
+            .ok_or("the cluster's services have not started")?;
+        let twin = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .get(&who.namespace)
+            .await
+            .map_err(|e| format!("reading namespace {}: {e}", who.namespace))?
+            .metadata
+            .labels
+            .is_some_and(|l| l.contains_key(tandem_api::names::TWIN_NAMESPACE_LABEL));
+        let launch = incluster::plan(pod, container, twin)?;
+        let binary = self.tandem_binary.clone().ok_or(
+            "this lab was started without a tandem binary to run Tandem's image (LabConfig::tandem_binary)",
+        )?;
+        let sandbox = incluster::Sandbox {
+            binary,
+            launch,
+            netns: who.netns.clone(),
+            hostname: who.pod.clone(),
+            credentials: Vec::new(),
+            resolv_conf: who.resolv_conf.clone(),
+            api_server: (kubernetes_service_ip(&client).await?, 443),
+        };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(supervise(client, ca, pod.clone(), sandbox, log, stopped));
+        Ok((stop, task))
+    }
+
     /// Stops a pod's programs and removes its namespace.
     pub async fn stop_pod(&self, uid: &str) {
         let removed = self.pods.lock().remove(uid);
-        if removed.is_some() {
+        if let Some(mut pod) = removed {
+            pod.stop_processes(TERMINATION_GRACE).await;
+            drop(pod);
             let (net, uid) = (self.net.clone(), uid.to_string());
             let _ = tokio::task::spawn_blocking(move || net.detach_pod(&uid)).await;
         }
@@ -442,6 +545,141 @@ impl ClusterNetwork {
 impl Drop for ClusterNetwork {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// How long a real process gets between SIGTERM and SIGKILL when its pod stops (a pod's
+/// `terminationGracePeriodSeconds` is not waited for in full: the lab's kubelet finishes
+/// deletions at once).
+const TERMINATION_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The `kubernetes` Service's ClusterIP: where pods reach the API server.
+async fn kubernetes_service_ip(client: &kube::Client) -> Result<String, String> {
+    kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await
+        .map_err(|e| format!("reading Service default/kubernetes: {e}"))?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .ok_or_else(|| "Service default/kubernetes has no ClusterIP".to_string())
+}
+
+/// Runs a container of Tandem's image until told to stop: requests its bound token, starts
+/// the sandboxed process with its output in the container's log, renews the token at 80% of
+/// its life, and restarts the process with kubelet's back-off (10 s doubling to 5 min) when
+/// it exits. On stop: SIGTERM, then SIGKILL after [`TERMINATION_GRACE`].
+async fn supervise(
+    client: kube::Client,
+    ca: String,
+    pod: Pod,
+    mut sandbox: incluster::Sandbox,
+    log: Log,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut backoff = std::time::Duration::from_secs(10);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    loop {
+        let mut renew = None;
+        sandbox.credentials.clear();
+        if incluster::automounts_token(&pod) {
+            match incluster::request_token(&client, &pod).await {
+                Ok((token, after)) => {
+                    sandbox.credentials = vec![
+                        ("token".into(), token),
+                        ("ca.crt".into(), ca.clone()),
+                        ("namespace".into(), ns.clone()),
+                    ];
+                    renew = Some(tokio::time::Instant::now() + after);
+                }
+                Err(e) => log.line(format!(
+                    "MountVolume.SetUp failed for volume \"kube-api-access\": requesting a \
+                     token for pod {ns}/{name}: {e}"
+                )),
+            }
+        }
+        let spawned = if !incluster::automounts_token(&pod) || renew.is_some() {
+            incluster::sandbox(&sandbox).and_then(|mut c| c.spawn())
+        } else {
+            Err(std::io::Error::other("no ServiceAccount token"))
+        };
+        let started = tokio::time::Instant::now();
+        match spawned {
+            Err(e) => log.line(format!("starting tandem: {e}")),
+            Ok(mut child) => {
+                let pid = child.id().unwrap_or_default();
+                let mut pumps = Vec::new();
+                let out = child
+                    .stdout
+                    .take()
+                    .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+                let err = child
+                    .stderr
+                    .take()
+                    .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+                for stream in [out, err].into_iter().flatten() {
+                    let log = log.clone();
+                    pumps.push(tokio::spawn(async move {
+                        let mut lines = tokio::io::BufReader::new(stream).lines();
+                        while let Ok(Some(line)) = lines.next_line().await {
+                            log.line(line);
+                        }
+                    }));
+                }
+                let status = loop {
+                    let renewal = async {
+                        match renew {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        status = child.wait() => break status,
+                        _ = stop.changed() => {
+                            let _ = nix::sys::signal::kill(
+                                nix::unistd::Pid::from_raw(pid as i32),
+                                nix::sys::signal::Signal::SIGTERM,
+                            );
+                            if tokio::time::timeout(TERMINATION_GRACE, child.wait()).await.is_err() {
+                                let _ = child.kill().await;
+                            }
+                            for p in pumps {
+                                let _ = p.await;
+                            }
+                            return;
+                        }
+                        () = renewal => match incluster::request_token(&client, &pod).await {
+                            Ok((token, after)) => {
+                                if let Err(e) = incluster::write_token(pid, &token) {
+                                    tracing::warn!(pod = %name, "renewing the token: {e}");
+                                }
+                                renew = Some(tokio::time::Instant::now() + after);
+                            }
+                            Err(e) => {
+                                tracing::warn!(pod = %name, "renewing the token: {e}");
+                                renew = Some(tokio::time::Instant::now() + std::time::Duration::from_secs(10));
+                            }
+                        },
+                    }
+                };
+                for p in pumps {
+                    let _ = p.await;
+                }
+                match status {
+                    Ok(status) => log.line(format!("tandem exited: {status}")),
+                    Err(e) => log.line(format!("waiting for tandem: {e}")),
+                }
+            }
+        }
+        if started.elapsed() > std::time::Duration::from_secs(600) {
+            backoff = std::time::Duration::from_secs(10);
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(300));
     }
 }
 

@@ -1,0 +1,538 @@
+//! Tandem run as a real cluster runs it, on a network-mode lab: `tandem install` makes the
+//! controller its Deployment's pod (this very binary, sandboxed in the pod's namespaces, under
+//! its ServiceAccount), and peering, offloading and the pod-placement webhook (called through
+//! its Service) work with controllers run that way. Pods of Tandem's image that step outside
+//! the allow-list run nothing, and nothing outlives the lab, even a SIGKILLed one.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Lab {
+    child: Child,
+    kubeconfig: String,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tandem(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("HOME", home)
+        .output()
+        .expect("tandem runs")
+}
+
+fn kubectl(lab: &Lab, context: &str, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .args(["--kubeconfig", &lab.kubeconfig, "--context", context])
+        .args(args)
+        .output()
+        .expect("kubectl runs")
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn json(lab: &Lab, context: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&ok(
+        kubectl(lab, context, &all),
+        &format!("kubectl {args:?}"),
+    ))
+    .unwrap()
+}
+
+/// The processes the lab started (its children), with their command lines.
+fn children(lab_pid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // ppid is the second field after the parenthesised command name.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(lab_pid) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push((pid, cmdline.trim().to_string()));
+        }
+    }
+    found
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn lab_namespaces() -> BTreeSet<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("lab-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run_that_way() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("lab");
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "lab",
+            "up",
+            "--network",
+            "--clusters",
+            "2",
+            "--nodes",
+            "1",
+            "--dir",
+        ])
+        .arg(&dir)
+        .env("HOME", home.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let mut lab = Lab {
+        child,
+        kubeconfig: kubeconfig.to_string_lossy().into_owned(),
+    };
+    until("the lab's kubeconfig", Duration::from_secs(60), || {
+        kubeconfig.exists().then_some(())
+    });
+    let lab_pid = lab.child.id();
+    let kc = lab.kubeconfig.clone();
+
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
+        ok(
+            tandem(
+                home.path(),
+                &[
+                    "install",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    ctx,
+                    "--cluster-id",
+                    id,
+                ],
+            ),
+            &format!("install on {ctx}"),
+        );
+    }
+    // Each controller is its Deployment's pod, and says who the API server knows it as.
+    for ctx in ["lab-1", "lab-2"] {
+        let log = until(
+            &format!("the controller pod of {ctx} logging who it is"),
+            Duration::from_secs(60),
+            || {
+                let out = kubectl(
+                    &lab,
+                    ctx,
+                    &["-n", "tandem-system", "logs", "deploy/tandem-controller"],
+                );
+                let log = String::from_utf8_lossy(&out.stdout).into_owned();
+                log.contains("authenticated as").then_some(log)
+            },
+        );
+        assert!(
+            log.contains("authenticated as system:serviceaccount:tandem-system:tandem-controller"),
+            "{ctx}: {log}"
+        );
+        assert!(
+            !log.contains('\u{1b}'),
+            "a pod's log has no colour codes: {log}"
+        );
+    }
+    // The processes: this binary, as the image's nonroot user, without any capability, with
+    // no_new_privs, each in its pod's network namespace; its token is nowhere on the host.
+    let controllers: Vec<u32> = until("two controller processes", Duration::from_secs(30), || {
+        let found: Vec<u32> = children(lab_pid)
+            .into_iter()
+            .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
+            .map(|(pid, _)| pid)
+            .collect();
+        (found.len() == 2).then_some(found)
+    });
+    for pid in &controllers {
+        assert_eq!(status_field(*pid, "Uid"), "65532\t65532\t65532\t65532");
+        for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+            assert_eq!(status_field(*pid, set), "0000000000000000", "{set}");
+        }
+        assert_eq!(status_field(*pid, "NoNewPrivs"), "1");
+        let netns = Command::new("ip")
+            .args(["netns", "identify", &pid.to_string()])
+            .output()
+            .unwrap();
+        let netns = String::from_utf8_lossy(&netns.stdout).trim().to_string();
+        assert!(
+            netns.starts_with("lab-") && netns.contains("-tandem-system-tandem-controller-"),
+            "the controller runs in its pod's namespace, not {netns:?}"
+        );
+        let credentials = format!("/proc/{pid}/root/run/secrets/kubernetes.io/serviceaccount");
+        let namespace = std::fs::read_to_string(format!("{credentials}/namespace")).unwrap();
+        assert_eq!(namespace, "tandem-system");
+        // The token is bound as kube binds a projected one: to the pod, for the API server's
+        // audience, for 3607 s.
+        let token = std::fs::read_to_string(format!("{credentials}/token")).unwrap();
+        let payload = token.split('.').nth(1).unwrap();
+        use base64::Engine as _;
+        let claims: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload)
+                .unwrap(),
+        )
+        .unwrap();
+        let hostname = std::fs::read_to_string(format!("/proc/{pid}/environ")).unwrap();
+        let pod = hostname
+            .split('\0')
+            .find_map(|v| v.strip_prefix("HOSTNAME="))
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            claims["kubernetes.io"]["pod"]["name"],
+            pod.as_str(),
+            "{claims}"
+        );
+        assert_eq!(
+            claims["aud"][0], "https://kubernetes.default.svc",
+            "{claims}"
+        );
+        assert_eq!(
+            claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+            3607,
+            "{claims}"
+        );
+    }
+    assert!(
+        !Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").exists(),
+        "the host's own path holds no pod's token"
+    );
+
+    // Peering with controllers in pods: the consumer's controller reaches the provider's API
+    // server on the lab WAN, as the invite says.
+    let invite = ok(
+        tandem(
+            home.path(),
+            &[
+                "invite",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-2",
+                "--endpoint",
+                "https://198.18.2.2:6443",
+            ],
+        ),
+        "invite",
+    );
+    let out = ok(
+        tandem(
+            home.path(),
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer",
+    );
+    let _ = out;
+    until(
+        "virtual node tandem-milan Ready",
+        Duration::from_secs(60),
+        || {
+            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+            node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        },
+    );
+    ok(
+        kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
+        "namespace",
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "offload",
+                "namespace",
+                "demo",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "offload",
+    );
+    // The webhook (behind its Service) places a pod on the virtual node; it runs in milan.
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "run",
+                "hello",
+                "--image=tandem.dev/echo",
+                "--overrides",
+                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}"#,
+            ],
+        ),
+        "kubectl run",
+    );
+    until(
+        "the offloaded pod Running in both clusters",
+        Duration::from_secs(60),
+        || {
+            let pod = json(&lab, "lab-1", &["-n", "demo", "get", "pod", "hello"]);
+            let twin = json(&lab, "lab-2", &["-n", "demo-rome", "get", "pods"]);
+            (pod["status"]["phase"] == "Running"
+                && twin["items"]
+                    .as_array()?
+                    .iter()
+                    .any(|p| p["status"]["phase"] == "Running"))
+            .then_some(())
+        },
+    );
+
+    // Tandem's image outside the allow-list: nothing starts, the status says why.
+    let pods = [
+        (
+            "bad-arg",
+            "demo-local",
+            r#"["controller","--kubeconfig","/root/.kube/config"]"#,
+            "argument \"--kubeconfig\" is not allowed",
+        ),
+        (
+            "bad-role",
+            "demo-local",
+            r#"["lab","up"]"#,
+            "only its in-cluster roles",
+        ),
+        (
+            "in-twin",
+            "demo-rome",
+            r#"["controller"]"#,
+            "twin namespace",
+        ),
+    ];
+    ok(
+        kubectl(&lab, "lab-1", &["create", "namespace", "demo-local"]),
+        "namespace",
+    );
+    for (name, ns, args, _) in pods {
+        let context = if ns == "demo-rome" { "lab-2" } else { "lab-1" };
+        let overrides = format!(
+            r#"{{"spec":{{"containers":[{{"name":"c","image":"ghcr.io/tandem-dev/tandem:0.1.0","args":{args}}}]}}}}"#
+        );
+        ok(
+            kubectl(
+                &lab,
+                context,
+                &[
+                    "-n",
+                    ns,
+                    "run",
+                    name,
+                    "--image=ghcr.io/tandem-dev/tandem:0.1.0",
+                    "--overrides",
+                    &overrides,
+                ],
+            ),
+            "kubectl run",
+        );
+    }
+    for (name, ns, _, why) in pods {
+        let context = if ns == "demo-rome" { "lab-2" } else { "lab-1" };
+        let state = until(
+            &format!("pod {ns}/{name} refused"),
+            Duration::from_secs(60),
+            || {
+                let pod = json(&lab, context, &["-n", ns, "get", "pod", name]);
+                let state = pod["status"]["containerStatuses"][0]["state"].clone();
+                (!state["terminated"].is_null()).then_some(state)
+            },
+        );
+        assert_eq!(
+            state["terminated"]["reason"], "StartError",
+            "{name}: {state}"
+        );
+        let message = state["terminated"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(why), "{name}: {message}");
+    }
+    let running: Vec<String> = children(lab_pid)
+        .into_iter()
+        .map(|(_, c)| c)
+        .filter(|c| c.starts_with("tandem"))
+        .collect();
+    assert_eq!(
+        running.len(),
+        2,
+        "only the two controllers run, nothing for the refused pods: {running:?}"
+    );
+
+    // Deleting the controller's pod stops its process; the Deployment's next pod runs anew.
+    let old = controllers[0];
+    let pod_of_old = Command::new("ip")
+        .args(["netns", "identify", &old.to_string()])
+        .output()
+        .unwrap();
+    let netns = String::from_utf8_lossy(&pod_of_old.stdout)
+        .trim()
+        .to_string();
+    let context = if netns.contains("-1-tandem-system-") {
+        "lab-1"
+    } else {
+        "lab-2"
+    };
+    // `lab-<instance>-…`: the namespaces of this lab.
+    let instance = format!("lab-{}-", netns.split('-').nth(1).unwrap_or_default());
+    ok(
+        kubectl(
+            &lab,
+            context,
+            &[
+                "-n",
+                "tandem-system",
+                "delete",
+                "pod",
+                "-l",
+                "app.kubernetes.io/name=tandem-controller",
+            ],
+        ),
+        "delete the controller pod",
+    );
+    until(
+        "the old controller process gone and a new one running",
+        Duration::from_secs(60),
+        || {
+            let now: Vec<u32> = children(lab_pid)
+                .into_iter()
+                .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
+                .map(|(pid, _)| pid)
+                .collect();
+            (!now.contains(&old) && now.len() == 2).then_some(())
+        },
+    );
+
+    // SIGKILL the lab: its processes die with it, and the next start removes its namespaces.
+    let last: Vec<u32> = children(lab_pid)
+        .into_iter()
+        .filter(|(_, c)| c.starts_with("tandem"))
+        .map(|(p, _)| p)
+        .collect();
+    lab.child.kill().unwrap();
+    lab.child.wait().unwrap();
+    until(
+        "the lab's processes gone with it",
+        Duration::from_secs(10),
+        || {
+            last.iter()
+                .all(|pid| {
+                    !Path::new(&format!("/proc/{pid}")).exists()
+                        || status_field(*pid, "State").starts_with('Z')
+                })
+                .then_some(())
+        },
+    );
+    let restarted = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "lab",
+            "up",
+            "--network",
+            "--clusters",
+            "1",
+            "--nodes",
+            "1",
+            "--dir",
+        ])
+        .arg(home.path().join("second"))
+        .env("HOME", home.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let second_kc = home.path().join("second/kubeconfig");
+    let mut second = Lab {
+        child: restarted,
+        kubeconfig: second_kc.to_string_lossy().into_owned(),
+    };
+    until(
+        "the second lab's kubeconfig",
+        Duration::from_secs(60),
+        || second_kc.exists().then_some(()),
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let _ = second.child.wait();
+    let left: Vec<String> = lab_namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&instance))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "namespaces of the killed lab left behind: {left:?}"
+    );
+}

@@ -1,0 +1,562 @@
+//! Tandem's own image run as a pod's process: the one real binary a network-mode lab runs.
+//!
+//! Running it is where the lab could hand out host root, so what a pod spec may say is an
+//! allow-list ([`plan`]): only Tandem's in-cluster roles, only their own flags, only a few
+//! environment variables, never uid 0, only the network capabilities a gateway needs, never in
+//! a twin namespace (peers create pods there). The process then runs as a container would
+//! ([`sandbox`], [`enter`]): in the pod's network namespace, in a private mount, UTS and IPC namespace
+//! where the ServiceAccount token, CA and namespace appear at
+//! `/var/run/secrets/kubernetes.io/serviceaccount/` (a tmpfs seen only by the pod, never the
+//! host's own path), with private `/tmp`, the pod's resolv.conf and hostname, its uid, only the
+//! capabilities it declares and `no_new_privs`. The token is bound to the pod, as kubelet's
+//! projected token is, and renewed at 80% of its life.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+/// The image repository of Tandem (`ghcr.io/tandem-dev/tandem:<tag>`).
+pub const REPOSITORY: &str = "ghcr.io/tandem-dev/tandem";
+/// The uid Tandem's image runs as when the pod does not say (the image's `USER`, distroless's
+/// nonroot).
+pub const DEFAULT_UID: u32 = 65532;
+/// Where kubelet mounts a pod's ServiceAccount credentials.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Lifetime of the tokens requested for pods (kubelet's projected token default).
+const TOKEN_SECONDS: i64 = 3607;
+
+/// The in-cluster roles of Tandem's image and the flags each accepts. Nothing that points the
+/// binary at other credentials or files (`--kubeconfig`, `--context`, `--data-dir`, `--config`)
+/// is among them.
+const ROLES: &[(&str, &[&str])] = &[(
+    "controller",
+    &[
+        "--webhook-addr",
+        "--webhook-service",
+        "--heartbeat-seconds",
+        "--provider-grace-seconds",
+    ],
+)];
+/// Environment variables a pod may set for Tandem's image (`LD_PRELOAD` and the like never).
+const ENV: &[&str] = &["RUST_LOG", "RUST_BACKTRACE", "NO_COLOR"];
+/// Capabilities a pod may add for Tandem's image (a gateway's), with their numbers.
+const CAPABILITIES: &[(&str, u32)] =
+    &[("NET_ADMIN", 12), ("NET_RAW", 13), ("NET_BIND_SERVICE", 10)];
+
+/// Whether `image` is Tandem's (any tag or digest).
+pub fn is_tandem_image(image: &str) -> bool {
+    let repo = image.split('@').next().unwrap_or(image);
+    let repo = match repo.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') => r,
+        _ => repo,
+    };
+    repo == REPOSITORY
+}
+
+/// What a container of Tandem's image runs, once the pod spec has passed the allow-list.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Launch {
+    /// The arguments after `tandem`, role first.
+    pub args: Vec<String>,
+    /// Environment from the pod spec (allow-listed names, literal values).
+    pub env: Vec<(String, String)>,
+    /// User and group the process runs as.
+    pub uid: u32,
+    pub gid: u32,
+    /// Capability numbers the process keeps (nothing else, not even in its bounding set).
+    pub capabilities: Vec<u32>,
+}
+
+/// Checks `container` of `pod` (Tandem's image) against the allow-list; `twin` says whether the
+/// pod's namespace is a twin namespace. The error is what the container's status reports;
+/// nothing runs then.
+pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    if twin {
+        return Err(format!(
+            "Tandem's image may not run in namespace {ns}: it is a twin namespace, where peers \
+             create pods"
+        ));
+    }
+    let mut words: Vec<String> = Vec::new();
+    match container.command.as_deref() {
+        None | Some([]) => {}
+        Some([first, rest @ ..]) if first.rsplit('/').next() == Some("tandem") => {
+            words.extend(rest.iter().cloned())
+        }
+        Some([first, ..]) => {
+            return Err(format!(
+                "exec: \"{first}\": Tandem's image has only the tandem binary (command must be \
+                 tandem or left unset)"
+            ));
+        }
+    }
+    words.extend(container.args.iter().flatten().cloned());
+    let roles = || ROLES.iter().map(|(r, _)| *r).collect::<Vec<_>>().join(", ");
+    let Some((role, flags)) = words
+        .first()
+        .and_then(|w| ROLES.iter().find(|(r, _)| r == w))
+    else {
+        return Err(format!(
+            "Tandem's image runs only its in-cluster roles ({}), not {:?}",
+            roles(),
+            words.first().map(String::as_str).unwrap_or("")
+        ));
+    };
+    let mut rest = words[1..].iter();
+    while let Some(word) = rest.next() {
+        let name = word.split_once('=').map_or(word.as_str(), |(n, _)| n);
+        if !word.starts_with("--") || !flags.contains(&name) {
+            return Err(format!(
+                "argument {name:?} is not allowed for `tandem {role}` in a pod (allowed: {})",
+                flags.join(", ")
+            ));
+        }
+        if !word.contains('=') && rest.next().is_none_or(|v| v.starts_with("--")) {
+            return Err(format!("argument {name} needs a value"));
+        }
+    }
+    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err("envFrom is not allowed for Tandem's image".into());
+    }
+    let mut env = Vec::new();
+    for var in container.env.iter().flatten() {
+        if !ENV.contains(&var.name.as_str()) || var.value_from.is_some() {
+            return Err(format!(
+                "environment variable {} is not allowed for Tandem's image (allowed, as literal \
+                 values: {})",
+                var.name,
+                ENV.join(", ")
+            ));
+        }
+        env.push((var.name.clone(), var.value.clone().unwrap_or_default()));
+    }
+
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = container.security_context.as_ref();
+    if sc.and_then(|s| s.privileged) == Some(true) {
+        return Err("privileged containers of Tandem's image are not run".into());
+    }
+    let id = |v: Option<i64>, what: &str| -> Result<Option<u32>, String> {
+        v.map(|v| u32::try_from(v).map_err(|_| format!("{what} {v} is not a valid id")))
+            .transpose()
+    };
+    let uid = id(
+        sc.and_then(|s| s.run_as_user)
+            .or(pod_sc.and_then(|s| s.run_as_user)),
+        "runAsUser",
+    )?
+    .unwrap_or(DEFAULT_UID);
+    if uid == 0 {
+        return Err(
+            "Tandem's image never runs as root in the lab (runAsUser 0): its roles need at \
+             most the capabilities they declare"
+                .into(),
+        );
+    }
+    let gid = id(
+        sc.and_then(|s| s.run_as_group)
+            .or(pod_sc.and_then(|s| s.run_as_group)),
+        "runAsGroup",
+    )?
+    .unwrap_or(uid);
+    let caps = sc.and_then(|s| s.capabilities.as_ref());
+    let dropped: Vec<String> = caps
+        .and_then(|c| c.drop.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| normalise_capability(c))
+        .collect();
+    let mut capabilities = Vec::new();
+    for name in caps.and_then(|c| c.add.clone()).unwrap_or_default() {
+        let name = normalise_capability(&name);
+        if dropped.contains(&name) {
+            continue;
+        }
+        let Some((_, number)) = CAPABILITIES.iter().find(|(n, _)| *n == name) else {
+            return Err(format!(
+                "capability {name} is not allowed for Tandem's image (allowed: {})",
+                CAPABILITIES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        capabilities.push(*number);
+    }
+    Ok(Launch {
+        args: words,
+        env,
+        uid,
+        gid,
+        capabilities,
+    })
+}
+
+fn normalise_capability(name: &str) -> String {
+    let upper = name.to_ascii_uppercase();
+    upper.strip_prefix("CAP_").unwrap_or(&upper).to_string()
+}
+
+/// Everything a sandboxed process is started with.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Sandbox {
+    /// The tandem binary on the host.
+    pub binary: PathBuf,
+    /// What the pod spec asked for, checked.
+    pub launch: Launch,
+    /// The pod's network namespace (`ip netns` name).
+    pub netns: String,
+    /// The pod's name, its hostname.
+    pub hostname: String,
+    /// Files under [`SERVICE_ACCOUNT_DIR`] (token, ca.crt, namespace); empty without a token.
+    pub credentials: Vec<(String, String)>,
+    /// The pod's /etc/resolv.conf.
+    pub resolv_conf: String,
+    /// `KUBERNETES_SERVICE_HOST` and `_PORT`.
+    pub api_server: (String, u16),
+}
+
+/// The hidden first argument that makes the tandem binary set up a sandbox and exec its role
+/// ([`enter`]); the sandbox itself comes in [`SANDBOX_ENV`]. Neither can come from a pod spec:
+/// the allow-list admits neither that argument nor that variable.
+pub const SANDBOX_ARG: &str = "__lab-sandbox";
+/// The environment variable carrying the [`Sandbox`] (JSON) to [`enter`].
+pub const SANDBOX_ENV: &str = "TANDEM_LAB_SANDBOX";
+
+/// The command starting `sandbox`'s process (not yet spawned): the tandem binary in its
+/// sandbox-entering mode, stdin closed, stdout and stderr piped, killed when dropped.
+pub fn sandbox(sandbox: &Sandbox) -> std::io::Result<tokio::process::Command> {
+    let spec = serde_json::to_string(sandbox).map_err(std::io::Error::other)?;
+    let mut cmd = tokio::process::Command::new(&sandbox.binary);
+    cmd.arg(SANDBOX_ARG)
+        .env_clear()
+        .env(SANDBOX_ENV, spec)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
+/// Mount points given a private tmpfs in the sandbox: /var/run first (it holds the
+/// credentials; required), then the world-writable places a process could otherwise leave
+/// files in on the host (best effort: they may not exist).
+const TMPFS: [(&str, &str); 4] = [
+    ("/var/run", "mode=0755,size=4m"),
+    ("/tmp", "mode=1777,size=64m"),
+    ("/var/tmp", "mode=1777,size=64m"),
+    ("/dev/shm", "mode=1777,size=64m"),
+];
+
+/// Sets the sandbox up around the calling process and executes the tandem binary's role in
+/// it; returns only on failure. Called by the tandem binary, as root, before it starts any
+/// thread (`tandem __lab-sandbox`, with the sandbox in [`SANDBOX_ENV`]): namespaces belong to
+/// threads, and a process must be single-threaded to enter a new mount namespace.
+///
+/// No crate runs a process like a container without a container runtime (runc and youki want
+/// an OCI bundle with a root filesystem, which the lab has no image for), so the steps are
+/// spelled out here with nix and caps.
+pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sched::{CloneFlags, setns, unshare};
+    use nix::unistd::{Gid, Uid};
+    let sandbox: Sandbox =
+        serde_json::from_str(spec).map_err(|e| format!("reading the sandbox: {e}"))?;
+    let step = |what: &'static str| move |e: nix::Error| format!("sandbox: {what}: {e}");
+    // Opened as root: the binary is executed through this descriptor, so the directories of
+    // its path need not be searchable by the pod's user.
+    let binary = std::fs::File::open(&sandbox.binary)
+        .map_err(|e| format!("sandbox: opening {}: {e}", sandbox.binary.display()))?;
+    let netns_path = super::netns::path(&sandbox.netns);
+    let netns = std::fs::File::open(&netns_path)
+        .map_err(|e| format!("sandbox: opening {}: {e}", netns_path.display()))?;
+    setns(&netns, CloneFlags::CLONE_NEWNET).map_err(step("entering the pod's network"))?;
+    drop(netns);
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC)
+        .map_err(step("new mount, UTS and IPC namespaces"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(step("making mounts private"))?;
+    for (i, (target, options)) in TMPFS.iter().enumerate() {
+        let done = mount(
+            Some("tmpfs"),
+            *target,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(*options),
+        );
+        if i == 0 {
+            done.map_err(step("a private /var/run"))?;
+        }
+    }
+    let io = |what: &'static str| move |e: std::io::Error| format!("sandbox: {what}: {e}");
+    if !sandbox.credentials.is_empty() {
+        std::fs::create_dir_all(SERVICE_ACCOUNT_DIR).map_err(io("credentials directory"))?;
+        for (name, content) in &sandbox.credentials {
+            std::fs::write(format!("{SERVICE_ACCOUNT_DIR}/{name}"), content)
+                .map_err(io("writing credentials"))?;
+        }
+    }
+    // The pod's resolver configuration over the host's, read-only (best effort: a host whose
+    // /etc/resolv.conf links into /run has nothing left to bind over).
+    let resolv = "/var/run/tandem-lab-resolv.conf";
+    std::fs::write(resolv, &sandbox.resolv_conf).map_err(io("writing resolv.conf"))?;
+    if mount(
+        Some(resolv),
+        "/etc/resolv.conf",
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .is_ok()
+    {
+        let _ = mount(
+            None::<&str>,
+            "/etc/resolv.conf",
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        );
+    }
+    nix::unistd::sethostname(&sandbox.hostname).map_err(step("setting the hostname"))?;
+
+    // Capabilities: the declared ones and nothing else, not even in the bounding set.
+    let launch = &sandbox.launch;
+    let keep: caps::CapsHashSet = caps::all()
+        .into_iter()
+        .filter(|c| launch.capabilities.contains(&(c.index() as u32)))
+        .collect();
+    let cap_err =
+        |what: &'static str| move |e: caps::errors::CapsError| format!("sandbox: {what}: {e}");
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            caps::drop(None, caps::CapSet::Bounding, cap).map_err(cap_err("bounding set"))?;
+        }
+    }
+    nix::sys::prctl::set_keepcaps(!keep.is_empty()).map_err(step("keeping capabilities"))?;
+    nix::unistd::setgroups(&[]).map_err(step("dropping groups"))?;
+    let (uid, gid) = (Uid::from_raw(launch.uid), Gid::from_raw(launch.gid));
+    nix::unistd::setresgid(gid, gid, gid).map_err(step("setting the group"))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(step("setting the user"))?;
+    for set in [
+        caps::CapSet::Effective,
+        caps::CapSet::Permitted,
+        caps::CapSet::Inheritable,
+    ] {
+        caps::set(None, set, &keep).map_err(cap_err("capabilities"))?;
+    }
+    for cap in &keep {
+        caps::raise(None, caps::CapSet::Ambient, *cap).map_err(cap_err("ambient capabilities"))?;
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(step("no_new_privs"))?;
+    // After the user changed (a change of credentials clears it): the process dies with the
+    // lab even if it is killed.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(step("parent-death signal"))?;
+    std::env::set_current_dir("/").map_err(io("cwd"))?;
+
+    let cstr = |s: &str| CString::new(s).map_err(|_| format!("sandbox: {s:?} holds a NUL byte"));
+    let mut args = vec![cstr("tandem")?];
+    for a in &launch.args {
+        args.push(cstr(a)?);
+    }
+    let port = sandbox.api_server.1.to_string();
+    let mut env = vec![
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        "HOME=/".to_string(),
+        format!("HOSTNAME={}", sandbox.hostname),
+        format!("KUBERNETES_SERVICE_HOST={}", sandbox.api_server.0),
+        format!("KUBERNETES_SERVICE_PORT={port}"),
+        format!("KUBERNETES_SERVICE_PORT_HTTPS={port}"),
+    ];
+    env.extend(launch.env.iter().map(|(k, v)| format!("{k}={v}")));
+    let env = env.iter().map(|e| cstr(e)).collect::<Result<Vec<_>, _>>()?;
+    let e = nix::unistd::fexecve(&binary, &args, &env).map_err(step("executing tandem"))?;
+    match e {}
+}
+
+/// Requests a token for the pod's ServiceAccount bound to the pod, as kubelet does for the
+/// projected `kube-api-access` volume; returns it and when to renew it (80% of its life).
+pub async fn request_token(
+    client: &kube::Client,
+    pod: &Pod,
+) -> Result<(String, Duration), kube::Error> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.as_deref())
+        .unwrap_or("default");
+    let request: TokenRequest = serde_json::from_value(serde_json::json!({"spec": {
+        "audiences": [], "expirationSeconds": TOKEN_SECONDS,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                           "name": pod.metadata.name, "uid": pod.metadata.uid}}}))
+    .expect("static shape");
+    let answer = kube::Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(account, &Default::default(), &request)
+        .await?;
+    let status = answer
+        .status
+        .ok_or_else(|| kube::Error::Service("TokenRequest answered without a status".into()))?;
+    let left = status
+        .expiration_timestamp
+        .0
+        .duration_since(k8s_openapi::jiff::Timestamp::now())
+        .unsigned_abs();
+    // Renewed at 80% of its life, as kubelet renews projected tokens.
+    Ok((status.token, left.mul_f64(0.8)))
+}
+
+/// Replaces the token file of the running process `pid` (through its view of the file system:
+/// the tmpfs is private to it), atomically as kubelet's atomic writer does.
+pub fn write_token(pid: u32, token: &str) -> std::io::Result<()> {
+    // Symbolic links below /proc/<pid>/root resolve against the reader's root, so /var/run
+    // (a link to /run on most hosts) is resolved here first: the process sees the same one.
+    let var_run = std::fs::canonicalize("/var/run")?;
+    let below = SERVICE_ACCOUNT_DIR
+        .strip_prefix("/var/run/")
+        .expect("the credentials live below /var/run");
+    let dir = PathBuf::from(format!("/proc/{pid}/root"))
+        .join(var_run.strip_prefix("/").unwrap_or(&var_run))
+        .join(below);
+    let tmp = dir.join("..token.tmp");
+    std::fs::write(&tmp, token)?;
+    std::fs::rename(&tmp, dir.join("token"))
+}
+
+/// Whether the pod mounts its ServiceAccount token (`automountServiceAccountToken`, default
+/// true).
+pub fn automounts_token(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.automount_service_account_token)
+        != Some(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(spec: serde_json::Value) -> (Pod, Container) {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "ctl", "namespace": "tandem-system"}, "spec": spec}))
+        .unwrap();
+        let c = pod.spec.as_ref().unwrap().containers[0].clone();
+        (pod, c)
+    }
+
+    fn container(extra: serde_json::Value) -> serde_json::Value {
+        let mut c = json!({"name": "controller", "image": "ghcr.io/tandem-dev/tandem:0.1.0"});
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"containers": [c]})
+    }
+
+    #[test]
+    fn tandem_images_by_any_tag_or_digest_and_nothing_else() {
+        for (image, is) in [
+            ("ghcr.io/tandem-dev/tandem", true),
+            ("ghcr.io/tandem-dev/tandem:0.1.0", true),
+            ("ghcr.io/tandem-dev/tandem@sha256:abc", true),
+            ("ghcr.io/tandem-dev/tandem-evil:1", false),
+            ("evil.io/ghcr.io/tandem-dev/tandem:1", false),
+            ("tandem.dev/echo", false),
+        ] {
+            assert_eq!(is_tandem_image(image), is, "{image}");
+        }
+    }
+
+    #[test]
+    fn the_controller_role_with_its_own_flags_runs_as_nonroot_without_capabilities() {
+        let (p, c) = pod(container(json!({"args": ["controller", "--webhook-addr",
+            "0.0.0.0:9443", "--webhook-service=tandem-system/tandem-controller"],
+            "env": [{"name": "RUST_LOG", "value": "info"}]})));
+        let launch = plan(&p, &c, false).unwrap();
+        assert_eq!(launch.args[0], "controller");
+        assert_eq!((launch.uid, launch.gid), (DEFAULT_UID, DEFAULT_UID));
+        assert!(launch.capabilities.is_empty());
+        assert_eq!(launch.env, vec![("RUST_LOG".into(), "info".into())]);
+        // `command: [tandem]` is the image's own entrypoint.
+        let (p, c) = pod(container(
+            json!({"command": ["/tandem", "controller"], "securityContext": {
+            "runAsUser": 1000, "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}}),
+        ));
+        let launch = plan(&p, &c, false).unwrap();
+        assert_eq!(launch.args, vec!["controller".to_string()]);
+        assert_eq!((launch.uid, launch.capabilities.clone()), (1000, vec![12]));
+    }
+
+    #[test]
+    fn everything_outside_the_allow_list_is_refused_with_its_reason() {
+        let cases = [
+            (
+                json!({"args": ["controller", "--kubeconfig", "/root/.kube/config"]}),
+                "argument \"--kubeconfig\" is not allowed",
+            ),
+            (
+                json!({"args": ["controller", "--data-dir=/"]}),
+                "argument \"--data-dir\"",
+            ),
+            (json!({"args": ["lab", "up"]}), "only its in-cluster roles"),
+            (json!({"args": []}), "only its in-cluster roles"),
+            (
+                json!({"args": ["controller", "--heartbeat-seconds"]}),
+                "needs a value",
+            ),
+            (
+                json!({"command": ["/bin/sh", "-c", "id"]}),
+                "exec: \"/bin/sh\"",
+            ),
+            (
+                json!({"args": ["controller"], "env": [{"name": "LD_PRELOAD", "value": "/x.so"}]}),
+                "LD_PRELOAD is not allowed",
+            ),
+            (
+                json!({"args": ["controller"], "env": [{"name": "RUST_LOG", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
+                "RUST_LOG is not allowed",
+            ),
+            (
+                json!({"args": ["controller"], "envFrom": [{"configMapRef": {"name": "x"}}]}),
+                "envFrom",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"runAsUser": 0}}),
+                "never runs as root",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"privileged": true}}),
+                "privileged",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}),
+                "capability SYS_ADMIN is not allowed",
+            ),
+        ];
+        for (extra, want) in cases {
+            let (p, c) = pod(container(extra.clone()));
+            let err = plan(&p, &c, false).expect_err(&extra.to_string());
+            assert!(err.contains(want), "{extra}: {err}");
+        }
+        let (p, c) = pod(container(json!({"args": ["controller"]})));
+        let err = plan(&p, &c, true).unwrap_err();
+        assert!(err.contains("twin namespace"), "{err}");
+        // The pod-level user applies; uid 0 there is refused too.
+        let (p, c) = pod(json!({"securityContext": {"runAsUser": 0}, "containers": [
+            {"name": "c", "image": "ghcr.io/tandem-dev/tandem", "args": ["controller"]}]}));
+        assert!(plan(&p, &c, false).unwrap_err().contains("root"));
+    }
+}
