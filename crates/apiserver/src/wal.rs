@@ -160,6 +160,9 @@ impl Wal {
     /// by a killed process is cut off.
     pub fn open(dir: &Path) -> std::io::Result<(Wal, Vec<Record>)> {
         std::fs::create_dir_all(dir)?;
+        // The directory holds Secrets, the CA key and the admin token: its owner's only, as
+        // etcd's data directory is (0700).
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let snapshot_path = dir.join("snapshot");
         let log_path = dir.join("wal");
         let (mut records, snap_len) = read_records(&snapshot_path)?;

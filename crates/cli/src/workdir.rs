@@ -82,6 +82,10 @@ pub fn claim(dir: &Path, default: &Path, usage: Use) -> Result<(), Error> {
         Step::Create | Step::Reuse => {}
     }
     std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    // It holds the kubeconfig with the clusters' admin credentials, and the clusters' data:
+    // private to the user who runs the lab (pods of a network-mode lab run as other users).
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(io("restricting", dir))?;
     let marker = dir.join(MARKER);
     std::fs::write(&marker, MARKER_TEXT).map_err(io("writing", &marker))
 }

@@ -257,6 +257,12 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         !Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").exists(),
         "the host's own path holds no pod's token"
     );
+    // Nor can a pod's user read the lab's admin kubeconfig or a cluster's CA key.
+    for private in [dir.clone(), dir.join("lab-1")] {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&private).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", private.display());
+    }
 
     // Peering with controllers in pods: the consumer's controller reaches the provider's API
     // server on the lab WAN, as the invite says.
