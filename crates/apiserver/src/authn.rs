@@ -213,6 +213,14 @@ fn service_account_token(state: &State, token: &str) -> Option<UserInfo> {
         if *live.uid != *pod["uid"].as_str()? {
             return None;
         }
+        // A deleted pod's token lasts as long as kube-apiserver lets it: 60 s past the pod's
+        // deletionTimestamp (the end of its grace period).
+        let deleted = live.value()["metadata"]["deletionTimestamp"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        if deleted.is_some_and(|t| t + chrono::Duration::seconds(60) < chrono::Utc::now()) {
+            return None;
+        }
     }
     Some(UserInfo {
         name: format!("system:serviceaccount:{namespace}:{name}"),

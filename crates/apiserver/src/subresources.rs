@@ -362,6 +362,9 @@ fn bound_pod(
     let Some(pod) = state.store.get("/pods", ns, name) else {
         return Err(ApiError::not_found("", "pods", name));
     };
+    if !reference["uid"].is_null() && !reference["uid"].is_string() {
+        return Err(invalid("Invalid value: uid must be a string".into()));
+    }
     if let Some(uid) = reference["uid"].as_str()
         && uid != &*pod.uid
     {

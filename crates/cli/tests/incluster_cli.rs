@@ -4,7 +4,6 @@
 //! its Service) work with controllers run that way. Pods of Tandem's image that step outside
 //! the allow-list run nothing, and nothing outlives the lab, even a SIGKILLed one.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -105,15 +104,39 @@ fn status_field(pid: u32, field: &str) -> String {
         .unwrap_or_default()
 }
 
-fn lab_namespaces() -> BTreeSet<String> {
-    std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("lab-"))
-                .collect()
-        })
-        .unwrap_or_default()
+/// Starts `tandem lab up --network` with `clusters` clusters in `home/name`; returns once its
+/// kubeconfig is written.
+fn lab_up(home: &Path, name: &str, clusters: &str) -> Lab {
+    let dir = home.join(name);
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "lab",
+            "up",
+            "--network",
+            "--clusters",
+            clusters,
+            "--nodes",
+            "1",
+            "--dir",
+        ])
+        .arg(&dir)
+        .env("HOME", home)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let lab = Lab {
+        child,
+        kubeconfig: kubeconfig.to_string_lossy().into_owned(),
+    };
+    until(
+        &format!("{name}'s kubeconfig"),
+        Duration::from_secs(60),
+        || kubeconfig.exists().then_some(()),
+    );
+    lab
 }
 
 #[test]
@@ -123,32 +146,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
     }
     let home = tempfile::tempdir().unwrap();
     let dir = home.path().join("lab");
-    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args([
-            "lab",
-            "up",
-            "--network",
-            "--clusters",
-            "2",
-            "--nodes",
-            "1",
-            "--dir",
-        ])
-        .arg(&dir)
-        .env("HOME", home.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    let mut lab = Lab {
-        child,
-        kubeconfig: kubeconfig.to_string_lossy().into_owned(),
-    };
-    until("the lab's kubeconfig", Duration::from_secs(60), || {
-        kubeconfig.exists().then_some(())
-    });
+    let mut lab = lab_up(home.path(), "lab", "2");
     let lab_pid = lab.child.id();
     let kc = lab.kubeconfig.clone();
 
@@ -217,6 +215,11 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         assert!(
             netns.starts_with("lab-") && netns.contains("-tandem-system-tandem-controller-"),
             "the controller runs in its pod's namespace, not {netns:?}"
+        );
+        let resolv = std::fs::read_to_string(format!("/proc/{pid}/root/etc/resolv.conf")).unwrap();
+        assert!(
+            resolv.contains("nameserver 10.96.0.10") && resolv.contains("search tandem-system.svc"),
+            "the pod's resolver configuration, not the host's: {resolv}"
         );
         let credentials = format!("/proc/{pid}/root/run/secrets/kubernetes.io/serviceaccount");
         let namespace = std::fs::read_to_string(format!("{credentials}/namespace")).unwrap();
@@ -499,41 +502,14 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
                 .then_some(())
         },
     );
-    let restarted = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args([
-            "lab",
-            "up",
-            "--network",
-            "--clusters",
-            "1",
-            "--nodes",
-            "1",
-            "--dir",
-        ])
-        .arg(home.path().join("second"))
-        .env("HOME", home.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let second_kc = home.path().join("second/kubeconfig");
-    let mut second = Lab {
-        child: restarted,
-        kubeconfig: second_kc.to_string_lossy().into_owned(),
-    };
-    until(
-        "the second lab's kubeconfig",
-        Duration::from_secs(60),
-        || second_kc.exists().then_some(()),
-    );
+    let mut second = lab_up(home.path(), "second", "1");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(second.child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
     let _ = second.child.wait();
-    let left: Vec<String> = lab_namespaces()
+    let left: Vec<String> = tandem_lab::network::topology::namespaces()
         .into_iter()
         .filter(|n| n.starts_with(&instance))
         .collect();

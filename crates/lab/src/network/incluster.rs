@@ -12,7 +12,8 @@
 //! projected token is, and renewed at 80% of its life.
 
 use std::ffi::CString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -27,23 +28,34 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 /// Lifetime of the tokens requested for pods (kubelet's projected token default).
 const TOKEN_SECONDS: i64 = 3607;
 
-/// The in-cluster roles of Tandem's image and the flags each accepts. Nothing that points the
-/// binary at other credentials or files (`--kubeconfig`, `--context`, `--data-dir`, `--config`)
-/// is among them.
-const ROLES: &[(&str, &[&str])] = &[(
-    "controller",
-    &[
+/// An in-cluster role of Tandem's image: its subcommand, the flags it accepts and the
+/// capabilities a pod may give it.
+struct Role {
+    name: &'static str,
+    flags: &'static [&'static str],
+    /// Capabilities the role may be given (a gateway's NET_ADMIN, when it joins). A role with
+    /// network capabilities needs its own PID namespace too: NET_ADMIN in the host's user
+    /// namespace can reach any network namespace through a pid (IFLA_NET_NS_PID).
+    capabilities: &'static [&'static str],
+}
+
+/// The in-cluster roles of Tandem's image. No flag that points the binary at other credentials
+/// or files (`--kubeconfig`, `--context`, `--data-dir`, `--config`) is among them.
+const ROLES: &[Role] = &[Role {
+    name: "controller",
+    flags: &[
         "--webhook-addr",
         "--webhook-service",
         "--heartbeat-seconds",
         "--provider-grace-seconds",
     ],
-)];
+    capabilities: &[],
+}];
+/// The users and groups Tandem's image may run as: none of the host's system or login
+/// accounts (below) nor `nobody` (above), whose files or processes a pod could then reach.
+const IDS: std::ops::RangeInclusive<u32> = 10_000..=65_533;
 /// Environment variables a pod may set for Tandem's image (`LD_PRELOAD` and the like never).
 const ENV: &[&str] = &["RUST_LOG", "RUST_BACKTRACE", "NO_COLOR"];
-/// Capabilities a pod may add for Tandem's image (a gateway's), with their numbers.
-const CAPABILITIES: &[(&str, u32)] =
-    &[("NET_ADMIN", 12), ("NET_RAW", 13), ("NET_BIND_SERVICE", 10)];
 
 /// Whether `image` is Tandem's (any tag or digest).
 pub fn is_tandem_image(image: &str) -> bool {
@@ -94,10 +106,10 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
         }
     }
     words.extend(container.args.iter().flatten().cloned());
-    let roles = || ROLES.iter().map(|(r, _)| *r).collect::<Vec<_>>().join(", ");
-    let Some((role, flags)) = words
+    let roles = || ROLES.iter().map(|r| r.name).collect::<Vec<_>>().join(", ");
+    let Some(role) = words
         .first()
-        .and_then(|w| ROLES.iter().find(|(r, _)| r == w))
+        .and_then(|w| ROLES.iter().find(|r| r.name == w))
     else {
         return Err(format!(
             "Tandem's image runs only its in-cluster roles ({}), not {:?}",
@@ -108,10 +120,11 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
     let mut rest = words[1..].iter();
     while let Some(word) = rest.next() {
         let name = word.split_once('=').map_or(word.as_str(), |(n, _)| n);
-        if !word.starts_with("--") || !flags.contains(&name) {
+        if !word.starts_with("--") || !role.flags.contains(&name) {
             return Err(format!(
-                "argument {name:?} is not allowed for `tandem {role}` in a pod (allowed: {})",
-                flags.join(", ")
+                "argument {name:?} is not allowed for `tandem {}` in a pod (allowed: {})",
+                role.name,
+                role.flags.join(", ")
             ));
         }
         if !word.contains('=') && rest.next().is_none_or(|v| v.starts_with("--")) {
@@ -162,6 +175,16 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
         "runAsGroup",
     )?
     .unwrap_or(uid);
+    for (what, value) in [("runAsUser", uid), ("runAsGroup", gid)] {
+        if !IDS.contains(&value) {
+            return Err(format!(
+                "{what} {value} is not allowed for Tandem's image in the lab: it shares the \
+                 host's users and groups, so ids must be between {} and {}",
+                IDS.start(),
+                IDS.end()
+            ));
+        }
+    }
     let caps = sc.and_then(|s| s.capabilities.as_ref());
     let dropped: Vec<String> = caps
         .and_then(|c| c.drop.clone())
@@ -175,17 +198,21 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
         if dropped.contains(&name) {
             continue;
         }
-        let Some((_, number)) = CAPABILITIES.iter().find(|(n, _)| *n == name) else {
+        let number = ::caps::Capability::from_str(&format!("CAP_{name}"))
+            .ok()
+            .filter(|_| role.capabilities.contains(&name.as_str()));
+        let Some(number) = number else {
             return Err(format!(
-                "capability {name} is not allowed for Tandem's image (allowed: {})",
-                CAPABILITIES
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "capability {name} is not allowed for `tandem {}` (allowed: {})",
+                role.name,
+                if role.capabilities.is_empty() {
+                    "none".to_string()
+                } else {
+                    role.capabilities.join(", ")
+                }
             ));
         };
-        capabilities.push(*number);
+        capabilities.push(u32::from(number.index()));
     }
     Ok(Launch {
         args: words,
@@ -267,6 +294,7 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
     use nix::unistd::{Gid, Uid};
     let sandbox: Sandbox =
         serde_json::from_str(spec).map_err(|e| format!("reading the sandbox: {e}"))?;
+    let lab = nix::unistd::getppid();
     let step = |what: &'static str| move |e: nix::Error| format!("sandbox: {what}: {e}");
     // Opened as root: the binary is executed through this descriptor, so the directories of
     // its path need not be searchable by the pod's user.
@@ -287,6 +315,11 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
         None::<&str>,
     )
     .map_err(step("making mounts private"))?;
+    // Where the host's resolv.conf really is: when it links into /run (systemd-resolved),
+    // the pod's file goes there, inside the private tmpfs.
+    let resolv_target = std::fs::canonicalize("/etc/resolv.conf")
+        .unwrap_or_else(|_| PathBuf::from("/etc/resolv.conf"));
+    let run_is_var_run = std::fs::canonicalize("/var/run").is_ok_and(|p| p == Path::new("/run"));
     for (i, (target, options)) in TMPFS.iter().enumerate() {
         let done = mount(
             Some("tmpfs"),
@@ -299,6 +332,16 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
             done.map_err(step("a private /var/run"))?;
         }
     }
+    if !run_is_var_run {
+        // /var/run is a directory of its own here: hide the host's /run (netns, sockets) too.
+        let _ = mount(
+            Some("tmpfs"),
+            "/run",
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755,size=4m"),
+        );
+    }
     let io = |what: &'static str| move |e: std::io::Error| format!("sandbox: {what}: {e}");
     if !sandbox.credentials.is_empty() {
         std::fs::create_dir_all(SERVICE_ACCOUNT_DIR).map_err(io("credentials directory"))?;
@@ -307,28 +350,35 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
                 .map_err(io("writing credentials"))?;
         }
     }
-    // The pod's resolver configuration over the host's, read-only (best effort: a host whose
-    // /etc/resolv.conf links into /run has nothing left to bind over).
-    let resolv = "/var/run/tandem-lab-resolv.conf";
-    std::fs::write(resolv, &sandbox.resolv_conf).map_err(io("writing resolv.conf"))?;
-    if mount(
-        Some(resolv),
-        "/etc/resolv.conf",
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .is_ok()
-    {
-        let _ = mount(
+    // The pod's resolver configuration: written where the host's file resolves to when that
+    // is inside the private /run, else bound read-only over the host's.
+    if resolv_target.starts_with("/run") {
+        if let Some(parent) = resolv_target.parent() {
+            std::fs::create_dir_all(parent).map_err(io("resolv.conf directory"))?;
+        }
+        std::fs::write(&resolv_target, &sandbox.resolv_conf).map_err(io("writing resolv.conf"))?;
+    } else {
+        let resolv = "/var/run/tandem-lab-resolv.conf";
+        std::fs::write(resolv, &sandbox.resolv_conf).map_err(io("writing resolv.conf"))?;
+        mount(
+            Some(resolv),
+            &resolv_target,
             None::<&str>,
-            "/etc/resolv.conf",
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(step("binding resolv.conf"))?;
+        mount(
+            None::<&str>,
+            &resolv_target,
             None::<&str>,
             MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
             None::<&str>,
-        );
+        )
+        .map_err(step("making resolv.conf read-only"))?;
     }
-    nix::unistd::sethostname(&sandbox.hostname).map_err(step("setting the hostname"))?;
+    nix::unistd::sethostname(pod_hostname(&sandbox.hostname))
+        .map_err(step("setting the hostname"))?;
 
     // Capabilities: the declared ones and nothing else, not even in the bounding set.
     let launch = &sandbox.launch;
@@ -338,7 +388,8 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
         .collect();
     let cap_err =
         |what: &'static str| move |e: caps::errors::CapsError| format!("sandbox: {what}: {e}");
-    for cap in caps::all() {
+    // Only what this kernel knows: dropping a capability it does not have is an error.
+    for cap in caps::runtime::thread_all_supported() {
         if !keep.contains(&cap) {
             caps::drop(None, caps::CapSet::Bounding, cap).map_err(cap_err("bounding set"))?;
         }
@@ -363,6 +414,9 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
     // lab even if it is killed.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
         .map_err(step("parent-death signal"))?;
+    if nix::unistd::getppid() != lab {
+        return Err("sandbox: the lab stopped while the pod was starting".into());
+    }
     std::env::set_current_dir("/").map_err(io("cwd"))?;
 
     let cstr = |s: &str| CString::new(s).map_err(|_| format!("sandbox: {s:?} holds a NUL byte"));
@@ -383,6 +437,13 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
     let env = env.iter().map(|e| cstr(e)).collect::<Result<Vec<_>, _>>()?;
     let e = nix::unistd::fexecve(&binary, &args, &env).map_err(step("executing tandem"))?;
     match e {}
+}
+
+/// The hostname of a pod called `name`: at most 63 characters, as kubelet truncates it, not
+/// ending in `-` or `.`.
+fn pod_hostname(name: &str) -> &str {
+    let cut = &name[..name.len().min(63)];
+    cut.trim_end_matches(['-', '.'])
 }
 
 /// Requests a token for the pod's ServiceAccount bound to the pod, as kubelet does for the
@@ -467,6 +528,13 @@ mod tests {
     }
 
     #[test]
+    fn hostnames_are_cut_to_63_characters_as_kubelet_cuts_them() {
+        assert_eq!(pod_hostname("web-0"), "web-0");
+        let long = format!("{}-x", "a".repeat(62));
+        assert_eq!(pod_hostname(&long), "a".repeat(62));
+    }
+
+    #[test]
     fn tandem_images_by_any_tag_or_digest_and_nothing_else() {
         for (image, is) in [
             ("ghcr.io/tandem-dev/tandem", true),
@@ -493,11 +561,12 @@ mod tests {
         // `command: [tandem]` is the image's own entrypoint.
         let (p, c) = pod(container(
             json!({"command": ["/tandem", "controller"], "securityContext": {
-            "runAsUser": 1000, "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}}),
+            "runAsUser": 20000, "capabilities": {"drop": ["ALL"]}}}),
         ));
         let launch = plan(&p, &c, false).unwrap();
         assert_eq!(launch.args, vec!["controller".to_string()]);
-        assert_eq!((launch.uid, launch.capabilities.clone()), (1000, vec![12]));
+        assert_eq!((launch.uid, launch.gid), (20000, 20000));
+        assert!(launch.capabilities.is_empty());
     }
 
     #[test]
@@ -544,6 +613,22 @@ mod tests {
             (
                 json!({"args": ["controller"], "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}),
                 "capability SYS_ADMIN is not allowed",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}),
+                "capability NET_ADMIN is not allowed for `tandem controller` (allowed: none)",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"runAsUser": 1000}}),
+                "runAsUser 1000 is not allowed",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"runAsGroup": 0}}),
+                "runAsGroup 0 is not allowed",
+            ),
+            (
+                json!({"args": ["controller"], "securityContext": {"runAsGroup": 6}}),
+                "runAsGroup 6 is not allowed",
             ),
         ];
         for (extra, want) in cases {

@@ -102,10 +102,13 @@ impl PodProcesses {
             let _ = stop.send(true);
         }
         for (_, task) in self.processes.drain(..) {
+            let abort = task.abort_handle();
             if tokio::time::timeout(grace + std::time::Duration::from_secs(1), task)
                 .await
                 .is_err()
             {
+                // Dropping the supervisor kills its process (kill_on_drop).
+                abort.abort();
                 tracing::warn!(pod = %self.identity.pod, "a process outlived its grace period");
             }
         }
