@@ -299,18 +299,54 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         "peer",
     );
     let _ = out;
-    until(
-        "virtual node tandem-milan Ready",
+    // What `tandem status` reports on both sides, as in the peering CLI suite.
+    let status = until(
+        "the peering Established with its virtual node Ready",
         Duration::from_secs(60),
         || {
-            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
-            node["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                .then_some(())
+            let out = tandem(
+                home.path(),
+                &[
+                    "status",
+                    "-o",
+                    "json",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    "lab-1",
+                ],
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+            (v["providers"][0]["virtualNodeReady"] == true).then_some(v)
         },
     );
+    assert_eq!(status["clusterID"], "rome", "{status}");
+    assert_eq!(status["providers"][0]["clusterID"], "milan", "{status}");
+    assert_eq!(status["providers"][0]["phase"], "Established", "{status}");
+    let provider = ok(
+        tandem(
+            home.path(),
+            &["status", "--kubeconfig", &kc, "--context", "lab-2"],
+        ),
+        "status on the provider",
+    );
+    assert!(
+        provider.contains("CONSUMERS") && provider.contains("rome"),
+        "{provider}"
+    );
+    // The same invite again: refused.
+    let again = tandem(
+        home.path(),
+        &[
+            "peer",
+            invite.trim(),
+            "--kubeconfig",
+            &kc,
+            "--context",
+            "lab-1",
+        ],
+    );
+    assert!(!again.status.success(), "an invite is good for one peering");
     ok(
         kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
         "namespace",
