@@ -518,6 +518,72 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         },
     );
 
+    // A controller process killed under its pod: restarted after kubelet's back-off, and the
+    // pod's status counts the restart with the exit (137: SIGKILL).
+    let (victim, pod) = until(
+        "a controller process to kill",
+        Duration::from_secs(30),
+        || {
+            children(lab_pid)
+                .into_iter()
+                .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
+                .find_map(|(pid, _)| {
+                    let environ = std::fs::read_to_string(format!("/proc/{pid}/environ")).ok()?;
+                    let pod = environ
+                        .split('\0')
+                        .find_map(|v| v.strip_prefix("HOSTNAME="))?
+                        .to_string();
+                    Some((pid, pod))
+                })
+        },
+    );
+    let context = {
+        let out = Command::new("ip")
+            .args(["netns", "identify", &victim.to_string()])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains("-1-tandem-system-") {
+            "lab-1"
+        } else {
+            "lab-2"
+        }
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let status = until(
+        "the killed controller restarted and counted",
+        Duration::from_secs(60),
+        || {
+            let p = json(&lab, context, &["-n", "tandem-system", "get", "pod", &pod]);
+            let status = p["status"]["containerStatuses"][0].clone();
+            (status["restartCount"] == 1).then_some(status)
+        },
+    );
+    assert_eq!(
+        status["lastState"]["terminated"]["exitCode"], 137,
+        "{status}"
+    );
+    until(
+        "a new process for the killed controller",
+        Duration::from_secs(60),
+        || {
+            let now: Vec<u32> = children(lab_pid)
+                .into_iter()
+                .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
+                .map(|(pid, _)| pid)
+                .collect();
+            (now.len() == 2 && !now.contains(&victim)).then_some(())
+        },
+    );
+    let log = ok(
+        kubectl(&lab, context, &["-n", "tandem-system", "logs", &pod]),
+        "the restarted controller's log",
+    );
+    assert!(log.contains("tandem exited: signal: 9"), "{log}");
+
     // SIGKILL the lab: its processes die with it, and the next start removes its namespaces.
     let last: Vec<u32> = children(lab_pid)
         .into_iter()

@@ -214,6 +214,9 @@ pub struct PodRuntime {
     /// Containers that could not start (network mode: a command the image does not have),
     /// with runc's message.
     pub start_errors: BTreeMap<String, String>,
+    /// Exit code of the last exit of a real process (network mode, Tandem's image), which
+    /// the lab restarted: the containers' `lastState`.
+    pub process_exit: Option<i32>,
 }
 
 /// Whether a pod belongs to a Job: its controller is a Job, or it carries the
@@ -325,7 +328,10 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
                     ),
                     (None, _) => (
                         json!({"running": {"startedAt": started}}),
-                        Value::Null,
+                        rt.process_exit.map_or(Value::Null, |code| {
+                            json!({"terminated": {"exitCode": code, "reason": "Error",
+                            "finishedAt": finished}})
+                        }),
                         behavior != Behavior::NeverReady,
                         true,
                     ),
@@ -792,6 +798,7 @@ impl Kubelet {
                         .then(|| Instant::now() + JOB_POD_RUN),
                     completed: false,
                     start_errors: BTreeMap::new(),
+                    process_exit: None,
                 },
             );
             if let (Some(network), Some(ip)) = (&self.network, ip) {
@@ -844,6 +851,25 @@ impl Kubelet {
     /// that have run their time.
     async fn restart_due(&mut self) {
         let now = Instant::now();
+        // Real processes the network restarted: their count and last exit, as kubelet reports.
+        if let Some(network) = &self.network {
+            let restarted: Vec<String> = self
+                .runtimes
+                .iter_mut()
+                .filter_map(|(uid, rt)| {
+                    let exit = network.process_exits(uid)?;
+                    (exit.count != rt.restarts).then(|| {
+                        rt.restarts = exit.count;
+                        rt.last_exit = exit.at;
+                        rt.process_exit = Some(exit.code);
+                        uid.clone()
+                    })
+                })
+                .collect();
+            for uid in restarted {
+                self.report(&uid).await;
+            }
+        }
         let ending: Vec<String> = self
             .runtimes
             .iter()
@@ -964,6 +990,7 @@ mod tests {
             exits_at: None,
             completed: false,
             start_errors: BTreeMap::new(),
+            process_exit: None,
         };
         for (behavior, policy, phase, ready, state) in cases {
             let status = desired_status(&pod(behavior, policy), &rt, "172.18.0.3", now);
@@ -1027,6 +1054,7 @@ mod tests {
                 exits_at: None,
                 completed: over,
                 start_errors: BTreeMap::new(),
+                process_exit: None,
             };
             let case = format!("job={job} {behavior:?} over={over}");
             let status = desired_status(&p, &rt, "172.18.0.3", now);

@@ -151,7 +151,22 @@ pub struct ClusterNetwork {
     /// The API server as pods see it (client for token requests and namespace checks, CA),
     /// once the services have started.
     api: std::sync::OnceLock<(kube::Client, String)>,
+    /// Exits of real processes, by pod uid, for the kubelet's restartCount.
+    exits: Exits,
 }
+
+/// How often a pod's real processes exited, and the last exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessExit {
+    /// Exits so far (each followed by a restart).
+    pub count: i32,
+    /// The last exit code (128 + the signal for a killed process, as runtimes report it).
+    pub code: i32,
+    /// When it exited.
+    pub at: k8s_openapi::jiff::Timestamp,
+}
+
+type Exits = Arc<Mutex<HashMap<String, ProcessExit>>>;
 
 impl ClusterNetwork {
     /// Builds cluster `index`'s namespaces for `nodes` in this process's lab instance.
@@ -173,6 +188,7 @@ impl ClusterNetwork {
             tasks: Mutex::new(Vec::new()),
             tandem_binary,
             api: std::sync::OnceLock::new(),
+            exits: Exits::default(),
         }))
     }
 
@@ -421,19 +437,32 @@ impl ClusterNetwork {
             api_server: (kubernetes_service_ip(&client).await?, 443),
         };
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(supervise(client, ca, pod.clone(), sandbox, log, stopped));
+        let task = tokio::spawn(supervise(
+            client,
+            ca,
+            pod.clone(),
+            sandbox,
+            (log, self.exits.clone()),
+            stopped,
+        ));
         Ok((stop, task))
     }
 
     /// Stops a pod's programs and removes its namespace.
     pub async fn stop_pod(&self, uid: &str) {
         let removed = self.pods.lock().remove(uid);
+        self.exits.lock().remove(uid);
         if let Some(mut pod) = removed {
             pod.stop_processes(TERMINATION_GRACE).await;
             drop(pod);
             let (net, uid) = (self.net.clone(), uid.to_string());
             let _ = tokio::task::spawn_blocking(move || net.detach_pod(&uid)).await;
         }
+    }
+
+    /// How often the real processes of pod `uid` exited (and were restarted), if ever.
+    pub fn process_exits(&self, uid: &str) -> Option<ProcessExit> {
+        self.exits.lock().get(uid).copied()
     }
 
     /// The log of `container` of pod `namespace/name` (while the pod runs here).
@@ -576,9 +605,10 @@ async fn supervise(
     ca: String,
     pod: Pod,
     mut sandbox: incluster::Sandbox,
-    log: Log,
+    (log, exits): (Log, Exits),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
     use tokio::io::AsyncBufReadExt;
     let mut backoff = std::time::Duration::from_secs(10);
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -669,10 +699,30 @@ async fn supervise(
                 for p in pumps {
                     let _ = p.await;
                 }
-                match status {
-                    Ok(status) => log.line(format!("tandem exited: {status}")),
-                    Err(e) => log.line(format!("waiting for tandem: {e}")),
-                }
+                let code = match status {
+                    Ok(status) => {
+                        log.line(format!("tandem exited: {status}"));
+                        use std::os::unix::process::ExitStatusExt as _;
+                        status
+                            .code()
+                            .or(status.signal().map(|s| 128 + s))
+                            .unwrap_or(128)
+                    }
+                    Err(e) => {
+                        log.line(format!("waiting for tandem: {e}"));
+                        128
+                    }
+                };
+                let mut exits = exits.lock();
+                let count = exits.get(&uid).map_or(0, |e| e.count) + 1;
+                exits.insert(
+                    uid.clone(),
+                    ProcessExit {
+                        count,
+                        code,
+                        at: k8s_openapi::jiff::Timestamp::now(),
+                    },
+                );
             }
         }
         if started.elapsed() > std::time::Duration::from_secs(600) {
