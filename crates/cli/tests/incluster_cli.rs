@@ -93,6 +93,42 @@ fn children(lab_pid: u32) -> Vec<(u32, String)> {
     found
 }
 
+/// The lab's running controllers (its `tandem controller` children).
+fn controller_pids(lab_pid: u32) -> Vec<u32> {
+    children(lab_pid)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The network namespace (`ip netns` name) process `pid` is in.
+fn netns_of(pid: u32) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "identify", &pid.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The pod a sandboxed process belongs to (its HOSTNAME).
+fn pod_of(pid: u32) -> Option<String> {
+    let environ = std::fs::read_to_string(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split('\0')
+        .find_map(|v| v.strip_prefix("HOSTNAME="))
+        .map(str::to_string)
+}
+
+/// The lab context of a controller running in namespace `netns`.
+fn context_of(netns: &str) -> &'static str {
+    if netns.contains("-1-tandem-system-") {
+        "lab-1"
+    } else {
+        "lab-2"
+    }
+}
+
 fn status_field(pid: u32, field: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -194,11 +230,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
     // The processes: this binary, as the image's nonroot user, without any capability, with
     // no_new_privs, each in its pod's network namespace; its token is nowhere on the host.
     let controllers: Vec<u32> = until("two controller processes", Duration::from_secs(30), || {
-        let found: Vec<u32> = children(lab_pid)
-            .into_iter()
-            .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
-            .map(|(pid, _)| pid)
-            .collect();
+        let found = controller_pids(lab_pid);
         (found.len() == 2).then_some(found)
     });
     for pid in &controllers {
@@ -207,11 +239,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
             assert_eq!(status_field(*pid, set), "0000000000000000", "{set}");
         }
         assert_eq!(status_field(*pid, "NoNewPrivs"), "1");
-        let netns = Command::new("ip")
-            .args(["netns", "identify", &pid.to_string()])
-            .output()
-            .unwrap();
-        let netns = String::from_utf8_lossy(&netns.stdout).trim().to_string();
+        let netns = netns_of(*pid);
         assert!(
             netns.starts_with("lab-") && netns.contains("-tandem-system-tandem-controller-"),
             "the controller runs in its pod's namespace, not {netns:?}"
@@ -235,12 +263,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
                 .unwrap(),
         )
         .unwrap();
-        let hostname = std::fs::read_to_string(format!("/proc/{pid}/environ")).unwrap();
-        let pod = hostname
-            .split('\0')
-            .find_map(|v| v.strip_prefix("HOSTNAME="))
-            .unwrap()
-            .to_string();
+        let pod = pod_of(*pid).unwrap();
         assert_eq!(
             claims["kubernetes.io"]["pod"]["name"],
             pod.as_str(),
@@ -476,18 +499,8 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
 
     // Deleting the controller's pod stops its process; the Deployment's next pod runs anew.
     let old = controllers[0];
-    let pod_of_old = Command::new("ip")
-        .args(["netns", "identify", &old.to_string()])
-        .output()
-        .unwrap();
-    let netns = String::from_utf8_lossy(&pod_of_old.stdout)
-        .trim()
-        .to_string();
-    let context = if netns.contains("-1-tandem-system-") {
-        "lab-1"
-    } else {
-        "lab-2"
-    };
+    let netns = netns_of(old);
+    let context = context_of(&netns);
     // `lab-<instance>-…`: the namespaces of this lab.
     let instance = format!("lab-{}-", netns.split('-').nth(1).unwrap_or_default());
     ok(
@@ -509,11 +522,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         "the old controller process gone and a new one running",
         Duration::from_secs(60),
         || {
-            let now: Vec<u32> = children(lab_pid)
-                .into_iter()
-                .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
-                .map(|(pid, _)| pid)
-                .collect();
+            let now = controller_pids(lab_pid);
             (!now.contains(&old) && now.len() == 2).then_some(())
         },
     );
@@ -524,30 +533,12 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         "a controller process to kill",
         Duration::from_secs(30),
         || {
-            children(lab_pid)
+            controller_pids(lab_pid)
                 .into_iter()
-                .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
-                .find_map(|(pid, _)| {
-                    let environ = std::fs::read_to_string(format!("/proc/{pid}/environ")).ok()?;
-                    let pod = environ
-                        .split('\0')
-                        .find_map(|v| v.strip_prefix("HOSTNAME="))?
-                        .to_string();
-                    Some((pid, pod))
-                })
+                .find_map(|pid| Some((pid, pod_of(pid)?)))
         },
     );
-    let context = {
-        let out = Command::new("ip")
-            .args(["netns", "identify", &victim.to_string()])
-            .output()
-            .unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains("-1-tandem-system-") {
-            "lab-1"
-        } else {
-            "lab-2"
-        }
-    };
+    let context = context_of(&netns_of(victim));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(victim as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -570,11 +561,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         "a new process for the killed controller",
         Duration::from_secs(60),
         || {
-            let now: Vec<u32> = children(lab_pid)
-                .into_iter()
-                .filter(|(_, cmd)| cmd.starts_with("tandem controller"))
-                .map(|(pid, _)| pid)
-                .collect();
+            let now = controller_pids(lab_pid);
             (now.len() == 2 && !now.contains(&victim)).then_some(())
         },
     );

@@ -613,10 +613,11 @@ async fn supervise(
     let mut backoff = std::time::Duration::from_secs(10);
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let automount = incluster::automounts_token(&pod);
     loop {
         let mut renew = None;
         sandbox.credentials.clear();
-        if incluster::automounts_token(&pod) {
+        if automount {
             match incluster::request_token(&client, &pod).await {
                 Ok((token, after)) => {
                     sandbox.credentials = vec![
@@ -632,7 +633,7 @@ async fn supervise(
                 )),
             }
         }
-        let spawned = if !incluster::automounts_token(&pod) || renew.is_some() {
+        let spawned = if !automount || renew.is_some() {
             incluster::sandbox(&sandbox).and_then(|mut c| c.spawn())
         } else {
             Err(std::io::Error::other("no ServiceAccount token"))
