@@ -15,6 +15,7 @@
 mod admission;
 mod authn;
 mod authz;
+pub mod cluster_authentication;
 mod crd;
 mod cron;
 mod defaults;
@@ -99,10 +100,12 @@ impl ApiServer {
         bootstrap(&state)?;
         let gc_state = state.clone();
         let serve_state = state.clone();
+        let trust_state = state.clone();
         let task = tokio::spawn(async move {
             tokio::select! {
                 _ = server::serve(serve_state, listener) => {}
                 _ = gc::run(gc_state) => {}
+                _ = cluster_authentication::run(trust_state) => {}
             }
         });
         tracing::info!(url = %format!("https://{addr}"), "API server ready");
@@ -232,7 +235,9 @@ fn load_or_create_token(dir: &Path) -> anyhow::Result<String> {
 }
 
 /// Creates what a fresh cluster has (system namespaces, the default RBAC policy, the
-/// `kubernetes` Service) and loads stored RBAC objects and CRDs into memory.
+/// `kubernetes` Service), publishes the client CAs in
+/// `kube-system/extension-apiserver-authentication`, and loads stored RBAC objects and CRDs
+/// into memory.
 fn bootstrap(state: &State) -> anyhow::Result<()> {
     let registry = state.registry.read().stored_resources();
     let find = |group: &str, resource: &str| {
@@ -293,6 +298,13 @@ fn bootstrap(state: &State) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("bootstrap policy has unknown kind {kind}"))?;
         create_missing(&res, obj)?;
     }
+    create_missing(
+        &*find("rbac.authorization.k8s.io", "roles")?,
+        cluster_authentication::reader_role(),
+    )?;
+    // Rewritten at each start: the kubelet-client CA is new with every process.
+    cluster_authentication::publish(state)
+        .map_err(|e| anyhow::anyhow!("publishing the client CAs: {e}"))?;
     let services = find("", "services")?;
     create_missing(
         &services,

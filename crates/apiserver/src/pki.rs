@@ -195,22 +195,8 @@ impl CertPair {
         server: bool,
         valid_seconds: Option<i64>,
     ) -> Result<String, PkiError> {
-        let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
-            .map_err(|e| PkiError::Csr(format!("not PEM: {e}")))?;
-        if pem.label != "CERTIFICATE REQUEST" {
-            return Err(PkiError::Csr(format!(
-                "PEM block is {:?}, want \"CERTIFICATE REQUEST\"",
-                pem.label
-            )));
-        }
-        // x509-parser checks the proof of possession (RSA, ECDSA or Ed25519, like kube);
-        // x509-cert then gives the subject as the exact Name the requester encoded.
-        let (_, parsed) = X509CertificationRequest::from_der(&pem.contents)
-            .map_err(|e| PkiError::Csr(format!("not PKCS#10: {e}")))?;
-        parsed
-            .verify_signature()
-            .map_err(|e| PkiError::Csr(format!("signature does not verify: {e}")))?;
-        let request = CertReq::from_der(&pem.contents)
+        // x509-cert gives the subject as the exact Name the requester encoded.
+        let request = CertReq::from_der(&verified_request(csr_pem)?)
             .map_err(|e| PkiError::Csr(format!("not PKCS#10: {e}")))?;
         let sans = requested_alt_names(&request)
             .map_err(|e| PkiError::Csr(format!("extensionRequest: {e}")))?;
@@ -298,6 +284,106 @@ impl CertPair {
         cert.to_pem(LineEnding::LF)
             .map_err(|e| PkiError::Encoding("signed certificate", e))
     }
+}
+
+/// What a certificate signing request asks to have certified, for a signer's policy checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestedIdentity {
+    /// The subject's common names, in order (a well-formed request has one).
+    pub common_names: Vec<String>,
+    /// The subject's organizations, in order (the groups of a client certificate).
+    pub organizations: Vec<String>,
+    /// The subjectAltName entries the signed certificate would carry.
+    pub alt_names: Vec<RequestedAltName>,
+}
+
+/// One requested subjectAltName entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestedAltName {
+    /// A DNS name.
+    Dns(String),
+    /// An IP address.
+    Ip(IpAddr),
+    /// An email address (rfc822Name).
+    Email(String),
+    /// A URI.
+    Uri(String),
+    /// Any other kind of name (otherName, directoryName, ...), by its kind.
+    Other(&'static str),
+}
+
+/// Reads what a PEM certificate signing request asks for: the subject as kube's
+/// authenticator reads it and the subjectAltName [`CertPair::sign_csr_for`] copies. Fails
+/// as signing would on a request that is not a signed PKCS#10 request.
+pub fn requested_identity(csr_pem: &str) -> Result<RequestedIdentity, PkiError> {
+    let der = verified_request(csr_pem)?;
+    let (_, parsed) = X509CertificationRequest::from_der(&der)
+        .map_err(|e| PkiError::Csr(format!("not PKCS#10: {e}")))?;
+    let subject = &parsed.certification_request_info.subject;
+    let text = |what: &str, attr: &x509_parser::x509::AttributeTypeAndValue<'_>| {
+        attr.as_str()
+            .map(str::to_string)
+            .map_err(|e| PkiError::Csr(format!("subject {what} is not a string: {e}")))
+    };
+    let common_names = subject
+        .iter_common_name()
+        .map(|cn| text("common name", cn))
+        .collect::<Result<_, _>>()?;
+    let organizations = subject
+        .iter_organization()
+        .map(|o| text("organization", o))
+        .collect::<Result<_, _>>()?;
+    let request =
+        CertReq::from_der(&der).map_err(|e| PkiError::Csr(format!("not PKCS#10: {e}")))?;
+    let alt_names = requested_alt_names(&request)
+        .map_err(|e| PkiError::Csr(format!("extensionRequest: {e}")))?
+        .map(|SubjectAltName(names)| names.iter().map(requested_alt_name).collect())
+        .unwrap_or_default();
+    Ok(RequestedIdentity {
+        common_names,
+        organizations,
+        alt_names,
+    })
+}
+
+fn requested_alt_name(name: &GeneralName) -> RequestedAltName {
+    match name {
+        GeneralName::DnsName(dns) => RequestedAltName::Dns(dns.to_string()),
+        GeneralName::Rfc822Name(email) => RequestedAltName::Email(email.to_string()),
+        GeneralName::UniformResourceIdentifier(uri) => RequestedAltName::Uri(uri.to_string()),
+        GeneralName::IpAddress(ip) => match ip.as_bytes().len() {
+            4 => RequestedAltName::Ip(IpAddr::from(
+                <[u8; 4]>::try_from(ip.as_bytes()).expect("four octets"),
+            )),
+            16 => RequestedAltName::Ip(IpAddr::from(
+                <[u8; 16]>::try_from(ip.as_bytes()).expect("sixteen octets"),
+            )),
+            _ => RequestedAltName::Other("malformed iPAddress"),
+        },
+        GeneralName::OtherName(_) => RequestedAltName::Other("otherName"),
+        GeneralName::DirectoryName(_) => RequestedAltName::Other("directoryName"),
+        GeneralName::EdiPartyName(_) => RequestedAltName::Other("ediPartyName"),
+        GeneralName::RegisteredId(_) => RequestedAltName::Other("registeredID"),
+    }
+}
+
+/// The DER of a PEM certificate signing request whose proof of possession verifies
+/// (x509-parser checks RSA, ECDSA and Ed25519 signatures, like kube).
+fn verified_request(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
+        .map_err(|e| PkiError::Csr(format!("not PEM: {e}")))?;
+    if pem.label != "CERTIFICATE REQUEST" {
+        return Err(PkiError::Csr(format!(
+            "PEM block is {:?}, want \"CERTIFICATE REQUEST\"",
+            pem.label
+        )));
+    }
+    let (_, parsed) = X509CertificationRequest::from_der(&pem.contents)
+        .map_err(|e| PkiError::Csr(format!("not PKCS#10: {e}")))?;
+    parsed
+        .verify_signature()
+        .map_err(|e| PkiError::Csr(format!("signature does not verify: {e}")))?;
+    Ok(pem.contents)
 }
 
 /// What differs between the certificates the CA signs.
@@ -457,12 +543,20 @@ mod tests {
     /// A CSR for `subject` (x509-cert, since rcgen cannot repeat an attribute type),
     /// optionally asking for `sans`.
     fn csr(subject: &Name, sans: &[&str]) -> String {
+        csr_asking_for(
+            subject,
+            (!sans.is_empty()).then(|| alt_names(sans).unwrap()),
+        )
+    }
+
+    /// A CSR for `subject` asking for exactly `sans`.
+    fn csr_asking_for(subject: &Name, sans: Option<SubjectAltName>) -> String {
         let key = KeyPair::generate().unwrap();
         let signer = p256::ecdsa::SigningKey::from_pkcs8_pem(&key.serialize_pem()).unwrap();
         let mut builder =
             x509_cert::builder::RequestBuilder::new(subject.clone(), &signer).unwrap();
-        if !sans.is_empty() {
-            builder.add_extension(&alt_names(sans).unwrap()).unwrap();
+        if let Some(sans) = &sans {
+            builder.add_extension(sans).unwrap();
         }
         builder
             .build::<p256::ecdsa::DerSignature>()
@@ -539,6 +633,43 @@ mod tests {
             };
             assert_eq!(alt_names_of(&cert), want, "requested SANs are copied");
         }
+    }
+
+    #[test]
+    fn requested_identity_reads_the_subject_and_every_alt_name_kind() {
+        let subject = subject_name("system:node:vn-1", &["system:nodes", "extra"]).unwrap();
+        let ia5 = |s: &str| Ia5String::new(s).unwrap();
+        let sans = SubjectAltName(vec![
+            GeneralName::DnsName(ia5("vn-1.lab")),
+            GeneralName::IpAddress(OctetString::new([10, 0, 0, 7]).unwrap()),
+            GeneralName::IpAddress(OctetString::new([0; 16]).unwrap()),
+            GeneralName::Rfc822Name(ia5("node@lab")),
+            GeneralName::UniformResourceIdentifier(ia5("spiffe://lab/vn-1")),
+            GeneralName::DirectoryName(subject.clone()),
+        ]);
+        let identity = requested_identity(&csr_asking_for(&subject, Some(sans))).unwrap();
+        assert_eq!(
+            identity,
+            RequestedIdentity {
+                common_names: vec!["system:node:vn-1".into()],
+                organizations: vec!["system:nodes".into(), "extra".into()],
+                alt_names: vec![
+                    RequestedAltName::Dns("vn-1.lab".into()),
+                    RequestedAltName::Ip("10.0.0.7".parse().unwrap()),
+                    RequestedAltName::Ip("::".parse().unwrap()),
+                    RequestedAltName::Email("node@lab".into()),
+                    RequestedAltName::Uri("spiffe://lab/vn-1".into()),
+                    RequestedAltName::Other("directoryName"),
+                ],
+            }
+        );
+        let bare = requested_identity(&csr(&subject_name("carol", &[]).unwrap(), &[])).unwrap();
+        assert_eq!(
+            (bare.common_names, bare.organizations, bare.alt_names),
+            (vec!["carol".to_string()], vec![], vec![])
+        );
+        let err = requested_identity("not a csr").unwrap_err().to_string();
+        assert!(err.contains("not PEM"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The controllers kube-controller-manager would run in a real cluster: ReplicaSet,
 //! Deployment, DaemonSet, StatefulSet, Job, CronJob (with TTL-after-finished), disruption (PodDisruptionBudget status),
 //! EndpointSlice/Endpoints, the persistent volume binder (with the lab's provisioner of
-//! hollow volumes), the kube-apiserver-client CSR signer and the
+//! hollow volumes), the kube-apiserver-client and kubelet-serving CSR signers and the
 //! ServiceAccount controller. Each one talks to the cluster only through its `kube::Client`,
 //! is level-based (it recomputes from what it lists, so a restart loses nothing) and logs
 //! failures with the object and the step.

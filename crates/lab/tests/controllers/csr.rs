@@ -1,5 +1,6 @@
 //! A user files a CSR, the admin approves it, and the signed certificate authenticates as
-//! the subject it names; denied and unapproved requests get nothing.
+//! the subject it names; denied and unapproved requests get nothing. A kubelet's serving
+//! CSR, once approved, gets a serving certificate for the node's name and address.
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -36,13 +37,50 @@ fn csr_pem(cn: &str, orgs: &[&str]) -> (String, String) {
     (csr.to_pem(LineEnding::LF).unwrap(), key.serialize_pem())
 }
 
+/// A PEM CSR for node `node`'s kubelet serving certificate at `ip`, as a kubelet files it.
+fn kubelet_serving_csr_pem(node: &str, ip: &str) -> String {
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+    let mut params = CertificateParams::default();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node}"));
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    params.subject_alt_names = vec![
+        SanType::DnsName(node.try_into().unwrap()),
+        SanType::IpAddress(ip.parse().unwrap()),
+    ];
+    let key = KeyPair::generate().unwrap();
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
 async fn file_csr(client: &kube::Client, name: &str, pem: &str, expiration: Option<i32>) {
+    file(
+        client,
+        name,
+        pem,
+        "kubernetes.io/kube-apiserver-client",
+        &["client auth", "digital signature"],
+        expiration,
+    )
+    .await;
+}
+
+async fn file(
+    client: &kube::Client,
+    name: &str,
+    pem: &str,
+    signer: &str,
+    usages: &[&str],
+    expiration: Option<i32>,
+) {
     let csr: CertificateSigningRequest = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "request": base64(pem),
-            "signerName": "kubernetes.io/kube-apiserver-client",
-            "usages": ["client auth", "digital signature"],
+            "signerName": signer,
+            "usages": usages,
             "expirationSeconds": expiration,
         },
     }))
@@ -189,4 +227,93 @@ async fn approved_csr_yields_a_working_client_certificate_denied_and_pending_get
             "group {g} missing from {groups:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_kubelet_serving_csr_yields_a_serving_certificate_for_the_node() {
+    let cluster = Cluster::start().await;
+    let admin = &cluster.client;
+    let pem = kubelet_serving_csr_pem("vn-1", "10.0.0.7");
+    file(
+        admin,
+        "vn-1-serving",
+        &pem,
+        "kubernetes.io/kubelet-serving",
+        &["server auth", "digital signature", "key encipherment"],
+        Some(3600),
+    )
+    .await;
+    // A user's subject under the kubelet-serving signer is refused, approved or not.
+    let (user_pem, _) = csr_pem("carol", &["system:nodes"]);
+    file(
+        admin,
+        "carol-serving",
+        &user_pem,
+        "kubernetes.io/kubelet-serving",
+        &["server auth"],
+        None,
+    )
+    .await;
+    decide(admin, "carol-serving", "Approved").await;
+    decide(admin, "vn-1-serving", "Approved").await;
+
+    let cert = eventually("vn-1-serving signed", || certificate(admin, "vn-1-serving")).await;
+    let der = x509_parser::pem::parse_x509_pem(cert.as_bytes()).unwrap().1;
+    let parsed = der.parse_x509().unwrap();
+    let cn: Vec<_> = parsed
+        .subject()
+        .iter_common_name()
+        .map(|cn| cn.as_str().unwrap())
+        .collect();
+    assert_eq!(cn, ["system:node:vn-1"]);
+    let sans = parsed
+        .subject_alternative_name()
+        .unwrap()
+        .expect("subjectAltName");
+    let ips: Vec<&[u8]> = sans
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::IPAddress(ip) => Some(*ip),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ips, [&[10u8, 0, 0, 7][..]], "the requested IP is certified");
+    let eku = parsed
+        .extended_key_usage()
+        .unwrap()
+        .expect("extendedKeyUsage")
+        .value;
+    assert!(eku.server_auth && !eku.client_auth, "{eku:?}");
+    // Signed by the cluster CA.
+    let ca = x509_parser::pem::parse_x509_pem(cluster.server.ca_pem().as_bytes())
+        .unwrap()
+        .1;
+    let ca = ca.parse_x509().unwrap();
+    parsed
+        .verify_signature(Some(ca.public_key()))
+        .expect("signed by the cluster CA");
+
+    let refused = eventually("carol-serving failed", || async {
+        let csr = Api::<CertificateSigningRequest>::all(admin.clone())
+            .get("carol-serving")
+            .await
+            .unwrap();
+        let status = csr.status?;
+        assert!(
+            status.certificate.is_none(),
+            "a user's serving CSR was signed"
+        );
+        status
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Failed" && c.status == "True")
+    })
+    .await;
+    let message = refused.message.unwrap_or_default();
+    assert!(
+        message.contains("subject common name"),
+        "the Failed condition names the rule: {message}"
+    );
 }
