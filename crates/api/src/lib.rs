@@ -22,7 +22,7 @@ pub use offloading::{
 pub use peering::{Peering, PeeringSpec, PeeringStatus};
 pub use provider::{
     NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
-    PeeringRequestSpec, PeeringRequestStatus, RemoteNamespace, RemoteNamespaceSpec,
+    PeeringRequestSpec, PeeringRequestStatus, PodAccess, RemoteNamespace, RemoteNamespaceSpec,
     RemoteNamespaceStatusFields, Tenant, TenantSpec, TenantStatus,
 };
 pub use shadowpod::{ShadowPod, ShadowPodSpec, ShadowPodStatus};

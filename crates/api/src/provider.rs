@@ -100,6 +100,49 @@ pub struct TenantSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "crate::schema::labels")]
     pub node_labels: BTreeMap<String, String>,
+    /// What the consumer may do to its pods running here, besides reading them and their logs
+    /// (`kubectl exec`, `attach`, `port-forward` on the consumer reach the real pods). Each is
+    /// allowed unless set to false; absent, all are allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_access: Option<PodAccess>,
+}
+
+/// The interactive access a provider gives a consumer to the real pods of its twin namespaces,
+/// each one allowed unless refused here (`false`).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodAccess {
+    /// `kubectl exec` (pods/exec): run commands in the consumer's pods. Default true.
+    #[serde(default = "allowed")]
+    pub exec: bool,
+    /// `kubectl attach` (pods/attach): attach to their running containers. Default true.
+    #[serde(default = "allowed")]
+    pub attach: bool,
+    /// `kubectl port-forward` (pods/portforward): open connections to their ports. Default true.
+    #[serde(default = "allowed")]
+    pub port_forward: bool,
+}
+
+fn allowed() -> bool {
+    true
+}
+
+/// Everything allowed, as when `podAccess` (or one of its fields) is absent.
+impl Default for PodAccess {
+    fn default() -> Self {
+        PodAccess {
+            exec: true,
+            attach: true,
+            port_forward: true,
+        }
+    }
+}
+
+impl TenantSpec {
+    /// The pod access in force: `podAccess`, or everything allowed when it is absent.
+    pub fn pod_access(&self) -> PodAccess {
+        self.pod_access.clone().unwrap_or_default()
+    }
 }
 
 /// What the consumer uses of its grant.

@@ -353,6 +353,16 @@ fn refusals() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "Tenant",
+            json!({"spec": {"podAccess": {"exec": "no"}}}),
+            "spec.podAccess.exec",
+        ),
+        (
+            "Tenant",
+            json!({"spec": {"podAccess": {"portForward": 0}}}),
+            "spec.podAccess.portForward",
+        ),
+        (
+            "Tenant",
             json!({"status": {"used": {"cpu": "lots"}}}),
             "status.used.cpu",
         ),
@@ -525,6 +535,13 @@ fn acceptances() -> Vec<(&'static str, Value)> {
             json!({"spec": {"grant": {"cpu": "500m", "memory": "0", "pods": "+3"}}}),
         ),
         ("Tenant", json!({"spec": {"grant": null}})),
+        (
+            "Tenant",
+            json!({"spec": {"podAccess": {"exec": false, "attach": true, "portForward": false}}}),
+        ),
+        ("Tenant", json!({"spec": {"podAccess": {"exec": false}}})),
+        ("Tenant", json!({"spec": {"podAccess": {}}})),
+        ("Tenant", json!({"spec": {"podAccess": null}})),
         (
             "Peering",
             json!({"spec": {"endpoint": "https://api.milan.example.com", "gatewayStatus": "[::1]:9100"}}),

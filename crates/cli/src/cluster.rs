@@ -41,14 +41,18 @@ impl ClusterArgs {
     /// A client of the chosen cluster; without flags kube's usual inference ($KUBECONFIG,
     /// ~/.kube/config, else the in-cluster ServiceAccount), as the controller's Deployment needs.
     pub async fn client(&self) -> Result<Client, Error> {
-        let config = if self.kubeconfig.is_none() && self.context.is_none() {
-            Config::infer().await.map_err(Error::InferConfig)?
+        Client::try_from(self.config().await?).map_err(Error::Client)
+    }
+
+    /// The configuration [`Self::client`] connects with.
+    pub async fn config(&self) -> Result<Config, Error> {
+        if self.kubeconfig.is_none() && self.context.is_none() {
+            Config::infer().await.map_err(Error::InferConfig)
         } else {
             let kubeconfig = self.load()?;
             let context = context_name(&kubeconfig, self.context.as_deref())?;
-            config(kubeconfig, context).await?
-        };
-        Client::try_from(config).map_err(Error::Client)
+            config(kubeconfig, context).await
+        }
     }
 
     /// The chosen cluster's client, endpoint and CA (what an invite hands to a peer).

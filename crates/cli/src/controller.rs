@@ -29,6 +29,37 @@ pub struct Args {
     /// How long a provider may be unreachable before its virtual node is NotReady (seconds).
     #[arg(long, default_value_t = 15)]
     provider_grace_seconds: u64,
+    /// The address virtual kubelets serve `kubectl logs`/`exec` on (one port per virtual node)
+    /// and publish as their node's InternalIP; it must be reachable from the API server
+    /// [default: this host's address on the route to the API server — the pod IP in a cluster].
+    #[arg(long, value_name = "IP")]
+    kubelet_address: Option<std::net::IpAddr>,
+}
+
+/// The local address of the route to `url`'s host: what the API server can reach this
+/// process at (its pod IP when in a cluster, 127.0.0.1 for a local API server). A UDP
+/// "connection" sends nothing; it only asks the kernel which source address it would use.
+fn address_towards(url: &http::Uri) -> anyhow::Result<std::net::IpAddr> {
+    let host = url
+        .host()
+        .context("the API server URL has no host")?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = url.port_u16().unwrap_or(443);
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .with_context(|| format!("resolving the API server's host {host}"))?
+        .next()
+        .with_context(|| format!("the API server's host {host} has no address"))?;
+    let bind: std::net::SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = std::net::UdpSocket::bind(bind).context("opening a UDP socket")?;
+    socket
+        .connect(target)
+        .with_context(|| format!("finding the route to the API server at {target}"))?;
+    Ok(socket.local_addr()?.ip())
 }
 
 fn service_ref(s: &str) -> Result<(String, String), String> {
@@ -55,14 +86,21 @@ async fn whoami(client: &kube::Client) -> anyhow::Result<String> {
 }
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
-    let client = cluster.client().await?;
+    let config = cluster.config().await?;
+    let kubelet_address = match args.kubelet_address {
+        Some(ip) => ip,
+        None => address_towards(&config.cluster_url)
+            .context("choosing the virtual kubelets' address (set --kubelet-address)")?,
+    };
+    let client = kube::Client::try_from(config).context("building the API client")?;
     let user = whoami(&client).await?;
-    tracing::info!("authenticated as {user}");
+    tracing::info!("authenticated as {user}; virtual kubelets serve on {kubelet_address}");
     let options = Options {
         webhook_addr: args.webhook_addr,
         webhook_service: args.webhook_service,
         heartbeat: Duration::from_secs(args.heartbeat_seconds),
         provider_grace: Duration::from_secs(args.provider_grace_seconds),
+        kubelet_address,
     };
     let controller = Controller::start(client, options)
         .await

@@ -19,6 +19,9 @@ pub struct Options {
     pub heartbeat: Duration,
     /// How long a provider may stay unreachable before its virtual node turns NotReady.
     pub provider_grace: Duration,
+    /// The address virtual kubelets serve their kubelet API on (a port per virtual node) and
+    /// publish as their node's InternalIP: one the API server can reach.
+    pub kubelet_address: std::net::IpAddr,
 }
 
 impl Default for Options {
@@ -28,6 +31,7 @@ impl Default for Options {
             webhook_service: None,
             heartbeat: Duration::from_secs(5),
             provider_grace: Duration::from_secs(15),
+            kubelet_address: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 }

@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tandem_api::names;
 
+use crate::consumer::kubelet_api;
 use crate::identity::{ClusterIdentity, IdentityError};
 use crate::rbac;
 
@@ -46,6 +47,8 @@ pub struct ClusterSettings {
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
 /// Port of the pod-placement webhook in the controller's pod.
 pub const WEBHOOK_PORT: u16 = 9443;
+/// The controller's RoleBinding to the Role reading the API server's client CAs (kube-system).
+pub const CLIENT_CA_READER_BINDING: &str = "tandem-controller:client-ca-reader";
 pub const DEFAULT_SHARE_PERCENT: u32 = 50;
 
 #[derive(Debug, thiserror::Error)]
@@ -170,11 +173,7 @@ pub async fn install(
     progress(&format!("namespace {} ready", names::SYSTEM_NAMESPACE));
 
     let roles: Api<ClusterRole> = Api::all(client.clone());
-    for role in [
-        rbac::controller_role(),
-        rbac::peer_tenant_role(),
-        rbac::peer_twin_role(),
-    ] {
+    for role in std::iter::once(rbac::controller_role()).chain(rbac::peer_roles()) {
         apply(&roles, &role).await.map_err(step("RBAC"))?;
     }
     for role in rbac::controller_namespaced_roles() {
@@ -214,6 +213,23 @@ pub async fn install(
     apply(&Api::all(client.clone()), &binding)
         .await
         .map_err(step("RBAC"))?;
+    // Virtual kubelets read the CAs of the API server's client certificates, as kube's
+    // aggregated API servers do: through the Role kube-apiserver bootstraps for it.
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": CLIENT_CA_READER_BINDING,
+                     "namespace": kubelet_api::CLIENT_CA_NAMESPACE, "labels": labels()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": kubelet_api::CLIENT_CA_READER_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE}],
+    }))
+    .expect("static manifest");
+    apply(
+        &Api::namespaced(client.clone(), kubelet_api::CLIENT_CA_NAMESPACE),
+        &binding,
+    )
+    .await
+    .map_err(step("RBAC"))?;
     progress("RBAC for the controller and for peers applied");
 
     let class: StorageClass = serde_json::from_value(storage_class()).expect("static manifest");

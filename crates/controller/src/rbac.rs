@@ -4,12 +4,19 @@
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::api::ObjectMeta;
-use tandem_api::names;
+use tandem_api::{PodAccess, names};
 
 /// ClusterRole bound (by RoleBinding) in a consumer's tenant namespace on the provider.
 pub const PEER_TENANT_ROLE: &str = "tandem:peer-tenant";
 /// ClusterRole bound (by RoleBinding) in each twin namespace on the provider.
 pub const PEER_TWIN_ROLE: &str = "tandem:peer-twin";
+/// ClusterRole bound in a twin namespace when the Tenant allows `kubectl exec` (pods/exec).
+pub const PEER_EXEC_ROLE: &str = "tandem:peer-exec";
+/// ClusterRole bound in a twin namespace when the Tenant allows `kubectl attach` (pods/attach).
+pub const PEER_ATTACH_ROLE: &str = "tandem:peer-attach";
+/// ClusterRole bound in a twin namespace when the Tenant allows `kubectl port-forward`
+/// (pods/portforward).
+pub const PEER_PORTFORWARD_ROLE: &str = "tandem:peer-portforward";
 
 const READ: &[&str] = &["get", "list", "watch"];
 const ALL: &[&str] = &[
@@ -115,6 +122,8 @@ pub fn peer_twin_role() -> ClusterRole {
             rule("", &["configmaps", "secrets", "services"], ALL),
             rule("discovery.k8s.io", &["endpointslices"], ALL),
             rule("", &["pods", "events"], READ),
+            // `kubectl logs` on the consumer, carried here by its virtual kubelet.
+            rule("", &["pods/log"], &["get"]),
             rule("events.k8s.io", &["events"], READ),
             // Remote volumes: the provider's copies of the consumer's claims of the `tandem`
             // StorageClass (the provider's quota, from the grant, bounds them).
@@ -126,6 +135,68 @@ pub fn peer_twin_role() -> ClusterRole {
             rule("", &["resourcequotas"], READ),
         ],
     )
+}
+
+/// An interactive capability on the real pods of a consumer's twin namespaces. Each is a
+/// ClusterRole of its own, bound in a twin namespace only while the consumer's Tenant allows it
+/// (`spec.podAccess`), so that a provider can refuse one without touching the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodCapability {
+    Exec,
+    Attach,
+    PortForward,
+}
+
+impl PodCapability {
+    /// Every capability, in a stable order.
+    pub const ALL: [PodCapability; 3] = [
+        PodCapability::Exec,
+        PodCapability::Attach,
+        PodCapability::PortForward,
+    ];
+
+    /// The ClusterRole granting it.
+    pub fn role_name(self) -> &'static str {
+        match self {
+            PodCapability::Exec => PEER_EXEC_ROLE,
+            PodCapability::Attach => PEER_ATTACH_ROLE,
+            PodCapability::PortForward => PEER_PORTFORWARD_ROLE,
+        }
+    }
+
+    /// The pods subresource it opens.
+    pub fn subresource(self) -> &'static str {
+        match self {
+            PodCapability::Exec => "pods/exec",
+            PodCapability::Attach => "pods/attach",
+            PodCapability::PortForward => "pods/portforward",
+        }
+    }
+
+    /// Whether `access` (a Tenant's `spec.podAccess` in force) allows it.
+    pub fn allowed_by(self, access: &PodAccess) -> bool {
+        match self {
+            PodCapability::Exec => access.exec,
+            PodCapability::Attach => access.attach,
+            PodCapability::PortForward => access.port_forward,
+        }
+    }
+
+    /// Its ClusterRole. The stream is opened by a WebSocket upgrade, which kube authorises as
+    /// `create` (older clients and kube-apiservers: `get`), so both verbs are granted.
+    pub fn role(self) -> ClusterRole {
+        cluster_role(
+            self.role_name(),
+            vec![rule("", &[self.subresource()], &["create", "get"])],
+        )
+    }
+}
+
+/// Every ClusterRole a peer identity may be bound to (installed by `tandem install`).
+pub fn peer_roles() -> Vec<ClusterRole> {
+    let mut roles = vec![peer_tenant_role(), peer_twin_role()];
+    roles.extend(PodCapability::ALL.map(PodCapability::role));
+    roles
 }
 
 /// What the controller itself needs in its own cluster, as provider and as consumer — and
@@ -191,16 +262,23 @@ pub fn controller_role() -> ClusterRole {
                 &["resourcequotas"],
                 &["get", "list", "watch", "create", "patch"],
             ),
-            // RoleBindings of peer identities to the two peer roles (and nothing else: `bind`
-            // is limited to them), in tenant and twin namespaces; removed from a twin
-            // namespace retained for its data when its consumer unpeers.
+            // RoleBindings of peer identities to the peer roles (and nothing else: `bind` is
+            // limited to them), in tenant and twin namespaces; the pod-access ones removed when
+            // the Tenant refuses them, all removed from a twin namespace retained for its data
+            // when its consumer unpeers. `bind` is what lets it grant exec and the like without
+            // holding them itself (kube's escalation check).
             rule(
                 "rbac.authorization.k8s.io",
                 &["rolebindings"],
                 &["create", "patch", "delete"],
             ),
             PolicyRule {
-                resource_names: Some(vec![PEER_TENANT_ROLE.into(), PEER_TWIN_ROLE.into()]),
+                resource_names: Some(
+                    peer_roles()
+                        .into_iter()
+                        .filter_map(|r| r.metadata.name)
+                        .collect(),
+                ),
                 ..rule("rbac.authorization.k8s.io", &["clusterroles"], &["bind"])
             },
             // A peer's client certificate: filed, approved, then removed.
@@ -214,10 +292,21 @@ pub fn controller_role() -> ClusterRole {
                 &["certificatesigningrequests/approval"],
                 &["update", "patch"],
             ),
+            // ... and its virtual kubelets' serving certificates, approved as an approver
+            // would approve a kubelet's.
             PolicyRule {
-                resource_names: Some(vec![PEER_CSR_SIGNER.into()]),
+                resource_names: Some(vec![
+                    PEER_CSR_SIGNER.into(),
+                    crate::consumer::kubelet_api::KUBELET_SERVING_SIGNER.into(),
+                ]),
                 ..rule("certificates.k8s.io", &["signers"], &["approve"])
             },
+            // Virtual kubelets authorise their callers as a kubelet does (`nodes/proxy`).
+            rule(
+                "authorization.k8s.io",
+                &["subjectaccessreviews"],
+                &["create"],
+            ),
             // Its own placement webhook, by name.
             PolicyRule {
                 resource_names: Some(vec![crate::consumer::webhook::WEBHOOK_CONFIGURATION.into()]),
@@ -321,3 +410,201 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// The signer of peer identities' client certificates.
 pub const PEER_CSR_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+    use tandem_apimachinery::rbac::{Attributes, RbacIndex, UserInfo};
+
+    const TWIN: &str = "app-rome";
+    const CONTROLLER: &str = "system:serviceaccount:tandem-system:tandem-controller";
+
+    fn binding(kind: &str, namespace: &str, name: &str, role: &str, subject: Value) -> Value {
+        json!({"kind": kind, "metadata": {"name": name, "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+               "subjects": [subject]})
+    }
+
+    /// The provider's RBAC as `tandem install` and a twin namespace allowing `capabilities` leave
+    /// it: every Tandem ClusterRole, the controller's binding, the peer identity's bindings.
+    fn provider(capabilities: &[PodCapability]) -> RbacIndex {
+        let mut index = RbacIndex::default();
+        for role in std::iter::once(controller_role()).chain(peer_roles()) {
+            index.apply("ClusterRole", &serde_json::to_value(role).unwrap());
+        }
+        index.apply(
+            "ClusterRoleBinding",
+            &binding(
+                "ClusterRoleBinding",
+                "",
+                names::CONTROLLER_NAME,
+                names::CONTROLLER_NAME,
+                json!({"kind": "ServiceAccount", "name": names::CONTROLLER_NAME,
+                       "namespace": names::SYSTEM_NAMESPACE}),
+            ),
+        );
+        let peer = json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": names::peer_user("rome")});
+        let roles =
+            std::iter::once(PEER_TWIN_ROLE).chain(capabilities.iter().map(|c| c.role_name()));
+        for role in roles {
+            index.apply(
+                "RoleBinding",
+                &binding("RoleBinding", TWIN, role, role, peer.clone()),
+            );
+        }
+        index
+    }
+
+    fn user(name: &str, groups: &[&str]) -> UserInfo {
+        UserInfo {
+            name: name.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        }
+    }
+
+    fn peer() -> UserInfo {
+        user(
+            &names::peer_user("rome"),
+            &[names::PEERS_GROUP, "system:authenticated"],
+        )
+    }
+
+    fn may(index: &RbacIndex, who: &UserInfo, verb: &str, namespace: &str, sub: &str) -> bool {
+        let attrs = Attributes {
+            verb,
+            namespace,
+            resource: "pods",
+            subresource: sub,
+            name: "web-0",
+            resource_request: true,
+            ..Default::default()
+        };
+        index.authorize(who, &attrs).is_allowed()
+    }
+
+    #[test]
+    fn peer_reads_logs_of_its_twin_pods_but_opens_streams_only_as_granted() {
+        let index = provider(&[PodCapability::Exec]);
+        let peer = peer();
+        assert!(may(&index, &peer, "get", TWIN, "log"));
+        assert!(may(&index, &peer, "create", TWIN, "exec"));
+        assert!(may(&index, &peer, "get", TWIN, "exec"), "pre-1.30 upgrades");
+        assert!(!may(&index, &peer, "create", TWIN, "attach"));
+        assert!(!may(&index, &peer, "create", TWIN, "portforward"));
+        // Never a write on the pods themselves, never outside its twin namespace.
+        assert!(!may(&index, &peer, "delete", TWIN, ""));
+        assert!(!may(&index, &peer, "create", TWIN, "eviction"));
+        for elsewhere in ["kube-system", names::SYSTEM_NAMESPACE, "default"] {
+            assert!(
+                !may(&index, &peer, "create", elsewhere, "exec"),
+                "{elsewhere}"
+            );
+            assert!(!may(&index, &peer, "get", elsewhere, "log"), "{elsewhere}");
+        }
+    }
+
+    #[test]
+    fn each_capability_role_opens_exactly_its_subresource() {
+        let cases = [
+            (PodCapability::Exec, PEER_EXEC_ROLE, "exec"),
+            (PodCapability::Attach, PEER_ATTACH_ROLE, "attach"),
+            (
+                PodCapability::PortForward,
+                PEER_PORTFORWARD_ROLE,
+                "portforward",
+            ),
+        ];
+        for (capability, role, sub) in cases {
+            assert_eq!(capability.role().metadata.name.as_deref(), Some(role));
+            let index = provider(&[capability]);
+            for other in ["exec", "attach", "portforward"] {
+                assert_eq!(
+                    may(&index, &peer(), "create", TWIN, other),
+                    other == sub,
+                    "{role} and pods/{other}"
+                );
+            }
+        }
+        // The twin role alone opens no stream: refusing a capability is unbinding its role.
+        let index = provider(&[]);
+        for sub in ["exec", "attach", "portforward"] {
+            assert!(!may(&index, &peer(), "create", TWIN, sub), "{sub}");
+            assert!(!may(&index, &peer(), "get", TWIN, sub), "{sub}");
+        }
+    }
+
+    #[test]
+    fn tenant_pod_access_allows_each_capability_unless_refused() {
+        let refused = |exec, attach, port_forward| PodAccess {
+            exec,
+            attach,
+            port_forward,
+        };
+        let cases = [
+            (PodAccess::default(), [true, true, true]),
+            (refused(false, true, true), [false, true, true]),
+            (refused(true, false, true), [true, false, true]),
+            (refused(true, true, false), [true, true, false]),
+            (refused(false, false, false), [false, false, false]),
+        ];
+        for (access, want) in cases {
+            let got = PodCapability::ALL.map(|c| c.allowed_by(&access));
+            assert_eq!(got, want, "{access:?}");
+        }
+        let absent: tandem_api::TenantSpec =
+            serde_json::from_value(json!({"clusterID": "rome"})).unwrap();
+        assert_eq!(absent.pod_access(), PodAccess::default());
+        let partial: tandem_api::TenantSpec =
+            serde_json::from_value(json!({"clusterID": "rome", "podAccess": {"exec": false}}))
+                .unwrap();
+        assert_eq!(partial.pod_access(), refused(false, true, true));
+    }
+
+    #[test]
+    fn controller_binds_pod_access_without_holding_it() {
+        // kube lets a user bind a role it does not hold only with `bind` on that role
+        // (escalation check): the controller has it for every peer role, and no stream rights.
+        let index = provider(&[]);
+        let controller = user(
+            CONTROLLER,
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:tandem-system",
+            ],
+        );
+        for role in peer_roles() {
+            let name = role.metadata.name.clone().unwrap();
+            let bind = Attributes {
+                verb: "bind",
+                api_group: "rbac.authorization.k8s.io",
+                resource: "clusterroles",
+                name: &name,
+                resource_request: true,
+                ..Default::default()
+            };
+            assert!(
+                index.authorize(&controller, &bind).is_allowed(),
+                "bind {name}"
+            );
+        }
+        for capability in PodCapability::ALL {
+            let rules = serde_json::to_value(capability.role().rules).unwrap();
+            let missing = index.missing_rules(&controller, TWIN, rules.as_array().unwrap());
+            assert!(
+                !missing.is_empty(),
+                "{capability:?} held by the controller itself"
+            );
+        }
+        let bind_other = Attributes {
+            verb: "bind",
+            api_group: "rbac.authorization.k8s.io",
+            resource: "clusterroles",
+            name: "cluster-admin",
+            resource_request: true,
+            ..Default::default()
+        };
+        assert!(!index.authorize(&controller, &bind_other).is_allowed());
+    }
+}

@@ -518,3 +518,154 @@ async fn a_cluster_selector_with_an_unknown_operator_is_reported_not_offloaded()
         ns.labels()
     );
 }
+
+// ---- What the consumer may do to its pods on the provider (Tenant `spec.podAccess`) ----
+
+/// Whether `client`'s user may `verb` pods/`sub` in `namespace`, as the API server answers a
+/// SelfSubjectAccessReview (`kubectl auth can-i`).
+async fn can_i(client: &Client, verb: &str, namespace: &str, sub: &str) -> bool {
+    use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+    let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": verb, "namespace": namespace,
+                                        "resource": "pods", "subresource": sub, "name": "web-0"}},
+    }))
+    .unwrap();
+    Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("can-i {verb} pods/{sub} in {namespace}: {e}"))
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// The HTTP status the API server answers `method` on pods/`sub` of a pod that does not exist:
+/// 404 once authorised (the pod is looked up), 403 when RBAC refuses.
+async fn probe(client: &Client, method: &str, namespace: &str, sub: &str) -> u16 {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!(
+            "/api/v1/namespaces/{namespace}/pods/web-0/{sub}?command=true&stdout=true"
+        ))
+        .body(kube::client::Body::from(Vec::new()))
+        .unwrap();
+    client.send(req).await.unwrap().status().as_u16()
+}
+
+/// The (can-i create exec, attach, portforward) answers for `client` in `namespace`.
+async fn streams(client: &Client, namespace: &str) -> [bool; 3] {
+    [
+        can_i(client, "create", namespace, "exec").await,
+        can_i(client, "create", namespace, "attach").await,
+        can_i(client, "create", namespace, "portforward").await,
+    ]
+}
+
+#[tokio::test]
+async fn tenant_pod_access_grants_and_revokes_exec_in_twin_namespaces_only() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-west", 1).await;
+    support::peer_with(&consumer, &provider, grant(), None).await;
+    create_namespace(&consumer.client, "app").await;
+    offload(&consumer.client, "app", names::OFFLOADING_NAME, json!({})).await;
+    assert_eq!(
+        ready_entries(&consumer.client, "app").await,
+        vec![("milan".to_string(), "app-rome".to_string())]
+    );
+    let twin = "app-rome";
+    let peer = peer_client(&consumer, &provider).await;
+    let bindings: Api<RoleBinding> = Api::namespaced(provider.client.clone(), twin);
+    use tandem_controller::provider::remote_namespace::{
+        ATTACH_ROLE_BINDING, EXEC_ROLE_BINDING, PORTFORWARD_ROLE_BINDING,
+    };
+
+    // The default Tenant (no podAccess) allows everything, in the twin namespace.
+    until("exec, attach and port-forward granted", WAIT, || async {
+        (streams(&peer, twin).await == [true; 3]).then_some(())
+    })
+    .await;
+    for name in [
+        EXEC_ROLE_BINDING,
+        ATTACH_ROLE_BINDING,
+        PORTFORWARD_ROLE_BINDING,
+    ] {
+        let b = bindings
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(b.role_ref.name, name, "binding and role share the name");
+    }
+    assert!(can_i(&peer, "get", twin, "log").await);
+    assert!(
+        !can_i(&peer, "delete", twin, "").await,
+        "never writes real pods"
+    );
+    // Through the API server's own path (the upgrade verb authorised as create): past RBAC.
+    assert_eq!(probe(&peer, "POST", twin, "exec").await, 404);
+    assert_eq!(probe(&peer, "GET", twin, "exec").await, 404);
+    assert_eq!(probe(&peer, "GET", twin, "log").await, 404);
+
+    // Never outside its twin namespaces.
+    let tenant_ns = names::tenant_namespace("rome");
+    for elsewhere in [
+        "kube-system",
+        names::SYSTEM_NAMESPACE,
+        "default",
+        tenant_ns.as_str(),
+    ] {
+        assert_eq!(streams(&peer, elsewhere).await, [false; 3], "{elsewhere}");
+        assert!(!can_i(&peer, "get", elsewhere, "log").await, "{elsewhere}");
+        assert_eq!(
+            probe(&peer, "POST", elsewhere, "exec").await,
+            403,
+            "{elsewhere}"
+        );
+    }
+
+    // The provider's admin refuses exec: its binding goes, logs and the rest stay.
+    let tenants: Api<tandem_api::Tenant> = Api::namespaced(provider.client.clone(), &tenant_ns);
+    let set_access = |access: Value| {
+        let tenants = tenants.clone();
+        async move {
+            tenants
+                .patch(
+                    "rome",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"podAccess": access}})),
+                )
+                .await
+                .expect("patching the Tenant's podAccess")
+        }
+    };
+    let patched = set_access(json!({"exec": false})).await;
+    assert_eq!(
+        patched.spec.pod_access(),
+        tandem_api::PodAccess {
+            exec: false,
+            ..Default::default()
+        }
+    );
+    until("the exec binding removed", WAIT, || async {
+        bindings
+            .get_opt(EXEC_ROLE_BINDING)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    until("exec refused", WAIT, || async {
+        (streams(&peer, twin).await == [false, true, true]).then_some(())
+    })
+    .await;
+    assert!(can_i(&peer, "get", twin, "log").await, "logs stay readable");
+    assert_eq!(probe(&peer, "POST", twin, "exec").await, 403);
+    assert_eq!(probe(&peer, "GET", twin, "log").await, 404);
+
+    // Allowed again when the refusal is lifted.
+    set_access(Value::Null).await;
+    until("exec granted again", WAIT, || async {
+        (streams(&peer, twin).await == [true; 3]).then_some(())
+    })
+    .await;
+}

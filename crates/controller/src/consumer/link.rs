@@ -4,6 +4,7 @@
 //! virtual kubelet, reflection) while a link exists.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +48,8 @@ pub struct ProviderLink {
     pub consumer_id: String,
     /// The provider, as our peer identity.
     pub client: Client,
+    /// The same identity without a read timeout, for streams that may idle (`logs -f`, exec).
+    pub stream_client: Client,
     /// `tandem-tenant-<consumer>` on the provider.
     pub remote_tenant_namespace: String,
     /// `tandem-tenant-<provider>` here.
@@ -234,6 +237,19 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
     let provider_id = peering.spec.cluster_id.clone();
     let local_tenant = names::tenant_namespace(&provider_id);
     let (client, secret) = identity_client(ctx, &provider_id, secret_name).await?;
+    let stream_client = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
+        .map(|kc| String::from_utf8_lossy(&kc.0).into_owned())
+        .unwrap_or_default();
+    let stream_client = streaming_client_from_kubeconfig(&stream_client)
+        .await
+        .map_err(|source| IdentityError::Client {
+            namespace: local_tenant.clone(),
+            name: secret_name.clone(),
+            source,
+        })?;
     let network = status.network.as_ref().and_then(|n| {
         Some(NetworkView {
             remote_pod_cidr: n.remote_pod_cidr.parse().ok()?,
@@ -252,6 +268,7 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
             .unwrap_or_else(|| names::virtual_node_name(&provider_id)),
         consumer_id: ctx.identity.cluster_id.clone(),
         client,
+        stream_client,
         remote_tenant_namespace: remote_tenant.clone(),
         local_tenant_namespace: local_tenant,
         grant: status.granted.clone(),
@@ -265,15 +282,27 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
 
 /// A client from a kubeconfig document (its current context).
 pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
-    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(ClientError::Kubeconfig)?;
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(ClientError::Kubeconfig)?;
+    let mut config = config_from_kubeconfig(yaml).await?;
     // Fail fast on an unreachable provider instead of hanging reconcilers.
     config.connect_timeout = Some(Duration::from_secs(3));
     config.read_timeout = Some(Duration::from_secs(30));
     Client::try_from(config).map_err(ClientError::Build)
+}
+
+/// A client from a kubeconfig document whose responses may idle as long as they like: a
+/// followed log or an exec session is silent for minutes (its connect timeout stays short).
+pub async fn streaming_client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
+    let mut config = config_from_kubeconfig(yaml).await?;
+    config.connect_timeout = Some(Duration::from_secs(3));
+    config.read_timeout = None;
+    Client::try_from(config).map_err(ClientError::Build)
+}
+
+async fn config_from_kubeconfig(yaml: &str) -> Result<kube::Config, ClientError> {
+    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(ClientError::Kubeconfig)?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(ClientError::Kubeconfig)
 }
 
 /// Keeps `links` equal to the authenticated Peerings, and runs the per-provider tasks of each
@@ -282,22 +311,34 @@ pub async fn supervise(ctx: Ctx, links: Links) {
     let publisher = tokio::spawn(publish(ctx.clone(), links.clone()));
     let mut rx = links.subscribe();
     let mut running: BTreeMap<String, (String, JoinSet<()>)> = BTreeMap::new();
+    // The kubelet API of each virtual node outlives restarts of the other tasks: its address
+    // (in the node's status) stays the one the API server dials. It reads the link per request.
+    let mut kubelets: BTreeMap<String, (JoinSet<()>, watch::Receiver<Option<SocketAddr>>)> =
+        BTreeMap::new();
     loop {
         let current = rx.borrow_and_update().clone();
-        running.retain(|id, (version, _)| {
-            current
-                .get(id)
-                .is_some_and(|l| &l.identity_version == version)
-        });
+        running.retain(|id, (key, _)| current.get(id).is_some_and(|l| &restart_key(l) == key));
+        kubelets.retain(|id, _| current.contains_key(id));
         for (id, link) in &current {
             if running.contains_key(id) {
                 continue;
             }
             tracing::info!(provider = %id, "starting virtual node, virtual kubelet and reflection");
+            let (_, kubelet_endpoint) = kubelets.entry(id.clone()).or_insert_with(|| {
+                let (endpoint, published) = watch::channel(None);
+                let mut task = JoinSet::new();
+                task.spawn(crate::consumer::kubelet_api::run(
+                    ctx.clone(),
+                    links.watch(id),
+                    endpoint,
+                ));
+                (task, published)
+            });
             let mut tasks = JoinSet::new();
             tasks.spawn(crate::consumer::virtual_node::run(
                 ctx.clone(),
                 links.watch(id),
+                kubelet_endpoint.clone(),
             ));
             tasks.spawn(crate::consumer::vk::run(ctx.clone(), links.watch(id)));
             tasks.spawn(crate::consumer::reflection::run(

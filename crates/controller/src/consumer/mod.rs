@@ -5,6 +5,7 @@ use tokio::task::JoinSet;
 use crate::context::Ctx;
 
 pub mod daemonset;
+pub mod kubelet_api;
 pub mod link;
 pub mod offloading;
 pub mod peering;

@@ -87,13 +87,18 @@ struct Posted {
     readiness: Readiness,
     network: Option<NetworkHealth>,
     capacity: BTreeMap<String, String>,
+    kubelet: Option<std::net::SocketAddr>,
     at: Instant,
     ready_since: String,
     network_since: String,
 }
 
 /// Runs the virtual node of `link`'s provider until the task is aborted.
-pub async fn run(ctx: Ctx, mut link: LinkWatch) {
+pub async fn run(
+    ctx: Ctx,
+    mut link: LinkWatch,
+    mut kubelet: tokio::sync::watch::Receiver<Option<std::net::SocketAddr>>,
+) {
     let mut tick = tokio::time::interval(ctx.options.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let started = Instant::now();
@@ -107,7 +112,9 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         tokio::select! {
             _ = tick.tick() => {}
             _ = link.changed() => {}
+            Ok(()) = kubelet.changed() => {}
         }
+        let kubelet_endpoint = *kubelet.borrow_and_update();
         let Some(l) = link.get() else { continue };
         let nodes: Api<Node> = Api::all(ctx.client.clone());
 
@@ -183,6 +190,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     || p.network.as_ref().map(|n| (n.unavailable, &n.reason))
                         != network.as_ref().map(|n| (n.unavailable, &n.reason))
                     || p.capacity != cap
+                    || p.kubelet != kubelet_endpoint
                     || p.at.elapsed() >= STATUS_REFRESH
             }
             None => true,
@@ -211,7 +219,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     "reason": n.reason, "message": n.message,
                     "lastHeartbeatTime": now, "lastTransitionTime": network_since}));
             }
-            let status = json!({"status": {
+            let mut status = json!({"status": {
                 "capacity": cap, "allocatable": cap,
                 "conditions": conditions,
                 "nodeInfo": {"kubeletVersion": concat!("tandem-", env!("CARGO_PKG_VERSION")),
@@ -220,6 +228,16 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     "osImage": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "",
                     "bootID": ""},
             }});
+            // Where the API server reaches the virtual kubelet (logs, exec), as a kubelet's
+            // node says it: InternalIP and the kubelet endpoint's port.
+            if let Some(addr) = kubelet_endpoint {
+                status["status"]["addresses"] = json!([
+                    {"type": "InternalIP", "address": addr.ip().to_string()},
+                    {"type": "Hostname", "address": l.virtual_node},
+                ]);
+                status["status"]["daemonEndpoints"] =
+                    json!({"kubeletEndpoint": {"Port": addr.port()}});
+            }
             match nodes
                 .patch_status(
                     &l.virtual_node,
@@ -233,6 +251,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                         readiness,
                         network,
                         capacity: cap,
+                        kubelet: kubelet_endpoint,
                         at: Instant::now(),
                         ready_since,
                         network_since,

@@ -188,7 +188,7 @@ fn shadow_spec_of(meta: &ObjectMeta, spec: Value, consumer_id: &str) -> Value {
 }
 
 /// The twin namespace on `provider` of an offloaded namespace, once Ready.
-fn twin_of(nso: &NamespaceOffloading, provider: &str) -> Option<String> {
+pub(crate) fn twin_of(nso: &NamespaceOffloading, provider: &str) -> Option<String> {
     nso.status
         .as_ref()?
         .remote_namespaces

@@ -4,7 +4,9 @@
 //! that consumer, and deleting the request deletes the namespace — unless it holds
 //! PersistentVolumeClaims and the request was not annotated `tandem.dev/delete-data`: then the
 //! namespace is retained for its data (see [`retain_if_holding_data`]). The storage part of the
-//! consumer's grant becomes the twin's ResourceQuota `tandem-grant`.
+//! consumer's grant becomes the twin's ResourceQuota `tandem-grant`, and the pod access its
+//! Tenant allows (`spec.podAccess`: exec, attach, port-forward) one RoleBinding per capability.
+//! A Tenant's change re-reconciles the consumer's requests, so both follow it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -27,10 +30,30 @@ use tandem_api::{RemoteNamespace, ShadowPod, Tenant, names};
 
 use crate::context::{Context, Ctx};
 use crate::install::apply;
-use crate::rbac::PEER_TWIN_ROLE;
+use crate::rbac::{PEER_TWIN_ROLE, PodCapability};
 
 /// Name of the RoleBinding giving the peer identity its rights in a twin namespace.
 pub const TWIN_ROLE_BINDING: &str = "tandem:peer-twin";
+/// Name of the RoleBinding letting the peer identity exec into the twin's pods.
+pub const EXEC_ROLE_BINDING: &str = "tandem:peer-exec";
+/// Name of the RoleBinding letting the peer identity attach to the twin's pods.
+pub const ATTACH_ROLE_BINDING: &str = "tandem:peer-attach";
+/// Name of the RoleBinding letting the peer identity port-forward to the twin's pods.
+pub const PORTFORWARD_ROLE_BINDING: &str = "tandem:peer-portforward";
+
+/// The RoleBinding in a twin namespace granting `capability`, while the Tenant allows it.
+pub fn pod_access_binding(capability: PodCapability) -> &'static str {
+    match capability {
+        PodCapability::Exec => EXEC_ROLE_BINDING,
+        PodCapability::Attach => ATTACH_ROLE_BINDING,
+        PodCapability::PortForward => PORTFORWARD_ROLE_BINDING,
+    }
+}
+
+/// Every RoleBinding of the peer identity that the provider may put in a twin namespace.
+fn peer_bindings() -> impl Iterator<Item = &'static str> {
+    std::iter::once(TWIN_ROLE_BINDING).chain(PodCapability::ALL.map(pod_access_binding))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -48,7 +71,25 @@ pub enum Error {
 /// Runs the reconciler until the controller stops.
 pub async fn run(ctx: Ctx) {
     let api: Api<RemoteNamespace> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
+    let controller = Controller::new(api, watcher::Config::default());
+    // A Tenant's grant and pod access shape every twin namespace of its consumer: a change to
+    // it re-reconciles the requests in its tenant namespace (rather than the Tenant reconciler
+    // writing into twin namespaces too), so one reconciler owns what a twin holds.
+    let requests = controller.store();
+    controller
+        .watches(
+            Api::<Tenant>::all(ctx.client.clone()),
+            watcher::Config::default(),
+            move |tenant| {
+                let tenant_namespace = tenant.namespace();
+                requests
+                    .state()
+                    .into_iter()
+                    .filter(|rn| rn.namespace() == tenant_namespace)
+                    .map(|rn| ObjectRef::from_obj(&*rn))
+                    .collect::<Vec<_>>()
+            },
+        )
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
@@ -143,23 +184,42 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
         return Ok(Action::await_change());
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    if let Some(existing) = namespaces
+    let existing = namespaces
         .get_opt(&twin)
         .await
-        .map_err(|e| Error::Kube(k.clone(), "reading the twin namespace", e))?
+        .map_err(|e| Error::Kube(k.clone(), "reading the twin namespace", e))?;
+    if let Some(existing) = &existing
+        && !is_twin_of(existing, &consumer, &origin)
     {
-        if !is_twin_of(&existing, &consumer, &origin) {
-            set_status(
-                client,
-                rn,
-                "Failed",
-                &format!(
-                    "namespace {twin} already exists and is not the twin of {consumer}/{origin}; choose another name (--namespace-mapping-strategy SelectedName)"
-                ),
-            )
-            .await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
-        }
+        set_status(
+            client,
+            rn,
+            "Failed",
+            &format!(
+                "namespace {twin} already exists and is not the twin of {consumer}/{origin}; choose another name (--namespace-mapping-strategy SelectedName)"
+            ),
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    }
+    // What a twin namespace holds follows the consumer's Tenant; without one in force (being
+    // unpeered, or not yet peered) nothing is granted, and a twin retained for its data on
+    // unpeering is not taken back. The Tenant's watch requeues this request when that changes.
+    let tenant = Api::<Tenant>::namespaced(client.clone(), &rn.namespace().unwrap_or_default())
+        .get_opt(&consumer)
+        .await
+        .map_err(|e| Error::Kube(k.clone(), "reading the consumer's Tenant", e))?;
+    let Some(tenant) = tenant.filter(|t| t.metadata.deletion_timestamp.is_none()) else {
+        set_status(
+            client,
+            rn,
+            "Pending",
+            &format!("no Tenant in force for consumer {consumer} (unpeering?)"),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    };
+    if let Some(existing) = &existing {
         if existing.labels().contains_key(names::RETAINED_DATA_LABEL) {
             // Offloaded again: the retained claims are the consumer's to adopt.
             namespaces
@@ -197,24 +257,33 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
     apply(&namespaces, &ns)
         .await
         .map_err(|e| Error::Kube(k.clone(), "creating the twin namespace", e))?;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": TWIN_ROLE_BINDING, "namespace": twin,
-                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PEER_TWIN_ROLE},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": names::peer_user(&consumer)}],
-    }))
-    .expect("static manifest");
-    apply(&Api::namespaced(client.clone(), &twin), &binding)
-        .await
-        .map_err(|e| {
-            Error::Kube(
-                k.clone(),
-                "binding the peer identity in the twin namespace",
-                e,
-            )
-        })?;
-    apply_grant_quota(client, rn, &consumer, &twin).await?;
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &twin);
+    apply(
+        &bindings,
+        &peer_binding(&twin, TWIN_ROLE_BINDING, PEER_TWIN_ROLE, &consumer),
+    )
+    .await
+    .map_err(|e| {
+        Error::Kube(
+            k.clone(),
+            "binding the peer identity in the twin namespace",
+            e,
+        )
+    })?;
+    let access = tenant.spec.pod_access();
+    for capability in PodCapability::ALL {
+        let name = pod_access_binding(capability);
+        if capability.allowed_by(&access) {
+            let binding = peer_binding(&twin, name, capability.role_name(), &consumer);
+            apply(&bindings, &binding)
+                .await
+                .map_err(|e| Error::Kube(k.clone(), "granting pod access the Tenant allows", e))?;
+        } else {
+            client::ok_if_not_found(bindings.delete(name, &DeleteParams::default()).await)
+                .map_err(|e| Error::Kube(k.clone(), "revoking pod access the Tenant refuses", e))?;
+        }
+    }
+    apply_grant_quota(client, rn, &tenant, &twin).await?;
     set_status(client, rn, "Ready", "").await?;
     Ok(Action::requeue(Duration::from_secs(60)))
 }
@@ -255,26 +324,34 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
     Err(Error::Terminating(k, twin.clone()))
 }
 
-/// The storage part of `consumer`'s grant (`requests.storage`, `persistentvolumeclaims`) as the
-/// ResourceQuota `tandem-grant` of the twin namespace, so that kube-apiserver's quota admission
-/// bounds the claims the consumer creates there. Per twin namespace: a consumer with several
-/// twins may use the storage grant in each.
+/// The RoleBinding `name` of `consumer`'s peer identity to ClusterRole `role` in `twin`.
+fn peer_binding(twin: &str, name: &str, role: &str, consumer: &str) -> RoleBinding {
+    serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": twin,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": names::peer_user(consumer)}],
+    }))
+    .expect("static manifest")
+}
+
+/// The storage part of the consumer's grant in `tenant` (`requests.storage`,
+/// `persistentvolumeclaims`) as the ResourceQuota `tandem-grant` of the twin namespace, so that
+/// kube-apiserver's quota admission bounds the claims the consumer creates there. Per twin
+/// namespace: a consumer with several twins may use the storage grant in each.
 async fn apply_grant_quota(
     client: &Client,
     rn: &RemoteNamespace,
-    consumer: &str,
+    tenant: &Tenant,
     twin: &str,
 ) -> Result<(), Error> {
-    let tenant = Api::<Tenant>::namespaced(client.clone(), &rn.namespace().unwrap_or_default())
-        .get_opt(consumer)
-        .await
-        .map_err(|e| Error::Kube(key(rn), "reading the consumer's Tenant", e))?;
     let hard: BTreeMap<String, String> = tenant
-        .map(|t| t.spec.grant)
-        .unwrap_or_default()
-        .into_iter()
+        .spec
+        .grant
+        .iter()
         .filter(|(k, _)| names::STORAGE_GRANT_KEYS.contains(&k.as_str()))
-        .map(|(k, v)| (k, v.0))
+        .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     let quota: ResourceQuota = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "ResourceQuota",
@@ -313,11 +390,10 @@ pub async fn retain_if_holding_data(
         .delete_collection(&DeleteParams::background(), &ListParams::default())
         .await?;
     if revoke {
-        client::ok_if_not_found(
-            Api::<RoleBinding>::namespaced(client.clone(), twin)
-                .delete(TWIN_ROLE_BINDING, &DeleteParams::default())
-                .await,
-        )?;
+        let bindings = Api::<RoleBinding>::namespaced(client.clone(), twin);
+        for name in peer_bindings() {
+            client::ok_if_not_found(bindings.delete(name, &DeleteParams::default()).await)?;
+        }
     }
     Api::<Namespace>::all(client.clone())
         .patch(
@@ -378,4 +454,33 @@ async fn set_status(
     .await
     .map_err(|e| Error::Kube(key(rn), "writing its status", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_capability_has_its_own_binding_to_its_own_role() {
+        for capability in PodCapability::ALL {
+            let name = pod_access_binding(capability);
+            let binding = peer_binding("app-rome", name, capability.role_name(), "rome");
+            assert_eq!(binding.metadata.name.as_deref(), Some(name));
+            assert_eq!(binding.metadata.namespace.as_deref(), Some("app-rome"));
+            assert_eq!(binding.role_ref.kind, "ClusterRole");
+            assert_eq!(binding.role_ref.name, capability.role_name());
+            let subjects = binding.subjects.unwrap();
+            assert_eq!(subjects.len(), 1);
+            assert_eq!(
+                (subjects[0].kind.as_str(), subjects[0].name.as_str()),
+                ("User", names::peer_user("rome").as_str())
+            );
+        }
+        let all: std::collections::BTreeSet<_> = peer_bindings().collect();
+        assert_eq!(
+            all.len(),
+            1 + PodCapability::ALL.len(),
+            "names are distinct"
+        );
+    }
 }

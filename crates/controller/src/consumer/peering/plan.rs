@@ -597,6 +597,7 @@ mod tests {
                     .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
                     .collect(),
                 node_labels: BTreeMap::new(),
+                pod_access: None,
             },
         )
     }

@@ -1,0 +1,103 @@
+//! What the network-mode CLI suites share: a `tandem lab up --network` child (killed when
+//! dropped), and running `tandem` and the real kubectl against it.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub struct Lab {
+    pub child: Child,
+    pub kubeconfig: String,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn tandem(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("HOME", home)
+        .output()
+        .expect("tandem runs")
+}
+
+pub fn kubectl(lab: &Lab, context: &str, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .args(["--kubeconfig", &lab.kubeconfig, "--context", context])
+        .args(args)
+        .output()
+        .expect("kubectl runs")
+}
+
+pub fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+pub fn json(lab: &Lab, context: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&ok(
+        kubectl(lab, context, &all),
+        &format!("kubectl {args:?}"),
+    ))
+    .unwrap()
+}
+
+/// Starts `tandem lab up --network` with `clusters` clusters in `home/name`; returns once its
+/// kubeconfig is written.
+pub fn lab_up(home: &Path, name: &str, clusters: &str) -> Lab {
+    let dir = home.join(name);
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "lab",
+            "up",
+            "--network",
+            "--clusters",
+            clusters,
+            "--nodes",
+            "1",
+            "--dir",
+        ])
+        .arg(&dir)
+        .env("HOME", home)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let lab = Lab {
+        child,
+        kubeconfig: kubeconfig.to_string_lossy().into_owned(),
+    };
+    until(
+        &format!("{name}'s kubeconfig"),
+        Duration::from_secs(60),
+        || kubeconfig.exists().then_some(()),
+    );
+    lab
+}

@@ -1,0 +1,289 @@
+//! `kubectl logs`, `exec` and `attach` on an offloaded pod, with the real kubectl, through the
+//! consumer's API server and the virtual node's kubelet API to the real pod in the provider —
+//! on a network-mode lab where both controllers run as their Deployments' pods, as on real
+//! clusters. The provider's policy and the consumer's RBAC each refuse what they should.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+mod netlab;
+use netlab::{json, kubectl, lab_up, ok, tandem, until};
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let lab = lab_up(home.path(), "lab", "2");
+    let kc = lab.kubeconfig.clone();
+    let on = |ctx: &'static str| ["--kubeconfig", kc.as_str(), "--context", ctx];
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
+        let mut args = vec!["install", "--cluster-id", id];
+        args.extend(on(ctx));
+        ok(tandem(home.path(), &args), &format!("install on {ctx}"));
+    }
+    let mut args = vec!["invite", "--endpoint", "https://198.18.2.2:6443"];
+    args.extend(on("lab-2"));
+    let invite = ok(tandem(home.path(), &args), "invite");
+    let mut args = vec!["peer", invite.trim()];
+    args.extend(on("lab-1"));
+    ok(tandem(home.path(), &args), "peer");
+    ok(
+        kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
+        "namespace",
+    );
+    let mut args = vec!["offload", "namespace", "demo"];
+    args.extend(on("lab-1"));
+    ok(tandem(home.path(), &args), "offload");
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "run",
+                "hello",
+                "--image=tandem.dev/echo",
+                "--overrides",
+                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}"#,
+            ],
+        ),
+        "kubectl run",
+    );
+    until(
+        "the offloaded pod Running, its virtual node serving a kubelet endpoint",
+        Duration::from_secs(90),
+        || {
+            let pod = json(&lab, "lab-1", &["-n", "demo", "get", "pod", "hello"]);
+            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+            (pod["status"]["phase"] == "Running"
+                && node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+                    .as_u64()
+                    .is_some_and(|p| p > 0))
+            .then_some(())
+        },
+    );
+    // The virtual node is reached at its controller pod's address, as a kubelet at its node's.
+    let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+    let controller = json(
+        &lab,
+        "lab-1",
+        &[
+            "-n",
+            "tandem-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=tandem-controller",
+        ],
+    );
+    let controller_ip = controller["items"][0]["status"]["podIP"].clone();
+    assert_eq!(
+        node["status"]["addresses"][0],
+        serde_json::json!({"type": "InternalIP", "address": controller_ip}),
+        "{node}"
+    );
+
+    // Logs: the echo program's first line, read in the provider and shown in the consumer.
+    let logs = until(
+        "kubectl logs of the offloaded pod",
+        Duration::from_secs(30),
+        || {
+            let out = kubectl(&lab, "lab-1", &["-n", "demo", "logs", "hello"]);
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        },
+    );
+    assert!(logs.contains("echo: listening on :"), "{logs}");
+    let port: u16 = logs
+        .lines()
+        .find_map(|l| l.strip_prefix("echo: listening on :"))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap();
+    let tail = ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["-n", "demo", "logs", "hello", "--tail=1", "-c", "hello"],
+        ),
+        "kubectl logs --tail=1 -c",
+    );
+    assert_eq!(tail.lines().count(), 1, "{tail}");
+
+    // Exec: output and exit status of built-in commands, run in the real pod.
+    let hostname = ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["-n", "demo", "exec", "hello", "--", "hostname"],
+        ),
+        "kubectl exec hostname",
+    );
+    assert_eq!(hostname.trim(), "hello");
+    let usage = kubectl(
+        &lab,
+        "lab-1",
+        &["-n", "demo", "exec", "hello", "--", "probe"],
+    );
+    assert_eq!(usage.status.code(), Some(2), "{}", stderr_of(&usage));
+    assert!(
+        stderr_of(&usage).contains("usage: probe"),
+        "{}",
+        stderr_of(&usage)
+    );
+    let missing = kubectl(&lab, "lab-1", &["-n", "demo", "exec", "hello", "--", "sh"]);
+    assert_eq!(missing.status.code(), Some(127), "{}", stderr_of(&missing));
+
+    // Follow: a request served by the echo program (made from inside its own pod by exec)
+    // appears on the consumer's `logs -f` stream.
+    let mut follow = Command::new("kubectl")
+        .args(["--kubeconfig", &kc, "--context", "lab-1"])
+        .args(["-n", "demo", "logs", "-f", "--tail=0", "hello"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = follow.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = until("a new line on logs -f", Duration::from_secs(30), || {
+        let url = format!("http://127.0.0.1:{port}/");
+        let _ = kubectl(
+            &lab,
+            "lab-1",
+            &["-n", "demo", "exec", "hello", "--", "probe", "fetch", &url],
+        );
+        rx.recv_timeout(Duration::from_secs(2)).ok()
+    });
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(
+        !line.starts_with("echo: listening"),
+        "only new lines: {line}"
+    );
+
+    // The consumer's RBAC decides first: a user who may read pods and their logs but not
+    // exec is refused by the consumer's API server, whatever the provider allows.
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "create",
+                "role",
+                "viewer",
+                "--verb=get",
+                "--resource=pods,pods/log",
+            ],
+        ),
+        "role",
+    );
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "create",
+                "rolebinding",
+                "alice-views",
+                "--role=viewer",
+                "--user=alice",
+            ],
+        ),
+        "rolebinding",
+    );
+    let alice_logs = ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["--as=alice", "-n", "demo", "logs", "hello"],
+        ),
+        "alice reads the logs",
+    );
+    assert!(alice_logs.contains("echo: listening"), "{alice_logs}");
+    let refused = kubectl(
+        &lab,
+        "lab-1",
+        &[
+            "--as=alice",
+            "-n",
+            "demo",
+            "exec",
+            "hello",
+            "--",
+            "hostname",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr_of(&refused).contains("User \"alice\" cannot create resource \"pods/exec\""),
+        "{}",
+        stderr_of(&refused)
+    );
+
+    // The provider refuses exec: the consumer's user gets a 403 naming the provider's policy;
+    // logs still work.
+    let tenants = json(&lab, "lab-2", &["get", "tenants", "-A"]);
+    let meta = &tenants["items"][0]["metadata"];
+    let (tenant_ns, tenant) = (
+        meta["namespace"].as_str().unwrap(),
+        meta["name"].as_str().unwrap(),
+    );
+    ok(
+        kubectl(
+            &lab,
+            "lab-2",
+            &[
+                "-n",
+                tenant_ns,
+                "patch",
+                "tenant",
+                tenant,
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"podAccess":{"exec":false}}}"#,
+            ],
+        ),
+        "refusing exec on the provider",
+    );
+    let denied = until(
+        "exec refused by the provider",
+        Duration::from_secs(30),
+        || {
+            let out = kubectl(
+                &lab,
+                "lab-1",
+                &["-n", "demo", "exec", "hello", "--", "hostname"],
+            );
+            (!out.status.success()).then_some(out)
+        },
+    );
+    let message = stderr_of(&denied);
+    assert!(
+        message.contains("Forbidden")
+            && message.contains("provider milan")
+            && message.contains("spec.podAccess.exec"),
+        "{message}"
+    );
+    let logs = ok(
+        kubectl(&lab, "lab-1", &["-n", "demo", "logs", "hello"]),
+        "logs with exec refused",
+    );
+    assert!(logs.contains("echo: listening"), "{logs}");
+}

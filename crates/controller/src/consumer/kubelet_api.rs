@@ -1,0 +1,818 @@
+//! The kubelet API of a virtual node: what the consumer's API server calls for `pods/log`,
+//! `pods/exec` and `pods/attach` of a pod bound to the node, carried to the real pod in the
+//! provider through the peer identity.
+//!
+//! The hops, and what each speaks:
+//! - kubectl → consumer's API server: the pod subresource (a plain GET for logs; a WebSocket
+//!   upgrade, `v5.channel.k8s.io`, for exec and attach). The API server authorises it with the
+//!   consumer's RBAC (`pods/log` get, `pods/exec` create) before anything else happens;
+//! - API server → this server: the kubelet paths (`/containerLogs/…`, `/exec/…`, `/attach/…`)
+//!   over TLS, at the node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`; the upgrade
+//!   is the client's, forwarded as it came;
+//! - this server → provider's API server: the same subresource of the real pod in its twin
+//!   namespace, as the peer identity (`kube::Client`), a WebSocket of its own for exec/attach;
+//!   WebSocket messages are relayed one by one (same subprotocol on both sides, so the channel
+//!   byte and v5's close signal mean the same).
+//!
+//! Who may call: as a kubelet with `--client-ca-file` and `--authorization-mode=Webhook`, a
+//! caller must present a client certificate from the CAs the API server publishes in
+//! `kube-system/extension-apiserver-authentication` (`client-ca-file`), and a
+//! SubjectAccessReview must allow its user `nodes/proxy` on this node. That is the API server's
+//! own kubelet-client identity; a user would need `nodes/proxy` on the virtual node — which, as
+//! on any node, opens every pod on it, so grant it to nobody. The provider has the last word:
+//! its RBAC for the peer identity (the Tenant's `spec.podAccess`) decides whether exec and
+//! attach reach its pods, and its refusal comes back as a 403 naming that policy.
+//!
+//! The serving certificate is obtained the way kubelets get theirs: a CSR for signer
+//! `kubernetes.io/kubelet-serving` (CN `system:node:<node>`, O `system:nodes`, the IP as SAN),
+//! approved by this controller (a kubelet's would be approved by an admin or an approver),
+//! renewed at 80% of its life.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tandem_api::{NamespaceOffloading, names};
+use tokio::sync::watch;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::Role;
+
+use crate::consumer::link::{LinkWatch, ProviderLink};
+use crate::context::Ctx;
+
+/// The signer of kubelet serving certificates.
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+/// Where kube-apiserver publishes the CAs of the client certificates it accepts.
+pub const CLIENT_CA_NAMESPACE: &str = "kube-system";
+pub const CLIENT_CA_CONFIGMAP: &str = "extension-apiserver-authentication";
+/// The Role kube-apiserver bootstraps for reading it.
+pub const CLIENT_CA_READER_ROLE: &str = "extension-apiserver-authentication-reader";
+const CLIENT_CA_KEY: &str = "client-ca-file";
+/// Lifetime asked for the serving certificate; renewed at 80% of what the signer gave.
+const CERT_SECONDS: i32 = 24 * 3600;
+/// How long the signer may take.
+const SIGN_WAIT: Duration = Duration::from_secs(60);
+/// Wait before retrying after a failure to get a certificate.
+const RETRY: Duration = Duration::from_secs(5);
+/// Query parameters of a container log request, as the pod's `log` subresource takes them.
+const LOG_PARAMS: &[&str] = &[
+    "follow",
+    "previous",
+    "sinceSeconds",
+    "sinceTime",
+    "timestamps",
+    "tailLines",
+    "limitBytes",
+];
+/// Query parameters of exec and attach passed on (`command` repeats, for exec).
+const STREAM_PARAMS: &[&str] = &["command", "stdin", "stdout", "stderr", "tty"];
+
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// Why the server has no certificate yet.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("reading {CLIENT_CA_NAMESPACE}/{CLIENT_CA_CONFIGMAP} (the API server's client CAs)")]
+    ClientCa(#[source] kube::Error),
+    #[error("{CLIENT_CA_NAMESPACE}/{CLIENT_CA_CONFIGMAP} has no {CLIENT_CA_KEY}")]
+    NoClientCa,
+    #[error("generating the serving key or request")]
+    Key(#[source] rcgen::Error),
+    #[error("{step} CertificateSigningRequest {name}")]
+    Csr {
+        step: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("CertificateSigningRequest {name} was {verdict}: {message}")]
+    Refused {
+        name: String,
+        verdict: String,
+        message: String,
+    },
+    #[error(
+        "CertificateSigningRequest {0} was not signed within {SIGN_WAIT:?} (is a signer for kubernetes.io/kubelet-serving running?)"
+    )]
+    NotSigned(String),
+    #[error("the signed certificate of CertificateSigningRequest {0} is not a PEM certificate")]
+    BadCertificate(String),
+    #[error("TLS configuration")]
+    Tls(#[source] rustls::Error),
+    #[error("client CA bundle")]
+    ClientCaBundle(#[source] rustls::server::VerifierBuilderError),
+}
+
+/// Serves the kubelet API of `link`'s virtual node until aborted, and publishes its address
+/// into `endpoint` once it has a certificate (the virtual node's status carries it).
+pub async fn run(ctx: Ctx, mut link: LinkWatch, endpoint: watch::Sender<Option<SocketAddr>>) {
+    let node = loop {
+        if let Some(l) = link.get() {
+            break l.virtual_node;
+        }
+        link.changed().await;
+    };
+    let ip = ctx.options.kubelet_address;
+    let listener = loop {
+        match tokio::net::TcpListener::bind((ip, 0)).await {
+            Ok(l) => break l,
+            Err(e) => {
+                tracing::warn!(%node, %ip, error = %e, "virtual kubelet: cannot listen");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    };
+    let Ok(addr) = listener.local_addr() else {
+        return;
+    };
+    let tls: watch::Sender<Option<Arc<rustls::ServerConfig>>> = watch::Sender::new(None);
+    let server = tokio::spawn(serve(
+        listener,
+        tls.subscribe(),
+        ctx.clone(),
+        link.clone(),
+        node.clone(),
+    ));
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _server = AbortOnDrop(server);
+    loop {
+        match credentials(&ctx, &node, ip).await {
+            Ok((config, valid_for)) => {
+                tls.send_replace(Some(Arc::new(config)));
+                endpoint.send_replace(Some(addr));
+                tracing::info!(%node, %addr, "virtual kubelet API serving");
+                tokio::time::sleep(valid_for.mul_f64(0.8)).await;
+            }
+            Err(e) => {
+                tracing::warn!(%node, error = %crate::error::chain(&e), "virtual kubelet: serving certificate");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+/// A fresh serving certificate (through the CSR API) and the TLS configuration that uses it,
+/// with how long it is valid.
+async fn credentials(
+    ctx: &Ctx,
+    node: &str,
+    ip: IpAddr,
+) -> Result<(rustls::ServerConfig, Duration), CertError> {
+    let client_ca = Api::<ConfigMap>::namespaced(ctx.client.clone(), CLIENT_CA_NAMESPACE)
+        .get(CLIENT_CA_CONFIGMAP)
+        .await
+        .map_err(CertError::ClientCa)?
+        .data
+        .and_then(|d| d.get(CLIENT_CA_KEY).cloned())
+        .filter(|pem| !pem.trim().is_empty())
+        .ok_or(CertError::NoClientCa)?;
+
+    let key = rcgen::KeyPair::generate().map_err(CertError::Key)?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(CertError::Key)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress(ip)];
+    let request = params
+        .serialize_request(&key)
+        .and_then(|r| r.pem())
+        .map_err(CertError::Key)?;
+    let cert_pem = signed(ctx, node, &request).await?;
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(pem_certs(&client_ca));
+    if added == 0 {
+        return Err(CertError::NoClientCa);
+    }
+    // No certificate still connects, so that the answer is a kubelet's 401 rather than a TLS
+    // failure; a certificate from any other CA fails the handshake.
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(CertError::ClientCaBundle)?;
+    let chain = pem_certs(&cert_pem);
+    let name = csr_name(node);
+    let valid_for = chain
+        .first()
+        .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
+        .and_then(|(_, c)| c.validity().time_to_expiration())
+        .and_then(|d| Duration::try_from(d).ok())
+        .ok_or_else(|| CertError::BadCertificate(name.clone()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(CertError::Tls)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            chain,
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .map_err(CertError::Tls)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok((config, valid_for))
+}
+
+fn csr_name(node: &str) -> String {
+    format!("tandem-kubelet-serving-{node}")
+}
+
+fn pem_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .filter_map(Result::ok)
+        .collect()
+}
+
+/// Files the request (replacing one left by an earlier run: its key is gone), approves it,
+/// waits for the signer and removes it; the certificate's PEM.
+async fn signed(ctx: &Ctx, node: &str, request: &str) -> Result<String, CertError> {
+    let api: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
+    let name = csr_name(node);
+    let err = |step: &'static str, name: &str| {
+        let name = name.to_string();
+        move |source| CertError::Csr { step, name, source }
+    };
+    match api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(e) if tandem_api::client::is_not_found(&e) => {}
+        Err(e) => return Err(err("removing the previous", &name)(e)),
+    }
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"name": name, "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "spec": {
+            "request": ByteString(request.as_bytes().to_vec()),
+            "signerName": KUBELET_SERVING_SIGNER,
+            "expirationSeconds": CERT_SECONDS,
+            "usages": ["digital signature", "server auth"],
+        },
+    }))
+    .expect("static manifest");
+    // The delete above may still be finishing: retry the create briefly on a conflict.
+    let deadline = tokio::time::Instant::now() + SIGN_WAIT;
+    loop {
+        match api.create(&PostParams::default(), &csr).await {
+            Ok(_) => break,
+            Err(e)
+                if tandem_api::client::is_conflict(&e)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(err("creating", &name)(e)),
+        }
+    }
+    api.patch_subresource(
+        "approval",
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"conditions": [{
+            "type": "Approved", "status": "True", "reason": "TandemVirtualKubelet",
+            "message": format!("serving certificate of virtual node {node}"),
+        }]}})),
+    )
+    .await
+    .map_err(err("approving", &name))?;
+    let result = loop {
+        let csr = api.get(&name).await.map_err(err("reading", &name))?;
+        let status = csr.status.unwrap_or_default();
+        if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
+            break String::from_utf8(cert.0).map_err(|_| CertError::BadCertificate(name.clone()));
+        }
+        if let Some(c) = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+        {
+            break Err(CertError::Refused {
+                name: name.clone(),
+                verdict: c.type_.to_lowercase(),
+                message: c.message.unwrap_or_default(),
+            });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break Err(CertError::NotSigned(name.clone()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Issued (or refused): the request has served its purpose.
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+    result
+}
+
+/// Accepts connections with the TLS configuration of the moment (none yet: refused).
+async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: watch::Receiver<Option<Arc<rustls::ServerConfig>>>,
+    ctx: Ctx,
+    link: LinkWatch,
+    node: String,
+) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let Some(config) = tls.borrow().clone() else {
+            continue;
+        };
+        let (ctx, link, node) = (ctx.clone(), link.clone(), node.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await else {
+                return;
+            };
+            let caller = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|der| caller_of(der));
+            let service = hyper::service::service_fn(move |req| {
+                let (ctx, link, node, caller) =
+                    (ctx.clone(), link.clone(), node.clone(), caller.clone());
+                async move {
+                    Ok::<_, Infallible>(handle(&ctx, &link, &node, caller.as_ref(), req).await)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+    }
+}
+
+/// A caller authenticated by its client certificate: user (CN) and groups (O).
+#[derive(Clone, Debug)]
+struct Caller {
+    user: String,
+    groups: Vec<String>,
+}
+
+fn caller_of(der: &[u8]) -> Option<Caller> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let user = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    Some(Caller { user, groups })
+}
+
+fn text(code: StatusCode, message: impl Into<String>) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(
+            Full::new(Bytes::from(message.into()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("valid response")
+}
+
+async fn handle(
+    ctx: &Ctx,
+    link: &LinkWatch,
+    node: &str,
+    caller: Option<&Caller>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let Some(caller) = caller else {
+        return text(StatusCode::UNAUTHORIZED, "Unauthorized");
+    };
+    // A kubelet's authorisation: the HTTP method gives the verb, these paths `nodes/proxy`.
+    let verb = match *req.method() {
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::DELETE => "delete",
+        _ => "get",
+    };
+    match authorized(ctx, caller, verb, node).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return text(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Forbidden (user={}, verb={verb}, resource=nodes, subresource=proxy)",
+                    caller.user
+                ),
+            );
+        }
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("authorizing the request (SubjectAccessReview): {e}"),
+            );
+        }
+    }
+    let path: Vec<String> = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .map(str::to_string)
+        .collect();
+    let params: Vec<(String, String)> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let (kind, ns, pod, container) = match path.as_slice() {
+        [kind, ns, pod, container]
+            if matches!(kind.as_str(), "containerLogs" | "exec" | "attach") =>
+        {
+            (kind.as_str(), ns, pod, container)
+        }
+        _ => return text(StatusCode::NOT_FOUND, "404 page not found"),
+    };
+    let Some(link) = link.get() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("virtual node {node}: the peering with its provider is not established"),
+        );
+    };
+    let twin = match twin_namespace(ctx, &link, ns, pod).await {
+        Ok(t) => t,
+        Err(response) => return response,
+    };
+    if kind == "containerLogs" {
+        logs(&link, &twin, pod, container, &params).await
+    } else {
+        stream(&link, kind, &twin, pod, container, &params, req).await
+    }
+}
+
+async fn authorized(
+    ctx: &Ctx,
+    caller: &Caller,
+    verb: &str,
+    node: &str,
+) -> Result<bool, kube::Error> {
+    let mut groups = caller.groups.clone();
+    groups.push("system:authenticated".into());
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(caller.user.clone()),
+            groups: Some(groups),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                resource: Some("nodes".into()),
+                subresource: Some("proxy".into()),
+                name: Some(node.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(ctx.client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// The twin namespace on the provider of the pod `ns/pod`, if the pod is bound to this virtual
+/// node and its namespace is offloaded there; else the answer a kubelet would give.
+async fn twin_namespace(
+    ctx: &Ctx,
+    link: &ProviderLink,
+    ns: &str,
+    pod: &str,
+) -> Result<String, Response<Body>> {
+    let found = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .get_opt(pod)
+        .await
+        .map_err(|e| {
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading pod {ns}/{pod}: {e}"),
+            )
+        })?;
+    let bound_here = found
+        .as_ref()
+        .and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.node_name.as_deref())
+        == Some(link.virtual_node.as_str());
+    if !bound_here {
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            format!(
+                "pod {ns}/{pod} is not on virtual node {}",
+                link.virtual_node
+            ),
+        ));
+    }
+    let offloadings = Api::<NamespaceOffloading>::namespaced(ctx.client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .map_err(|e| {
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading the NamespaceOffloading of {ns}: {e}"),
+            )
+        })?;
+    offloadings
+        .items
+        .iter()
+        .find_map(|nso| crate::consumer::vk::twin_of(nso, &link.provider_id))
+        .ok_or_else(|| {
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "namespace {ns} has no ready twin namespace on provider {}",
+                    link.provider_id
+                ),
+            )
+        })
+}
+
+/// The real pod's subresource path on the provider, with the parameters passed on.
+fn provider_path(
+    sub: &str,
+    twin: &str,
+    pod: &str,
+    container: &str,
+    params: &[(String, String)],
+    allowed: &[&str],
+) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("container", container);
+    for (k, v) in params.iter().filter(|(k, _)| allowed.contains(&k.as_str())) {
+        query.append_pair(k, v);
+    }
+    format!(
+        "/api/v1/namespaces/{twin}/pods/{pod}/{sub}?{}",
+        query.finish()
+    )
+}
+
+/// A refusal or failure of the provider, as the consumer's user should read it.
+fn provider_error(link: &ProviderLink, what: &str, code: u16, message: &str) -> Response<Body> {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
+    let message = match code {
+        403 => {
+            let field = match what {
+                "exec" => "exec",
+                "attach" => "attach",
+                _ => "logs",
+            };
+            format!(
+                "provider {} does not allow {what} on its pods for this cluster (its policy: \
+                 the Tenant's spec.podAccess.{field}): {message}",
+                link.provider_id
+            )
+        }
+        _ => format!("provider {}: {message}", link.provider_id),
+    };
+    text(status, message)
+}
+
+async fn logs(
+    link: &ProviderLink,
+    twin: &str,
+    pod: &str,
+    container: &str,
+    params: &[(String, String)],
+) -> Response<Body> {
+    let path = provider_path("log", twin, pod, container, params, LOG_PARAMS);
+    let request = Request::get(path)
+        .body(kube::client::Body::empty())
+        .expect("valid request");
+    let response = match link.stream_client.send(request).await {
+        Ok(r) => r,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "provider {} did not answer for the logs of {twin}/{pod}: {}",
+                    link.provider_id,
+                    crate::error::chain(&e)
+                ),
+            );
+        }
+    };
+    let status = response.status();
+    if !status.is_success() {
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return provider_error(link, "logs", status.as_u16(), &status_message(&body));
+    }
+    let mut out = Response::builder().status(status);
+    if let Some(t) = response.headers().get(http::header::CONTENT_TYPE) {
+        out = out.header(http::header::CONTENT_TYPE, t);
+    }
+    out.body(
+        response
+            .into_body()
+            .map_err(std::io::Error::other)
+            .boxed_unsync(),
+    )
+    .expect("valid response")
+}
+
+/// The message of a metav1.Status body, else the body as text.
+fn status_message(body: &[u8]) -> String {
+    serde_json::from_slice::<kube::core::Status>(body)
+        .ok()
+        .map(|s| s.message)
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string())
+}
+
+/// Exec or attach: opens the provider's WebSocket first (so that its refusal is this answer),
+/// then switches the API server's connection to the same subprotocol and relays messages.
+async fn stream(
+    link: &ProviderLink,
+    kind: &str,
+    twin: &str,
+    pod: &str,
+    container: &str,
+    params: &[(String, String)],
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    let Some(key) = req
+        .headers()
+        .get(http::header::SEC_WEBSOCKET_KEY)
+        .map(|k| k.as_bytes().to_vec())
+    else {
+        // kubectl falls back to SPDY when the WebSocket upgrade fails (a refusal included):
+        // tell it why the WebSocket was refused rather than that SPDY is not spoken here.
+        if let Ok(false) = provider_allows(link, kind, twin).await {
+            return provider_error(
+                link,
+                kind,
+                403,
+                &format!("the peer identity may not create pods/{kind} in {twin}"),
+            );
+        }
+        return text(
+            StatusCode::BAD_REQUEST,
+            "only WebSocket streams (v5.channel.k8s.io, v4.channel.k8s.io) are served: use \
+             kubectl 1.30 or later",
+        );
+    };
+    let offered: Vec<String> = req
+        .headers()
+        .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_string())
+        .collect();
+    let path = provider_path(kind, twin, pod, container, params, STREAM_PARAMS);
+    let request = Request::get(path).body(Vec::new()).expect("valid request");
+    let connection = match link.stream_client.connect(request).await {
+        Ok(c) => c,
+        Err(kube::Error::Api(status)) => {
+            return provider_error(link, kind, status.code, &status.message);
+        }
+        Err(e) => {
+            return text(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "provider {} did not open {kind} on {twin}/{pod}: {}",
+                    link.provider_id,
+                    crate::error::chain(&e)
+                ),
+            );
+        }
+    };
+    let protocol = if connection.supports_stream_close() {
+        "v5.channel.k8s.io"
+    } else {
+        "v4.channel.k8s.io"
+    };
+    if !offered.iter().any(|p| p == protocol) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("the provider speaks {protocol}, which the client did not offer ({offered:?})"),
+        );
+    }
+    let provider = connection.into_stream();
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else {
+            return;
+        };
+        let client =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        relay(client, provider).await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "websocket")
+        .header(
+            http::header::SEC_WEBSOCKET_ACCEPT,
+            tokio_tungstenite::tungstenite::handshake::derive_accept_key(&key),
+        )
+        .header(http::header::SEC_WEBSOCKET_PROTOCOL, protocol)
+        .body(
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("valid response")
+}
+
+/// Whether the provider lets the peer identity open `pods/<sub>` in `twin`
+/// (SelfSubjectAccessReview, which any authenticated user may file).
+async fn provider_allows(link: &ProviderLink, sub: &str, twin: &str) -> Result<bool, kube::Error> {
+    use k8s_openapi::api::authorization::v1::{
+        SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some("create".into()),
+                resource: Some("pods".into()),
+                subresource: Some(sub.into()),
+                namespace: Some(twin.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(link.client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Relays messages both ways until both sides have closed (pings are answered by each side's
+/// own WebSocket, not passed on).
+async fn relay<A, B>(a: WebSocketStream<A>, b: WebSocketStream<B>)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut a_tx, mut a_rx) = a.split();
+    let (mut b_tx, mut b_rx) = b.split();
+    // Data messages pass; a close frame passes with its code (kubectl reads the end of each
+    // stream from a normal closure, 1000), then that direction is done.
+    let forward =
+        |m: &Message| matches!(m, Message::Binary(_) | Message::Text(_) | Message::Close(_));
+    let up = async {
+        while let Some(Ok(m)) = a_rx.next().await {
+            let close = m.is_close();
+            if forward(&m) && b_tx.send(m).await.is_err() || close {
+                break;
+            }
+        }
+        let _ = b_tx.close().await;
+    };
+    let down = async {
+        while let Some(Ok(m)) = b_rx.next().await {
+            let close = m.is_close();
+            if forward(&m) && a_tx.send(m).await.is_err() || close {
+                break;
+            }
+        }
+        let _ = a_tx.close().await;
+    };
+    // Once one side is done, the other gets a bounded time to finish (the exit status follows
+    // the last output; a client gone without a close must not hold the provider's session).
+    tokio::pin!(up, down);
+    tokio::select! {
+        () = &mut up => { let _ = tokio::time::timeout(Duration::from_secs(5), &mut down).await; }
+        () = &mut down => { let _ = tokio::time::timeout(Duration::from_secs(5), &mut up).await; }
+    }
+}
