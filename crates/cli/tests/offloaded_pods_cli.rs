@@ -174,6 +174,90 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         "only new lines: {line}"
     );
 
+    // Events of the real pod (scheduled, pulled, started in milan) show on the consumer's pod,
+    // once each — after the consumer's controller restarts too.
+    let events_of = || {
+        let out = ok(
+            kubectl(&lab, "lab-1", &["-n", "demo", "describe", "pod", "hello"]),
+            "kubectl describe",
+        );
+        let events = out.split("Events:").nth(1).unwrap_or_default().to_string();
+        let count = |reason: &str| {
+            events
+                .lines()
+                .filter(|l| l.split_whitespace().nth(1) == Some(reason))
+                .count()
+        };
+        (
+            ["Scheduled", "Pulled", "Created", "Started"].map(count),
+            events,
+        )
+    };
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (before, events) = loop {
+        let (counts, events) = events_of();
+        if counts == [2, 1, 1, 1] {
+            break (counts, events);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider's events on the pod, once each: {counts:?} in {last}"
+        );
+        last = events;
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(
+        events.contains("kubelet@milan"),
+        "the source names the provider: {events}"
+    );
+    let old_controller = controller["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["-n", "tandem-system", "delete", "pod", &old_controller],
+        ),
+        "restarting the consumer's controller",
+    );
+    until(
+        "a new consumer controller reflecting again",
+        Duration::from_secs(60),
+        || {
+            let pods = json(
+                &lab,
+                "lab-1",
+                &[
+                    "-n",
+                    "tandem-system",
+                    "get",
+                    "pods",
+                    "-l",
+                    "app.kubernetes.io/name=tandem-controller",
+                ],
+            );
+            let items = pods["items"].as_array()?;
+            (items.len() == 1
+                && items[0]["metadata"]["name"] != old_controller.as_str()
+                && items[0]["status"]["phase"] == "Running")
+                .then_some(())
+        },
+    );
+    // Give the new controller's reflection time to have re-listed (logs through the new
+    // virtual kubelet prove it runs), then the counts are unchanged.
+    until(
+        "logs through the restarted controller",
+        Duration::from_secs(60),
+        || {
+            let out = kubectl(&lab, "lab-1", &["-n", "demo", "logs", "hello", "--tail=1"]);
+            out.status.success().then_some(())
+        },
+    );
+    assert_eq!(events_of().0, before, "no duplicate after the restart");
+
     // The consumer's RBAC decides first: a user who may read pods and their logs but not
     // exec is refused by the consumer's API server, whatever the provider allows.
     ok(

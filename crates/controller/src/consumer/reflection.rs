@@ -371,8 +371,10 @@ impl NamespaceReflector {
             "eventTime": e.event_time, "action": e.action,
             "reportingComponent": e.reporting_component.clone().unwrap_or_default(),
             "reportingInstance": self.link.provider_id,
-            "source": {"component": e.source.as_ref().and_then(|s| s.component.clone())
-                           .unwrap_or_else(|| "tandem".into()),
+            // `kubectl describe` shows only the component: it names the provider too.
+            "source": {"component": format!("{}@{}",
+                           e.source.as_ref().and_then(|s| s.component.as_deref()).unwrap_or("tandem"),
+                           self.link.provider_id),
                        "host": self.link.virtual_node},
         });
         strip_nulls(&mut event);
