@@ -124,6 +124,8 @@ pub fn peer_twin_role() -> ClusterRole {
             rule("", &["pods", "events"], READ),
             // `kubectl logs` on the consumer, carried here by its virtual kubelet.
             rule("", &["pods/log"], &["get"]),
+            // `kubectl top` on the consumer: its virtual kubelet's /metrics/resource.
+            rule("metrics.k8s.io", &["pods"], &["get", "list"]),
             rule("events.k8s.io", &["events"], READ),
             // Remote volumes: the provider's copies of the consumer's claims of the `tandem`
             // StorageClass (the provider's quota, from the grant, bounds them).

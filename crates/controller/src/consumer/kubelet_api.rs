@@ -27,6 +27,9 @@
 //! `kubernetes.io/kubelet-serving` (CN `system:node:<node>`, O `system:nodes`, the IP as SAN),
 //! approved by this controller (a kubelet's would be approved by an admin or an approver),
 //! renewed at 80% of its life.
+//!
+//! `/metrics/resource` (`nodes/metrics`) answers metrics-server's scrape for the offloaded
+//! pods, from the provider's metrics API (see [`crate::consumer::kubelet_metrics`]).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -53,6 +56,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
+use crate::consumer::kubelet_metrics::ResourceMetrics;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 
@@ -336,6 +340,7 @@ async fn serve(
     link: LinkWatch,
     node: String,
 ) {
+    let counters = ResourceMetrics::default();
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             continue;
@@ -343,7 +348,8 @@ async fn serve(
         let Some(config) = tls.borrow().clone() else {
             continue;
         };
-        let (ctx, link, node) = (ctx.clone(), link.clone(), node.clone());
+        let (ctx, link, node, counters) =
+            (ctx.clone(), link.clone(), node.clone(), counters.clone());
         tokio::spawn(async move {
             let Ok(stream) = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await else {
                 return;
@@ -355,10 +361,17 @@ async fn serve(
                 .and_then(|c| c.first())
                 .and_then(|der| caller_of(der));
             let service = hyper::service::service_fn(move |req| {
-                let (ctx, link, node, caller) =
-                    (ctx.clone(), link.clone(), node.clone(), caller.clone());
+                let (ctx, link, node, caller, counters) = (
+                    ctx.clone(),
+                    link.clone(),
+                    node.clone(),
+                    caller.clone(),
+                    counters.clone(),
+                );
                 async move {
-                    Ok::<_, Infallible>(handle(&ctx, &link, &node, caller.as_ref(), req).await)
+                    Ok::<_, Infallible>(
+                        handle(&ctx, &link, &node, caller.as_ref(), &counters, req).await,
+                    )
                 }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -409,25 +422,39 @@ async fn handle(
     link: &LinkWatch,
     node: &str,
     caller: Option<&Caller>,
+    counters: &ResourceMetrics,
     req: Request<Incoming>,
 ) -> Response<Body> {
     let Some(caller) = caller else {
         return text(StatusCode::UNAUTHORIZED, "Unauthorized");
     };
-    // A kubelet's authorisation: the HTTP method gives the verb, these paths `nodes/proxy`.
+    let path: Vec<String> = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .map(str::to_string)
+        .collect();
+    // A kubelet's authorisation: the HTTP method gives the verb, the path the subresource
+    // (`nodes/metrics` for /metrics/…, `nodes/proxy` for logs, exec and attach).
     let verb = match *req.method() {
         http::Method::POST => "create",
         http::Method::PUT => "update",
         http::Method::DELETE => "delete",
         _ => "get",
     };
-    match authorized(ctx, caller, verb, node).await {
+    let subresource = if path.first().is_some_and(|p| p == "metrics") {
+        "metrics"
+    } else {
+        "proxy"
+    };
+    match authorized(ctx, caller, verb, subresource, node).await {
         Ok(true) => {}
         Ok(false) => {
             return text(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "Forbidden (user={}, verb={verb}, resource=nodes, subresource=proxy)",
+                    "Forbidden (user={}, verb={verb}, resource=nodes, subresource={subresource})",
                     caller.user
                 ),
             );
@@ -439,13 +466,25 @@ async fn handle(
             );
         }
     }
-    let path: Vec<String> = req
-        .uri()
-        .path()
-        .trim_start_matches('/')
-        .split('/')
-        .map(str::to_string)
-        .collect();
+    if matches!(path.as_slice(), [m, r] if m == "metrics" && r == "resource") {
+        return match link.get() {
+            Some(link) => {
+                let body = counters.render(ctx, &link).await;
+                Response::builder()
+                    .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                    .body(
+                        Full::new(Bytes::from(body))
+                            .map_err(|never| match never {})
+                            .boxed_unsync(),
+                    )
+                    .expect("valid response")
+            }
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("virtual node {node}: the peering with its provider is not established"),
+            ),
+        };
+    }
     let params: Vec<(String, String)> =
         form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
             .into_owned()
@@ -479,6 +518,7 @@ async fn authorized(
     ctx: &Ctx,
     caller: &Caller,
     verb: &str,
+    subresource: &str,
     node: &str,
 ) -> Result<bool, kube::Error> {
     let mut groups = caller.groups.clone();
@@ -490,7 +530,7 @@ async fn authorized(
             resource_attributes: Some(ResourceAttributes {
                 verb: Some(verb.into()),
                 resource: Some("nodes".into()),
-                subresource: Some("proxy".into()),
+                subresource: Some(subresource.into()),
                 name: Some(node.into()),
                 ..Default::default()
             }),

@@ -6,6 +6,7 @@ use crate::context::Ctx;
 
 pub mod daemonset;
 pub mod kubelet_api;
+pub mod kubelet_metrics;
 pub mod link;
 pub mod offloading;
 pub mod peering;
