@@ -34,6 +34,9 @@ pub async fn resource(state: &Arc<State>, call: &Call) -> ApiResult<Response<Bod
     if !info.subresource.is_empty() && !res.has_subresource(&info.subresource) {
         return Err(ApiError::no_route());
     }
+    if res.group == crate::metrics_api::GROUP {
+        return crate::metrics_api::serve(state, call, &res).await;
+    }
     if !res.stored {
         return crate::reviews::create(state, call, &res).await;
     }

@@ -164,7 +164,7 @@ pub async fn proxy(
 }
 
 /// The node's InternalIP and kubelet port.
-fn kubelet_address(state: &State, node: &str) -> ApiResult<(std::net::IpAddr, u16)> {
+pub fn kubelet_address(state: &State, node: &str) -> ApiResult<(std::net::IpAddr, u16)> {
     let nodes = state
         .registry
         .read()
@@ -193,7 +193,7 @@ fn kubelet_address(state: &State, node: &str) -> ApiResult<(std::net::IpAddr, u1
 }
 
 /// A TLS connection to the kubelet at `addr`, authenticated both ways.
-async fn connect(
+pub async fn connect(
     state: &State,
     addr: SocketAddr,
     node: &str,

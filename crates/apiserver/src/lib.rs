@@ -27,12 +27,14 @@ mod gc;
 mod handlers;
 pub mod kubelet_access;
 mod kubelet_proxy;
+mod metrics_api;
 mod objects;
 mod openapi;
 pub mod pki;
 mod protobuf;
 pub mod registry;
 mod request;
+mod resource_metrics;
 mod response;
 mod reviews;
 mod scale;
@@ -87,25 +89,30 @@ impl ApiServer {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port)).await?;
         let config_name = config.name.clone();
         let addr = listener.local_addr()?;
+        let mut registry = registry::Registry::builtin();
+        metrics_api::register(&mut registry);
         let state = Arc::new(State {
             config,
             store,
-            registry: RwLock::new(registry::Registry::builtin()),
+            registry: RwLock::new(registry),
             rbac: RwLock::new(RbacIndex::default()),
             pki,
             admin_token,
             webhooks: webhook::WebhookClient::default(),
             kubelets: kubelet_access::KubeletAccess::new(&config_name)?,
+            metrics: Default::default(),
         });
         bootstrap(&state)?;
         let gc_state = state.clone();
         let serve_state = state.clone();
         let trust_state = state.clone();
+        let metrics_state = state.clone();
         let task = tokio::spawn(async move {
             tokio::select! {
                 _ = server::serve(serve_state, listener) => {}
                 _ = gc::run(gc_state) => {}
                 _ = cluster_authentication::run(trust_state) => {}
+                _ = metrics_api::run(metrics_state) => {}
             }
         });
         tracing::info!(url = %format!("https://{addr}"), "API server ready");
@@ -122,6 +129,12 @@ impl ApiServer {
     /// node's address; a lab in network mode connects from inside its node network).
     pub fn set_kubelet_dialer(&self, dialer: kubelet_access::Dialer) {
         *self.state.kubelets.dialer.write() = Some(dialer);
+    }
+
+    /// How often kubelets are scraped for `metrics.k8s.io` (metrics-server's
+    /// `--metric-resolution`, 15 s by default); takes effect at once.
+    pub fn set_metric_resolution(&self, every: std::time::Duration) {
+        self.state.metrics.resolution.send_replace(every);
     }
 
     /// The CA kubelets must trust for the API server's client certificate, PEM.

@@ -66,6 +66,8 @@ pub struct State {
     /// How the API server reaches kubelets: its own client CA and certificate, and how to
     /// connect to a node's address.
     pub kubelets: crate::kubelet_access::KubeletAccess,
+    /// What kubelets last reported for `metrics.k8s.io`, and how often to ask them.
+    pub metrics: crate::resource_metrics::ResourceMetrics,
 }
 
 impl State {

@@ -142,37 +142,46 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
     let missing = kubectl(&lab, "lab-1", &["-n", "demo", "exec", "hello", "--", "sh"]);
     assert_eq!(missing.status.code(), Some(127), "{}", stderr_of(&missing));
 
-    // Follow: a request served by the echo program (made from inside its own pod by exec)
-    // appears on the consumer's `logs -f` stream.
-    let mut follow = Command::new("kubectl")
-        .args(["--kubeconfig", &kc, "--context", "lab-1"])
-        .args(["-n", "demo", "logs", "-f", "--tail=0", "hello"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = follow.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let line = until("a new line on logs -f", Duration::from_secs(30), || {
-        let url = format!("http://127.0.0.1:{port}/");
-        let _ = kubectl(
-            &lab,
-            "lab-1",
-            &["-n", "demo", "exec", "hello", "--", "probe", "fetch", &url],
+    // Follow and attach: a request served by the echo program (made from inside its own pod
+    // by exec) appears on the consumer's `logs -f` stream, and on `kubectl attach`'s output.
+    for (what, args) in [
+        ("logs -f", &["logs", "-f", "--tail=0", "hello"][..]),
+        ("attach", &["attach", "hello"][..]),
+    ] {
+        let mut child = Command::new("kubectl")
+            .args(["--kubeconfig", &kc, "--context", "lab-1", "-n", "demo"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let url = format!("http://127.0.0.1:{port}/{}", what.replace(' ', ""));
+        let line = until(
+            &format!("a new line on {what}"),
+            Duration::from_secs(30),
+            || {
+                let _ = kubectl(
+                    &lab,
+                    "lab-1",
+                    &["-n", "demo", "exec", "hello", "--", "probe", "fetch", &url],
+                );
+                rx.recv_timeout(Duration::from_secs(2)).ok()
+            },
         );
-        rx.recv_timeout(Duration::from_secs(2)).ok()
-    });
-    let _ = follow.kill();
-    let _ = follow.wait();
-    assert!(
-        !line.starts_with("echo: listening"),
-        "only new lines: {line}"
-    );
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            !line.starts_with("echo: listening"),
+            "{what}: only new lines: {line}"
+        );
+    }
 
     // Events of the real pod (scheduled, pulled, started in milan) show on the consumer's pod,
     // once each — after the consumer's controller restarts too.
@@ -370,4 +379,54 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         "logs with exec refused",
     );
     assert!(logs.contains("echo: listening"), "{logs}");
+    eprintln!("the provider's refusal, as the user reads it: {message}");
+
+    // kubectl top: the consumer's metrics API (metrics-server's, built into lab clusters)
+    // scrapes the virtual node's kubelet API like any kubelet's, which reads the provider's.
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "run",
+                "local",
+                "--image=tandem.dev/echo",
+                "--overrides",
+                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"lab-1-node-1"}}}"#,
+            ],
+        ),
+        "kubectl run (local)",
+    );
+    let top = until(
+        "kubectl top pods with both pods",
+        Duration::from_secs(120),
+        || {
+            let out = kubectl(
+                &lab,
+                "lab-1",
+                &["-n", "demo", "top", "pods", "--no-headers"],
+            );
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let names: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .collect();
+            (names.contains(&"hello") && names.contains(&"local")).then_some(text)
+        },
+    );
+    eprintln!("kubectl top pods -n demo:\n{top}");
+    let nodes = until(
+        "kubectl top nodes with the virtual node",
+        Duration::from_secs(60),
+        || {
+            let out = kubectl(&lab, "lab-1", &["top", "nodes", "--no-headers"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .any(|l| l.split_whitespace().next() == Some("tandem-milan"))
+                .then_some(text)
+        },
+    );
+    eprintln!("kubectl top nodes:\n{nodes}");
 }

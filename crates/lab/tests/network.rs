@@ -631,3 +631,128 @@ async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decide
     assert_eq!(String::from_utf8_lossy(&direct.stdout), "401", "{direct:?}");
     cluster.shutdown();
 }
+
+/// `kubectl attach` to a network-mode echo pod streams what the container writes from then on
+/// — each request the echo server logs shows on attach's stdout, its earlier lines do not —
+/// and ends cleanly when the container stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_attach_streams_new_output_until_the_container_stops() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    use tokio::io::AsyncBufReadExt;
+    let cluster = LabCluster::start(tandem_lab::LabConfig {
+        network: true,
+        nodes: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("network-mode cluster starts");
+    apply(
+        &cluster,
+        json!([
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "echo", "namespace": "demo"},
+             "spec": {"containers": [{"name": "echo", "image": "tandem.dev/echo"}]}},
+        ]),
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), "demo");
+    until("echo running", Duration::from_secs(30), || async {
+        let pod = pods.get("echo").await.ok()?;
+        (pod.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let network = cluster.network.clone().unwrap();
+    let before = network
+        .probe_fetch("demo", "echo", "http://127.0.0.1:8080/before")
+        .await
+        .expect("echo answers before attach");
+    assert!(before.contains("\"pod\":\"echo\""), "{before}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("admin");
+    std::fs::write(&admin, cluster.server.admin_kubeconfig().unwrap()).unwrap();
+    let mut attach = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&admin)
+        .args(["attach", "-n", "demo", "echo"])
+        .env("HOME", dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl runs");
+    let mut stdout = tokio::io::BufReader::new(attach.stdout.take().unwrap()).lines();
+
+    // Attach streams from the moment it is connected, which kubectl does not announce: ask
+    // until a request's line shows up.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request's log line on kubectl attach's stdout within 60s"
+        );
+        network
+            .probe_fetch("demo", "echo", "http://127.0.0.1:8080/attached")
+            .await
+            .expect("echo answers");
+        // `next_line` is cancel-safe: a line half read is kept for the next call.
+        match tokio::time::timeout(Duration::from_secs(1), stdout.next_line()).await {
+            Ok(line) => break line.unwrap().expect("kubectl attach's stdout stays open"),
+            Err(_) => continue,
+        }
+    };
+    assert!(
+        first.starts_with("GET /attached 200"),
+        "only lines written after attaching, the first being a request: {first:?}"
+    );
+    // A later request is streamed too.
+    network
+        .probe_fetch("demo", "echo", "http://127.0.0.1:8080/again")
+        .await
+        .expect("echo answers");
+    let again = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line = stdout
+                .next_line()
+                .await
+                .unwrap()
+                .expect("attach still open");
+            if line.contains("/again") {
+                return line;
+            }
+            assert!(line.contains("GET /attached 200"), "unexpected {line:?}");
+        }
+    })
+    .await
+    .expect("the second request's line within 30s");
+    assert!(again.starts_with("GET /again 200"), "{again:?}");
+
+    // The container stops (its pod is deleted): attach ends as a finished stream does.
+    pods.delete(
+        "echo",
+        &kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("delete echo");
+    let status = tokio::time::timeout(Duration::from_secs(60), attach.wait())
+        .await
+        .expect("kubectl attach exits once the container stops")
+        .unwrap();
+    let mut err = String::new();
+    use tokio::io::AsyncReadExt;
+    attach
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .await
+        .unwrap();
+    assert!(status.success(), "kubectl attach: {status}: {err}");
+    cluster.shutdown();
+}

@@ -9,7 +9,8 @@
 //! therefore integrates the provider's rate over the time between scrapes: its slope is the
 //! provider's rate, which is all metrics-server reads from it. Memory is the working set the
 //! provider reports. The node's counters integrate the sum of its pods' (so they never go
-//! back when a pod leaves).
+//! back when a pod leaves). Every counter starts at [`START_SECONDS`], not zero: metrics-server
+//! takes a zero counter for a missing one and drops the pod (or node).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -24,6 +25,9 @@ use tokio::time::Instant;
 
 use crate::consumer::link::ProviderLink;
 use crate::context::Ctx;
+
+/// Where a new CPU counter starts (core-seconds): a microsecond, never zero.
+const START_SECONDS: f64 = 1e-6;
 
 /// (namespace, pod, container) in the consumer.
 type Key = (String, String, String);
@@ -64,7 +68,10 @@ impl ResourceMetrics {
         let mut node_rate = 0.0;
         let mut node_memory = 0.0;
         for (key, started, u) in usage {
-            let entry = counters.containers.entry(key.clone()).or_insert((0.0, now));
+            let entry = counters
+                .containers
+                .entry(key.clone())
+                .or_insert((START_SECONDS, now));
             entry.0 += u.cores * now.duration_since(entry.1).as_secs_f64();
             entry.1 = now;
             node_rate += u.cores;
@@ -75,7 +82,7 @@ impl ResourceMetrics {
         // a restarted container's counter does; its start time tells metrics-server).
         let seen: std::collections::HashSet<&Key> = containers.iter().map(|c| &c.0).collect();
         counters.containers.retain(|k, _| seen.contains(k));
-        let node = counters.node.get_or_insert((0.0, now));
+        let node = counters.node.get_or_insert((START_SECONDS, now));
         node.0 += node_rate * now.duration_since(node.1).as_secs_f64();
         node.1 = now;
         let node_cpu = node.0;

@@ -1,11 +1,17 @@
-//! The kubelet's HTTPS endpoint in network mode (port 10250 on each node's InternalIP):
-//! `/containerLogs` and `/exec`, for the API server's `pods/log` and `pods/exec`.
+//! The kubelet's HTTPS endpoint in network mode (port 10250 on each node's InternalIP). It
+//! serves:
+//!
+//! - `/containerLogs/{namespace}/{pod}/{container}`, for the API server's `pods/log`
+//!   (`kubectl logs`, with `follow`, `tailLines`, `sinceSeconds`, `timestamps`, `limitBytes`);
+//! - `/exec/{namespace}/{pod}/{container}`, for `pods/exec` (`kubectl exec`);
+//! - `/attach/{namespace}/{pod}/{container}`, for `pods/attach` (`kubectl attach`);
+//! - `/metrics/resource`, the resource metrics a metrics server scrapes.
 //!
 //! Callers authenticate as kubelet's `--client-ca-file` makes them: only a client certificate
 //! from the API server's kubelet-client CA is accepted; anyone else — a pod calling the node
-//! directly — gets 401. Exec speaks the WebSocket remote-command protocol kubectl speaks
-//! (`v5.channel.k8s.io`, `v4.channel.k8s.io`): one byte of channel (1 stdout, 2 stderr,
-//! 3 status) before each message's data.
+//! directly — gets 401. Exec and attach speak the WebSocket remote-command protocol kubectl
+//! speaks (`v5.channel.k8s.io`, `v4.channel.k8s.io`): one byte of channel (1 stdout,
+//! 2 stderr, 3 status) before each message's data.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -134,6 +140,10 @@ async fn handle(
         [kind, ns, pod, container] if kind == "exec" => {
             exec(network.clone(), ns, pod, container, &params, req)
         }
+        [kind, ns, pod, container] if kind == "attach" => attach(&network, ns, pod, container, req),
+        [m, r] if m == "metrics" && r == "resource" => {
+            super::kubelet_metrics::resource(&network, req.headers())
+        }
         _ => text(StatusCode::NOT_FOUND, "404 page not found"),
     }
 }
@@ -176,7 +186,7 @@ async fn logs(
             k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(s)
         });
     let limit: Option<usize> = param(params, "limitBytes").and_then(|l| l.parse().ok());
-    let render = move |lines: &[(k8s_openapi::jiff::Timestamp, String)]| -> String {
+    let render = move |lines: &[LogLine]| -> String {
         lines
             .iter()
             .filter(|(t, _)| since.is_none_or(|s| *t >= s))
@@ -202,8 +212,9 @@ async fn logs(
             .expect("valid response");
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
-    let sent = lines.len();
-    tokio::spawn(follow(log, sent, first, render, tx));
+    // Follow on from the last line read, whatever `tailLines` left out of `first`.
+    let follower = Follower::after(log, lines.last().cloned());
+    tokio::spawn(follow(follower, first, render, tx));
     let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder()
         .header(http::header::CONTENT_TYPE, "text/plain")
@@ -211,36 +222,26 @@ async fn logs(
         .expect("valid response")
 }
 
-/// Sends the log's lines as they come, until the container stops or the reader goes.
+/// Sends `first`, then the log's lines as they come, until the container stops or the reader
+/// goes.
 async fn follow(
-    log: Log,
-    mut sent: usize,
+    mut follower: Follower,
     first: String,
-    render: impl Fn(&[(k8s_openapi::jiff::Timestamp, String)]) -> String,
+    render: impl Fn(&[LogLine]) -> String,
     tx: tokio::sync::mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
 ) {
     if !first.is_empty() && tx.send(Ok(Frame::data(Bytes::from(first)))).await.is_err() {
         return;
     }
     loop {
-        let changed = log.changed();
-        let lines = log.lines();
-        // The log keeps a bounded number of lines: count from what is there now.
-        let new = lines.len().saturating_sub(sent.min(lines.len()));
-        if new > 0 {
-            let chunk = render(&lines[lines.len() - new..]);
-            sent = lines.len();
-            if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
-                return;
-            }
-            continue;
-        }
-        if log.is_closed() {
-            return;
-        }
-        tokio::select! {
-            _ = changed => {}
+        let lines = tokio::select! {
+            lines = follower.next() => lines,
             _ = tx.closed() => return,
+        };
+        let Some(lines) = lines else { return };
+        let chunk = render(&lines);
+        if !chunk.is_empty() && tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+            return;
         }
     }
 }
@@ -251,7 +252,7 @@ fn exec(
     pod: &str,
     container: &str,
     params: &[(String, String)],
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Response<Body> {
     let command: Vec<String> = params
         .iter()
@@ -270,6 +271,41 @@ fn exec(
             format!("container {container:?} in pod {pod:?} is not running on this node"),
         );
     }
+    let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
+    remote_command(req, move |mut ws| async move {
+        let (stdout, stderr, code) = network.exec(&ns, &pod, &container, &command).await;
+        for (channel, data) in [(1u8, stdout), (2u8, stderr)] {
+            if data.is_empty() {
+                continue;
+            }
+            if send_on(&mut ws, channel, data.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        let status = if code == 0 {
+            json!({"metadata": {}, "status": "Success"})
+        } else {
+            json!({"metadata": {}, "status": "Failure",
+                "message": format!("command terminated with non-zero exit code: error executing command {command:?}, exit code {code}"),
+                "reason": "NonZeroExitCode",
+                "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]}})
+        };
+        finish(ws, status).await;
+    })
+}
+
+/// The server side of a remote-command WebSocket, once the connection has switched.
+type RemoteCommandSocket =
+    tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Answers a remote-command upgrade request: negotiates the subprotocol and, once hyper has
+/// switched the connection, runs `session` on the WebSocket. A request offering none of
+/// [`PROTOCOLS`], or no WebSocket upgrade at all, gets 400.
+fn remote_command<F, Fut>(mut req: Request<Incoming>, session: F) -> Response<Body>
+where
+    F: FnOnce(RemoteCommandSocket) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let headers = req.headers();
     let key = headers.get("sec-websocket-key").cloned();
     let offered: Vec<String> = headers
@@ -298,46 +334,15 @@ fn exec(
     };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let upgrade = hyper::upgrade::on(&mut req);
-    let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
     tokio::spawn(async move {
         let Ok(upgraded) = upgrade.await else { return };
-        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
             hyper_util::rt::TokioIo::new(upgraded),
             Role::Server,
             None,
         )
         .await;
-        let (stdout, stderr, code) = network.exec(&ns, &pod, &container, &command).await;
-        for (channel, data) in [(1u8, stdout), (2u8, stderr)] {
-            if data.is_empty() {
-                continue;
-            }
-            let mut frame = vec![channel];
-            frame.extend_from_slice(data.as_bytes());
-            if ws.send(Message::binary(frame)).await.is_err() {
-                return;
-            }
-        }
-        let status = if code == 0 {
-            json!({"metadata": {}, "status": "Success"})
-        } else {
-            json!({"metadata": {}, "status": "Failure",
-                "message": format!("command terminated with non-zero exit code: error executing command {command:?}, exit code {code}"),
-                "reason": "NonZeroExitCode",
-                "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]}})
-        };
-        let mut frame = vec![3u8];
-        frame.extend_from_slice(status.to_string().as_bytes());
-        let _ = ws.send(Message::binary(frame)).await;
-        // A normal closure (1000): kubectl reads the end of each stream from it.
-        let _ = ws
-            .close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
-                code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
-                reason: "".into(),
-            }))
-            .await;
-        // Drain what the client still sends (stdin close, resize) until it closes too.
-        while let Some(Ok(_)) = ws.next().await {}
+        session(ws).await;
     });
     Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
@@ -347,4 +352,248 @@ fn exec(
         .header("sec-websocket-protocol", *protocol)
         .body(Full::new(Bytes::new()).boxed())
         .expect("valid response")
+}
+
+/// Sends `data` on remote-command channel `channel` (1 stdout, 2 stderr, 3 status).
+async fn send_on(
+    ws: &mut RemoteCommandSocket,
+    channel: u8,
+    data: &[u8],
+) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+    let mut frame = Vec::with_capacity(data.len() + 1);
+    frame.push(channel);
+    frame.extend_from_slice(data);
+    ws.send(Message::binary(frame)).await
+}
+
+/// Ends a remote-command session: `status` on channel 3, then a normal closure.
+async fn finish(mut ws: RemoteCommandSocket, status: serde_json::Value) {
+    let _ = send_on(&mut ws, 3, status.to_string().as_bytes()).await;
+    // A normal closure (1000): kubectl reads the end of each stream from it.
+    let _ = ws
+        .close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+            code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
+            reason: "".into(),
+        }))
+        .await;
+    // Drain what the client still sends (stdin close, resize) until it closes too.
+    while let Some(Ok(_)) = ws.next().await {}
+}
+
+/// `kubectl attach`: streams the container's output from now on — each new log line on
+/// stdout — until the client goes or the container stops.
+fn attach(
+    network: &ClusterNetwork,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let Some(log) = network.log_of(ns, pod, container) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("container {container:?} in pod {pod:?} is not running on this node"),
+        );
+    };
+    remote_command(req, move |ws| stream_output(log, ws))
+}
+
+/// A log line with the time it was written.
+type LogLine = (k8s_openapi::jiff::Timestamp, String);
+
+/// The lines of `lines` that come after `last` (the last line already sent). The log drops its
+/// oldest lines once full, so its length says nothing: a line is known by its time and text.
+/// If `last` is gone from the log, every line in it is new.
+fn lines_after<'a>(lines: &'a [LogLine], last: Option<&LogLine>) -> &'a [LogLine] {
+    let start = last
+        .and_then(|last| lines.iter().rposition(|l| l == last))
+        .map_or(0, |i| i + 1);
+    &lines[start..]
+}
+
+/// Reads a log as it grows: each call to [`Follower::next`] gives the lines written since the
+/// last ones it gave. Shared by `logs -f` and `attach`.
+struct Follower {
+    log: Log,
+    /// The last line given (or already known when following began).
+    last: Option<LogLine>,
+}
+
+impl Follower {
+    /// Follows `log` from the line after `last` (from its first line if `last` is `None`).
+    fn after(log: Log, last: Option<LogLine>) -> Self {
+        Follower { log, last }
+    }
+
+    /// Follows `log` from the lines written from now on.
+    fn from_now(log: Log) -> Self {
+        let last = log.lines().last().cloned();
+        Follower::after(log, last)
+    }
+
+    /// The lines written since the last ones given, waiting until there are some; `None` once
+    /// the log has closed (the container stopped) and every line has been given.
+    ///
+    /// Cancel-safe: nothing is given up unless the lines are returned, so a caller may race it
+    /// against something else (the reader going) and call it again.
+    async fn next(&mut self) -> Option<Vec<LogLine>> {
+        loop {
+            // Wait for a change registered before reading the lines, so that a line written in
+            // between still wakes this loop.
+            let mut changed = std::pin::pin!(self.log.changed());
+            let woken = futures::poll!(changed.as_mut()).is_ready();
+            // Read before the lines: once closed, the lines read are the last there will be.
+            let closed = self.log.is_closed();
+            let lines = self.log.lines();
+            let new = lines_after(&lines, self.last.as_ref());
+            if let Some(newest) = new.last() {
+                self.last = Some(newest.clone());
+                return Some(new.to_vec());
+            }
+            if closed {
+                return None;
+            }
+            // If already woken, it is done: awaiting it again would poll a finished future.
+            if !woken {
+                changed.await;
+            }
+        }
+    }
+}
+
+/// Sends each line the log gains on stdout until the client closes the WebSocket, or the log
+/// closes (the container stopped) — then a Success status and a normal closure.
+async fn stream_output(log: Log, mut ws: RemoteCommandSocket) {
+    let mut follower = Follower::from_now(log);
+    loop {
+        tokio::select! {
+            lines = follower.next() => {
+                let Some(lines) = lines else {
+                    return finish(ws, json!({"metadata": {}, "status": "Success"})).await;
+                };
+                let chunk: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+                if send_on(&mut ws, 1, chunk.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            message = ws.next() => match message {
+                // Built-in programs read no input: stdin (channel 0) is accepted and dropped,
+                // and so are terminal resizes (channel 4) that kubectl sends with a TTY.
+                // A Close from the client is answered by tungstenite as the stream is read on.
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => return,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log of one line per letter, each written at a second of its own.
+    fn log(letters: &str) -> Vec<LogLine> {
+        letters.chars().map(line).collect()
+    }
+
+    fn line(letter: char) -> LogLine {
+        let second = i64::from(u32::from(letter));
+        let at = k8s_openapi::jiff::Timestamp::from_second(second).unwrap();
+        (at, letter.to_string())
+    }
+
+    #[test]
+    fn lines_after_the_last_sent_are_new_even_once_the_log_drops_old_ones() {
+        // (log now, last line sent, new lines)
+        let cases = [
+            ("", None, ""),
+            ("ab", None, "ab"),
+            ("ab", Some('b'), ""),
+            ("abc", Some('a'), "bc"),
+            // A full log: `a` dropped as `d` came, the same length with one new line.
+            ("bcd", Some('c'), "d"),
+            // Everything sent has been dropped since.
+            ("cd", Some('a'), "cd"),
+        ];
+        for (now, last, want) in cases {
+            let lines = log(now);
+            let last = last.map(line);
+            assert_eq!(
+                lines_after(&lines, last.as_ref()),
+                log(want),
+                "{now:?} after {last:?}"
+            );
+        }
+    }
+
+    /// The lines a container's log keeps (`LOG_LINES` in `programs`).
+    const FULL: usize = 10_000;
+
+    /// The text of each frame `follow` sends, until it ends.
+    async fn frames(
+        mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
+    ) -> Vec<String> {
+        let mut texts = Vec::new();
+        while let Some(Ok(frame)) = rx.recv().await {
+            let data = frame.into_data().expect("a data frame");
+            texts.push(String::from_utf8(data.to_vec()).unwrap());
+        }
+        texts
+    }
+
+    #[tokio::test]
+    async fn a_follower_keeps_getting_lines_once_the_log_drops_old_ones() {
+        let log = Log::default();
+        for i in 0..FULL {
+            log.line(format!("old {i}"));
+        }
+        let mut follower = Follower::from_now(log.clone());
+        for i in 0..3 {
+            // Each line drops the oldest: the log's length stays the same.
+            log.line(format!("new {i}"));
+            assert_eq!(log.lines().len(), FULL);
+            let got = follower.next().await.unwrap();
+            assert_eq!(
+                got.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>(),
+                [format!("new {i}")]
+            );
+        }
+        // A line written while the follower waits wakes it.
+        let writer = {
+            let log = log.clone();
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                log.line("late");
+            })
+        };
+        let got = follower.next().await.unwrap();
+        assert_eq!(got[0].1, "late");
+        writer.await.unwrap();
+        log.close();
+        assert_eq!(follower.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn logs_follow_streams_past_a_full_log_until_it_closes() {
+        let log = Log::default();
+        for i in 0..FULL {
+            log.line(format!("old {i}"));
+        }
+        let lines = log.lines();
+        let first = format!("{}\n", lines.last().unwrap().1);
+        let follower = Follower::after(log.clone(), lines.last().cloned());
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let render =
+            |lines: &[LogLine]| -> String { lines.iter().map(|(_, l)| format!("{l}\n")).collect() };
+        let following = tokio::spawn(follow(follower, first, render, tx));
+        let reading = tokio::spawn(frames(rx));
+        for i in 0..5 {
+            log.line(format!("new {i}"));
+            tokio::task::yield_now().await;
+        }
+        log.close();
+        following.await.unwrap();
+        let text: String = reading.await.unwrap().concat();
+        assert_eq!(text, "old 9999\nnew 0\nnew 1\nnew 2\nnew 3\nnew 4\n");
+    }
 }

@@ -6,6 +6,7 @@
 
 pub mod dns;
 pub mod incluster;
+pub mod kubelet_metrics;
 pub mod kubelet_server;
 pub mod netns;
 pub mod programs;
@@ -93,6 +94,8 @@ struct PodProcesses {
         tokio::sync::watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     )>,
+    /// Its node and what its containers run, for the kubelet's resource metrics.
+    usage: kubelet_metrics::PodUsage,
 }
 
 impl PodProcesses {
@@ -332,18 +335,21 @@ impl ClusterNetwork {
             logs: HashMap::new(),
             tasks: Vec::new(),
             processes: Vec::new(),
+            usage: kubelet_metrics::PodUsage::new(node),
         };
         let mut started = Vec::new();
         for container in pod.spec.iter().flat_map(|s| s.containers.iter()) {
             let log = Log::default();
             let image = container.image.clone().unwrap_or_default();
             if incluster::is_tandem_image(&image) {
+                let usage = kubelet_metrics::ContainerUsage::process();
                 let outcome = match self
-                    .start_tandem(pod, container, &identity, log.clone())
+                    .start_tandem(pod, container, &identity, (log.clone(), usage.clone()))
                     .await
                 {
                     Ok(process) => {
                         processes.processes.push(process);
+                        processes.usage.add(&container.name, usage);
                         ContainerStart::Running
                     }
                     Err(message) => {
@@ -370,6 +376,8 @@ impl ClusterNetwork {
                     match programs::start_echo(&identity, container, log.clone()).await {
                         Ok(tasks) => {
                             processes.tasks.extend(tasks);
+                            let usage = kubelet_metrics::ContainerUsage::builtin();
+                            processes.usage.add(&container.name, usage);
                             ContainerStart::Running
                         }
                         Err(e) => {
@@ -385,6 +393,8 @@ impl ClusterNetwork {
                         container.args.clone().unwrap_or_default(),
                         log.clone(),
                     )));
+                    let usage = kubelet_metrics::ContainerUsage::builtin();
+                    processes.usage.add(&container.name, usage);
                     ContainerStart::Running
                 }
             };
@@ -403,7 +413,7 @@ impl ClusterNetwork {
         pod: &Pod,
         container: &k8s_openapi::api::core::v1::Container,
         who: &PodIdentity,
-        log: Log,
+        (log, usage): (Log, kubelet_metrics::ContainerUsage),
     ) -> Result<
         (
             tokio::sync::watch::Sender<bool>,
@@ -442,7 +452,7 @@ impl ClusterNetwork {
             ca,
             pod.clone(),
             sandbox,
-            (log, self.exits.clone()),
+            (log, self.exits.clone(), usage),
             stopped,
         ));
         Ok((stop, task))
@@ -605,7 +615,7 @@ async fn supervise(
     ca: String,
     pod: Pod,
     mut sandbox: incluster::Sandbox,
-    (log, exits): (Log, Exits),
+    (log, exits, usage): (Log, Exits, kubelet_metrics::ContainerUsage),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -643,6 +653,7 @@ async fn supervise(
             Err(e) => log.line(format!("starting tandem: {e}")),
             Ok(mut child) => {
                 let pid = child.id().unwrap_or_default();
+                usage.started(pid);
                 let mut pumps = Vec::new();
                 let out = child
                     .stdout
@@ -697,6 +708,7 @@ async fn supervise(
                         },
                     }
                 };
+                usage.exited();
                 for p in pumps {
                     let _ = p.await;
                 }
