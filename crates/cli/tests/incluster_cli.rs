@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod netlab;
-use netlab::{json, kubectl, lab_up, ok, tandem, until};
+use netlab::{json, kubectl, lab_up, offload_hello, ok, tandem, until};
 
 /// The processes the lab started (its children), with their command lines.
 fn children(lab_pid: u32) -> Vec<(u32, String)> {
@@ -279,42 +279,8 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         ],
     );
     assert!(!again.status.success(), "an invite is good for one peering");
-    ok(
-        kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
-        "namespace",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                "offload",
-                "namespace",
-                "demo",
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "offload",
-    );
     // The webhook (behind its Service) places a pod on the virtual node; it runs in milan.
-    ok(
-        kubectl(
-            &lab,
-            "lab-1",
-            &[
-                "-n",
-                "demo",
-                "run",
-                "hello",
-                "--image=tandem.dev/echo",
-                "--overrides",
-                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}"#,
-            ],
-        ),
-        "kubectl run",
-    );
+    offload_hello(home.path(), &lab);
     until(
         "the offloaded pod Running in both clusters",
         Duration::from_secs(60),

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod netlab;
-use netlab::{json, kubectl, lab_up, ok, tandem, until};
+use netlab::{json, kubectl, lab_up, offload_hello, ok, tandem, until};
 
 fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -34,29 +34,8 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
     let mut args = vec!["peer", invite.trim()];
     args.extend(on("lab-1"));
     ok(tandem(home.path(), &args), "peer");
-    ok(
-        kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
-        "namespace",
-    );
-    let mut args = vec!["offload", "namespace", "demo"];
-    args.extend(on("lab-1"));
-    ok(tandem(home.path(), &args), "offload");
-    ok(
-        kubectl(
-            &lab,
-            "lab-1",
-            &[
-                "-n",
-                "demo",
-                "run",
-                "hello",
-                "--image=tandem.dev/echo",
-                "--overrides",
-                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}"#,
-            ],
-        ),
-        "kubectl run",
-    );
+    // The webhook (behind its Service) places a pod on the virtual node; it runs in milan.
+    offload_hello(home.path(), &lab);
     until(
         "the offloaded pod Running, its virtual node serving a kubelet endpoint",
         Duration::from_secs(90),
@@ -70,20 +49,23 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
             .then_some(())
         },
     );
+    let controller_pods = || {
+        json(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "tandem-system",
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=tandem-controller",
+            ],
+        )
+    };
     // The virtual node is reached at its controller pod's address, as a kubelet at its node's.
     let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
-    let controller = json(
-        &lab,
-        "lab-1",
-        &[
-            "-n",
-            "tandem-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=tandem-controller",
-        ],
-    );
+    let controller = controller_pods();
     let controller_ip = controller["items"][0]["status"]["podIP"].clone();
     assert_eq!(
         node["status"]["addresses"][0],
@@ -236,18 +218,7 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         "a new consumer controller reflecting again",
         Duration::from_secs(60),
         || {
-            let pods = json(
-                &lab,
-                "lab-1",
-                &[
-                    "-n",
-                    "tandem-system",
-                    "get",
-                    "pods",
-                    "-l",
-                    "app.kubernetes.io/name=tandem-controller",
-                ],
-            );
+            let pods = controller_pods();
             let items = pods["items"].as_array()?;
             (items.len() == 1
                 && items[0]["metadata"]["name"] != old_controller.as_str()

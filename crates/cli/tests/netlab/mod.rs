@@ -101,3 +101,44 @@ pub fn lab_up(home: &Path, name: &str, clusters: &str) -> Lab {
     );
     lab
 }
+
+/// In lab-1 (rome, peered with milan): creates namespace `demo`, offloads it, and runs the
+/// `tandem.dev/echo` pod `hello` on the virtual node `tandem-milan` (placed by the webhook).
+pub fn offload_hello(home: &Path, lab: &Lab) {
+    ok(
+        kubectl(lab, "lab-1", &["create", "namespace", "demo"]),
+        "namespace",
+    );
+    let kc = lab.kubeconfig.as_str();
+    ok(
+        tandem(
+            home,
+            &[
+                "offload",
+                "namespace",
+                "demo",
+                "--kubeconfig",
+                kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "offload",
+    );
+    ok(
+        kubectl(
+            lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "run",
+                "hello",
+                "--image=tandem.dev/echo",
+                "--overrides",
+                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}"#,
+            ],
+        ),
+        "kubectl run",
+    );
+}
