@@ -16,7 +16,22 @@ use std::time::{Duration, Instant};
 struct Lab(Child);
 
 impl Drop for Lab {
+    /// Stops the lab as Ctrl-C does, so that it removes its namespaces; SIGKILL only if it has
+    /// not stopped within 20 s.
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

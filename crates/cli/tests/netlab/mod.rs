@@ -14,10 +14,32 @@ pub struct Lab {
 }
 
 impl Drop for Lab {
+    /// Stops the lab as Ctrl-C does, so that it removes its namespaces; SIGKILL only if it
+    /// has not stopped within 20 s.
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
+}
+
+/// SIGINT, then SIGKILL after 20 s.
+pub fn stop(child: &mut Child) {
+    // Already reaped: its pid may belong to another process by now.
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 pub fn tandem(home: &Path, args: &[&str]) -> Output {
