@@ -370,27 +370,35 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         ),
         "kubectl run (local)",
     );
-    let top = until(
-        "kubectl top pods with both pods",
-        Duration::from_secs(120),
-        || {
-            let out = kubectl(
-                &lab,
-                "lab-1",
-                &["-n", "demo", "top", "pods", "--no-headers"],
-            );
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let names: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.split_whitespace().next())
-                .collect();
-            (names.contains(&"hello") && names.contains(&"local")).then_some(text)
-        },
-    );
+    // Two scrapes of the provider's kubelet, then two of the virtual kubelet, 15 s apart: a
+    // generous bound, and what top last said if it is exceeded.
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let top = loop {
+        let out = kubectl(
+            &lab,
+            "lab-1",
+            &["-n", "demo", "top", "pods", "--no-headers"],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        if names.contains(&"hello") && names.contains(&"local") {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kubectl top pods with both pods; it said: {last}"
+        );
+        last = format!("{text}{}", stderr_of(&out));
+        std::thread::sleep(Duration::from_secs(1));
+    };
     eprintln!("kubectl top pods -n demo:\n{top}");
     let nodes = until(
         "kubectl top nodes with the virtual node",
-        Duration::from_secs(60),
+        Duration::from_secs(180),
         || {
             let out = kubectl(&lab, "lab-1", &["top", "nodes", "--no-headers"]);
             let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -737,27 +737,20 @@ async fn stream(
         .map(|p| p.trim().to_string())
         .collect();
     let path = provider_path(kind, twin, pod, container, params, STREAM_PARAMS);
-    let request = Request::get(path).body(Vec::new()).expect("valid request");
-    let connection = match link.stream_client.connect(request).await {
-        Ok(c) => c,
-        Err(kube::Error::Api(status)) => {
-            return provider_error(link, kind, status.code, &status.message);
+    let (provider, protocol) = match open_websocket(&link.stream_client, &path).await {
+        Ok(opened) => opened,
+        Err(OpenError::Refused(code, message)) => {
+            return provider_error(link, kind, code, &message);
         }
-        Err(e) => {
+        Err(OpenError::Failed(e)) => {
             return text(
                 StatusCode::BAD_GATEWAY,
                 format!(
-                    "provider {} did not open {kind} on {twin}/{pod}: {}",
-                    link.provider_id,
-                    crate::error::chain(&e)
+                    "provider {} did not open {kind} on {twin}/{pod}: {e}",
+                    link.provider_id
                 ),
             );
         }
-    };
-    let protocol = if connection.supports_stream_close() {
-        "v5.channel.k8s.io"
-    } else {
-        "v4.channel.k8s.io"
     };
     if !offered.iter().any(|p| p == protocol) {
         return text(
@@ -765,7 +758,6 @@ async fn stream(
             format!("the provider speaks {protocol}, which the client did not offer ({offered:?})"),
         );
     }
-    let provider = connection.into_stream();
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let Ok(upgraded) = upgrade.await else {
@@ -790,6 +782,77 @@ async fn stream(
                 .boxed_unsync(),
         )
         .expect("valid response")
+}
+
+/// The remote-command subprotocols asked of the provider, preferred first.
+const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+
+/// Why the provider's WebSocket did not open.
+enum OpenError {
+    /// The provider answered with this status and message.
+    Refused(u16, String),
+    /// No answer, or not a WebSocket.
+    Failed(String),
+}
+
+/// Opens a WebSocket to `path` on the provider through `client` (the peer identity): the
+/// upgrade request kube-apiserver expects, then the upgraded connection (kube's `ws` feature
+/// does the same, but pulls a second tungstenite into the tree).
+async fn open_websocket(
+    client: &kube::Client,
+    path: &str,
+) -> Result<
+    (
+        WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>,
+        &'static str,
+    ),
+    OpenError,
+> {
+    use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+    let key = generate_key();
+    let request = Request::get(path)
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "websocket")
+        .header(http::header::SEC_WEBSOCKET_VERSION, "13")
+        .header(http::header::SEC_WEBSOCKET_KEY, &key)
+        .header(http::header::SEC_WEBSOCKET_PROTOCOL, PROTOCOLS.join(", "))
+        .body(kube::client::Body::empty())
+        .expect("valid request");
+    let response = client
+        .send(request)
+        .await
+        .map_err(|e| OpenError::Failed(crate::error::chain(&e)))?;
+    let status = response.status();
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Err(OpenError::Refused(status.as_u16(), status_message(&body)));
+    }
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let headers = response.headers();
+    if headers
+        .get(http::header::SEC_WEBSOCKET_ACCEPT)
+        .map(|v| v.as_bytes())
+        != Some(accept.as_bytes())
+    {
+        return Err(OpenError::Failed(
+            "the WebSocket accept key does not match".into(),
+        ));
+    }
+    let protocol = headers
+        .get(http::header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|p| PROTOCOLS.into_iter().find(|known| *known == p.trim()))
+        .ok_or_else(|| OpenError::Failed("no remote-command subprotocol was chosen".into()))?;
+    let upgraded = hyper::upgrade::on(response)
+        .await
+        .map_err(|e| OpenError::Failed(format!("upgrading the connection: {e}")))?;
+    let stream = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    Ok((stream, protocol))
 }
 
 /// Whether the provider lets the peer identity open `pods/<sub>` in `twin`
