@@ -5,6 +5,9 @@
 //!   (`kubectl logs`, with `follow`, `tailLines`, `sinceSeconds`, `timestamps`, `limitBytes`);
 //! - `/exec/{namespace}/{pod}/{container}`, for `pods/exec` (`kubectl exec`);
 //! - `/attach/{namespace}/{pod}/{container}`, for `pods/attach` (`kubectl attach`);
+//! - `/portForward/{namespace}/{pod}[/{uid}]`, for `pods/portforward` (`kubectl port-forward`):
+//!   a SPDY/3.1 upgrade speaking `portforward.k8s.io` (see [`super::port_forward`]), each
+//!   forwarded connection dialled to the port on 127.0.0.1 inside the pod's network namespace;
 //! - `/metrics/resource`, the resource metrics a metrics server scrapes.
 //!
 //! Callers authenticate as kubelet's `--client-ca-file` makes them: only a client certificate
@@ -141,6 +144,9 @@ async fn handle(
             exec(network.clone(), ns, pod, container, &params, req)
         }
         [kind, ns, pod, container] if kind == "attach" => attach(&network, ns, pod, container, req),
+        [kind, ns, pod] | [kind, ns, pod, _] if kind == "portForward" => {
+            port_forward(&network, ns, pod, req)
+        }
         [m, r] if m == "metrics" && r == "resource" => {
             super::kubelet_metrics::resource(&network, req.headers())
         }
@@ -292,6 +298,60 @@ fn exec(
         };
         finish(ws, status).await;
     })
+}
+
+/// `kubectl port-forward`: the SPDY upgrade, as kubelet's httpstream handshake answers it
+/// (`Upgrade: SPDY/3.1`, the stream protocol chosen among `X-Stream-Protocol-Version`), then
+/// the port-forward session on the upgraded connection.
+fn port_forward(
+    network: &ClusterNetwork,
+    ns: &str,
+    pod: &str,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    let headers = req.headers();
+    let spdy = headers
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
+    if !spdy {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "unable to upgrade: missing upgrade headers in request: a SPDY/3.1 upgrade is expected",
+        );
+    }
+    let offered: Vec<&str> = headers
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let protocol = match super::port_forward::negotiate(&offered) {
+        Ok(p) => p,
+        Err(message) => return text(StatusCode::FORBIDDEN, message),
+    };
+    let Some((uid, who)) = network.running(ns, pod) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod {pod:?} in namespace {ns:?} is not running on this node"),
+        );
+    };
+    let target = super::port_forward::Target {
+        pod: pod.to_string(),
+        uid,
+        dial: super::port_forward::dial_in_netns(who.netns),
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        super::port_forward::serve(hyper_util::rt::TokioIo::new(upgraded), target).await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "SPDY/3.1")
+        .header("x-stream-protocol-version", protocol)
+        .body(Full::new(Bytes::new()).boxed())
+        .expect("valid response")
 }
 
 /// The server side of a remote-command WebSocket, once the connection has switched.

@@ -9,8 +9,10 @@ pub mod incluster;
 pub mod kubelet_metrics;
 pub mod kubelet_server;
 pub mod netns;
+pub mod port_forward;
 pub mod programs;
 pub mod proxy;
+pub mod spdy;
 pub mod topology;
 
 use std::collections::HashMap;
@@ -560,6 +562,15 @@ impl ClusterNetwork {
     ) -> Result<String, String> {
         let who = self.identity(namespace, name)?;
         programs::probe_resolve(&who, host).await
+    }
+
+    /// The uid and identity of pod `namespace/name`, while its programs run here.
+    fn running(&self, namespace: &str, name: &str) -> Option<(String, PodIdentity)> {
+        self.pods
+            .lock()
+            .iter()
+            .find(|(_, p)| p.identity.namespace == namespace && p.identity.pod == name)
+            .map(|(uid, p)| (uid.clone(), p.identity.clone()))
     }
 
     fn identity(&self, namespace: &str, name: &str) -> Result<PodIdentity, String> {

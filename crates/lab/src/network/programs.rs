@@ -190,8 +190,13 @@ pub async fn start_echo(
     Ok(tasks)
 }
 
+/// The largest body the echo program sends back.
+const ECHO_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Serves HTTP on `listener`: a GET answers who served it (pod, namespace, cluster, client
+/// address) as JSON; a POST answers its own body, byte for byte (up to 16 MiB, else 413).
 async fn serve_echo(listener: tokio::net::TcpListener, who: PodIdentity, log: Log) {
-    use http_body_util::Full;
+    use http_body_util::{BodyExt, Full, Limited};
     use hyper::body::Bytes;
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
@@ -199,28 +204,36 @@ async fn serve_echo(listener: tokio::net::TcpListener, who: PodIdentity, log: Lo
         };
         let (who, log) = (who.clone(), log.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: http::Request<_>| {
-                let _: &hyper::body::Incoming = req.body();
-                let body = json!({
-                    "pod": who.pod, "namespace": who.namespace, "cluster": who.cluster,
-                    "client": peer.ip().to_string(),
+            let service =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (who, log) = (who.clone(), log.clone());
+                    async move {
+                        let (method, uri) = (req.method().clone(), req.uri().clone());
+                        let (status, content_type, body) = if method == http::Method::POST {
+                            match Limited::new(req.into_body(), ECHO_BODY_LIMIT)
+                                .collect()
+                                .await
+                            {
+                                Ok(body) => (200, "application/octet-stream", body.to_bytes()),
+                                Err(_) => (413, "text/plain", Bytes::from("body too large\n")),
+                            }
+                        } else {
+                            let body = json!({
+                                "pod": who.pod, "namespace": who.namespace, "cluster": who.cluster,
+                                "client": peer.ip().to_string(),
+                            });
+                            (200, "application/json", Bytes::from(format!("{body}\n")))
+                        };
+                        log.line(format!("{method} {uri} {status} from {}", peer.ip()));
+                        Ok::<_, std::convert::Infallible>(
+                            http::Response::builder()
+                                .status(status)
+                                .header("content-type", content_type)
+                                .body(Full::new(body))
+                                .expect("static response"),
+                        )
+                    }
                 });
-                log.line(format!(
-                    "{} {} {} from {}",
-                    req.method(),
-                    req.uri(),
-                    200,
-                    peer.ip()
-                ));
-                async move {
-                    Ok::<_, std::convert::Infallible>(
-                        http::Response::builder()
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from(format!("{body}\n"))))
-                            .expect("static response"),
-                    )
-                }
-            });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
