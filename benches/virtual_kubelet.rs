@@ -266,6 +266,45 @@ fn main() -> anyhow::Result<()> {
         median_cells,
     ));
     rows.push(("logs -f: line written → shown (max)".into(), max_cells));
+    // port-forward: one kubectl port-forward per pod (WebSocket tunnel to the API server, as
+    // kubectl 1.32 does by default); a request on a new connection each round (a new SPDY
+    // stream pair each time), then one 8 MiB body echoed by the pod.
+    let mut request_cells = [String::new(), String::new()];
+    let mut throughput_cells = [String::new(), String::new()];
+    let body: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for (i, pod) in ["local", "offloaded"].into_iter().enumerate() {
+        let forward = tandem_lab::testing::port_forward(&kc, "lab-1", "demo", pod, 8080, true, &[])
+            .map_err(|e| anyhow::anyhow!("port-forward to {pod}: {e}"))?;
+        let times: Vec<Duration> = (0..rounds)
+            .map(|_| {
+                let start = Instant::now();
+                let (status, _) = tandem_lab::testing::http(forward.port, "GET", b"");
+                anyhow::ensure!(status.contains(" 200 "), "port-forward to {pod}: {status}");
+                Ok(start.elapsed())
+            })
+            .collect::<anyhow::Result<_>>()?;
+        request_cells[i] = format!("{:.1} ms", median(times).as_secs_f64() * 1e3);
+        let start = Instant::now();
+        let (_, echoed) = tandem_lab::testing::http(forward.port, "POST", &body);
+        let took = start.elapsed();
+        anyhow::ensure!(
+            echoed == body,
+            "port-forward to {pod}: the body came back changed"
+        );
+        // Both ways: 8 MiB up, 8 MiB back.
+        throughput_cells[i] = format!(
+            "{:.0} MB/s",
+            2.0 * body.len() as f64 / took.as_secs_f64() / 1e6
+        );
+    }
+    rows.push((
+        "port-forward: GET on a new connection (median)".into(),
+        request_cells,
+    ));
+    rows.push((
+        "port-forward: 8 MiB echoed (up + down)".into(),
+        throughput_cells,
+    ));
     for (what, [local, offloaded]) in rows {
         println!("| {what} | {local} | {offloaded} |");
     }

@@ -1,9 +1,19 @@
-//! `pods/log`, `pods/exec` and `pods/attach`: carried to the kubelet of the pod's node, as
-//! kube-apiserver does. Logs stream back as the kubelet sends them; exec and attach forward
-//! the client's upgrade (WebSocket `v5.channel.k8s.io` from kubectl ≥ 1.30) to the kubelet and
-//! splice the two connections once both sides have switched protocols (kube-apiserver's
-//! UpgradeAwareHandler). The API server authenticates to kubelets with a client certificate
-//! from a CA of its own, and checks each kubelet's serving certificate against the cluster CA.
+//! `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward`: carried to the kubelet of the
+//! pod's node, as kube-apiserver does. Logs stream back as the kubelet sends them; exec and
+//! attach forward the client's upgrade (WebSocket `v5.channel.k8s.io` from kubectl ≥ 1.30) to
+//! the kubelet and splice the two connections once both sides have switched protocols
+//! (kube-apiserver's UpgradeAwareHandler).
+//!
+//! Port-forward is SPDY/3.1 (`portforward.k8s.io`) between the client and the kubelet, which
+//! this server only carries. kubectl ≥ 1.31 first asks for a WebSocket with subprotocol
+//! `SPDY/3.1+portforward.k8s.io` and tunnels its SPDY session through it; the API server then
+//! upgrades to plain SPDY towards the kubelet and relays the bytes, message boundaries
+//! meaning nothing (kube-apiserver's `streamtunnel.go`). An older client (or
+//! `KUBECTL_PORT_FORWARD_WEBSOCKETS=false`) asks for the SPDY upgrade itself, which is
+//! forwarded and spliced like exec's.
+//!
+//! The API server authenticates to kubelets with a client certificate from a CA of its own,
+//! and checks each kubelet's serving certificate against the cluster CA.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +33,31 @@ pub fn is_kubelet_subresource(info: &RequestInfo) -> bool {
     info.resource_request
         && info.group.is_empty()
         && info.resource == "pods"
-        && matches!(info.subresource.as_str(), "log" | "exec" | "attach")
+        && matches!(
+            info.subresource.as_str(),
+            "log" | "exec" | "attach" | "portforward"
+        )
+}
+
+/// The WebSocket subprotocol that tunnels a port-forward SPDY session (kubectl ≥ 1.31).
+pub const PORT_FORWARD_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
+
+/// The port-forward stream protocol, as negotiated with the kubelet.
+const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
+
+/// Whether the client asks for a WebSocket tunnel of port-forward's SPDY session.
+fn wants_tunnel(headers: &http::HeaderMap) -> bool {
+    let websocket = headers
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    websocket
+        && headers
+            .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| p.trim() == PORT_FORWARD_TUNNEL)
 }
 
 /// Whether the subresource opens a stream (authorised as `create` whatever the HTTP verb, as
@@ -59,6 +93,19 @@ pub async fn proxy(
     let params: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .into_owned()
         .collect();
+    let (ip, port) = kubelet_address(state, &node)?;
+    if info.subresource == "portforward" {
+        let path = format!("/portForward/{}/{name}", info.namespace);
+        return port_forward(
+            state,
+            &node,
+            SocketAddr::new(ip, port),
+            path,
+            headers,
+            client_upgrade,
+        )
+        .await;
+    }
     let containers: Vec<String> = pod_field(&pod, &["spec", "containers"])
         .and_then(Value::as_array)
         .map(|cs| {
@@ -82,7 +129,6 @@ pub async fn proxy(
             "container {container} is not valid for pod {name}"
         )));
     }
-    let (ip, port) = kubelet_address(state, &node)?;
     let forwarded: String = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(params.iter().filter(|(k, _)| k != "container"))
         .finish();
@@ -91,25 +137,12 @@ pub async fn proxy(
         "log" => format!("/containerLogs/{ns}/{name}/{container}?{forwarded}"),
         sub => format!("/{sub}/{ns}/{name}/{container}?{forwarded}"),
     };
-    let stream = connect(state, SocketAddr::new(ip, port), &node).await?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| {
-                ApiError::internal(format!("talking to the kubelet of node {node}: {e}"))
-            })?;
-    tokio::spawn(conn.with_upgrades());
     let mut request = Request::builder()
-        .method(if info.subresource == "log" {
-            "GET"
-        } else {
-            "POST"
-        })
+        .method("GET")
         .uri(&path)
         .header(http::header::HOST, format!("{ip}:{port}"));
     if info.subresource != "log" {
         // Forward the client's upgrade request as it came.
-        request = request.method("GET");
         for (k, v) in headers {
             let k = k.as_str();
             if k.starts_with("sec-websocket") || k == "connection" || k == "upgrade" {
@@ -117,40 +150,13 @@ pub async fn proxy(
             }
         }
     }
-    let request = request
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let mut response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| ApiError::internal(format!("talking to the kubelet of node {node}: {e}")))?;
+    let mut response = send(state, SocketAddr::new(ip, port), &node, request).await?;
     let status = response.status();
     if status == StatusCode::SWITCHING_PROTOCOLS {
-        let kubelet_upgrade = hyper::upgrade::on(&mut response);
-        let mut out = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
-        for (k, v) in response.headers() {
-            out = out.header(k, v);
-        }
-        tokio::spawn(async move {
-            let (Ok(client), Ok(kubelet)) = (client_upgrade.await, kubelet_upgrade.await) else {
-                return;
-            };
-            let mut client = hyper_util::rt::TokioIo::new(client);
-            let mut kubelet = hyper_util::rt::TokioIo::new(kubelet);
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut kubelet).await;
-        });
-        return out
-            .body(crate::response::empty_body())
-            .map_err(|e| ApiError::internal(e.to_string()));
+        return Ok(splice(client_upgrade, &mut response));
     }
     if !status.is_success() {
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
-            .unwrap_or_default();
-        return Err(ApiError::from_kubelet(status.as_u16(), body));
+        return Err(refusal(response).await);
     }
     let mut out = Response::builder().status(status);
     for (k, v) in response.headers() {
@@ -161,6 +167,174 @@ pub async fn proxy(
     let body = response.into_body().map_err(std::io::Error::other).boxed();
     out.body(body)
         .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Sends `request` (without a body) to the kubelet at `addr` on a connection of its own, which
+/// may switch protocols.
+async fn send(
+    state: &State,
+    addr: SocketAddr,
+    node: &str,
+    request: http::request::Builder,
+) -> ApiResult<Response<hyper::body::Incoming>> {
+    let stream = connect(state, addr, node).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| {
+                ApiError::internal(format!("talking to the kubelet of node {node}: {e}"))
+            })?;
+    tokio::spawn(conn.with_upgrades());
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| ApiError::internal(format!("talking to the kubelet of node {node}: {e}")))
+}
+
+/// The kubelet switched protocols: answers the client with the kubelet's 101 and, once both
+/// connections have switched, copies bytes between them until either ends.
+fn splice(
+    client_upgrade: hyper::upgrade::OnUpgrade,
+    response: &mut Response<hyper::body::Incoming>,
+) -> Response<Body> {
+    let kubelet_upgrade = hyper::upgrade::on(&mut *response);
+    let mut out = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    for (k, v) in response.headers() {
+        out = out.header(k, v);
+    }
+    tokio::spawn(async move {
+        let (Ok(client), Ok(kubelet)) = (client_upgrade.await, kubelet_upgrade.await) else {
+            return;
+        };
+        let mut client = hyper_util::rt::TokioIo::new(client);
+        let mut kubelet = hyper_util::rt::TokioIo::new(kubelet);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut kubelet).await;
+    });
+    out.body(crate::response::empty_body())
+        .expect("headers copied from a valid response")
+}
+
+/// The body of a refusal, as text.
+async fn refusal(response: Response<hyper::body::Incoming>) -> ApiError {
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+        .unwrap_or_default();
+    ApiError::from_kubelet(status.as_u16(), body)
+}
+
+/// `pods/portforward`: the kubelet always gets a SPDY upgrade. A client asking for the
+/// WebSocket tunnel gets its 101 once the kubelet has switched, and its binary messages are
+/// relayed to the kubelet as bytes (and the kubelet's bytes back as binary messages); a
+/// client asking for SPDY itself is spliced to the kubelet.
+async fn port_forward(
+    state: &State,
+    node: &str,
+    addr: SocketAddr,
+    path: String,
+    headers: &http::HeaderMap,
+    client_upgrade: hyper::upgrade::OnUpgrade,
+) -> ApiResult<Response<Body>> {
+    let tunnel = wants_tunnel(headers);
+    let mut request = Request::builder()
+        .method("POST")
+        .uri(&path)
+        .header(http::header::HOST, addr.to_string())
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "SPDY/3.1");
+    if tunnel {
+        request = request.header("x-stream-protocol-version", PORT_FORWARD_PROTOCOL);
+    } else {
+        for v in headers.get_all("x-stream-protocol-version") {
+            request = request.header("x-stream-protocol-version", v);
+        }
+    }
+    let key = headers.get(http::header::SEC_WEBSOCKET_KEY).cloned();
+    if tunnel && key.is_none() {
+        return Err(ApiError::bad_request(
+            "unable to upgrade: missing Sec-WebSocket-Key",
+        ));
+    }
+    let mut response = send(state, addr, node, request).await?;
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return Err(refusal(response).await);
+    }
+    let Some(key) = key.filter(|_| tunnel) else {
+        return Ok(splice(client_upgrade, &mut response));
+    };
+    let kubelet_upgrade = hyper::upgrade::on(&mut response);
+    tokio::spawn(async move {
+        let (Ok(client), Ok(kubelet)) = (client_upgrade.await, kubelet_upgrade.await) else {
+            return;
+        };
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(client),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        tunnel_bytes(ws, hyper_util::rt::TokioIo::new(kubelet)).await;
+    });
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "websocket")
+        .header(http::header::SEC_WEBSOCKET_ACCEPT, accept)
+        .header(http::header::SEC_WEBSOCKET_PROTOCOL, PORT_FORWARD_TUNNEL)
+        .body(crate::response::empty_body())
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Relays a WebSocket tunnel and a byte stream: each binary message is written as it came,
+/// each read is sent as one binary message. Either side's end ends both.
+async fn tunnel_bytes<S, K>(ws: tokio_tungstenite::WebSocketStream<S>, kubelet: K)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    K: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut ws_tx, mut ws_rx) = ws.split();
+    let (mut k_rx, mut k_tx) = tokio::io::split(kubelet);
+    let inbound = async {
+        while let Some(Ok(message)) = ws_rx.next().await {
+            match message {
+                Message::Binary(data) if k_tx.write_all(&data).await.is_err() => break,
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = k_tx.shutdown().await;
+    };
+    let outbound = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match k_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let data = Bytes::copy_from_slice(&buf[..n]);
+                    if ws_tx.send(Message::Binary(data)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = ws_tx.close().await;
+    };
+    // The session is over when either side is: kubectl closes the WebSocket when it stops,
+    // the kubelet its connection.
+    tokio::select! {
+        _ = inbound => {}
+        _ = outbound => {}
+    }
 }
 
 /// The node's InternalIP and kubelet port.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 mod netlab;
 use netlab::{json, kubectl, lab_up, offload_hello, ok, tandem, until};
+use tandem_lab::testing::{http, port_forward};
 
 fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -123,6 +124,36 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
     );
     let missing = kubectl(&lab, "lab-1", &["-n", "demo", "exec", "hello", "--", "sh"]);
     assert_eq!(missing.status.code(), Some(127), "{}", stderr_of(&missing));
+
+    // Port-forward: kubectl's SPDY session, tunnelled in a WebSocket to the API server (as
+    // kubectl ≥ 1.31 does) or not, reaches the echo program's port in the real pod; bodies
+    // beyond SPDY's 64 KiB window come back whole.
+    let payload: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 251) as u8).collect();
+    for websockets in [true, false] {
+        let forward = port_forward(
+            &lab.kubeconfig,
+            "lab-1",
+            "demo",
+            "hello",
+            port,
+            websockets,
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("port-forward (websockets: {websockets}): {e}"));
+        let (status, body) = http(forward.port, "GET", b"");
+        assert!(status.contains(" 200 "), "{status}");
+        let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(answer["pod"], "hello", "{answer}");
+        assert_eq!(
+            answer["cluster"], "lab-2",
+            "served in the provider: {answer}"
+        );
+        for _ in 0..2 {
+            let (status, echoed) = http(forward.port, "POST", &payload);
+            assert!(status.contains(" 200 "), "{status}");
+            assert!(echoed == payload, "{} bytes came back", echoed.len());
+        }
+    }
 
     // Follow and attach: a request served by the echo program (made from inside its own pod
     // by exec) appears on the consumer's `logs -f` stream, and on `kubectl attach`'s output.
@@ -300,6 +331,21 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         "{}",
         stderr_of(&refused)
     );
+    let refused = port_forward(
+        &lab.kubeconfig,
+        "lab-1",
+        "demo",
+        "hello",
+        port,
+        true,
+        &["--as=alice"],
+    )
+    .err()
+    .expect("alice may not port-forward");
+    assert!(
+        refused.contains("cannot create resource \"pods/portforward\""),
+        "{refused}"
+    );
 
     // The provider refuses exec: the consumer's user gets a 403 naming the provider's policy;
     // logs still work.
@@ -321,7 +367,7 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
                 tenant,
                 "--type=merge",
                 "-p",
-                r#"{"spec":{"podAccess":{"exec":false}}}"#,
+                r#"{"spec":{"podAccess":{"exec":false,"portForward":false}}}"#,
             ],
         ),
         "refusing exec on the provider",
@@ -351,6 +397,23 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
     );
     assert!(logs.contains("echo: listening"), "{logs}");
     eprintln!("the provider's refusal, as the user reads it: {message}");
+    for websockets in [true, false] {
+        let refused = port_forward(
+            &lab.kubeconfig,
+            "lab-1",
+            "demo",
+            "hello",
+            port,
+            websockets,
+            &[],
+        )
+        .err()
+        .expect("the provider refuses port-forward");
+        assert!(
+            refused.contains("provider milan") && refused.contains("spec.podAccess.portForward"),
+            "websockets: {websockets}: {refused}"
+        );
+    }
 
     // kubectl top: the consumer's metrics API (metrics-server's, built into lab clusters)
     // scrapes the virtual node's kubelet API like any kubelet's, which reads the provider's.
@@ -370,6 +433,16 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         ),
         "kubectl run (local)",
     );
+    // Port-forward to a local pod: the lab kubelet's own SPDY endpoint.
+    until("the local pod Running", Duration::from_secs(90), || {
+        let pod = json(&lab, "lab-1", &["-n", "demo", "get", "pod", "local"]);
+        (pod["status"]["phase"] == "Running").then_some(())
+    });
+    let forward = port_forward(&lab.kubeconfig, "lab-1", "demo", "local", port, true, &[])
+        .unwrap_or_else(|e| panic!("port-forward to the local pod: {e}"));
+    let (status, echoed) = http(forward.port, "POST", &payload);
+    assert!(status.contains(" 200 ") && echoed == payload, "{status}");
+    drop(forward);
     // Two scrapes of the provider's kubelet, then two of the virtual kubelet, 15 s apart: a
     // generous bound, and what top last said if it is exceeded.
     let mut last = String::new();

@@ -101,3 +101,122 @@ pub fn network_tests_can_run() -> bool {
     eprintln!("skipped: network-mode tests need root");
     false
 }
+
+/// One HTTP/1.1 request to 127.0.0.1:`port` with `body` (a connection of its own, closed after
+/// the answer); the response's status line and body. Panics on a connection failure or an
+/// answer that is not HTTP: for tests and benchmarks that port-forward to lab pods.
+pub fn http(port: u16, method: &str, body: &[u8]) -> (String, Vec<u8>) {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "{method} / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(body).unwrap();
+    // Read up to the end of the body the headers announce: the connection itself may stay
+    // open a moment longer (a port-forward ends its connections after the pod's).
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    let (split, length) = loop {
+        let n = conn.read(&mut chunk).expect("reads the response");
+        assert!(
+            n > 0,
+            "no HTTP response: {:?}",
+            String::from_utf8_lossy(&response)
+        );
+        response.extend_from_slice(&chunk[..n]);
+        if let Some(split) = response.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .expect("a Content-Length");
+            break (split, length);
+        }
+    };
+    while response.len() < split + 4 + length {
+        let n = conn.read(&mut chunk).expect("reads the response body");
+        assert!(n > 0, "the response ended early");
+        response.extend_from_slice(&chunk[..n]);
+    }
+    let status = String::from_utf8_lossy(&response[..split])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    (status, response[split + 4..split + 4 + length].to_vec())
+}
+
+/// A running `kubectl port-forward`, stopped when dropped.
+pub struct PortForward {
+    child: std::process::Child,
+    /// The local port it listens on.
+    pub port: u16,
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `kubectl port-forward pod/POD :REMOTE` in `namespace`; returns once it says where it
+/// listens, or kubectl's error if it stops first. `websockets: false` makes kubectl speak SPDY
+/// to the API server as kubectl before 1.31 did (`KUBECTL_PORT_FORWARD_WEBSOCKETS=false`).
+#[allow(clippy::too_many_arguments)]
+pub fn port_forward(
+    kubeconfig: &str,
+    context: &str,
+    namespace: &str,
+    pod: &str,
+    remote: u16,
+    websockets: bool,
+    extra: &[&str],
+) -> Result<PortForward, String> {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("kubectl")
+        .args(["--kubeconfig", kubeconfig, "--context", context])
+        .args(["-n", namespace, "port-forward", &format!("pod/{pod}")])
+        .arg(format!(":{remote}"))
+        .args(extra)
+        .env(
+            "KUBECTL_PORT_FORWARD_WEBSOCKETS",
+            if websockets { "true" } else { "false" },
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    while let Some(Ok(line)) = lines.next() {
+        // "Forwarding from 127.0.0.1:PORT -> REMOTE"
+        if let Some(port) = line
+            .strip_prefix("Forwarding from 127.0.0.1:")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+        {
+            // kubectl goes on writing ("Handling connection for …"): a closed pipe would kill
+            // it, a full one stop it.
+            std::thread::spawn(move || lines.for_each(drop));
+            if let Some(stderr) = child.stderr.take() {
+                std::thread::spawn(move || BufReader::new(stderr).lines().for_each(drop));
+            }
+            return Ok(PortForward { child, port });
+        }
+    }
+    let mut err = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = stderr.read_to_string(&mut err);
+    }
+    let _ = child.wait();
+    Err(err)
+}

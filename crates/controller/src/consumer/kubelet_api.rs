@@ -1,6 +1,6 @@
 //! The kubelet API of a virtual node: what the consumer's API server calls for `pods/log`,
-//! `pods/exec` and `pods/attach` of a pod bound to the node, carried to the real pod in the
-//! provider through the peer identity.
+//! `pods/exec`, `pods/attach` and `pods/portforward` of a pod bound to the node, carried to the
+//! real pod in the provider through the peer identity.
 //!
 //! The hops, and what each speaks:
 //! - kubectl → consumer's API server: the pod subresource (a plain GET for logs; a WebSocket
@@ -13,6 +13,13 @@
 //!   namespace, as the peer identity (`kube::Client`), a WebSocket of its own for exec/attach;
 //!   WebSocket messages are relayed one by one (same subprotocol on both sides, so the channel
 //!   byte and v5's close signal mean the same).
+//!
+//! Port-forward is one SPDY/3.1 session (`portforward.k8s.io`) from kubectl to the provider's
+//! kubelet, carried at each hop: kubectl ≥ 1.31 tunnels it in a WebSocket
+//! (`SPDY/3.1+portforward.k8s.io`) to the consumer's API server, or asks for the SPDY upgrade
+//! itself; the API server asks this server for a SPDY upgrade on `/portForward/…`; this server
+//! asks the provider's API server for the same upgrade on the real pod's `pods/portforward`
+//! (which asks its kubelet), and splices the two upgraded connections.
 //!
 //! Who may call: as a kubelet with `--client-ca-file` and `--authorization-mode=Webhook`, a
 //! caller must present a client certificate from the CAs the API server publishes in
@@ -493,7 +500,11 @@ async fn handle(
         [kind, ns, pod, container]
             if matches!(kind.as_str(), "containerLogs" | "exec" | "attach") =>
         {
-            (kind.as_str(), ns, pod, container)
+            (kind.as_str(), ns, pod, Some(container))
+        }
+        // `/portForward/{namespace}/{pod}[/{uid}]`: a pod's ports, not a container's.
+        [kind, ns, pod] | [kind, ns, pod, _] if kind == "portForward" => {
+            (kind.as_str(), ns, pod, None)
         }
         _ => return text(StatusCode::NOT_FOUND, "404 page not found"),
     };
@@ -507,10 +518,10 @@ async fn handle(
         Ok(t) => t,
         Err(response) => return response,
     };
-    if kind == "containerLogs" {
-        logs(&link, &twin, pod, container, &params).await
-    } else {
-        stream(&link, kind, &twin, pod, container, &params, req).await
+    match container {
+        None => port_forward(&link, &twin, pod, req).await,
+        Some(c) if kind == "containerLogs" => logs(&link, &twin, pod, c, &params).await,
+        Some(c) => stream(&link, kind, &twin, pod, c, &params, req).await,
     }
 }
 
@@ -627,6 +638,7 @@ fn provider_error(link: &ProviderLink, what: &str, code: u16, message: &str) -> 
             let field = match what {
                 "exec" => "exec",
                 "attach" => "attach",
+                "port-forward" => "portForward",
                 _ => "logs",
             };
             format!(
@@ -782,6 +794,97 @@ async fn stream(
                 .boxed_unsync(),
         )
         .expect("valid response")
+}
+
+/// The stream protocol of port-forward's SPDY session.
+const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
+
+/// Port-forward: the API server asks for a SPDY/3.1 upgrade (whether kubectl tunnels its SPDY
+/// session through a WebSocket to the API server or not). The same upgrade is asked of the
+/// provider's API server for the real pod (`pods/portforward`, as the peer identity); once it
+/// has switched, the API server's connection switches too and the bytes are spliced: the SPDY
+/// session runs from kubectl to the provider's kubelet, which opens the pod's ports. A refusal
+/// by the provider is this answer.
+async fn port_forward(
+    link: &ProviderLink,
+    twin: &str,
+    pod: &str,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    let spdy = req
+        .headers()
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
+    if !spdy {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "unable to upgrade: port-forward is served as a SPDY/3.1 upgrade (portforward.k8s.io)",
+        );
+    }
+    let mut request = Request::post(format!("/api/v1/namespaces/{twin}/pods/{pod}/portforward"))
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "SPDY/3.1");
+    let offered = req.headers().get_all("x-stream-protocol-version");
+    if offered.iter().next().is_none() {
+        request = request.header("x-stream-protocol-version", PORT_FORWARD_PROTOCOL);
+    }
+    for v in offered {
+        request = request.header("x-stream-protocol-version", v);
+    }
+    let request = request
+        .body(kube::client::Body::empty())
+        .expect("valid request");
+    let response = match link.stream_client.send(request).await {
+        Ok(r) => r,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "provider {} did not answer port-forward to {twin}/{pod}: {}",
+                    link.provider_id,
+                    crate::error::chain(&e)
+                ),
+            );
+        }
+    };
+    let status = response.status();
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return provider_error(
+            link,
+            "port-forward",
+            status.as_u16(),
+            &status_message(&body),
+        );
+    }
+    let mut out = Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "SPDY/3.1");
+    if let Some(chosen) = response.headers().get("x-stream-protocol-version") {
+        out = out.header("x-stream-protocol-version", chosen);
+    }
+    let client = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let (Ok(provider), Ok(client)) = (hyper::upgrade::on(response).await, client.await) else {
+            return;
+        };
+        let _ =
+            tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(provider))
+                .await;
+    });
+    out.body(
+        http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    )
+    .expect("valid response")
 }
 
 /// The remote-command subprotocols asked of the provider, preferred first.
