@@ -382,6 +382,8 @@ pub async fn connect(
             "error dialing backend: dial tcp {addr}: {e} (node {node})"
         ))
     })?;
+    // Streams (exec, port-forward) carry small writes that must not wait for an ACK.
+    let _ = tcp.set_nodelay(true);
     let config = client_tls(state).map_err(|e| ApiError::internal(format!("kubelet TLS: {e}")))?;
     let server_name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     tokio_rustls::TlsConnector::from(Arc::new(config))

@@ -352,6 +352,8 @@ async fn serve(
         let Ok((tcp, _)) = listener.accept().await else {
             continue;
         };
+        // Streams (exec, port-forward) carry small writes that must not wait for an ACK.
+        let _ = tcp.set_nodelay(true);
         let Some(config) = tls.borrow().clone() else {
             continue;
         };
@@ -652,6 +654,44 @@ fn provider_error(link: &ProviderLink, what: &str, code: u16, message: &str) -> 
     text(status, message)
 }
 
+/// Sends `request` (for `what` on pod `target`) to the provider on the streaming client. A
+/// failure to get an answer, or an answer whose status `accepted` refuses, is returned as the
+/// answer the consumer's API server should get (a refusal naming the provider's policy).
+async fn send(
+    link: &ProviderLink,
+    request: Request<kube::client::Body>,
+    what: &str,
+    target: &str,
+    accepted: impl Fn(StatusCode) -> bool,
+) -> Result<Response<kube::client::Body>, Response<Body>> {
+    let response = link.stream_client.send(request).await.map_err(|e| {
+        text(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "provider {} did not answer {what} for {target}: {}",
+                link.provider_id,
+                crate::error::chain(&e)
+            ),
+        )
+    })?;
+    let status = response.status();
+    if accepted(status) {
+        return Ok(response);
+    }
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Err(provider_error(
+        link,
+        what,
+        status.as_u16(),
+        &status_message(&body),
+    ))
+}
+
 async fn logs(
     link: &ProviderLink,
     twin: &str,
@@ -663,29 +703,12 @@ async fn logs(
     let request = Request::get(path)
         .body(kube::client::Body::empty())
         .expect("valid request");
-    let response = match link.stream_client.send(request).await {
+    let target = format!("{twin}/{pod}");
+    let response = match send(link, request, "logs", &target, |s| s.is_success()).await {
         Ok(r) => r,
-        Err(e) => {
-            return text(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "provider {} did not answer for the logs of {twin}/{pod}: {}",
-                    link.provider_id,
-                    crate::error::chain(&e)
-                ),
-            );
-        }
+        Err(answer) => return answer,
     };
     let status = response.status();
-    if !status.is_success() {
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        return provider_error(link, "logs", status.as_u16(), &status_message(&body));
-    }
     let mut out = Response::builder().status(status);
     if let Some(t) = response.headers().get(http::header::CONTENT_TYPE) {
         out = out.header(http::header::CONTENT_TYPE, t);
@@ -835,34 +858,12 @@ async fn port_forward(
     let request = request
         .body(kube::client::Body::empty())
         .expect("valid request");
-    let response = match link.stream_client.send(request).await {
+    let target = format!("{twin}/{pod}");
+    let accepted = |s| s == StatusCode::SWITCHING_PROTOCOLS;
+    let response = match send(link, request, "port-forward", &target, accepted).await {
         Ok(r) => r,
-        Err(e) => {
-            return text(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "provider {} did not answer port-forward to {twin}/{pod}: {}",
-                    link.provider_id,
-                    crate::error::chain(&e)
-                ),
-            );
-        }
+        Err(answer) => return answer,
     };
-    let status = response.status();
-    if status != StatusCode::SWITCHING_PROTOCOLS {
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        return provider_error(
-            link,
-            "port-forward",
-            status.as_u16(),
-            &status_message(&body),
-        );
-    }
     let mut out = Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(http::header::CONNECTION, "Upgrade")

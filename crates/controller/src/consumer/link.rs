@@ -291,11 +291,28 @@ pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
 
 /// A client from a kubeconfig document whose responses may idle as long as they like: a
 /// followed log or an exec session is silent for minutes (its connect timeout stays short).
+///
+/// Its connections set TCP_NODELAY (kube's own connector does not): a port-forward or exec
+/// carries small writes each way, which Nagle's algorithm would hold until the last is
+/// acknowledged — tens of milliseconds per exchange against a delayed ACK.
 pub async fn streaming_client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
-    let mut config = config_from_kubeconfig(yaml).await?;
-    config.connect_timeout = Some(Duration::from_secs(3));
-    config.read_timeout = None;
-    Client::try_from(config).map_err(ClientError::Build)
+    use kube::client::ConfigExt;
+    let config = config_from_kubeconfig(yaml).await?;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(3)));
+    let https = config
+        .rustls_https_connector_with_connector(http)
+        .map_err(ClientError::Build)?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer().map_err(ClientError::Build)?)
+        .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+        .service(client);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 async fn config_from_kubeconfig(yaml: &str) -> Result<kube::Config, ClientError> {

@@ -87,6 +87,8 @@ pub async fn serve(
         let Ok((tcp, _)) = listener.accept().await else {
             continue;
         };
+        // Streams (exec, port-forward) carry small writes that must not wait for an ACK.
+        let _ = tcp.set_nodelay(true);
         let (acceptor, network) = (acceptor.clone(), network.clone());
         tokio::spawn(async move {
             let Ok(stream) = acceptor.accept(tcp).await else {

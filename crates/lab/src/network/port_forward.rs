@@ -196,7 +196,12 @@ pub type Dial =
 pub fn dial_in_netns(netns: String) -> Dial {
     Arc::new(move |addr| {
         let netns = netns.clone();
-        Box::pin(async move { super::netns::tcp_connect(&netns, addr).await })
+        Box::pin(async move {
+            let socket = super::netns::tcp_connect(&netns, addr).await?;
+            // What the client writes reaches the pod as it comes, not after an ACK.
+            socket.set_nodelay(true)?;
+            Ok(socket)
+        })
     })
 }
 
@@ -400,7 +405,11 @@ mod tests {
                 request: request.to_string(),
             })
         };
-        type Case<'a> = (u32, &'a [(&'a str, &'a str)], Result<StreamRequest, Refusal>);
+        type Case<'a> = (
+            u32,
+            &'a [(&'a str, &'a str)],
+            Result<StreamRequest, Refusal>,
+        );
         let cases: Vec<Case> = vec![
             (
                 1,
