@@ -235,6 +235,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     )
     .await?;
+    // The Service's endpoints follow the pods' readiness (EndpointSlice controller), and their
+    // reflection in the provider follows those: the report waits for both rather than show a
+    // count caught mid-way. Not converging is reported, not fatal.
+    let converged = wait(
+        "the Service's endpoints in both clusters",
+        Duration::from_secs(60),
+        async || {
+            let (here, there) = ready_endpoints(&consumer.client, &provider.client, &twin).await?;
+            Ok(i64::try_from(here).ok() == Some(i64::from(replicas)) && there == here)
+        },
+    )
+    .await;
+    if let Err(e) = converged {
+        eprintln!("warning: {e}");
+    }
 
     step(6, "where the pods run");
     // Listen before the report is out: a Ctrl-C that comes as it prints stops the demo cleanly.
@@ -303,30 +318,37 @@ async fn report(
         t.add_row([p.name_any(), node, cluster.to_string(), ip]);
     }
     let mut out = table::render(t, 0);
-    let endpoints = |slices: Vec<EndpointSlice>| -> usize {
+    let (here, there) = ready_endpoints(consumer, provider, twin).await?;
+    out.push_str(&format!(
+        "\n{local} pod(s) run in {consumer_id}, {remote} in {provider_id}.\nService {NS}/{APP}: {here} ready endpoint(s) in {consumer_id}; its reflection {twin}/{APP} in {provider_id}: {there}.\n"
+    ));
+    Ok(out)
+}
+
+/// Ready endpoints of the demo's Service in the consumer, and in its reflection in the
+/// provider's twin namespace.
+async fn ready_endpoints(
+    consumer: &Client,
+    provider: &Client,
+    twin: &str,
+) -> anyhow::Result<(usize, usize)> {
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={APP}"));
+    let count = |slices: Vec<EndpointSlice>| -> usize {
         slices
             .iter()
             .flat_map(|s| s.endpoints.iter())
             .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
             .count()
     };
-    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={APP}"));
-    let here = endpoints(
-        Api::<EndpointSlice>::namespaced(consumer.clone(), NS)
-            .list(&lp)
-            .await?
-            .items,
-    );
-    let there = endpoints(
-        Api::<EndpointSlice>::namespaced(provider.clone(), twin)
-            .list(&lp)
-            .await?
-            .items,
-    );
-    out.push_str(&format!(
-        "\n{local} pod(s) run in {consumer_id}, {remote} in {provider_id}.\nService {NS}/{APP}: {here} ready endpoint(s) in {consumer_id}; its reflection {twin}/{APP} in {provider_id}: {there}.\n"
-    ));
-    Ok(out)
+    let here = Api::<EndpointSlice>::namespaced(consumer.clone(), NS)
+        .list(&lp)
+        .await?
+        .items;
+    let there = Api::<EndpointSlice>::namespaced(provider.clone(), twin)
+        .list(&lp)
+        .await?
+        .items;
+    Ok((count(here), count(there)))
 }
 
 async fn wait(
