@@ -316,7 +316,13 @@ fn port_forward(
         .get(http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
-    if !spdy {
+    // As apimachinery's upgrader: some `Connection` value must name the upgrade.
+    let connection_upgrade = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("upgrade"));
+    if !(spdy && connection_upgrade) {
         return text(
             StatusCode::BAD_REQUEST,
             "unable to upgrade: missing upgrade headers in request: a SPDY/3.1 upgrade is expected",

@@ -144,11 +144,23 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
     let first = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let flags = buf[4];
     let length = usize::from(buf[5]) << 16 | usize::from(buf[6]) << 8 | usize::from(buf[7]);
-    // A control frame of another version is refused from its header, not after its payload
-    // (which may never come).
+    let control = first & 0x8000_0000 != 0;
+    let kind = (first & 0xffff) as u16;
+    // A bad control-frame header is refused as it comes, not after its payload (up to 16 MiB,
+    // which may never come).
     let version = ((first >> 16) & 0x7fff) as u16;
-    if first & 0x8000_0000 != 0 && version != VERSION {
+    if control && version != VERSION {
         return Err(FrameError::Version(version));
+    }
+    let fits = match kind {
+        kind::SYN_STREAM => length >= 10,
+        kind::SYN_REPLY | kind::HEADERS => length >= 4,
+        kind::PING => length == 4,
+        kind::RST_STREAM | kind::GOAWAY | kind::WINDOW_UPDATE => length == 8,
+        _ => true,
+    };
+    if control && !fits {
+        return Err(FrameError::Length { kind, length });
     }
     if buf.len() < 8 + length {
         buf.reserve(8 + length - buf.len());
@@ -156,7 +168,7 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
     }
     buf.advance(8);
     let mut payload = buf.split_to(length).freeze();
-    if first & 0x8000_0000 == 0 {
+    if !control {
         let stream = first & 0x7fff_ffff;
         if stream == 0 {
             return Err(FrameError::ZeroStream { kind: 0 });
@@ -168,13 +180,8 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
             data: payload,
         }));
     }
-    let kind = (first & 0xffff) as u16;
-    let bad_length = || FrameError::Length { kind, length };
     let frame = match kind {
         kind::SYN_STREAM => {
-            if length < 10 {
-                return Err(bad_length());
-            }
             let stream = payload.get_u32() & 0x7fff_ffff;
             let associated = payload.get_u32() & 0x7fff_ffff;
             let priority = payload.get_u8() >> 5;
@@ -188,9 +195,6 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
             }
         }
         kind::SYN_REPLY | kind::HEADERS => {
-            if length < 4 {
-                return Err(bad_length());
-            }
             let stream = payload.get_u32() & 0x7fff_ffff;
             if kind == kind::SYN_REPLY {
                 Frame::SynReply {
@@ -206,42 +210,22 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
                 }
             }
         }
-        kind::RST_STREAM => {
-            if length != 8 {
-                return Err(bad_length());
-            }
-            Frame::RstStream {
-                stream: payload.get_u32() & 0x7fff_ffff,
-                status: payload.get_u32(),
-            }
-        }
+        kind::RST_STREAM => Frame::RstStream {
+            stream: payload.get_u32() & 0x7fff_ffff,
+            status: payload.get_u32(),
+        },
         kind::SETTINGS => Frame::Settings,
-        kind::PING => {
-            if length != 4 {
-                return Err(bad_length());
-            }
-            Frame::Ping {
-                id: payload.get_u32(),
-            }
-        }
-        kind::GOAWAY => {
-            if length != 8 {
-                return Err(bad_length());
-            }
-            Frame::GoAway {
-                last_good: payload.get_u32() & 0x7fff_ffff,
-                status: payload.get_u32(),
-            }
-        }
-        kind::WINDOW_UPDATE => {
-            if length != 8 {
-                return Err(bad_length());
-            }
-            Frame::WindowUpdate {
-                stream: payload.get_u32() & 0x7fff_ffff,
-                delta: payload.get_u32() & 0x7fff_ffff,
-            }
-        }
+        kind::PING => Frame::Ping {
+            id: payload.get_u32(),
+        },
+        kind::GOAWAY => Frame::GoAway {
+            last_good: payload.get_u32() & 0x7fff_ffff,
+            status: payload.get_u32(),
+        },
+        kind::WINDOW_UPDATE => Frame::WindowUpdate {
+            stream: payload.get_u32() & 0x7fff_ffff,
+            delta: payload.get_u32() & 0x7fff_ffff,
+        },
         kind => Frame::Unknown { kind },
     };
     if let Frame::SynStream { stream: 0, .. }
@@ -1015,6 +999,14 @@ pub(crate) mod tests {
             (
                 b"\x80\x03\x00\x06\x00\x00\x00\x03\x00\x00\x01",
                 FrameError::Length { kind: 6, length: 3 },
+            ),
+            // A PING claiming 1 MiB: refused from its header, before any payload.
+            (
+                b"\x80\x03\x00\x06\x00\x10\x00\x00",
+                FrameError::Length {
+                    kind: 6,
+                    length: 0x10_0000,
+                },
             ),
             // A SYN_STREAM too short for its fixed fields.
             (
