@@ -373,15 +373,27 @@ pub async fn connect(
     node: &str,
 ) -> ApiResult<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let dialer = state.kubelets.dialer.read().clone();
-    let tcp = match dialer {
-        Some(dial) => dial(addr).await,
-        None => tokio::net::TcpStream::connect(addr).await,
-    }
-    .map_err(|e| {
-        ApiError::internal(format!(
-            "error dialing backend: dial tcp {addr}: {e} (node {node})"
-        ))
-    })?;
+    // kube-apiserver's kubelet dialer gives up after 30 s: a node whose address is gone (a
+    // virtual kubelet's old pod) must not hold the request until the kernel's SYN retries end.
+    let dial = async {
+        match dialer {
+            Some(dial) => dial(addr).await,
+            None => tokio::net::TcpStream::connect(addr).await,
+        }
+    };
+    let tcp = tokio::time::timeout(std::time::Duration::from_secs(30), dial)
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "i/o timeout",
+            ))
+        })
+        .map_err(|e| {
+            ApiError::internal(format!(
+                "error dialing backend: dial tcp {addr}: {e} (node {node})"
+            ))
+        })?;
     // Streams (exec, port-forward) carry small writes that must not wait for an ACK.
     let _ = tcp.set_nodelay(true);
     let config = client_tls(state).map_err(|e| ApiError::internal(format!("kubelet TLS: {e}")))?;

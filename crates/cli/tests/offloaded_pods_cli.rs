@@ -258,12 +258,25 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         },
     );
     // Give the new controller's reflection time to have re-listed (logs through the new
-    // virtual kubelet prove it runs), then the counts are unchanged.
+    // virtual kubelet prove it runs), then the counts are unchanged. Until the new controller
+    // publishes its address the node names the old pod's, which a dial may wait on: each try
+    // is bounded.
     until(
         "logs through the restarted controller",
-        Duration::from_secs(60),
+        Duration::from_secs(180),
         || {
-            let out = kubectl(&lab, "lab-1", &["-n", "demo", "logs", "hello", "--tail=1"]);
+            let out = kubectl(
+                &lab,
+                "lab-1",
+                &[
+                    "--request-timeout=10s",
+                    "-n",
+                    "demo",
+                    "logs",
+                    "hello",
+                    "--tail=1",
+                ],
+            );
             out.status.success().then_some(())
         },
     );
