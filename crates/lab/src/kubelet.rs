@@ -188,9 +188,13 @@ impl PodAddresses {
         offset >= 2 && offset < self.size - 1 && self.used.insert(offset)
     }
 
-    /// Frees `ip`.
+    /// Frees `ip` (an address outside the CIDR, such as a hostNetwork pod's node address, is
+    /// ignored).
     pub fn release(&mut self, ip: Ipv4Addr) {
-        self.used.remove(&u32::from(ip).wrapping_sub(self.base));
+        let offset = u32::from(ip).wrapping_sub(self.base);
+        if offset < self.size {
+            self.used.remove(&offset);
+        }
     }
 }
 
@@ -778,7 +782,18 @@ impl Kubelet {
                 .and_then(|s| s.pod_ip.as_deref())
                 .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
                 .filter(|ip| self.addresses.reserve(*ip));
-            let ip = previous.or_else(|| self.addresses.allocate());
+            // A hostNetwork pod shares its node's network: the node's address is its own, as
+            // kubelet reports it, and nothing is taken from the pod CIDR.
+            let host_network = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false);
+            let ip = if host_network {
+                self.node.internal_ip.parse().ok()
+            } else {
+                previous.or_else(|| self.addresses.allocate())
+            };
             if ip.is_none() {
                 tracing::warn!(node = %self.node.name, pod = %name, "pod CIDR exhausted");
             }

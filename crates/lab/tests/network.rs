@@ -301,6 +301,67 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
     )
     .await;
 
+    // A hostNetwork pod runs in its node's namespace: the node's address is its own, and
+    // deleting it leaves the node's network as it was.
+    let node_two = one.node_names()[1].clone();
+    let node_ip = tandem_lab::cluster::nodes_of(&one.config)[1]
+        .internal_ip
+        .clone();
+    apply(
+        one,
+        json!([{"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "host-echo", "namespace": "demo"},
+                "spec": {"nodeName": node_two, "hostNetwork": true,
+                         "containers": [{"name": "echo", "image": "tandem.dev/echo",
+                                         "ports": [{"containerPort": 9090}]}]}}]),
+    )
+    .await;
+    let pods_one = Api::<Pod>::namespaced(one.client.clone(), "demo");
+    until(
+        "the hostNetwork pod Running with its node's address",
+        Duration::from_secs(30),
+        || async {
+            let status = pods_one.get("host-echo").await.ok()?.status?;
+            (status.phase.as_deref() == Some("Running")
+                && status.pod_ip.as_deref() == Some(node_ip.as_str())
+                && status.host_ip.as_deref() == Some(node_ip.as_str()))
+            .then_some(())
+        },
+    )
+    .await;
+    let r = fetch(one, &format!("http://{node_ip}:9090/"))
+        .await
+        .unwrap_or_else(|e| panic!("the hostNetwork pod at {node_ip}:9090: {e}"));
+    assert_eq!(r["pod"], "host-echo", "{r}");
+    let node_ns = one.network.as_ref().unwrap().net().node_namespaces()[1]
+        .1
+        .clone();
+    pods_one
+        .delete("host-echo", &Default::default())
+        .await
+        .expect("delete the hostNetwork pod");
+    until(
+        "the hostNetwork pod gone and its port closed",
+        Duration::from_secs(60),
+        || async {
+            let gone = pods_one.get_opt("host-echo").await.ok()?.is_none();
+            (gone
+                && fetch(one, &format!("http://{node_ip}:9090/"))
+                    .await
+                    .is_err())
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        namespaces().contains(&node_ns),
+        "the node's namespace {node_ns} outlives its hostNetwork pod"
+    );
+    let r = fetch(one, "http://hello/")
+        .await
+        .expect("the cluster still routes");
+    assert_eq!(r["cluster"], "lab-1", "{r}");
+
     // Pods reach their API server through the `kubernetes` Service and another cluster's on
     // its WAN address, each verifying the server's certificate for the address it dialled.
     let dir = tempfile::tempdir().unwrap();
@@ -337,6 +398,69 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
             String::from_utf8_lossy(&out.stderr)
         );
     }
+
+    // A LoadBalancer Service of lab-2 gets lab-2's WAN address as its ingress, and a pod of
+    // lab-1 reaches it there over the WAN; the echo pod sees lab-1's public address (lab-1's
+    // edge masquerades what leaves it, lab-2's load balancer keeps the source).
+    let wan_two = two.network.as_ref().unwrap().wan_ip().to_string();
+    let services = Api::<Service>::namespaced(two.client.clone(), "demo");
+    let mut lb = demo(1)[2].clone();
+    lb["spec"]["type"] = json!("LoadBalancer");
+    services
+        .patch(
+            "hello",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&lb),
+        )
+        .await
+        .expect("make lab-2's hello a LoadBalancer Service");
+    until(
+        "lab-2's LoadBalancer Service getting its WAN address as ingress",
+        Duration::from_secs(30),
+        || async {
+            let svc = services.get("hello").await.ok()?;
+            let ingress = svc.status?.load_balancer?.ingress?;
+            (ingress.len() == 1 && ingress[0].ip.as_deref() == Some(wan_two.as_str())).then_some(())
+        },
+    )
+    .await;
+    let pods_two: BTreeSet<String> = echo_pods(two).await.into_iter().map(|p| p.0).collect();
+    let r = until(
+        "lab-1's probe reaching lab-2's load balancer over the WAN",
+        Duration::from_secs(30),
+        || async { fetch(one, &format!("http://{wan_two}/")).await.ok() },
+    )
+    .await;
+    assert_eq!(r["cluster"], "lab-2", "{r}");
+    assert!(pods_two.contains(r["pod"].as_str().unwrap()), "{r}");
+    assert_eq!(
+        r["client"],
+        one.network.as_ref().unwrap().wan_ip().to_string(),
+        "the load balancer keeps the client's (masqueraded) address: {r}"
+    );
+    // Back to ClusterIP: the ingress goes, and so does the WAN path.
+    services
+        .patch(
+            "hello",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&demo(1)[2]),
+        )
+        .await
+        .expect("make lab-2's hello a ClusterIP Service again");
+    until(
+        "the ingress removed and the WAN path closed",
+        Duration::from_secs(30),
+        || async {
+            let svc = services.get("hello").await.ok()?;
+            let none = svc
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|l| l.ingress)
+                .is_none_or(|i| i.is_empty());
+            (none && fetch(one, &format!("http://{wan_two}/")).await.is_err()).then_some(())
+        },
+    )
+    .await;
 
     lab.shutdown();
     let left: Vec<String> = namespaces()

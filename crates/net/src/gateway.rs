@@ -58,17 +58,27 @@ async fn shutdown_signal() {
     }
 }
 
+/// Turns IPv4 forwarding on unless it already is. On a node (a hostNetwork gateway) it
+/// already is wherever pods are routed, and there the gateway has CAP_NET_ADMIN but no right
+/// to write root's sysctl files, so it only writes when it must.
+fn ensure_ip_forward() -> Result<(), GatewayError> {
+    const PATH: &str = "/proc/sys/net/ipv4/ip_forward";
+    let err = |source| GatewayError::Sysctl {
+        name: "net.ipv4.ip_forward",
+        source,
+    };
+    if std::fs::read_to_string(PATH).map_err(err)?.trim() == "1" {
+        return Ok(());
+    }
+    std::fs::write(PATH, "1").map_err(err)
+}
+
 /// Runs the gateway until `shutdown` completes (for embedding and tests).
 pub async fn run_gateway_until(
     config: GatewayConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
-    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|source| {
-        GatewayError::Sysctl {
-            name: "net.ipv4.ip_forward",
-            source,
-        }
-    })?;
+    ensure_ip_forward()?;
     let tun_err = |source| GatewayError::Tun {
         interface: config.interface.clone(),
         source,

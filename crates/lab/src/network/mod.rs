@@ -12,6 +12,7 @@ pub mod netns;
 pub mod port_forward;
 pub mod programs;
 pub mod proxy;
+pub mod servicelb;
 pub mod spdy;
 pub mod topology;
 
@@ -214,7 +215,8 @@ impl ClusterNetwork {
 
     /// Starts the cluster's services: the API server also listening on the edge and WAN
     /// addresses (port 6443), its `kubernetes` Service endpoints, cluster DNS behind the
-    /// `kube-dns` Service, and kube-proxy in every node namespace and the edge.
+    /// `kube-dns` Service, kube-proxy in every node namespace and the edge, and the load
+    /// balancer giving LoadBalancer Services the cluster's WAN address ([`servicelb`]).
     pub async fn start_services(
         self: &Arc<Self>,
         server: &tandem_apiserver::ApiServer,
@@ -262,12 +264,19 @@ impl ClusterNetwork {
             .map(|(node, netns)| proxy::ProxyTarget {
                 netns,
                 node_ip: Some(node.ip),
+                wan_ip: None,
             })
             .collect();
         targets.push(proxy::ProxyTarget {
             netns: edge,
             node_ip: None,
+            wan_ip: Some(self.wan_ip()),
         });
+        tasks.push(tokio::spawn(servicelb::run(
+            view.clone(),
+            client.clone(),
+            self.wan_ip(),
+        )));
         tasks.push(tokio::spawn(proxy::run(view, targets)));
 
         // Kubelet endpoints on each node, and the API server reaching them from the edge.
@@ -316,7 +325,17 @@ impl ClusterNetwork {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         self.stop_pod(&uid).await;
-        let netns = {
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let netns = if host_network {
+            // Its node's namespace, which outlives it: nothing is attached, nothing removed.
+            self.net
+                .node_ns_of(node)
+                .ok_or_else(|| anyhow::anyhow!("pod {ns}/{name}: {node} is not a lab node"))?
+        } else {
             let (net, node) = (self.net.clone(), node.to_string());
             let (pod_ns, pod_name, pod_uid) = (ns.clone(), name.clone(), uid.clone());
             // The topology calls wait for `ip`: they run on the blocking pool.

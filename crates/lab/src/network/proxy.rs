@@ -31,6 +31,8 @@ struct ServicePort {
     protocol: &'static str,
     port: u16,
     node_port: Option<u16>,
+    /// Load-balancer ingress addresses (`type: LoadBalancer` only), served by the edge.
+    load_balancer_ips: Vec<Ipv4Addr>,
     targets: Vec<Target>,
 }
 
@@ -79,6 +81,11 @@ fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -> Ve
         if cluster_ips.is_empty() || spec.type_.as_deref() == Some("ExternalName") {
             continue;
         }
+        let load_balancer_ips = if spec.type_.as_deref() == Some("LoadBalancer") {
+            super::servicelb::ingress_ips(svc)
+        } else {
+            Vec::new()
+        };
         let slices = by_service
             .get(&(ns.clone(), name.clone()))
             .cloned()
@@ -129,6 +136,7 @@ fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -> Ve
                     .node_port
                     .and_then(|p| u16::try_from(p).ok())
                     .filter(|_| matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"))),
+                load_balancer_ips: load_balancer_ips.clone(),
                 targets,
             });
         }
@@ -138,8 +146,9 @@ fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -> Ve
 }
 
 /// The nftables script that replaces the proxy's table, for a node whose address is
-/// `node_ip` (None for the edge, which has no NodePorts).
-fn render(ports: &[ServicePort], node_ip: Option<Ipv4Addr>) -> String {
+/// `node_ip` (None for the edge, which has no NodePorts), or for the edge with the cluster's
+/// WAN address `wan_ip` (where load-balancer ingresses are served).
+fn render(ports: &[ServicePort], node_ip: Option<Ipv4Addr>, wan_ip: Option<Ipv4Addr>) -> String {
     let mut s = String::new();
     // Creating then deleting the table makes the reload one transaction whether or not it
     // existed (kube-proxy's pattern).
@@ -167,6 +176,10 @@ fn render(ports: &[ServicePort], node_ip: Option<Ipv4Addr>) -> String {
             (Some(np), Some(ip)) => Some(format!("ip daddr {ip} {} dport {np}", p.protocol)),
             _ => None,
         };
+        // The load balancer's address keeps the client's source (see servicelb).
+        if let Some(wan) = wan_ip.filter(|w| p.load_balancer_ips.contains(w)) {
+            matches.push(format!("ip daddr {wan} {} dport {}", p.protocol, p.port));
+        }
         if p.targets.is_empty() {
             for m in matches.iter().chain(node_port.iter()) {
                 let _ = writeln!(no_endpoints, "\t\t{m} reject comment \"{}\"", p.id);
@@ -223,6 +236,8 @@ pub struct ProxyTarget {
     pub netns: String,
     /// The node's InternalIP.
     pub node_ip: Option<Ipv4Addr>,
+    /// The cluster's WAN address, for the edge (load-balancer ingresses).
+    pub wan_ip: Option<Ipv4Addr>,
 }
 
 /// Runs the proxy for `targets` until the watches end: on any Service or EndpointSlice
@@ -248,7 +263,7 @@ async fn sync(
 ) {
     let ports = service_ports(&services.state(), &slices.state());
     for target in targets {
-        let script = render(&ports, target.node_ip);
+        let script = render(&ports, target.node_ip, target.wan_ip);
         if applied.get(&target.netns) == Some(&script) {
             continue;
         }
@@ -307,7 +322,7 @@ mod tests {
         ];
         let ports = service_ports(&services, &slices);
         assert_eq!(ports.len(), 2, "headless Services get no rules: {ports:?}");
-        let script = render(&ports, Some(Ipv4Addr::new(172, 18, 0, 3)));
+        let script = render(&ports, Some(Ipv4Addr::new(172, 18, 0, 3)), None);
         assert!(
             script.contains("ip daddr 10.96.0.20 tcp dport 80 goto svc-1"),
             "{script}"
@@ -331,7 +346,36 @@ mod tests {
             script.contains("ip daddr 10.96.0.30 tcp dport 80 reject"),
             "a Service without endpoints rejects: {script}"
         );
-        let edge = render(&ports, None);
+        let edge = render(&ports, None, Some(Ipv4Addr::new(198, 18, 1, 2)));
         assert!(!edge.contains("30080"), "the edge has no NodePorts");
+        assert!(
+            !edge.contains("198.18.1.2"),
+            "a NodePort Service has no load-balancer rule"
+        );
+    }
+
+    #[test]
+    fn the_edge_serves_load_balancer_ingresses_on_the_wan_address_only() {
+        let services = vec![svc(json!({"metadata": {"name": "gw", "namespace": "demo"},
+            "spec": {"clusterIP": "10.96.0.40", "clusterIPs": ["10.96.0.40"], "type": "LoadBalancer",
+                     "ports": [{"port": 51820, "protocol": "UDP", "nodePort": 31820}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.18.1.2"}]}}}))];
+        let slices = vec![slice(
+            json!({"metadata": {"name": "gw-x", "namespace": "demo",
+                "labels": {"kubernetes.io/service-name": "gw"}},
+            "addressType": "IPv4", "ports": [{"port": 51820, "protocol": "UDP"}],
+            "endpoints": [{"addresses": ["10.244.1.5"], "conditions": {"ready": true}}]}),
+        )];
+        let ports = service_ports(&services, &slices);
+        let edge = render(&ports, None, Some(Ipv4Addr::new(198, 18, 1, 2)));
+        assert!(
+            edge.contains("ip daddr 198.18.1.2 udp dport 51820 goto svc-0"),
+            "{edge}"
+        );
+        assert!(edge.contains("dnat to 10.244.1.5:51820"), "{edge}");
+        let other_cluster = render(&ports, None, Some(Ipv4Addr::new(198, 18, 2, 2)));
+        assert!(!other_cluster.contains("198.18."), "{other_cluster}");
+        let node = render(&ports, Some(Ipv4Addr::new(172, 18, 0, 2)), None);
+        assert!(!node.contains("198.18.1.2"), "{node}");
     }
 }
