@@ -11,6 +11,7 @@
 pub mod consumer;
 pub mod context;
 pub mod error;
+pub mod fabric;
 pub mod identity;
 pub mod input;
 pub mod install;

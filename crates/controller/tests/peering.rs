@@ -79,7 +79,45 @@ async fn invite_peer_negotiate_shrink_unpeer() {
         Some(network.remapped_remote_pod_cidr.as_str())
     );
     let ours = params.get("consumer").await.unwrap();
-    assert_eq!(ours.status.unwrap().remapped_pod_cidr, Some(there));
+    assert_eq!(ours.status.clone().unwrap().remapped_pod_cidr, Some(there));
+    // Each side's WireGuard key for the other stays in its own cluster; only the public keys
+    // travel, and the consumer knows the provider's.
+    let private_key = |cluster: &Cluster, peer: &'static str| {
+        let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), names::SYSTEM_NAMESPACE);
+        async move {
+            let secret = secrets
+                .get(&tandem_controller::fabric::gateway_secret(peer))
+                .await
+                .unwrap_or_else(|e| panic!("the gateway key for {peer}: {e}"));
+            let data = secret.data.unwrap();
+            String::from_utf8(data[tandem_controller::fabric::PRIVATE_KEY].0.clone()).unwrap()
+        }
+    };
+    let consumer_key = private_key(&consumer, "milan").await;
+    let provider_key = private_key(&provider, "rome").await;
+    assert_ne!(consumer_key, provider_key);
+    let consumer_public = tandem_net::public_key(&consumer_key).unwrap();
+    let provider_public = tandem_net::public_key(&provider_key).unwrap();
+    assert_eq!(
+        ours.spec.public_key.as_deref(),
+        Some(consumer_public.as_str())
+    );
+    let theirs = params.get("provider").await.unwrap();
+    assert_eq!(
+        theirs.spec.public_key.as_deref(),
+        Some(provider_public.as_str())
+    );
+    assert_eq!(
+        network.remote_public_key.as_deref(),
+        Some(provider_public.as_str())
+    );
+    for np in [&ours, &theirs] {
+        let text = serde_json::to_string(np).unwrap();
+        assert!(
+            !text.contains(&consumer_key) && !text.contains(&provider_key),
+            "no private key in a NetworkParameters: {text}"
+        );
+    }
     // The request is cleaned up once the consumer authenticated; the token is spent.
     let requests: Api<PeeringRequest> =
         Api::namespaced(provider.client.clone(), names::SYSTEM_NAMESPACE);

@@ -40,6 +40,8 @@ pub enum IpamError {
     },
     #[error("IPAM ConfigMap {ns}/{IPAM_CONFIG_MAP}: too many concurrent updates", ns = names::SYSTEM_NAMESPACE)]
     Contended,
+    #[error("this cluster's gateway key for the peer")]
+    GatewayKey(#[from] crate::fabric::KeyError),
 }
 
 async fn ipam_config(ctx: &Ctx) -> Result<IpamConfig, IpamError> {
@@ -138,10 +140,9 @@ pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
 }
 
 /// Publishes (server-side apply) the provider's `NetworkParameters` in `consumer`'s tenant namespace.
-pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error> {
-    let settings = crate::install::load_settings(&ctx.client)
-        .await
-        .map_err(|e| kube::Error::Service(e.to_string().into()))?;
+pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), IpamError> {
+    let settings = crate::install::load_settings(&ctx.client).await?;
+    let public_key = crate::fabric::ensure_gateway_key(&ctx.client, consumer).await?;
     let api: Api<NetworkParameters> =
         Api::namespaced(ctx.client.clone(), &names::tenant_namespace(consumer));
     api.patch(
@@ -152,11 +153,11 @@ pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(),
             "metadata": {"name": PROVIDER_NETWORK_PARAMETERS,
                          "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
             "spec": {"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
-                     "externalCIDR": settings.external_cidr},
+                     "externalCIDR": settings.external_cidr, "publicKey": public_key},
         })),
     )
-    .await
-    .map(|_| ())
+    .await?;
+    Ok(())
 }
 
 /// Every few seconds: for each Tenant, keep the provider's parameters published and remap the
@@ -184,11 +185,13 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
         let ns = tenant.namespace().unwrap_or_default();
         let api: Api<NetworkParameters> = Api::namespaced(ctx.client.clone(), &ns);
         let published = api.get_opt(PROVIDER_NETWORK_PARAMETERS).await?;
+        let public_key = crate::fabric::ensure_gateway_key(&ctx.client, &consumer).await?;
         let current = published.as_ref().map(|p| {
             (
                 p.spec.cluster_id.as_str(),
                 p.spec.pod_cidr.as_str(),
                 p.spec.external_cidr.as_deref(),
+                p.spec.public_key.as_deref(),
             )
         });
         if current
@@ -196,6 +199,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
                 ctx.identity.cluster_id.as_str(),
                 settings.pod_cidr.as_str(),
                 Some(settings.external_cidr.as_str()),
+                Some(public_key.as_str()),
             ))
         {
             ensure_provider_parameters(ctx, &consumer).await?;

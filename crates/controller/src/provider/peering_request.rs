@@ -336,7 +336,9 @@ pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error>
             })),
         )
         .await?;
-    crate::provider::network::ensure_provider_parameters(ctx, consumer).await?;
+    crate::provider::network::ensure_provider_parameters(ctx, consumer)
+        .await
+        .map_err(|e| kube::Error::Service(crate::error::chain(&e).into()))?;
     Ok(())
 }
 

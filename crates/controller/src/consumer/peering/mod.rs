@@ -79,11 +79,12 @@ pub enum UnpeerStep {
     DeleteTwinNamespaces,
     DeleteTenant,
     ReleaseIpam,
+    RemoveGatewayKey,
     DeleteTenantNamespace,
 }
 
 impl UnpeerStep {
-    const ALL: [UnpeerStep; 8] = [
+    const ALL: [UnpeerStep; 9] = [
         UnpeerStep::DeleteVirtualNode,
         UnpeerStep::DeleteLease,
         UnpeerStep::DrainPods,
@@ -91,6 +92,7 @@ impl UnpeerStep {
         UnpeerStep::DeleteTwinNamespaces,
         UnpeerStep::DeleteTenant,
         UnpeerStep::ReleaseIpam,
+        UnpeerStep::RemoveGatewayKey,
         UnpeerStep::DeleteTenantNamespace,
     ];
 
@@ -104,6 +106,7 @@ impl UnpeerStep {
             UnpeerStep::DeleteTwinNamespaces => "DeleteTwinNamespaces",
             UnpeerStep::DeleteTenant => "DeleteTenant",
             UnpeerStep::ReleaseIpam => "ReleaseIpam",
+            UnpeerStep::RemoveGatewayKey => "RemoveGatewayKey",
             UnpeerStep::DeleteTenantNamespace => "DeleteTenantNamespace",
         }
     }
@@ -132,6 +135,7 @@ impl std::fmt::Display for UnpeerStep {
             UnpeerStep::DeleteTwinNamespaces => "deleting the twin namespaces on the provider",
             UnpeerStep::DeleteTenant => "deleting our Tenant on the provider",
             UnpeerStep::ReleaseIpam => "releasing the IPAM grant",
+            UnpeerStep::RemoveGatewayKey => "removing this cluster's gateway key for the provider",
             UnpeerStep::DeleteTenantNamespace => "deleting the tenant namespace",
         })
     }
@@ -571,9 +575,10 @@ async fn negotiate_network(
     provider: &str,
 ) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
     let settings = crate::install::load_settings(&ctx.client).await?;
+    let public_key = crate::fabric::ensure_gateway_key(&ctx.client, provider).await?;
     let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
     let ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
-                      "externalCIDR": settings.external_cidr});
+                      "externalCIDR": settings.external_cidr, "publicKey": public_key});
     let published = api
         .get_opt(CONSUMER_NETWORK_PARAMETERS)
         .await
@@ -714,6 +719,8 @@ pub enum NegotiationError {
     },
     #[error("remapping the provider's prefixes")]
     Ipam(#[from] crate::provider::network::IpamError),
+    #[error("this cluster's gateway key for the provider")]
+    GatewayKey(#[from] crate::fabric::KeyError),
 }
 
 /// Deletes the pods bound to `node` (with grace 0: nothing runs them any more), again until a
@@ -843,6 +850,9 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     crate::provider::network::release_peer(ctx, &provider)
         .await
         .map_err(unpeer_step(UnpeerStep::ReleaseIpam))?;
+    crate::fabric::forget_gateway_key(&ctx.client, &provider)
+        .await
+        .map_err(unpeer_step(UnpeerStep::RemoveGatewayKey))?;
     ignore_missing(
         Api::<Namespace>::all(ctx.client.clone())
             .delete(

@@ -1,0 +1,114 @@
+//! The connected fabric, control-plane side (being built; see issue "the connected fabric"):
+//! this cluster's WireGuard key for each peer. One key per peer cluster, whichever the
+//! direction of the peerings (A→B and B→A share one tunnel): it lives in the Secret
+//! `tandem-system/tandem-gateway-<peer>`, generated on first need and never sent anywhere;
+//! only its public key travels, in this side's `NetworkParameters`. It goes when no peering
+//! with that cluster is left in either direction.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tandem_api::{Peering, Tenant, client, names};
+
+/// The key of the private key (base64 X25519, as `wg genkey` prints it) in the Secret.
+pub const PRIVATE_KEY: &str = "privateKey";
+
+/// The Secret holding this cluster's WireGuard key for `peer`.
+pub fn gateway_secret(peer: &str) -> String {
+    format!("tandem-gateway-{peer}")
+}
+
+/// Why the gateway key for a peer could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("Secret {ns}/{name}", ns = names::SYSTEM_NAMESPACE)]
+    Api {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The Secret exists but holds no valid key: it is left as it is (an admin may have put
+    /// it there); deleting it makes a new key.
+    #[error(
+        "Secret {ns}/{name} has no valid WireGuard private key under {PRIVATE_KEY:?} ({reason}); \
+         delete it to have a new key generated",
+        ns = names::SYSTEM_NAMESPACE
+    )]
+    Invalid { name: String, reason: String },
+}
+
+/// The public key of this cluster's gateway key for `peer`, generating and storing the key
+/// pair on first use. Idempotent; concurrent callers end with the same key.
+pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<String, KeyError> {
+    let name = gateway_secret(peer);
+    let api: Api<Secret> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let api_err = |source| KeyError::Api {
+        name: name.clone(),
+        source,
+    };
+    let secret = match api.get_opt(&name).await.map_err(api_err)? {
+        Some(s) => s,
+        None => {
+            let private = tandem_net::generate_private_key();
+            let secret = Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(BTreeMap::from([
+                        (names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into()),
+                        (names::REMOTE_CLUSTER_LABEL.into(), peer.into()),
+                    ])),
+                    ..Default::default()
+                },
+                type_: Some("Opaque".into()),
+                data: Some(BTreeMap::from([(
+                    PRIVATE_KEY.into(),
+                    ByteString(private.into_bytes()),
+                )])),
+                ..Default::default()
+            };
+            match api.create(&PostParams::default(), &secret).await {
+                Ok(s) => s,
+                // Another reconciler made it first: use theirs.
+                Err(e) if client::is_conflict(&e) => api.get(&name).await.map_err(api_err)?,
+                Err(e) => return Err(api_err(e)),
+            }
+        }
+    };
+    let invalid = |reason: String| KeyError::Invalid {
+        name: name.clone(),
+        reason,
+    };
+    let private = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(PRIVATE_KEY))
+        .ok_or_else(|| invalid("missing".into()))?;
+    let private = std::str::from_utf8(&private.0).map_err(|e| invalid(e.to_string()))?;
+    tandem_net::public_key(private.trim()).map_err(|e| invalid(e.to_string()))
+}
+
+/// Removes this cluster's gateway key for `peer` unless a peering with it is left in either
+/// direction (a Peering to it, or a Tenant of it, not being deleted).
+pub async fn forget_gateway_key(client: &kube::Client, peer: &str) -> Result<(), kube::Error> {
+    let live_peering = Api::<Peering>::all(client.clone())
+        .get_opt(peer)
+        .await?
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+    let live_tenant = Api::<Tenant>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .any(|t| t.spec.cluster_id == peer && t.metadata.deletion_timestamp.is_none());
+    if live_peering || live_tenant {
+        return Ok(());
+    }
+    client::delete_if_exists(
+        &Api::<Secret>::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &gateway_secret(peer),
+        &DeleteParams::default(),
+    )
+    .await
+}
