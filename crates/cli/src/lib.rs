@@ -99,7 +99,11 @@ pub fn main() -> std::process::ExitCode {
         ))
     {
         let spec = std::env::var(tandem_lab::network::incluster::SANDBOX_ENV).unwrap_or_default();
-        let Err(e) = tandem_lab::network::incluster::enter(&spec);
+        let pid1 = std::env::args_os().nth(2).as_deref()
+            == Some(std::ffi::OsStr::new(
+                tandem_lab::network::incluster::PID1_ARG,
+            ));
+        let Err(e) = tandem_lab::network::incluster::enter(&spec, pid1);
         eprintln!("error: {e}");
         // What runc answers for a container that cannot start.
         return std::process::ExitCode::from(128);
@@ -128,7 +132,11 @@ fn run() -> anyhow::Result<()> {
     // log warnings (RUST_LOG overrides both).
     let servers = matches!(
         cli.command,
-        Command::Controller(_) | Command::Gateway(_) | Command::Lab(_) | Command::Apiserver(_)
+        Command::Controller(_)
+            | Command::Gateway(_)
+            | Command::Agent(_)
+            | Command::Lab(_)
+            | Command::Apiserver(_)
     );
     tracing_subscriber::fmt()
         .with_env_filter(

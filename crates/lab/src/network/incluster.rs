@@ -41,16 +41,31 @@ struct Role {
 
 /// The in-cluster roles of Tandem's image. No flag that points the binary at other credentials
 /// or files (`--kubeconfig`, `--context`, `--data-dir`, `--config`) is among them.
-const ROLES: &[Role] = &[Role {
-    name: "controller",
-    flags: &[
-        "--webhook-addr",
-        "--webhook-service",
-        "--heartbeat-seconds",
-        "--provider-grace-seconds",
-    ],
-    capabilities: &[],
-}];
+const ROLES: &[Role] = &[
+    Role {
+        name: "controller",
+        flags: &[
+            "--webhook-addr",
+            "--webhook-service",
+            "--heartbeat-seconds",
+            "--provider-grace-seconds",
+        ],
+        capabilities: &[],
+    },
+    // The network fabric's data plane: the gateway to one peer and the node agent, both on
+    // the node network (hostNetwork: the node's namespace, which is the lab's, never the
+    // host's), with NET_ADMIN and so each in its own PID namespace (see `enter`).
+    Role {
+        name: "gateway",
+        flags: &["--peer"],
+        capabilities: &["NET_ADMIN"],
+    },
+    Role {
+        name: "agent",
+        flags: &[],
+        capabilities: &["NET_ADMIN"],
+    },
+];
 /// The users and groups Tandem's image may run as: none of the host's system or login
 /// accounts (below) nor `nobody` (above), whose files or processes a pod could then reach.
 const IDS: std::ops::RangeInclusive<u32> = 10_000..=65_533;
@@ -253,6 +268,9 @@ pub struct Sandbox {
 pub const SANDBOX_ARG: &str = "__lab-sandbox";
 /// The environment variable carrying the [`Sandbox`] (JSON) to [`enter`].
 pub const SANDBOX_ENV: &str = "TANDEM_LAB_SANDBOX";
+/// The argument after [`SANDBOX_ARG`] with which a sandbox's relay starts the binary as pid 1
+/// of the sandbox's own PID namespace (see [`enter`]).
+pub const PID1_ARG: &str = "pid1";
 
 /// The command starting `sandbox`'s process (not yet spawned): the tandem binary in its
 /// sandbox-entering mode, stdin closed, stdout and stderr piped, killed when dropped.
@@ -288,7 +306,7 @@ const TMPFS: [(&str, &str); 4] = [
 /// No crate runs a process like a container without a container runtime (runc and youki want
 /// an OCI bundle with a root filesystem, which the lab has no image for), so the steps are
 /// spelled out here with nix and caps.
-pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
+pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String> {
     use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, setns, unshare};
     use nix::unistd::{Gid, Uid};
@@ -300,21 +318,80 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
     // its path need not be searchable by the pod's user.
     let binary = std::fs::File::open(&sandbox.binary)
         .map_err(|e| format!("sandbox: opening {}: {e}", sandbox.binary.display()))?;
-    let netns_path = super::netns::path(&sandbox.netns);
-    let netns = std::fs::File::open(&netns_path)
-        .map_err(|e| format!("sandbox: opening {}: {e}", netns_path.display()))?;
-    setns(&netns, CloneFlags::CLONE_NEWNET).map_err(step("entering the pod's network"))?;
-    drop(netns);
-    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC)
-        .map_err(step("new mount, UTS and IPC namespaces"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(step("making mounts private"))?;
+    // A role with network capabilities gets its own PID namespace: CAP_NET_ADMIN (in the
+    // host's user namespace) could otherwise move a link into any process's network
+    // namespace by its pid (IFLA_NET_NS_PID), the host's included. Only a child enters a new
+    // PID namespace, so this process starts the binary again as that namespace's pid 1
+    // (`pid1`), which goes on from here, and stays outside as its relay.
+    let own_pids = !sandbox.launch.capabilities.is_empty();
+    if pid1 {
+        // The relay blocked the signals it relays before starting this process, and a
+        // blocked mask survives exec: clear it, or SIGTERM would never reach the role.
+        nix::sys::signal::sigprocmask(
+            nix::sys::signal::SigmaskHow::SIG_SETMASK,
+            Some(&nix::sys::signal::SigSet::empty()),
+            None,
+        )
+        .map_err(step("unblocking signals"))?;
+        mount(
+            Some("proc"),
+            "/proc",
+            Some("proc"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .map_err(step("a /proc of the pod's own PID namespace"))?;
+        // The TUN device a network role opens, as a runtime gives a container
+        // `/dev/net/tun` (runc allows c 10:200 by default): a node of its own in a private
+        // /dev/net, usable by the pod's user, whatever the host's node allows.
+        mount(
+            Some("tmpfs"),
+            "/dev/net",
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("mode=0755,size=64k"),
+        )
+        .map_err(step("a private /dev/net"))?;
+        nix::sys::stat::mknod(
+            "/dev/net/tun",
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(10, 200),
+        )
+        .map_err(step("/dev/net/tun"))?;
+        // mknod's mode is cut by the umask.
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            "/dev/net/tun",
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(step("/dev/net/tun mode"))?;
+    } else {
+        let netns_path = super::netns::path(&sandbox.netns);
+        let netns = std::fs::File::open(&netns_path)
+            .map_err(|e| format!("sandbox: opening {}: {e}", netns_path.display()))?;
+        setns(&netns, CloneFlags::CLONE_NEWNET).map_err(step("entering the pod's network"))?;
+        drop(netns);
+        let mut flags =
+            CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC;
+        if own_pids {
+            flags |= CloneFlags::CLONE_NEWPID;
+        }
+        unshare(flags).map_err(step("new mount, UTS, IPC (and PID) namespaces"))?;
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(step("making mounts private"))?;
+        if own_pids {
+            let Err(e) = relay(&sandbox, spec, lab);
+            return Err(e);
+        }
+    }
     // Where the host's resolv.conf really is: when it links into /run (systemd-resolved),
     // the pod's file goes there, inside the private tmpfs.
     let resolv_target = std::fs::canonicalize("/etc/resolv.conf")
@@ -414,7 +491,8 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
     // lab even if it is killed.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
         .map_err(step("parent-death signal"))?;
-    if nix::unistd::getppid() != lab {
+    // (Pid 1 of its own PID namespace sees no parent: its relay checks for the lab.)
+    if !pid1 && nix::unistd::getppid() != lab {
         return Err("sandbox: the lab stopped while the pod was starting".into());
     }
     std::env::set_current_dir("/").map_err(io("cwd"))?;
@@ -437,6 +515,79 @@ pub fn enter(spec: &str) -> Result<std::convert::Infallible, String> {
     let env = env.iter().map(|e| cstr(e)).collect::<Result<Vec<_>, _>>()?;
     let e = nix::unistd::fexecve(&binary, &args, &env).map_err(step("executing tandem"))?;
     match e {}
+}
+
+/// The relay of a sandbox in its own PID namespace (this process has unshared it): starts the
+/// binary again as that namespace's pid 1, then drops to the pod's user with no capability at
+/// all, dies with the lab, forwards SIGTERM, SIGINT and SIGHUP and exits as the child did
+/// (128 + the signal that killed it), as a container's shim does. Never returns on success.
+fn relay(
+    sandbox: &Sandbox,
+    spec: &str,
+    lab: nix::unistd::Pid,
+) -> Result<std::convert::Infallible, String> {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+    use nix::unistd::{Gid, Pid, Uid};
+    let step = |what: &'static str| move |e: nix::Error| format!("sandbox: relay: {what}: {e}");
+    let mut relayed = SigSet::empty();
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGCHLD,
+    ] {
+        relayed.add(sig);
+    }
+    // Blocked before the child exists, so that none is lost; the child inherits the mask
+    // and clears it first thing (`enter` with `pid1`).
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&relayed), None).map_err(step("blocking signals"))?;
+    let mut child = std::process::Command::new(&sandbox.binary)
+        .args([SANDBOX_ARG, PID1_ARG])
+        .env_clear()
+        .env(SANDBOX_ENV, spec)
+        .current_dir("/")
+        .spawn()
+        .map_err(|e| format!("sandbox: relay: starting pid 1: {e}"))?;
+    let pid = Pid::from_raw(child.id() as i32);
+    let mut watch = || -> Result<i32, String> {
+        nix::unistd::setgroups(&[]).map_err(step("dropping groups"))?;
+        let launch = &sandbox.launch;
+        let (uid, gid) = (Uid::from_raw(launch.uid), Gid::from_raw(launch.gid));
+        nix::unistd::setresgid(gid, gid, gid).map_err(step("setting the group"))?;
+        // From root to the pod's user: every capability goes with it.
+        nix::unistd::setresuid(uid, uid, uid).map_err(step("setting the user"))?;
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(step("parent-death signal"))?;
+        if nix::unistd::getppid() != lab {
+            return Err("sandbox: the lab stopped while the pod was starting".into());
+        }
+        loop {
+            match relayed.wait().map_err(step("waiting for signals"))? {
+                Signal::SIGCHLD => {
+                    if let Some(status) = child
+                        .try_wait()
+                        .map_err(|e| format!("sandbox: relay: waiting for pid 1: {e}"))?
+                    {
+                        return Ok(status
+                            .code()
+                            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
+                    }
+                }
+                sig => {
+                    let _ = kill(pid, sig);
+                }
+            }
+        }
+    };
+    match watch() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // The child dies with its relay (its parent-death signal).
+            let _ = kill(pid, Signal::SIGKILL);
+            Err(e)
+        }
+    }
 }
 
 /// The hostname of a pod called `name`: at most 63 characters, as kubelet truncates it, not
@@ -567,6 +718,46 @@ mod tests {
         assert_eq!(launch.args, vec!["controller".to_string()]);
         assert_eq!((launch.uid, launch.gid), (20000, 20000));
         assert!(launch.capabilities.is_empty());
+    }
+
+    #[test]
+    fn the_fabric_roles_get_net_admin_and_nothing_more() {
+        for args in [json!(["gateway", "--peer", "milan"]), json!(["agent"])] {
+            let (p, c) = pod(container(json!({"args": args, "securityContext": {
+                "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}})));
+            let launch = plan(&p, &c, false).unwrap();
+            assert_eq!(
+                launch.capabilities,
+                vec![u32::from(::caps::Capability::CAP_NET_ADMIN.index())],
+                "{args}"
+            );
+            assert_eq!(launch.uid, DEFAULT_UID);
+        }
+        let refused = [
+            (
+                json!({"args": ["gateway", "--peer", "milan"], "securityContext": {
+                    "capabilities": {"add": ["NET_RAW"]}}}),
+                "capability NET_RAW is not allowed for `tandem gateway` (allowed: NET_ADMIN)",
+            ),
+            (
+                json!({"args": ["gateway", "--config", "/etc/gw.toml"]}),
+                "argument \"--config\" is not allowed for `tandem gateway`",
+            ),
+            (
+                json!({"args": ["agent", "--kubeconfig", "/root/.kube/config"]}),
+                "argument \"--kubeconfig\" is not allowed for `tandem agent`",
+            ),
+            (
+                json!({"args": ["gateway", "--peer", "milan"], "securityContext": {
+                    "runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}}}),
+                "never runs as root",
+            ),
+        ];
+        for (extra, want) in refused {
+            let (p, c) = pod(container(extra.clone()));
+            let err = plan(&p, &c, false).expect_err(&extra.to_string());
+            assert!(err.contains(want), "{extra}: {err}");
+        }
     }
 
     #[test]
