@@ -105,6 +105,10 @@ pub struct PeeringNetwork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::cidr)]
     pub local_pod_cidr_in_remote: Option<String>,
+    /// The CIDR the provider uses for our external CIDR (its remap of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::cidr)]
+    pub local_external_cidr_in_remote: Option<String>,
     /// The provider gateway's endpoint and WireGuard public key, when networking is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::host_port)]

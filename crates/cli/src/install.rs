@@ -17,9 +17,14 @@ pub struct Args {
     /// Percent of the cluster's allocatable resources granted to each new consumer.
     #[arg(long)]
     share_percent: Option<u32>,
-    /// Controller image.
+    /// Tandem's image (the controller's, the gateways' and the node agent's).
     #[arg(long)]
     image: Option<String>,
+    /// Build the network fabric for each peering: a WireGuard gateway per peer (a hostNetwork
+    /// pod with NET_ADMIN behind a LoadBalancer Service) and the node agent routing to it
+    /// [default: kept if installed, else off].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    network_fabric: Option<bool>,
 }
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
@@ -30,6 +35,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         external_cidr: args.external_cidr,
         share_percent: args.share_percent,
         image: args.image,
+        network_fabric: args.network_fabric,
     };
     let identity = tandem_controller::install::install(&client, &options, &mut |step| {
         eprintln!("✓ {step}");

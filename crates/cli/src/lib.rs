@@ -7,6 +7,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod agent;
 mod apiserver;
 mod cluster;
 mod controller;
@@ -68,6 +69,8 @@ enum Command {
     Controller(controller::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
     Gateway(gateway::Args),
+    /// Run the network fabric's node agent (routes to the gateways; in-cluster only).
+    Agent(agent::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
     Lab(lab::Args),
     /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
@@ -167,7 +170,8 @@ fn run() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
-            Command::Gateway(args) => gateway::run(args).await,
+            Command::Gateway(args) => gateway::run(args, &global.cluster).await,
+            Command::Agent(args) => agent::run(args, &global.cluster).await,
             Command::Lab(args) => lab::run(args, &global).await,
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,

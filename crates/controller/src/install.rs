@@ -32,8 +32,11 @@ pub struct InstallOptions {
     pub external_cidr: Option<String>,
     /// Share of the cluster's allocatable resources granted to each new consumer (percent).
     pub share_percent: Option<u32>,
-    /// Controller image of the Deployment.
+    /// Controller image of the Deployment (also the gateway's and the node agent's).
     pub image: Option<String>,
+    /// Whether the controller builds the network fabric (gateways, node agent) for each
+    /// peering; kept when already installed, off when never set.
+    pub network_fabric: Option<bool>,
 }
 
 /// Settings the controller reads from the `tandem-config` ConfigMap.
@@ -42,9 +45,18 @@ pub struct ClusterSettings {
     pub pod_cidr: String,
     pub external_cidr: String,
     pub share_percent: u32,
+    /// Whether peerings get a gateway and the node agent routes to it.
+    pub network_fabric: bool,
+    /// Tandem's image, for the pods the controller creates (gateways).
+    pub image: String,
 }
 
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
+
+/// Tandem's image of this build's version.
+pub fn default_image() -> String {
+    format!("ghcr.io/tandem-dev/tandem:{}", env!("CARGO_PKG_VERSION"))
+}
 /// Port of the pod-placement webhook in the controller's pod.
 pub const WEBHOOK_PORT: u16 = 9443;
 /// The controller's RoleBinding to the Role reading the API server's client CAs (kube-system).
@@ -249,6 +261,8 @@ pub async fn install(
             "podCIDR": settings.pod_cidr,
             "externalCIDR": settings.external_cidr,
             "sharePercent": settings.share_percent.to_string(),
+            "networkFabric": settings.network_fabric.to_string(),
+            "image": settings.image,
         },
     }))
     .expect("static manifest");
@@ -266,10 +280,7 @@ pub async fn install(
     let identity = ClusterIdentity::ensure(client, options.cluster_id.as_deref()).await?;
     progress(&format!("cluster identity {:?}", identity.cluster_id));
 
-    let image = options
-        .image
-        .clone()
-        .unwrap_or_else(|| format!("ghcr.io/tandem-dev/tandem:{}", env!("CARGO_PKG_VERSION")));
+    let image = settings.image.clone();
     let deployment: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
@@ -376,10 +387,17 @@ async fn settings_for(
             "share percent {share_percent} must be between 1 and 100"
         )));
     }
+    let network_fabric = options
+        .network_fabric
+        .or(stored.as_ref().map(|s| s.network_fabric))
+        .unwrap_or(false);
+    let image = options.image.clone().unwrap_or_else(default_image);
     Ok(ClusterSettings {
         pod_cidr,
         external_cidr,
         share_percent,
+        network_fabric,
+        image,
     })
 }
 
@@ -449,5 +467,8 @@ pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallEr
         share_percent: get("sharePercent")?
             .parse()
             .unwrap_or(DEFAULT_SHARE_PERCENT),
+        // Settings written before these keys existed: no fabric, this build's image.
+        network_fabric: data.get("networkFabric").is_some_and(|v| v == "true"),
+        image: data.get("image").cloned().unwrap_or_else(default_image),
     })
 }

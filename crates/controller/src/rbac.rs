@@ -383,16 +383,33 @@ pub fn controller_namespaced_roles() -> Vec<Role> {
         role(
             names::SYSTEM_NAMESPACE,
             vec![
-                // Its settings (tandem-config) and its IPAM (tandem-ipam).
-                rule("", &["configmaps"], &["get", "create", "update", "delete"]),
+                // Its settings (tandem-config), its IPAM (tandem-ipam) and the node agent's
+                // routes (tandem-routes).
+                rule(
+                    "",
+                    &["configmaps"],
+                    &["get", "create", "update", "patch", "delete"],
+                ),
                 // An invite's Role (narrowed to its request once filed) and binding, removed
-                // when the invite ends.
+                // when the invite ends; the gateways' and the node agent's, which read their
+                // own configuration.
                 rule(
                     "rbac.authorization.k8s.io",
-                    &["roles"],
-                    &["patch", "delete"],
+                    &["roles", "rolebindings"],
+                    &["get", "create", "patch", "delete"],
                 ),
-                rule("rbac.authorization.k8s.io", &["rolebindings"], &["delete"]),
+                // The network fabric: a gateway Deployment, its ServiceAccount and its
+                // LoadBalancer Service per peer, and the node agent's DaemonSet.
+                rule(
+                    "",
+                    &["serviceaccounts", "services"],
+                    &["get", "list", "create", "patch", "delete"],
+                ),
+                rule(
+                    "apps",
+                    &["deployments", "daemonsets"],
+                    &["get", "list", "create", "patch", "delete"],
+                ),
             ],
         ),
         role(

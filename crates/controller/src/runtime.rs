@@ -72,6 +72,7 @@ impl Controller {
         let mut tasks = JoinSet::new();
         crate::provider::spawn(&ctx, &mut tasks);
         crate::consumer::spawn(&ctx, &mut tasks);
+        tasks.spawn(crate::fabric::gateway::run(ctx.clone()));
         tracing::info!(cluster_id = %ctx.identity.cluster_id, "controller started");
         Ok(Controller { ctx, tasks })
     }

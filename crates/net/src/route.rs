@@ -122,3 +122,83 @@ async fn sync_with(handle: &Handle, ifindex: u32, wanted: &[IpNet]) -> Result<()
     }
     Ok(())
 }
+
+/// The routing protocol number the node agent marks its routes with (`ip route` shows it as
+/// `proto 173`), so that it finds and removes exactly its own routes and no one else's.
+pub const AGENT_PROTOCOL: u8 = 173;
+
+/// Makes the IPv4 routes of the main table marked [`AGENT_PROTOCOL`] exactly `wanted`
+/// (destination, next hop): routes to a peer's prefixes through the node that runs that
+/// peer's gateway. Others' routes are never touched.
+pub async fn sync_agent_routes(wanted: &[(ipnet::Ipv4Net, Ipv4Addr)]) -> Result<(), RouteError> {
+    use rtnetlink::packet_route::route::RouteProtocol;
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(RouteError::Connect)?;
+    let task = tokio::spawn(conn);
+    let result = async {
+        let err = |action: &'static str, prefix: String| {
+            move |source| RouteError::Request {
+                action,
+                prefix,
+                ifindex: 0,
+                source,
+            }
+        };
+        let mut existing: Vec<((ipnet::Ipv4Net, Option<Ipv4Addr>), RouteMessage)> = Vec::new();
+        let mut stream = handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute();
+        while let Some(msg) = stream.try_next().await.map_err(err("list", "*".into()))? {
+            if msg.header.protocol != RouteProtocol::Other(AGENT_PROTOCOL) {
+                continue;
+            }
+            let dst = msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(a)) => Some(*a),
+                _ => None,
+            });
+            let via = msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Gateway(RouteAddress::Inet(a)) => Some(*a),
+                _ => None,
+            });
+            if let Some(net) =
+                dst.and_then(|d| ipnet::Ipv4Net::new(d, msg.header.destination_prefix_length).ok())
+            {
+                existing.push(((net, via), msg));
+            }
+        }
+        for ((net, via), msg) in &existing {
+            if via.is_none_or(|v| !wanted.contains(&(*net, v))) {
+                handle
+                    .route()
+                    .del(msg.clone())
+                    .execute()
+                    .await
+                    .map_err(err("delete", net.to_string()))?;
+            }
+        }
+        for (net, via) in wanted {
+            if existing
+                .iter()
+                .any(|((n, v), _)| n == net && *v == Some(*via))
+            {
+                continue;
+            }
+            let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(net.network(), net.prefix_len())
+                .gateway(*via)
+                .protocol(RouteProtocol::Other(AGENT_PROTOCOL))
+                .build();
+            handle
+                .route()
+                .add(msg)
+                .replace()
+                .execute()
+                .await
+                .map_err(err("add", format!("{net} via {via}")))?;
+        }
+        Ok(())
+    }
+    .await;
+    task.abort();
+    result
+}

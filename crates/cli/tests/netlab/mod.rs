@@ -92,6 +92,11 @@ pub fn json(lab: &Lab, context: &str, args: &[&str]) -> Value {
 /// Starts `tandem lab up --network` with `clusters` clusters in `home/name`; returns once its
 /// kubeconfig is written.
 pub fn lab_up(home: &Path, name: &str, clusters: &str) -> Lab {
+    lab_up_with_nodes(home, name, clusters, "1")
+}
+
+/// [`lab_up`] with `nodes` nodes per cluster.
+pub fn lab_up_with_nodes(home: &Path, name: &str, clusters: &str, nodes: &str) -> Lab {
     let dir = home.join(name);
     let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args([
@@ -101,7 +106,7 @@ pub fn lab_up(home: &Path, name: &str, clusters: &str) -> Lab {
             "--clusters",
             clusters,
             "--nodes",
-            "1",
+            nodes,
             "--dir",
         ])
         .arg(&dir)

@@ -1,9 +1,11 @@
-//! The connected fabric, control-plane side (being built; see issue "the connected fabric"):
-//! this cluster's WireGuard key for each peer. One key per peer cluster, whichever the
+//! The connected fabric, control-plane side: this cluster's WireGuard key for each peer, and
+//! ([`gateway`]) the gateway and node agent that use it. One key per peer cluster, whichever the
 //! direction of the peerings (A→B and B→A share one tunnel): it lives in the Secret
 //! `tandem-system/tandem-gateway-<peer>`, generated on first need and never sent anywhere;
 //! only its public key travels, in this side's `NetworkParameters`. It goes when no peering
 //! with that cluster is left in either direction.
+
+pub mod gateway;
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,9 @@ use tandem_api::{Peering, Tenant, client, names};
 
 /// The key of the private key (base64 X25519, as `wg genkey` prints it) in the Secret.
 pub const PRIVATE_KEY: &str = "privateKey";
+/// The key of the gateway's whole configuration (`tandem_net::GatewayArgs`, JSON) in the
+/// Secret, once both sides' parameters are known; the gateway pod reads it.
+pub const GATEWAY_CONFIG: &str = "gateway.json";
 
 /// The Secret holding this cluster's WireGuard key for `peer`.
 pub fn gateway_secret(peer: &str) -> String {
@@ -39,9 +44,25 @@ pub enum KeyError {
     Invalid { name: String, reason: String },
 }
 
-/// The public key of this cluster's gateway key for `peer`, generating and storing the key
-/// pair on first use. Idempotent; concurrent callers end with the same key.
-pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<String, KeyError> {
+/// This cluster's WireGuard key pair for one peer (base64).
+#[derive(Clone)]
+pub struct GatewayKey {
+    pub private_key: String,
+    pub public_key: String,
+}
+
+impl std::fmt::Debug for GatewayKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The private key is deliberately left out.
+        f.debug_struct("GatewayKey")
+            .field("public_key", &self.public_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This cluster's gateway key for `peer`, generating and storing it on first use. Idempotent;
+/// concurrent callers end with the same key.
+pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<GatewayKey, KeyError> {
     let name = gateway_secret(peer);
     let api: Api<Secret> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
     let api_err = |source| KeyError::Api {
@@ -85,30 +106,55 @@ pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<Str
         .as_ref()
         .and_then(|d| d.get(PRIVATE_KEY))
         .ok_or_else(|| invalid("missing".into()))?;
-    let private = std::str::from_utf8(&private.0).map_err(|e| invalid(e.to_string()))?;
-    tandem_net::public_key(private.trim()).map_err(|e| invalid(e.to_string()))
+    let private = std::str::from_utf8(&private.0)
+        .map_err(|e| invalid(e.to_string()))?
+        .trim();
+    let public_key = tandem_net::public_key(private).map_err(|e| invalid(e.to_string()))?;
+    Ok(GatewayKey {
+        private_key: private.to_string(),
+        public_key,
+    })
 }
 
-/// Removes this cluster's gateway key for `peer` unless a peering with it is left in either
-/// direction (a Peering to it, or a Tenant of it, not being deleted).
-pub async fn forget_gateway_key(client: &kube::Client, peer: &str) -> Result<(), kube::Error> {
+/// Whether a peering with `peer` is left in either direction (a Peering to it, or a Tenant
+/// of it, not being deleted); with `peer` None, whether any peering is left.
+async fn live_relation(client: &kube::Client, peer: Option<&str>) -> Result<bool, kube::Error> {
     let live_peering = Api::<Peering>::all(client.clone())
-        .get_opt(peer)
+        .list(&ListParams::default())
         .await?
-        .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+        .items
+        .into_iter()
+        .any(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && peer.is_none_or(|peer| p.spec.cluster_id == peer)
+        });
     let live_tenant = Api::<Tenant>::all(client.clone())
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
-        .any(|t| t.spec.cluster_id == peer && t.metadata.deletion_timestamp.is_none());
-    if live_peering || live_tenant {
+        .any(|t| {
+            t.metadata.deletion_timestamp.is_none()
+                && peer.is_none_or(|peer| t.spec.cluster_id == peer)
+        });
+    Ok(live_peering || live_tenant)
+}
+
+/// Removes this cluster's gateway to `peer` (its objects and its key) unless a peering with
+/// it is left in either direction, and the node agent when no peering at all is left.
+pub async fn forget_peer(client: &kube::Client, peer: &str) -> Result<(), kube::Error> {
+    if live_relation(client, Some(peer)).await? {
         return Ok(());
     }
+    gateway::remove(client, peer).await?;
     client::delete_if_exists(
         &Api::<Secret>::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
         &gateway_secret(peer),
         &DeleteParams::default(),
     )
-    .await
+    .await?;
+    if !live_relation(client, None).await? {
+        gateway::remove_agent(client).await?;
+    }
+    Ok(())
 }

@@ -142,7 +142,8 @@ pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
 /// Publishes (server-side apply) the provider's `NetworkParameters` in `consumer`'s tenant namespace.
 pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), IpamError> {
     let settings = crate::install::load_settings(&ctx.client).await?;
-    let public_key = crate::fabric::ensure_gateway_key(&ctx.client, consumer).await?;
+    let key = crate::fabric::ensure_gateway_key(&ctx.client, consumer).await?;
+    let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, consumer).await?;
     let api: Api<NetworkParameters> =
         Api::namespaced(ctx.client.clone(), &names::tenant_namespace(consumer));
     api.patch(
@@ -153,7 +154,8 @@ pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(),
             "metadata": {"name": PROVIDER_NETWORK_PARAMETERS,
                          "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
             "spec": {"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
-                     "externalCIDR": settings.external_cidr, "publicKey": public_key},
+                     "externalCIDR": settings.external_cidr, "publicKey": key.public_key,
+                     "gatewayEndpoint": endpoint},
         })),
     )
     .await?;
@@ -185,13 +187,17 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
         let ns = tenant.namespace().unwrap_or_default();
         let api: Api<NetworkParameters> = Api::namespaced(ctx.client.clone(), &ns);
         let published = api.get_opt(PROVIDER_NETWORK_PARAMETERS).await?;
-        let public_key = crate::fabric::ensure_gateway_key(&ctx.client, &consumer).await?;
+        let public_key = crate::fabric::ensure_gateway_key(&ctx.client, &consumer)
+            .await?
+            .public_key;
+        let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, &consumer).await?;
         let current = published.as_ref().map(|p| {
             (
                 p.spec.cluster_id.as_str(),
                 p.spec.pod_cidr.as_str(),
                 p.spec.external_cidr.as_deref(),
                 p.spec.public_key.as_deref(),
+                p.spec.gateway_endpoint.as_deref(),
             )
         });
         if current
@@ -200,6 +206,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
                 settings.pod_cidr.as_str(),
                 Some(settings.external_cidr.as_str()),
                 Some(public_key.as_str()),
+                endpoint.as_deref(),
             ))
         {
             ensure_provider_parameters(ctx, &consumer).await?;

@@ -142,11 +142,11 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
             step: "releasing the IPAM grant",
             cause: e.into(),
         })?;
-    crate::fabric::forget_gateway_key(&ctx.client, &consumer)
+    crate::fabric::forget_peer(&ctx.client, &consumer)
         .await
         .map_err(|e| Error {
             tenant: format!("{ns}/{name}"),
-            step: "removing this cluster's gateway key for the consumer",
+            step: "removing the gateway to the consumer and its key",
             cause: e.into(),
         })?;
     crate::install::remove_finalizer(&api, &*tenant)

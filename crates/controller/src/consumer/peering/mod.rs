@@ -135,7 +135,7 @@ impl std::fmt::Display for UnpeerStep {
             UnpeerStep::DeleteTwinNamespaces => "deleting the twin namespaces on the provider",
             UnpeerStep::DeleteTenant => "deleting our Tenant on the provider",
             UnpeerStep::ReleaseIpam => "releasing the IPAM grant",
-            UnpeerStep::RemoveGatewayKey => "removing this cluster's gateway key for the provider",
+            UnpeerStep::RemoveGatewayKey => "removing the gateway to the provider and its key",
             UnpeerStep::DeleteTenantNamespace => "deleting the tenant namespace",
         })
     }
@@ -575,10 +575,16 @@ async fn negotiate_network(
     provider: &str,
 ) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
     let settings = crate::install::load_settings(&ctx.client).await?;
-    let public_key = crate::fabric::ensure_gateway_key(&ctx.client, provider).await?;
+    let key = crate::fabric::ensure_gateway_key(&ctx.client, provider).await?;
+    let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, provider)
+        .await
+        .map_err(request("reading this side's gateway Service".to_string()))?;
     let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
-    let ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
-                      "externalCIDR": settings.external_cidr, "publicKey": public_key});
+    let mut ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
+                          "externalCIDR": settings.external_cidr, "publicKey": key.public_key});
+    if let Some(endpoint) = endpoint {
+        ours["gatewayEndpoint"] = json!(endpoint);
+    }
     let published = api
         .get_opt(CONSUMER_NETWORK_PARAMETERS)
         .await
@@ -653,6 +659,10 @@ async fn negotiate_network(
             "writing our remap into NetworkParameters {remote_ns}/provider"
         )))?;
     }
+    let local_external_there = published
+        .status
+        .as_ref()
+        .and_then(|s| s.remapped_external_cidr.clone());
     let Some(local_there) = published.status.and_then(|s| s.remapped_pod_cidr) else {
         return Ok(None);
     };
@@ -662,6 +672,7 @@ async fn negotiate_network(
         remote_external_cidr: ext.map(|e| e.to_string()),
         remapped_remote_external_cidr: remapped_ext,
         local_pod_cidr_in_remote: Some(local_there),
+        local_external_cidr_in_remote: local_external_there,
         remote_gateway_endpoint: theirs.spec.gateway_endpoint.clone(),
         remote_public_key: theirs.spec.public_key.clone(),
     }))
@@ -850,7 +861,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     crate::provider::network::release_peer(ctx, &provider)
         .await
         .map_err(unpeer_step(UnpeerStep::ReleaseIpam))?;
-    crate::fabric::forget_gateway_key(&ctx.client, &provider)
+    crate::fabric::forget_peer(&ctx.client, &provider)
         .await
         .map_err(unpeer_step(UnpeerStep::RemoveGatewayKey))?;
     ignore_missing(

@@ -1,0 +1,352 @@
+//! The connected fabric on network-mode lab clusters installed with `--network-fabric`: right
+//! after `tandem peer`, with no other step, each side runs a gateway to the other (a pod of
+//! Tandem's image on the node network) and a node agent on every node, and a pod of the
+//! consumer reaches an offloaded pod at the address the consumer reports for it, from either
+//! node, across two clusters on the same pod CIDR. Unpeering removes the gateways, their keys
+//! and the agent on both sides.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+mod netlab;
+use netlab::{json, kubectl, lab_up_with_nodes, offload_hello, ok, tandem, until};
+
+/// The parent of process `pid`.
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The lab instance's prefix of namespace names (`lab-<id>-`), from the network namespace of
+/// a gateway process the lab runs (under its relay).
+fn instance_prefix(lab_pid: u32) -> Option<String> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).starts_with("tandem\0gateway") {
+            continue;
+        }
+        if ppid(pid).and_then(ppid) != Some(lab_pid) {
+            continue;
+        }
+        let out = std::process::Command::new("ip")
+            .args(["netns", "identify", &pid.to_string()])
+            .output()
+            .ok()?;
+        let ns = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let (prefix, _) = ns.split_once("-node-")?;
+        return Some(format!("{}-", prefix.rsplit_once('-')?.0));
+    }
+    None
+}
+
+/// What the fabric left in the lab's node namespaces: agent routes, TUN links, gateway tables.
+fn fabric_leftovers(prefix: &str) -> Vec<String> {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut left = Vec::new();
+    for ns in run(&["netns", "list"]).lines() {
+        let ns = ns.split_whitespace().next().unwrap_or_default();
+        if !ns.starts_with(prefix) || !ns.contains("-node-") {
+            continue;
+        }
+        for line in run(&["-n", ns, "route"]).lines() {
+            if line.contains("proto 173") || line.contains("tdm-") {
+                left.push(format!("{ns}: route {line}"));
+            }
+        }
+        for line in run(&["-n", ns, "link"]).lines() {
+            if line.contains("tdm-") {
+                left.push(format!("{ns}: link {line}"));
+            }
+        }
+        for line in run(&["netns", "exec", ns, "nft", "list", "tables"]).lines() {
+            if line.contains("tandem_tdm") {
+                left.push(format!("{ns}: {line}"));
+            }
+        }
+    }
+    left
+}
+
+/// Names of `ctx`'s Running pods in tandem-system with label `app`.
+fn running(lab: &netlab::Lab, ctx: &str, app: &str) -> Vec<Value> {
+    let pods = json(
+        lab,
+        ctx,
+        &[
+            "-n",
+            "tandem-system",
+            "get",
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/name={app}"),
+        ],
+    );
+    pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Running")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let lab = lab_up_with_nodes(home.path(), "lab", "2", "2");
+    let kc = lab.kubeconfig.clone();
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
+        ok(
+            tandem(
+                home.path(),
+                &[
+                    "install",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    ctx,
+                    "--cluster-id",
+                    id,
+                    "--network-fabric",
+                ],
+            ),
+            &format!("install on {ctx}"),
+        );
+    }
+    let invite = ok(
+        tandem(
+            home.path(),
+            &[
+                "invite",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-2",
+                "--endpoint",
+                "https://198.18.2.2:6443",
+            ],
+        ),
+        "invite",
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer",
+    );
+
+    // Each side: its gateway to the other Running on the node network, the agent on both
+    // nodes, and the gateway's endpoint published to the other side.
+    for (ctx, peer) in [("lab-1", "milan"), ("lab-2", "rome")] {
+        let gateway = until(
+            &format!("{ctx}'s gateway to {peer} Running"),
+            Duration::from_secs(120),
+            || running(&lab, ctx, "tandem-gateway").into_iter().next(),
+        );
+        assert_eq!(gateway["spec"]["hostNetwork"], true, "{gateway}");
+        assert_eq!(
+            gateway["metadata"]["labels"]["tandem.dev/remote-cluster-id"], peer,
+            "{gateway}"
+        );
+        until(
+            &format!("{ctx}'s node agent Running on both nodes"),
+            Duration::from_secs(60),
+            || (running(&lab, ctx, "tandem-agent").len() == 2).then_some(()),
+        );
+    }
+    let params = until(
+        "both gateway endpoints and keys in the NetworkParameters",
+        Duration::from_secs(60),
+        || {
+            let np = json(
+                &lab,
+                "lab-2",
+                &["-n", "tandem-tenant-rome", "get", "networkparameters"],
+            );
+            let items = np["items"].as_array()?.clone();
+            (items.len() == 2
+                && items.iter().all(|p| {
+                    p["spec"]["gatewayEndpoint"].is_string() && p["spec"]["publicKey"].is_string()
+                }))
+            .then_some(items)
+        },
+    );
+    for p in &params {
+        let endpoint = p["spec"]["gatewayEndpoint"].as_str().unwrap();
+        assert!(
+            endpoint.starts_with("198.18.1.2:") || endpoint.starts_with("198.18.2.2:"),
+            "the endpoint is the cluster's load-balancer address on the WAN: {p}"
+        );
+    }
+
+    // An offloaded echo pod, and a probe on each node of the consumer.
+    offload_hello(home.path(), &lab);
+    let nodes: Vec<String> =
+        json(&lab, "lab-1", &["get", "nodes", "-l", "!tandem.dev/type"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    for (i, node) in nodes.iter().enumerate() {
+        let overrides = format!(r#"{{"spec":{{"nodeName":"{node}"}}}}"#);
+        ok(
+            kubectl(
+                &lab,
+                "lab-1",
+                &[
+                    "run",
+                    &format!("probe-{i}"),
+                    "--image=tandem.dev/probe",
+                    "--overrides",
+                    &overrides,
+                ],
+            ),
+            "probe pod",
+        );
+    }
+    let hello_ip = until(
+        "the offloaded pod Running with an address",
+        Duration::from_secs(60),
+        || {
+            let pod = json(&lab, "lab-1", &["-n", "demo", "get", "pod", "hello"]);
+            (pod["status"]["phase"] == "Running")
+                .then(|| pod["status"]["podIP"].as_str().map(str::to_string))
+                .flatten()
+        },
+    );
+    assert!(
+        !hello_ip.starts_with("10.244."),
+        "the consumer reports the offloaded pod at its remapped address, not {hello_ip}"
+    );
+    let network = json(&lab, "lab-1", &["get", "peering", "milan"])["status"]["network"].clone();
+    let ours_there: ipnet::Ipv4Net = network["localPodCidrInRemote"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for i in 0..nodes.len() {
+        let probe = format!("probe-{i}");
+        let probe_ip: std::net::Ipv4Addr =
+            until(&format!("{probe} Running"), Duration::from_secs(60), || {
+                let pod = json(&lab, "lab-1", &["get", "pod", &probe]);
+                (pod["status"]["phase"] == "Running")
+                    .then(|| pod["status"]["podIP"].as_str()?.parse().ok())
+                    .flatten()
+            });
+        let reply: Value = until(
+            &format!("{probe} reaching the offloaded pod at {hello_ip}"),
+            Duration::from_secs(60),
+            || {
+                let out = kubectl(
+                    &lab,
+                    "lab-1",
+                    &[
+                        "exec",
+                        &probe,
+                        "--",
+                        "probe",
+                        "fetch",
+                        &format!("http://{hello_ip}:8080/"),
+                    ],
+                );
+                out.status
+                    .success()
+                    .then(|| serde_json::from_slice(&out.stdout).ok())
+                    .flatten()
+            },
+        );
+        assert_eq!(reply["cluster"], "lab-2", "{reply}");
+        assert_eq!(reply["namespace"], "demo-rome", "{reply}");
+        // The echo pod sees the probe at the address milan gave rome's pods: the same host
+        // part in the prefix the provider's view names.
+        let seen: std::net::Ipv4Addr = reply["client"].as_str().unwrap().parse().unwrap();
+        let host = u32::from(probe_ip) & !u32::from(ours_there.netmask());
+        assert_eq!(
+            seen,
+            std::net::Ipv4Addr::from(u32::from(ours_there.network()) | host),
+            "probe {probe_ip} as the provider names it: {reply}"
+        );
+    }
+
+    // The data plane in the node namespaces: the gateway's TUN, table and routes on its
+    // node, the agent's routes on the other.
+    let prefix = instance_prefix(lab.child.id()).expect("a gateway process of this lab");
+    let during = fabric_leftovers(&prefix);
+    for want in ["proto 173", "link", "tandem_tdm"] {
+        assert!(
+            during.iter().any(|l| l.contains(want)),
+            "{want} while peered: {during:#?}"
+        );
+    }
+
+    // Unpeer: no gateway, key, agent or routes ConfigMap of the fabric left on either side.
+    ok(
+        tandem(
+            home.path(),
+            &["unpeer", "milan", "--kubeconfig", &kc, "--context", "lab-1"],
+        ),
+        "unpeer",
+    );
+    for ctx in ["lab-1", "lab-2"] {
+        until(
+            &format!("no fabric object left in {ctx}"),
+            Duration::from_secs(60),
+            || {
+                let left = json(
+                    &lab,
+                    ctx,
+                    &[
+                        "-n",
+                        "tandem-system",
+                        "get",
+                        "deployments,daemonsets,services,secrets,configmaps,serviceaccounts,roles,rolebindings",
+                    ],
+                );
+                let names: Vec<String> = left["items"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+                    .filter(|n| {
+                        n.starts_with("tandem-gateway")
+                            || n.starts_with("tandem-agent")
+                            || n == "tandem-routes"
+                    })
+                    .collect();
+                names.is_empty().then_some(())
+            },
+        );
+    }
+    until(
+        "no route, TUN link or nftables table of the fabric left in the node namespaces",
+        Duration::from_secs(30),
+        || fabric_leftovers(&prefix).is_empty().then_some(()),
+    );
+}

@@ -1,0 +1,630 @@
+//! The gateway of each peer, and the node agent routing to it, when the cluster's
+//! `networkFabric` setting is on.
+//!
+//! Per peer, in `tandem-system`, all named `tandem-gateway-<peer>`:
+//! - a Deployment of one pod of Tandem's image running `tandem gateway --peer <peer>` on the
+//!   node network (hostNetwork: a node forwards packets already, so the gateway needs no
+//!   sysctl and no privilege beyond NET_ADMIN; `/dev/net/tun` is the node's, mode 0666), so
+//!   the namespace needs the Pod Security level `privileged` (hostNetwork and NET_ADMIN are
+//!   beyond `baseline`);
+//! - a LoadBalancer Service on the gateway's UDP port (one port per peer, from 51820 up, so
+//!   that two gateways on one node never clash): its ingress and port are the gateway endpoint
+//!   this side publishes in its `NetworkParameters`;
+//! - a ServiceAccount whose Role may only `get` the gateway's own Secret, where this reconciler
+//!   writes the whole configuration (`gateway.json`: keys, the peer's endpoint, the NAT plan)
+//!   once both sides' parameters are known.
+//!
+//! The node agent (DaemonSet `tandem-agent`, every real node) routes each peer's prefixes, as
+//! this cluster names them, to the node running that peer's gateway; the prefixes are in the
+//! ConfigMap `tandem-routes`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tandem_api::{NetworkParameters, Peering, Tenant, client, names};
+use tandem_core::nat::{ClusterPrefixes, NatPlanInput};
+
+use crate::context::Ctx;
+use crate::install::ClusterSettings;
+use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
+
+use super::{GATEWAY_CONFIG, gateway_secret};
+
+/// `app.kubernetes.io/name` of gateway pods.
+pub const GATEWAY_APP: &str = "tandem-gateway";
+/// The node agent's DaemonSet, ServiceAccount, Role and RoleBinding.
+pub const AGENT: &str = "tandem-agent";
+/// ConfigMap (tandem-system) with each peer's prefixes for the node agent (`routes.json`:
+/// peer → prefixes).
+pub const ROUTES_CONFIG_MAP: &str = "tandem-routes";
+/// The key of the routes in [`ROUTES_CONFIG_MAP`].
+pub const ROUTES_KEY: &str = "routes.json";
+/// The first gateway port.
+pub const PORT_BASE: u16 = 51820;
+const NAME_LABEL: &str = "app.kubernetes.io/name";
+/// Annotation holding the hash of what Tandem last applied, so an unchanged object is not
+/// written again on every sweep.
+const APPLIED_HASH: &str = "tandem.dev/applied-hash";
+
+/// The TUN interface of the gateway to `peer` (at most 15 bytes, whatever the peer's name).
+pub fn interface(peer: &str) -> String {
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = peer.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("tdm-{hash:08x}")
+}
+
+/// What this cluster knows of the network of its relation with one peer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerView {
+    /// The peer's cluster ID.
+    pub peer: String,
+    /// The peer gateway's public key and endpoint, once published.
+    pub peer_public_key: Option<String>,
+    pub peer_endpoint: Option<String>,
+    /// Both sides' prefixes and remaps, once negotiated.
+    pub nat: Option<NatPlanInput>,
+}
+
+fn prefixes(pod: Option<&str>, external: Option<&str>) -> Option<ClusterPrefixes> {
+    Some(ClusterPrefixes {
+        pod_cidr: pod?.parse().ok()?,
+        external_cidr: external?.parse().ok()?,
+    })
+}
+
+/// The view of every peer: consumer-side relations from the Peerings' negotiated network,
+/// provider-side ones from the NetworkParameters pair in each Tenant's namespace. A cluster
+/// peered both ways is seen through its Peering (one tunnel per pair of clusters).
+pub async fn views(ctx: &Ctx, settings: &ClusterSettings) -> Result<Vec<PeerView>, kube::Error> {
+    let local = prefixes(Some(&settings.pod_cidr), Some(&settings.external_cidr));
+    let mut out: BTreeMap<String, PeerView> = BTreeMap::new();
+    for tenant in Api::<Tenant>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        if tenant.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let peer = tenant.spec.cluster_id.clone();
+        let ns = names::tenant_namespace(&peer);
+        let params: Api<NetworkParameters> = Api::namespaced(ctx.client.clone(), &ns);
+        let theirs = params.get_opt(CONSUMER_NETWORK_PARAMETERS).await?;
+        let ours = params.get_opt(PROVIDER_NETWORK_PARAMETERS).await?;
+        let seen_locally = theirs.as_ref().and_then(|t| {
+            let s = t.status.as_ref()?;
+            prefixes(
+                s.remapped_pod_cidr.as_deref(),
+                s.remapped_external_cidr.as_deref(),
+            )
+        });
+        let seen_by_peer = ours.as_ref().and_then(|o| {
+            let s = o.status.as_ref()?;
+            prefixes(
+                s.remapped_pod_cidr.as_deref(),
+                s.remapped_external_cidr.as_deref(),
+            )
+        });
+        out.insert(
+            peer.clone(),
+            PeerView {
+                peer,
+                peer_public_key: theirs.as_ref().and_then(|t| t.spec.public_key.clone()),
+                peer_endpoint: theirs
+                    .as_ref()
+                    .and_then(|t| t.spec.gateway_endpoint.clone()),
+                nat: nat(local, seen_by_peer, seen_locally),
+            },
+        );
+    }
+    for peering in Api::<Peering>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        if peering.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(n) = peering.status.as_ref().and_then(|s| s.network.clone()) else {
+            continue;
+        };
+        let peer = peering.spec.cluster_id.clone();
+        out.insert(
+            peer.clone(),
+            PeerView {
+                peer,
+                peer_public_key: n.remote_public_key.clone(),
+                peer_endpoint: n.remote_gateway_endpoint.clone(),
+                nat: nat(
+                    local,
+                    prefixes(
+                        n.local_pod_cidr_in_remote.as_deref(),
+                        n.local_external_cidr_in_remote.as_deref(),
+                    ),
+                    prefixes(
+                        Some(&n.remapped_remote_pod_cidr),
+                        n.remapped_remote_external_cidr.as_deref(),
+                    ),
+                ),
+            },
+        );
+    }
+    Ok(out.into_values().collect())
+}
+
+fn nat(
+    local: Option<ClusterPrefixes>,
+    local_as_seen_by_peer: Option<ClusterPrefixes>,
+    peer_as_seen_locally: Option<ClusterPrefixes>,
+) -> Option<NatPlanInput> {
+    Some(NatPlanInput {
+        local: local?,
+        local_as_seen_by_peer: local_as_seen_by_peer?,
+        peer_as_seen_locally: peer_as_seen_locally?,
+    })
+}
+
+/// The gateway configuration for `view` (None until the peer's key and the NAT are known).
+pub fn gateway_args(
+    view: &PeerView,
+    private_key: &str,
+    port: u16,
+) -> Option<tandem_net::GatewayArgs> {
+    let peer_public_key = view.peer_public_key.clone()?;
+    let nat = view.nat?;
+    Some(tandem_net::GatewayArgs {
+        interface: interface(&view.peer),
+        listen: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+        private_key: private_key.to_string(),
+        peer_public_key,
+        // An endpoint that is not an address (a host name) is not used: the peer then
+        // contacts this side, and roaming learns its address.
+        peer_endpoint: view.peer_endpoint.as_deref().and_then(|e| e.parse().ok()),
+        persistent_keepalive_secs: 25,
+        mtu: 1420,
+        nat,
+        status_listen: Some(std::net::SocketAddr::from(([0, 0, 0, 0], port))),
+        probe_interval_ms: 500,
+        probe_timeout_ms: 1500,
+        nft_table: None,
+    })
+}
+
+/// Why the fabric of a peer could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricError {
+    #[error("{what}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Key(#[from] super::KeyError),
+    #[error("reading the cluster's settings")]
+    Settings(#[from] crate::install::InstallError),
+    #[error("no free gateway port from {PORT_BASE} up")]
+    NoPort,
+}
+
+fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> FabricError {
+    let what = what.into();
+    move |source| FabricError::Api { what, source }
+}
+
+/// Creates or updates `value` (server-side apply) unless what Tandem last applied is the same.
+async fn ensure<K>(api: &Api<K>, mut value: serde_json::Value) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    use sha2::Digest as _;
+    let name = value["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let hash = format!("{:x}", sha2::Sha256::digest(value.to_string().as_bytes()));
+    if let Some(current) = api.get_opt(&name).await?
+        && current
+            .meta()
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(APPLIED_HASH))
+            == Some(&hash)
+    {
+        return Ok(());
+    }
+    value["metadata"]["annotations"][APPLIED_HASH] = json!(hash);
+    api.patch(
+        &name,
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await?;
+    Ok(())
+}
+
+fn labels(peer: &str) -> serde_json::Value {
+    json!({NAME_LABEL: GATEWAY_APP, names::MANAGED_BY_LABEL: names::MANAGED_BY,
+           names::REMOTE_CLUSTER_LABEL: peer})
+}
+
+/// The port of `peer`'s gateway: its Service's, else the lowest no other gateway uses.
+async fn port_of(ctx: &Ctx, peer: &str) -> Result<u16, FabricError> {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), names::SYSTEM_NAMESPACE);
+    let all = services
+        .list(&ListParams::default().labels(&format!("{NAME_LABEL}={GATEWAY_APP}")))
+        .await
+        .map_err(api_err("listing gateway Services"))?;
+    let port = |s: &Service| -> Option<u16> {
+        u16::try_from(s.spec.as_ref()?.ports.as_ref()?.first()?.port).ok()
+    };
+    let name = gateway_secret(peer);
+    if let Some(p) = all
+        .items
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(&name))
+        .and_then(port)
+    {
+        return Ok(p);
+    }
+    let used: Vec<u16> = all.items.iter().filter_map(port).collect();
+    (PORT_BASE..=u16::MAX)
+        .find(|p| !used.contains(p))
+        .ok_or(FabricError::NoPort)
+}
+
+/// `ip:port` of this side's gateway to `peer` as the peer reaches it: the load balancer's
+/// ingress of the gateway's Service, once it has one.
+pub async fn local_endpoint(
+    client: &kube::Client,
+    peer: &str,
+) -> Result<Option<String>, kube::Error> {
+    let Some(svc) = Api::<Service>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
+        .get_opt(&gateway_secret(peer))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let port = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref()?.first().map(|p| p.port));
+    let ip = svc.status.as_ref().and_then(|s| {
+        s.load_balancer
+            .as_ref()?
+            .ingress
+            .as_ref()?
+            .first()?
+            .ip
+            .clone()
+    });
+    Ok(match (ip, port) {
+        (Some(ip), Some(port)) => Some(format!("{ip}:{port}")),
+        _ => None,
+    })
+}
+
+/// Keeps `peer`'s gateway objects and configuration in line with `view`.
+pub async fn reconcile(
+    ctx: &Ctx,
+    settings: &ClusterSettings,
+    view: &PeerView,
+) -> Result<(), FabricError> {
+    let peer = view.peer.as_str();
+    let name = gateway_secret(peer);
+    let key = super::ensure_gateway_key(&ctx.client, peer).await?;
+    let port = port_of(ctx, peer).await?;
+    let ns = names::SYSTEM_NAMESPACE;
+    let client = &ctx.client;
+    ensure(
+        &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": ns, "labels": labels(peer)}}),
+    )
+    .await
+    .map_err(api_err(format!("gateway ServiceAccount {ns}/{name}")))?;
+    ensure(
+        &Api::<Role>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": name, "namespace": ns, "labels": labels(peer)},
+               "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                          "resourceNames": [name]}]}),
+    )
+    .await
+    .map_err(api_err(format!("gateway Role {ns}/{name}")))?;
+    ensure(
+        &Api::<RoleBinding>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": name, "namespace": ns, "labels": labels(peer)},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}),
+    )
+    .await
+    .map_err(api_err(format!("gateway RoleBinding {ns}/{name}")))?;
+    let selector = json!({NAME_LABEL: GATEWAY_APP, names::REMOTE_CLUSTER_LABEL: peer});
+    ensure(
+        &Api::<Service>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": ns, "labels": labels(peer)},
+               "spec": {"type": "LoadBalancer", "selector": selector,
+                        "ports": [{"name": "wireguard", "port": port, "targetPort": port,
+                                   "protocol": "UDP"}]}}),
+    )
+    .await
+    .map_err(api_err(format!("gateway Service {ns}/{name}")))?;
+    ensure(
+        &Api::<Deployment>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "labels": labels(peer)},
+        "spec": {
+            "replicas": 1,
+            // Never two on one node's port at once.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": labels(peer)},
+                "spec": {
+                    "serviceAccountName": name,
+                    "hostNetwork": true,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
+                    "affinity": not_on_virtual_nodes(),
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                        "runAsGroup": 65532},
+                    "containers": [{
+                        "name": "gateway", "image": settings.image,
+                        "args": ["gateway", "--peer", peer],
+                        "ports": [{"name": "wireguard", "containerPort": port,
+                                   "protocol": "UDP"}],
+                        "securityContext": {"allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
+                    }],
+                },
+            },
+        }}),
+    )
+    .await
+    .map_err(api_err(format!("gateway Deployment {ns}/{name}")))?;
+
+    let Some(args) = gateway_args(view, &key.private_key, port) else {
+        return Ok(());
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let current = secrets
+        .get(&name)
+        .await
+        .map_err(api_err(format!("Secret {ns}/{name}")))?;
+    let wanted = serde_json::to_vec(&args).expect("gateway args serialize");
+    let stored = current
+        .data
+        .as_ref()
+        .and_then(|d| d.get(GATEWAY_CONFIG))
+        .map(|b| b.0.as_slice());
+    if stored != Some(wanted.as_slice()) {
+        use base64::Engine as _;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&wanted);
+        secrets
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {GATEWAY_CONFIG: encoded}})),
+            )
+            .await
+            .map_err(api_err(format!(
+                "writing the gateway configuration into Secret {ns}/{name}"
+            )))?;
+        tracing::info!(peer, "gateway configuration written");
+    }
+    Ok(())
+}
+
+fn not_on_virtual_nodes() -> serde_json::Value {
+    json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": names::NODE_TYPE_LABEL, "operator": "NotIn",
+             "values": [names::VIRTUAL_NODE_TYPE]}]}]}}})
+}
+
+/// Keeps the node agent (DaemonSet, its ServiceAccount, Role and RoleBinding) and its routes
+/// ConfigMap in line with `views`.
+pub async fn reconcile_agent(
+    ctx: &Ctx,
+    settings: &ClusterSettings,
+    views: &[PeerView],
+) -> Result<(), FabricError> {
+    let ns = names::SYSTEM_NAMESPACE;
+    let client = &ctx.client;
+    let agent_labels = json!({NAME_LABEL: AGENT, names::MANAGED_BY_LABEL: names::MANAGED_BY});
+    let routes: BTreeMap<&str, Vec<IpNet>> = views
+        .iter()
+        .filter_map(|v| {
+            let seen = v.nat?.peer_as_seen_locally;
+            Some((v.peer.as_str(), vec![seen.pod_cidr, seen.external_cidr]))
+        })
+        .collect();
+    ensure(
+        &Api::<ConfigMap>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": ROUTES_CONFIG_MAP, "namespace": ns, "labels": agent_labels},
+               "data": {ROUTES_KEY: serde_json::to_string(&routes).expect("routes serialize")}}),
+    )
+    .await
+    .map_err(api_err(format!("ConfigMap {ns}/{ROUTES_CONFIG_MAP}")))?;
+    ensure(
+        &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": AGENT, "namespace": ns, "labels": agent_labels}}),
+    )
+    .await
+    .map_err(api_err(format!("ServiceAccount {ns}/{AGENT}")))?;
+    ensure(
+        &Api::<Role>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": AGENT, "namespace": ns, "labels": agent_labels},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+             "resourceNames": [ROUTES_CONFIG_MAP]},
+            // Where the gateways run, and its own pod (for its node's address).
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        ]}),
+    )
+    .await
+    .map_err(api_err(format!("Role {ns}/{AGENT}")))?;
+    ensure(
+        &Api::<RoleBinding>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": AGENT, "namespace": ns, "labels": agent_labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT},
+               "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": ns}]}),
+    )
+    .await
+    .map_err(api_err(format!("RoleBinding {ns}/{AGENT}")))?;
+    ensure(
+        &Api::<DaemonSet>::namespaced(client.clone(), ns),
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": AGENT, "namespace": ns, "labels": agent_labels},
+        "spec": {
+            "selector": {"matchLabels": {NAME_LABEL: AGENT}},
+            "template": {
+                "metadata": {"labels": agent_labels},
+                "spec": {
+                    "serviceAccountName": AGENT,
+                    "hostNetwork": true,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
+                    "affinity": not_on_virtual_nodes(),
+                    "tolerations": [{"operator": "Exists"}],
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                        "runAsGroup": 65532},
+                    "containers": [{
+                        "name": "agent", "image": settings.image,
+                        "args": ["agent"],
+                        "securityContext": {"allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
+                    }],
+                },
+            },
+        }}),
+    )
+    .await
+    .map_err(api_err(format!("DaemonSet {ns}/{AGENT}")))?;
+    Ok(())
+}
+
+/// Removes `peer`'s gateway objects (the key Secret is removed by the caller).
+pub async fn remove(client: &kube::Client, peer: &str) -> Result<(), kube::Error> {
+    let ns = names::SYSTEM_NAMESPACE;
+    let name = gateway_secret(peer);
+    let dp = DeleteParams::background();
+    client::delete_if_exists(
+        &Api::<Deployment>::namespaced(client.clone(), ns),
+        &name,
+        &dp,
+    )
+    .await?;
+    client::delete_if_exists(&Api::<Service>::namespaced(client.clone(), ns), &name, &dp).await?;
+    client::delete_if_exists(
+        &Api::<RoleBinding>::namespaced(client.clone(), ns),
+        &name,
+        &dp,
+    )
+    .await?;
+    client::delete_if_exists(&Api::<Role>::namespaced(client.clone(), ns), &name, &dp).await?;
+    client::delete_if_exists(
+        &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        &name,
+        &dp,
+    )
+    .await
+}
+
+/// Removes the node agent and its routes ConfigMap (no peer left).
+pub async fn remove_agent(client: &kube::Client) -> Result<(), kube::Error> {
+    let ns = names::SYSTEM_NAMESPACE;
+    let dp = DeleteParams::background();
+    client::delete_if_exists(
+        &Api::<DaemonSet>::namespaced(client.clone(), ns),
+        AGENT,
+        &dp,
+    )
+    .await?;
+    client::delete_if_exists(
+        &Api::<ConfigMap>::namespaced(client.clone(), ns),
+        ROUTES_CONFIG_MAP,
+        &dp,
+    )
+    .await?;
+    client::delete_if_exists(
+        &Api::<RoleBinding>::namespaced(client.clone(), ns),
+        AGENT,
+        &dp,
+    )
+    .await?;
+    client::delete_if_exists(&Api::<Role>::namespaced(client.clone(), ns), AGENT, &dp).await?;
+    client::delete_if_exists(
+        &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        AGENT,
+        &dp,
+    )
+    .await
+}
+
+/// Every second, while the cluster's `networkFabric` setting is on: each peer's gateway and
+/// the node agent.
+pub async fn run(ctx: Ctx) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = sweep(&ctx).await {
+            tracing::warn!(error = %crate::error::chain(&e), "network fabric");
+        }
+    }
+}
+
+async fn sweep(ctx: &Ctx) -> Result<(), FabricError> {
+    let settings = crate::install::load_settings(&ctx.client).await?;
+    if !settings.network_fabric {
+        return Ok(());
+    }
+    let views = views(ctx, &settings)
+        .await
+        .map_err(api_err("reading peerings and their network parameters"))?;
+    // A gateway whose peer is gone (an unpeer that raced this sweep) is removed.
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), names::SYSTEM_NAMESPACE);
+    for d in deployments
+        .list(&ListParams::default().labels(&format!("{NAME_LABEL}={GATEWAY_APP}")))
+        .await
+        .map_err(api_err("listing gateway Deployments"))?
+    {
+        let peer = d
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(names::REMOTE_CLUSTER_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        if !views.iter().any(|v| v.peer == peer) {
+            super::forget_peer(&ctx.client, &peer)
+                .await
+                .map_err(api_err(format!("removing the gateway to {peer}")))?;
+        }
+    }
+    if views.is_empty() {
+        return Ok(());
+    }
+    for view in &views {
+        if let Err(e) = reconcile(ctx, &settings, view).await {
+            tracing::warn!(peer = %view.peer, error = %crate::error::chain(&e), "gateway");
+        }
+    }
+    reconcile_agent(ctx, &settings, &views).await
+}
