@@ -296,6 +296,88 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         );
     }
 
+    // The other way: an offloaded probe reaches a local echo pod of the consumer at the
+    // address the provider's view gives it, and is seen at the address the consumer reports
+    // for the probe.
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "run",
+                "probe-remote",
+                "--image=tandem.dev/probe",
+                "--overrides",
+                r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}"#,
+            ],
+        ),
+        "offloaded probe",
+    );
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["run", "local-echo", "--image=tandem.dev/echo"],
+        ),
+        "local echo pod",
+    );
+    let running_ip = |ns: &str, name: &str| {
+        let pod = json(&lab, "lab-1", &["-n", ns, "get", "pod", name]);
+        (pod["status"]["phase"] == "Running")
+            .then(|| {
+                pod["status"]["podIP"]
+                    .as_str()?
+                    .parse::<std::net::Ipv4Addr>()
+                    .ok()
+            })
+            .flatten()
+    };
+    let remote_probe_ip = until(
+        "the offloaded probe Running",
+        Duration::from_secs(60),
+        || running_ip("demo", "probe-remote"),
+    );
+    let local_echo_ip = until(
+        "the local echo pod Running",
+        Duration::from_secs(60),
+        || running_ip("default", "local-echo"),
+    );
+    let host = u32::from(local_echo_ip) & !u32::from(ours_there.netmask());
+    let there = std::net::Ipv4Addr::from(u32::from(ours_there.network()) | host);
+    let reply: Value = until(
+        &format!("the offloaded probe reaching the local echo pod at {there}"),
+        Duration::from_secs(60),
+        || {
+            let out = kubectl(
+                &lab,
+                "lab-1",
+                &[
+                    "-n",
+                    "demo",
+                    "exec",
+                    "probe-remote",
+                    "--",
+                    "probe",
+                    "fetch",
+                    &format!("http://{there}:8080/"),
+                ],
+            );
+            out.status
+                .success()
+                .then(|| serde_json::from_slice(&out.stdout).ok())
+                .flatten()
+        },
+    );
+    assert_eq!(reply["cluster"], "lab-1", "{reply}");
+    assert_eq!(reply["pod"], "local-echo", "{reply}");
+    assert_eq!(
+        reply["client"],
+        remote_probe_ip.to_string(),
+        "the consumer sees the offloaded probe at the address it reports for it: {reply}"
+    );
+
     // The data plane in the node namespaces: the gateway's TUN, table and routes on its
     // node, the agent's routes on the other.
     let prefix = instance_prefix(lab.child.id()).expect("a gateway process of this lab");
