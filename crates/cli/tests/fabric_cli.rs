@@ -23,15 +23,18 @@ fn ppid(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// The lab instance's prefix of namespace names (`lab-<id>-`), from the network namespace of
-/// a gateway process the lab runs (under its relay).
-fn instance_prefix(lab_pid: u32) -> Option<String> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+/// The gateway processes the lab runs (under their relays) whose command line starts with
+/// `tandem gateway --peer <peer>`, with their network namespaces.
+fn gateways(lab_pid: u32, peer: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if !String::from_utf8_lossy(&cmdline).starts_with("tandem\0gateway") {
+        if !String::from_utf8_lossy(&cmdline)
+            .starts_with(&format!("tandem\0gateway\0--peer\0{peer}\0"))
+        {
             continue;
         }
         if ppid(pid).and_then(ppid) != Some(lab_pid) {
@@ -40,12 +43,18 @@ fn instance_prefix(lab_pid: u32) -> Option<String> {
         let out = std::process::Command::new("ip")
             .args(["netns", "identify", &pid.to_string()])
             .output()
-            .ok()?;
-        let ns = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let (prefix, _) = ns.split_once("-node-")?;
-        return Some(format!("{}-", prefix.rsplit_once('-')?.0));
+            .unwrap();
+        found.push((pid, String::from_utf8_lossy(&out.stdout).trim().to_string()));
     }
-    None
+    found
+}
+
+/// The lab instance's prefix of namespace names (`lab-<id>-`), from the network namespace of
+/// a gateway process the lab runs.
+fn instance_prefix(lab_pid: u32) -> Option<String> {
+    let (_, ns) = gateways(lab_pid, "milan").into_iter().next()?;
+    let (prefix, _) = ns.split_once("-node-")?;
+    Some(format!("{}-", prefix.rsplit_once('-')?.0))
 }
 
 /// What the fabric left in the lab's node namespaces: agent routes, TUN links, gateway tables.
@@ -204,6 +213,24 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
             "the endpoint is the cluster's load-balancer address on the WAN: {p}"
         );
     }
+
+    // The virtual node's NetworkUnavailable follows the tunnel, with no address to configure.
+    until(
+        "the virtual node's NetworkUnavailable False: tunnel connected",
+        Duration::from_secs(60),
+        || {
+            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+            node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| {
+                    c["type"] == "NetworkUnavailable"
+                        && c["status"] == "False"
+                        && c["reason"] == "TunnelConnected"
+                })
+                .then_some(())
+        },
+    );
 
     // An offloaded echo pod, and a probe on each node of the consumer.
     offload_hello(home.path(), &lab);
@@ -386,6 +413,59 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         assert!(
             during.iter().any(|l| l.contains(want)),
             "{want} while peered: {during:#?}"
+        );
+    }
+
+    // The consumer's gateway killed with SIGKILL: its pod's process restarts, traffic
+    // resumes, and the restarted gateway reconciles what the killed one left (one table and
+    // one TUN link on its node, not two).
+    let (killed, node_ns) = gateways(lab.child.id(), "milan")
+        .into_iter()
+        .next()
+        .expect("the consumer's gateway process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(killed as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    until(
+        "a new gateway process after SIGKILL",
+        Duration::from_secs(60),
+        || {
+            gateways(lab.child.id(), "milan")
+                .iter()
+                .any(|(pid, _)| *pid != killed)
+                .then_some(())
+        },
+    );
+    until(
+        "traffic resuming after the gateway's restart",
+        Duration::from_secs(60),
+        || {
+            let out = kubectl(
+                &lab,
+                "lab-1",
+                &[
+                    "exec",
+                    "probe-0",
+                    "--",
+                    "probe",
+                    "fetch",
+                    &format!("http://{hello_ip}:8080/"),
+                ],
+            );
+            out.status.success().then_some(())
+        },
+    );
+    let on_node: Vec<String> = fabric_leftovers(&prefix)
+        .into_iter()
+        .filter(|l| l.starts_with(&format!("{node_ns}:")))
+        .collect();
+    for want in [": link", "table inet tandem_tdm"] {
+        assert_eq!(
+            on_node.iter().filter(|l| l.contains(want)).count(),
+            1,
+            "one {want} on the gateway's node after its restart: {on_node:#?}"
         );
     }
 

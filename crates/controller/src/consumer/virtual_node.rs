@@ -173,11 +173,23 @@ pub async fn run(
             }
         };
 
-        let network = match &l.gateway_status {
-            Some(addr) => Some(network_health(
+        // The gateway the Peering names, else the fabric's own (when the cluster builds it).
+        let gateway = match &l.gateway_status {
+            Some(addr) => Some(Ok(addr.clone())),
+            None => crate::fabric::gateway::status_address(&ctx.client, &l.provider_id)
+                .await
+                .transpose(),
+        };
+        let network = match gateway {
+            Some(Ok(addr)) => Some(network_health(
                 &l.provider_id,
-                addr,
-                gateway_state(addr, probe_timeout(&ctx)).await,
+                &addr,
+                gateway_state(&addr, probe_timeout(&ctx)).await,
+            )),
+            Some(Err(reason)) => Some(network_health(
+                &l.provider_id,
+                "(none)",
+                Err(ProbeError::NoGateway(reason)),
             )),
             None => None,
         };
@@ -328,6 +340,9 @@ pub enum ProbeError {
     Request(#[source] http::Error),
     #[error("GET /status answered {0}")]
     Status(http::StatusCode),
+    /// The cluster builds the fabric, but its gateway to the provider is not running.
+    #[error("{0}")]
+    NoGateway(String),
     #[error("reading GET /status")]
     Decode(#[source] serde_json::Error),
     #[error("no answer within {}s", .0.as_secs())]
@@ -367,6 +382,11 @@ pub fn network_health(
                  at {addr}); check that the provider's gateway is running and reachable over UDP",
                 r.state
             ),
+        ),
+        Err(ProbeError::NoGateway(why)) => (
+            true,
+            "GatewayNotRunning",
+            format!("the gateway to provider {provider} is not running: {why}"),
         ),
         Err(e) => (
             true,

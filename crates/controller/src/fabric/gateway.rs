@@ -312,6 +312,45 @@ pub async fn local_endpoint(
     })
 }
 
+/// Where the status API of this cluster's gateway to `peer` answers (`hostIP:port`: the
+/// gateway runs on the node network and serves `/status` on TCP at its UDP port): `Ok(None)`
+/// when the cluster's network fabric is off, `Err` with the reason when it is on but no
+/// gateway to `peer` runs.
+pub async fn status_address(client: &kube::Client, peer: &str) -> Result<Option<String>, String> {
+    let settings = crate::install::load_settings(client)
+        .await
+        .map_err(|e| crate::error::chain(&e))?;
+    if !settings.network_fabric {
+        return Ok(None);
+    }
+    let ns = names::SYSTEM_NAMESPACE;
+    let name = gateway_secret(peer);
+    let port = Api::<Service>::namespaced(client.clone(), ns)
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading Service {ns}/{name}: {e}"))?
+        .and_then(|s| s.spec?.ports?.first().map(|p| p.port))
+        .ok_or_else(|| format!("the gateway Service {ns}/{name} does not exist yet"))?;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!(
+            "{NAME_LABEL}={GATEWAY_APP},{}={peer}",
+            names::REMOTE_CLUSTER_LABEL
+        )))
+        .await
+        .map_err(|e| format!("listing the gateway pods in {ns}: {e}"))?;
+    pods.items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            (status.phase.as_deref() == Some("Running")).then_some(())?;
+            status.host_ip.clone()
+        })
+        .next()
+        .map(|ip| Some(format!("{ip}:{port}")))
+        .ok_or_else(|| format!("no pod of the gateway Deployment {ns}/{name} is running"))
+}
+
 /// Keeps `peer`'s gateway objects and configuration in line with `view`.
 pub async fn reconcile(
     ctx: &Ctx,
