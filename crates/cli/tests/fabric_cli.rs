@@ -232,6 +232,27 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         },
     );
 
+    let status: Value = serde_json::from_str(&ok(
+        tandem(
+            home.path(),
+            &[
+                "status",
+                "-o",
+                "json",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "status",
+    ))
+    .unwrap();
+    assert_eq!(
+        status["providers"][0]["tunnel"], "TunnelConnected",
+        "{status}"
+    );
+
     // An offloaded echo pod, and a probe on each node of the consumer.
     offload_hello(home.path(), &lab);
     let nodes: Vec<String> =
