@@ -10,7 +10,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod netlab;
-use netlab::{json, kubectl, lab_up_with_nodes, offload_hello, ok, tandem, until};
+use netlab::{
+    invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok, probe_fetch, tandem,
+    until,
+};
 
 /// The parent of process `pid`.
 fn ppid(pid: u32) -> Option<u32> {
@@ -140,35 +143,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
             &format!("install on {ctx}"),
         );
     }
-    let invite = ok(
-        tandem(
-            home.path(),
-            &[
-                "invite",
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-2",
-                "--endpoint",
-                "https://198.18.2.2:6443",
-            ],
-        ),
-        "invite",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                "peer",
-                invite.trim(),
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "peer",
-    );
+    invite_and_peer(home.path(), &kc);
 
     // Each side: its gateway to the other Running on the node network, the agent on both
     // nodes, and the gateway's endpoint published to the other side.
@@ -312,24 +287,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         let reply: Value = until(
             &format!("{probe} reaching the offloaded pod at {hello_ip}"),
             Duration::from_secs(60),
-            || {
-                let out = kubectl(
-                    &lab,
-                    "lab-1",
-                    &[
-                        "exec",
-                        &probe,
-                        "--",
-                        "probe",
-                        "fetch",
-                        &format!("http://{hello_ip}:8080/"),
-                    ],
-                );
-                out.status
-                    .success()
-                    .then(|| serde_json::from_slice(&out.stdout).ok())
-                    .flatten()
-            },
+            || probe_fetch(&lab, "default", &probe, &format!("http://{hello_ip}:8080/")),
         );
         assert_eq!(reply["cluster"], "lab-2", "{reply}");
         assert_eq!(reply["namespace"], "demo-rome", "{reply}");
@@ -398,24 +356,12 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         &format!("the offloaded probe reaching the local echo pod at {there}"),
         Duration::from_secs(60),
         || {
-            let out = kubectl(
+            probe_fetch(
                 &lab,
-                "lab-1",
-                &[
-                    "-n",
-                    "demo",
-                    "exec",
-                    "probe-remote",
-                    "--",
-                    "probe",
-                    "fetch",
-                    &format!("http://{there}:8080/"),
-                ],
-            );
-            out.status
-                .success()
-                .then(|| serde_json::from_slice(&out.stdout).ok())
-                .flatten()
+                "demo",
+                "probe-remote",
+                &format!("http://{there}:8080/"),
+            )
         },
     );
     assert_eq!(reply["cluster"], "lab-1", "{reply}");
@@ -463,19 +409,12 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         "traffic resuming after the gateway's restart",
         Duration::from_secs(60),
         || {
-            let out = kubectl(
+            probe_fetch(
                 &lab,
-                "lab-1",
-                &[
-                    "exec",
-                    "probe-0",
-                    "--",
-                    "probe",
-                    "fetch",
-                    &format!("http://{hello_ip}:8080/"),
-                ],
-            );
-            out.status.success().then_some(())
+                "default",
+                "probe-0",
+                &format!("http://{hello_ip}:8080/"),
+            )
         },
     );
     let on_node: Vec<String> = fabric_leftovers(&prefix)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod netlab;
-use netlab::{json, kubectl, lab_up, offload_hello, ok, tandem, until};
+use netlab::{invite_and_peer, json, kubectl, lab_up, offload_hello, ok, tandem, until};
 
 /// The processes the lab started (its children), with their command lines.
 fn children(lab_pid: u32) -> Vec<(u32, String)> {
@@ -201,36 +201,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
 
     // Peering with controllers in pods: the consumer's controller reaches the provider's API
     // server on the lab WAN, as the invite says.
-    let invite = ok(
-        tandem(
-            home.path(),
-            &[
-                "invite",
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-2",
-                "--endpoint",
-                "https://198.18.2.2:6443",
-            ],
-        ),
-        "invite",
-    );
-    let out = ok(
-        tandem(
-            home.path(),
-            &[
-                "peer",
-                invite.trim(),
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "peer",
-    );
-    let _ = out;
+    let invite = invite_and_peer(home.path(), &kc);
     // What `tandem status` reports on both sides, as in the peering CLI suite.
     let status = until(
         "the peering Established with its virtual node Ready",

@@ -169,3 +169,52 @@ pub fn offload_hello(home: &Path, lab: &Lab) {
         "kubectl run",
     );
 }
+
+/// `tandem invite` on lab-2 (milan, endpoint on the WAN), then `tandem peer` on lab-1 (rome);
+/// returns the invite, spent.
+pub fn invite_and_peer(home: &Path, kubeconfig: &str) -> String {
+    let invite = ok(
+        tandem(
+            home,
+            &[
+                "invite",
+                "--kubeconfig",
+                kubeconfig,
+                "--context",
+                "lab-2",
+                "--endpoint",
+                "https://198.18.2.2:6443",
+            ],
+        ),
+        "invite",
+    );
+    ok(
+        tandem(
+            home,
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                kubeconfig,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer",
+    );
+    invite
+}
+
+/// What the echo server at `url` answered `kubectl exec POD -- probe fetch URL` in lab-1's
+/// namespace `ns`; None while it fails.
+pub fn probe_fetch(lab: &Lab, ns: &str, pod: &str, url: &str) -> Option<Value> {
+    let out = kubectl(
+        lab,
+        "lab-1",
+        &["-n", ns, "exec", pod, "--", "probe", "fetch", url],
+    );
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
