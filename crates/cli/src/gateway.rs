@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use tandem_net::GatewayArgs;
 
 /// Arguments of `tandem gateway`.
 #[derive(clap::Args)]
@@ -124,6 +125,41 @@ async fn in_cluster(peer: &str, cluster: &crate::flags::ClusterArgs) -> anyhow::
             stop(r).await;
         }
         match read_config(&api, &name).await {
+            // Only the allow-list changed (pods came or went): the rules follow, the tunnel
+            // stays up.
+            Ok(Some(args))
+                if running.as_ref().is_some_and(|r| {
+                    r.0 != args
+                        && GatewayArgs {
+                            allowed_destinations: None,
+                            ..r.0.clone()
+                        } == GatewayArgs {
+                            allowed_destinations: None,
+                            ..args.clone()
+                        }
+                }) =>
+            {
+                match args.clone().into_config() {
+                    Ok(c) => {
+                        let rules = tandem_net::nft::render(
+                            &c.plan,
+                            &c.nft_table,
+                            &c.interface,
+                            c.mtu,
+                            c.allowed_destinations.as_deref(),
+                        );
+                        match tandem_net::nft::apply(&rules).await {
+                            Ok(_) => {
+                                if let Some(r) = running.as_mut() {
+                                    r.0 = args;
+                                }
+                            }
+                            Err(e) => tracing::warn!("updating the allowed destinations: {e}"),
+                        }
+                    }
+                    Err(e) => tracing::error!("Secret {name}: {e}"),
+                }
+            }
             Ok(Some(args)) if running.as_ref().map(|r| &r.0) != Some(&args) => {
                 if let Some(r) = running.take() {
                     tracing::info!("configuration changed: restarting the data path");

@@ -321,13 +321,31 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         ),
         "offloaded probe",
     );
+    // A local echo pod of the offloaded namespace (pinned to a real node), and one of a
+    // namespace that is not offloaded.
     ok(
         kubectl(
             &lab,
             "lab-1",
-            &["run", "local-echo", "--image=tandem.dev/echo"],
+            &[
+                "-n",
+                "demo",
+                "run",
+                "local-echo",
+                "--image=tandem.dev/echo",
+                "--overrides",
+                &format!(r#"{{"spec":{{"nodeName":"{}"}}}}"#, nodes[0]),
+            ],
         ),
         "local echo pod",
+    );
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["run", "private-echo", "--image=tandem.dev/echo"],
+        ),
+        "echo pod of a namespace that is not offloaded",
     );
     let running_ip = |ns: &str, name: &str| {
         let pod = json(&lab, "lab-1", &["-n", ns, "get", "pod", name]);
@@ -348,10 +366,18 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
     let local_echo_ip = until(
         "the local echo pod Running",
         Duration::from_secs(60),
-        || running_ip("default", "local-echo"),
+        || running_ip("demo", "local-echo"),
     );
-    let host = u32::from(local_echo_ip) & !u32::from(ours_there.netmask());
-    let there = std::net::Ipv4Addr::from(u32::from(ours_there.network()) | host);
+    let private_echo_ip = until(
+        "the private echo pod Running",
+        Duration::from_secs(60),
+        || running_ip("default", "private-echo"),
+    );
+    let in_prefix = |ip: std::net::Ipv4Addr, prefix: ipnet::Ipv4Net| {
+        let host = u32::from(ip) & !u32::from(prefix.netmask());
+        std::net::Ipv4Addr::from(u32::from(prefix.network()) | host)
+    };
+    let there = in_prefix(local_echo_ip, ours_there);
     let reply: Value = until(
         &format!("the offloaded probe reaching the local echo pod at {there}"),
         Duration::from_secs(60),
@@ -370,6 +396,64 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         reply["client"],
         remote_probe_ip.to_string(),
         "the consumer sees the offloaded probe at the address it reports for it: {reply}"
+    );
+
+    // Least exposure: through the tunnel, neither side opens connections to the other's
+    // pods outside the peering (the same remapped prefixes and routes as above: only the
+    // receiving gateway's filter differs).
+    let private_there = in_prefix(private_echo_ip, ours_there);
+    assert_eq!(
+        probe_fetch(
+            &lab,
+            "demo",
+            "probe-remote",
+            &format!("http://{private_there}:8080/")
+        ),
+        None,
+        "an offloaded pod reaches a consumer pod of a namespace that is not offloaded"
+    );
+    ok(
+        kubectl(
+            &lab,
+            "lab-2",
+            &["run", "provider-private", "--image=tandem.dev/echo"],
+        ),
+        "an echo pod of the provider's own",
+    );
+    let provider_private: std::net::Ipv4Addr = until(
+        "the provider's own echo pod Running",
+        Duration::from_secs(60),
+        || {
+            let pod = json(&lab, "lab-2", &["get", "pod", "provider-private"]);
+            (pod["status"]["phase"] == "Running")
+                .then(|| pod["status"]["podIP"].as_str()?.parse().ok())
+                .flatten()
+        },
+    );
+    let theirs_here: ipnet::Ipv4Net = network["remappedRemotePodCidr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        probe_fetch(
+            &lab,
+            "default",
+            "probe-0",
+            &format!("http://{}:8080/", in_prefix(provider_private, theirs_here)),
+        ),
+        None,
+        "a consumer pod reaches a provider pod outside the twin namespaces"
+    );
+    assert!(
+        probe_fetch(
+            &lab,
+            "default",
+            "probe-0",
+            &format!("http://{hello_ip}:8080/")
+        )
+        .is_some(),
+        "the offloaded pod, in the same remapped prefix, still answers"
     );
 
     // The data plane in the node namespaces: the gateway's TUN, table and routes on its

@@ -48,6 +48,11 @@ pub struct GatewayArgs {
     /// nftables table (family inet) the gateway owns; defaults to `tandem_<interface>`.
     #[serde(default)]
     pub nft_table: Option<String>,
+    /// Least exposure: the local destinations (real addresses) the peer may open connections
+    /// to through the tunnel; replies to connections opened from this side always pass. None
+    /// lets the peer reach everything its routes lead to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_destinations: Option<Vec<ipnet::IpNet>>,
 }
 
 fn default_keepalive() -> u16 {
@@ -90,6 +95,8 @@ pub struct GatewayConfig {
     pub probe_timeout: Duration,
     /// nftables table name.
     pub nft_table: String,
+    /// What the peer may open connections to (None: everything).
+    pub allowed_destinations: Option<Vec<ipnet::IpNet>>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -173,6 +180,7 @@ impl GatewayArgs {
             probe_interval: Duration::from_millis(self.probe_interval_ms),
             probe_timeout: Duration::from_millis(self.probe_timeout_ms),
             nft_table,
+            allowed_destinations: self.allowed_destinations,
         })
     }
 }

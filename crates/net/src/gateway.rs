@@ -99,6 +99,7 @@ pub async fn run_gateway_until(
         &config.nft_table,
         &config.interface,
         config.mtu,
+        config.allowed_destinations.as_deref(),
     );
     let changed = nft::apply(&ruleset)
         .await

@@ -96,6 +96,20 @@ const MSS: ChainSpec = ChainSpec {
     hook: "forward",
     priority: -150,
 };
+/// Least exposure, for what the peer opens through the tunnel: after the destination NAT, to
+/// pods (forward) and to the gateway's own node (input).
+const EXPOSE_FORWARD: ChainSpec = ChainSpec {
+    name: "expose_forward",
+    kind: "filter",
+    hook: "forward",
+    priority: 0,
+};
+const EXPOSE_INPUT: ChainSpec = ChainSpec {
+    name: "expose_input",
+    kind: "filter",
+    hook: "input",
+    priority: 0,
+};
 
 fn family_kw(net: &IpNet) -> &'static str {
     match net {
@@ -113,9 +127,40 @@ fn rule(chain: &'static str, body: String) -> RuleSpec {
     RuleSpec { chain, body, id }
 }
 
-/// The ruleset for `plan` on tunnel interface `tun` with the given MTU.
-pub fn render(plan: &NatPlan, table: &str, tun: &str, mtu: u16) -> Ruleset {
+/// The ruleset for `plan` on tunnel interface `tun` with the given MTU; with `allowed`, new
+/// connections from the tunnel reach only those destinations (and never the node itself).
+pub fn render(
+    plan: &NatPlan,
+    table: &str,
+    tun: &str,
+    mtu: u16,
+    allowed: Option<&[IpNet]>,
+) -> Ruleset {
     let mut rules = Vec::new();
+    let mut chains = vec![NAT_IN, NAT_OUT, MSS];
+    if let Some(allowed) = allowed {
+        chains.extend([EXPOSE_FORWARD, EXPOSE_INPUT]);
+        for (proto, f, v4) in [("ipv4", "ip", true), ("ipv6", "ip6", false)] {
+            let members: Vec<String> = allowed
+                .iter()
+                .filter(|n| matches!(n, IpNet::V4(_)) == v4)
+                .map(ToString::to_string)
+                .collect();
+            let body = if members.is_empty() {
+                format!("iifname \"{tun}\" meta nfproto {proto} ct state new drop")
+            } else {
+                format!(
+                    "iifname \"{tun}\" meta nfproto {proto} ct state new {f} daddr != {{ {} }} drop",
+                    members.join(", ")
+                )
+            };
+            rules.push(rule(EXPOSE_FORWARD.name, body));
+        }
+        rules.push(rule(
+            EXPOSE_INPUT.name,
+            format!("iifname \"{tun}\" ct state new drop"),
+        ));
+    }
     for t in &plan.dnat_from_tunnel {
         let f = family_kw(&t.from);
         rules.push(rule(
@@ -173,7 +218,7 @@ pub fn render(plan: &NatPlan, table: &str, tun: &str, mtu: u16) -> Ruleset {
     ));
     Ruleset {
         table: table.to_string(),
-        chains: vec![NAT_IN, NAT_OUT, MSS],
+        chains,
         rules,
     }
 }
@@ -449,7 +494,7 @@ mod tests {
 
     #[test]
     fn render_double_nat() {
-        let rs = render(&plan("10.2.0.0/16"), "tandem_t", "tdm0", 1420);
+        let rs = render(&plan("10.2.0.0/16"), "tandem_t", "tdm0", 1420, None);
         let bodies: Vec<&str> = rs.rules.iter().map(|r| r.body.as_str()).collect();
         assert_eq!(
             bodies,
@@ -468,10 +513,39 @@ mod tests {
     }
 
     #[test]
+    fn least_exposure_drops_new_connections_to_anything_not_allowed() {
+        let allowed: Vec<IpNet> = vec!["10.244.1.7/32".parse().unwrap()];
+        let rs = render(&plan("10.2.0.0/16"), "t", "tdm0", 1420, Some(&allowed));
+        let bodies: Vec<&str> = rs
+            .rules
+            .iter()
+            .filter(|r| r.chain.starts_with("expose"))
+            .map(|r| r.body.as_str())
+            .collect();
+        assert_eq!(
+            bodies,
+            vec![
+                "iifname \"tdm0\" meta nfproto ipv4 ct state new ip daddr != { 10.244.1.7/32 } drop",
+                "iifname \"tdm0\" meta nfproto ipv6 ct state new drop",
+                "iifname \"tdm0\" ct state new drop",
+            ]
+        );
+        assert!(rs.chains.iter().any(|c| c.hook == "input"));
+        // A pod more changes one rule; the others stay.
+        let more: Vec<IpNet> = vec![allowed[0], "10.244.2.9/32".parse().unwrap()];
+        let next = render(&plan("10.2.0.0/16"), "t", "tdm0", 1420, Some(&more));
+        let script = reconcile_script(&next, Some(&as_current(&rs))).expect("a change");
+        assert_eq!(script.matches("add rule").count(), 1, "{script}");
+        // Without an allow-list: no filter chains at all.
+        let open = render(&plan("10.2.0.0/16"), "t", "tdm0", 1420, None);
+        assert!(open.rules.iter().all(|r| !r.chain.starts_with("expose")));
+    }
+
+    #[test]
     fn reconcile_table() {
-        let desired = render(&plan("10.2.0.0/16"), "t", "tdm0", 1420);
+        let desired = render(&plan("10.2.0.0/16"), "t", "tdm0", 1420, None);
         let applied = as_current(&desired);
-        let changed_plan = render(&plan("10.4.0.0/16"), "t", "tdm0", 1420);
+        let changed_plan = render(&plan("10.4.0.0/16"), "t", "tdm0", 1420, None);
 
         let mut duplicated = applied.clone();
         duplicated.rules.push(CurrentRule {
@@ -549,7 +623,7 @@ mod tests {
 
         // A changed plan replaces only the rules that differ (here: nothing in nat rules,
         // since the peer's name for its pods only changes routes; so use a different MTU).
-        let other_mtu = render(&plan("10.2.0.0/16"), "t", "tdm0", 1380);
+        let other_mtu = render(&plan("10.2.0.0/16"), "t", "tdm0", 1380, None);
         let script = reconcile_script(&other_mtu, Some(&applied)).unwrap();
         let deletes = script
             .lines()

@@ -73,6 +73,9 @@ pub struct PeerView {
     pub peer_endpoint: Option<String>,
     /// Both sides' prefixes and remaps, once negotiated.
     pub nat: Option<NatPlanInput>,
+    /// Which roles this cluster plays towards the peer (both when peered both ways).
+    pub consumer_of: bool,
+    pub provider_for: bool,
 }
 
 fn prefixes(pod: Option<&str>, external: Option<&str>) -> Option<ClusterPrefixes> {
@@ -123,6 +126,8 @@ pub async fn views(ctx: &Ctx, settings: &ClusterSettings) -> Result<Vec<PeerView
                     .as_ref()
                     .and_then(|t| t.spec.gateway_endpoint.clone()),
                 nat: nat(local, seen_by_peer, seen_locally),
+                consumer_of: false,
+                provider_for: true,
             },
         );
     }
@@ -137,9 +142,12 @@ pub async fn views(ctx: &Ctx, settings: &ClusterSettings) -> Result<Vec<PeerView
             continue;
         };
         let peer = peering.spec.cluster_id.clone();
+        let provider_for = out.get(&peer).is_some_and(|v| v.provider_for);
         out.insert(
             peer.clone(),
             PeerView {
+                consumer_of: true,
+                provider_for,
                 peer,
                 peer_public_key: n.remote_public_key.clone(),
                 peer_endpoint: n.remote_gateway_endpoint.clone(),
@@ -177,6 +185,7 @@ pub fn gateway_args(
     view: &PeerView,
     private_key: &str,
     port: u16,
+    allowed: Vec<IpNet>,
 ) -> Option<tandem_net::GatewayArgs> {
     let peer_public_key = view.peer_public_key.clone()?;
     let nat = view.nat?;
@@ -195,7 +204,65 @@ pub fn gateway_args(
         probe_interval_ms: 500,
         probe_timeout_ms: 1500,
         nft_table: None,
+        allowed_destinations: Some(allowed),
     })
+}
+
+/// Least exposure: the local pods `view`'s peer may open connections to through the tunnel.
+/// A consumer reaches its offloaded pods here (the pods of its twin namespaces, which carry
+/// its cluster ID as origin); a provider's pods — the offloaded ones — reach the pods of the
+/// namespaces offloaded from here (where their Services' endpoints are). Nothing else:
+/// not kube-system, not tandem-system, not another consumer's twins.
+pub async fn allowed_destinations(
+    ctx: &Ctx,
+    settings: &ClusterSettings,
+    view: &PeerView,
+) -> Result<Vec<IpNet>, kube::Error> {
+    use k8s_openapi::api::core::v1::Pod;
+    let local: Option<IpNet> = settings.pod_cidr.parse().ok();
+    let mut pods: Vec<Pod> = Vec::new();
+    let all: Api<Pod> = Api::all(ctx.client.clone());
+    if view.provider_for {
+        let origin = format!("{}={}", names::ORIGIN_CLUSTER_LABEL, view.peer);
+        pods.extend(
+            all.list(&ListParams::default().labels(&origin))
+                .await?
+                .items,
+        );
+    }
+    if view.consumer_of {
+        for offloading in Api::<tandem_api::NamespaceOffloading>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+        {
+            let Some(ns) = offloading.metadata.namespace.as_deref() else {
+                continue;
+            };
+            pods.extend(
+                Api::<Pod>::namespaced(ctx.client.clone(), ns)
+                    .list(&ListParams::default())
+                    .await?
+                    .items,
+            );
+        }
+    }
+    let mut out: Vec<IpNet> = pods
+        .iter()
+        .filter_map(|p| {
+            p.status
+                .as_ref()?
+                .pod_ip
+                .as_deref()?
+                .parse::<std::net::IpAddr>()
+                .ok()
+        })
+        // Pods of this cluster only (not those on virtual nodes, nor hostNetwork ones).
+        .filter(|ip| local.is_some_and(|l| l.contains(ip)))
+        .map(IpNet::from)
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// Why the fabric of a peer could not be set up.
@@ -433,7 +500,10 @@ pub async fn reconcile(
     .await
     .map_err(api_err(format!("gateway Deployment {ns}/{name}")))?;
 
-    let Some(args) = gateway_args(view, &key.private_key, port) else {
+    let allowed = allowed_destinations(ctx, settings, view)
+        .await
+        .map_err(api_err("listing the pods the peer may reach"))?;
+    let Some(args) = gateway_args(view, &key.private_key, port, allowed) else {
         return Ok(());
     };
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);

@@ -185,6 +185,7 @@ impl Pair {
                         probe_interval_ms: 300,
                         probe_timeout_ms: 1200,
                         nft_table: None,
+                        allowed_destinations: None,
                     },
                     config_path: dir.path().join(format!("gw{i}.json")),
                     log_path: dir.path().join(format!("gw{i}.log")),
