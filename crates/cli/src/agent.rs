@@ -1,7 +1,8 @@
 //! `tandem agent`: the node agent of the network fabric, run by the controller's DaemonSet
 //! `tandem-agent` on every real node (hostNetwork, NET_ADMIN). It routes each peer's
 //! prefixes (as this cluster names them, from the ConfigMap `tandem-routes`) to the node
-//! running that peer's gateway; on that node itself the gateway's own TUN routes serve. Its
+//! running that peer's gateway; on that node itself (the gateway pod's hostIP is one of the
+//! node's own addresses) the gateway's own TUN routes serve. Its
 //! routes carry their own protocol number (`ip route` shows `proto 173`), so it only ever
 //! changes its own, and it removes them when stopped.
 
@@ -31,7 +32,7 @@ const PERIOD: Duration = Duration::from_secs(1);
 fn wanted(
     routes: &BTreeMap<String, Vec<ipnet::IpNet>>,
     gateways: &[Pod],
-    own_node_ip: Ipv4Addr,
+    own_addresses: &[Ipv4Addr],
 ) -> Vec<(ipnet::Ipv4Net, Ipv4Addr)> {
     let mut out = Vec::new();
     for pod in gateways {
@@ -50,7 +51,7 @@ fn wanted(
         let Some(node) = status.host_ip.as_deref().and_then(|ip| ip.parse().ok()) else {
             continue;
         };
-        if node == own_node_ip {
+        if own_addresses.contains(&node) {
             continue;
         }
         for net in routes.get(peer).into_iter().flatten() {
@@ -65,17 +66,13 @@ fn wanted(
 }
 
 /// One reconciliation: read the routes and where the gateways run, then sync.
-async fn once(client: &kube::Client, namespace: &str, own_pod: &str) -> anyhow::Result<()> {
+async fn once(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let own = pods
-        .get(own_pod)
+    // The node's own addresses, from its network namespace (a hostNetwork pod's HOSTNAME is
+    // the node's host name, so the agent does not look its pod up).
+    let own_addresses = tandem_net::route::local_ipv4_addresses()
         .await
-        .with_context(|| format!("reading this agent's pod {namespace}/{own_pod}"))?;
-    let own_node_ip: Ipv4Addr = own
-        .status
-        .and_then(|s| s.host_ip)
-        .and_then(|ip| ip.parse().ok())
-        .context("this agent's pod has no hostIP yet")?;
+        .context("listing this node's addresses")?;
     let routes: BTreeMap<String, Vec<ipnet::IpNet>> =
         match Api::<ConfigMap>::namespaced(client.clone(), namespace)
             .get_opt(ROUTES_CONFIG_MAP)
@@ -92,7 +89,7 @@ async fn once(client: &kube::Client, namespace: &str, own_pod: &str) -> anyhow::
         .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={GATEWAY_APP}")))
         .await
         .context("listing the gateway pods")?;
-    let wanted = wanted(&routes, &gateways.items, own_node_ip);
+    let wanted = wanted(&routes, &gateways.items, &own_addresses);
     tandem_net::route::sync_agent_routes(&wanted)
         .await
         .context("syncing the routes")
@@ -103,14 +100,12 @@ pub async fn run(_args: Args, cluster: &crate::flags::ClusterArgs) -> anyhow::Re
     let config = cluster.config().await?;
     let namespace = config.default_namespace.clone();
     let client = kube::Client::try_from(config).context("building the API client")?;
-    let own_pod =
-        std::env::var("HOSTNAME").context("HOSTNAME (the agent's pod name) is not set")?;
     let interrupted = crate::interrupt().context("listening for SIGINT and SIGTERM")?;
     tokio::pin!(interrupted);
-    tracing::info!(pod = %own_pod, "node agent started");
+    tracing::info!("node agent started");
     loop {
         // The routes stay as they are while the API server is away.
-        if let Err(e) = once(&client, &namespace, &own_pod).await {
+        if let Err(e) = once(&client, &namespace).await {
             tracing::warn!("{e:#}");
         }
         tokio::select! {
@@ -150,10 +145,10 @@ mod tests {
             gateway("paris", "172.18.0.2", "Running"),
             gateway("oslo", "172.18.0.3", "Pending"),
         ];
-        let own: Ipv4Addr = "172.18.0.2".parse().unwrap();
+        let own: Vec<Ipv4Addr> = vec!["127.0.0.1".parse().unwrap(), "172.18.0.2".parse().unwrap()];
         let via: Ipv4Addr = "172.18.0.3".parse().unwrap();
         assert_eq!(
-            wanted(&routes, &gateways, own),
+            wanted(&routes, &gateways, &own),
             vec![
                 ("10.71.0.0/16".parse().unwrap(), via),
                 ("10.72.0.0/16".parse().unwrap(), via),

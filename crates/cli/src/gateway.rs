@@ -124,7 +124,11 @@ async fn in_cluster(peer: &str, cluster: &crate::flags::ClusterArgs) -> anyhow::
             let r = running.take().expect("checked");
             stop(r).await;
         }
-        match read_config(&api, &name).await {
+        let read = tokio::select! {
+            () = &mut interrupted => break,
+            read = read_config(&api, &name) => read,
+        };
+        match read {
             // Only the allow-list changed (pods came or went): the rules follow, the tunnel
             // stays up.
             Ok(Some(args))

@@ -445,15 +445,17 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         None,
         "a consumer pod reaches a provider pod outside the twin namespaces"
     );
-    assert!(
-        probe_fetch(
-            &lab,
-            "default",
-            "probe-0",
-            &format!("http://{hello_ip}:8080/")
-        )
-        .is_some(),
-        "the offloaded pod, in the same remapped prefix, still answers"
+    until(
+        "the offloaded pod, in the same remapped prefix, still answering",
+        Duration::from_secs(30),
+        || {
+            probe_fetch(
+                &lab,
+                "default",
+                "probe-0",
+                &format!("http://{hello_ip}:8080/"),
+            )
+        },
     );
 
     // The data plane in the node namespaces: the gateway's TUN, table and routes on its

@@ -147,10 +147,12 @@ pub fn render(
                 .map(ToString::to_string)
                 .collect();
             let body = if members.is_empty() {
-                format!("iifname \"{tun}\" meta nfproto {proto} ct state new drop")
+                format!(
+                    "iifname \"{tun}\" meta nfproto {proto} ct state != {{ established, related }} drop"
+                )
             } else {
                 format!(
-                    "iifname \"{tun}\" meta nfproto {proto} ct state new {f} daddr != {{ {} }} drop",
+                    "iifname \"{tun}\" meta nfproto {proto} ct state != {{ established, related }} {f} daddr != {{ {} }} drop",
                     members.join(", ")
                 )
             };
@@ -158,7 +160,7 @@ pub fn render(
         }
         rules.push(rule(
             EXPOSE_INPUT.name,
-            format!("iifname \"{tun}\" ct state new drop"),
+            format!("iifname \"{tun}\" ct state != {{ established, related }} drop"),
         ));
     }
     for t in &plan.dnat_from_tunnel {
@@ -525,9 +527,9 @@ mod tests {
         assert_eq!(
             bodies,
             vec![
-                "iifname \"tdm0\" meta nfproto ipv4 ct state new ip daddr != { 10.244.1.7/32 } drop",
-                "iifname \"tdm0\" meta nfproto ipv6 ct state new drop",
-                "iifname \"tdm0\" ct state new drop",
+                "iifname \"tdm0\" meta nfproto ipv4 ct state != { established, related } ip daddr != { 10.244.1.7/32 } drop",
+                "iifname \"tdm0\" meta nfproto ipv6 ct state != { established, related } drop",
+                "iifname \"tdm0\" ct state != { established, related } drop",
             ]
         );
         assert!(rs.chains.iter().any(|c| c.hook == "input"));

@@ -202,3 +202,32 @@ pub async fn sync_agent_routes(wanted: &[(ipnet::Ipv4Net, Ipv4Addr)]) -> Result<
     task.abort();
     result
 }
+
+/// The IPv4 addresses of this network namespace's interfaces (the node's, for a
+/// hostNetwork pod).
+pub async fn local_ipv4_addresses() -> Result<Vec<Ipv4Addr>, RouteError> {
+    use rtnetlink::packet_route::address::AddressAttribute;
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(RouteError::Connect)?;
+    let task = tokio::spawn(conn);
+    let mut out = Vec::new();
+    let mut stream = handle.address().get().execute();
+    let result = loop {
+        match stream.try_next().await {
+            Ok(Some(msg)) => out.extend(msg.attributes.iter().filter_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+                _ => None,
+            })),
+            Ok(None) => break Ok(out),
+            Err(source) => {
+                break Err(RouteError::Request {
+                    action: "list addresses",
+                    prefix: "*".into(),
+                    ifindex: 0,
+                    source,
+                });
+            }
+        }
+    };
+    task.abort();
+    result
+}

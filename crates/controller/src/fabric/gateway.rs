@@ -223,11 +223,33 @@ pub async fn allowed_destinations(
     let mut pods: Vec<Pod> = Vec::new();
     let all: Api<Pod> = Api::all(ctx.client.clone());
     if view.provider_for {
+        // The peer's pods in its twin namespaces only: the origin label alone is a label
+        // anyone may put on a pod of their own.
+        let twins: Vec<String> =
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone())
+                .list(&ListParams::default().labels(&format!(
+                    "{},{}={}",
+                    names::TWIN_NAMESPACE_LABEL,
+                    names::ORIGIN_CLUSTER_LABEL,
+                    view.peer
+                )))
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect();
         let origin = format!("{}={}", names::ORIGIN_CLUSTER_LABEL, view.peer);
         pods.extend(
             all.list(&ListParams::default().labels(&origin))
                 .await?
-                .items,
+                .items
+                .into_iter()
+                .filter(|p| {
+                    p.metadata
+                        .namespace
+                        .as_ref()
+                        .is_some_and(|n| twins.contains(n))
+                }),
         );
     }
     if view.consumer_of {
@@ -238,6 +260,11 @@ pub async fn allowed_destinations(
             let Some(ns) = offloading.metadata.namespace.as_deref() else {
                 continue;
             };
+            // Only namespaces offloaded to this provider: another provider's pods never reach
+            // what was offloaded elsewhere.
+            if crate::consumer::vk::twin_of(&offloading, &view.peer).is_none() {
+                continue;
+            }
             pods.extend(
                 Api::<Pod>::namespaced(ctx.client.clone(), ns)
                     .list(&ListParams::default())
@@ -581,8 +608,8 @@ pub async fn reconcile_agent(
         "rules": [
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
              "resourceNames": [ROUTES_CONFIG_MAP]},
-            // Where the gateways run, and its own pod (for its node's address).
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+            // Where the gateways run.
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         ]}),
     )
     .await

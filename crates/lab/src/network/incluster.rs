@@ -325,6 +325,10 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String>
     // (`pid1`), which goes on from here, and stays outside as its relay.
     let own_pids = !sandbox.launch.capabilities.is_empty();
     if pid1 {
+        // Dies with its relay from the start (set again after the user changes, which
+        // clears it).
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(step("parent-death signal"))?;
         // The relay blocked the signals it relays before starting this process, and a
         // blocked mask survives exec: clear it, or SIGTERM would never reach the role.
         nix::sys::signal::sigprocmask(

@@ -139,8 +139,10 @@ pub async fn run(view: super::ServiceView, client: kube::Client, wan: Ipv4Addr) 
                     "load balancer: writing the ingress: {e}");
             }
         }
-        if changes.changed().await.is_err() {
-            return;
+        // Also every few seconds: a write that failed is tried again.
+        match tokio::time::timeout(Duration::from_secs(5), changes.changed()).await {
+            Ok(Err(_)) => return,
+            Ok(Ok(())) | Err(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
