@@ -140,9 +140,8 @@ pub async fn run(view: super::ServiceView, client: kube::Client, wan: Ipv4Addr) 
             }
         }
         // Also every few seconds: a write that failed is tried again.
-        match tokio::time::timeout(Duration::from_secs(5), changes.changed()).await {
-            Ok(Err(_)) => return,
-            Ok(Ok(())) | Err(_) => {}
+        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_secs(5), changes.changed()).await {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
