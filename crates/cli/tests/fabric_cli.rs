@@ -11,8 +11,8 @@ use serde_json::Value;
 
 mod netlab;
 use netlab::{
-    invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok, probe_fetch, tandem,
-    until,
+    invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok, peer_with, probe_fetch,
+    tandem, until,
 };
 
 /// The parent of process `pid`.
@@ -377,7 +377,63 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         let host = u32::from(ip) & !u32::from(prefix.netmask());
         std::net::Ipv4Addr::from(u32::from(prefix.network()) | host)
     };
+    // A Service of the offloaded namespace with one endpoint in each cluster: the offloaded
+    // echo pod and the local one.
+    for pod in ["hello", "local-echo"] {
+        ok(
+            kubectl(
+                &lab,
+                "lab-1",
+                &["-n", "demo", "label", "pod", pod, "app=web"],
+            ),
+            "label",
+        );
+    }
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "create",
+                "service",
+                "clusterip",
+                "web",
+                "--tcp=8080:8080",
+            ],
+        ),
+        "Service web",
+    );
+    // The provider's reflected EndpointSlice names the local echo pod at the address the
+    // provider's view gives it (rome's prefix in milan, same host part).
     let there = in_prefix(local_echo_ip, ours_there);
+    until(
+        &format!("the reflected EndpointSlice of web in milan naming {there}"),
+        Duration::from_secs(60),
+        || {
+            let slices = json(
+                &lab,
+                "lab-2",
+                &[
+                    "-n",
+                    "demo-rome",
+                    "get",
+                    "endpointslices",
+                    "-l",
+                    "kubernetes.io/service-name=web",
+                ],
+            );
+            let addresses: Vec<String> = slices["items"]
+                .as_array()?
+                .iter()
+                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+                .filter_map(|a| a.as_str().map(str::to_string))
+                .collect();
+            addresses.contains(&there.to_string()).then_some(())
+        },
+    );
     let reply: Value = until(
         &format!("the offloaded probe reaching the local echo pod at {there}"),
         Duration::from_secs(60),
@@ -397,6 +453,64 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         remote_probe_ip.to_string(),
         "the consumer sees the offloaded probe at the address it reports for it: {reply}"
     );
+
+    // 100 requests to the Service's ClusterIP from a consumer pod: both clusters answer. The
+    // reflected Service in the provider, from a pod there (the offloaded probe), too.
+    let cluster_ip = |ctx: &str, ns: &str| {
+        json(&lab, ctx, &["-n", ns, "get", "service", "web"])["spec"]["clusterIP"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let consumer_ip = cluster_ip("lab-1", "demo").expect("web's ClusterIP in rome");
+    let provider_ip = until(
+        "the reflected Service web in milan with a ClusterIP of its own",
+        Duration::from_secs(60),
+        || cluster_ip("lab-2", "demo-rome"),
+    );
+    for (ns, probe, ip) in [
+        ("default", "probe-0", &consumer_ip),
+        ("demo", "probe-remote", &provider_ip),
+    ] {
+        let answered = until(
+            &format!("100 requests from {probe} to web at {ip} answered by both clusters"),
+            Duration::from_secs(90),
+            || {
+                let out = kubectl(
+                    &lab,
+                    "lab-1",
+                    &[
+                        "-n",
+                        ns,
+                        "exec",
+                        probe,
+                        "--",
+                        "probe",
+                        "fetch",
+                        "--count",
+                        "100",
+                        &format!("http://{ip}:8080/"),
+                    ],
+                );
+                if !out.status.success() {
+                    return None;
+                }
+                let mut by_cluster = std::collections::BTreeMap::<String, usize>::new();
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    let reply: Value = serde_json::from_str(line).ok()?;
+                    *by_cluster
+                        .entry(reply["cluster"].as_str()?.to_string())
+                        .or_default() += 1;
+                }
+                (by_cluster.values().sum::<usize>() == 100 && by_cluster.len() == 2)
+                    .then_some(by_cluster)
+            },
+        );
+        assert_eq!(
+            answered.keys().collect::<Vec<_>>(),
+            ["lab-1", "lab-2"],
+            "{answered:?}"
+        );
+    }
 
     // Least exposure: through the tunnel, neither side opens connections to the other's
     // pods outside the peering (the same remapped prefixes and routes as above: only the
@@ -491,6 +605,29 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
                 .then_some(())
         },
     );
+    let network_unavailable = |want: &str| {
+        let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+        node["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "NetworkUnavailable" && c["status"] == want)
+            .cloned()
+    };
+    let down = until(
+        "the virtual node's NetworkUnavailable True while the gateway is down",
+        Duration::from_secs(30),
+        || network_unavailable("True"),
+    );
+    assert!(
+        [
+            "GatewayUnreachable",
+            "GatewayNotRunning",
+            "TunnelDown",
+            "TunnelConnecting"
+        ]
+        .contains(&down["reason"].as_str().unwrap_or_default()),
+        "{down}"
+    );
     until(
         "traffic resuming after the gateway's restart",
         Duration::from_secs(60),
@@ -502,6 +639,11 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
                 &format!("http://{hello_ip}:8080/"),
             )
         },
+    );
+    until(
+        "the virtual node's NetworkUnavailable False again",
+        Duration::from_secs(30),
+        || network_unavailable("False"),
     );
     let on_node: Vec<String> = fabric_leftovers(&prefix)
         .into_iter()
@@ -556,5 +698,220 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         "no route, TUN link or nftables table of the fabric left in the node namespaces",
         Duration::from_secs(30),
         || fabric_leftovers(&prefix).is_empty().then_some(()),
+    );
+}
+
+/// `kubectl run NAME --image=tandem.dev/<image>` in `ctx`'s namespace `ns` with `overrides`;
+/// returns its podIP once Running.
+fn run_pod(
+    lab: &netlab::Lab,
+    ctx: &str,
+    ns: &str,
+    name: &str,
+    image: &str,
+    overrides: Option<&str>,
+) -> std::net::Ipv4Addr {
+    let image = format!("--image=tandem.dev/{image}");
+    let mut args = vec!["-n", ns, "run", name, image.as_str()];
+    if let Some(o) = overrides {
+        args.extend(["--overrides", o]);
+    }
+    ok(
+        kubectl(lab, ctx, &args),
+        &format!("pod {ns}/{name} in {ctx}"),
+    );
+    until(
+        &format!("pod {ns}/{name} of {ctx} Running"),
+        Duration::from_secs(90),
+        || {
+            let pod = json(lab, ctx, &["-n", ns, "get", "pod", name]);
+            (pod["status"]["phase"] == "Running")
+                .then(|| pod["status"]["podIP"].as_str()?.parse().ok())
+                .flatten()
+        },
+    )
+}
+
+/// Three clusters on 10.244.0.0/16: rome (lab-1) consumes from milan (lab-2) and turin
+/// (lab-3). Pods of each peered pair reach each other; milan's pods never reach turin's (no
+/// transit through rome); rome's pods reach nothing of a provider outside the twin namespaces
+/// (kube-system, tandem-system), whichever address they try.
+#[test]
+fn three_clusters_pairs_connect_and_nothing_transits() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let lab = lab_up_with_nodes(home.path(), "lab", "3", "1");
+    let kc = lab.kubeconfig.clone();
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan"), ("lab-3", "turin")] {
+        ok(
+            tandem(
+                home.path(),
+                &[
+                    "install",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    ctx,
+                    "--cluster-id",
+                    id,
+                    "--network-fabric",
+                ],
+            ),
+            &format!("install on {ctx}"),
+        );
+    }
+    peer_with(home.path(), &kc, "lab-1", 2);
+    peer_with(home.path(), &kc, "lab-1", 3);
+    ok(
+        kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
+        "namespace",
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "offload",
+                "namespace",
+                "demo",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "offload",
+    );
+    let on = |node: &str| {
+        format!(r#"{{"spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{node}"}}}}}}"#)
+    };
+    // In rome: a local echo pod and a probe of the offloaded namespace; an echo pod and a
+    // probe offloaded to each provider (their addresses as rome reports them).
+    let local_echo = run_pod(
+        &lab,
+        "lab-1",
+        "demo",
+        "local-echo",
+        "echo",
+        Some(&on("lab-1-node-1")),
+    );
+    run_pod(
+        &lab,
+        "lab-1",
+        "demo",
+        "probe",
+        "probe",
+        Some(&on("lab-1-node-1")),
+    );
+    let milan_echo = run_pod(
+        &lab,
+        "lab-1",
+        "demo",
+        "milan-echo",
+        "echo",
+        Some(&on("tandem-milan")),
+    );
+    let turin_echo = run_pod(
+        &lab,
+        "lab-1",
+        "demo",
+        "turin-echo",
+        "echo",
+        Some(&on("tandem-turin")),
+    );
+    run_pod(
+        &lab,
+        "lab-1",
+        "demo",
+        "milan-probe",
+        "probe",
+        Some(&on("tandem-milan")),
+    );
+    run_pod(
+        &lab,
+        "lab-1",
+        "demo",
+        "turin-probe",
+        "probe",
+        Some(&on("tandem-turin")),
+    );
+    // The same pods as their providers see them.
+    let provider_ip = |ctx: &str, name: &str| -> std::net::Ipv4Addr {
+        json(&lab, ctx, &["-n", "demo-rome", "get", "pod", name])["status"]["podIP"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let turin_echo_there = provider_ip("lab-3", "turin-echo");
+    let rome_in = |ctx: &str| -> ipnet::Ipv4Net {
+        let peering = if ctx == "lab-2" { "milan" } else { "turin" };
+        json(&lab, "lab-1", &["get", "peering", peering])["status"]["network"]
+            ["localPodCidrInRemote"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let in_prefix = |ip: std::net::Ipv4Addr, prefix: ipnet::Ipv4Net| {
+        let host = u32::from(ip) & !u32::from(prefix.netmask());
+        std::net::Ipv4Addr::from(u32::from(prefix.network()) | host)
+    };
+    let url = |ip: std::net::Ipv4Addr| format!("http://{ip}:8080/");
+
+    // Each peered pair, both ways.
+    for (echo, cluster) in [(milan_echo, "lab-2"), (turin_echo, "lab-3")] {
+        let reply = until(
+            &format!("rome's probe reaching the echo pod in {cluster} at {echo}"),
+            Duration::from_secs(60),
+            || probe_fetch(&lab, "demo", "probe", &url(echo)),
+        );
+        assert_eq!(reply["cluster"], cluster, "{reply}");
+    }
+    for (probe, ctx) in [("milan-probe", "lab-2"), ("turin-probe", "lab-3")] {
+        let there = in_prefix(local_echo, rome_in(ctx));
+        let reply = until(
+            &format!("{probe} reaching rome's local echo pod at {there}"),
+            Duration::from_secs(60),
+            || probe_fetch(&lab, "demo", probe, &url(there)),
+        );
+        assert_eq!(reply["cluster"], "lab-1", "{reply}");
+    }
+
+    // No transit: from milan, turin's echo pod is unreachable at the address rome gives it
+    // and at turin's own; whatever answers is never turin (the latter address is also a
+    // milan pod's, as both clusters use 10.244.0.0/16).
+    for addr in [turin_echo, turin_echo_there] {
+        let reply = probe_fetch(&lab, "demo", "milan-probe", &url(addr));
+        assert!(
+            reply.as_ref().is_none_or(|r| r["cluster"] != "lab-3"),
+            "milan's pod reached turin's at {addr} through rome: {reply:?}"
+        );
+    }
+
+    // Least exposure: echo pods in milan's kube-system and tandem-system, tried from rome's
+    // probe at the address rome's view gives milan's pods and at milan's own.
+    let milan_view: ipnet::Ipv4Net = json(&lab, "lab-1", &["get", "peering", "milan"])["status"]
+        ["network"]["remappedRemotePodCidr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for ns in ["kube-system", "tandem-system"] {
+        let ip = run_pod(&lab, "lab-2", ns, "private-echo", "echo", None);
+        for addr in [in_prefix(ip, milan_view), ip] {
+            let reply = probe_fetch(&lab, "demo", "probe", &url(addr));
+            assert!(
+                reply.as_ref().is_none_or(|r| r["cluster"] != "lab-2"),
+                "rome's pod reached milan's {ns} at {addr}: {reply:?}"
+            );
+        }
+    }
+    // …while the offloaded pod, in the same remapped prefix, still answers.
+    until(
+        "milan's offloaded echo pod still answering",
+        Duration::from_secs(30),
+        || probe_fetch(&lab, "demo", "probe", &url(milan_echo)),
     );
 }

@@ -173,6 +173,12 @@ pub fn offload_hello(home: &Path, lab: &Lab) {
 /// `tandem invite` on lab-2 (milan, endpoint on the WAN), then `tandem peer` on lab-1 (rome);
 /// returns the invite, spent.
 pub fn invite_and_peer(home: &Path, kubeconfig: &str) -> String {
+    peer_with(home, kubeconfig, "lab-1", 2)
+}
+
+/// `tandem invite` on `lab-<provider>` (its API endpoint on the WAN, 198.18.<provider>.2),
+/// then `tandem peer` on `consumer`; returns the invite, spent.
+pub fn peer_with(home: &Path, kubeconfig: &str, consumer: &str, provider: u8) -> String {
     let invite = ok(
         tandem(
             home,
@@ -181,9 +187,9 @@ pub fn invite_and_peer(home: &Path, kubeconfig: &str) -> String {
                 "--kubeconfig",
                 kubeconfig,
                 "--context",
-                "lab-2",
+                &format!("lab-{provider}"),
                 "--endpoint",
-                "https://198.18.2.2:6443",
+                &format!("https://198.18.{provider}.2:6443"),
             ],
         ),
         "invite",
@@ -197,7 +203,7 @@ pub fn invite_and_peer(home: &Path, kubeconfig: &str) -> String {
                 "--kubeconfig",
                 kubeconfig,
                 "--context",
-                "lab-1",
+                consumer,
             ],
         ),
         "peer",
@@ -208,9 +214,14 @@ pub fn invite_and_peer(home: &Path, kubeconfig: &str) -> String {
 /// What the echo server at `url` answered `kubectl exec POD -- probe fetch URL` in lab-1's
 /// namespace `ns`; None while it fails.
 pub fn probe_fetch(lab: &Lab, ns: &str, pod: &str, url: &str) -> Option<Value> {
+    probe_fetch_in(lab, "lab-1", ns, pod, url)
+}
+
+/// [`probe_fetch`] from a pod of cluster `ctx`.
+pub fn probe_fetch_in(lab: &Lab, ctx: &str, ns: &str, pod: &str, url: &str) -> Option<Value> {
     let out = kubectl(
         lab,
-        "lab-1",
+        ctx,
         &["-n", ns, "exec", pod, "--", "probe", "fetch", url],
     );
     out.status

@@ -22,6 +22,8 @@ use crate::rbac::LEASE_NAMESPACE;
 const DEFAULT_PODS: &str = "110";
 /// How often the Ready condition's heartbeat time is refreshed when nothing changes.
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
+/// How often the gateway's tunnel report is read between heartbeats.
+const TUNNEL_POLL: Duration = Duration::from_secs(1);
 /// What marks a node as virtual (label and NoExecute taint, as `desired_node` sets them), for
 /// the placement rules that keep pods on or off virtual nodes.
 pub const MARKS: VirtualNodeMarks<'static> = VirtualNodeMarks {
@@ -101,6 +103,11 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(ctx.options.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The gateway's report is local and cheap to read: read it more often than the provider
+    // is probed, so that NetworkUnavailable follows a lost tunnel within about a second of
+    // the gateway noticing (its probes time out in 1.5 s).
+    let mut tunnel_tick = tokio::time::interval(TUNNEL_POLL.min(ctx.options.heartbeat));
+    tunnel_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let started = Instant::now();
     let mut last_answer: Option<Instant> = None;
     let mut last_error = String::from("not probed yet");
@@ -109,11 +116,13 @@ pub async fn run(
     let mut posted: Option<Posted> = None;
     let mut node_uid: Option<String> = None;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = link.changed() => {}
-            Ok(()) = kubelet.changed() => {}
-        }
+        // `full`: probe the provider and renew the lease too; otherwise only the tunnel.
+        let full = tokio::select! {
+            _ = tick.tick() => true,
+            _ = link.changed() => true,
+            Ok(()) = kubelet.changed() => true,
+            _ = tunnel_tick.tick() => false,
+        };
         let kubelet_endpoint = *kubelet.borrow_and_update();
         let Some(l) = link.get() else { continue };
         let nodes: Api<Node> = Api::all(ctx.client.clone());
@@ -140,9 +149,11 @@ pub async fn run(
             }
         }
 
-        match probe(&l, probe_timeout(&ctx)).await {
-            Ok(()) => last_answer = Some(Instant::now()),
-            Err(e) => last_error = crate::error::chain(&e),
+        if full {
+            match probe(&l, probe_timeout(&ctx)).await {
+                Ok(()) => last_answer = Some(Instant::now()),
+                Err(e) => last_error = crate::error::chain(&e),
+            }
         }
         let since = last_answer.unwrap_or(started);
         let readiness = if last_answer.is_some_and(|t| t.elapsed() < ctx.options.provider_grace) {
@@ -275,6 +286,9 @@ pub async fn run(
             }
         }
 
+        if !full {
+            continue;
+        }
         if let Err(e) = renew_lease(&ctx, &l.virtual_node, node_uid.as_deref()).await {
             tracing::warn!(node = %l.virtual_node, "renewing virtual node lease: {e}");
         }

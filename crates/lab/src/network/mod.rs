@@ -507,7 +507,7 @@ impl ClusterNetwork {
 
     /// Runs `command` in pod `namespace/name` as `kubectl exec` asks: only built-in commands,
     /// inside the pod's network namespace — `hostname`, `cat /etc/resolv.conf`, `probe fetch
-    /// URL`, `probe resolve NAME`. Anything else fails as a missing executable does (127).
+    /// URL` (`--count N`: N requests), `probe resolve NAME`. Anything else fails as a missing executable does (127).
     /// Returns (stdout, stderr, exit code).
     pub async fn exec(
         &self,
@@ -526,11 +526,14 @@ impl ClusterNetwork {
             (Some("hostname"), []) => Ok(format!("{}\n", who.pod)),
             (Some("cat"), ["/etc/resolv.conf"]) => Ok(who.resolv_conf.clone()),
             (Some("probe"), ["fetch", url]) => programs::probe_fetch(&who, url).await,
+            (Some("probe"), ["fetch", "--count", n, url]) => {
+                programs::probe_fetch_many(&who, n, url).await
+            }
             (Some("probe"), ["resolve", host]) => programs::probe_resolve(&who, host).await,
             (Some("probe"), _) => {
                 return (
                     String::new(),
-                    "usage: probe fetch URL | probe resolve NAME\n".into(),
+                    "usage: probe fetch [--count N] URL | probe resolve NAME\n".into(),
                     2,
                 );
             }

@@ -419,6 +419,32 @@ pub async fn probe_fetch(who: &PodIdentity, url: &str) -> Result<String, String>
         .map_err(|e| e.to_string())?
 }
 
+/// The probe's `fetch --count N URL`: N GETs one after the other, each on a new connection (so
+/// that a Service's load balancing picks again), their bodies one per line. Stops at the first
+/// failure and says which request failed.
+pub async fn probe_fetch_many(who: &PodIdentity, count: &str, url: &str) -> Result<String, String> {
+    let count: u32 = count
+        .parse()
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| format!("--count {count}: want a number from 1 to 10000"))?;
+    let conf = ResolvConf::parse(&who.resolv_conf);
+    let url = url.to_string();
+    in_pod(&who.netns, move || async move {
+        let mut out = String::new();
+        for i in 1..=count {
+            let body = fetch(&conf, &url)
+                .await
+                .map_err(|e| format!("request {i} of {count}: {e}"))?;
+            out.push_str(body.trim_end());
+            out.push('\n');
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
 async fn fetch(conf: &ResolvConf, url: &str) -> Result<String, String> {
     use http_body_util::{BodyExt, Empty};
     let uri: http::Uri = url.parse().map_err(|e| format!("fetching {url}: {e}"))?;
