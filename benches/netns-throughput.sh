@@ -11,24 +11,34 @@
 #   tandem      tandem-gateway (this repo, release build)
 #   boringtun   boringtun-cli from crates.io (cargo install boringtun-cli)
 #   wg-go       wireguard-go from Debian
+#   fabric      the controller-managed fabric between two network-mode lab clusters (`tandem
+#               lab up --network`, `tandem install --network-fabric`, `tandem peer`): iperf3
+#               runs in a consumer pod's namespace against an offloaded pod, at the address
+#               the consumer reports for it. Also measured: time from `tandem peer` returning
+#               to the first successful request (the pods created before peering), and how
+#               long a cut WAN takes to show in the gateway's status and on the virtual node.
 # boringtun-cli and wireguard-go are configured with `wg` (Debian package wireguard-tools).
 #
 # Usage: sudo benches/netns-throughput.sh [seconds-per-run]   (default 10)
-# Env: TANDEM_GATEWAY, BORINGTUN_CLI override binary paths; IMPLS="veth tandem" limits the set.
+# Env: TANDEM_GATEWAY, TANDEM_CLI, BORINGTUN_CLI override binary paths; IMPLS="veth tandem"
+# limits the set.
 set -euo pipefail
 
 DUR=${1:-10}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TANDEM=${TANDEM_GATEWAY:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tandem-gateway}
 BORINGTUN=${BORINGTUN_CLI:-$(command -v boringtun-cli || true)}
+TANDEM_CLI=${TANDEM_CLI:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tandem}
 WGGO=$(command -v wireguard-go || true)
-IMPLS=${IMPLS:-"veth tandem boringtun wg-go"}
+IMPLS=${IMPLS:-"veth tandem boringtun wg-go fabric"}
 P=tb$$
 WORK=$(mktemp -d)
 NS=()
 PIDS=()
 
 cleanup() {
+  # The lab removes its namespaces on SIGINT, as on Ctrl-C.
+  [ -n "${LAB:-}" ] && { kill -INT "$LAB" 2>/dev/null || true; wait "$LAB" 2>/dev/null || true; }
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
   sleep 0.3
   for ns in "${NS[@]:-}"; do [ -n "$ns" ] && ip netns del "$ns" 2>/dev/null || true; done
@@ -146,6 +156,86 @@ stop_uapi() {
   for c in a b; do nsx ${P}${c}g nft delete table inet bench 2>/dev/null || true; done
 }
 
+# The fabric: two network-mode lab clusters, rome (lab-1) consuming from milan (lab-2).
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print('%.2f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$1" "$2"; }
+k() { local ctx=$1; shift; kubectl --kubeconfig "$WORK/lab/kubeconfig" --context "$ctx" "$@"; }
+td() { HOME=$WORK/home "$TANDEM_CLI" "$@" --kubeconfig "$WORK/lab/kubeconfig"; }
+netns_ending() { ip netns list | awk '{print $1}' | grep -E "^lab-[0-9a-f]+-$1\$" | head -1 || true; }
+netunavail() {
+  k lab-1 get node tandem-milan \
+    -o "jsonpath={.status.conditions[?(@.type==\"NetworkUnavailable\")].$1}" 2>/dev/null
+}
+start_fabric() {
+  mkdir -p "$WORK/home"
+  HOME=$WORK/home RUST_LOG=warn "$TANDEM_CLI" lab up --network --clusters 2 --nodes 1 \
+    --dir "$WORK/lab" >"$WORK/lab.log" 2>&1 &
+  LAB=$!
+  for _ in $(seq 600); do [ -f "$WORK/lab/kubeconfig" ] && break; sleep 0.1; done
+  td install --context lab-1 --cluster-id rome --network-fabric >/dev/null
+  td install --context lab-2 --cluster-id milan --network-fabric >/dev/null
+  # Before peering: the namespace offloaded, a client pod in rome, and the server pod waiting
+  # for milan's virtual node.
+  k lab-1 create namespace demo >/dev/null
+  td offload namespace demo --context lab-1 >/dev/null
+  k lab-1 run client --image=tandem.dev/probe \
+    --overrides '{"spec":{"nodeName":"lab-1-node-1"}}' >/dev/null
+  k lab-1 -n demo run server --image=tandem.dev/echo \
+    --overrides '{"spec":{"nodeSelector":{"kubernetes.io/hostname":"tandem-milan"}}}' >/dev/null
+  for _ in $(seq 300); do [ -n "$(netns_ending 1-default-client)" ] && break; sleep 0.1; done
+  local invite t0 ip="" client
+  invite=$(td invite --context lab-2 --endpoint https://198.18.2.2:6443)
+  td peer "$invite" --context lab-1 >/dev/null
+  t0=$(now)
+  client=$(netns_ending 1-default-client)
+  # The first request, sent from the client pod's namespace as its own process would.
+  FIRST_REQUEST=timeout
+  for _ in $(seq 1200); do
+    ip=$(k lab-1 -n demo get pod server -o 'jsonpath={.status.podIP}' 2>/dev/null || true)
+    if [ -n "$ip" ] && nsx "$client" curl -s -m 0.5 -o /dev/null "http://$ip:8080/"; then
+      FIRST_REQUEST=$(since "$t0" "$(now)"); break
+    fi
+    sleep 0.05
+  done
+  TARGET=$ip
+  CLIENT_NS=$client
+  SERVER_NS=$(netns_ending 2-demo-rome-server)
+  # Each gateway and the sandbox relay above it (which uses no CPU to speak of).
+  GW_a=$(pgrep -f '^tandem gateway --peer milan' | xargs)
+  GW_b=$(pgrep -f '^tandem gateway --peer rome' | xargs)
+}
+
+# How long a cut WAN (all UDP between the clusters dropped) takes to show in rome's gateway
+# status and as NetworkUnavailable=True on the virtual node, and how long recovery takes.
+measure_failure() {
+  local wan gwns status t0 gw_at="" node_at="" back="" state
+  wan=$(netns_ending wan)
+  gwns=$(ip netns identify "${GW_a%% *}")
+  status=$(netunavail message | grep -oE '[0-9.]+:[0-9]+' | head -1)
+  printf 'table inet tandem_bench_cut {\n chain forward {\n  type filter hook forward priority -300; policy accept;\n  meta l4proto udp drop\n }\n}\n' |
+    nsx "$wan" nft -f -
+  t0=$(now)
+  for _ in $(seq 600); do
+    state=$(nsx "$gwns" curl -s -m 0.5 "http://$status/status" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || echo unreachable)
+    [ -z "$gw_at" ] && [ "$state" != connected ] && gw_at=$(since "$t0" "$(now)")
+    [ -z "$node_at" ] && [ "$(netunavail status)" = True ] && node_at=$(since "$t0" "$(now)")
+    [ -n "$gw_at" ] && [ -n "$node_at" ] && break
+    sleep 0.05
+  done
+  nsx "$wan" nft delete table inet tandem_bench_cut
+  t0=$(now)
+  for _ in $(seq 600); do
+    [ "$(netunavail status)" = False ] && { back=$(since "$t0" "$(now)"); break; }
+    sleep 0.05
+  done
+  echo
+  echo "fabric: first request after \`tandem peer\` returned: ${FIRST_REQUEST} s"
+  echo "fabric: WAN cut -> gateway status not connected: ${gw_at:-timeout} s; -> NetworkUnavailable=True: ${node_at:-timeout} s"
+  echo "fabric: WAN restored -> NetworkUnavailable=False: ${back:-timeout} s"
+}
+stop_fabric() { kill -INT "$LAB"; wait "$LAB" 2>/dev/null || true; LAB=; }
+
 cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$6+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 proc_ticks() { local t=0; for p in "$@"; do [ -r /proc/$p/stat ] && t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done; echo $t; }
 
@@ -153,11 +243,11 @@ proc_ticks() { local t=0; for p in "$@"; do [ -r /proc/$p/stat ] && t=$((t + $(a
 measure() {
   local impl=$1 streams=$2 busy0 total0 busy1 total1 g0 g1 gbps pids=""
   [ "$impl" != veth ] && pids="$GW_a $GW_b"
-  ip netns exec ${P}bp iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
+  ip netns exec "$SERVER_NS" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
   local srv=$!
   sleep 0.3
   read -r busy0 total0 < <(cpu_ticks); g0=$(proc_ticks $pids)
-  nsx ${P}ap iperf3 -c 10.0.1.10 -p 5201 -t "$DUR" -P "$streams" -J > "$WORK/iperf.json" || true
+  nsx "$CLIENT_NS" iperf3 -c "$TARGET" -p 5201 -t "$DUR" -P "$streams" -J > "$WORK/iperf.json" || true
   read -r busy1 total1 < <(cpu_ticks); g1=$(proc_ticks $pids)
   wait $srv 2>/dev/null || true
   gbps=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.2f" % (d["end"]["sum_received"]["bits_per_second"]/1e9))' "$WORK/iperf.json" 2>/dev/null || echo "fail")
@@ -174,19 +264,23 @@ build_topology
 echo "| data plane | streams | Gbit/s | gateway CPU (cores, both) | system CPU (cores of $(nproc)) |"
 echo "|---|---|---|---|---|"
 for impl in $IMPLS; do
+  CLIENT_NS=${P}ap SERVER_NS=${P}bp TARGET=10.0.1.10
   case $impl in
+    fabric) [ -x "$TANDEM_CLI" ] || { echo "| fabric | - | missing $TANDEM_CLI | | |"; continue; }; start_fabric ;;
     veth) start_veth ;;
     tandem) [ -x "$TANDEM" ] || { echo "| tandem | - | missing $TANDEM | | |"; continue; }; start_tandem ;;
     boringtun) [ -n "$BORINGTUN" ] || { echo "| boringtun | - | boringtun-cli missing | | |"; continue; }; start_uapi boringtun ;;
     wg-go) [ -n "$WGGO" ] || { echo "| wg-go | - | wireguard-go missing | | |"; continue; }; start_uapi wg-go ;;
   esac
   # Wait until the path works (handshake done).
-  for _ in $(seq 50); do nsx ${P}ap ping -c1 -W0.2 10.0.1.10 >/dev/null 2>&1 && break; done
+  for _ in $(seq 50); do nsx "$CLIENT_NS" ping -c1 -W0.2 "$TARGET" >/dev/null 2>&1 && break; done
   measure "$impl" 1
   measure "$impl" 4
   case $impl in
+    fabric) FAILURE=$(measure_failure); stop_fabric ;;
     veth) stop_veth ;;
     tandem) stop_tandem ;;
     *) stop_uapi ;;
   esac
 done
+if [ -n "${FAILURE:-}" ]; then echo "$FAILURE"; fi

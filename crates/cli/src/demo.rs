@@ -25,7 +25,12 @@ use crate::workdir::{self, Use};
     after_help = "The first cluster (lab-1) is the consumer, the second (lab-2) the provider. \
 Both use the pod CIDR 10.244.0.0/16, so the peering remaps it.\n\nAfterwards, in another terminal:\n  \
 kubectl --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1 get pods -n demo -o wide\n  \
-tandem status --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1"
+tandem status --kubeconfig ~/.tandem/demo/kubeconfig --context lab-1\n\nWith --network \
+(root): the clusters run real pods in network namespaces on one lab WAN, Tandem builds the \
+network fabric (a WireGuard gateway per side), the application is the built-in echo server, \
+and the demo shows requests crossing clusters: a probe pod in lab-1 calling the Service, \
+answered by pods of both clusters, and an offloaded probe in lab-2 reaching lab-1's pods \
+through the Service's reflection."
 )]
 pub struct Args {
     /// Directory for the clusters' data and the kubeconfig [default: ~/.tandem/demo]; cleared
@@ -41,31 +46,52 @@ pub struct Args {
     /// Exit once the demo is shown instead of keeping the clusters running.
     #[arg(long)]
     exit: bool,
+    /// Real pods and the network fabric (root): requests cross clusters through the peering's
+    /// gateways.
+    #[arg(long)]
+    network: bool,
 }
 
 const NS: &str = "demo";
 const APP: &str = "hello";
 
-fn step(n: u32, what: &str) {
-    eprintln!("[{n}/6] {what}");
+/// Requests each probe of `--network` sends per round (each on a new connection, so that the
+/// Service picks an endpoint each time).
+const PROBE_REQUESTS: usize = 12;
+
+fn step(n: u32, of: u32, what: &str) {
+    eprintln!("[{n}/{of}] {what}");
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
+    let of = if args.network { 7 } else { 6 };
+    let step = |n, what: &str| step(n, of, what);
+    if args.network {
+        tandem_lab::network::topology::require_root()
+            .context("tandem demo --network (run it with sudo, or without --network)")?;
+    }
     let default = workdir::default_dir("demo");
     let dir = args.dir.clone().unwrap_or(default.clone());
     // A demo starts from scratch: objects of an earlier run would only confuse it. Only a
     // directory Tandem made is ever cleared.
     workdir::claim(&dir, &default, Use::Fresh)?;
 
-    step(1, "starting two lab clusters");
+    step(
+        1,
+        if args.network {
+            "starting two lab clusters in network mode (real pods, one lab WAN)"
+        } else {
+            "starting two lab clusters"
+        },
+    );
     let lab = Lab::start(
         &LabSpec {
             clusters: 2,
             nodes: args.nodes,
             dir: Some(dir.clone()),
-            network: false,
-            tandem_binary: None,
+            network: args.network,
+            tandem_binary: args.network.then(std::env::current_exe).transpose()?,
         },
         |c| {
             eprintln!(
@@ -86,11 +112,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let options = tandem_controller::install::InstallOptions {
             cluster_id: Some(c.config.name.clone()),
             pod_cidr: Some(c.config.pod_cidr.clone()),
+            network_fabric: Some(args.network),
             ..Default::default()
         };
         tandem_controller::install::install(&c.client, &options, &mut |_| {})
             .await
             .with_context(|| format!("installing Tandem on {}", c.config.name))?;
+        if args.network {
+            // A network-mode lab runs the controller's Deployment as its pod (Tandem's image
+            // is this binary): a second controller here would race it.
+            eprintln!("      ✓ {} (controller pod starting)", c.config.name);
+            continue;
+        }
         tokio::spawn(crate::host::host_controller(
             c.config.name.clone(),
             c.client.clone(),
@@ -108,9 +141,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "peering {consumer_id} (consumer) with {provider_id} (provider) through an invite"
         ),
     );
+    // Controllers in pods reach the provider's API server on the lab WAN.
+    let endpoint = match provider.wan_url() {
+        Some(url) if args.network => url,
+        _ => provider.server.url(),
+    };
     let invite = tandem_controller::invite::create(
         &provider.client,
-        &provider.server.url(),
+        &endpoint,
         provider.server.ca_pem(),
         Duration::from_secs(600),
     )
@@ -140,6 +178,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await?;
     eprintln!("      ✓ virtual node {vn} Ready");
+    if args.network {
+        // Until the tunnel is up the virtual node is NetworkUnavailable, and tainted so that
+        // nothing is scheduled there.
+        wait(
+            &format!("the tunnel to {provider_id} (virtual node {vn} NetworkUnavailable=False)"),
+            Duration::from_secs(90),
+            async || {
+                let node = Api::<Node>::all(consumer.client.clone())
+                    .get_opt(&vn)
+                    .await?;
+                Ok(node.and_then(|n| n.status?.conditions).is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "NetworkUnavailable" && c.status == "False")
+                }))
+            },
+        )
+        .await?;
+        eprintln!("      ✓ tunnel to {provider_id} connected (gateways on both sides)");
+    }
 
     step(
         4,
@@ -192,6 +249,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         &format!("deploying {APP} ({} replicas) and a Service", args.replicas),
     );
     let deployments: Api<Deployment> = Api::namespaced(consumer.client.clone(), NS);
+    // Network mode runs real processes, and only built-in programs: the echo server.
+    let (image, port) = if args.network {
+        ("tandem.dev/echo", 8080)
+    } else {
+        ("nginx:1.27", 80)
+    };
     deployments
         .patch(
             APP,
@@ -204,8 +267,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     "selector": {"matchLabels": {"app": APP}},
                     "template": {
                         "metadata": {"labels": {"app": APP}},
-                        "spec": {"containers": [{"name": "web", "image": "nginx:1.27",
-                            "ports": [{"containerPort": 80, "name": "http"}],
+                        "spec": {"containers": [{"name": "web", "image": image,
+                            "ports": [{"containerPort": port, "name": "http"}],
                             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]},
                     },
                 },
@@ -264,6 +327,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await?;
     print!("{report}");
+    if args.network {
+        step(
+            7,
+            "requests crossing clusters: a probe in each cluster calls the Service",
+        );
+        print!(
+            "{}",
+            crossing(&consumer.client, &vn, &consumer_id, &provider_id).await?
+        );
+    }
     eprintln!(
         "\ndone in {:.1}s. kubeconfig: {k}\n  kubectl --kubeconfig {k} --context lab-1 get pods -n {NS} -o wide\n  kubectl --kubeconfig {k} --context lab-2 get pods -n {twin} -o wide\n  tandem status --kubeconfig {k} --context lab-1",
         started.elapsed().as_secs_f64(),
@@ -282,6 +355,101 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Network mode: two probe pods call the demo's Service by its short name, each
+/// [`PROBE_REQUESTS`] times — one on a node of the consumer (the Service's ClusterIP there),
+/// one offloaded to the provider (where the name is the Service's reflection in the twin
+/// namespace) — and a table says which cluster answered how often.
+async fn crossing(
+    consumer: &Client,
+    vn: &str,
+    consumer_id: &str,
+    provider_id: &str,
+) -> anyhow::Result<String> {
+    let pods: Api<Pod> = Api::namespaced(consumer.clone(), NS);
+    let local_node = Api::<Node>::all(consumer.clone())
+        .list(&ListParams::default().labels(&format!("!{}", names::NODE_TYPE_LABEL)))
+        .await?
+        .items
+        .first()
+        .map(ResourceExt::name_any)
+        .ok_or_else(|| anyhow!("the consumer has no node of its own for the probe"))?;
+    let url = format!("http://{APP}:80/");
+    let args: Vec<String> = std::iter::once("fetch".to_string())
+        .chain(std::iter::repeat_n(url.clone(), PROBE_REQUESTS))
+        .collect();
+    let probes = [
+        (
+            "probe-local",
+            json!({"nodeName": local_node}),
+            consumer_id,
+            format!("{url} (the Service in {consumer_id})"),
+        ),
+        (
+            "probe-offloaded",
+            json!({"nodeSelector": {"kubernetes.io/hostname": vn}}),
+            provider_id,
+            format!("{url} (its reflection in {provider_id})"),
+        ),
+    ];
+    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+    for (name, placement, _, _) in &probes {
+        let mut spec = json!({"containers": [{"name": "probe", "image": "tandem.dev/probe",
+            "args": args}]});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), placement.as_object()) {
+            spec.extend(extra.clone());
+        }
+        pods.patch(
+            name,
+            &pp,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name}, "spec": spec})),
+        )
+        .await
+        .with_context(|| format!("creating the probe pod {NS}/{name}"))?;
+    }
+    let mut t = table::new(["PROBE", "RUNS IN", "CALLS", "ANSWERED BY"]);
+    for (name, _, runs_in, calls) in probes {
+        let mut answers = std::collections::BTreeMap::<String, usize>::new();
+        let waited = wait(
+            &format!("{PROBE_REQUESTS} answers in the log of {NS}/{name}"),
+            Duration::from_secs(90),
+            async || {
+                answers.clear();
+                let log = match pods.logs(name, &Default::default()).await {
+                    Ok(log) => log,
+                    // Not started yet: no log to read.
+                    Err(kube::Error::Api(_)) => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                };
+                // `fetch URL: {json}` per answered request (see the probe program).
+                for line in log.lines() {
+                    let Some(body) = line.strip_prefix(&format!("fetch {url}: ")) else {
+                        continue;
+                    };
+                    let Ok(reply) = serde_json::from_str::<serde_json::Value>(body) else {
+                        continue;
+                    };
+                    if let Some(cluster) = reply["cluster"].as_str() {
+                        *answers.entry(cluster.to_string()).or_default() += 1;
+                    }
+                }
+                Ok(answers.values().sum::<usize>() >= PROBE_REQUESTS)
+            },
+        )
+        .await;
+        let answered = match waited {
+            Ok(()) => answers
+                .iter()
+                .map(|(cluster, n)| format!("{cluster} ×{n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(e) => format!("(no answer yet: {e})"),
+        };
+        t.add_row([name.to_string(), runs_in.to_string(), calls, answered]);
+    }
+    Ok(table::render(t, 0))
 }
 
 async fn report(

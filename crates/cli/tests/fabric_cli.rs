@@ -915,3 +915,47 @@ fn three_clusters_pairs_connect_and_nothing_transits() {
         || probe_fetch(&lab, "demo", "probe", &url(milan_echo)),
     );
 }
+
+/// `tandem demo --network`: real pods and the fabric; its last table shows requests crossing
+/// clusters both ways — the consumer's probe answered by the provider's pods too, the
+/// offloaded probe by the consumer's — and the lab leaves no namespace behind on exit.
+#[test]
+fn demo_network_shows_requests_crossing_clusters() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("demo");
+    let out = ok(
+        tandem(
+            home.path(),
+            &[
+                "demo",
+                "--network",
+                "--exit",
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
+        ),
+        "tandem demo --network",
+    );
+    let row = |probe: &str| {
+        out.lines()
+            .find(|l| l.starts_with(probe))
+            .unwrap_or_else(|| panic!("no {probe} row in:\n{out}"))
+            .to_string()
+    };
+    let (local, offloaded) = (row("probe-local "), row("probe-offloaded "));
+    assert!(
+        local.contains(" lab-1 ") && local.contains("lab-2 ×"),
+        "the consumer's probe is answered by the provider's pods too: {local}\n{out}"
+    );
+    assert!(
+        offloaded.contains(" lab-2 ") && offloaded.contains("lab-1 ×"),
+        "the offloaded probe reaches the consumer's pods: {offloaded}\n{out}"
+    );
+    assert!(
+        out.contains("pod(s) run in lab-1") && !out.contains(", 0 in lab-2"),
+        "{out}"
+    );
+}
