@@ -302,6 +302,46 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         );
     }
 
+    // Node sources (hostNetwork pods, kubelet probes) reach the offloaded pod too, from either
+    // node: the gateway hides them behind the external CIDR as the provider names it, so the
+    // answer finds its way back.
+    let external_there: ipnet::Ipv4Net = network["localExternalCidrInRemote"]
+        .as_str()
+        .expect("the provider's name for our external CIDR")
+        .parse()
+        .unwrap();
+    for (i, node) in nodes.iter().enumerate() {
+        let probe = format!("host-probe-{i}");
+        ok(
+            kubectl(
+                &lab,
+                "lab-1",
+                &[
+                    "run",
+                    &probe,
+                    "--image=tandem.dev/probe",
+                    "--overrides",
+                    &format!(r#"{{"spec":{{"nodeName":"{node}","hostNetwork":true}}}}"#),
+                ],
+            ),
+            "hostNetwork probe",
+        );
+        until(&format!("{probe} Running"), Duration::from_secs(60), || {
+            let pod = json(&lab, "lab-1", &["get", "pod", &probe]);
+            (pod["status"]["phase"] == "Running").then_some(())
+        });
+        let reply: Value = until(
+            &format!("{probe} (node network of {node}) reaching the offloaded pod"),
+            Duration::from_secs(60),
+            || probe_fetch(&lab, "default", &probe, &format!("http://{hello_ip}:8080/")),
+        );
+        let seen: std::net::Ipv4Addr = reply["client"].as_str().unwrap().parse().unwrap();
+        assert!(
+            external_there.contains(&seen),
+            "node {node} seen in the external CIDR as the provider names it ({external_there}): {reply}"
+        );
+    }
+
     // The other way: an offloaded probe reaches a local echo pod of the consumer at the
     // address the provider's view gives it, and is seen at the address the consumer reports
     // for the probe.
