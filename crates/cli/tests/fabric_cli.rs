@@ -12,7 +12,7 @@ use serde_json::Value;
 mod netlab;
 use netlab::{
     invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok, peer_with, probe_fetch,
-    tandem, until,
+    probe_fetch_in, tandem, until,
 };
 
 /// The parent of process `pid`.
@@ -998,4 +998,158 @@ fn demo_network_shows_requests_crossing_clusters() {
         out.contains("pod(s) run in lab-1") && !out.contains(", 0 in lab-2"),
         "{out}"
     );
+}
+
+/// rome and milan peered both ways (each consumes from the other): one tunnel serves both
+/// relations, each side's offloaded pod is reached from the other, and unpeering one direction
+/// leaves the other's traffic, gateway and key in place.
+#[test]
+fn peered_both_ways_one_tunnel_serves_both_and_survives_unpeering_one() {
+    if !tandem_lab::testing::network_tests_can_run() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let lab = lab_up_with_nodes(home.path(), "lab", "2", "1");
+    let kc = lab.kubeconfig.clone();
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
+        ok(
+            tandem(
+                home.path(),
+                &[
+                    "install",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    ctx,
+                    "--cluster-id",
+                    id,
+                    "--network-fabric",
+                ],
+            ),
+            &format!("install on {ctx}"),
+        );
+    }
+    peer_with(home.path(), &kc, "lab-1", 2);
+    peer_with(home.path(), &kc, "lab-2", 1);
+    // Each side offloads a namespace to the other and runs an echo pod there, and a probe of
+    // its own.
+    for (ctx, vn) in [("lab-1", "tandem-milan"), ("lab-2", "tandem-rome")] {
+        ok(
+            kubectl(&lab, ctx, &["create", "namespace", "demo"]),
+            "namespace",
+        );
+        ok(
+            tandem(
+                home.path(),
+                &[
+                    "offload",
+                    "namespace",
+                    "demo",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    ctx,
+                ],
+            ),
+            &format!("offload on {ctx}"),
+        );
+        let on = format!(r#"{{"spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{vn}"}}}}}}"#);
+        run_pod(&lab, ctx, "demo", "echo", "echo", Some(&on));
+        let local = format!(r#"{{"spec":{{"nodeName":"{ctx}-node-1"}}}}"#);
+        run_pod(&lab, ctx, "demo", "probe", "probe", Some(&local));
+    }
+    // One gateway per side, for the pair.
+    for ctx in ["lab-1", "lab-2"] {
+        let gateways = json(
+            &lab,
+            ctx,
+            &[
+                "-n",
+                "tandem-system",
+                "get",
+                "deployments",
+                "-l",
+                "app.kubernetes.io/name=tandem-gateway",
+            ],
+        );
+        assert_eq!(
+            gateways["items"].as_array().map(Vec::len),
+            Some(1),
+            "one gateway in {ctx}: {gateways}"
+        );
+    }
+    let echo_ip = |ctx: &str| {
+        json(&lab, ctx, &["-n", "demo", "get", "pod", "echo"])["status"]["podIP"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let reach = |ctx: &str, want: &str| {
+        let ip = echo_ip(ctx);
+        let reply = until(
+            &format!("{ctx}'s probe reaching its offloaded echo pod at {ip}"),
+            Duration::from_secs(60),
+            || probe_fetch_in(&lab, ctx, "demo", "probe", &format!("http://{ip}:8080/")),
+        );
+        assert_eq!(reply["cluster"], want, "{reply}");
+    };
+    reach("lab-1", "lab-2");
+    reach("lab-2", "lab-1");
+
+    // rome stops consuming from milan (its Peering deleted: kubectl waits for the unpeering);
+    // milan still consumes from rome, through the same tunnel.
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &["delete", "peering", "milan", "--timeout=90s"],
+        ),
+        "delete rome's Peering with milan",
+    );
+    reach("lab-2", "lab-1");
+    for ctx in ["lab-1", "lab-2"] {
+        let secrets = json(&lab, ctx, &["-n", "tandem-system", "get", "secrets"]);
+        let names: Vec<&str> = secrets["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["metadata"]["name"].as_str())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("tandem-gateway-")),
+            "{ctx} keeps its gateway key while a peering with the other is left: {names:?}"
+        );
+    }
+
+    // milan unpeers from rome too: nothing of the pair's tunnel is left on either side.
+    ok(
+        tandem(
+            home.path(),
+            &["unpeer", "rome", "--kubeconfig", &kc, "--context", "lab-2"],
+        ),
+        "unpeer milan→rome",
+    );
+    for ctx in ["lab-1", "lab-2"] {
+        until(
+            &format!("no gateway or gateway key left in {ctx}"),
+            Duration::from_secs(60),
+            || {
+                let left = json(
+                    &lab,
+                    ctx,
+                    &["-n", "tandem-system", "get", "deployments,secrets"],
+                );
+                left["items"]
+                    .as_array()?
+                    .iter()
+                    .all(|o| {
+                        !o["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .starts_with("tandem-gateway-")
+                    })
+                    .then_some(())
+            },
+        );
+    }
 }

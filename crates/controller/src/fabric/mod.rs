@@ -118,7 +118,10 @@ pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<Gat
 
 /// Whether a peering with `peer` is left in either direction (a Peering to it, or a Tenant
 /// of it, not being deleted); with `peer` None, whether any peering is left.
-async fn live_relation(client: &kube::Client, peer: Option<&str>) -> Result<bool, kube::Error> {
+pub(crate) async fn live_relation(
+    client: &kube::Client,
+    peer: Option<&str>,
+) -> Result<bool, kube::Error> {
     let live_peering = Api::<Peering>::all(client.clone())
         .list(&ListParams::default())
         .await?

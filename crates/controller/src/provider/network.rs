@@ -130,8 +130,12 @@ pub async fn map_peer(ctx: &Ctx, peer: &str, prefixes: &[IpNet]) -> Result<Vec<G
     with_ipam(ctx, |ipam| ipam.map_peer(peer, prefixes)).await
 }
 
-/// Forgets `peer`'s prefixes (on unpeer).
+/// Forgets `peer`'s prefixes (on unpeer), unless a peering with it is left in the other
+/// direction: both relations of a pair share the mapping (and the tunnel).
 pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
+    if crate::fabric::live_relation(&ctx.client, Some(peer)).await? {
+        return Ok(());
+    }
     with_ipam(ctx, |ipam| {
         ipam.release_peer(peer);
         Ok(())

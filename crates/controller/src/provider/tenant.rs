@@ -152,6 +152,34 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
     crate::install::remove_finalizer(&api, &*tenant)
         .await
         .map_err(err("removing the finalizer"))?;
+    // Peered both ways, the namespace also holds this cluster's identity for consuming from
+    // the peer: only what the peer's Tenant was given goes (its RoleBinding and the network
+    // negotiation), the namespace and our Secrets stay. A Peering being undone still needs
+    // its identity to reach the peer; its unpeering deletes the namespace last.
+    let consumes_from_peer = Api::<tandem_api::Peering>::all(ctx.client.clone())
+        .get_opt(&consumer)
+        .await
+        .map_err(err("reading this cluster's Peering with the consumer"))?
+        .is_some();
+    if consumes_from_peer {
+        client::delete_if_exists(
+            &Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(ctx.client.clone(), &ns),
+            crate::provider::peering_request::PEER_ROLE_BINDING,
+            &DeleteParams::default(),
+        )
+        .await
+        .map_err(err("deleting the peer's RoleBinding"))?;
+        let params = Api::<tandem_api::NetworkParameters>::namespaced(ctx.client.clone(), &ns);
+        for name in [
+            crate::rbac::CONSUMER_NETWORK_PARAMETERS,
+            crate::rbac::PROVIDER_NETWORK_PARAMETERS,
+        ] {
+            client::delete_if_exists(&params, name, &DeleteParams::default())
+                .await
+                .map_err(err("deleting the NetworkParameters"))?;
+        }
+        return Ok(Action::await_change());
+    }
     match namespaces.delete(&ns, &DeleteParams::background()).await {
         Ok(_) => {}
         Err(e) if client::is_not_found(&e) => {}

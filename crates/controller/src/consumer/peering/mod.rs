@@ -864,12 +864,36 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     crate::fabric::forget_peer(&ctx.client, &provider)
         .await
         .map_err(unpeer_step(UnpeerStep::RemoveGatewayKey))?;
+    let tenant_ns = names::tenant_namespace(&provider);
+    // Peered both ways, the namespace also holds the peer's Tenant of this cluster (it
+    // consumes from us): only this relation's Secrets go, the namespace stays.
+    let serves_peer = Api::<Tenant>::namespaced(ctx.client.clone(), &tenant_ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?
+        .items
+        .iter()
+        .any(|t| t.spec.cluster_id == provider && t.metadata.deletion_timestamp.is_none());
+    if serves_peer {
+        let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &tenant_ns);
+        let mut names: Vec<String> = vec![
+            identity_secret_name(&provider),
+            crate::invite::consumer_token_secret_name(&provider),
+        ];
+        names.extend(status.identity_secret.clone());
+        names.extend(peering.spec.invite_secret.clone());
+        names.sort();
+        names.dedup();
+        for name in names {
+            client::delete_if_exists(&secrets, &name, &DeleteParams::default())
+                .await
+                .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?;
+        }
+        return Ok(());
+    }
     ignore_missing(
         Api::<Namespace>::all(ctx.client.clone())
-            .delete(
-                &names::tenant_namespace(&provider),
-                &DeleteParams::default(),
-            )
+            .delete(&tenant_ns, &DeleteParams::default())
             .await,
     )
     .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?;
