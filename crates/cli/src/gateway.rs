@@ -60,8 +60,12 @@ pub async fn run(args: Args, cluster: &crate::flags::ClusterArgs) -> anyhow::Res
     Ok(())
 }
 
-/// How often the in-cluster gateway reads its configuration.
-const POLL: std::time::Duration = std::time::Duration::from_secs(2);
+/// How often the in-cluster gateway reads its configuration: a new pod is reachable once its
+/// address is in the allow-list, so this is part of a new pod's first-request time (one GET
+/// of one Secret per period).
+const POLL: std::time::Duration = std::time::Duration::from_millis(500);
+/// … and while it has none yet (the tunnel comes up as soon as the controller writes it).
+const POLL_WAITING: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The configuration in the Secret, or why there is none to run.
 async fn read_config(
@@ -91,7 +95,7 @@ async fn read_config(
 }
 
 /// The gateway to `peer` run in a cluster: its ServiceAccount may read only its own Secret,
-/// which it reads every [`POLL`]; the data path runs the last valid configuration and is
+/// which it reads every [`POLL`] ([`POLL_WAITING`] before it has one); the data path runs the last valid configuration and is
 /// restarted (rules reconciled, not flushed) when it changes or fails. SIGTERM removes its
 /// nftables table and TUN device before it exits.
 async fn in_cluster(peer: &str, cluster: &crate::flags::ClusterArgs) -> anyhow::Result<()> {
@@ -192,7 +196,7 @@ async fn in_cluster(peer: &str, cluster: &crate::flags::ClusterArgs) -> anyhow::
         }
         tokio::select! {
             () = &mut interrupted => break,
-            () = tokio::time::sleep(POLL) => {}
+            () = tokio::time::sleep(if running.is_some() { POLL } else { POLL_WAITING }) => {}
         }
     }
     if let Some(r) = running.take() {
