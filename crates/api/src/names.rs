@@ -45,6 +45,9 @@ pub const INVITE_GROUP_PREFIX: &str = "system:bootstrappers:tandem:invite-";
 pub const PEERS_GROUP: &str = "tandem:peers";
 /// Finalizer of every Tandem reconciler that must undo state before deletion.
 pub const FINALIZER: &str = "tandem.dev/finalizer";
+/// Annotation of a virtual node: its gateway's last report of the tunnel, JSON
+/// (`{"state", "rttMs", "rxBytes", "txBytes"}`), refreshed with the node's status.
+pub const TUNNEL_ANNOTATION: &str = "tandem.dev/tunnel";
 /// Name a NamespaceOffloading must have (one per namespace).
 pub const OFFLOADING_NAME: &str = "offloading";
 /// Field manager used by every Tandem writer.

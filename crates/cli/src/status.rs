@@ -44,6 +44,10 @@ pub struct ProviderStatus {
     /// The reason of the virtual node's NetworkUnavailable condition (TunnelConnected,
     /// TunnelDown, …), when the Peering names its gateway.
     pub tunnel: Option<String>,
+    /// The gateway's last report of the tunnel (RTT, bytes through it), when there is one.
+    pub tunnel_rtt_ms: Option<f64>,
+    pub tunnel_rx_bytes: Option<u64>,
+    pub tunnel_tx_bytes: Option<u64>,
     pub granted: BTreeMap<String, String>,
     pub pods: usize,
 }
@@ -106,6 +110,10 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
             }
             None => (None, 0),
         };
+        let report: Option<serde_json::Value> = node
+            .as_ref()
+            .and_then(|n| n.annotations().get(names::TUNNEL_ANNOTATION))
+            .and_then(|a| serde_json::from_str(a).ok());
         status.providers.push(ProviderStatus {
             cluster_id: p.spec.cluster_id.clone(),
             phase: st.phase.clone().unwrap_or_else(|| "Pending".into()),
@@ -117,6 +125,9 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
             virtual_node: vn,
             virtual_node_ready: node.as_ref().map(node_ready),
             tunnel: node.as_ref().and_then(tunnel),
+            tunnel_rtt_ms: report.as_ref().and_then(|r| r["rttMs"].as_f64()),
+            tunnel_rx_bytes: report.as_ref().and_then(|r| r["rxBytes"].as_u64()),
+            tunnel_tx_bytes: report.as_ref().and_then(|r| r["txBytes"].as_u64()),
             granted: st
                 .granted
                 .iter()
@@ -179,6 +190,22 @@ pub fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// A byte count as people read it (binary units, one decimal).
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n}B")
+    } else {
+        format!("{v:.1}{}", UNITS[unit])
+    }
+}
+
 /// The reason of the node's NetworkUnavailable condition.
 fn tunnel(node: &Node) -> Option<String> {
     node.status
@@ -209,6 +236,8 @@ fn table(s: &Status) -> String {
             "VIRTUAL NODE",
             "READY",
             "TUNNEL",
+            "RTT",
+            "RX/TX",
             "GRANTED",
             "PODS",
             "NOT TRUE",
@@ -231,6 +260,13 @@ fn table(s: &Status) -> String {
                 }
                 .to_string(),
                 p.tunnel.clone().unwrap_or_else(|| "-".into()),
+                p.tunnel_rtt_ms
+                    .map(|ms| format!("{ms:.1}ms"))
+                    .unwrap_or_else(|| "-".into()),
+                match (p.tunnel_rx_bytes, p.tunnel_tx_bytes) {
+                    (Some(rx), Some(tx)) => format!("{}/{}", bytes(rx), bytes(tx)),
+                    _ => "-".into(),
+                },
                 res(&p.granted),
                 p.pods.to_string(),
                 if not_true.is_empty() {
@@ -273,4 +309,15 @@ fn table(s: &Status) -> String {
         out.push_str(&table::render(t, 2));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_counts_read_as_people_read_them() {
+        assert_eq!(super::bytes(0), "0B");
+        assert_eq!(super::bytes(1023), "1023B");
+        assert_eq!(super::bytes(1536), "1.5KiB");
+        assert_eq!(super::bytes(5 * 1024 * 1024 * 1024), "5.0GiB");
+    }
 }

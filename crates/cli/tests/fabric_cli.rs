@@ -207,25 +207,49 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         },
     );
 
-    let status: Value = serde_json::from_str(&ok(
-        tandem(
-            home.path(),
-            &[
-                "status",
-                "-o",
-                "json",
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "status",
-    ))
-    .unwrap();
+    // `tandem status` shows the tunnel: its state, RTT and the bytes through it (pods' traffic
+    // only: none yet).
+    let status_json = || -> Value {
+        serde_json::from_str(&ok(
+            tandem(
+                home.path(),
+                &[
+                    "status",
+                    "-o",
+                    "json",
+                    "--kubeconfig",
+                    &kc,
+                    "--context",
+                    "lab-1",
+                ],
+            ),
+            "status",
+        ))
+        .unwrap()
+    };
+    let status = until(
+        "tandem status showing the tunnel's RTT and byte counters",
+        Duration::from_secs(30),
+        || {
+            let status = status_json();
+            let p = &status["providers"][0];
+            (p["tunnelRttMs"].is_number() && p["tunnelRxBytes"].is_u64()).then_some(status)
+        },
+    );
     assert_eq!(
         status["providers"][0]["tunnel"], "TunnelConnected",
         "{status}"
+    );
+    let table = ok(
+        tandem(
+            home.path(),
+            &["status", "--kubeconfig", &kc, "--context", "lab-1"],
+        ),
+        "status",
+    );
+    assert!(
+        table.contains("RTT") && table.contains("RX/TX") && table.contains("ms "),
+        "{table}"
     );
 
     // An offloaded echo pod, and a probe on each node of the consumer.
@@ -551,6 +575,18 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
             "{answered:?}"
         );
     }
+
+    // The requests went through the tunnel: its byte counters in `tandem status` moved (they
+    // are refreshed with the virtual node's status, every 10 s at most).
+    until(
+        "tandem status counting bytes both ways through the tunnel",
+        Duration::from_secs(40),
+        || {
+            let p = status_json()["providers"][0].clone();
+            (p["tunnelRxBytes"].as_u64() > Some(0) && p["tunnelTxBytes"].as_u64() > Some(0))
+                .then_some(())
+        },
+    );
 
     // Least exposure: through the tunnel, neither side opens connections to the other's
     // pods outside the peering (the same remapped prefixes and routes as above: only the

@@ -115,6 +115,8 @@ pub async fn run(
     let mut applied: Option<Value> = None;
     let mut posted: Option<Posted> = None;
     let mut node_uid: Option<String> = None;
+    // The tunnel report last written to the node's annotation.
+    let mut annotated: Option<String> = None;
     loop {
         // `full`: probe the provider and renew the lease too; otherwise only the tunnel.
         let full = tokio::select! {
@@ -141,6 +143,7 @@ pub async fn run(
                     node_uid = node.metadata.uid;
                     applied = Some(desired);
                     posted = None;
+                    annotated = None;
                 }
                 Err(e) => {
                     tracing::warn!(node = %l.virtual_node, "applying virtual node: {e}");
@@ -191,12 +194,13 @@ pub async fn run(
                 .await
                 .transpose(),
         };
+        let mut report: Option<GatewayReport> = None;
         let network = match gateway {
-            Some(Ok(addr)) => Some(network_health(
-                &l.provider_id,
-                &addr,
-                gateway_state(&addr, probe_timeout(&ctx)).await,
-            )),
+            Some(Ok(addr)) => {
+                let state = gateway_state(&addr, probe_timeout(&ctx)).await;
+                report = state.as_ref().ok().cloned();
+                Some(network_health(&l.provider_id, &addr, state))
+            }
             Some(Err(reason)) => Some(network_health(
                 &l.provider_id,
                 "(none)",
@@ -270,6 +274,25 @@ pub async fn run(
                 .await
             {
                 Ok(_) => {
+                    // The tunnel's figures for `tandem status`, with the status they go with.
+                    let tunnel = report.as_ref().map(|r| json!(r).to_string());
+                    if tunnel != annotated {
+                        let patch = json!({"metadata": {"annotations": {
+                            names::TUNNEL_ANNOTATION: tunnel}}});
+                        match nodes
+                            .patch(
+                                &l.virtual_node,
+                                &PatchParams::default(),
+                                &Patch::Merge(&patch),
+                            )
+                            .await
+                        {
+                            Ok(_) => annotated = tunnel,
+                            Err(e) => {
+                                tracing::warn!(node = %l.virtual_node, "annotating the tunnel's report: {e}")
+                            }
+                        }
+                    }
                     posted = Some(Posted {
                         readiness,
                         network,
@@ -296,13 +319,18 @@ pub async fn run(
 }
 
 /// What the gateway's `/status` says of the tunnel (see `tandem_net::status::GatewayStatus`).
-#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayReport {
     /// `connected`, `connecting` or `error`.
     pub state: String,
     #[serde(default)]
     pub rtt_ms: Option<f64>,
+    /// Bytes received and sent through the tunnel since the gateway started.
+    #[serde(default)]
+    pub rx_bytes: u64,
+    #[serde(default)]
+    pub tx_bytes: u64,
 }
 
 /// Reads the gateway's status API at `addr` (`host:port`, `GET /status`). One plain HTTP/1.1
