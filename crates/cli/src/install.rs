@@ -25,6 +25,12 @@ pub struct Args {
     /// [default: kept if installed, else off].
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     network_fabric: Option<bool>,
+    /// What a peer may open connections to through the tunnel: `peering` (least exposure: a
+    /// consumer its offloaded pods, offloaded pods the namespaces offloaded to their provider)
+    /// or `pod-cidr` (every pod of this cluster, as Liqo does; never the nodes) [default: kept
+    /// if installed, else peering].
+    #[arg(long, value_name = "MODE", value_parser = ["peering", "pod-cidr"])]
+    network_exposure: Option<String>,
 }
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
@@ -36,6 +42,11 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         share_percent: args.share_percent,
         image: args.image,
         network_fabric: args.network_fabric,
+        network_exposure: args
+            .network_exposure
+            .map(|m| m.parse())
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
     };
     let identity = tandem_controller::install::install(&client, &options, &mut |step| {
         eprintln!("✓ {step}");

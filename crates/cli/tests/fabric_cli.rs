@@ -1132,6 +1132,45 @@ fn peered_both_ways_one_tunnel_serves_both_and_survives_unpeering_one() {
     reach("lab-1", "lab-2");
     reach("lab-2", "lab-1");
 
+    // The wider mode: with milan's exposure set to its whole pod CIDR, rome reaches a milan
+    // pod outside the peering, which least exposure kept out before.
+    let own = run_pod(&lab, "lab-2", "default", "own-echo", "echo", None);
+    let milan_here: ipnet::Ipv4Net = json(&lab, "lab-1", &["get", "peering", "milan"])["status"]
+        ["network"]["remappedRemotePodCidr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let host = u32::from(own) & !u32::from(milan_here.netmask());
+    let own_here = std::net::Ipv4Addr::from(u32::from(milan_here.network()) | host);
+    let own_url = format!("http://{own_here}:8080/");
+    assert_eq!(
+        probe_fetch_in(&lab, "lab-1", "demo", "probe", &own_url),
+        None,
+        "least exposure: rome reaches milan's own pod at {own_here}"
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "install",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-2",
+                "--network-exposure",
+                "pod-cidr",
+            ],
+        ),
+        "install --network-exposure pod-cidr on milan",
+    );
+    let reply = until(
+        &format!("rome reaching milan's own pod at {own_here} with the pod-cidr exposure"),
+        Duration::from_secs(60),
+        || probe_fetch_in(&lab, "lab-1", "demo", "probe", &own_url),
+    );
+    assert_eq!(reply["pod"], "own-echo", "{reply}");
+
     // rome stops consuming from milan (its Peering deleted: kubectl waits for the unpeering);
     // milan still consumes from rome, through the same tunnel.
     ok(

@@ -37,6 +37,44 @@ pub struct InstallOptions {
     /// Whether the controller builds the network fabric (gateways, node agent) for each
     /// peering; kept when already installed, off when never set.
     pub network_fabric: Option<bool>,
+    /// What a peer may open connections to through the tunnel; kept when already installed,
+    /// [`NetworkExposure::Peering`] when never set.
+    pub network_exposure: Option<NetworkExposure>,
+}
+
+/// What a peer may open connections to through the tunnel (filtered at this cluster's
+/// gateway; replies to what this side opened always pass).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetworkExposure {
+    /// Least exposure: a consumer reaches its offloaded pods, offloaded pods reach the pods of
+    /// the namespaces offloaded to their provider; nothing else.
+    #[default]
+    Peering,
+    /// Every pod of this cluster (its whole pod CIDR), as Liqo does; never the nodes.
+    PodCidr,
+}
+
+impl NetworkExposure {
+    /// The value in the `tandem-config` ConfigMap and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkExposure::Peering => "peering",
+            NetworkExposure::PodCidr => "pod-cidr",
+        }
+    }
+}
+
+impl std::str::FromStr for NetworkExposure {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "peering" => Ok(NetworkExposure::Peering),
+            "pod-cidr" => Ok(NetworkExposure::PodCidr),
+            other => Err(format!(
+                "network exposure {other:?} is neither \"peering\" nor \"pod-cidr\""
+            )),
+        }
+    }
 }
 
 /// Settings the controller reads from the `tandem-config` ConfigMap.
@@ -49,6 +87,8 @@ pub struct ClusterSettings {
     pub network_fabric: bool,
     /// Tandem's image, for the pods the controller creates (gateways).
     pub image: String,
+    /// What peers may open connections to through the tunnel.
+    pub network_exposure: NetworkExposure,
 }
 
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
@@ -262,6 +302,7 @@ pub async fn install(
             "externalCIDR": settings.external_cidr,
             "sharePercent": settings.share_percent.to_string(),
             "networkFabric": settings.network_fabric.to_string(),
+            "networkExposure": settings.network_exposure.as_str(),
             "image": settings.image,
         },
     }))
@@ -392,12 +433,17 @@ async fn settings_for(
         .or(stored.as_ref().map(|s| s.network_fabric))
         .unwrap_or(false);
     let image = options.image.clone().unwrap_or_else(default_image);
+    let network_exposure = options
+        .network_exposure
+        .or(stored.as_ref().map(|s| s.network_exposure))
+        .unwrap_or_default();
     Ok(ClusterSettings {
         pod_cidr,
         external_cidr,
         share_percent,
         network_fabric,
         image,
+        network_exposure,
     })
 }
 
@@ -470,5 +516,15 @@ pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallEr
         // Settings written before these keys existed: no fabric, this build's image.
         network_fabric: data.get("networkFabric").is_some_and(|v| v == "true"),
         image: data.get("image").cloned().unwrap_or_else(default_image),
+        network_exposure: match data.get("networkExposure") {
+            None => NetworkExposure::default(),
+            Some(v) => v.parse().map_err(|e: String| {
+                InstallError::Settings(format!(
+                    "ConfigMap {}/{}: {e}",
+                    names::SYSTEM_NAMESPACE,
+                    names::CONFIG_MAP
+                ))
+            })?,
+        },
     })
 }

@@ -208,7 +208,8 @@ pub fn gateway_args(
     })
 }
 
-/// Least exposure: the local pods `view`'s peer may open connections to through the tunnel.
+/// Least exposure: the local pods `view`'s peer may open connections to through the tunnel
+/// (with the `pod-cidr` exposure, the whole pod CIDR).
 /// A consumer reaches its offloaded pods here (the pods of its twin namespaces, which carry
 /// its cluster ID as origin); a provider's pods — the offloaded ones — reach the pods of the
 /// namespaces offloaded from here (where their Services' endpoints are). Nothing else:
@@ -220,6 +221,9 @@ pub async fn allowed_destinations(
 ) -> Result<Vec<IpNet>, kube::Error> {
     use k8s_openapi::api::core::v1::Pod;
     let local: Option<IpNet> = settings.pod_cidr.parse().ok();
+    if settings.network_exposure == crate::install::NetworkExposure::PodCidr {
+        return Ok(local.into_iter().collect());
+    }
     let mut pods: Vec<Pod> = Vec::new();
     let all: Api<Pod> = Api::all(ctx.client.clone());
     if view.provider_for {
