@@ -115,6 +115,8 @@ pub async fn run(
     let mut applied: Option<Value> = None;
     let mut posted: Option<Posted> = None;
     let mut node_uid: Option<String> = None;
+    // Where the gateway's status API is (None: no gateway to follow), from the last heartbeat.
+    let mut gateway_lookup: Option<Option<Result<String, String>>> = None;
     // The tunnel report last written to the node's annotation.
     let mut annotated: Option<String> = None;
     loop {
@@ -187,13 +189,17 @@ pub async fn run(
             }
         };
 
-        // The gateway the Peering names, else the fabric's own (when the cluster builds it).
-        let gateway = match &l.gateway_status {
-            Some(addr) => Some(Ok(addr.clone())),
-            None => crate::fabric::gateway::status_address(&ctx.client, &l.provider_id)
-                .await
-                .transpose(),
-        };
+        // The gateway the Peering names, else the fabric's own (when the cluster builds it):
+        // looked up on the heartbeat, reused in between (only the report is read then).
+        if full || gateway_lookup.is_none() {
+            gateway_lookup = Some(match &l.gateway_status {
+                Some(addr) => Some(Ok(addr.clone())),
+                None => crate::fabric::gateway::status_address(&ctx.client, &l.provider_id)
+                    .await
+                    .transpose(),
+            });
+        }
+        let gateway = gateway_lookup.clone().flatten();
         let mut report: Option<GatewayReport> = None;
         let network = match gateway {
             Some(Ok(addr)) => {
