@@ -671,16 +671,6 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    until(
-        "a new gateway process after SIGKILL",
-        Duration::from_secs(60),
-        || {
-            gateways(lab.child.id(), "milan")
-                .iter()
-                .any(|(pid, _)| *pid != killed)
-                .then_some(())
-        },
-    );
     let network_unavailable = |want: &str| {
         let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
         node["status"]["conditions"]
@@ -689,6 +679,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
             .find(|c| c["type"] == "NetworkUnavailable" && c["status"] == want)
             .cloned()
     };
+    // Checked before the restart: the new gateway may reconnect before a later look.
     let down = until(
         "the virtual node's NetworkUnavailable True while the gateway is down",
         Duration::from_secs(30),
@@ -703,6 +694,16 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         ]
         .contains(&down["reason"].as_str().unwrap_or_default()),
         "{down}"
+    );
+    until(
+        "a new gateway process after SIGKILL",
+        Duration::from_secs(60),
+        || {
+            gateways(lab.child.id(), "milan")
+                .iter()
+                .any(|(pid, _)| *pid != killed)
+                .then_some(())
+        },
     );
     until(
         "traffic resuming after the gateway's restart",
