@@ -94,6 +94,28 @@ fn fabric_leftovers(prefix: &str) -> Vec<String> {
     left
 }
 
+/// `tandem install --network-fabric` on each `(context, cluster ID)`.
+fn install_with_fabric(home: &std::path::Path, kubeconfig: &str, clusters: &[(&str, &str)]) {
+    for (ctx, id) in clusters {
+        ok(
+            tandem(
+                home,
+                &[
+                    "install",
+                    "--kubeconfig",
+                    kubeconfig,
+                    "--context",
+                    ctx,
+                    "--cluster-id",
+                    id,
+                    "--network-fabric",
+                ],
+            ),
+            &format!("install on {ctx}"),
+        );
+    }
+}
+
 /// Names of `ctx`'s Running pods in tandem-system with label `app`.
 fn running(lab: &netlab::Lab, ctx: &str, app: &str) -> Vec<Value> {
     let pods = json(
@@ -125,24 +147,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "2", "2");
     let kc = lab.kubeconfig.clone();
-    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
-        ok(
-            tandem(
-                home.path(),
-                &[
-                    "install",
-                    "--kubeconfig",
-                    &kc,
-                    "--context",
-                    ctx,
-                    "--cluster-id",
-                    id,
-                    "--network-fabric",
-                ],
-            ),
-            &format!("install on {ctx}"),
-        );
-    }
+    install_with_fabric(home.path(), &kc, &[("lab-1", "rome"), ("lab-2", "milan")]);
     invite_and_peer(home.path(), &kc);
 
     // Each side: its gateway to the other Running on the node network, the agent on both
@@ -821,24 +826,11 @@ fn three_clusters_pairs_connect_and_nothing_transits() {
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "3", "1");
     let kc = lab.kubeconfig.clone();
-    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan"), ("lab-3", "turin")] {
-        ok(
-            tandem(
-                home.path(),
-                &[
-                    "install",
-                    "--kubeconfig",
-                    &kc,
-                    "--context",
-                    ctx,
-                    "--cluster-id",
-                    id,
-                    "--network-fabric",
-                ],
-            ),
-            &format!("install on {ctx}"),
-        );
-    }
+    install_with_fabric(
+        home.path(),
+        &kc,
+        &[("lab-1", "rome"), ("lab-2", "milan"), ("lab-3", "turin")],
+    );
     peer_with(home.path(), &kc, "lab-1", 2);
     peer_with(home.path(), &kc, "lab-1", 3);
     ok(
@@ -1048,24 +1040,7 @@ fn peered_both_ways_one_tunnel_serves_both_and_survives_unpeering_one() {
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "2", "1");
     let kc = lab.kubeconfig.clone();
-    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
-        ok(
-            tandem(
-                home.path(),
-                &[
-                    "install",
-                    "--kubeconfig",
-                    &kc,
-                    "--context",
-                    ctx,
-                    "--cluster-id",
-                    id,
-                    "--network-fabric",
-                ],
-            ),
-            &format!("install on {ctx}"),
-        );
-    }
+    install_with_fabric(home.path(), &kc, &[("lab-1", "rome"), ("lab-2", "milan")]);
     peer_with(home.path(), &kc, "lab-1", 2);
     peer_with(home.path(), &kc, "lab-2", 1);
     // Each side offloads a namespace to the other and runs an echo pod there, and a probe of
