@@ -866,14 +866,11 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
         .map_err(unpeer_step(UnpeerStep::RemoveGatewayKey))?;
     let tenant_ns = names::tenant_namespace(&provider);
     // Peered both ways, the namespace also holds the peer's Tenant of this cluster (it
-    // consumes from us): only this relation's Secrets go, the namespace stays.
-    let serves_peer = Api::<Tenant>::namespaced(ctx.client.clone(), &tenant_ns)
-        .list(&ListParams::default())
+    // consumes from us): only this relation's Secrets go, the namespace stays. (This Peering
+    // is being deleted, so a live relation with the peer is that Tenant.)
+    let serves_peer = crate::fabric::live_relation(&ctx.client, Some(&provider))
         .await
-        .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?
-        .items
-        .iter()
-        .any(|t| t.spec.cluster_id == provider && t.metadata.deletion_timestamp.is_none());
+        .map_err(unpeer_step(UnpeerStep::DeleteTenantNamespace))?;
     if serves_peer {
         let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &tenant_ns);
         let mut names: Vec<String> = vec![
