@@ -1,10 +1,11 @@
-//! The CustomResourceDefinitions, generated from the Rust types (`tandem crds`, `deploy/crds/`).
+//! The CustomResourceDefinitions, generated from the Rust types (`tandem crds`, `deploy/crds/`),
+//! and the upstream multi-cluster services CRDs Tandem installs as their project ships them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
 use crate::{
-    NamespaceOffloading, NetworkParameters, Peering, PeeringRequest, RemoteNamespace, ShadowPod,
+    ExportedService, NamespaceOffloading, NetworkParameters, Peering, PeeringRequest, RemoteNamespace, ShadowPod,
     Tenant,
 };
 
@@ -18,7 +19,22 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         RemoteNamespace::crd(),
         NamespaceOffloading::crd(),
         ShadowPod::crd(),
+        ExportedService::crd(),
     ]
+}
+
+/// The upstream CRDs of the MCS API (ServiceExport, ServiceImport: mcs-api v0.4.1, the last
+/// release whose storage version is v1alpha1) and ClusterProperty (about-api, v1alpha1),
+/// verbatim from `deploy/mcs/`.
+pub fn upstream() -> Vec<CustomResourceDefinition> {
+    [
+        include_str!("../../../deploy/mcs/multicluster.x-k8s.io_serviceexports.yaml"),
+        include_str!("../../../deploy/mcs/multicluster.x-k8s.io_serviceimports.yaml"),
+        include_str!("../../../deploy/mcs/about.k8s.io_clusterproperties.yaml"),
+    ]
+    .into_iter()
+    .map(|yaml| serde_saphyr::from_str(yaml).expect("the vendored upstream CRDs parse"))
+    .collect()
 }
 
 /// File name of a CRD in `deploy/crds/` (`<plural>.<group>.yaml`).
@@ -63,12 +79,37 @@ mod tests {
     }
 
     #[test]
+    fn upstream_crds_keep_their_printer_columns() {
+        let crds = upstream();
+        let names: Vec<_> = crds.iter().filter_map(|c| c.metadata.name.clone()).collect();
+        assert_eq!(
+            names,
+            [
+                "serviceexports.multicluster.x-k8s.io",
+                "serviceimports.multicluster.x-k8s.io",
+                "clusterproperties.about.k8s.io"
+            ]
+        );
+        let columns: Vec<String> = crds[1].spec.versions[0]
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.clone())
+            .collect();
+        assert_eq!(columns, ["Type", "IP", "Age"]);
+    }
+
+    #[test]
     fn crds_are_structural() {
         for crd in all() {
             let name = crd.metadata.name.clone().unwrap();
             assert!(name.ends_with(".tandem.dev"), "{name}");
             let v = &crd.spec.versions[0];
             assert!(v.served && v.storage, "{name}");
+            // A peer's record of its exports is read, never reconciled: it has no status.
+            if name == "exportedservices.tandem.dev" {
+                continue;
+            }
             assert!(
                 v.subresources
                     .as_ref()

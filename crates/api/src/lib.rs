@@ -7,6 +7,7 @@ pub mod client;
 pub mod conditions;
 pub mod crds;
 pub mod kubeconfig;
+pub mod mcs;
 pub mod names;
 pub mod offloading;
 pub mod peering;
@@ -15,6 +16,10 @@ pub mod schema;
 pub mod shadowpod;
 
 pub use conditions::{ConditionStatus, set_condition};
+pub use mcs::{
+    ClusterProperty, ExportedService, ExportedServiceSpec, ServiceExport, ServiceImport,
+    ServiceImportSpec,
+};
 pub use offloading::{
     NamespaceMappingStrategy, NamespaceOffloading, NamespaceOffloadingSpec,
     NamespaceOffloadingStatus, PodOffloadingStrategy, RemoteNamespaceStatus,

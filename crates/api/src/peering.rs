@@ -46,6 +46,13 @@ pub struct PeeringSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::host_port)]
     pub gateway_status: Option<String>,
+    /// The namespaces of this cluster in which this peer's exported Services may be imported
+    /// (as ServiceImports; the namespace must exist). Absent: every namespace but the system
+    /// ones (kube-system, kube-public, kube-node-lease, tandem-system, tenant namespaces);
+    /// empty: none. When this cluster both consumes from and provides to the peer, a
+    /// namespace must be allowed by its Peering and its Tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_import_namespaces: Option<Vec<String>>,
 }
 
 /// What the consumer's controller observed and negotiated.

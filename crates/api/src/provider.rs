@@ -105,6 +105,13 @@ pub struct TenantSpec {
     /// allowed unless set to false; absent, all are allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_access: Option<PodAccess>,
+    /// The namespaces of this cluster in which this peer's exported Services may be imported
+    /// (as ServiceImports; the namespace must exist). Absent: every namespace but the system
+    /// ones (kube-system, kube-public, kube-node-lease, tandem-system, tenant namespaces);
+    /// empty: none. When this cluster both consumes from and provides to the peer, a
+    /// namespace must be allowed by its Peering and its Tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_import_namespaces: Option<Vec<String>>,
 }
 
 /// The interactive access a provider gives a consumer to the real pods of its twin namespaces,

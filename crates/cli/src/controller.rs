@@ -34,6 +34,12 @@ pub struct Args {
     /// [default: this host's address on the route to the API server — the pod IP in a cluster].
     #[arg(long, value_name = "IP")]
     kubelet_address: Option<std::net::IpAddr>,
+    /// Serve `clusterset.local` (multi-cluster services' DNS) on this address, UDP and TCP;
+    /// the cluster DNS forwards the zone here (`tandem install` adds the stub domain). The
+    /// in-cluster Deployment serves on 0.0.0.0:5353 behind the Service tandem-system/tandem-dns
+    /// [default: not served].
+    #[arg(long, value_name = "IP:PORT")]
+    dns_addr: Option<std::net::SocketAddr>,
 }
 
 /// The local address of the route to `url`'s host: what the API server can reach this
@@ -101,6 +107,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         heartbeat: Duration::from_secs(args.heartbeat_seconds),
         provider_grace: Duration::from_secs(args.provider_grace_seconds),
         kubelet_address,
+        dns_addr: args.dns_addr,
     };
     let controller = Controller::start(client, options)
         .await

@@ -22,6 +22,8 @@ pub struct Options {
     /// The address virtual kubelets serve their kubelet API on (a port per virtual node) and
     /// publish as their node's InternalIP: one the API server can reach.
     pub kubelet_address: std::net::IpAddr,
+    /// Where to serve `clusterset.local` (UDP and TCP), if anywhere.
+    pub dns_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for Options {
@@ -32,6 +34,7 @@ impl Default for Options {
             heartbeat: Duration::from_secs(5),
             provider_grace: Duration::from_secs(15),
             kubelet_address: std::net::Ipv4Addr::LOCALHOST.into(),
+            dns_addr: None,
         }
     }
 }

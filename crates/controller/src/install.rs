@@ -206,13 +206,20 @@ pub async fn install(
     progress: &mut (dyn FnMut(&str) + Send),
 ) -> Result<ClusterIdentity, InstallError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in tandem_api::crds::all() {
-        apply(&crds, &crd).await.map_err(step("CRDs"))?;
+    let all_crds: Vec<CustomResourceDefinition> = tandem_api::crds::all()
+        .into_iter()
+        .chain(tandem_api::crds::upstream())
+        .collect();
+    for crd in &all_crds {
+        apply(&crds, crd).await.map_err(step("CRDs"))?;
     }
-    for crd in tandem_api::crds::all() {
+    for crd in &all_crds {
         wait_established(&crds, &crd.name_any()).await?;
     }
-    progress("CustomResourceDefinitions applied and Established");
+    progress(
+        "CustomResourceDefinitions applied and Established (Tandem's, and the MCS API's \
+         ServiceExport, ServiceImport and ClusterProperty)",
+    );
 
     let ns: Namespace = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Namespace",
@@ -337,8 +344,11 @@ pub async fn install(
                         "name": "controller", "image": image,
                         "args": ["controller",
                                  format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
-                                 format!("--webhook-service={}/{}", names::SYSTEM_NAMESPACE, names::CONTROLLER_NAME)],
-                        "ports": [{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"}],
+                                 format!("--webhook-service={}/{}", names::SYSTEM_NAMESPACE, names::CONTROLLER_NAME),
+                                 format!("--dns-addr=0.0.0.0:{DNS_PORT}")],
+                        "ports": [{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
+                                  {"name": "dns", "containerPort": DNS_PORT, "protocol": "UDP"},
+                                  {"name": "dns-tcp", "containerPort": DNS_PORT, "protocol": "TCP"}],
                         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                             "capabilities": {"drop": ["ALL"]}},
                     }],
@@ -375,7 +385,113 @@ pub async fn install(
         names::SYSTEM_NAMESPACE,
         names::CONTROLLER_NAME
     ));
+    let dns_ip = dns_service(client).await?;
+    progress(&stub_domain(client, &dns_ip).await?);
     Ok(identity)
+}
+
+/// The port the in-cluster controller serves `clusterset.local` on.
+pub const DNS_PORT: u16 = 5353;
+/// The Service (in tandem-system) in front of it, port 53.
+pub const DNS_SERVICE: &str = "tandem-dns";
+/// The markers around the stub domain Tandem keeps in CoreDNS's Corefile.
+const STUB_BEGIN: &str = "# BEGIN tandem: clusterset.local (multi-cluster services)";
+const STUB_END: &str = "# END tandem";
+
+/// The Service `tandem-dns` in front of the controller's `clusterset.local` server; its
+/// ClusterIP.
+async fn dns_service(client: &Client) -> Result<String, InstallError> {
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": DNS_SERVICE, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": names::CONTROLLER_NAME},
+            "ports": [
+                {"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53, "targetPort": "dns-tcp", "protocol": "TCP"},
+            ],
+        },
+    }))
+    .expect("static manifest");
+    let applied = apply(
+        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &service,
+    )
+    .await
+    .map_err(step("DNS Service"))?;
+    applied
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .filter(|ip| !ip.is_empty() && ip != "None")
+        .ok_or_else(|| {
+            InstallError::Settings(format!(
+                "Service {}/{DNS_SERVICE} has no ClusterIP",
+                names::SYSTEM_NAMESPACE
+            ))
+        })
+}
+
+/// The Corefile server block that sends `clusterset.local` to `dns_ip`.
+pub fn stub_domain_block(dns_ip: &str) -> String {
+    format!(
+        "{STUB_BEGIN}\n{}:53 {{\n    errors\n    cache 5\n    forward . {dns_ip}\n}}\n{STUB_END}\n",
+        tandem_api::mcs::CLUSTERSET_DOMAIN
+    )
+}
+
+/// `corefile` with Tandem's stub domain set to `dns_ip` (replacing an earlier one).
+pub fn with_stub_domain(corefile: &str, dns_ip: &str) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in corefile.lines() {
+        if line.trim() == STUB_BEGIN {
+            skipping = true;
+        } else if skipping && line.trim() == STUB_END {
+            skipping = false;
+        } else if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !out.ends_with("\n\n") && !out.is_empty() {
+        out.push('\n');
+    }
+    out + &stub_domain_block(dns_ip)
+}
+
+/// Points the cluster DNS at `clusterset.local`: the stub domain in CoreDNS's Corefile
+/// (`kube-system/coredns`, which CoreDNS's `reload` plugin and the lab's DNS follow); where
+/// there is no such ConfigMap, what to add by hand. Idempotent. Returns what was done.
+async fn stub_domain(client: &Client, dns_ip: &str) -> Result<String, InstallError> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let Some(cm) = maps.get_opt("coredns").await.map_err(step("CoreDNS stub domain"))? else {
+        return Ok(format!(
+            "no ConfigMap kube-system/coredns: for `<svc>.<ns>.svc.{}` names, add to your \
+             cluster DNS's configuration:\n{}",
+            tandem_api::mcs::CLUSTERSET_DOMAIN,
+            stub_domain_block(dns_ip)
+        ));
+    };
+    let corefile = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("Corefile"))
+        .cloned()
+        .unwrap_or_default();
+    let updated = with_stub_domain(&corefile, dns_ip);
+    if updated != corefile {
+        maps.patch(
+            "coredns",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"Corefile": updated}})),
+        )
+        .await
+        .map_err(step("CoreDNS stub domain"))?;
+    }
+    Ok(format!(
+        "{} forwarded to {dns_ip} (stub domain in ConfigMap kube-system/coredns)",
+        tandem_api::mcs::CLUSTERSET_DOMAIN
+    ))
 }
 
 async fn wait_established(

@@ -4,7 +4,9 @@
 //!   grants, twin namespaces, shadow pods → real pods under the tenant's quota;
 //! - consumer side ([`consumer`]): the invite flow and negotiation for each `Peering`, one
 //!   virtual node and virtual kubelet per provider, namespace offloading and its admission
-//!   webhook, reflection of the objects offloaded pods need.
+//!   webhook, reflection of the objects offloaded pods need;
+//! - multi-cluster services ([`mcs`]): ServiceExports handed to every peer, ServiceImports
+//!   from theirs, and `clusterset.local` DNS.
 //!
 //! Every cluster — the local one and each provider — is reached only through `kube::Client`.
 
@@ -17,6 +19,7 @@ pub mod input;
 pub mod install;
 pub mod invite;
 pub mod lean;
+pub mod mcs;
 pub mod provider;
 pub mod rbac;
 pub mod runtime;

@@ -97,6 +97,14 @@ pub fn peer_tenant_role() -> ClusterRole {
                     "get", "list", "watch", "create", "update", "patch", "delete",
                 ],
             ),
+            // Multi-cluster services: its records of its exports, and reading ours.
+            rule(
+                tandem_api::GROUP,
+                &["exportedservices"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
         ],
     )
 }
@@ -220,8 +228,49 @@ pub fn controller_role() -> ClusterRole {
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
             // Reflection reads the offloaded namespaces' ConfigMaps and Services.
-            rule("", &["configmaps", "services"], &["list", "watch"]),
-            rule("discovery.k8s.io", &["endpointslices"], &["list", "watch"]),
+            rule("", &["configmaps"], &["list", "watch"]),
+            // ... and multi-cluster services write the Services and EndpointSlices backing
+            // ServiceImports (only those labelled as Tandem's are ever changed).
+            rule(
+                "",
+                &["services"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
+            rule(
+                "discovery.k8s.io",
+                &["endpointslices"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                    "deletecollection",
+                ],
+            ),
+            // Multi-cluster services: exports read (their status written), imports owned,
+            // the cluster's ID published.
+            rule(
+                tandem_api::mcs::MCS_GROUP,
+                &["serviceexports"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                tandem_api::mcs::MCS_GROUP,
+                &["serviceexports/status"],
+                &["update", "patch"],
+            ),
+            rule(
+                tandem_api::mcs::MCS_GROUP,
+                &["serviceimports", "serviceimports/status"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
+            rule(
+                tandem_api::mcs::ABOUT_GROUP,
+                &["clusterproperties"],
+                &["get", "list", "watch", "create"],
+            ),
+            rule(
+                tandem_api::GROUP,
+                &["exportedservices"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
             // Provider events reflected onto the consumer's pods.
             rule("", &["events"], &["create", "patch"]),
             // Tenant and twin namespaces; the offloading label on offloaded ones.

@@ -2,6 +2,7 @@
 
 pub mod grant;
 pub mod invite;
+pub mod mcs;
 pub mod ipam;
 pub mod nat;
 pub mod offloading;

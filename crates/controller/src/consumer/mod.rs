@@ -19,12 +19,14 @@ pub mod webhook;
 pub use link::{Links, ProviderLink};
 
 /// Spawns every consumer-side reconciler. `Links` is shared: the peering reconciler publishes
-/// an established provider into it; the per-provider tasks and the offloading reconciler read it.
+/// an established provider into it; the per-provider tasks, the offloading reconciler and
+/// multi-cluster services read it.
 pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     let links = Links::default();
     tasks.spawn(peering::run(ctx.clone(), links.clone()));
     tasks.spawn(offloading::run(ctx.clone(), links.clone()));
     tasks.spawn(storage::run(ctx.clone(), links.clone()));
     tasks.spawn(webhook::run(ctx.clone()));
+    tasks.spawn(crate::mcs::run(ctx.clone(), links.clone()));
     tasks.spawn(link::supervise(ctx.clone(), links));
 }

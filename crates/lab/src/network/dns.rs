@@ -1,21 +1,18 @@
 //! Cluster DNS for network-mode lab clusters: `cluster.local` answered as CoreDNS's
 //! kubernetes plugin answers it, from watched Services and EndpointSlices.
 //!
-//! Messages are encoded and decoded by hickory-proto; the serving loop (one UDP socket, one
-//! TCP listener, made by the caller inside the cluster's edge namespace) is written here
-//! because the zone is computed from live API objects on each query, which hickory-server's
-//! authorities (zone files, stores, forwarders) do not model.
+//! The serving loop and the answer skeleton are `tandem-dns`'s (shared with the
+//! `clusterset.local` server of multi-cluster services); the UDP socket and TCP listener are
+//! made by the caller inside the cluster's edge namespace.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::rdata::{A, SOA, SRV};
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RecordType;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The cluster domain.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
@@ -198,18 +195,7 @@ pub async fn follow_config(client: kube::Client, zone: Zone) {
     }
 }
 
-/// What a name in the cluster zone is.
-#[derive(Debug, PartialEq, Eq)]
-enum Answer {
-    /// Addresses (A records).
-    Addresses(Vec<Ipv4Addr>),
-    /// SRV targets: (port, target name).
-    Services(Vec<(u16, String)>),
-    /// The name exists but has no records of the type asked.
-    NoData,
-    /// No such name.
-    NxDomain,
-}
+use tandem_dns::Answer;
 
 impl Zone {
     fn service(&self, ns: &str, name: &str) -> Option<Arc<Service>> {
@@ -270,10 +256,10 @@ impl Zone {
                     if ips.is_empty() {
                         Answer::NoData
                     } else {
-                        Answer::Addresses(ips)
+                        Answer::Addresses(ips.into_iter().map(Into::into).collect())
                     }
                 } else {
-                    match spec.cluster_ip.as_deref().and_then(|ip| ip.parse().ok()) {
+                    match spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
                         Some(ip) => Answer::Addresses(vec![ip]),
                         None => Answer::NoData,
                     }
@@ -289,7 +275,7 @@ impl Zone {
                     .collect();
                 match (ips.is_empty(), kind) {
                     (true, _) => Answer::NxDomain,
-                    (false, RecordType::A) => Answer::Addresses(ips),
+                    (false, RecordType::A) => Answer::Addresses(ips.into_iter().map(Into::into).collect()),
                     (false, _) => Answer::NoData,
                 }
             }
@@ -319,7 +305,7 @@ impl Zone {
             }
             // <a-b-c-d>.<ns>.pod
             [ip, _ns, p] if p == "pod" => match ip.replace('-', ".").parse::<Ipv4Addr>() {
-                Ok(ip) if kind == RecordType::A => Answer::Addresses(vec![ip]),
+                Ok(ip) if kind == RecordType::A => Answer::Addresses(vec![ip.into()]),
                 Ok(_) => Answer::NoData,
                 Err(_) => Answer::NxDomain,
             },
@@ -329,133 +315,27 @@ impl Zone {
         }
     }
 
-    /// The response to one query message.
+    /// The response to one query message: names outside the cluster zone are refused
+    /// (lab traffic never leaves the machine; CoreDNS with no `forward` refuses too) unless a
+    /// stub domain or the upstream takes them (see [`reply`]).
     fn respond(&self, request: &Message) -> Message {
-        let mut response = Message::new();
-        response
-            .set_id(request.id())
-            .set_message_type(MessageType::Response)
-            .set_op_code(request.op_code())
-            .set_recursion_desired(request.recursion_desired())
-            .set_recursion_available(false);
-        let Some(query) = request.queries().first() else {
-            response.set_response_code(ResponseCode::FormErr);
-            return response;
-        };
-        response.add_query(query.clone());
-        let zone = Name::from_ascii(format!("{CLUSTER_DOMAIN}.")).expect("valid zone name");
-        let qname = query.name().to_lowercase();
-        if !zone.zone_of(&qname) {
-            // Nothing outside the cluster zone is answered: lab traffic never leaves the
-            // machine (CoreDNS with no `forward` refuses too).
-            response.set_response_code(ResponseCode::Refused);
-            return response;
-        }
-        response.set_authoritative(true);
-        let labels: Vec<String> = qname
-            .iter()
-            .take(qname.num_labels() as usize - zone.num_labels() as usize)
-            .map(|l| String::from_utf8_lossy(l).into_owned())
-            .collect();
-        match self.answer(&labels, query.query_type()) {
-            Answer::Addresses(ips) => {
-                for ip in ips {
-                    response.add_answer(Record::from_rdata(qname.clone(), TTL, RData::A(A(ip))));
-                }
-            }
-            Answer::Services(targets) => {
-                for (port, target) in targets {
-                    let Ok(target) = Name::from_ascii(&target) else {
-                        continue;
-                    };
-                    response.add_answer(Record::from_rdata(
-                        qname.clone(),
-                        TTL,
-                        RData::SRV(SRV::new(0, 100, port, target)),
-                    ));
-                }
-            }
-            Answer::NoData => {
-                response.add_name_server(soa(&zone));
-            }
-            Answer::NxDomain => {
-                response.set_response_code(ResponseCode::NXDomain);
-                response.add_name_server(soa(&zone));
-            }
-        }
-        response
+        tandem_dns::respond(request, &format!("{CLUSTER_DOMAIN}."), TTL, |labels, kind| {
+            self.answer(labels, kind)
+        })
     }
-}
-
-/// The zone's SOA record, as CoreDNS's kubernetes plugin gives it in negative answers.
-fn soa(zone: &Name) -> Record {
-    let ns = Name::from_ascii(format!("ns.dns.{CLUSTER_DOMAIN}.")).expect("valid name");
-    let mbox = Name::from_ascii(format!("hostmaster.{CLUSTER_DOMAIN}.")).expect("valid name");
-    let serial = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as u32)
-        .unwrap_or(1);
-    Record::from_rdata(
-        zone.clone(),
-        TTL,
-        RData::SOA(SOA::new(ns, mbox, serial, 7200, 1800, 86400, TTL)),
-    )
 }
 
 /// Serves `zone` on `udp` and `tcp` until the sockets fail.
 pub async fn serve(zone: Zone, udp: tokio::net::UdpSocket, tcp: tokio::net::TcpListener) {
-    let tcp_zone = zone.clone();
-    let tcp_task = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = tcp.accept().await else {
-                continue;
-            };
-            tokio::spawn(serve_tcp(tcp_zone.clone(), stream));
-        }
-    });
-    let udp = Arc::new(udp);
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let Ok((n, peer)) = udp.recv_from(&mut buf).await else {
-            break;
-        };
-        let (zone, udp, query) = (zone.clone(), udp.clone(), buf[..n].to_vec());
-        // Each query on its own: a forwarded one may wait for its upstream.
-        tokio::spawn(async move {
-            if let Some(bytes) = reply(&zone, &query).await {
-                let _ = udp.send_to(&bytes, peer).await;
-            }
-        });
-    }
-    tcp_task.abort();
-}
-
-async fn serve_tcp(zone: Zone, mut stream: tokio::net::TcpStream) {
-    loop {
-        let Ok(len) = stream.read_u16().await else {
-            return;
-        };
-        let mut buf = vec![0u8; usize::from(len)];
-        if stream.read_exact(&mut buf).await.is_err() {
-            return;
-        }
-        let Some(bytes) = reply(&zone, &buf).await else {
-            return;
-        };
-        let Ok(len) = u16::try_from(bytes.len()) else {
-            return;
-        };
-        if stream.write_u16(len).await.is_err() || stream.write_all(&bytes).await.is_err() {
-            return;
-        }
-    }
+    let handler = move |raw: Vec<u8>| {
+        let zone = zone.clone();
+        async move { reply(&zone, &raw).await }
+    };
+    tandem_dns::serve(handler, udp, tcp).await
 }
 
 async fn reply(zone: &Zone, raw: &[u8]) -> Option<Vec<u8>> {
-    let request = Message::from_vec(raw).ok()?;
-    if request.message_type() != MessageType::Query {
-        return None;
-    }
+    let request = tandem_dns::parse_query(raw)?;
     let response = zone.respond(&request);
     if response.response_code() == ResponseCode::Refused {
         let name = request.queries().first()?.name().to_lowercase().to_ascii();

@@ -49,6 +49,7 @@ const ROLES: &[Role] = &[
             "--webhook-service",
             "--heartbeat-seconds",
             "--provider-grace-seconds",
+            "--dns-addr",
         ],
         capabilities: &[],
     },

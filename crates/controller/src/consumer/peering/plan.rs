@@ -598,6 +598,7 @@ mod tests {
                     .collect(),
                 node_labels: BTreeMap::new(),
                 pod_access: None,
+                service_import_namespaces: None,
             },
         )
     }

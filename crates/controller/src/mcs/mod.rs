@@ -1,0 +1,1185 @@
+//! Multi-cluster services (the MCS API, KEP-1645) across every peering, whichever side is
+//! the consumer.
+//!
+//! **Export.** Each `ServiceExport` here becomes an [`ExportedService`] record — the Service's
+//! type, ports, session affinity and endpoints as this cluster addresses them — handed to every
+//! peer through the peering's own channel, the provider's tenant namespace: a consumer writes
+//! its records there with its peer identity, a provider writes its own into the same namespace
+//! on its side, and each side reads the other's. No identity gains a right outside its tenant
+//! namespace; the records are data, never instructions.
+//!
+//! **Import.** Each cluster decides alone what it imports: a peer's record becomes part of a
+//! `ServiceImport` only in a namespace that exists here and that this cluster allows for that
+//! peer (`serviceImportNamespaces` of its Peering / Tenant; default every namespace but the
+//! system ones), and the peer's endpoint addresses are moved into this cluster's view of the
+//! peer's pod CIDR — an address outside that CIDR is dropped, so an export can never aim
+//! traffic at this cluster's own addresses or at a third cluster. The exports of one Service by
+//! several clusters (this one included) merge as the KEP says ([`tandem_core::mcs::merge`]).
+//! A ClusterSetIP import is backed by a selector-less Service `derived-<hash>` whose ClusterIP
+//! is the import's IP, and EndpointSlices per source cluster that any kube-proxy follows.
+//! A peer whose virtual node is not Ready (or whose tunnel is down) has its endpoints marked
+//! not ready.
+//!
+//! Everything is level-based: one loop recomputes the whole desired state from watched caches
+//! on any change and writes only differences, so it is idempotent and converges after any
+//! restart.
+
+pub mod dns;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::Resource;
+use serde_json::json;
+use tandem_api::mcs::{
+    ClusterProperty, ClusterStatus, ExportedEndpoint, ExportedService, ExportedServiceSpec,
+    ExportedSlice, SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABEL, ServiceExport, ServiceImport,
+    ServiceImportSpec, ServicePort, export_condition, exported_service_name,
+};
+use tandem_api::{ConditionStatus, NetworkParameters, Peering, Tenant, client, conditions, names};
+use tandem_core::mcs::{ExportProperties, ExportedPort, ImportType, Merged};
+use tokio::sync::Notify;
+
+use crate::consumer::{Links, ProviderLink};
+use crate::context::Ctx;
+use crate::rbac::CONSUMER_NETWORK_PARAMETERS;
+
+/// `endpointslice.kubernetes.io/managed-by` of the EndpointSlices Tandem writes for imports.
+pub const SLICE_MANAGER: &str = "tandem.dev/mcs";
+const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// How long the loop lets a burst of changes gather before recomputing.
+const SETTLE: Duration = Duration::from_millis(15);
+/// Recomputes this often even without a change (settings, failed writes).
+const RESYNC: Duration = Duration::from_secs(10);
+
+/// The name of the Service backing the import of `namespace/name`: `derived-` and a hash,
+/// as the MCS reference implementation names it (a user's Service could only collide by
+/// taking that exact name; Tandem never touches a Service it did not make).
+pub fn derived_service_name(namespace: &str, name: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("derived-{hex}")
+}
+
+fn short_hash(s: &str) -> String {
+    let h = s.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("{h:08x}")
+}
+
+/// The caches the loop reads; the DNS server reads the same.
+#[derive(Clone)]
+pub struct Caches {
+    pub exports: Store<ServiceExport>,
+    pub services: Store<Service>,
+    pub slices: Store<EndpointSlice>,
+    pub records: Store<ExportedService>,
+    pub imports: Store<ServiceImport>,
+    pub namespaces: Store<Namespace>,
+    pub peerings: Store<Peering>,
+    pub tenants: Store<Tenant>,
+    pub parameters: Store<NetworkParameters>,
+    pub nodes: Store<Node>,
+}
+
+/// Starts a reflector for `api`, waking `notify` on each event.
+fn cache<K>(
+    api: Api<K>,
+    notify: Arc<Notify>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(move |_| {
+            notify.notify_one();
+            async {}
+        });
+    tasks.push(tokio::spawn(stream));
+    reader
+}
+
+impl Caches {
+    fn start(client: &kube::Client, notify: &Arc<Notify>) -> (Caches, Vec<tokio::task::JoinHandle<()>>) {
+        let mut tasks = Vec::new();
+        let n = || notify.clone();
+        let caches = Caches {
+            exports: cache(Api::all(client.clone()), n(), &mut tasks),
+            services: cache(Api::all(client.clone()), n(), &mut tasks),
+            slices: cache(Api::all(client.clone()), n(), &mut tasks),
+            records: cache(Api::all(client.clone()), n(), &mut tasks),
+            imports: cache(Api::all(client.clone()), n(), &mut tasks),
+            namespaces: cache(Api::all(client.clone()), n(), &mut tasks),
+            peerings: cache(Api::all(client.clone()), n(), &mut tasks),
+            tenants: cache(Api::all(client.clone()), n(), &mut tasks),
+            parameters: cache(Api::all(client.clone()), n(), &mut tasks),
+            nodes: cache(Api::all(client.clone()), n(), &mut tasks),
+        };
+        (caches, tasks)
+    }
+
+    async fn ready(&self) {
+        let _ = tokio::join!(
+            self.exports.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.slices.wait_until_ready(),
+            self.records.wait_until_ready(),
+            self.imports.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+            self.peerings.wait_until_ready(),
+            self.tenants.wait_until_ready(),
+            self.parameters.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+        );
+    }
+}
+
+/// The records a provider publishes for one consumer, read with the consumer's peer identity.
+struct RemoteRecords {
+    identity_version: String,
+    store: Store<ExportedService>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RemoteRecords {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Runs multi-cluster services until the controller stops; with `dns`, also serves
+/// `clusterset.local` there.
+pub async fn run(ctx: Ctx, links: Links) {
+    let notify = Arc::new(Notify::new());
+    let (caches, _tasks) = Caches::start(&ctx.client, &notify);
+    struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
+    impl Drop for AbortAll {
+        fn drop(&mut self) {
+            self.0.iter().for_each(|t| t.abort());
+        }
+    }
+    let _tasks = AbortAll(_tasks);
+    if let Some(addr) = ctx.options.dns_addr {
+        let zone = dns::Zone::new(caches.imports.clone(), caches.slices.clone());
+        tokio::spawn(async move {
+            if let Err(e) = dns::listen_and_serve(zone, addr).await {
+                tracing::error!("clusterset.local DNS on {addr}: {e}");
+            }
+        });
+    }
+    {
+        let notify = notify.clone();
+        let mut changes = Box::pin(links.changes());
+        tokio::spawn(async move {
+            while changes.next().await.is_some() {
+                notify.notify_one();
+            }
+        });
+    }
+    caches.ready().await;
+    publish_cluster_id(&ctx).await;
+    let mut remotes: BTreeMap<String, RemoteRecords> = BTreeMap::new();
+    let mut pod_cidr: Option<IpNet> = None;
+    let mut last_settings = None::<tokio::time::Instant>;
+    loop {
+        if last_settings.is_none_or(|t| t.elapsed() >= RESYNC) {
+            match crate::install::load_settings(&ctx.client).await {
+                Ok(s) => pod_cidr = s.pod_cidr.parse().ok(),
+                Err(e) => tracing::warn!("multi-cluster services: reading settings: {e}"),
+            }
+            last_settings = Some(tokio::time::Instant::now());
+        }
+        let linked = links.snapshot();
+        remotes.retain(|id, r| {
+            linked
+                .get(id)
+                .is_some_and(|l| l.identity_version == r.identity_version)
+        });
+        for (id, link) in &linked {
+            if !remotes.contains_key(id) {
+                let mut tasks = Vec::new();
+                let store = cache(
+                    Api::<ExportedService>::namespaced(
+                        link.client.clone(),
+                        &link.remote_tenant_namespace,
+                    ),
+                    notify.clone(),
+                    &mut tasks,
+                );
+                remotes.insert(
+                    id.clone(),
+                    RemoteRecords {
+                        identity_version: link.identity_version.clone(),
+                        store,
+                        task: tasks.remove(0),
+                    },
+                );
+            }
+        }
+        let mut failed = false;
+        let sync = Pass {
+            ctx: &ctx,
+            caches: &caches,
+            links: &linked,
+            remotes: &remotes,
+            pod_cidr,
+        };
+        if let Err(e) = sync.run().await {
+            tracing::warn!("multi-cluster services: {e}");
+            failed = true;
+        }
+        let wait = if failed { Duration::from_secs(1) } else { RESYNC };
+        let _ = tokio::time::timeout(wait, notify.notified()).await;
+        tokio::time::sleep(SETTLE).await;
+    }
+}
+
+/// Publishes this cluster's ID as the KEP-2149 ClusterProperty when absent (an
+/// administrator's own value is left alone).
+async fn publish_cluster_id(ctx: &Ctx) {
+    let api: Api<ClusterProperty> = Api::all(ctx.client.clone());
+    let property: ClusterProperty = match serde_json::from_value(json!({
+        "apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+        "metadata": {"name": tandem_api::mcs::CLUSTER_ID_PROPERTY,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+        "spec": {"value": ctx.identity.cluster_id},
+    })) {
+        Ok(p) => p,
+        Err(e) => return tracing::error!("ClusterProperty: {e}"),
+    };
+    match api.create(&PostParams::default(), &property).await {
+        Ok(_) => {}
+        Err(e) if client::is_conflict(&e) => {}
+        Err(e) => tracing::warn!(
+            "creating ClusterProperty {}: {e}",
+            tandem_api::mcs::CLUSTER_ID_PROPERTY
+        ),
+    }
+}
+
+/// What went wrong in one pass (the pass goes on with the other objects; this is the first).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct SyncError {
+    what: String,
+    #[source]
+    source: kube::Error,
+}
+
+/// One cluster that exports a Service, as this cluster sees its export.
+#[derive(Clone, Debug)]
+struct Source {
+    cluster: String,
+    spec: ExportedServiceSpec,
+    /// Whether its endpoints may be ready (its virtual node / tunnel is up).
+    healthy: bool,
+}
+
+/// One peer, as far as services go.
+#[derive(Debug)]
+struct Peer {
+    id: String,
+    /// Our tenant namespace for it, when it consumes from us.
+    tenant_namespace: Option<String>,
+    /// Its pod CIDR, and our name for it.
+    pod_cidr: Option<(IpNet, IpNet)>,
+    /// The namespaces we allow its imports into (each side's list; None: the default).
+    allowed: Vec<Option<Vec<String>>>,
+    healthy: bool,
+}
+
+struct Pass<'a> {
+    ctx: &'a Ctx,
+    caches: &'a Caches,
+    links: &'a BTreeMap<String, ProviderLink>,
+    remotes: &'a BTreeMap<String, RemoteRecords>,
+    pod_cidr: Option<IpNet>,
+}
+
+fn label<'a, K: Resource>(obj: &'a K, key: &str) -> Option<&'a str> {
+    obj.meta().labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn is_ours<K: Resource>(obj: &K) -> bool {
+    label(obj, names::MANAGED_BY_LABEL) == Some(names::MANAGED_BY)
+}
+
+fn key_of<K: Resource>(obj: &K) -> (String, String) {
+    (
+        obj.meta().namespace.clone().unwrap_or_default(),
+        obj.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// Conditions equal but for their transition times.
+fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (&x.type_, &x.status, &x.reason, &x.message) == (&y.type_, &y.status, &y.reason, &y.message)
+        })
+}
+
+impl Pass<'_> {
+    async fn run(&self) -> Result<(), SyncError> {
+        let mut first_error: Option<SyncError> = None;
+        let mut keep = |r: Result<(), SyncError>| {
+            if let Err(e) = r {
+                tracing::debug!("multi-cluster services: {e}");
+                first_error.get_or_insert(e);
+            }
+        };
+        let (own, statuses) = self.own_exports();
+        let peers = self.peers();
+        keep(self.publish(&own, &peers).await);
+        let mut sources: BTreeMap<(String, String), Vec<Source>> = BTreeMap::new();
+        for ((ns, name), spec) in &own {
+            sources.entry((ns.clone(), name.clone())).or_default().push(Source {
+                cluster: self.ctx.identity.cluster_id.clone(),
+                spec: spec.clone(),
+                healthy: true,
+            });
+        }
+        for peer in &peers {
+            for source in self.peer_sources(peer) {
+                let key = (source.spec.namespace.clone(), source.spec.service.clone());
+                sources.entry(key).or_default().push(source);
+            }
+        }
+        let mut merged_of: BTreeMap<(String, String), Merged> = BTreeMap::new();
+        for (key, srcs) in &sources {
+            let props: Vec<ExportProperties> = srcs.iter().map(|s| properties(&s.spec)).collect();
+            if let Some(m) = tandem_core::mcs::merge(&props) {
+                merged_of.insert(key.clone(), m);
+            }
+        }
+        for (key, srcs) in &sources {
+            if let Some(merged) = merged_of.get(key) {
+                keep(self.import(key, srcs, merged).await);
+            }
+        }
+        keep(self.remove_stale_imports(&sources).await);
+        keep(self.export_statuses(statuses, &merged_of).await);
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// This cluster's exports as records, and the status each ServiceExport should have
+    /// (before conflicts are known).
+    fn own_exports(
+        &self,
+    ) -> (
+        BTreeMap<(String, String), ExportedServiceSpec>,
+        Vec<(ServiceExport, Result<(), (&'static str, String)>)>,
+    ) {
+        let me = &self.ctx.identity.cluster_id;
+        let mut own = BTreeMap::new();
+        let mut statuses = Vec::new();
+        let mut slices_of: BTreeMap<(String, String), Vec<Arc<EndpointSlice>>> = BTreeMap::new();
+        for slice in self.caches.slices.state() {
+            if let (Some(ns), Some(svc)) = (
+                slice.metadata.namespace.clone(),
+                label(slice.as_ref(), "kubernetes.io/service-name"),
+            ) {
+                slices_of.entry((ns, svc.to_string())).or_default().push(slice.clone());
+            }
+        }
+        for export in self.caches.exports.state() {
+            if export.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let (ns, name) = key_of(export.as_ref());
+            let service = self
+                .caches
+                .services
+                .get(&ObjectRef::new(&name).within(&ns));
+            let verdict = match &service {
+                None => Err(("NoService", format!("Service {ns}/{name} not found"))),
+                Some(s)
+                    if s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName") =>
+                {
+                    Err((
+                        "InvalidServiceType",
+                        format!("Service {ns}/{name} is of type ExternalName, which cannot be exported"),
+                    ))
+                }
+                Some(_) => Ok(()),
+            };
+            if let (Some(service), Ok(())) = (&service, &verdict) {
+                let slices = slices_of.get(&(ns.clone(), name.clone())).cloned().unwrap_or_default();
+                own.insert(
+                    (ns.clone(), name.clone()),
+                    record(me, &export, service, &slices, self.pod_cidr),
+                );
+            }
+            statuses.push(((*export).clone(), verdict));
+        }
+        (own, statuses)
+    }
+
+    /// Every peer: from the Peerings (with a link) and the Tenants, not being deleted.
+    fn peers(&self) -> Vec<Peer> {
+        let mut peers: BTreeMap<String, Peer> = BTreeMap::new();
+        for tenant in self.caches.tenants.state() {
+            if tenant.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let id = tenant.spec.cluster_id.clone();
+            let ns = names::tenant_namespace(&id);
+            let params = self
+                .caches
+                .parameters
+                .get(&ObjectRef::new(CONSUMER_NETWORK_PARAMETERS).within(&ns));
+            let cidr = params.and_then(|p| {
+                let real: IpNet = p.spec.pod_cidr.parse().ok()?;
+                let here: IpNet = p.status.as_ref()?.remapped_pod_cidr.as_deref()?.parse().ok()?;
+                Some((real, here))
+            });
+            let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
+            peer.tenant_namespace = Some(ns);
+            peer.pod_cidr = peer.pod_cidr.or(cidr);
+            peer.allowed.push(tenant.spec.service_import_namespaces.clone());
+        }
+        for peering in self.caches.peerings.state() {
+            if peering.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let id = peering.spec.cluster_id.clone();
+            let Some(link) = self.links.get(&id) else {
+                continue;
+            };
+            let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
+            if let Some(n) = &link.network {
+                peer.pod_cidr = Some((n.remote_pod_cidr, n.remote_pod_cidr_here));
+            }
+            peer.allowed.push(peering.spec.service_import_namespaces.clone());
+            peer.healthy = self.virtual_node_ready(&link.virtual_node);
+        }
+        peers.into_values().collect()
+    }
+
+    /// Whether a virtual node is Ready and its network available.
+    fn virtual_node_ready(&self, node: &str) -> bool {
+        let Some(node) = self.caches.nodes.get(&ObjectRef::new(node)) else {
+            return false;
+        };
+        let conds = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let status = |t: &str| conds.iter().find(|c| c.type_ == t).map(|c| c.status.clone());
+        status("Ready").as_deref() == Some("True")
+            && status("NetworkUnavailable").as_deref() != Some("True")
+    }
+
+    /// Hands this cluster's records to every peer: into our tenant namespace for a consumer
+    /// of ours, into our tenant namespace on a provider of ours (with our identity there).
+    async fn publish(
+        &self,
+        own: &BTreeMap<(String, String), ExportedServiceSpec>,
+        peers: &[Peer],
+    ) -> Result<(), SyncError> {
+        let me = &self.ctx.identity.cluster_id;
+        let mut result = Ok(());
+        for peer in peers {
+            if let Some(ns) = &peer.tenant_namespace {
+                let existing: Vec<Arc<ExportedService>> = self
+                    .caches
+                    .records
+                    .state()
+                    .into_iter()
+                    .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
+                    .collect();
+                let api = Api::namespaced(self.ctx.client.clone(), ns);
+                if let Err(e) = sync_records(&api, me, own, &existing).await {
+                    result = Err(e);
+                }
+            }
+            if let (Some(link), Some(remote)) = (self.links.get(&peer.id), self.remotes.get(&peer.id)) {
+                let api = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
+                if let Err(e) = sync_records(&api, me, own, &remote.store.state()).await {
+                    result = Err(e);
+                }
+            }
+        }
+        result
+    }
+
+    /// The peer's exports this cluster imports: from records it wrote in our tenant namespace
+    /// for it and in its tenant namespace for us, in namespaces we allow and have, with its
+    /// addresses moved into our view of its pod CIDR.
+    fn peer_sources(&self, peer: &Peer) -> Vec<Source> {
+        let Some((real, here)) = peer.pod_cidr else {
+            return Vec::new();
+        };
+        let mut records: Vec<Arc<ExportedService>> = Vec::new();
+        if let Some(ns) = &peer.tenant_namespace {
+            records.extend(
+                self.caches
+                    .records
+                    .state()
+                    .into_iter()
+                    .filter(|r| r.metadata.namespace.as_deref() == Some(ns)),
+            );
+        }
+        if let Some(remote) = self.remotes.get(&peer.id) {
+            records.extend(remote.store.state());
+        }
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for r in records {
+            let spec = &r.spec;
+            // Only what the peer says of itself, under the name it must have.
+            if spec.cluster_id != peer.id
+                || r.metadata.name.as_deref()
+                    != Some(&exported_service_name(&peer.id, &spec.namespace, &spec.service))
+                || !seen.insert((spec.namespace.clone(), spec.service.clone()))
+            {
+                continue;
+            }
+            if !peer
+                .allowed
+                .iter()
+                .all(|a| tandem_core::mcs::import_allowed(&spec.namespace, a.as_deref()))
+            {
+                continue;
+            }
+            let ns_live = self
+                .caches
+                .namespaces
+                .get(&ObjectRef::new(&spec.namespace))
+                .is_some_and(|n| n.metadata.deletion_timestamp.is_none());
+            if !ns_live {
+                continue;
+            }
+            let mut spec = spec.clone();
+            for slice in &mut spec.endpoint_slices {
+                for ep in &mut slice.endpoints {
+                    ep.addresses = ep
+                        .addresses
+                        .iter()
+                        .filter_map(|a| tandem_core::mcs::import_address(a, real, here))
+                        .collect();
+                }
+                slice.endpoints.retain(|e| !e.addresses.is_empty());
+            }
+            out.push(Source {
+                cluster: peer.id.clone(),
+                spec,
+                healthy: peer.healthy,
+            });
+        }
+        out
+    }
+
+    /// Writes the ServiceImport of `key`, its derived Service and one EndpointSlice per
+    /// source cluster and slice.
+    async fn import(
+        &self,
+        (ns, name): &(String, String),
+        sources: &[Source],
+        merged: &Merged,
+    ) -> Result<(), SyncError> {
+        let err = |what: String| move |source| SyncError { what, source };
+        let derived = derived_service_name(ns, name);
+        let headless = merged.import_type == ImportType::Headless;
+        let existing_import = self.caches.imports.get(&ObjectRef::new(name).within(ns));
+        if existing_import.as_ref().is_some_and(|i| !is_ours(i.as_ref())) {
+            // An administrator's own ServiceImport: not ours to change.
+            return Ok(());
+        }
+        let imports: Api<ServiceImport> = Api::namespaced(self.ctx.client.clone(), ns);
+        let ports: Vec<ServicePort> = merged.ports.iter().map(service_port).collect();
+        let service_api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
+        let existing_service = self.caches.services.get(&ObjectRef::new(&derived).within(ns));
+        if existing_service.as_ref().is_some_and(|s| !is_ours(s.as_ref())) {
+            tracing::warn!(
+                "ServiceImport {ns}/{name}: Service {ns}/{derived} exists and is not Tandem's; not importing"
+            );
+            return Ok(());
+        }
+        let ips: Vec<String> = if headless {
+            Vec::new()
+        } else {
+            existing_service
+                .as_ref()
+                .and_then(|s| s.spec.as_ref()?.cluster_ip.clone())
+                .filter(|ip| !ip.is_empty() && ip != "None")
+                .into_iter()
+                .collect()
+        };
+        let affinity_config = (merged.session_affinity == "ClientIP").then(|| {
+            serde_json::from_value(json!({"clientIP": {
+                "timeoutSeconds": merged.session_affinity_timeout.unwrap_or(10800)}}))
+            .unwrap_or_default()
+        });
+        let spec = ServiceImportSpec {
+            ports: ports.clone(),
+            ips: ips.clone(),
+            type_: merged.import_type.as_str().into(),
+            session_affinity: Some(merged.session_affinity.clone()),
+            session_affinity_config: affinity_config,
+        };
+        let import = match existing_import {
+            Some(i) if i.spec == spec => i,
+            Some(i) => {
+                let mut updated = (*i).clone();
+                updated.spec = spec;
+                Arc::new(
+                    imports
+                        .replace(name, &PostParams::default(), &updated)
+                        .await
+                        .map_err(err(format!("updating ServiceImport {ns}/{name}")))?,
+                )
+            }
+            None => {
+                let mut new = ServiceImport::new(name, spec);
+                new.metadata.labels = Some(BTreeMap::from([(
+                    names::MANAGED_BY_LABEL.into(),
+                    names::MANAGED_BY.into(),
+                )]));
+                match imports.create(&PostParams::default(), &new).await {
+                    Ok(i) => Arc::new(i),
+                    // The namespace went (or is going) meanwhile: nothing to import into.
+                    Err(e) if client::is_not_found(&e) || client::is_gone_or_forbidden(&e) => return Ok(()),
+                    Err(e) => return Err(err(format!("creating ServiceImport {ns}/{name}"))(e)),
+                }
+            }
+        };
+        let owner = OwnerReference {
+            api_version: "multicluster.x-k8s.io/v1alpha1".into(),
+            kind: "ServiceImport".into(),
+            name: name.clone(),
+            uid: import.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
+        let clusters: Vec<ClusterStatus> = merged
+            .clusters
+            .iter()
+            .map(|c| ClusterStatus { cluster: c.clone() })
+            .collect();
+        let mut status = import.status.clone().unwrap_or_default();
+        let mut conds = status.conditions.clone();
+        conditions::set_condition(
+            &mut conds,
+            "Ready",
+            ConditionStatus::True,
+            "Ready",
+            &format!("imported from {}", merged.clusters.join(", ")),
+            None,
+        );
+        if status.clusters != clusters || !same_conditions(&conds, &status.conditions) {
+            status.clusters = clusters;
+            status.conditions = conds;
+            imports
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await
+                .map_err(err(format!("status of ServiceImport {ns}/{name}")))?;
+        }
+
+        // The derived Service.
+        let service_ports: Vec<serde_json::Value> = merged
+            .ports
+            .iter()
+            .map(|p| {
+                json!({"name": p.name, "protocol": p.protocol, "appProtocol": p.app_protocol,
+                       "port": p.port, "targetPort": p.port})
+            })
+            .collect();
+        let want_service = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": derived, "namespace": ns,
+                "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY, SERVICE_NAME_LABEL: name},
+                "ownerReferences": [owner]},
+            "spec": {
+                "type": "ClusterIP",
+                "clusterIP": if headless { Some("None") } else { None },
+                "ports": service_ports,
+                "sessionAffinity": merged.session_affinity,
+            },
+        });
+        let service_differs = match &existing_service {
+            None => true,
+            Some(s) => {
+                let spec = s.spec.clone().unwrap_or_default();
+                let have: Vec<(Option<String>, Option<String>, i32)> = spec
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (p.name.clone(), p.protocol.clone(), p.port))
+                    .collect();
+                let want: Vec<(Option<String>, Option<String>, i32)> = merged
+                    .ports
+                    .iter()
+                    .map(|p| (p.name.clone(), Some(p.protocol.clone()), p.port))
+                    .collect();
+                have != want
+                    || spec.session_affinity.as_deref() != Some(merged.session_affinity.as_str())
+                    || (spec.cluster_ip.as_deref() == Some("None")) != headless
+            }
+        };
+        if service_differs {
+            let headless_changed = existing_service.as_ref().is_some_and(|s| {
+                (s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None")) != headless
+            });
+            if headless_changed {
+                // clusterIP is immutable: the import changed type, so the Service is remade.
+                client::delete_if_exists(&service_api, &derived, &DeleteParams::default())
+                    .await
+                    .map_err(err(format!("deleting Service {ns}/{derived}")))?;
+            }
+            let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+            let applied = service_api
+                .patch(&derived, &pp, &Patch::Apply(&want_service))
+                .await
+                .map_err(err(format!("applying Service {ns}/{derived}")))?;
+            if !headless && ips.is_empty() {
+                if let Some(ip) = applied.spec.and_then(|s| s.cluster_ip) {
+                    imports
+                        .patch(
+                            name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"ips": [ip]}})),
+                        )
+                        .await
+                        .map_err(err(format!("IP of ServiceImport {ns}/{name}")))?;
+                }
+            }
+        }
+
+        // One EndpointSlice per source cluster and slice of its export.
+        let slices: Api<EndpointSlice> = Api::namespaced(self.ctx.client.clone(), ns);
+        let existing: BTreeMap<String, Arc<EndpointSlice>> = self
+            .caches
+            .slices
+            .state()
+            .into_iter()
+            .filter(|s| {
+                s.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && label(s.as_ref(), SLICE_MANAGED_BY_LABEL) == Some(SLICE_MANAGER)
+                    && label(s.as_ref(), SERVICE_NAME_LABEL) == Some(name.as_str())
+            })
+            .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
+            .collect();
+        let mut wanted = BTreeSet::new();
+        for source in sources {
+            for (i, slice) in source.spec.endpoint_slices.iter().enumerate() {
+                let slice_name = format!("{derived}-{}-{i}", short_hash(&source.cluster));
+                wanted.insert(slice_name.clone());
+                let want = endpoint_slice(&slice_name, ns, name, &derived, &owner, source, slice);
+                let same = existing.get(&slice_name).is_some_and(|have| {
+                    have.endpoints == want.endpoints
+                        && have.ports == want.ports
+                        && have.metadata.labels == want.metadata.labels
+                });
+                if same {
+                    continue;
+                }
+                let result = match existing.get(&slice_name) {
+                    Some(have) => {
+                        let mut updated = want.clone();
+                        updated.metadata.resource_version = have.metadata.resource_version.clone();
+                        slices
+                            .replace(&slice_name, &PostParams::default(), &updated)
+                            .await
+                            .map(drop)
+                    }
+                    None => slices.create(&PostParams::default(), &want).await.map(drop),
+                };
+                result.map_err(err(format!("writing EndpointSlice {ns}/{slice_name}")))?;
+            }
+        }
+        for stale in existing.keys().filter(|n| !wanted.contains(*n)) {
+            client::delete_if_exists(&slices, stale, &DeleteParams::default())
+                .await
+                .map_err(err(format!("deleting EndpointSlice {ns}/{stale}")))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the ServiceImports (with their derived Service and slices) no export backs.
+    async fn remove_stale_imports(
+        &self,
+        sources: &BTreeMap<(String, String), Vec<Source>>,
+    ) -> Result<(), SyncError> {
+        let mut result = Ok(());
+        for import in self.caches.imports.state() {
+            let key = key_of(import.as_ref());
+            if !is_ours(import.as_ref()) || sources.contains_key(&key) {
+                continue;
+            }
+            let (ns, name) = key;
+            let derived = derived_service_name(&ns, &name);
+            let dp = DeleteParams::default();
+            let slices: Api<EndpointSlice> = Api::namespaced(self.ctx.client.clone(), &ns);
+            let services: Api<Service> = Api::namespaced(self.ctx.client.clone(), &ns);
+            let imports: Api<ServiceImport> = Api::namespaced(self.ctx.client.clone(), &ns);
+            // Slices and Service first (garbage collection would take them too, later).
+            let selector = format!(
+                "{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGER},{SERVICE_NAME_LABEL}={name}"
+            );
+            let r = async {
+                slices
+                    .delete_collection(&dp, &kube::api::ListParams::default().labels(&selector))
+                    .await?;
+                if self
+                    .caches
+                    .services
+                    .get(&ObjectRef::new(&derived).within(&ns))
+                    .is_some_and(|s| is_ours(s.as_ref()))
+                {
+                    client::delete_if_exists(&services, &derived, &dp).await?;
+                }
+                client::delete_if_exists(&imports, &name, &dp).await
+            }
+            .await;
+            if let Err(source) = r {
+                result = Err(SyncError {
+                    what: format!("removing ServiceImport {ns}/{name} (no export left)"),
+                    source,
+                });
+            }
+        }
+        result
+    }
+
+    /// Sets Valid, Conflict and Ready on this cluster's ServiceExports.
+    async fn export_statuses(
+        &self,
+        statuses: Vec<(ServiceExport, Result<(), (&'static str, String)>)>,
+        merged: &BTreeMap<(String, String), Merged>,
+    ) -> Result<(), SyncError> {
+        let mut result = Ok(());
+        for (export, verdict) in statuses {
+            let (ns, name) = key_of(&export);
+            let generation = export.metadata.generation;
+            let before = export.status.clone().unwrap_or_default().conditions;
+            let mut conds = before.clone();
+            let set = |conds: &mut Vec<Condition>, t: &str, s: bool, reason: &str, msg: &str| {
+                conditions::set_condition(conds, t, s.into(), reason, msg, generation);
+            };
+            match &verdict {
+                Err((reason, message)) => {
+                    set(&mut conds, export_condition::VALID, false, reason, message);
+                    set(&mut conds, export_condition::READY, false, "Failed", message);
+                    conds.retain(|c| c.type_ != export_condition::CONFLICT);
+                }
+                Ok(()) => {
+                    set(
+                        &mut conds,
+                        export_condition::VALID,
+                        true,
+                        "Valid",
+                        "the Service is exported",
+                    );
+                    let m = merged.get(&(ns.clone(), name.clone()));
+                    match m.and_then(Merged::conflict_summary) {
+                        Some((reason, message)) => {
+                            set(&mut conds, export_condition::CONFLICT, true, &reason, &message)
+                        }
+                        None => set(
+                            &mut conds,
+                            export_condition::CONFLICT,
+                            false,
+                            "NoConflicts",
+                            "the exports of this Service agree",
+                        ),
+                    }
+                    let clusters = m.map(|m| m.clusters.join(", ")).unwrap_or_default();
+                    set(
+                        &mut conds,
+                        export_condition::READY,
+                        true,
+                        "Exported",
+                        &format!("exported to the peers; imported from {clusters}"),
+                    );
+                }
+            }
+            if same_conditions(&conds, &before) {
+                continue;
+            }
+            let api: Api<ServiceExport> = Api::namespaced(self.ctx.client.clone(), &ns);
+            if let Err(source) = api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"conditions": conds}})),
+                )
+                .await
+            {
+                if !client::is_not_found(&source) {
+                    result = Err(SyncError {
+                        what: format!("status of ServiceExport {ns}/{name}"),
+                        source,
+                    });
+                }
+            }
+        }
+        result
+    }
+}
+
+fn new_peer(id: &str) -> Peer {
+    Peer {
+        id: id.to_string(),
+        tenant_namespace: None,
+        pod_cidr: None,
+        allowed: Vec::new(),
+        healthy: true,
+    }
+}
+
+/// Makes the records with our cluster ID in `api`'s namespace exactly `own`.
+async fn sync_records(
+    api: &Api<ExportedService>,
+    me: &str,
+    own: &BTreeMap<(String, String), ExportedServiceSpec>,
+    existing: &[Arc<ExportedService>],
+) -> Result<(), SyncError> {
+    let ns = api.namespace().unwrap_or_default().to_string();
+    let err = |what: String| move |source| SyncError { what, source };
+    let mine: BTreeMap<String, &Arc<ExportedService>> = existing
+        .iter()
+        .filter(|r| r.spec.cluster_id == me)
+        .map(|r| (r.metadata.name.clone().unwrap_or_default(), r))
+        .collect();
+    for ((svc_ns, svc), spec) in own {
+        let name = exported_service_name(me, svc_ns, svc);
+        match mine.get(&name) {
+            Some(have) if have.spec == *spec => {}
+            Some(have) => {
+                let mut updated = (***have).clone();
+                updated.spec = spec.clone();
+                updated.metadata.managed_fields = None;
+                api.replace(&name, &PostParams::default(), &updated)
+                    .await
+                    .map_err(err(format!("updating ExportedService {ns}/{name}")))?;
+            }
+            None => {
+                let mut record = ExportedService::new(&name, spec.clone());
+                record.metadata.labels = Some(BTreeMap::from([
+                    (names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into()),
+                    (names::ORIGIN_CLUSTER_LABEL.into(), me.to_string()),
+                ]));
+                match api.create(&PostParams::default(), &record).await {
+                    Ok(_) => {}
+                    Err(e) if client::is_conflict(&e) => {}
+                    Err(e) => return Err(err(format!("creating ExportedService {ns}/{name}"))(e)),
+                }
+            }
+        }
+    }
+    for (name, r) in &mine {
+        if !own.contains_key(&(r.spec.namespace.clone(), r.spec.service.clone())) {
+            client::delete_if_exists(api, name, &DeleteParams::default())
+                .await
+                .map_err(err(format!("deleting ExportedService {ns}/{name}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// The record of this cluster's export of `service`: endpoints outside our pod CIDR (host
+/// network pods, pods we offloaded elsewhere) are left out, since no peer reaches them.
+fn record(
+    me: &str,
+    export: &ServiceExport,
+    service: &Service,
+    slices: &[Arc<EndpointSlice>],
+    pod_cidr: Option<IpNet>,
+) -> ExportedServiceSpec {
+    let spec = service.spec.clone().unwrap_or_default();
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    let ports = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| ServicePort {
+            name: p.name.clone().filter(|n| !n.is_empty()),
+            protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
+            app_protocol: p.app_protocol.clone(),
+            port: p.port,
+        })
+        .collect();
+    let mut endpoint_slices: Vec<ExportedSlice> = slices
+        .iter()
+        .filter(|s| s.address_type == "IPv4" || s.address_type == "IPv6")
+        .map(|s| ExportedSlice {
+            ports: s
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    Some(ServicePort {
+                        name: p.name.clone().filter(|n| !n.is_empty()),
+                        protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
+                        app_protocol: p.app_protocol.clone(),
+                        port: p.port?,
+                    })
+                })
+                .collect(),
+            endpoints: s
+                .endpoints
+                .iter()
+                .filter_map(|e| {
+                    let addresses: Vec<String> = e
+                        .addresses
+                        .iter()
+                        .filter(|a| {
+                            pod_cidr.is_none_or(|c| {
+                                a.parse::<std::net::IpAddr>().is_ok_and(|ip| c.contains(&ip))
+                            })
+                        })
+                        .cloned()
+                        .collect();
+                    (!addresses.is_empty()).then(|| ExportedEndpoint {
+                        addresses,
+                        hostname: e.hostname.clone(),
+                        ready: e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
+                    })
+                })
+                .collect(),
+        })
+        .filter(|s| !s.endpoints.is_empty())
+        .collect();
+    // Stable across the slices' order in the cache.
+    endpoint_slices.sort_by(|a, b| {
+        (a.endpoints.first().map(|e| &e.addresses)).cmp(&b.endpoints.first().map(|e| &e.addresses))
+    });
+    ExportedServiceSpec {
+        cluster_id: me.to_string(),
+        namespace: export.metadata.namespace.clone().unwrap_or_default(),
+        service: export.metadata.name.clone().unwrap_or_default(),
+        exported_at: export
+            .metadata
+            .creation_timestamp
+            .clone()
+            .unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+        type_: if headless { "Headless" } else { "ClusterSetIP" }.into(),
+        ports,
+        session_affinity: spec.session_affinity.clone(),
+        session_affinity_timeout_seconds: spec
+            .session_affinity_config
+            .and_then(|c| c.client_ip?.timeout_seconds),
+        endpoint_slices,
+    }
+}
+
+fn properties(spec: &ExportedServiceSpec) -> ExportProperties {
+    ExportProperties {
+        cluster: spec.cluster_id.clone(),
+        created: spec.exported_at.0.as_second(),
+        import_type: if spec.type_ == "Headless" {
+            ImportType::Headless
+        } else {
+            ImportType::ClusterSetIP
+        },
+        ports: spec
+            .ports
+            .iter()
+            .map(|p| ExportedPort {
+                name: p.name.clone(),
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                app_protocol: p.app_protocol.clone(),
+                port: p.port,
+            })
+            .collect(),
+        session_affinity: spec.session_affinity.clone().unwrap_or_else(|| "None".into()),
+        session_affinity_timeout: if spec.session_affinity.as_deref() == Some("ClientIP") {
+            spec.session_affinity_timeout_seconds
+        } else {
+            None
+        },
+    }
+}
+
+fn service_port(p: &ExportedPort) -> ServicePort {
+    ServicePort {
+        name: p.name.clone(),
+        protocol: Some(p.protocol.clone()),
+        app_protocol: p.app_protocol.clone(),
+        port: p.port,
+    }
+}
+
+fn endpoint_slice(
+    slice_name: &str,
+    ns: &str,
+    service: &str,
+    derived: &str,
+    owner: &OwnerReference,
+    source: &Source,
+    slice: &ExportedSlice,
+) -> EndpointSlice {
+    let v6 = slice
+        .endpoints
+        .iter()
+        .flat_map(|e| e.addresses.first())
+        .any(|a| a.contains(':'));
+    serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {
+            "name": slice_name, "namespace": ns,
+            "labels": {
+                "kubernetes.io/service-name": derived,
+                SLICE_MANAGED_BY_LABEL: SLICE_MANAGER,
+                SERVICE_NAME_LABEL: service,
+                SOURCE_CLUSTER_LABEL: source.cluster,
+                names::MANAGED_BY_LABEL: names::MANAGED_BY,
+            },
+            "ownerReferences": [owner],
+        },
+        "addressType": if v6 { "IPv6" } else { "IPv4" },
+        "endpoints": slice.endpoints.iter().map(|e| {
+            let ready = e.ready && source.healthy;
+            json!({
+                "addresses": e.addresses,
+                "hostname": e.hostname,
+                "conditions": {"ready": ready, "serving": e.ready, "terminating": false},
+            })
+        }).collect::<Vec<_>>(),
+        "ports": slice.ports.iter().map(|p| json!({
+            "name": p.name.clone().unwrap_or_default(), "protocol": p.protocol,
+            "appProtocol": p.app_protocol, "port": p.port,
+        })).collect::<Vec<_>>(),
+    }))
+    .expect("a valid EndpointSlice")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_names_are_stable_valid_and_distinct() {
+        let a = derived_service_name("demo", "hello");
+        assert_eq!(a, derived_service_name("demo", "hello"));
+        assert_ne!(a, derived_service_name("demo", "hello2"));
+        assert_ne!(a, derived_service_name("demo-hello", ""));
+        assert!(tandem_apimachinery::validation::is_dns1123_label(&a) && a.starts_with(char::is_alphabetic), "{a}");
+    }
+}
