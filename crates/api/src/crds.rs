@@ -5,8 +5,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use crate::{
-    ExportedService, NamespaceOffloading, NetworkParameters, Peering, PeeringRequest, RemoteNamespace, ShadowPod,
-    Tenant,
+    ExportedService, NamespaceOffloading, NetworkParameters, Peering, PeeringRequest,
+    RemoteNamespace, ShadowPod, Tenant,
 };
 
 /// Every Tandem CRD, in a stable order.
@@ -81,7 +81,10 @@ mod tests {
     #[test]
     fn upstream_crds_keep_their_printer_columns() {
         let crds = upstream();
-        let names: Vec<_> = crds.iter().filter_map(|c| c.metadata.name.clone()).collect();
+        let names: Vec<_> = crds
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
         assert_eq!(
             names,
             [

@@ -6,7 +6,7 @@
 //! upstream project's own YAML (`deploy/mcs/`), so schema and printer columns are theirs.
 
 use k8s_openapi::api::core::v1::SessionAffinityConfig;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -32,16 +32,68 @@ pub mod export_condition {
 }
 
 /// Declares that the Service of the same name and namespace is exported to the clusterset.
-#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-#[kube(
-    group = "multicluster.x-k8s.io",
-    version = "v1alpha1",
-    kind = "ServiceExport",
-    namespaced,
-    status = "ServiceExportStatus",
-    schema = "disabled"
-)]
-pub struct ServiceExportSpec {}
+/// Written by hand rather than derived: a ServiceExport usually has no `spec` at all
+/// (`kubectl create` of just its name), which the derived type would refuse to read.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceExport {
+    #[serde(default = "export_api_version")]
+    pub api_version: String,
+    #[serde(default = "export_kind")]
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ServiceExportStatus>,
+}
+
+impl kube::Resource for ServiceExport {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "ServiceExport".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        MCS_GROUP.into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1alpha1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "serviceexports".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+fn export_api_version() -> String {
+    format!("{MCS_GROUP}/v1alpha1")
+}
+
+fn export_kind() -> String {
+    "ServiceExport".into()
+}
+
+impl ServiceExport {
+    /// A ServiceExport of the Service `name` (its namespace is the API's).
+    pub fn new(name: &str) -> ServiceExport {
+        ServiceExport {
+            api_version: export_api_version(),
+            kind: export_kind(),
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ServiceExportStatus {

@@ -81,7 +81,10 @@ pub fn object_name(schema: &mut Schema) {
 
 /// A ServiceImport's type.
 pub fn import_type(schema: &mut Schema) {
-    schema.insert("enum".into(), serde_json::json!(["ClusterSetIP", "Headless"]));
+    schema.insert(
+        "enum".into(),
+        serde_json::json!(["ClusterSetIP", "Headless"]),
+    );
 }
 
 /// An IP range in CIDR notation (`10.244.0.0/16`, `fd00::/64`).

@@ -464,7 +464,11 @@ pub fn with_stub_domain(corefile: &str, dns_ip: &str) -> String {
 /// there is no such ConfigMap, what to add by hand. Idempotent. Returns what was done.
 async fn stub_domain(client: &Client, dns_ip: &str) -> Result<String, InstallError> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    let Some(cm) = maps.get_opt("coredns").await.map_err(step("CoreDNS stub domain"))? else {
+    let Some(cm) = maps
+        .get_opt("coredns")
+        .await
+        .map_err(step("CoreDNS stub domain"))?
+    else {
         return Ok(format!(
             "no ConfigMap kube-system/coredns: for `<svc>.<ns>.svc.{}` names, add to your \
              cluster DNS's configuration:\n{}",

@@ -234,13 +234,21 @@ pub fn controller_role() -> ClusterRole {
             rule(
                 "",
                 &["services"],
-                &["get", "list", "watch", "create", "update", "patch", "delete"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
             ),
             rule(
                 "discovery.k8s.io",
                 &["endpointslices"],
                 &[
-                    "get", "list", "watch", "create", "update", "patch", "delete",
+                    "get",
+                    "list",
+                    "watch",
+                    "create",
+                    "update",
+                    "patch",
+                    "delete",
                     "deletecollection",
                 ],
             ),
@@ -259,7 +267,9 @@ pub fn controller_role() -> ClusterRole {
             rule(
                 tandem_api::mcs::MCS_GROUP,
                 &["serviceimports", "serviceimports/status"],
-                &["get", "list", "watch", "create", "update", "patch", "delete"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
             ),
             rule(
                 tandem_api::mcs::ABOUT_GROUP,
@@ -269,7 +279,9 @@ pub fn controller_role() -> ClusterRole {
             rule(
                 tandem_api::GROUP,
                 &["exportedservices"],
-                &["get", "list", "watch", "create", "update", "patch", "delete"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
             ),
             // Provider events reflected onto the consumer's pods.
             rule("", &["events"], &["create", "patch"]),

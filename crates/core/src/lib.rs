@@ -2,8 +2,8 @@
 
 pub mod grant;
 pub mod invite;
-pub mod mcs;
 pub mod ipam;
+pub mod mcs;
 pub mod nat;
 pub mod offloading;
 pub mod prefix;

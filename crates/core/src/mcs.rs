@@ -257,9 +257,7 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
 pub fn import_allowed(namespace: &str, allowed: Option<&[String]>) -> bool {
     match allowed {
         Some(list) => list.iter().any(|n| n == namespace),
-        None => {
-            !SYSTEM_NAMESPACES.contains(&namespace) && !namespace.starts_with("tandem-tenant-")
-        }
+        None => !SYSTEM_NAMESPACES.contains(&namespace) && !namespace.starts_with("tandem-tenant-"),
     }
 }
 
@@ -293,25 +291,40 @@ mod tests {
             export(
                 "turin",
                 20,
-                vec![port(Some("http"), "TCP", 8080), port(Some("grpc"), "TCP", 9090)],
+                vec![
+                    port(Some("http"), "TCP", 8080),
+                    port(Some("grpc"), "TCP", 9090),
+                ],
             ),
             export("milan", 10, vec![port(Some("http"), "TCP", 80)]),
         ])
         .unwrap();
         assert_eq!(
             m.ports,
-            vec![port(Some("grpc"), "TCP", 9090), port(Some("http"), "TCP", 80)]
+            vec![
+                port(Some("grpc"), "TCP", 9090),
+                port(Some("http"), "TCP", 80)
+            ]
         );
         assert_eq!(m.clusters, vec!["milan", "turin"]);
-        assert!(!m.conflicts.contains_key("milan"), "the oldest never conflicts");
+        assert!(
+            !m.conflicts.contains_key("milan"),
+            "the oldest never conflicts"
+        );
         let turin = &m.conflicts["turin"];
         assert_eq!(turin.len(), 1);
         assert_eq!(turin[0].reason(), "PortConflict");
         let msg = turin[0].message();
-        assert!(msg.contains("\"http\"") && msg.contains("8080") && msg.contains("milan"), "{msg}");
+        assert!(
+            msg.contains("\"http\"") && msg.contains("8080") && msg.contains("milan"),
+            "{msg}"
+        );
         let (reason, message) = m.conflict_summary().unwrap();
         assert_eq!(reason, "PortConflict");
-        assert!(message.starts_with("cluster turin: port \"http\""), "{message}");
+        assert!(
+            message.starts_with("cluster turin: port \"http\""),
+            "{message}"
+        );
     }
 
     #[test]
@@ -364,7 +377,11 @@ mod tests {
     fn ties_on_age_are_broken_by_cluster_id() {
         let m = merge(&[
             export("b", 1, vec![port(None, "TCP", 80)]),
-            export("a", 1, vec![port(None, "UDP", 80), port(Some("x"), "TCP", 80)]),
+            export(
+                "a",
+                1,
+                vec![port(None, "UDP", 80), port(Some("x"), "TCP", 80)],
+            ),
         ])
         .unwrap();
         // Same age: "a" is the older by ID, so its TCP 80 ("x") wins over b's unnamed TCP 80.

@@ -198,19 +198,35 @@ mod tests {
 
     #[test]
     fn labels_below_the_zone_reach_the_answer_and_outside_names_are_refused() {
-        let r = respond(&query("Web.Demo.svc.example.", RecordType::A), "example.", 5, |l, _| {
-            assert_eq!(l, ["web", "demo", "svc"]);
-            Answer::Addresses(vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()])
-        });
+        let r = respond(
+            &query("Web.Demo.svc.example.", RecordType::A),
+            "example.",
+            5,
+            |l, _| {
+                assert_eq!(l, ["web", "demo", "svc"]);
+                Answer::Addresses(vec![
+                    "10.0.0.1".parse().unwrap(),
+                    "fd00::1".parse().unwrap(),
+                ])
+            },
+        );
         assert_eq!(r.id(), 7);
         assert!(r.authoritative());
         // Only the A record answers an A query.
         assert_eq!(r.answers().len(), 1);
-        let r = respond(&query("other.org.", RecordType::A), "example.", 5, |_, _| {
-            unreachable!("not in the zone")
-        });
+        let r = respond(
+            &query("other.org.", RecordType::A),
+            "example.",
+            5,
+            |_, _| unreachable!("not in the zone"),
+        );
         assert_eq!(r.response_code(), ResponseCode::Refused);
-        let r = respond(&query("x.example.", RecordType::A), "example.", 5, |_, _| Answer::NxDomain);
+        let r = respond(
+            &query("x.example.", RecordType::A),
+            "example.",
+            5,
+            |_, _| Answer::NxDomain,
+        );
         assert_eq!(r.response_code(), ResponseCode::NXDomain);
         assert_eq!(r.name_servers().len(), 1, "negative answers carry the SOA");
     }

@@ -55,7 +55,10 @@ impl Zone {
             {
                 continue;
             }
-            let cluster = labels.get(SOURCE_CLUSTER_LABEL).cloned().unwrap_or_default();
+            let cluster = labels
+                .get(SOURCE_CLUSTER_LABEL)
+                .cloned()
+                .unwrap_or_default();
             let ports: Vec<(String, String, u16)> = slice
                 .ports
                 .iter()
@@ -107,8 +110,12 @@ impl Zone {
                 if import.spec.type_ == "Headless" {
                     addresses(self.endpoints(ns, svc).into_iter().map(|e| e.ip).collect())
                 } else {
-                    let ips: Vec<IpAddr> =
-                        import.spec.ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+                    let ips: Vec<IpAddr> = import
+                        .spec
+                        .ips
+                        .iter()
+                        .filter_map(|ip| ip.parse().ok())
+                        .collect();
                     if ips.is_empty() {
                         // Known, but its IP is not allocated yet.
                         Answer::NoData
@@ -176,9 +183,12 @@ impl Zone {
     /// The answer to one query's bytes.
     pub fn reply(&self, raw: &[u8]) -> Option<Vec<u8>> {
         let request = tandem_dns::parse_query(raw)?;
-        tandem_dns::respond(&request, &format!("{CLUSTERSET_DOMAIN}."), TTL, |labels, kind| {
-            self.answer(labels, kind)
-        })
+        tandem_dns::respond(
+            &request,
+            &format!("{CLUSTERSET_DOMAIN}."),
+            TTL,
+            |labels, kind| self.answer(labels, kind),
+        )
         .to_vec()
         .ok()
     }

@@ -35,10 +35,10 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::Resource;
 use serde_json::json;
 use tandem_api::mcs::{
     ClusterProperty, ClusterStatus, ExportedEndpoint, ExportedService, ExportedServiceSpec,
@@ -54,7 +54,7 @@ use crate::context::Ctx;
 use crate::rbac::CONSUMER_NETWORK_PARAMETERS;
 
 /// `endpointslice.kubernetes.io/managed-by` of the EndpointSlices Tandem writes for imports.
-pub const SLICE_MANAGER: &str = "tandem.dev/mcs";
+pub const SLICE_MANAGER: &str = "mcs-controller.tandem.dev";
 const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// How long the loop lets a burst of changes gather before recomputing.
 const SETTLE: Duration = Duration::from_millis(15);
@@ -111,7 +111,10 @@ where
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
         .default_backoff()
-        .for_each(move |_| {
+        .for_each(move |event| {
+            if let Err(e) = event {
+                tracing::debug!("multi-cluster services: watching {}: {e}", K::plural(&()));
+            }
             notify.notify_one();
             async {}
         });
@@ -120,7 +123,10 @@ where
 }
 
 impl Caches {
-    fn start(client: &kube::Client, notify: &Arc<Notify>) -> (Caches, Vec<tokio::task::JoinHandle<()>>) {
+    fn start(
+        client: &kube::Client,
+        notify: &Arc<Notify>,
+    ) -> (Caches, Vec<tokio::task::JoinHandle<()>>) {
         let mut tasks = Vec::new();
         let n = || notify.clone();
         let caches = Caches {
@@ -248,7 +254,11 @@ pub async fn run(ctx: Ctx, links: Links) {
             tracing::warn!("multi-cluster services: {e}");
             failed = true;
         }
-        let wait = if failed { Duration::from_secs(1) } else { RESYNC };
+        let wait = if failed {
+            Duration::from_secs(1)
+        } else {
+            RESYNC
+        };
         let _ = tokio::time::timeout(wait, notify.notified()).await;
         tokio::time::sleep(SETTLE).await;
     }
@@ -279,11 +289,19 @@ async fn publish_cluster_id(ctx: &Ctx) {
 
 /// What went wrong in one pass (the pass goes on with the other objects; this is the first).
 #[derive(Debug, thiserror::Error)]
-#[error("{what}")]
+#[error("{what}: {}", short(source))]
 pub struct SyncError {
     what: String,
     #[source]
     source: kube::Error,
+}
+
+/// The API server's message alone (kube's own text of an API error repeats it in Debug form).
+fn short(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
 }
 
 /// One cluster that exports a Service, as this cluster sees its export.
@@ -335,7 +353,8 @@ fn key_of<K: Resource>(obj: &K) -> (String, String) {
 fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
-            (&x.type_, &x.status, &x.reason, &x.message) == (&y.type_, &y.status, &y.reason, &y.message)
+            (&x.type_, &x.status, &x.reason, &x.message)
+                == (&y.type_, &y.status, &y.reason, &y.message)
         })
 }
 
@@ -353,11 +372,14 @@ impl Pass<'_> {
         keep(self.publish(&own, &peers).await);
         let mut sources: BTreeMap<(String, String), Vec<Source>> = BTreeMap::new();
         for ((ns, name), spec) in &own {
-            sources.entry((ns.clone(), name.clone())).or_default().push(Source {
-                cluster: self.ctx.identity.cluster_id.clone(),
-                spec: spec.clone(),
-                healthy: true,
-            });
+            sources
+                .entry((ns.clone(), name.clone()))
+                .or_default()
+                .push(Source {
+                    cluster: self.ctx.identity.cluster_id.clone(),
+                    spec: spec.clone(),
+                    healthy: true,
+                });
         }
         for peer in &peers {
             for source in self.peer_sources(peer) {
@@ -399,7 +421,10 @@ impl Pass<'_> {
                 slice.metadata.namespace.clone(),
                 label(slice.as_ref(), "kubernetes.io/service-name"),
             ) {
-                slices_of.entry((ns, svc.to_string())).or_default().push(slice.clone());
+                slices_of
+                    .entry((ns, svc.to_string()))
+                    .or_default()
+                    .push(slice.clone());
             }
         }
         for export in self.caches.exports.state() {
@@ -407,10 +432,7 @@ impl Pass<'_> {
                 continue;
             }
             let (ns, name) = key_of(export.as_ref());
-            let service = self
-                .caches
-                .services
-                .get(&ObjectRef::new(&name).within(&ns));
+            let service = self.caches.services.get(&ObjectRef::new(&name).within(&ns));
             let verdict = match &service {
                 None => Err(("NoService", format!("Service {ns}/{name} not found"))),
                 Some(s)
@@ -418,13 +440,18 @@ impl Pass<'_> {
                 {
                     Err((
                         "InvalidServiceType",
-                        format!("Service {ns}/{name} is of type ExternalName, which cannot be exported"),
+                        format!(
+                            "Service {ns}/{name} is of type ExternalName, which cannot be exported"
+                        ),
                     ))
                 }
                 Some(_) => Ok(()),
             };
             if let (Some(service), Ok(())) = (&service, &verdict) {
-                let slices = slices_of.get(&(ns.clone(), name.clone())).cloned().unwrap_or_default();
+                let slices = slices_of
+                    .get(&(ns.clone(), name.clone()))
+                    .cloned()
+                    .unwrap_or_default();
                 own.insert(
                     (ns.clone(), name.clone()),
                     record(me, &export, service, &slices, self.pod_cidr),
@@ -450,13 +477,20 @@ impl Pass<'_> {
                 .get(&ObjectRef::new(CONSUMER_NETWORK_PARAMETERS).within(&ns));
             let cidr = params.and_then(|p| {
                 let real: IpNet = p.spec.pod_cidr.parse().ok()?;
-                let here: IpNet = p.status.as_ref()?.remapped_pod_cidr.as_deref()?.parse().ok()?;
+                let here: IpNet = p
+                    .status
+                    .as_ref()?
+                    .remapped_pod_cidr
+                    .as_deref()?
+                    .parse()
+                    .ok()?;
                 Some((real, here))
             });
             let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
             peer.tenant_namespace = Some(ns);
             peer.pod_cidr = peer.pod_cidr.or(cidr);
-            peer.allowed.push(tenant.spec.service_import_namespaces.clone());
+            peer.allowed
+                .push(tenant.spec.service_import_namespaces.clone());
         }
         for peering in self.caches.peerings.state() {
             if peering.metadata.deletion_timestamp.is_some() {
@@ -470,7 +504,8 @@ impl Pass<'_> {
             if let Some(n) = &link.network {
                 peer.pod_cidr = Some((n.remote_pod_cidr, n.remote_pod_cidr_here));
             }
-            peer.allowed.push(peering.spec.service_import_namespaces.clone());
+            peer.allowed
+                .push(peering.spec.service_import_namespaces.clone());
             peer.healthy = self.virtual_node_ready(&link.virtual_node);
         }
         peers.into_values().collect()
@@ -486,7 +521,12 @@ impl Pass<'_> {
             .as_ref()
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
-        let status = |t: &str| conds.iter().find(|c| c.type_ == t).map(|c| c.status.clone());
+        let status = |t: &str| {
+            conds
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| c.status.clone())
+        };
         status("Ready").as_deref() == Some("True")
             && status("NetworkUnavailable").as_deref() != Some("True")
     }
@@ -514,7 +554,9 @@ impl Pass<'_> {
                     result = Err(e);
                 }
             }
-            if let (Some(link), Some(remote)) = (self.links.get(&peer.id), self.remotes.get(&peer.id)) {
+            if let (Some(link), Some(remote)) =
+                (self.links.get(&peer.id), self.remotes.get(&peer.id))
+            {
                 let api = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
                 if let Err(e) = sync_records(&api, me, own, &remote.store.state()).await {
                     result = Err(e);
@@ -551,7 +593,11 @@ impl Pass<'_> {
             // Only what the peer says of itself, under the name it must have.
             if spec.cluster_id != peer.id
                 || r.metadata.name.as_deref()
-                    != Some(&exported_service_name(&peer.id, &spec.namespace, &spec.service))
+                    != Some(&exported_service_name(
+                        &peer.id,
+                        &spec.namespace,
+                        &spec.service,
+                    ))
                 || !seen.insert((spec.namespace.clone(), spec.service.clone()))
             {
                 continue;
@@ -603,15 +649,24 @@ impl Pass<'_> {
         let derived = derived_service_name(ns, name);
         let headless = merged.import_type == ImportType::Headless;
         let existing_import = self.caches.imports.get(&ObjectRef::new(name).within(ns));
-        if existing_import.as_ref().is_some_and(|i| !is_ours(i.as_ref())) {
+        if existing_import
+            .as_ref()
+            .is_some_and(|i| !is_ours(i.as_ref()))
+        {
             // An administrator's own ServiceImport: not ours to change.
             return Ok(());
         }
         let imports: Api<ServiceImport> = Api::namespaced(self.ctx.client.clone(), ns);
         let ports: Vec<ServicePort> = merged.ports.iter().map(service_port).collect();
         let service_api: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
-        let existing_service = self.caches.services.get(&ObjectRef::new(&derived).within(ns));
-        if existing_service.as_ref().is_some_and(|s| !is_ours(s.as_ref())) {
+        let existing_service = self
+            .caches
+            .services
+            .get(&ObjectRef::new(&derived).within(ns));
+        if existing_service
+            .as_ref()
+            .is_some_and(|s| !is_ours(s.as_ref()))
+        {
             tracing::warn!(
                 "ServiceImport {ns}/{name}: Service {ns}/{derived} exists and is not Tandem's; not importing"
             );
@@ -660,7 +715,9 @@ impl Pass<'_> {
                 match imports.create(&PostParams::default(), &new).await {
                     Ok(i) => Arc::new(i),
                     // The namespace went (or is going) meanwhile: nothing to import into.
-                    Err(e) if client::is_not_found(&e) || client::is_gone_or_forbidden(&e) => return Ok(()),
+                    Err(e) if client::is_not_found(&e) || client::is_gone_or_forbidden(&e) => {
+                        return Ok(());
+                    }
                     Err(e) => return Err(err(format!("creating ServiceImport {ns}/{name}"))(e)),
                 }
             }
@@ -839,9 +896,8 @@ impl Pass<'_> {
             let services: Api<Service> = Api::namespaced(self.ctx.client.clone(), &ns);
             let imports: Api<ServiceImport> = Api::namespaced(self.ctx.client.clone(), &ns);
             // Slices and Service first (garbage collection would take them too, later).
-            let selector = format!(
-                "{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGER},{SERVICE_NAME_LABEL}={name}"
-            );
+            let selector =
+                format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGER},{SERVICE_NAME_LABEL}={name}");
             let r = async {
                 slices
                     .delete_collection(&dp, &kube::api::ListParams::default().labels(&selector))
@@ -885,7 +941,13 @@ impl Pass<'_> {
             match &verdict {
                 Err((reason, message)) => {
                     set(&mut conds, export_condition::VALID, false, reason, message);
-                    set(&mut conds, export_condition::READY, false, "Failed", message);
+                    set(
+                        &mut conds,
+                        export_condition::READY,
+                        false,
+                        "Failed",
+                        message,
+                    );
                     conds.retain(|c| c.type_ != export_condition::CONFLICT);
                 }
                 Ok(()) => {
@@ -898,9 +960,13 @@ impl Pass<'_> {
                     );
                     let m = merged.get(&(ns.clone(), name.clone()));
                     match m.and_then(Merged::conflict_summary) {
-                        Some((reason, message)) => {
-                            set(&mut conds, export_condition::CONFLICT, true, &reason, &message)
-                        }
+                        Some((reason, message)) => set(
+                            &mut conds,
+                            export_condition::CONFLICT,
+                            true,
+                            &reason,
+                            &message,
+                        ),
                         None => set(
                             &mut conds,
                             export_condition::CONFLICT,
@@ -1051,7 +1117,8 @@ fn record(
                         .iter()
                         .filter(|a| {
                             pod_cidr.is_none_or(|c| {
-                                a.parse::<std::net::IpAddr>().is_ok_and(|ip| c.contains(&ip))
+                                a.parse::<std::net::IpAddr>()
+                                    .is_ok_and(|ip| c.contains(&ip))
                             })
                         })
                         .cloned()
@@ -1108,7 +1175,10 @@ fn properties(spec: &ExportedServiceSpec) -> ExportProperties {
                 port: p.port,
             })
             .collect(),
-        session_affinity: spec.session_affinity.clone().unwrap_or_else(|| "None".into()),
+        session_affinity: spec
+            .session_affinity
+            .clone()
+            .unwrap_or_else(|| "None".into()),
         session_affinity_timeout: if spec.session_affinity.as_deref() == Some("ClientIP") {
             spec.session_affinity_timeout_seconds
         } else {
@@ -1180,6 +1250,10 @@ mod tests {
         assert_eq!(a, derived_service_name("demo", "hello"));
         assert_ne!(a, derived_service_name("demo", "hello2"));
         assert_ne!(a, derived_service_name("demo-hello", ""));
-        assert!(tandem_apimachinery::validation::is_dns1123_label(&a) && a.starts_with(char::is_alphabetic), "{a}");
+        assert!(
+            tandem_apimachinery::validation::is_dns1123_label(&a)
+                && a.starts_with(char::is_alphabetic),
+            "{a}"
+        );
     }
 }

@@ -259,7 +259,11 @@ impl Zone {
                         Answer::Addresses(ips.into_iter().map(Into::into).collect())
                     }
                 } else {
-                    match spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
+                    match spec
+                        .cluster_ip
+                        .as_deref()
+                        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+                    {
                         Some(ip) => Answer::Addresses(vec![ip]),
                         None => Answer::NoData,
                     }
@@ -275,7 +279,9 @@ impl Zone {
                     .collect();
                 match (ips.is_empty(), kind) {
                     (true, _) => Answer::NxDomain,
-                    (false, RecordType::A) => Answer::Addresses(ips.into_iter().map(Into::into).collect()),
+                    (false, RecordType::A) => {
+                        Answer::Addresses(ips.into_iter().map(Into::into).collect())
+                    }
                     (false, _) => Answer::NoData,
                 }
             }
@@ -319,9 +325,12 @@ impl Zone {
     /// (lab traffic never leaves the machine; CoreDNS with no `forward` refuses too) unless a
     /// stub domain or the upstream takes them (see [`reply`]).
     fn respond(&self, request: &Message) -> Message {
-        tandem_dns::respond(request, &format!("{CLUSTER_DOMAIN}."), TTL, |labels, kind| {
-            self.answer(labels, kind)
-        })
+        tandem_dns::respond(
+            request,
+            &format!("{CLUSTER_DOMAIN}."),
+            TTL,
+            |labels, kind| self.answer(labels, kind),
+        )
     }
 }
 
