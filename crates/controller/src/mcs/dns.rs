@@ -85,7 +85,7 @@ impl Zone {
                 }
             }
         }
-        out.sort_by(|a, b| a.ip.cmp(&b.ip));
+        out.sort_by_key(|e| e.ip);
         out
     }
 

@@ -304,6 +304,11 @@ fn short(e: &kube::Error) -> String {
     }
 }
 
+/// Whether an export is valid, else the `Valid` condition's reason and message.
+type Verdict = Result<(), (&'static str, String)>;
+/// This cluster's exports as records, by (namespace, name).
+type Records = BTreeMap<(String, String), ExportedServiceSpec>;
+
 /// One cluster that exports a Service, as this cluster sees its export.
 #[derive(Clone, Debug)]
 struct Source {
@@ -406,12 +411,7 @@ impl Pass<'_> {
 
     /// This cluster's exports as records, and the status each ServiceExport should have
     /// (before conflicts are known).
-    fn own_exports(
-        &self,
-    ) -> (
-        BTreeMap<(String, String), ExportedServiceSpec>,
-        Vec<(ServiceExport, Result<(), (&'static str, String)>)>,
-    ) {
+    fn own_exports(&self) -> (Records, Vec<(ServiceExport, Verdict)>) {
         let me = &self.ctx.identity.cluster_id;
         let mut own = BTreeMap::new();
         let mut statuses = Vec::new();
@@ -814,17 +814,19 @@ impl Pass<'_> {
                 .patch(&derived, &pp, &Patch::Apply(&want_service))
                 .await
                 .map_err(err(format!("applying Service {ns}/{derived}")))?;
-            if !headless && ips.is_empty() {
-                if let Some(ip) = applied.spec.and_then(|s| s.cluster_ip) {
-                    imports
-                        .patch(
-                            name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"spec": {"ips": [ip]}})),
-                        )
-                        .await
-                        .map_err(err(format!("IP of ServiceImport {ns}/{name}")))?;
-                }
+            if let Some(ip) = applied
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .filter(|_| !headless && ips.is_empty())
+            {
+                imports
+                    .patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"ips": [ip]}})),
+                    )
+                    .await
+                    .map_err(err(format!("IP of ServiceImport {ns}/{name}")))?;
             }
         }
 
@@ -926,7 +928,7 @@ impl Pass<'_> {
     /// Sets Valid, Conflict and Ready on this cluster's ServiceExports.
     async fn export_statuses(
         &self,
-        statuses: Vec<(ServiceExport, Result<(), (&'static str, String)>)>,
+        statuses: Vec<(ServiceExport, Verdict)>,
         merged: &BTreeMap<(String, String), Merged>,
     ) -> Result<(), SyncError> {
         let mut result = Ok(());
@@ -989,20 +991,21 @@ impl Pass<'_> {
                 continue;
             }
             let api: Api<ServiceExport> = Api::namespaced(self.ctx.client.clone(), &ns);
-            if let Err(source) = api
+            let patched = api
                 .patch_status(
                     &name,
                     &PatchParams::default(),
                     &Patch::Merge(json!({"status": {"conditions": conds}})),
                 )
-                .await
-            {
-                if !client::is_not_found(&source) {
+                .await;
+            match patched {
+                Err(source) if !client::is_not_found(&source) => {
                     result = Err(SyncError {
                         what: format!("status of ServiceExport {ns}/{name}"),
                         source,
                     });
                 }
+                _ => {}
             }
         }
         result
