@@ -22,7 +22,7 @@ pub struct ClusterArgs {
 pub struct GlobalArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// The namespace, for commands that act on one (`offload`, `unoffload`).
+    /// The namespace, for commands that act on one (`offload`, `unoffload`, `export`, `unexport`).
     #[arg(short = 'n', long, value_name = "NAME", global = true)]
     pub namespace: Option<String>,
     /// Output format, for commands that print objects (`status`, `lab status`) [default: table].

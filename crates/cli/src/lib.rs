@@ -14,6 +14,7 @@ mod controller;
 mod crds;
 mod demo;
 mod error;
+mod export;
 mod flags;
 mod gateway;
 mod host;
@@ -61,8 +62,13 @@ enum Command {
     Offload(offload::OffloadArgs),
     /// Stop offloading a namespace and remove its twin namespaces.
     Unoffload(offload::UnoffloadArgs),
-    /// Show peerings, virtual nodes, offloaded namespaces and pod counts.
+    /// Show peerings, virtual nodes, offloaded namespaces, pod counts, exported and imported
+    /// services.
     Status(status::Args),
+    /// Export a Service to every peer (multi-cluster services: `<svc>.<ns>.svc.clusterset.local`).
+    Export(export::ExportArgs),
+    /// Stop exporting a Service.
+    Unexport(export::UnexportArgs),
     /// Print Tandem's CustomResourceDefinitions (YAML).
     Crds(crds::Args),
     /// Run Tandem's controller (the cluster agent) against a cluster.
@@ -182,6 +188,8 @@ fn run() -> anyhow::Result<()> {
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
             Command::Offload(args) => offload::offload(args, &global).await,
             Command::Unoffload(args) => offload::unoffload(args, &global).await,
+            Command::Export(args) => export::export(args, &global).await,
+            Command::Unexport(args) => export::unexport(args, &global).await,
             Command::Crds(_) => unreachable!("handled above"),
         }
     })

@@ -1,5 +1,5 @@
-//! `tandem status`: this cluster's peerings in both roles, virtual nodes, offloaded namespaces
-//! and pod counts, read from the local cluster only.
+//! `tandem status`: this cluster's peerings in both roles, virtual nodes, offloaded namespaces,
+//! pod counts and multi-cluster services, read from the local cluster only.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
+use tandem_api::mcs::{ServiceExport, ServiceImport, export_condition};
 use tandem_api::{NamespaceOffloading, Peering, Tenant, names};
 
 use crate::flags::{GlobalArgs, Output};
@@ -30,6 +31,32 @@ pub struct Status {
     /// Consumers this cluster provides for.
     pub consumers: Vec<ConsumerStatus>,
     pub offloaded_namespaces: Vec<OffloadedNamespace>,
+    /// Services this cluster exports (ServiceExports).
+    pub exported_services: Vec<ExportedServiceStatus>,
+    /// Services imported here (ServiceImports), with the clusters they come from.
+    pub imported_services: Vec<ImportedServiceStatus>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportedServiceStatus {
+    pub namespace: String,
+    pub name: String,
+    /// The Valid condition's status and reason.
+    pub valid: String,
+    /// The Conflict condition's reason when True (PortConflict, TypeConflict, …).
+    pub conflict: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportedServiceStatus {
+    pub namespace: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub ips: Vec<String>,
+    pub clusters: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -179,6 +206,48 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .collect(),
         });
     }
+
+    // Multi-cluster services (absent CRDs — an older install — read as none).
+    let exports: Api<ServiceExport> = Api::all(client.clone());
+    for e in tandem_api::client::ok_if_not_found(exports.list(&ListParams::default()).await)
+        .context("listing ServiceExports")?
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let conds = e.status.clone().unwrap_or_default().conditions;
+        let find = |t: &str| conds.iter().find(|c| c.type_ == t);
+        status.exported_services.push(ExportedServiceStatus {
+            namespace: e.namespace().unwrap_or_default(),
+            name: e.name_any(),
+            valid: find(export_condition::VALID)
+                .map(|c| format!("{} ({})", c.status, c.reason))
+                .unwrap_or_else(|| "Unknown".into()),
+            conflict: find(export_condition::CONFLICT)
+                .filter(|c| c.status == "True")
+                .map(|c| c.reason.clone()),
+        });
+    }
+    let imports: Api<ServiceImport> = Api::all(client.clone());
+    for i in tandem_api::client::ok_if_not_found(imports.list(&ListParams::default()).await)
+        .context("listing ServiceImports")?
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        status.imported_services.push(ImportedServiceStatus {
+            namespace: i.namespace().unwrap_or_default(),
+            name: i.name_any(),
+            type_: i.spec.type_.clone(),
+            ips: i.spec.ips.clone(),
+            clusters: i
+                .status
+                .clone()
+                .unwrap_or_default()
+                .clusters
+                .into_iter()
+                .map(|c| c.cluster)
+                .collect(),
+        });
+    }
     Ok(status)
 }
 
@@ -304,6 +373,41 @@ fn table(s: &Status) -> String {
                 o.pod_offloading_strategy.clone(),
                 o.phase.clone(),
                 o.remote_namespaces.join(", "),
+            ]);
+        }
+        out.push_str(&table::render(t, 2));
+    }
+    out.push_str("\nEXPORTED SERVICES\n");
+    if s.exported_services.is_empty() {
+        out.push_str("  none — export one with `tandem export service NS/NAME`\n");
+    } else {
+        let mut t = table::new(["NAMESPACE", "SERVICE", "VALID", "CONFLICT"]);
+        for e in &s.exported_services {
+            t.add_row([
+                e.namespace.clone(),
+                e.name.clone(),
+                e.valid.clone(),
+                e.conflict.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        out.push_str(&table::render(t, 2));
+    }
+    out.push_str("\nIMPORTED SERVICES\n");
+    if s.imported_services.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let mut t = table::new(["NAMESPACE", "SERVICE", "TYPE", "IP", "CLUSTERS"]);
+        for i in &s.imported_services {
+            t.add_row([
+                i.namespace.clone(),
+                i.name.clone(),
+                i.type_.clone(),
+                if i.ips.is_empty() {
+                    "-".into()
+                } else {
+                    i.ips.join(",")
+                },
+                i.clusters.join(","),
             ]);
         }
         out.push_str(&table::render(t, 2));

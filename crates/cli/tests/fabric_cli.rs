@@ -11,8 +11,8 @@ use serde_json::Value;
 
 mod netlab;
 use netlab::{
-    invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok, peer_with, probe_fetch,
-    probe_fetch_in, tandem, until,
+    install_with_fabric, invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok,
+    peer_with, probe_fetch, probe_fetch_in, run_pod, tandem, until,
 };
 
 /// The parent of process `pid`.
@@ -92,28 +92,6 @@ fn fabric_leftovers(prefix: &str) -> Vec<String> {
         }
     }
     left
-}
-
-/// `tandem install --network-fabric` on each `(context, cluster ID)`.
-fn install_with_fabric(home: &std::path::Path, kubeconfig: &str, clusters: &[(&str, &str)]) {
-    for (ctx, id) in clusters {
-        ok(
-            tandem(
-                home,
-                &[
-                    "install",
-                    "--kubeconfig",
-                    kubeconfig,
-                    "--context",
-                    ctx,
-                    "--cluster-id",
-                    id,
-                    "--network-fabric",
-                ],
-            ),
-            &format!("install on {ctx}"),
-        );
-    }
 }
 
 /// Names of `ctx`'s Running pods in tandem-system with label `app`.
@@ -781,37 +759,6 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         Duration::from_secs(30),
         || fabric_leftovers(&prefix).is_empty().then_some(()),
     );
-}
-
-/// `kubectl run NAME --image=tandem.dev/<image>` in `ctx`'s namespace `ns` with `overrides`;
-/// returns its podIP once Running.
-fn run_pod(
-    lab: &netlab::Lab,
-    ctx: &str,
-    ns: &str,
-    name: &str,
-    image: &str,
-    overrides: Option<&str>,
-) -> std::net::Ipv4Addr {
-    let image = format!("--image=tandem.dev/{image}");
-    let mut args = vec!["-n", ns, "run", name, image.as_str()];
-    if let Some(o) = overrides {
-        args.extend(["--overrides", o]);
-    }
-    ok(
-        kubectl(lab, ctx, &args),
-        &format!("pod {ns}/{name} in {ctx}"),
-    );
-    until(
-        &format!("pod {ns}/{name} of {ctx} Running"),
-        Duration::from_secs(90),
-        || {
-            let pod = json(lab, ctx, &["-n", ns, "get", "pod", name]);
-            (pod["status"]["phase"] == "Running")
-                .then(|| pod["status"]["podIP"].as_str()?.parse().ok())
-                .flatten()
-        },
-    )
 }
 
 /// Three clusters on 10.244.0.0/16: rome (lab-1) consumes from milan (lab-2) and turin

@@ -229,3 +229,56 @@ pub fn probe_fetch_in(lab: &Lab, ctx: &str, ns: &str, pod: &str, url: &str) -> O
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten()
 }
+
+/// `tandem install --network-fabric` on each `(context, cluster ID)`.
+pub fn install_with_fabric(home: &std::path::Path, kubeconfig: &str, clusters: &[(&str, &str)]) {
+    for (ctx, id) in clusters {
+        ok(
+            tandem(
+                home,
+                &[
+                    "install",
+                    "--kubeconfig",
+                    kubeconfig,
+                    "--context",
+                    ctx,
+                    "--cluster-id",
+                    id,
+                    "--network-fabric",
+                ],
+            ),
+            &format!("install on {ctx}"),
+        );
+    }
+}
+
+/// `kubectl run NAME --image=tandem.dev/<image>` in `ctx`'s namespace `ns` with `overrides`;
+/// returns its podIP once Running.
+pub fn run_pod(
+    lab: &Lab,
+    ctx: &str,
+    ns: &str,
+    name: &str,
+    image: &str,
+    overrides: Option<&str>,
+) -> std::net::Ipv4Addr {
+    let image = format!("--image=tandem.dev/{image}");
+    let mut args = vec!["-n", ns, "run", name, image.as_str()];
+    if let Some(o) = overrides {
+        args.extend(["--overrides", o]);
+    }
+    ok(
+        kubectl(lab, ctx, &args),
+        &format!("pod {ns}/{name} in {ctx}"),
+    );
+    until(
+        &format!("pod {ns}/{name} of {ctx} Running"),
+        Duration::from_secs(90),
+        || {
+            let pod = json(lab, ctx, &["-n", ns, "get", "pod", name]);
+            (pod["status"]["phase"] == "Running")
+                .then(|| pod["status"]["podIP"].as_str()?.parse().ok())
+                .flatten()
+        },
+    )
+}

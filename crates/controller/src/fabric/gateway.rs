@@ -212,8 +212,9 @@ pub fn gateway_args(
 /// (with the `pod-cidr` exposure, the whole pod CIDR).
 /// A consumer reaches its offloaded pods here (the pods of its twin namespaces, which carry
 /// its cluster ID as origin); a provider's pods — the offloaded ones — reach the pods of the
-/// namespaces offloaded from here (where their Services' endpoints are). Nothing else:
-/// not kube-system, not tandem-system, not another consumer's twins.
+/// namespaces offloaded from here (where their Services' endpoints are); and every peer
+/// reaches the endpoints of the Services this cluster exports (multi-cluster services).
+/// Nothing else: not kube-system, not tandem-system, not another consumer's twins.
 pub async fn allowed_destinations(
     ctx: &Ctx,
     settings: &ClusterSettings,
@@ -277,6 +278,32 @@ pub async fn allowed_destinations(
             );
         }
     }
+    let mut exported: Vec<std::net::IpAddr> = Vec::new();
+    let exports = Api::<tandem_api::ServiceExport>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await;
+    // Absent CRDs (an install from before multi-cluster services) export nothing.
+    for export in tandem_api::client::ok_if_not_found(exports)?
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let (Some(ns), Some(name)) = (export.metadata.namespace, export.metadata.name) else {
+            continue;
+        };
+        let slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(
+            ctx.client.clone(),
+            &ns,
+        )
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+        .await?;
+        exported.extend(
+            slices
+                .items
+                .iter()
+                .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.iter()))
+                .filter_map(|a| a.parse::<std::net::IpAddr>().ok()),
+        );
+    }
     let mut out: Vec<IpNet> = pods
         .iter()
         .filter_map(|p| {
@@ -287,6 +314,7 @@ pub async fn allowed_destinations(
                 .parse::<std::net::IpAddr>()
                 .ok()
         })
+        .chain(exported)
         // Pods of this cluster only (not those on virtual nodes, nor hostNetwork ones).
         .filter(|ip| local.is_some_and(|l| l.contains(ip)))
         .map(IpNet::from)

@@ -79,6 +79,9 @@ pub fn require_root() -> Result<(), NetworkError> {
 }
 
 /// The commands network mode runs, with the Debian packages that have them.
+/// The lab API server's Service range (its `service_cidr` default).
+const SERVICE_CIDR: &str = "10.96.0.0/12";
+
 const TOOLS: [(&str, &str); 2] = [("ip", "iproute2"), ("nft", "nftables")];
 
 /// The first of [`TOOLS`] found in no directory of `path` (a PATH value).
@@ -474,6 +477,10 @@ impl ClusterNet {
                 ip = node.ip,
             ));
         }
+        // The Service range, so that what the edge itself sends to a ClusterIP (the cluster
+        // DNS forwarding a stub domain to a Service) finds a route; kube-proxy's DNAT in the
+        // edge then sends it to the endpoint's pod route.
+        lines.push_str(&format!("route add {SERVICE_CIDR} dev br0\n"));
         ip_batch(Some(&edge), &lines)?;
         // The WAN router: cluster c's uplink, and the WAN-wide route back through it.
         ip_batch(
