@@ -366,3 +366,63 @@ async fn clashing_ports_conflict_on_every_export_and_unpeering_removes_the_peers
     .await;
     support::until_owned(&rome, &rome_before, "after unpeer and unexport", WAIT).await;
 }
+
+/// Ready flags of the import's endpoints from `cluster`.
+async fn readiness(c: &Cluster, ns: &str, name: &str, cluster: &str) -> Vec<bool> {
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), ns);
+    slices
+        .list(&ListParams::default().labels(&format!(
+            "{SERVICE_NAME_LABEL}={name},{SOURCE_CLUSTER_LABEL}={cluster}"
+        )))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .map(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_provider_s_endpoints_turn_not_ready_and_come_back() {
+    let rome = Cluster::start("rome", "eu-central", 1).await;
+    let milan = Cluster::start("milan", "eu-south", 1).await;
+    let target = milan
+        .lab
+        .server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("provider address");
+    let gate = tandem_lab::TcpGate::start(target).await.expect("gate");
+    support::peer_with(
+        &rome,
+        &milan,
+        json!({"cpu": "16", "memory": "64Gi", "pods": "100"}),
+        Some(gate.url()),
+    )
+    .await;
+    create(
+        &rome.client,
+        "",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
+    )
+    .await;
+    export(&milan, "demo", "hello", 2, &[("http", 80, 8080)]).await;
+    until("milan's endpoints ready in rome", WAIT, || async {
+        (readiness(&rome, "demo", "hello", "milan").await == [true, true]).then_some(())
+    })
+    .await;
+    // milan's API becomes unreachable: once its virtual node is NotReady, its endpoints stay
+    // in rome's import but are not ready (kube-proxy stops sending to them).
+    gate.close();
+    until("milan's endpoints not ready in rome", WAIT, || async {
+        (readiness(&rome, "demo", "hello", "milan").await == [false, false]).then_some(())
+    })
+    .await;
+    gate.open();
+    until("milan's endpoints ready again", WAIT, || async {
+        (readiness(&rome, "demo", "hello", "milan").await == [true, true]).then_some(())
+    })
+    .await;
+}

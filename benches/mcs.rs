@@ -1,0 +1,252 @@
+//! Liqo-style service exposition, with the MCS API: a Service of 1, 10 and 100 endpoints is
+//! created and exported in a provider (milan); the time until its EndpointSlice there has every
+//! endpoint ready is compared, in one run, with the time until the ServiceImport's slices in
+//! the peer (rome, its consumer) have them all ready. Then 100 exports of Services whose
+//! endpoints are already ready: the latency from the ServiceExport's creation to the endpoint
+//! ready in the peer's import (p50 and p99).
+//!
+//! Both lab clusters run in this process (hollow nodes); their Tandem controllers are
+//! `tandem controller` processes; peering goes through the real CLI.
+//! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench mcs`.
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use tandem_lab::{LabCluster, LabConfig};
+
+fn tandem_bin() -> PathBuf {
+    std::env::var_os("TANDEM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/tandem"))
+}
+
+fn tandem(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(tandem_bin())
+        .args(args)
+        .stderr(Stdio::null())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "tandem {} failed", args.join(" "));
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn create(
+    client: &kube::Client,
+    ns: Option<&str>,
+    v: serde_json::Value,
+) -> anyhow::Result<()> {
+    let obj: DynamicObject = serde_json::from_value(v.clone())?;
+    let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().expect("types"))?;
+    let (ar, _) = kube::discovery::pinned_kind(client, &gvk).await?;
+    let api: Api<DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+/// Ready endpoints of the slices of `ns` matching `selector`.
+async fn ready(client: &kube::Client, ns: &str, selector: &str) -> usize {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .flat_map(|s| s.endpoints.iter())
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Polls (every 5 ms) until `selector`'s slices in `ns` have `n` ready endpoints; the time since
+/// `t0`.
+async fn until_ready(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+    n: usize,
+    t0: Instant,
+) -> Duration {
+    loop {
+        if ready(client, ns, selector).await >= n {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{selector}: not ready in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn service(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    replicas: usize,
+    export: bool,
+) -> anyhow::Result<()> {
+    create(client, Some(ns), serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "main", "image": "nginx", "ports": [{"containerPort": 8080}]}]}}},
+    })).await?;
+    create(client, Some(ns), serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    })).await?;
+    if export {
+        export_service(client, ns, name).await?;
+    }
+    Ok(())
+}
+
+async fn export_service(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
+    create(
+        client,
+        Some(ns),
+        serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+            "metadata": {"name": name},
+        }),
+    )
+    .await
+}
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Runtime::new()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut sites = Vec::new();
+    for (name, region) in [("milan", "eu-south"), ("rome", "eu-central")] {
+        let cluster = LabCluster::start(LabConfig {
+            name: name.into(),
+            nodes: 2,
+            region: region.into(),
+            ..Default::default()
+        })
+        .await?;
+        let path = dir.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, cluster.server.admin_kubeconfig()?)?;
+        sites.push((cluster, path.display().to_string()));
+    }
+    let (milan, mk) = (&sites[0].0, sites[0].1.clone());
+    let (rome, rk) = (&sites[1].0, sites[1].1.clone());
+    for (kc, id) in [(&mk, "milan"), (&rk, "rome")] {
+        tandem(&[
+            "install",
+            "--kubeconfig",
+            kc,
+            "--cluster-id",
+            id,
+            "--pod-cidr",
+            "10.244.0.0/16",
+        ])?;
+    }
+    let _controllers: Vec<Controller> = [&mk, &rk]
+        .iter()
+        .map(|kc| {
+            Command::new(tandem_bin())
+                .args(["controller", "--kubeconfig", kc])
+                .stderr(Stdio::null())
+                .spawn()
+                .map(Controller)
+        })
+        .collect::<Result<_, _>>()?;
+    let invite = tandem(&["invite", "--kubeconfig", &mk])?;
+    tandem(&["peer", &invite, "--kubeconfig", &rk])?;
+    let ns = "mcs-bench";
+    for c in [&milan.client, &rome.client] {
+        create(
+            c,
+            None,
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await?;
+    }
+    // Let the controllers' caches settle after peering.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    println!(
+        "\n| endpoints | local EndpointSlice ready (ms) | import ready in the peer (ms) | ratio |"
+    );
+    println!("|---:|---:|---:|---:|");
+    for n in [1usize, 10, 100] {
+        let name = format!("svc-{n}");
+        let t0 = Instant::now();
+        service(&milan.client, ns, &name, n, true).await?;
+        let local_sel = format!("kubernetes.io/service-name={name}");
+        let import_sel = format!("multicluster.kubernetes.io/service-name={name}");
+        let (local, import) = tokio::join!(
+            until_ready(&milan.client, ns, &local_sel, n, t0),
+            until_ready(&rome.client, ns, &import_sel, n, t0),
+        );
+        println!(
+            "| {n} | {:.0} | {:.0} | {:.2} |",
+            local.as_secs_f64() * 1e3,
+            import.as_secs_f64() * 1e3,
+            import.as_secs_f64() / local.as_secs_f64()
+        );
+    }
+
+    // 100 exports of Services whose endpoints are ready.
+    let count = 100;
+    for i in 0..count {
+        service(&milan.client, ns, &format!("one-{i}"), 1, false).await?;
+    }
+    for i in 0..count {
+        until_ready(
+            &milan.client,
+            ns,
+            &format!("kubernetes.io/service-name=one-{i}"),
+            1,
+            Instant::now(),
+        )
+        .await;
+    }
+    let mut latencies = Vec::new();
+    for i in 0..count {
+        let name = format!("one-{i}");
+        let t0 = Instant::now();
+        export_service(&milan.client, ns, &name).await?;
+        latencies.push(
+            until_ready(
+                &rome.client,
+                ns,
+                &format!("multicluster.kubernetes.io/service-name={name}"),
+                1,
+                t0,
+            )
+            .await,
+        );
+    }
+    latencies.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "\n{count} exports (endpoints already ready), ServiceExport created → endpoint ready in the peer's import: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        ms(latencies[count / 2]),
+        ms(latencies[count * 99 / 100 - 1]),
+        ms(latencies[count - 1]),
+    );
+    Ok(())
+}
