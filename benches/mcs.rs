@@ -12,37 +12,14 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use tandem_lab::{LabCluster, LabConfig};
 
-fn tandem_bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/tandem"))
-}
-
-fn tandem(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(tandem_bin())
-        .args(args)
-        .stderr(Stdio::null())
-        .output()?;
-    anyhow::ensure!(out.status.success(), "tandem {} failed", args.join(" "));
-    Ok(String::from_utf8(out.stdout)?.trim().to_string())
-}
-
-struct Controller(Child);
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use tandem_benches::{Controller, tandem, tandem_bin};
 
 async fn create(
     client: &kube::Client,

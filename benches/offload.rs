@@ -21,7 +21,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,30 +31,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tandem_lab::{LabCluster, LabConfig};
 
-fn tandem_bin() -> PathBuf {
-    std::env::var_os("TANDEM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/tandem"))
-}
-
-/// Runs a tandem CLI command to completion; returns its stdout.
-fn tandem(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(tandem_bin())
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()?;
-    anyhow::ensure!(out.status.success(), "tandem {} failed", args.join(" "));
-    Ok(String::from_utf8(out.stdout)?.trim().to_string())
-}
-
-struct Controller(Child);
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use tandem_benches::{Controller, tandem, tandem_bin};
 
 /// CPU seconds (user + system) used so far by process `pid`.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -105,18 +82,6 @@ async fn settle(pids: &[u32]) {
             return;
         }
         before = now;
-    }
-}
-
-impl Controller {
-    fn rss_bytes(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
     }
 }
 

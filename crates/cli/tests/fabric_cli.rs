@@ -12,7 +12,8 @@ use serde_json::Value;
 mod netlab;
 use netlab::{
     install_with_fabric, invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok,
-    peer_with, probe_fetch, probe_fetch_in, run_pod, tandem, until,
+    peer_with, probe_fetch, probe_fetch_in, rome_consumes_from_milan_and_turin, run_pod, tandem,
+    until,
 };
 
 /// The parent of process `pid`.
@@ -771,15 +772,8 @@ fn three_clusters_pairs_connect_and_nothing_transits() {
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let lab = lab_up_with_nodes(home.path(), "lab", "3", "1");
+    let lab = rome_consumes_from_milan_and_turin(home.path());
     let kc = lab.kubeconfig.clone();
-    install_with_fabric(
-        home.path(),
-        &kc,
-        &[("lab-1", "rome"), ("lab-2", "milan"), ("lab-3", "turin")],
-    );
-    peer_with(home.path(), &kc, "lab-1", 2);
-    peer_with(home.path(), &kc, "lab-1", 3);
     ok(
         kubectl(&lab, "lab-1", &["create", "namespace", "demo"]),
         "namespace",

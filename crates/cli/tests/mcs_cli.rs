@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod netlab;
-use netlab::{
-    install_with_fabric, json, kubectl, lab_up_with_nodes, ok, peer_with, run_pod, tandem, until,
-};
+use netlab::{json, kubectl, ok, rome_consumes_from_milan_and_turin, run_pod, tandem, until};
 
 /// How long an import may take to carry traffic (generous: the benchmark measures it).
 const WAIT: Duration = Duration::from_secs(90);
@@ -83,15 +81,8 @@ fn exported_services_are_reached_by_clusterset_names_from_a_peer() {
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let lab = lab_up_with_nodes(home.path(), "lab", "3", "1");
+    let lab = rome_consumes_from_milan_and_turin(home.path());
     let kc = lab.kubeconfig.clone();
-    install_with_fabric(
-        home.path(),
-        &kc,
-        &[("lab-1", "rome"), ("lab-2", "milan"), ("lab-3", "turin")],
-    );
-    peer_with(home.path(), &kc, "lab-1", 2);
-    peer_with(home.path(), &kc, "lab-1", 3);
     for ctx in ["lab-1", "lab-2", "lab-3"] {
         ok(
             kubectl(&lab, ctx, &["create", "namespace", "demo"]),

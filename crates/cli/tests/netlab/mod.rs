@@ -282,3 +282,18 @@ pub fn run_pod(
         },
     )
 }
+
+/// Three network-mode clusters of one node on 10.244.0.0/16, installed with the fabric: rome
+/// (lab-1) consumes from milan (lab-2) and turin (lab-3).
+pub fn rome_consumes_from_milan_and_turin(home: &Path) -> Lab {
+    let lab = lab_up_with_nodes(home, "lab", "3", "1");
+    let kc = lab.kubeconfig.clone();
+    install_with_fabric(
+        home,
+        &kc,
+        &[("lab-1", "rome"), ("lab-2", "milan"), ("lab-3", "turin")],
+    );
+    peer_with(home, &kc, "lab-1", 2);
+    peer_with(home, &kc, "lab-1", 3);
+    lab
+}

@@ -56,8 +56,9 @@ use crate::rbac::CONSUMER_NETWORK_PARAMETERS;
 /// `endpointslice.kubernetes.io/managed-by` of the EndpointSlices Tandem writes for imports.
 pub const SLICE_MANAGER: &str = "mcs-controller.tandem.dev";
 const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
-/// How long the loop lets a burst of changes gather before recomputing.
-const SETTLE: Duration = Duration::from_millis(15);
+/// How long the loop lets changes that arrive together gather before recomputing (the
+/// events of one write: a longer wait only delays every import by as much).
+const SETTLE: Duration = Duration::from_millis(2);
 /// Recomputes this often even without a change (settings, failed writes).
 const RESYNC: Duration = Duration::from_secs(10);
 
@@ -730,34 +731,6 @@ impl Pass<'_> {
             controller: Some(true),
             block_owner_deletion: None,
         };
-        let clusters: Vec<ClusterStatus> = merged
-            .clusters
-            .iter()
-            .map(|c| ClusterStatus { cluster: c.clone() })
-            .collect();
-        let mut status = import.status.clone().unwrap_or_default();
-        let mut conds = status.conditions.clone();
-        conditions::set_condition(
-            &mut conds,
-            "Ready",
-            ConditionStatus::True,
-            "Ready",
-            &format!("imported from {}", merged.clusters.join(", ")),
-            None,
-        );
-        if status.clusters != clusters || !same_conditions(&conds, &status.conditions) {
-            status.clusters = clusters;
-            status.conditions = conds;
-            imports
-                .patch_status(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
-                )
-                .await
-                .map_err(err(format!("status of ServiceImport {ns}/{name}")))?;
-        }
-
         // The derived Service.
         let service_ports: Vec<serde_json::Value> = merged
             .ports
@@ -877,6 +850,36 @@ impl Pass<'_> {
                 .await
                 .map_err(err(format!("deleting EndpointSlice {ns}/{stale}")))?;
         }
+
+        // Its status last: the endpoints are what traffic waits for.
+        let clusters: Vec<ClusterStatus> = merged
+            .clusters
+            .iter()
+            .map(|c| ClusterStatus { cluster: c.clone() })
+            .collect();
+        let mut status = import.status.clone().unwrap_or_default();
+        let mut conds = status.conditions.clone();
+        conditions::set_condition(
+            &mut conds,
+            "Ready",
+            ConditionStatus::True,
+            "Ready",
+            &format!("imported from {}", merged.clusters.join(", ")),
+            None,
+        );
+        if status.clusters != clusters || !same_conditions(&conds, &status.conditions) {
+            status.clusters = clusters;
+            status.conditions = conds;
+            imports
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await
+                .map_err(err(format!("status of ServiceImport {ns}/{name}")))?;
+        }
+
         Ok(())
     }
 
