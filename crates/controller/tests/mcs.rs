@@ -383,9 +383,16 @@ async fn readiness(c: &Cluster, ns: &str, name: &str, cluster: &str) -> Vec<bool
         .collect()
 }
 
+/// The import's UID and IP.
+async fn import_identity(c: &Cluster, ns: &str, name: &str) -> Option<(String, Vec<String>)> {
+    let imports: Api<ServiceImport> = Api::namespaced(c.client.clone(), ns);
+    let i = imports.get_opt(name).await.unwrap()?;
+    Some((i.uid()?, i.spec.ips))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_provider_s_endpoints_turn_not_ready_and_come_back() {
-    let rome = Cluster::start("rome", "eu-central", 1).await;
+    let mut rome = Cluster::start("rome", "eu-central", 1).await;
     let milan = Cluster::start("milan", "eu-south", 1).await;
     let target = milan
         .lab
@@ -415,14 +422,36 @@ async fn a_lost_provider_s_endpoints_turn_not_ready_and_come_back() {
     .await;
     // milan's API becomes unreachable: once its virtual node is NotReady, its endpoints stay
     // in rome's import but are not ready (kube-proxy stops sending to them).
+    let before = import_identity(&rome, "demo", "hello").await;
+    assert!(
+        before.as_ref().is_some_and(|(_, ips)| ips.len() == 1),
+        "{before:?}"
+    );
     gate.close();
     until("milan's endpoints not ready in rome", WAIT, || async {
         (readiness(&rome, "demo", "hello", "milan").await == [false, false]).then_some(())
     })
     .await;
+    // rome's controller restarts while milan cannot be reached: what milan exported is not
+    // known, and is not taken as nothing — the import keeps its IP (clients keep their
+    // address) and milan's endpoints, not ready.
+    rome.restart_controller().await;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            import_identity(&rome, "demo", "hello").await,
+            before,
+            "the import stays while its exporter is unknown"
+        );
+        assert_eq!(
+            readiness(&rome, "demo", "hello", "milan").await,
+            [false, false]
+        );
+    }
     gate.open();
     until("milan's endpoints ready again", WAIT, || async {
         (readiness(&rome, "demo", "hello", "milan").await == [true, true]).then_some(())
     })
     .await;
+    assert_eq!(import_identity(&rome, "demo", "hello").await, before);
 }

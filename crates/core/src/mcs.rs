@@ -216,7 +216,13 @@ pub fn merge(exports: &[ExportProperties]) -> Option<Merged> {
             if owners.iter().any(|(p, _)| p == port) {
                 continue;
             }
-            match owners.iter().find(|(p, _)| p.clashes_with(port)) {
+            // A Service with several ports must name each one, so an unnamed port of one
+            // export cannot sit next to another export's port either.
+            let clashes = |(p, owner): &&(ExportedPort, String)| {
+                p.clashes_with(port)
+                    || (*owner != export.cluster && (p.name.is_none() || port.name.is_none()))
+            };
+            match owners.iter().find(clashes) {
                 Some((theirs, winner)) => conflicts.push(Conflict::Port {
                     ours: port.clone(),
                     theirs: theirs.clone(),
@@ -339,6 +345,24 @@ mod tests {
     }
 
     #[test]
+    fn an_unnamed_port_never_joins_another_exports_ports() {
+        let m = merge(&[
+            export("a", 1, vec![port(Some("http"), "TCP", 80)]),
+            export("b", 2, vec![port(None, "TCP", 443)]),
+        ])
+        .unwrap();
+        assert_eq!(m.ports, vec![port(Some("http"), "TCP", 80)]);
+        assert_eq!(m.conflicts["b"][0].reason(), "PortConflict");
+        let m = merge(&[
+            export("a", 1, vec![port(None, "TCP", 80)]),
+            export("b", 2, vec![port(Some("grpc"), "TCP", 9090)]),
+        ])
+        .unwrap();
+        assert_eq!(m.ports, vec![port(None, "TCP", 80)]);
+        assert!(m.conflict_summary().unwrap().1.contains("grpc"));
+    }
+
+    #[test]
     fn same_number_under_another_name_clashes_too() {
         let m = merge(&[
             export("a", 1, vec![port(Some("web"), "TCP", 80)]),
@@ -380,7 +404,7 @@ mod tests {
             export(
                 "a",
                 1,
-                vec![port(None, "UDP", 80), port(Some("x"), "TCP", 80)],
+                vec![port(Some("y"), "UDP", 80), port(Some("x"), "TCP", 80)],
             ),
         ])
         .unwrap();

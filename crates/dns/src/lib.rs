@@ -137,10 +137,16 @@ where
     let tcp_handler = handler.clone();
     let tcp_task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = tcp.accept().await else {
-                continue;
-            };
-            tokio::spawn(serve_tcp(tcp_handler.clone(), stream));
+            match tcp.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve_tcp(tcp_handler.clone(), stream));
+                }
+                Err(e) => {
+                    // Out of descriptors, most likely: retrying at once would spin.
+                    tracing::warn!("DNS over TCP: accepting a connection: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
         }
     });
     let udp = Arc::new(udp);
@@ -149,14 +155,46 @@ where
         let Ok((n, peer)) = udp.recv_from(&mut buf).await else {
             break;
         };
+        let limit = udp_limit(&buf[..n]);
         let (udp, answer) = (udp.clone(), handler(buf[..n].to_vec()));
         tokio::spawn(async move {
-            if let Some(bytes) = answer.await {
+            if let Some(bytes) = answer.await.and_then(|b| truncate(b, limit)) {
                 let _ = udp.send_to(&bytes, peer).await;
             }
         });
     }
     tcp_task.abort();
+}
+
+/// The largest UDP answer the client of `query` takes: 512 bytes, or what its EDNS record
+/// advertises (RFC 6891).
+fn udp_limit(query: &[u8]) -> usize {
+    Message::from_vec(query)
+        .ok()
+        .and_then(|m| m.extensions().as_ref().map(|e| e.max_payload()))
+        .map_or(512, |p| usize::from(p.max(512)))
+}
+
+/// `answer` as sent over UDP to a client that takes `limit` bytes: when longer, its header and
+/// question alone with the TC bit set, so that the client asks again over TCP (RFC 1035
+/// 4.2.1, RFC 7766).
+fn truncate(answer: Vec<u8>, limit: usize) -> Option<Vec<u8>> {
+    if answer.len() <= limit {
+        return Some(answer);
+    }
+    let message = Message::from_vec(&answer).ok()?;
+    let mut short = Message::new();
+    short
+        .set_id(message.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(message.op_code())
+        .set_authoritative(message.authoritative())
+        .set_recursion_desired(message.recursion_desired())
+        .set_recursion_available(message.recursion_available())
+        .set_response_code(message.response_code())
+        .set_truncated(true)
+        .add_queries(message.queries().iter().cloned());
+    short.to_vec().ok()
 }
 
 async fn serve_tcp<H, F>(handler: H, mut stream: tokio::net::TcpStream)
@@ -229,6 +267,35 @@ mod tests {
         );
         assert_eq!(r.response_code(), ResponseCode::NXDomain);
         assert_eq!(r.name_servers().len(), 1, "negative answers carry the SOA");
+    }
+
+    #[test]
+    fn long_udp_answers_are_truncated_to_their_question() {
+        let q = query("many.example.", RecordType::A);
+        let ips: Vec<std::net::IpAddr> = (0..60u8)
+            .map(|i| std::net::Ipv4Addr::new(10, 0, 0, i).into())
+            .collect();
+        let full = respond(&q, "example.", 5, |_, _| Answer::Addresses(ips.clone()))
+            .to_vec()
+            .unwrap();
+        assert!(full.len() > 512);
+        let limit = udp_limit(&q.to_vec().unwrap());
+        assert_eq!(limit, 512);
+        let short = Message::from_vec(&truncate(full.clone(), limit).unwrap()).unwrap();
+        assert!(short.truncated());
+        assert!(short.answers().is_empty());
+        assert_eq!(short.queries().len(), 1);
+        assert_eq!(short.id(), 7);
+        // A client that advertises a larger buffer gets the whole answer.
+        let mut edns = q.clone();
+        edns.set_edns({
+            let mut e = hickory_proto::op::Edns::new();
+            e.set_max_payload(4096);
+            e
+        });
+        let limit = udp_limit(&edns.to_vec().unwrap());
+        assert_eq!(limit, 4096);
+        assert_eq!(truncate(full.clone(), limit), Some(full));
     }
 
     #[tokio::test]

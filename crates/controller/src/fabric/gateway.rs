@@ -56,11 +56,7 @@ const APPLIED_HASH: &str = "tandem.dev/applied-hash";
 
 /// The TUN interface of the gateway to `peer` (at most 15 bytes, whatever the peer's name).
 pub fn interface(peer: &str) -> String {
-    // FNV-1a: stable across builds and platforms, unlike std's hasher.
-    let hash = peer.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    format!("tdm-{hash:08x}")
+    format!("tdm-{}", tandem_core::short_hash(peer))
 }
 
 /// What this cluster knows of the network of its relation with one peer.
@@ -294,7 +290,12 @@ pub async fn allowed_destinations(
             ctx.client.clone(),
             &ns,
         )
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+        // Only the slices Kubernetes derives from the Service's selector: a slice anyone
+        // with write access to the namespace could label would otherwise open the fabric.
+        .list(&ListParams::default().labels(&format!(
+            "kubernetes.io/service-name={name},{}",
+            crate::mcs::SOURCE_SLICES_SELECTOR
+        )))
         .await?;
         exported.extend(
             slices

@@ -89,6 +89,13 @@ impl Zone {
         out
     }
 
+    fn namespace_has_imports(&self, ns: &str) -> bool {
+        self.imports
+            .state()
+            .iter()
+            .any(|i| i.metadata.namespace.as_deref() == Some(ns))
+    }
+
     /// Answers `labels` (below `clusterset.local`, most specific first) for `kind`.
     fn answer(&self, labels: &[String], kind: RecordType) -> Answer {
         let addresses = |ips: Vec<IpAddr>| {
@@ -175,7 +182,15 @@ impl Zone {
                 )
             }
             // The zone's own structure: clusterset.local, svc, <ns>.svc.
-            [] | [_] | [_, _] => Answer::NoData,
+            [] => Answer::NoData,
+            [s] if s == "svc" => Answer::NoData,
+            [ns, s] if s == "svc" => {
+                if self.namespace_has_imports(ns) {
+                    Answer::NoData
+                } else {
+                    Answer::NxDomain
+                }
+            }
             _ => Answer::NxDomain,
         }
     }

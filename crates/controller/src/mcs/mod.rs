@@ -25,12 +25,13 @@
 //! restart.
 
 pub mod dns;
+mod sanitize;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -56,11 +57,24 @@ use crate::rbac::CONSUMER_NETWORK_PARAMETERS;
 /// `endpointslice.kubernetes.io/managed-by` of the EndpointSlices Tandem writes for imports.
 pub const SLICE_MANAGER: &str = "mcs-controller.tandem.dev";
 const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// The exported endpoints of a Service are those of the slices Kubernetes derives from its
+/// selector, and no others: a slice labelled by hand (or reflected, or imported) would let
+/// anyone with write access to a namespace export, and open the fabric to, any address.
+pub const SOURCE_SLICES_SELECTOR: &str =
+    "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io";
+const KUBE_SLICE_MANAGER: &str = "endpointslice-controller.k8s.io";
 /// How long the loop lets changes that arrive together gather before recomputing (the
 /// events of one write: a longer wait only delays every import by as much).
 const SETTLE: Duration = Duration::from_millis(2);
 /// Recomputes this often even without a change (settings, failed writes).
 const RESYNC: Duration = Duration::from_secs(10);
+/// At most this many of one peer's exports are imported (by name): a peer cannot make this
+/// cluster hold an unbounded number of objects.
+const MAX_RECORDS_PER_PEER: usize = 1000;
+/// On a ServiceImport of ours: the properties of each export it was last written from (the
+/// merge's inputs), so that an export whose cluster cannot be read for a while keeps its
+/// place — and its age — in the merge.
+const SOURCES_ANNOTATION: &str = "mcs.tandem.dev/sources";
 
 /// The name of the Service backing the import of `namespace/name`: `derived-` and a hash,
 /// as the MCS reference implementation names it (a user's Service could only collide by
@@ -70,13 +84,6 @@ pub fn derived_service_name(namespace: &str, name: &str) -> String {
     let digest = sha2::Sha256::digest(format!("{namespace}/{name}").as_bytes());
     let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
     format!("derived-{hex}")
-}
-
-fn short_hash(s: &str) -> String {
-    let h = s.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    format!("{h:08x}")
 }
 
 /// The caches the loop reads; the DNS server reads the same.
@@ -185,23 +192,23 @@ pub async fn run(ctx: Ctx, links: Links) {
             self.0.iter().for_each(|t| t.abort());
         }
     }
-    let _tasks = AbortAll(_tasks);
+    let mut tasks = AbortAll(_tasks);
     if let Some(addr) = ctx.options.dns_addr {
         let zone = dns::Zone::new(caches.imports.clone(), caches.slices.clone());
-        tokio::spawn(async move {
+        tasks.0.push(tokio::spawn(async move {
             if let Err(e) = dns::listen_and_serve(zone, addr).await {
                 tracing::error!("clusterset.local DNS on {addr}: {e}");
             }
-        });
+        }));
     }
     {
         let notify = notify.clone();
         let mut changes = Box::pin(links.changes());
-        tokio::spawn(async move {
+        tasks.0.push(tokio::spawn(async move {
             while changes.next().await.is_some() {
                 notify.notify_one();
             }
-        });
+        }));
     }
     caches.ready().await;
     publish_cluster_id(&ctx).await;
@@ -314,7 +321,9 @@ type Records = BTreeMap<(String, String), ExportedServiceSpec>;
 #[derive(Clone, Debug)]
 struct Source {
     cluster: String,
-    spec: ExportedServiceSpec,
+    props: ExportProperties,
+    /// Its endpoints, as this cluster addresses them.
+    slices: Vec<ExportedSlice>,
     /// Whether its endpoints may be ready (its virtual node / tunnel is up).
     healthy: bool,
 }
@@ -330,6 +339,10 @@ struct Peer {
     /// The namespaces we allow its imports into (each side's list; None: the default).
     allowed: Vec<Option<Vec<String>>>,
     healthy: bool,
+    /// Whether its records can be read now: through our tenant namespace for it, or through
+    /// its tenant namespace for us once that is watched. Until then (a restart, a link not
+    /// yet up or renewed) what it exported is not known, and is not taken as nothing.
+    readable: bool,
 }
 
 struct Pass<'a> {
@@ -377,25 +390,26 @@ impl Pass<'_> {
         let peers = self.peers();
         keep(self.publish(&own, &peers).await);
         let mut sources: BTreeMap<(String, String), Vec<Source>> = BTreeMap::new();
-        for ((ns, name), spec) in &own {
-            sources
-                .entry((ns.clone(), name.clone()))
-                .or_default()
-                .push(Source {
-                    cluster: self.ctx.identity.cluster_id.clone(),
-                    spec: spec.clone(),
-                    healthy: true,
-                });
+        for (key, spec) in &own {
+            sources.entry(key.clone()).or_default().push(Source {
+                cluster: self.ctx.identity.cluster_id.clone(),
+                props: properties(spec),
+                slices: spec.endpoint_slices.clone(),
+                healthy: true,
+            });
         }
         for peer in &peers {
-            for source in self.peer_sources(peer) {
-                let key = (source.spec.namespace.clone(), source.spec.service.clone());
+            let from_peer = match self.peer_sources(peer) {
+                Some(fresh) => fresh,
+                None => self.carried_sources(peer),
+            };
+            for (key, source) in from_peer {
                 sources.entry(key).or_default().push(source);
             }
         }
         let mut merged_of: BTreeMap<(String, String), Merged> = BTreeMap::new();
         for (key, srcs) in &sources {
-            let props: Vec<ExportProperties> = srcs.iter().map(|s| properties(&s.spec)).collect();
+            let props: Vec<ExportProperties> = srcs.iter().map(|s| s.props.clone()).collect();
             if let Some(m) = tandem_core::mcs::merge(&props) {
                 merged_of.insert(key.clone(), m);
             }
@@ -418,6 +432,9 @@ impl Pass<'_> {
         let mut statuses = Vec::new();
         let mut slices_of: BTreeMap<(String, String), Vec<Arc<EndpointSlice>>> = BTreeMap::new();
         for slice in self.caches.slices.state() {
+            if label(slice.as_ref(), SLICE_MANAGED_BY_LABEL) != Some(KUBE_SLICE_MANAGER) {
+                continue;
+            }
             if let (Some(ns), Some(svc)) = (
                 slice.metadata.namespace.clone(),
                 label(slice.as_ref(), "kubernetes.io/service-name"),
@@ -489,6 +506,7 @@ impl Pass<'_> {
             });
             let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
             peer.tenant_namespace = Some(ns);
+            peer.readable = true;
             peer.pod_cidr = peer.pod_cidr.or(cidr);
             peer.allowed
                 .push(tenant.spec.service_import_namespaces.clone());
@@ -498,16 +516,25 @@ impl Pass<'_> {
                 continue;
             }
             let id = peering.spec.cluster_id.clone();
+            let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
+            peer.allowed
+                .push(peering.spec.service_import_namespaces.clone());
             let Some(link) = self.links.get(&id) else {
+                // Not linked (yet): its endpoints are ready only while its virtual node is.
+                let node = peering.status.as_ref().and_then(|s| s.virtual_node.clone());
+                peer.healthy =
+                    self.virtual_node_ready(&node.unwrap_or_else(|| names::virtual_node_name(&id)));
                 continue;
             };
-            let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
             if let Some(n) = &link.network {
                 peer.pod_cidr = Some((n.remote_pod_cidr, n.remote_pod_cidr_here));
             }
-            peer.allowed
-                .push(peering.spec.service_import_namespaces.clone());
             peer.healthy = self.virtual_node_ready(&link.virtual_node);
+            let watched = self
+                .remotes
+                .get(&id)
+                .is_some_and(|r| r.store.wait_until_ready().now_or_never().is_some());
+            peer.readable |= watched;
         }
         peers.into_values().collect()
     }
@@ -569,10 +596,14 @@ impl Pass<'_> {
 
     /// The peer's exports this cluster imports: from records it wrote in our tenant namespace
     /// for it and in its tenant namespace for us, in namespaces we allow and have, with its
-    /// addresses moved into our view of its pod CIDR.
-    fn peer_sources(&self, peer: &Peer) -> Vec<Source> {
+    /// addresses moved into our view of its pod CIDR. None while its records cannot be read.
+    fn peer_sources(&self, peer: &Peer) -> Option<Vec<((String, String), Source)>> {
+        if !peer.readable {
+            return None;
+        }
         let Some((real, here)) = peer.pod_cidr else {
-            return Vec::new();
+            // No network with it: nothing of its can be reached from here.
+            return Some(Vec::new());
         };
         let mut records: Vec<Arc<ExportedService>> = Vec::new();
         if let Some(ns) = &peer.tenant_namespace {
@@ -587,38 +618,45 @@ impl Pass<'_> {
         if let Some(remote) = self.remotes.get(&peer.id) {
             records.extend(remote.store.state());
         }
-        let mut seen = BTreeSet::new();
+        // Only what the peer says of itself, under the name it must have.
+        records.retain(|r| {
+            r.spec.cluster_id == peer.id
+                && r.metadata.name.as_deref()
+                    == Some(&exported_service_name(
+                        &peer.id,
+                        &r.spec.namespace,
+                        &r.spec.service,
+                    ))
+        });
+        records.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        records.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+        if records.len() > MAX_RECORDS_PER_PEER {
+            tracing::warn!(
+                "multi-cluster services: cluster {} exports {} Services; importing the first {MAX_RECORDS_PER_PEER} by name",
+                peer.id,
+                records.len()
+            );
+            records.truncate(MAX_RECORDS_PER_PEER);
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
         let mut out = Vec::new();
         for r in records {
-            let spec = &r.spec;
-            // Only what the peer says of itself, under the name it must have.
-            if spec.cluster_id != peer.id
-                || r.metadata.name.as_deref()
-                    != Some(&exported_service_name(
-                        &peer.id,
-                        &spec.namespace,
-                        &spec.service,
-                    ))
-                || !seen.insert((spec.namespace.clone(), spec.service.clone()))
-            {
+            let key = (r.spec.namespace.clone(), r.spec.service.clone());
+            if !self.may_import(peer, &key.0) {
                 continue;
             }
-            if !peer
-                .allowed
-                .iter()
-                .all(|a| tandem_core::mcs::import_allowed(&spec.namespace, a.as_deref()))
-            {
-                continue;
-            }
-            let ns_live = self
-                .caches
-                .namespaces
-                .get(&ObjectRef::new(&spec.namespace))
-                .is_some_and(|n| n.metadata.deletion_timestamp.is_none());
-            if !ns_live {
-                continue;
-            }
-            let mut spec = spec.clone();
+            let mut spec = match sanitize::sanitize(&r.spec) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    tracing::debug!(
+                        "multi-cluster services: not importing {}/{} from {}: {e}",
+                        key.0,
+                        key.1,
+                        peer.id
+                    );
+                    continue;
+                }
+            };
             for slice in &mut spec.endpoint_slices {
                 for ep in &mut slice.endpoints {
                     ep.addresses = ep
@@ -629,11 +667,108 @@ impl Pass<'_> {
                 }
                 slice.endpoints.retain(|e| !e.addresses.is_empty());
             }
-            out.push(Source {
-                cluster: peer.id.clone(),
-                spec,
-                healthy: peer.healthy,
-            });
+            let mut props = properties(&spec);
+            // An export is no older than when this cluster first took it in (kept on the
+            // import): a peer cannot win the import's conflicts by back-dating it later, nor
+            // by dating it in the future.
+            props.created = props.created.min(now);
+            if let Some(first) = self.stored_sources(&key).and_then(|stored| {
+                stored
+                    .into_iter()
+                    .find(|p| p.cluster == peer.id)
+                    .map(|p| p.created)
+            }) {
+                props.created = props.created.max(first);
+            }
+            out.push((
+                key,
+                Source {
+                    cluster: peer.id.clone(),
+                    props,
+                    slices: spec.endpoint_slices,
+                    healthy: peer.healthy,
+                },
+            ));
+        }
+        Some(out)
+    }
+
+    /// Whether `peer`'s export may become an import in `namespace`: allowed by each side's
+    /// list (by default neither a system, tenant nor twin namespace), and there.
+    fn may_import(&self, peer: &Peer, namespace: &str) -> bool {
+        let Some(ns) = self.caches.namespaces.get(&ObjectRef::new(namespace)) else {
+            return false;
+        };
+        let twin = label(ns.as_ref(), names::TWIN_NAMESPACE_LABEL).is_some();
+        ns.metadata.deletion_timestamp.is_none()
+            && peer.allowed.iter().all(|a| match a {
+                None => !twin && tandem_core::mcs::import_allowed(namespace, None),
+                Some(list) => tandem_core::mcs::import_allowed(namespace, Some(list)),
+            })
+    }
+
+    /// The exports (properties) an import of ours was last written from.
+    fn stored_sources(&self, (ns, name): &(String, String)) -> Option<Vec<ExportProperties>> {
+        let import = self.caches.imports.get(&ObjectRef::new(name).within(ns))?;
+        if !is_ours(import.as_ref()) {
+            return None;
+        }
+        let raw = import
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(SOURCES_ANNOTATION)?;
+        serde_json::from_str(raw).ok()
+    }
+
+    /// What an unreadable peer last exported, as this cluster last imported it: its part of
+    /// each import (properties from the import, endpoints from its slices), so that a restart
+    /// or a link not yet up neither removes imports (and their IPs) nor changes their merge.
+    /// Its endpoints are ready only while its virtual node is.
+    fn carried_sources(&self, peer: &Peer) -> Vec<((String, String), Source)> {
+        let mut out = Vec::new();
+        for import in self.caches.imports.state() {
+            let key = key_of(import.as_ref());
+            let Some(props) = self
+                .stored_sources(&key)
+                .and_then(|s| s.into_iter().find(|p| p.cluster == peer.id))
+            else {
+                continue;
+            };
+            if !self.may_import(peer, &key.0) {
+                continue;
+            }
+            let mut slices: Vec<(u32, ExportedSlice)> = self
+                .caches
+                .slices
+                .state()
+                .iter()
+                .filter(|s| {
+                    s.metadata.namespace.as_deref() == Some(key.0.as_str())
+                        && label(s.as_ref(), SLICE_MANAGED_BY_LABEL) == Some(SLICE_MANAGER)
+                        && label(s.as_ref(), SERVICE_NAME_LABEL) == Some(key.1.as_str())
+                        && label(s.as_ref(), SOURCE_CLUSTER_LABEL) == Some(peer.id.as_str())
+                })
+                .map(|s| {
+                    let index = s
+                        .metadata
+                        .name
+                        .as_deref()
+                        .and_then(|n| n.rsplit('-').next()?.parse().ok())
+                        .unwrap_or(u32::MAX);
+                    (index, imported_slice(s))
+                })
+                .collect();
+            slices.sort_by_key(|(i, _)| *i);
+            out.push((
+                key,
+                Source {
+                    cluster: peer.id.clone(),
+                    props,
+                    slices: slices.into_iter().map(|(_, s)| s).collect(),
+                    healthy: peer.healthy,
+                },
+            ));
         }
         out
     }
@@ -695,11 +830,26 @@ impl Pass<'_> {
             session_affinity: Some(merged.session_affinity.clone()),
             session_affinity_config: affinity_config,
         };
+        let mut stored: Vec<&ExportProperties> = sources.iter().map(|s| &s.props).collect();
+        stored.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        let stored = serde_json::to_string(&stored).unwrap_or_default();
+        let stored_now = |i: &ServiceImport| {
+            i.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SOURCES_ANNOTATION))
+                == Some(&stored)
+        };
         let import = match existing_import {
-            Some(i) if i.spec == spec => i,
+            Some(i) if i.spec == spec && stored_now(&i) => i,
             Some(i) => {
                 let mut updated = (*i).clone();
                 updated.spec = spec;
+                updated
+                    .metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(SOURCES_ANNOTATION.into(), stored.clone());
                 Arc::new(
                     imports
                         .replace(name, &PostParams::default(), &updated)
@@ -712,6 +862,10 @@ impl Pass<'_> {
                 new.metadata.labels = Some(BTreeMap::from([(
                     names::MANAGED_BY_LABEL.into(),
                     names::MANAGED_BY.into(),
+                )]));
+                new.metadata.annotations = Some(BTreeMap::from([(
+                    SOURCES_ANNOTATION.into(),
+                    stored.clone(),
                 )]));
                 match imports.create(&PostParams::default(), &new).await {
                     Ok(i) => Arc::new(i),
@@ -756,16 +910,23 @@ impl Pass<'_> {
             None => true,
             Some(s) => {
                 let spec = s.spec.clone().unwrap_or_default();
-                let have: Vec<(Option<String>, Option<String>, i32)> = spec
+                type Port = (Option<String>, Option<String>, Option<String>, i32);
+                let have: Vec<Port> = spec
                     .ports
                     .iter()
                     .flatten()
-                    .map(|p| (p.name.clone(), p.protocol.clone(), p.port))
+                    .map(|p| {
+                        let name = p.name.clone().filter(|n| !n.is_empty());
+                        (name, p.protocol.clone(), p.app_protocol.clone(), p.port)
+                    })
                     .collect();
-                let want: Vec<(Option<String>, Option<String>, i32)> = merged
+                let want: Vec<Port> = merged
                     .ports
                     .iter()
-                    .map(|p| (p.name.clone(), Some(p.protocol.clone()), p.port))
+                    .map(|p| {
+                        let protocol = Some(p.protocol.clone());
+                        (p.name.clone(), protocol, p.app_protocol.clone(), p.port)
+                    })
                     .collect();
                 have != want
                     || spec.session_affinity.as_deref() != Some(merged.session_affinity.as_str())
@@ -818,9 +979,12 @@ impl Pass<'_> {
             .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
             .collect();
         let mut wanted = BTreeSet::new();
+        // Each slice on its own: one that cannot be written does not hold back the others.
+        let mut result = Ok(());
         for source in sources {
-            for (i, slice) in source.spec.endpoint_slices.iter().enumerate() {
-                let slice_name = format!("{derived}-{}-{i}", short_hash(&source.cluster));
+            for (i, slice) in source.slices.iter().enumerate() {
+                let slice_name =
+                    format!("{derived}-{}-{i}", tandem_core::short_hash(&source.cluster));
                 wanted.insert(slice_name.clone());
                 let want = endpoint_slice(&slice_name, ns, name, &derived, &owner, source, slice);
                 let same = existing.get(&slice_name).is_some_and(|have| {
@@ -831,7 +995,7 @@ impl Pass<'_> {
                 if same {
                     continue;
                 }
-                let result = match existing.get(&slice_name) {
+                let written = match existing.get(&slice_name) {
                     Some(have) => {
                         let mut updated = want.clone();
                         updated.metadata.resource_version = have.metadata.resource_version.clone();
@@ -842,14 +1006,18 @@ impl Pass<'_> {
                     }
                     None => slices.create(&PostParams::default(), &want).await.map(drop),
                 };
-                result.map_err(err(format!("writing EndpointSlice {ns}/{slice_name}")))?;
+                if let Err(e) = written {
+                    result = Err(err(format!("writing EndpointSlice {ns}/{slice_name}"))(e));
+                }
             }
         }
         for stale in existing.keys().filter(|n| !wanted.contains(*n)) {
-            client::delete_if_exists(&slices, stale, &DeleteParams::default())
-                .await
-                .map_err(err(format!("deleting EndpointSlice {ns}/{stale}")))?;
+            if let Err(e) = client::delete_if_exists(&slices, stale, &DeleteParams::default()).await
+            {
+                result = Err(err(format!("deleting EndpointSlice {ns}/{stale}"))(e));
+            }
         }
+        result?;
 
         // Its status last: the endpoints are what traffic waits for.
         let clusters: Vec<ClusterStatus> = merged
@@ -1022,6 +1190,7 @@ fn new_peer(id: &str) -> Peer {
         pod_cidr: None,
         allowed: Vec::new(),
         healthy: true,
+        readable: false,
     }
 }
 
@@ -1101,19 +1270,7 @@ fn record(
         .iter()
         .filter(|s| s.address_type == "IPv4" || s.address_type == "IPv6")
         .map(|s| ExportedSlice {
-            ports: s
-                .ports
-                .iter()
-                .flatten()
-                .filter_map(|p| {
-                    Some(ServicePort {
-                        name: p.name.clone().filter(|n| !n.is_empty()),
-                        protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
-                        app_protocol: p.app_protocol.clone(),
-                        port: p.port?,
-                    })
-                })
-                .collect(),
+            ports: s.ports.iter().flatten().filter_map(slice_port).collect(),
             endpoints: s
                 .endpoints
                 .iter()
@@ -1159,6 +1316,37 @@ fn record(
             .session_affinity_config
             .and_then(|c| c.client_ip?.timeout_seconds),
         endpoint_slices,
+    }
+}
+
+/// An EndpointSlice's port as a record holds it.
+fn slice_port(p: &k8s_openapi::api::discovery::v1::EndpointPort) -> Option<ServicePort> {
+    Some(ServicePort {
+        name: p.name.clone().filter(|n| !n.is_empty()),
+        protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
+        app_protocol: p.app_protocol.clone(),
+        port: p.port?,
+    })
+}
+
+/// One of our import's slices back as the slice of a record (its endpoints' own readiness is
+/// what they serve: `ready` there also says whether their cluster is reachable).
+fn imported_slice(s: &EndpointSlice) -> ExportedSlice {
+    ExportedSlice {
+        ports: s.ports.iter().flatten().filter_map(slice_port).collect(),
+        endpoints: s
+            .endpoints
+            .iter()
+            .map(|e| ExportedEndpoint {
+                addresses: e.addresses.clone(),
+                hostname: e.hostname.clone(),
+                ready: e
+                    .conditions
+                    .as_ref()
+                    .and_then(|c| c.serving.or(c.ready))
+                    .unwrap_or(true),
+            })
+            .collect(),
     }
 }
 
