@@ -293,6 +293,58 @@ fn exported_services_are_reached_by_clusterset_names_from_a_peer() {
         },
     );
 
+    // The other direction: rome (the consumer) exports, milan (its provider) imports. milan
+    // has no virtual node for rome: its endpoints are ready while milan's gateway reports the
+    // tunnel to rome connected.
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "demo",
+                "expose",
+                "pod",
+                "probe",
+                "--name=back",
+                "--port=80",
+            ],
+        ),
+        "service back in rome",
+    );
+    tandem_on(
+        home.path(),
+        &kc,
+        "lab-1",
+        &["export", "service", "demo/back"],
+    );
+    until("rome's export ready in milan's import", WAIT, || {
+        let slices = json(
+            &lab,
+            "lab-2",
+            &[
+                "-n",
+                "demo",
+                "get",
+                "endpointslices",
+                "-l",
+                "multicluster.kubernetes.io/service-name=back,multicluster.kubernetes.io/source-cluster=rome",
+            ],
+        );
+        slices["items"]
+            .as_array()?
+            .iter()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .any(|e| e["conditions"]["ready"] == true)
+            .then_some(())
+    });
+    tandem_on(
+        home.path(),
+        &kc,
+        "lab-1",
+        &["unexport", "service", "demo/back"],
+    );
+
     // `tandem status` lists the imports with their clusters.
     let status = ok(
         tandem(

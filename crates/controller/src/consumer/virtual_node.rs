@@ -342,7 +342,10 @@ pub struct GatewayReport {
 /// Reads the gateway's status API at `addr` (`host:port`, `GET /status`). One plain HTTP/1.1
 /// request per heartbeat over hyper's client connection: the status API is unencrypted and
 /// local, so there is nothing for a pooled client to add.
-async fn gateway_state(addr: &str, timeout: Duration) -> Result<GatewayReport, ProbeError> {
+pub(crate) async fn gateway_state(
+    addr: &str,
+    timeout: Duration,
+) -> Result<GatewayReport, ProbeError> {
     use http_body_util::BodyExt;
     let fetch = async {
         let stream = tokio::net::TcpStream::connect(addr)

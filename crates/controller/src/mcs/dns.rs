@@ -221,3 +221,63 @@ pub async fn listen_and_serve(zone: Zone, addr: SocketAddr) -> std::io::Result<(
     tandem_dns::serve(handler, udp, tcp).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+    use tandem_api::mcs::ServiceImportSpec;
+
+    fn zone() -> Zone {
+        let (imports, mut writer) = reflector::store();
+        let mut import = ServiceImport::new(
+            "hello",
+            ServiceImportSpec {
+                ports: vec![],
+                ips: vec!["10.96.0.42".into()],
+                type_: "ClusterSetIP".into(),
+                session_affinity: None,
+                session_affinity_config: None,
+            },
+        );
+        import.metadata.namespace = Some("demo".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(import));
+        let (slices, _) = reflector::store::<EndpointSlice>();
+        Zone::new(imports, slices)
+    }
+
+    fn labels(name: &str) -> Vec<String> {
+        name.split('.')
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn names_that_cannot_exist_are_nxdomain_and_the_zone_s_structure_is_nodata() {
+        let z = zone();
+        assert_eq!(
+            z.answer(&labels("hello.demo.svc"), RecordType::A),
+            Answer::Addresses(vec!["10.96.0.42".parse().unwrap()])
+        );
+        assert_eq!(
+            z.answer(&labels("nope.demo.svc"), RecordType::A),
+            Answer::NxDomain
+        );
+        for existing in ["", "svc", "demo.svc"] {
+            assert_eq!(
+                z.answer(&labels(existing), RecordType::A),
+                Answer::NoData,
+                "{existing:?}"
+            );
+        }
+        // A search-path suffix, a namespace without imports, a name outside `svc`.
+        for absent in ["www", "example.com", "other.svc", "hello.demo"] {
+            assert_eq!(
+                z.answer(&labels(absent), RecordType::A),
+                Answer::NxDomain,
+                "{absent:?}"
+            );
+        }
+    }
+}

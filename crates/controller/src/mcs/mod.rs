@@ -63,14 +63,61 @@ const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 pub const SOURCE_SLICES_SELECTOR: &str =
     "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io";
 const KUBE_SLICE_MANAGER: &str = "endpointslice-controller.k8s.io";
-/// How long the loop lets changes that arrive together gather before recomputing (the
-/// events of one write: a longer wait only delays every import by as much).
-const SETTLE: Duration = Duration::from_millis(2);
 /// Recomputes this often even without a change (settings, failed writes).
 const RESYNC: Duration = Duration::from_secs(10);
 /// At most this many of one peer's exports are imported (by name): a peer cannot make this
 /// cluster hold an unbounded number of objects.
 const MAX_RECORDS_PER_PEER: usize = 1000;
+/// How often the tunnels to peers that only consume from us are checked, and how long their
+/// gateway's status may take to answer.
+const TUNNEL_CHECK: Duration = Duration::from_secs(2);
+const TUNNEL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether the tunnel to each peer that consumes from us is connected: such a peer has no
+/// virtual node here, and our gateway's probes through the tunnel are what says it is there.
+type TunnelHealth = Arc<std::sync::Mutex<BTreeMap<String, bool>>>;
+
+/// Checks the tunnels to the consumers of ours every [`TUNNEL_CHECK`], waking the loop when
+/// one changes. Without a network fabric there is nothing to check (each counts as up).
+async fn check_tunnels(
+    ctx: Ctx,
+    tenants: Store<Tenant>,
+    health: TunnelHealth,
+    notify: Arc<Notify>,
+) {
+    let _ = tenants.wait_until_ready().await;
+    loop {
+        let mut now = BTreeMap::new();
+        for tenant in tenants.state() {
+            let id = &tenant.spec.cluster_id;
+            let up = match crate::fabric::gateway::status_address(&ctx.client, id).await {
+                Ok(None) => true,
+                Ok(Some(addr)) => {
+                    crate::consumer::virtual_node::gateway_state(&addr, TUNNEL_PROBE_TIMEOUT)
+                        .await
+                        .is_ok_and(|r| r.state == "connected")
+                }
+                Err(e) => {
+                    tracing::debug!("multi-cluster services: tunnel to {id}: {e}");
+                    false
+                }
+            };
+            now.insert(id.clone(), up);
+        }
+        let changed = {
+            let mut h = health
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let changed = *h != now;
+            *h = now;
+            changed
+        };
+        if changed {
+            notify.notify_one();
+        }
+        tokio::time::sleep(TUNNEL_CHECK).await;
+    }
+}
 /// On a ServiceImport of ours: the properties of each export it was last written from (the
 /// merge's inputs), so that an export whose cluster cannot be read for a while keeps its
 /// place — and its age — in the merge.
@@ -201,6 +248,13 @@ pub async fn run(ctx: Ctx, links: Links) {
             }
         }));
     }
+    let tunnels = TunnelHealth::default();
+    tasks.0.push(tokio::spawn(check_tunnels(
+        ctx.clone(),
+        caches.tenants.clone(),
+        tunnels.clone(),
+        notify.clone(),
+    )));
     {
         let notify = notify.clone();
         let mut changes = Box::pin(links.changes());
@@ -251,12 +305,17 @@ pub async fn run(ctx: Ctx, links: Links) {
             }
         }
         let mut failed = false;
+        let tunnel_health = tunnels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         let sync = Pass {
             ctx: &ctx,
             caches: &caches,
             links: &linked,
             remotes: &remotes,
             pod_cidr,
+            tunnels: &tunnel_health,
         };
         if let Err(e) = sync.run().await {
             tracing::warn!("multi-cluster services: {e}");
@@ -268,7 +327,9 @@ pub async fn run(ctx: Ctx, links: Links) {
             RESYNC
         };
         let _ = tokio::time::timeout(wait, notify.notified()).await;
-        tokio::time::sleep(SETTLE).await;
+        // Let the other events of the same write (already queued) arrive before recomputing;
+        // any wait longer than that only delays every import by as much.
+        tokio::task::yield_now().await;
     }
 }
 
@@ -351,6 +412,8 @@ struct Pass<'a> {
     links: &'a BTreeMap<String, ProviderLink>,
     remotes: &'a BTreeMap<String, RemoteRecords>,
     pod_cidr: Option<IpNet>,
+    /// Whether the tunnel to each consumer of ours is up (absent: not checked yet).
+    tunnels: &'a BTreeMap<String, bool>,
 }
 
 fn label<'a, K: Resource>(obj: &'a K, key: &str) -> Option<&'a str> {
@@ -507,6 +570,8 @@ impl Pass<'_> {
             let peer = peers.entry(id.clone()).or_insert_with(|| new_peer(&id));
             peer.tenant_namespace = Some(ns);
             peer.readable = true;
+            // Its virtual node says more, when it also provides to us (below).
+            peer.healthy = self.tunnels.get(&id).copied().unwrap_or(true);
             peer.pod_cidr = peer.pod_cidr.or(cidr);
             peer.allowed
                 .push(tenant.spec.service_import_namespaces.clone());
@@ -933,91 +998,104 @@ impl Pass<'_> {
                     || (spec.cluster_ip.as_deref() == Some("None")) != headless
             }
         };
-        if service_differs {
-            let headless_changed = existing_service.as_ref().is_some_and(|s| {
-                (s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None")) != headless
-            });
-            if headless_changed {
-                // clusterIP is immutable: the import changed type, so the Service is remade.
-                client::delete_if_exists(&service_api, &derived, &DeleteParams::default())
-                    .await
-                    .map_err(err(format!("deleting Service {ns}/{derived}")))?;
-            }
-            let pp = PatchParams::apply(names::FIELD_MANAGER).force();
-            let applied = service_api
-                .patch(&derived, &pp, &Patch::Apply(&want_service))
-                .await
-                .map_err(err(format!("applying Service {ns}/{derived}")))?;
-            if let Some(ip) = applied
-                .spec
-                .and_then(|s| s.cluster_ip)
-                .filter(|_| !headless && ips.is_empty())
-            {
-                imports
-                    .patch(
-                        name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"ips": [ip]}})),
-                    )
-                    .await
-                    .map_err(err(format!("IP of ServiceImport {ns}/{name}")))?;
-            }
-        }
-
-        // One EndpointSlice per source cluster and slice of its export.
-        let slices: Api<EndpointSlice> = Api::namespaced(self.ctx.client.clone(), ns);
-        let existing: BTreeMap<String, Arc<EndpointSlice>> = self
-            .caches
-            .slices
-            .state()
-            .into_iter()
-            .filter(|s| {
-                s.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && label(s.as_ref(), SLICE_MANAGED_BY_LABEL) == Some(SLICE_MANAGER)
-                    && label(s.as_ref(), SERVICE_NAME_LABEL) == Some(name.as_str())
-            })
-            .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
-            .collect();
-        let mut wanted = BTreeSet::new();
-        // Each slice on its own: one that cannot be written does not hold back the others.
-        let mut result = Ok(());
-        for source in sources {
-            for (i, slice) in source.slices.iter().enumerate() {
-                let slice_name =
-                    format!("{derived}-{}-{i}", tandem_core::short_hash(&source.cluster));
-                wanted.insert(slice_name.clone());
-                let want = endpoint_slice(&slice_name, ns, name, &derived, &owner, source, slice);
-                let same = existing.get(&slice_name).is_some_and(|have| {
-                    have.endpoints == want.endpoints
-                        && have.ports == want.ports
-                        && have.metadata.labels == want.metadata.labels
+        // The Service (and the import's IP) and the slices are independent once the import
+        // exists: written side by side, the import is usable one write sooner.
+        let service_step = async {
+            if service_differs {
+                let headless_changed = existing_service.as_ref().is_some_and(|s| {
+                    (s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None"))
+                        != headless
                 });
-                if same {
-                    continue;
+                if headless_changed {
+                    // clusterIP is immutable: the import changed type, so the Service is remade.
+                    client::delete_if_exists(&service_api, &derived, &DeleteParams::default())
+                        .await
+                        .map_err(err(format!("deleting Service {ns}/{derived}")))?;
                 }
-                let written = match existing.get(&slice_name) {
-                    Some(have) => {
-                        let mut updated = want.clone();
-                        updated.metadata.resource_version = have.metadata.resource_version.clone();
-                        slices
-                            .replace(&slice_name, &PostParams::default(), &updated)
-                            .await
-                            .map(drop)
+                let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+                let applied = service_api
+                    .patch(&derived, &pp, &Patch::Apply(&want_service))
+                    .await
+                    .map_err(err(format!("applying Service {ns}/{derived}")))?;
+                if let Some(ip) = applied
+                    .spec
+                    .and_then(|s| s.cluster_ip)
+                    .filter(|_| !headless && ips.is_empty())
+                {
+                    imports
+                        .patch(
+                            name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"ips": [ip]}})),
+                        )
+                        .await
+                        .map_err(err(format!("IP of ServiceImport {ns}/{name}")))?;
+                }
+            }
+            Ok::<(), SyncError>(())
+        };
+        let slices_step = async {
+            // One EndpointSlice per source cluster and slice of its export.
+            let slices: Api<EndpointSlice> = Api::namespaced(self.ctx.client.clone(), ns);
+            let existing: BTreeMap<String, Arc<EndpointSlice>> = self
+                .caches
+                .slices
+                .state()
+                .into_iter()
+                .filter(|s| {
+                    s.metadata.namespace.as_deref() == Some(ns.as_str())
+                        && label(s.as_ref(), SLICE_MANAGED_BY_LABEL) == Some(SLICE_MANAGER)
+                        && label(s.as_ref(), SERVICE_NAME_LABEL) == Some(name.as_str())
+                })
+                .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
+                .collect();
+            let mut wanted = BTreeSet::new();
+            // Each slice on its own: one that cannot be written does not hold back the others.
+            let mut result = Ok(());
+            for source in sources {
+                for (i, slice) in source.slices.iter().enumerate() {
+                    let slice_name =
+                        format!("{derived}-{}-{i}", tandem_core::short_hash(&source.cluster));
+                    wanted.insert(slice_name.clone());
+                    let want =
+                        endpoint_slice(&slice_name, ns, name, &derived, &owner, source, slice);
+                    let same = existing.get(&slice_name).is_some_and(|have| {
+                        have.endpoints == want.endpoints
+                            && have.ports == want.ports
+                            && have.metadata.labels == want.metadata.labels
+                    });
+                    if same {
+                        continue;
                     }
-                    None => slices.create(&PostParams::default(), &want).await.map(drop),
-                };
-                if let Err(e) = written {
-                    result = Err(err(format!("writing EndpointSlice {ns}/{slice_name}"))(e));
+                    let written = match existing.get(&slice_name) {
+                        Some(have) => {
+                            let mut updated = want.clone();
+                            updated.metadata.resource_version =
+                                have.metadata.resource_version.clone();
+                            slices
+                                .replace(&slice_name, &PostParams::default(), &updated)
+                                .await
+                                .map(drop)
+                        }
+                        None => slices.create(&PostParams::default(), &want).await.map(drop),
+                    };
+                    if let Err(e) = written {
+                        result = Err(err(format!("writing EndpointSlice {ns}/{slice_name}"))(e));
+                    }
                 }
             }
-        }
-        for stale in existing.keys().filter(|n| !wanted.contains(*n)) {
-            if let Err(e) = client::delete_if_exists(&slices, stale, &DeleteParams::default()).await
-            {
-                result = Err(err(format!("deleting EndpointSlice {ns}/{stale}"))(e));
+            for stale in existing.keys().filter(|n| !wanted.contains(*n)) {
+                if let Err(e) =
+                    client::delete_if_exists(&slices, stale, &DeleteParams::default()).await
+                {
+                    result = Err(err(format!("deleting EndpointSlice {ns}/{stale}"))(e));
+                }
             }
-        }
-        result?;
+            result
+        };
+        let (service_written, slices_written) = tokio::join!(service_step, slices_step);
+        service_written?;
+        slices_written?;
 
         // Its status last: the endpoints are what traffic waits for.
         let clusters: Vec<ClusterStatus> = merged
