@@ -166,13 +166,17 @@ where
     tcp_task.abort();
 }
 
+/// The most this server sends in one UDP answer whatever the client advertises: the size
+/// DNS Flag Day 2020 settled on, which needs no IP fragmentation (and limits amplification).
+const UDP_MAX: u16 = 1232;
+
 /// The largest UDP answer the client of `query` takes: 512 bytes, or what its EDNS record
-/// advertises (RFC 6891).
+/// advertises (RFC 6891), at most [`UDP_MAX`].
 fn udp_limit(query: &[u8]) -> usize {
     Message::from_vec(query)
         .ok()
         .and_then(|m| m.extensions().as_ref().map(|e| e.max_payload()))
-        .map_or(512, |p| usize::from(p.max(512)))
+        .map_or(512, |p| usize::from(p.clamp(512, UDP_MAX)))
 }
 
 /// `answer` as sent over UDP to a client that takes `limit` bytes: when longer, its header and
@@ -194,6 +198,9 @@ fn truncate(answer: Vec<u8>, limit: usize) -> Option<Vec<u8>> {
         .set_response_code(message.response_code())
         .set_truncated(true)
         .add_queries(message.queries().iter().cloned());
+    if let Some(edns) = message.extensions() {
+        short.set_edns(edns.clone());
+    }
     short.to_vec().ok()
 }
 
@@ -290,12 +297,20 @@ mod tests {
         let mut edns = q.clone();
         edns.set_edns({
             let mut e = hickory_proto::op::Edns::new();
-            e.set_max_payload(4096);
+            e.set_max_payload(1232);
             e
         });
         let limit = udp_limit(&edns.to_vec().unwrap());
-        assert_eq!(limit, 4096);
+        assert_eq!(limit, 1232);
         assert_eq!(truncate(full.clone(), limit), Some(full));
+        // More than that is not sent over UDP, whatever the client says.
+        let mut big = q.clone();
+        big.set_edns({
+            let mut e = hickory_proto::op::Edns::new();
+            e.set_max_payload(65_000);
+            e
+        });
+        assert_eq!(udp_limit(&big.to_vec().unwrap()), 1232);
     }
 
     #[tokio::test]

@@ -191,6 +191,10 @@ impl Zone {
                     Answer::NxDomain
                 }
             }
+            // Names with names below them (`<cluster>.<svc>…` of a headless import,
+            // `_<proto>.<svc>…`): NODATA, since a resolver that takes NXDOMAIN as "nothing
+            // below" (RFC 8020) would miss those.
+            [_, svc, ns, s] if s == "svc" && import(ns, svc).is_some() => Answer::NoData,
             _ => Answer::NxDomain,
         }
     }
@@ -272,7 +276,17 @@ mod tests {
             );
         }
         // A search-path suffix, a namespace without imports, a name outside `svc`.
-        for absent in ["www", "example.com", "other.svc", "hello.demo"] {
+        assert_eq!(
+            z.answer(&labels("_tcp.hello.demo.svc"), RecordType::A),
+            Answer::NoData
+        );
+        for absent in [
+            "www",
+            "example.com",
+            "other.svc",
+            "hello.demo",
+            "_tcp.nope.demo.svc",
+        ] {
             assert_eq!(
                 z.answer(&labels(absent), RecordType::A),
                 Answer::NxDomain,

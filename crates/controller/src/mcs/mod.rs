@@ -68,6 +68,8 @@ const RESYNC: Duration = Duration::from_secs(10);
 /// At most this many of one peer's exports are imported (by name): a peer cannot make this
 /// cluster hold an unbounded number of objects.
 const MAX_RECORDS_PER_PEER: usize = 1000;
+/// At most this many of one peer's endpoints, over all its exports.
+const MAX_ENDPOINTS_PER_PEER: usize = 10_000;
 /// How often the tunnels to peers that only consume from us are checked, and how long their
 /// gateway's status may take to answer.
 const TUNNEL_CHECK: Duration = Duration::from_secs(2);
@@ -77,47 +79,60 @@ const TUNNEL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// virtual node here, and our gateway's probes through the tunnel are what says it is there.
 type TunnelHealth = Arc<std::sync::Mutex<BTreeMap<String, bool>>>;
 
+/// Whether the tunnel to each consumer of ours is up now; where its state cannot be read
+/// (the API failed), what `before` said. Without a network fabric there is nothing to check
+/// (each counts as up).
+async fn tunnel_states(
+    ctx: &Ctx,
+    tenants: &Store<Tenant>,
+    before: &BTreeMap<String, bool>,
+) -> BTreeMap<String, bool> {
+    let mut now = BTreeMap::new();
+    for tenant in tenants.state() {
+        let id = &tenant.spec.cluster_id;
+        let up = match crate::fabric::gateway::status_address(&ctx.client, id).await {
+            Ok(None) => Some(true),
+            Ok(Some(addr)) => Some(
+                crate::consumer::virtual_node::gateway_state(&addr, TUNNEL_PROBE_TIMEOUT)
+                    .await
+                    .is_ok_and(|r| r.state == "connected"),
+            ),
+            Err(e) => {
+                tracing::debug!("multi-cluster services: tunnel to {id}: {e}");
+                before.get(id).copied()
+            }
+        };
+        if let Some(up) = up {
+            now.insert(id.clone(), up);
+        }
+    }
+    now
+}
+
 /// Checks the tunnels to the consumers of ours every [`TUNNEL_CHECK`], waking the loop when
-/// one changes. Without a network fabric there is nothing to check (each counts as up).
+/// one changes.
 async fn check_tunnels(
     ctx: Ctx,
     tenants: Store<Tenant>,
     health: TunnelHealth,
     notify: Arc<Notify>,
 ) {
-    let _ = tenants.wait_until_ready().await;
     loop {
-        let mut now = BTreeMap::new();
-        for tenant in tenants.state() {
-            let id = &tenant.spec.cluster_id;
-            let up = match crate::fabric::gateway::status_address(&ctx.client, id).await {
-                Ok(None) => true,
-                Ok(Some(addr)) => {
-                    crate::consumer::virtual_node::gateway_state(&addr, TUNNEL_PROBE_TIMEOUT)
-                        .await
-                        .is_ok_and(|r| r.state == "connected")
-                }
-                Err(e) => {
-                    tracing::debug!("multi-cluster services: tunnel to {id}: {e}");
-                    false
-                }
-            };
-            now.insert(id.clone(), up);
-        }
-        let changed = {
-            let mut h = health
+        tokio::time::sleep(TUNNEL_CHECK).await;
+        let before = health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let now = tunnel_states(&ctx, &tenants, &before).await;
+        if now != before {
+            *health
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let changed = *h != now;
-            *h = now;
-            changed
-        };
-        if changed {
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = now;
             notify.notify_one();
         }
-        tokio::time::sleep(TUNNEL_CHECK).await;
     }
 }
+
 /// On a ServiceImport of ours: the properties of each export it was last written from (the
 /// merge's inputs), so that an export whose cluster cannot be read for a while keeps its
 /// place — and its age — in the merge.
@@ -248,7 +263,12 @@ pub async fn run(ctx: Ctx, links: Links) {
             }
         }));
     }
-    let tunnels = TunnelHealth::default();
+    caches.ready().await;
+    // The tunnels' state before the first pass: endpoints a restart found not ready are not
+    // made ready for the moment before the first check.
+    let tunnels: TunnelHealth = Arc::new(std::sync::Mutex::new(
+        tunnel_states(&ctx, &caches.tenants, &BTreeMap::new()).await,
+    ));
     tasks.0.push(tokio::spawn(check_tunnels(
         ctx.clone(),
         caches.tenants.clone(),
@@ -264,7 +284,6 @@ pub async fn run(ctx: Ctx, links: Links) {
             }
         }));
     }
-    caches.ready().await;
     publish_cluster_id(&ctx).await;
     let mut remotes: BTreeMap<String, RemoteRecords> = BTreeMap::new();
     let mut pod_cidr: Option<IpNet> = None;
@@ -482,7 +501,8 @@ impl Pass<'_> {
                 keep(self.import(key, srcs, merged).await);
             }
         }
-        keep(self.remove_stale_imports(&sources).await);
+        let all_readable = peers.iter().all(|p| p.readable);
+        keep(self.remove_stale_imports(&sources, all_readable).await);
         keep(self.export_statuses(statuses, &merged_of).await);
         first_error.map_or(Ok(()), Err)
     }
@@ -670,7 +690,12 @@ impl Pass<'_> {
             // No network with it: nothing of its can be reached from here.
             return Some(Vec::new());
         };
+        // The peer's own copy (read through the link) first: the one it wrote into our
+        // tenant namespace may be stale while its link to us is down.
         let mut records: Vec<Arc<ExportedService>> = Vec::new();
+        if let Some(remote) = self.remotes.get(&peer.id) {
+            records.extend(remote.store.state());
+        }
         if let Some(ns) = &peer.tenant_namespace {
             records.extend(
                 self.caches
@@ -679,9 +704,6 @@ impl Pass<'_> {
                     .into_iter()
                     .filter(|r| r.metadata.namespace.as_deref() == Some(ns)),
             );
-        }
-        if let Some(remote) = self.remotes.get(&peer.id) {
-            records.extend(remote.store.state());
         }
         // Only what the peer says of itself, under the name it must have.
         records.retain(|r| {
@@ -705,6 +727,7 @@ impl Pass<'_> {
         }
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         let mut out = Vec::new();
+        let (mut endpoints, mut over_budget) = (0usize, false);
         for r in records {
             let key = (r.spec.namespace.clone(), r.spec.service.clone());
             if !self.may_import(peer, &key.0) {
@@ -733,27 +756,39 @@ impl Pass<'_> {
                 slice.endpoints.retain(|e| !e.addresses.is_empty());
             }
             let mut props = properties(&spec);
-            // An export is no older than when this cluster first took it in (kept on the
-            // import): a peer cannot win the import's conflicts by back-dating it later, nor
-            // by dating it in the future.
-            props.created = props.created.min(now);
-            if let Some(first) = self.stored_sources(&key).and_then(|stored| {
-                stored
-                    .into_iter()
-                    .find(|p| p.cluster == peer.id)
-                    .map(|p| p.created)
-            }) {
-                props.created = props.created.max(first);
+            props.created = export_age(
+                props.created,
+                now,
+                &peer.id,
+                self.stored_sources(&key).as_deref(),
+            );
+            // Bounded in total, not only per record: a peer cannot make this cluster hold
+            // more than MAX_ENDPOINTS_PER_PEER endpoints of its.
+            let mut slices = spec.endpoint_slices;
+            for slice in &mut slices {
+                let room = MAX_ENDPOINTS_PER_PEER.saturating_sub(endpoints);
+                if slice.endpoints.len() > room {
+                    over_budget = true;
+                    slice.endpoints.truncate(room);
+                }
+                endpoints += slice.endpoints.len();
             }
+            slices.retain(|s| !s.endpoints.is_empty());
             out.push((
                 key,
                 Source {
                     cluster: peer.id.clone(),
                     props,
-                    slices: spec.endpoint_slices,
+                    slices,
                     healthy: peer.healthy,
                 },
             ));
+        }
+        if over_budget {
+            tracing::warn!(
+                "multi-cluster services: cluster {} exports more than {MAX_ENDPOINTS_PER_PEER} endpoints; importing the first",
+                peer.id
+            );
         }
         Some(out)
     }
@@ -873,15 +908,19 @@ impl Pass<'_> {
             );
             return Ok(());
         }
-        let ips: Vec<String> = if headless {
-            Vec::new()
-        } else {
-            existing_service
+        let ips: Vec<String> = match (&existing_service, &existing_import) {
+            _ if headless => Vec::new(),
+            (Some(service), _) => service
+                .spec
                 .as_ref()
-                .and_then(|s| s.spec.as_ref()?.cluster_ip.clone())
+                .and_then(|s| s.cluster_ip.clone())
                 .filter(|ip| !ip.is_empty() && ip != "None")
                 .into_iter()
-                .collect()
+                .collect(),
+            // Not in the cache (yet, or any more): the IP the import has, until the Service
+            // is applied below — never a moment without it.
+            (None, Some(import)) => import.spec.ips.clone(),
+            (None, None) => Vec::new(),
         };
         let affinity_config = (merged.session_affinity == "ClientIP").then(|| {
             serde_json::from_value(json!({"clientIP": {
@@ -959,7 +998,7 @@ impl Pass<'_> {
                        "port": p.port, "targetPort": p.port})
             })
             .collect();
-        let want_service = json!({
+        let mut want_service = json!({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": derived, "namespace": ns,
                 "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY, SERVICE_NAME_LABEL: name},
@@ -971,6 +1010,12 @@ impl Pass<'_> {
                 "sessionAffinity": merged.session_affinity,
             },
         });
+        let affinity_timeout = (merged.session_affinity == "ClientIP")
+            .then(|| merged.session_affinity_timeout.unwrap_or(10800));
+        if let Some(timeout) = affinity_timeout {
+            want_service["spec"]["sessionAffinityConfig"] =
+                json!({"clientIP": {"timeoutSeconds": timeout}});
+        }
         let service_differs = match &existing_service {
             None => true,
             Some(s) => {
@@ -995,6 +1040,12 @@ impl Pass<'_> {
                     .collect();
                 have != want
                     || spec.session_affinity.as_deref() != Some(merged.session_affinity.as_str())
+                    || affinity_timeout.is_some_and(|t| {
+                        spec.session_affinity_config
+                            .as_ref()
+                            .and_then(|c| c.client_ip.as_ref()?.timeout_seconds)
+                            != Some(t)
+                    })
                     || (spec.cluster_ip.as_deref() == Some("None")) != headless
             }
         };
@@ -1020,7 +1071,7 @@ impl Pass<'_> {
                 if let Some(ip) = applied
                     .spec
                     .and_then(|s| s.cluster_ip)
-                    .filter(|_| !headless && ips.is_empty())
+                    .filter(|ip| !headless && !ips.contains(ip))
                 {
                     imports
                         .patch(
@@ -1077,7 +1128,11 @@ impl Pass<'_> {
                                 .await
                                 .map(drop)
                         }
-                        None => slices.create(&PostParams::default(), &want).await.map(drop),
+                        // Already there (the cache is behind): the next pass compares it.
+                        None => match slices.create(&PostParams::default(), &want).await {
+                            Err(e) if client::is_conflict(&e) => Ok(()),
+                            created => created.map(drop),
+                        },
                     };
                     if let Err(e) = written {
                         result = Err(err(format!("writing EndpointSlice {ns}/{slice_name}"))(e));
@@ -1130,14 +1185,20 @@ impl Pass<'_> {
     }
 
     /// Removes the ServiceImports (with their derived Service and slices) no export backs.
+    /// An import written before imports recorded their sources (an upgrade) is kept while
+    /// any peer cannot be read: it may be that peer's.
     async fn remove_stale_imports(
         &self,
         sources: &BTreeMap<(String, String), Vec<Source>>,
+        all_readable: bool,
     ) -> Result<(), SyncError> {
         let mut result = Ok(());
         for import in self.caches.imports.state() {
             let key = key_of(import.as_ref());
             if !is_ours(import.as_ref()) || sources.contains_key(&key) {
+                continue;
+            }
+            if !all_readable && self.stored_sources(&key).is_none() {
                 continue;
             }
             let (ns, name) = key;
@@ -1258,6 +1319,25 @@ impl Pass<'_> {
             }
         }
         result
+    }
+}
+
+/// The age (Unix seconds) this cluster gives `peer`'s export of a Service, which decides
+/// the import's conflicts, from the one it `claimed` and the ages the import recorded:
+///
+/// - never in the future: a claim from the future counts as now, and once recorded stays
+///   (re-dating it on every pass would rewrite the import each time);
+/// - once recorded, never earlier: a peer cannot back-date its export later to win.
+///
+/// A later claim (re-exported) is taken as it is. A first claim is trusted as KEP-1645 trusts
+/// creation times: were a newcomer's age floored at the import's oldest, two clusters that
+/// peer after both exported would each see its own export win, and disagree.
+fn export_age(claimed: i64, now: i64, peer: &str, stored: Option<&[ExportProperties]>) -> i64 {
+    let stored = stored.unwrap_or_default();
+    match stored.iter().find(|p| p.cluster == peer) {
+        Some(first) if claimed < first.created || claimed > now => first.created,
+        Some(_) => claimed,
+        None => claimed.min(now),
     }
 }
 
@@ -1515,6 +1595,34 @@ fn endpoint_slice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stored(cluster: &str, created: i64) -> ExportProperties {
+        ExportProperties {
+            cluster: cluster.into(),
+            created,
+            import_type: ImportType::ClusterSetIP,
+            ports: vec![],
+            session_affinity: "None".into(),
+            session_affinity_timeout: None,
+        }
+    }
+
+    #[test]
+    fn a_peer_cannot_back_date_or_future_date_its_export() {
+        let now = 1_000;
+        // First sight: taken as claimed, but never in the future.
+        assert_eq!(export_age(500, now, "milan", None), 500);
+        assert_eq!(export_age(9_999, now, "milan", None), now);
+        let recorded = [stored("milan", 500), stored("rome", 700)];
+        // Recorded: not moved earlier, nor re-dated to each pass's "now" from the future;
+        // a later claim (a new export) is taken.
+        assert_eq!(export_age(100, now, "milan", Some(&recorded)), 500);
+        assert_eq!(export_age(9_999, now, "milan", Some(&recorded)), 500);
+        assert_eq!(export_age(800, now, "milan", Some(&recorded)), 800);
+        // A newcomer is taken at its word (but not from the future).
+        assert_eq!(export_age(1, now, "turin", Some(&recorded)), 1);
+        assert_eq!(export_age(9_999, now, "turin", Some(&recorded)), now);
+    }
 
     #[test]
     fn derived_names_are_stable_valid_and_distinct() {

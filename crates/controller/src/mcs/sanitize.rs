@@ -34,14 +34,23 @@ fn port(p: &ServicePort) -> Option<ServicePort> {
     })
 }
 
-/// The valid ports among `ports`, each name and protocol/number once; when there are several,
-/// only named ones (a Service with more than one port names each).
-fn ports(ports: &[ServicePort]) -> Vec<ServicePort> {
+/// Whether ports are a Service's (each protocol/number once) or a slice's (target ports: two
+/// Service ports may share one).
+#[derive(Clone, Copy, PartialEq)]
+enum Ports {
+    Service,
+    Slice,
+}
+
+/// The valid ports among `ports`, each name once (and for a Service each protocol/number);
+/// when there are several, only named ones (a Service with more than one port names each).
+fn ports(ports: &[ServicePort], kind: Ports) -> Vec<ServicePort> {
     let mut out: Vec<ServicePort> = Vec::new();
     for p in ports.iter().filter_map(port) {
-        let clash = out
-            .iter()
-            .any(|q| q.name == p.name || (q.port == p.port && q.protocol == p.protocol));
+        let clash = out.iter().any(|q| {
+            q.name == p.name
+                || (kind == Ports::Service && q.port == p.port && q.protocol == p.protocol)
+        });
         if !clash && out.len() < MAX_PORTS {
             out.push(p);
         }
@@ -75,6 +84,19 @@ pub fn sanitize(spec: &ExportedServiceSpec) -> Result<ExportedServiceSpec, Strin
             spec.type_
         ));
     }
+    // A Service name is a DNS-1035 label; it is also a label value on every derived object.
+    if !is_dns1123_label(&spec.service)
+        || !spec.service.starts_with(|c: char| c.is_ascii_lowercase())
+    {
+        return Err(format!("{:?} is not a Service name", spec.service));
+    }
+    if !is_dns1123_label(&spec.namespace) {
+        return Err(format!("{:?} is not a namespace name", spec.namespace));
+    }
+    let service_ports = ports(&spec.ports, Ports::Service);
+    if spec.type_ == "ClusterSetIP" && service_ports.is_empty() {
+        return Err("a ClusterSetIP export without a valid port".into());
+    }
     let affinity = spec
         .session_affinity
         .clone()
@@ -87,7 +109,7 @@ pub fn sanitize(spec: &ExportedServiceSpec) -> Result<ExportedServiceSpec, Strin
         .iter()
         .take(MAX_SLICES)
         .map(|s| ExportedSlice {
-            ports: ports(&s.ports),
+            ports: ports(&s.ports, Ports::Slice),
             endpoints: s
                 .endpoints
                 .iter()
@@ -98,7 +120,7 @@ pub fn sanitize(spec: &ExportedServiceSpec) -> Result<ExportedServiceSpec, Strin
         .filter(|s| !s.endpoints.is_empty())
         .collect();
     Ok(ExportedServiceSpec {
-        ports: ports(&spec.ports),
+        ports: service_ports,
         session_affinity: affinity,
         session_affinity_timeout_seconds: timeout,
         endpoint_slices,
@@ -127,7 +149,7 @@ mod tests {
             service: "hello".into(),
             exported_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             type_: "ClusterSetIP".into(),
-            ports: vec![],
+            ports: vec![p(Some("http"), None, 80)],
             session_affinity: None,
             session_affinity_timeout_seconds: None,
             endpoint_slices: vec![],
@@ -170,7 +192,7 @@ mod tests {
     fn endpoints_keep_one_valid_address_and_a_valid_hostname_only() {
         let mut s = spec();
         s.endpoint_slices = vec![ExportedSlice {
-            ports: vec![p(None, None, 8080)],
+            ports: vec![p(Some("http"), None, 8080), p(Some("metrics"), None, 8080)],
             endpoints: vec![
                 ExportedEndpoint {
                     addresses: vec!["nonsense".into(), "10.244.0.7".into(), "10.244.0.8".into()],
@@ -189,11 +211,31 @@ mod tests {
         assert_eq!(eps.len(), 1);
         assert_eq!(eps[0].addresses, vec!["10.244.0.7"]);
         assert_eq!(eps[0].hostname, None);
+        // Two Service ports may target one port: a slice holds both names.
         assert_eq!(
             out.endpoint_slices[0].ports,
-            vec![p(None, Some("TCP"), 8080)]
+            vec![
+                p(Some("http"), Some("TCP"), 8080),
+                p(Some("metrics"), Some("TCP"), 8080)
+            ]
         );
+    }
+
+    #[test]
+    fn records_no_import_could_be_written_from_are_refused() {
+        let mut s = spec();
         s.type_ = "LoadBalancer".into();
         assert!(sanitize(&s).unwrap_err().contains("LoadBalancer"));
+        let mut s = spec();
+        s.service = "Hello".into();
+        assert!(sanitize(&s).is_err());
+        s.service = "x".repeat(64);
+        assert!(sanitize(&s).is_err());
+        let mut s = spec();
+        s.ports = vec![p(Some("icmp"), Some("ICMP"), 1)];
+        assert!(sanitize(&s).unwrap_err().contains("port"));
+        // A headless Service may have no port.
+        s.type_ = "Headless".into();
+        assert!(sanitize(&s).is_ok());
     }
 }
