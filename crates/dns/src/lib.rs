@@ -186,21 +186,12 @@ fn truncate(answer: Vec<u8>, limit: usize) -> Option<Vec<u8>> {
     if answer.len() <= limit {
         return Some(answer);
     }
-    let message = Message::from_vec(&answer).ok()?;
-    let mut short = Message::new();
-    short
-        .set_id(message.id())
-        .set_message_type(MessageType::Response)
-        .set_op_code(message.op_code())
-        .set_authoritative(message.authoritative())
-        .set_recursion_desired(message.recursion_desired())
-        .set_recursion_available(message.recursion_available())
-        .set_response_code(message.response_code())
-        .set_truncated(true)
-        .add_queries(message.queries().iter().cloned());
-    if let Some(edns) = message.extensions() {
-        short.set_edns(edns.clone());
-    }
+    // The same header (and EDNS record), without its records.
+    let mut short = Message::from_vec(&answer).ok()?;
+    short.take_answers();
+    short.take_name_servers();
+    short.take_additionals();
+    short.set_truncated(true);
     short.to_vec().ok()
 }
 
