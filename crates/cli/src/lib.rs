@@ -13,6 +13,7 @@ mod cluster;
 mod controller;
 mod crds;
 mod demo;
+mod drain;
 mod error;
 mod export;
 mod flags;
@@ -62,6 +63,13 @@ enum Command {
     Offload(offload::OffloadArgs),
     /// Stop offloading a namespace and remove its twin namespaces.
     Unoffload(offload::UnoffloadArgs),
+    /// Mark a provider's virtual node unschedulable: no new pod goes there, pods there stay.
+    Cordon(drain::CordonArgs),
+    /// Let pods be placed on a provider's virtual node again.
+    Uncordon(drain::CordonArgs),
+    /// Empty a provider for maintenance: cordon it, evict its pods honouring
+    /// PodDisruptionBudgets, wait until they run elsewhere.
+    Drain(drain::DrainArgs),
     /// Show peerings, virtual nodes, offloaded namespaces, pod counts, exported and imported
     /// services.
     Status(status::Args),
@@ -188,6 +196,9 @@ fn run() -> anyhow::Result<()> {
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
             Command::Offload(args) => offload::offload(args, &global).await,
             Command::Unoffload(args) => offload::unoffload(args, &global).await,
+            Command::Cordon(args) => drain::cordon(args, &global.cluster, true).await,
+            Command::Uncordon(args) => drain::cordon(args, &global.cluster, false).await,
+            Command::Drain(args) => drain::drain(args, &global.cluster).await,
             Command::Export(args) => export::export(args, &global).await,
             Command::Unexport(args) => export::unexport(args, &global).await,
             Command::Crds(_) => unreachable!("handled above"),

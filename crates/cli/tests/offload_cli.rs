@@ -260,3 +260,226 @@ async fn unoffload_reports_retained_claims_and_delete_data_removes_them() {
     )
     .await;
 }
+
+/// Whether a pod counts for a disruption budget: Ready and not being deleted.
+fn healthy(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tokio::test]
+async fn drain_moves_pods_off_a_provider_within_their_budget_and_uncordon_lets_them_back() {
+    use futures::StreamExt;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::runtime::watcher;
+
+    let (consumer, _provider, _dir, kubeconfig) = peered(json!({"cpu": "2", "pods": "10"})).await;
+    support::offload(&consumer, &_provider, "shop", "LocalAndRemote").await;
+    let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "shop");
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+
+    let (ok, _, err) = tandem(&["drain", "nowhere"], &kubeconfig).await;
+    assert!(!ok);
+    assert!(
+        err.contains("provider nowhere has no virtual node here (no node tandem-nowhere)"),
+        "{err}"
+    );
+
+    Api::<PodDisruptionBudget>::namespaced(consumer.client.clone(), "shop")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // Three replicas, all on milan: the local node is cordoned while they are placed.
+    let cordon = |on: bool| support::cordon_local_nodes(&consumer, on);
+    cordon(true).await;
+    let web = support::deployment("web", 3);
+    Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(web).unwrap(),
+        )
+        .await
+        .unwrap();
+    let web_pods = kube::api::ListParams::default().labels("app=web");
+    support::until(
+        "3 web pods Ready on milan",
+        Duration::from_secs(60),
+        || async {
+            let l = pods.list(&web_pods).await.ok()?;
+            (l.items.iter().filter(|p| healthy(p)).count() == 3
+                && l.items.iter().all(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("tandem-milan")
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Every change to the web pods, as the API server orders them: the fewest healthy at once.
+    let fewest = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let watch = {
+        let fewest = fewest.clone();
+        let stream = watcher(pods.clone(), watcher::Config::default().labels("app=web"));
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            let (mut seen, mut listing) = (std::collections::BTreeMap::new(), None);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::Init) => listing = Some(std::collections::BTreeMap::new()),
+                    Ok(watcher::Event::InitApply(p)) => {
+                        if let Some(l) = listing.as_mut() {
+                            l.insert(p.metadata.name.clone().unwrap(), healthy(&p));
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => seen = listing.take().unwrap_or_default(),
+                    Ok(watcher::Event::Apply(p)) => {
+                        seen.insert(p.metadata.name.clone().unwrap(), healthy(&p));
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        seen.remove(&p.metadata.name.clone().unwrap());
+                    }
+                    Err(_) => continue,
+                }
+                if listing.is_none() {
+                    let now = seen.values().filter(|h| **h).count();
+                    fewest.fetch_min(now, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    support::until(
+        "the watch has listed the pods",
+        Duration::from_secs(10),
+        || async { (fewest.load(std::sync::atomic::Ordering::SeqCst) == 3).then_some(()) },
+    )
+    .await;
+
+    // The drain as a user runs it. The local node stays cordoned at first, so the first
+    // eviction's replacement cannot be placed and the budget must hold the others back; once
+    // the drain says so, the local node takes pods again.
+    let mut drain = tokio::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["drain", "milan", "--timeout", "120s", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tandem runs");
+    let stdout = drain.stdout.take().unwrap();
+    let out = tokio::spawn(async move {
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut { stdout }, &mut out)
+            .await
+            .unwrap();
+        out
+    });
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(drain.stderr.take().unwrap()));
+    let mut err = String::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.contains("waiting to evict pod") && !err.contains("waiting to evict pod") {
+            cordon(false).await;
+        }
+        err.push_str(&line);
+        err.push('\n');
+    }
+    let ok = drain.wait().await.unwrap().success();
+    let out = out.await.unwrap();
+    assert!(ok, "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains("cordoned tandem-milan (provider milan)"),
+        "{err}"
+    );
+    assert!(err.contains("evicted pod shop/web-"), "{err}");
+    assert!(
+        err.contains("waiting to evict pod shop/web-")
+            && err.contains("would violate the pod's disruption budget"),
+        "the budget held an eviction back and the drain said so: {err}"
+    );
+    assert!(err.contains("3 of 3 pod(s) evicted"), "{err}");
+    assert!(
+        out.contains("drained tandem-milan (provider milan): 3 pod(s) moved off it"),
+        "{out}"
+    );
+    let l = pods.list(&web_pods).await.unwrap();
+    assert!(
+        l.items
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some("tandem-milan")),
+        "no web pod left on milan"
+    );
+    support::until(
+        "3 web pods Ready elsewhere",
+        Duration::from_secs(60),
+        || async {
+            let l = pods.list(&web_pods).await.ok()?;
+            (l.items.iter().filter(|p| healthy(p)).count() == 3).then_some(())
+        },
+    )
+    .await;
+    watch.abort();
+    let fewest = fewest.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        fewest >= 2,
+        "the budget kept 2 of 3 Ready throughout; at one point {fewest} were"
+    );
+
+    // Cordoned: a pod that may only run on milan waits.
+    let node = nodes.get("tandem-milan").await.unwrap();
+    assert_eq!(node.spec.unwrap().unschedulable, Some(true));
+    let pinned = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"nodeSelector": {tandem_api::names::REMOTE_CLUSTER_LABEL: "milan"},
+                     "containers": [{"name": "main", "image": "nginx"}]},
+        }))
+        .unwrap()
+    };
+    pods.create(&PostParams::default(), &pinned("pinned"))
+        .await
+        .unwrap();
+    support::until(
+        "the pinned pod held back by the cordon",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get("pinned").await.ok()?;
+            p.status?.conditions?.into_iter().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("unschedulable"))
+            })
+        },
+    )
+    .await;
+    let (ok, out, err) = tandem(&["uncordon", "milan"], &kubeconfig).await;
+    assert!(ok, "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("uncordoned tandem-milan (provider milan)"),
+        "{out}"
+    );
+    let (ok, out, _) = tandem(&["uncordon", "milan"], &kubeconfig).await;
+    assert!(ok && out.contains("not cordoned"), "{out}");
+    support::until(
+        "the pinned pod placed on milan",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("pinned").await.ok()?;
+            (p.spec?.node_name.as_deref() == Some("tandem-milan")).then_some(())
+        },
+    )
+    .await;
+}

@@ -496,3 +496,23 @@ pub async fn accept_any_spec(client: &Client, name: &str) {
         .await
         .expect("loosening the CRD");
 }
+
+/// Cordons (`on`) or uncordons every node of `cluster` that is not a virtual node: while
+/// they are cordoned, pods that may run locally or remotely can only be placed remotely.
+pub async fn cordon_local_nodes(cluster: &Cluster, on: bool) {
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let local = nodes
+        .list(&ListParams::default().labels(&format!("!{}", names::NODE_TYPE_LABEL)))
+        .await
+        .expect("listing nodes");
+    for n in local.items {
+        nodes
+            .patch(
+                &n.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+            )
+            .await
+            .expect("cordoning a local node");
+    }
+}
