@@ -24,7 +24,7 @@ pub use offloading::{
     NamespaceMappingStrategy, NamespaceOffloading, NamespaceOffloadingSpec,
     NamespaceOffloadingStatus, PodOffloadingStrategy, RemoteNamespaceStatus,
 };
-pub use peering::{Peering, PeeringSpec, PeeringStatus};
+pub use peering::{NodeHealth, Peering, PeeringSpec, PeeringStatus};
 pub use provider::{
     NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
     PeeringRequestSpec, PeeringRequestStatus, PodAccess, RemoteNamespace, RemoteNamespaceSpec,

@@ -37,6 +37,15 @@ pub struct NamespaceOffloadingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::node_selector")]
     pub cluster_selector: Option<NodeSelector>,
+    /// How long the namespace's pods stay bound to a node that failed (NotReady, or its
+    /// provider unreachable) before they are evicted and replaced elsewhere: the
+    /// `tolerationSeconds` of their `node.kubernetes.io/not-ready` and `unreachable`
+    /// tolerations, set when each pod is created — before its node is known, so it holds on
+    /// local nodes too. A bound the pod's author set is kept. Absent: Kubernetes' 300 s.
+    /// Pods created before a change keep theirs. A duration: `30s`, `2m`, `1m30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::duration)]
+    pub evict_after: Option<String>,
 }
 
 /// Naming of twin namespaces.

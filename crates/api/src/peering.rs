@@ -53,6 +53,26 @@ pub struct PeeringSpec {
     /// namespace must be allowed by its Peering and its Tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_import_namespaces: Option<Vec<String>>,
+    /// How the virtual node follows the provider's health (absent: the controller's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_health: Option<NodeHealth>,
+}
+
+/// How often the provider is probed and when the virtual node gives up on it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHealth {
+    /// How often the provider's API is probed and the virtual node's Lease renewed
+    /// [default: the controller's `--heartbeat-seconds`, 2]. A duration: `500ms`, `2s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::duration)]
+    pub probe_period: Option<String>,
+    /// How long the provider may leave probes unanswered before the virtual node turns
+    /// NotReady [default: the controller's `--provider-grace-seconds`, 6]. Pods there are then evicted
+    /// after their `tolerationSeconds` (see NamespaceOffloading `evictAfter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::duration)]
+    pub not_ready_after: Option<String>,
 }
 
 /// What the consumer's controller observed and negotiated.

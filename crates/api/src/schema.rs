@@ -92,6 +92,9 @@ pub fn cidr(schema: &mut Schema) {
     schema.insert("format".into(), "cidr".into());
 }
 
+/// A duration in whole units, Go style without fractions: `30s`, `2m`, `1m30s`, `500ms`, `0s`.
+pub const DURATION_PATTERN: &str = "^([0-9]{1,9}(ms|s|m|h))+$";
+
 /// Transforms that set one pattern, for `#[schemars(transform = ...)]`.
 macro_rules! pattern_rules {
     ($($name:ident => $pattern:ident),* $(,)?) => {$(
@@ -110,6 +113,7 @@ pattern_rules! {
     token_id => TOKEN_ID_PATTERN,
     token_proof => TOKEN_PROOF_PATTERN,
     wireguard_key => WIREGUARD_KEY_PATTERN,
+    duration => DURATION_PATTERN,
 }
 
 /// A quantity that cannot be negative, as a string (`500m`, `2Gi`) or an integer: the

@@ -23,11 +23,13 @@ pub struct Args {
     /// the controller runs as a pod behind it [default: the API server calls --webhook-addr].
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = service_ref)]
     webhook_service: Option<(String, String)>,
-    /// How often virtual nodes renew their Lease and probe their provider (seconds).
-    #[arg(long, default_value_t = 5)]
+    /// How often virtual nodes renew their Lease and probe their provider (seconds); a
+    /// Peering's `spec.nodeHealth.probePeriod` overrides it for its provider.
+    #[arg(long, default_value_t = 2)]
     heartbeat_seconds: u64,
-    /// How long a provider may be unreachable before its virtual node is NotReady (seconds).
-    #[arg(long, default_value_t = 15)]
+    /// How long a provider may be unreachable before its virtual node is NotReady (seconds); a
+    /// Peering's `spec.nodeHealth.notReadyAfter` overrides it for its provider.
+    #[arg(long, default_value_t = 6)]
     provider_grace_seconds: u64,
     /// The address virtual kubelets serve `kubectl logs`/`exec` on (one port per virtual node)
     /// and publish as their node's InternalIP; it must be reachable from the API server

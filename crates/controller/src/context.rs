@@ -15,9 +15,11 @@ pub struct Options {
     /// The Service (namespace, name) the API server calls the webhook through, when the
     /// controller runs as a pod behind it; None: the API server calls `webhook_addr` directly.
     pub webhook_service: Option<(String, String)>,
-    /// How often virtual nodes renew their Lease and probe their provider.
+    /// How often virtual nodes renew their Lease and probe their provider, unless their
+    /// Peering's `nodeHealth.probePeriod` says otherwise.
     pub heartbeat: Duration,
-    /// How long a provider may stay unreachable before its virtual node turns NotReady.
+    /// How long a provider may stay unreachable before its virtual node turns NotReady, unless
+    /// its Peering's `nodeHealth.notReadyAfter` says otherwise.
     pub provider_grace: Duration,
     /// The address virtual kubelets serve their kubelet API on (a port per virtual node) and
     /// publish as their node's InternalIP: one the API server can reach.
@@ -31,8 +33,8 @@ impl Default for Options {
         Options {
             webhook_addr: ([127, 0, 0, 1], 0).into(),
             webhook_service: None,
-            heartbeat: Duration::from_secs(5),
-            provider_grace: Duration::from_secs(15),
+            heartbeat: Duration::from_secs(2),
+            provider_grace: Duration::from_secs(6),
             kubelet_address: std::net::Ipv4Addr::LOCALHOST.into(),
             dns_addr: None,
         }

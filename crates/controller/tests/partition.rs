@@ -178,3 +178,165 @@ async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
         assert_eq!(restarts(p), 0, "{name}");
     }
 }
+
+/// A Peering's own health timing and a NamespaceOffloading's `evictAfter`: the provider lost,
+/// its virtual node turns NotReady (and not-ready tainted), and after `evictAfter` the pods
+/// there are evicted and replaced locally; after the heal the evicted ones are gone from both
+/// clusters and nothing runs twice.
+#[tokio::test]
+async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
+    let consumer = Cluster::start("nice", "eu-west", 1).await;
+    let provider = Cluster::start("genoa", "eu-south", 1).await;
+    let target = provider
+        .lab
+        .server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("provider address");
+    let gate = TcpGate::start(target).await.expect("gate");
+    peer_with(
+        &consumer,
+        &provider,
+        json!({"cpu": "4", "memory": "8Gi", "pods": "20"}),
+        Some(gate.url()),
+    )
+    .await;
+    let pp = kube::api::PatchParams::apply("test").force();
+    Api::<tandem_api::Peering>::all(consumer.client.clone())
+        .patch(
+            "genoa",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"nodeHealth":
+                {"probePeriod": "500ms", "notReadyAfter": "1s"}}})),
+        )
+        .await
+        .unwrap();
+    let twin = support::offload(&consumer, &provider, "shop", "LocalAndRemote").await;
+    let nsos: Api<tandem_api::NamespaceOffloading> =
+        Api::namespaced(consumer.client.clone(), "shop");
+    nsos.patch(
+        names::OFFLOADING_NAME,
+        &pp,
+        &kube::api::Patch::Apply(json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+            "metadata": {"name": names::OFFLOADING_NAME},
+            "spec": {"podOffloadingStrategy": "LocalAndRemote", "evictAfter": "4s"},
+        })),
+    )
+    .await
+    .unwrap();
+    // A bad duration is refused by the schema, naming the field; the stored one is kept.
+    let err = nsos
+        .patch(
+            names::OFFLOADING_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"evictAfter": "soon"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err}").contains("spec.evictAfter"), "{err}");
+
+    // Three replicas, all on genoa (the local node cordoned while they are placed).
+    support::cordon_local_nodes(&consumer, true).await;
+    Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(support::deployment("web", 3)).unwrap(),
+        )
+        .await
+        .unwrap();
+    let vn = names::virtual_node_name("genoa");
+    let on_vn = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(vn.as_str());
+    let ready = |p: &Pod| condition(p, "Ready").as_deref() == Some("True");
+    until("3 Ready pods on genoa", Duration::from_secs(40), || async {
+        let p = list(&consumer.client, "shop").await;
+        (p.len() == 3 && p.iter().all(|p| ready(p) && on_vn(p))).then_some(())
+    })
+    .await;
+    support::cordon_local_nodes(&consumer, false).await;
+    let offloaded = list(&consumer.client, "shop").await;
+    for p in &offloaded {
+        let tolerations = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .tolerations
+            .clone()
+            .unwrap_or_default();
+        for key in [
+            "node.kubernetes.io/not-ready",
+            "node.kubernetes.io/unreachable",
+        ] {
+            assert!(
+                tolerations
+                    .iter()
+                    .any(|t| t.key.as_deref() == Some(key) && t.toleration_seconds == Some(4)),
+                "{key} tolerated for evictAfter: {tolerations:?}"
+            );
+        }
+    }
+
+    gate.close();
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    until(
+        "virtual node NotReady and not-ready tainted",
+        Duration::from_secs(20),
+        || async {
+            let n = nodes.get(&vn).await.ok()?;
+            let tainted = n
+                .spec
+                .as_ref()?
+                .taints
+                .as_ref()?
+                .iter()
+                .any(|t| t.key == "node.kubernetes.io/not-ready" && t.effect == "NoExecute");
+            (node_ready(&n)?.0 == "False" && tainted).then_some(())
+        },
+    )
+    .await;
+    until(
+        "3 Ready replacements on the local node",
+        Duration::from_secs(60),
+        || async {
+            let p = list(&consumer.client, "shop").await;
+            (p.iter()
+                .filter(|p| ready(p) && !on_vn(p) && p.metadata.deletion_timestamp.is_none())
+                .count()
+                == 3)
+                .then_some(())
+        },
+    )
+    .await;
+    // The evicted pods wait for their provider to confirm them gone.
+    let evicted: Vec<Pod> = list(&consumer.client, "shop")
+        .await
+        .into_iter()
+        .filter(|p| on_vn(p))
+        .collect();
+    assert!(
+        evicted
+            .iter()
+            .all(|p| p.metadata.deletion_timestamp.is_some()),
+        "evicted, not forgotten"
+    );
+
+    gate.open();
+    until(
+        "the evicted pods gone from both clusters",
+        Duration::from_secs(60),
+        || async {
+            let here = list(&consumer.client, "shop").await;
+            let there = list(&provider.client, &twin).await;
+            (here.len() == 3 && here.iter().all(|p| !on_vn(p) && ready(p)) && there.is_empty())
+                .then_some(())
+        },
+    )
+    .await;
+    let shadows = Api::<ShadowPod>::namespaced(provider.client.clone(), &twin)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(shadows.is_empty(), "no orphaned ShadowPod: {shadows:?}");
+}

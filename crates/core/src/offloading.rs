@@ -302,6 +302,57 @@ pub fn endpoint_address_there(
     crate::prefix::translate(address, &from, &to)
 }
 
+/// The taints a node gets when it fails (`NotReady`, or its kubelet — for a virtual node, its
+/// provider — not heard from): a pod tolerating them for N seconds is evicted N seconds after.
+pub const NODE_FAILURE_TAINTS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// What the DefaultTolerationSeconds admission plugin gives every pod for each of
+/// [`NODE_FAILURE_TAINTS`].
+pub const DEFAULT_TOLERATION_SECONDS: i64 = 300;
+
+/// The tolerations of `pod` (a Pod as JSON) with the node-failure ones bounded by `seconds`:
+/// a NoExecute toleration of [`NODE_FAILURE_TAINTS`] the API server defaulted
+/// ([`DEFAULT_TOLERATION_SECONDS`]) gets `seconds`, a missing one is added; one its author gave
+/// another bound, or none (tolerate forever), is kept, as is a pod tolerating every NoExecute
+/// taint for ever. None when nothing changes.
+pub fn eviction_tolerations(pod: &Value, seconds: i64) -> Option<Value> {
+    let mut list = pod["spec"]["tolerations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let no_execute = |t: &Value| t["effect"] == "NoExecute" || t["effect"].is_null();
+    let forever = |t: &Value| t["tolerationSeconds"].is_null();
+    if list.iter().any(|t| {
+        t["key"].as_str().unwrap_or_default().is_empty()
+            && t["operator"] == "Exists"
+            && no_execute(t)
+            && forever(t)
+    }) {
+        return None;
+    }
+    let mut changed = false;
+    for key in NODE_FAILURE_TAINTS {
+        let mut found = false;
+        for t in list.iter_mut().filter(|t| t["key"] == key && no_execute(t)) {
+            found = true;
+            if t["tolerationSeconds"] == DEFAULT_TOLERATION_SECONDS
+                && seconds != DEFAULT_TOLERATION_SECONDS
+            {
+                t["tolerationSeconds"] = json!(seconds);
+                changed = true;
+            }
+        }
+        if !found {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}));
+            changed = true;
+        }
+    }
+    changed.then(|| Value::Array(list))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -612,5 +663,46 @@ mod tests {
         let mut other = json!({"spec": {"tolerations": [{"key": MARKS.taint_key, "operator": "Exists", "effect": "NoSchedule"}]}});
         keep_off_virtual_nodes(&mut other, MARKS);
         assert!(other["spec"].get("affinity").is_none());
+    }
+
+    #[test]
+    fn eviction_tolerations_bound_defaulted_and_missing_ones_only() {
+        let defaulted = |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300});
+        let pod = json!({"spec": {"tolerations": [
+            defaulted("node.kubernetes.io/not-ready"),
+            defaulted("node.kubernetes.io/unreachable"),
+        ]}});
+        let got = eviction_tolerations(&pod, 20).unwrap();
+        assert_eq!(got.as_array().unwrap().len(), 2);
+        assert!(
+            got.as_array()
+                .unwrap()
+                .iter()
+                .all(|t| t["tolerationSeconds"] == 20)
+        );
+        // Nothing to do the second time.
+        assert_eq!(
+            eviction_tolerations(&json!({"spec": {"tolerations": got}}), 20),
+            None
+        );
+
+        // The author's own bound (or none) is theirs; the missing one is added.
+        let own = json!({"spec": {"tolerations": [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 3600},
+            {"key": "other", "operator": "Exists"},
+        ]}});
+        let got = eviction_tolerations(&own, 20).unwrap();
+        let got = got.as_array().unwrap();
+        assert_eq!(got[0]["tolerationSeconds"], 3600);
+        assert_eq!(got[1], json!({"key": "other", "operator": "Exists"}));
+        assert_eq!(got[2]["key"], "node.kubernetes.io/unreachable");
+        assert_eq!(got[2]["tolerationSeconds"], 20);
+
+        // No tolerations at all.
+        let got = eviction_tolerations(&json!({"spec": {}}), 0).unwrap();
+        assert_eq!(got.as_array().unwrap().len(), 2);
+        // Tolerating every taint for ever: never evicted, left so.
+        let all = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        assert_eq!(eviction_tolerations(&all, 20), None);
     }
 }

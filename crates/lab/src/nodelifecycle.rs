@@ -21,6 +21,9 @@ use crate::scheduler::tolerates;
 
 /// Taint key of nodes whose kubelet stopped renewing its Lease.
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// Taint key (NoExecute) of nodes that report themselves not Ready (Ready=False) while their
+/// Lease is renewed: a virtual node whose provider does not answer, for instance.
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 /// Taint key (NoSchedule) of nodes whose NetworkUnavailable condition is True
 /// (kube-controller-manager's TaintNodesByCondition).
 pub const TAINT_NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable";
@@ -270,20 +273,15 @@ async fn monitor(client: &kube::Client, view: &mut View, grace: Duration) {
             .get(&name)
             .is_some_and(|(_, seen)| now.duration_since(*seen) > grace);
         let unreachable = is_unreachable(node);
-        if expired != unreachable
-            && let Err(e) = mark_node(client, node, expired).await
+        if expired != unreachable {
+            if let Err(e) = mark_node(client, node, expired).await {
+                tracing::warn!(node = %name, expired, "updating unreachable taints: {e}");
+            }
+        } else if let Some(wanted) = condition_taints(node, expired)
+            && let Err(e) =
+                set_taints(client, node, node.metadata.resource_version.clone(), wanted).await
         {
-            tracing::warn!(node = %name, expired, "updating unreachable taints: {e}");
-        } else if let Some(want) = network_taint_change(node)
-            && let Err(e) = set_taints(
-                client,
-                node,
-                node.metadata.resource_version.clone(),
-                with_network_unavailable(taints(node), want),
-            )
-            .await
-        {
-            tracing::warn!(node = %name, "updating the network-unavailable taint: {e}");
+            tracing::warn!(node = %name, "updating the not-ready and network-unavailable taints: {e}");
         }
         if expired && !view.pods_marked.contains(&name) {
             view.pods_marked.insert(name.clone());
@@ -293,6 +291,41 @@ async fn monitor(client: &kube::Client, view: &mut View, grace: Duration) {
         }
         evict(client, view, &name, now).await;
     }
+}
+
+/// The node's taints as its conditions want them, if that changes them (kube's
+/// TaintNodesByCondition and the NoExecute tainting pass): network-unavailable (NoSchedule)
+/// while NetworkUnavailable is True; not-ready (NoExecute, from which the taint manager counts
+/// the pods' `tolerationSeconds`) while the node reports Ready=False — not once its Lease
+/// expired, when the unreachable taint stands for it instead.
+fn condition_taints(node: &Node, expired: bool) -> Option<Vec<Taint>> {
+    let mut wanted = taints(node).to_vec();
+    let mut changed = false;
+    if let Some(want) = network_taint_change(node) {
+        wanted = with_network_unavailable(&wanted, want);
+        changed = true;
+    }
+    let want = !expired && ready_status(node) == Some("False");
+    let has = taints(node)
+        .iter()
+        .any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute");
+    if want != has {
+        let effects: &[&str] = if want { &["NoExecute"] } else { &[] };
+        wanted = with_taint(&wanted, TAINT_NOT_READY, effects, Timestamp::now());
+        changed = true;
+    }
+    changed.then_some(wanted)
+}
+
+/// The status of the node's Ready condition.
+fn ready_status(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.as_str())
 }
 
 /// Whether the network-unavailable taint must be added (true) or removed (false), if either.
@@ -572,5 +605,48 @@ mod tests {
         set(&mut node, "False");
         assert_eq!(network_taint_change(&node), Some(false));
         assert_eq!(with_network_unavailable(&tainted, false), base);
+    }
+
+    #[test]
+    fn a_node_reporting_not_ready_gets_the_no_execute_taint_until_ready_or_expired() {
+        let node = |ready: &str, taints: Vec<Taint>| Node {
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(taints),
+                ..Default::default()
+            }),
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let base = vec![taint("dedicated", "NoSchedule")];
+        assert_eq!(condition_taints(&node("True", base.clone()), false), None);
+        let tainted = condition_taints(&node("False", base.clone()), false).unwrap();
+        assert_eq!(tainted.len(), 2);
+        assert_eq!(tainted[1].key, TAINT_NOT_READY);
+        assert_eq!(tainted[1].effect, "NoExecute");
+        assert!(
+            tainted[1].time_added.is_some(),
+            "the taint manager counts from it"
+        );
+        assert_eq!(
+            condition_taints(&node("False", tainted.clone()), false),
+            None
+        );
+        assert_eq!(
+            condition_taints(&node("True", tainted.clone()), false),
+            Some(base.clone()),
+            "Ready again"
+        );
+        assert_eq!(
+            condition_taints(&node("False", tainted), true),
+            Some(base),
+            "an expired Lease: the unreachable taint stands for it"
+        );
     }
 }

@@ -65,6 +65,11 @@ pub struct ProviderLink {
     pub gateway_status: Option<String>,
     /// Changes when the identity changes (tasks holding `client` must restart).
     pub identity_version: String,
+    /// How often the virtual node probes the provider, and how long the provider may leave
+    /// probes unanswered before the node turns NotReady: the Peering's `nodeHealth`, else the
+    /// controller's options.
+    pub probe_period: Duration,
+    pub not_ready_after: Duration,
 }
 
 impl std::fmt::Debug for ProviderLink {
@@ -121,6 +126,8 @@ impl Links {
                         && la.node_labels == lb.node_labels
                         && la.network == lb.network
                         && la.gateway_status == lb.gateway_status
+                        && la.probe_period == lb.probe_period
+                        && la.not_ready_after == lb.not_ready_after
                 });
             if !same {
                 *current = links;
@@ -261,7 +268,17 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
                 .and_then(|c| c.parse().ok()),
         })
     });
+    let health = peering.spec.node_health.clone().unwrap_or_default();
+    let probe_period = setting(health.probe_period.as_deref(), ctx.options.heartbeat)
+        // A tick of zero would spin; the API server's schema lets `0s` through.
+        .max(Duration::from_millis(100));
+    let not_ready_after = setting(
+        health.not_ready_after.as_deref(),
+        ctx.options.provider_grace,
+    );
     Ok(Some(ProviderLink {
+        probe_period,
+        not_ready_after,
         virtual_node: status
             .virtual_node
             .clone()
@@ -278,6 +295,14 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
         identity_version: secret.resource_version().unwrap_or_default(),
         provider_id,
     }))
+}
+
+/// A duration setting of a Peering (its schema's pattern, `1m30s`), or `default` when absent
+/// or (written past the schema) unreadable.
+fn setting(value: Option<&str>, default: Duration) -> Duration {
+    value
+        .and_then(|v| humantime::parse_duration(v).ok())
+        .unwrap_or(default)
 }
 
 /// A client from a kubeconfig document (its current context).

@@ -101,13 +101,10 @@ pub async fn run(
     mut link: LinkWatch,
     mut kubelet: tokio::sync::watch::Receiver<Option<std::net::SocketAddr>>,
 ) {
-    let mut tick = tokio::time::interval(ctx.options.heartbeat);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The gateway's report is local and cheap to read: read it more often than the provider
-    // is probed, so that NetworkUnavailable follows a lost tunnel within about a second of
-    // the gateway noticing (its probes time out in 1.5 s).
-    let mut tunnel_tick = tokio::time::interval(TUNNEL_POLL.min(ctx.options.heartbeat));
-    tunnel_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The probe period is the Peering's (`nodeHealth.probePeriod`): the ticks are made again
+    // when it changes.
+    let mut period = link.get().map_or(ctx.options.heartbeat, |l| l.probe_period);
+    let (mut tick, mut tunnel_tick) = ticks(period);
     let started = Instant::now();
     let mut last_answer: Option<Instant> = None;
     let mut last_error = String::from("not probed yet");
@@ -129,6 +126,10 @@ pub async fn run(
         };
         let kubelet_endpoint = *kubelet.borrow_and_update();
         let Some(l) = link.get() else { continue };
+        if l.probe_period != period {
+            period = l.probe_period;
+            (tick, tunnel_tick) = ticks(period);
+        }
         let nodes: Api<Node> = Api::all(ctx.client.clone());
 
         let desired = desired_node(&l);
@@ -155,19 +156,19 @@ pub async fn run(
         }
 
         if full {
-            match probe(&l, probe_timeout(&ctx)).await {
+            match probe(&l, probe_timeout(period)).await {
                 Ok(()) => last_answer = Some(Instant::now()),
                 Err(e) => last_error = crate::error::chain(&e),
             }
         }
         let since = last_answer.unwrap_or(started);
-        let readiness = if last_answer.is_some_and(|t| t.elapsed() < ctx.options.provider_grace) {
+        let readiness = if last_answer.is_some_and(|t| t.elapsed() < l.not_ready_after) {
             Readiness {
                 ready: true,
                 reason: "ProviderReachable".into(),
                 message: format!("provider {} answers", l.provider_id),
             }
-        } else if last_answer.is_none() && started.elapsed() < ctx.options.provider_grace {
+        } else if last_answer.is_none() && started.elapsed() < l.not_ready_after {
             Readiness {
                 ready: false,
                 reason: "ProviderNotProbed".into(),
@@ -203,7 +204,7 @@ pub async fn run(
         let mut report: Option<GatewayReport> = None;
         let network = match gateway {
             Some(Ok(addr)) => {
-                let state = gateway_state(&addr, probe_timeout(&ctx)).await;
+                let state = gateway_state(&addr, probe_timeout(period)).await;
                 report = state.as_ref().ok().cloned();
                 Some(network_health(&l.provider_id, &addr, state))
             }
@@ -456,8 +457,20 @@ pub fn network_health(
     }
 }
 
-fn probe_timeout(ctx: &Ctx) -> Duration {
-    ctx.options.heartbeat.max(Duration::from_secs(2))
+fn probe_timeout(period: Duration) -> Duration {
+    period.max(Duration::from_secs(2))
+}
+
+/// The heartbeat (probe the provider, renew the Lease) every `period`, and the tunnel poll.
+/// The gateway's report is local and cheap to read: it is read more often than the provider
+/// is probed, so that NetworkUnavailable follows a lost tunnel within about a second of the
+/// gateway noticing (its probes time out in 1.5 s).
+fn ticks(period: Duration) -> (tokio::time::Interval, tokio::time::Interval) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tunnel_tick = tokio::time::interval(TUNNEL_POLL.min(period));
+    tunnel_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    (tick, tunnel_tick)
 }
 
 /// The provider answers (any HTTP answer counts, even 403/404: the API server is up).

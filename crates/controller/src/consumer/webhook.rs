@@ -23,7 +23,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tandem_api::{NamespaceOffloading, PodOffloadingStrategy, names};
-use tandem_core::offloading::{PodPlacement, placement_patch, tolerates_virtual_nodes};
+use tandem_core::offloading::{
+    PodPlacement, eviction_tolerations, placement_patch, tolerates_virtual_nodes,
+};
 
 use crate::consumer::daemonset;
 use crate::consumer::offloading::{
@@ -396,7 +398,16 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
             "message": format!("tandem pod placement: NamespaceOffloading {namespace}/{}: {problem}", names::OFFLOADING_NAME),
         }});
     }
-    let pod = request.pod();
+    let mut pod = request.pod();
+    let mut patch = Vec::new();
+    // The namespace's eviction timing first: the placement patch then appends to the
+    // tolerations as they are after it.
+    if let Some(seconds) = evict_after_seconds(&offloading)
+        && let Some(tolerations) = eviction_tolerations(&pod, seconds)
+    {
+        patch.push(json!({"op": "add", "path": "/spec/tolerations", "value": tolerations}));
+        pod["spec"]["tolerations"] = tolerations;
+    }
     let mut strategy = placement(offloading.spec.pod_offloading_strategy);
     if strategy != PodPlacement::Local {
         match local_claims(ctx, namespace, &pod).await {
@@ -421,8 +432,16 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
             }
         }
     }
-    let patch = placement_patch(&pod, strategy, &terms, MARKS);
+    patch.extend(placement_patch(&pod, strategy, &terms, MARKS));
     allowed_with(uid, patch)
+}
+
+/// The offloading's `evictAfter` in whole seconds (rounded up), when set and readable (its
+/// schema's pattern makes it so).
+fn evict_after_seconds(offloading: &NamespaceOffloading) -> Option<i64> {
+    let d = humantime::parse_duration(offloading.spec.evict_after.as_deref()?).ok()?;
+    let seconds = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i64::try_from(seconds).ok()
 }
 
 /// The pod's volumes that live in this cluster: claims not of Tandem's StorageClass (or not
