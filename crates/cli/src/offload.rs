@@ -24,7 +24,7 @@ pub struct OffloadArgs {
 enum OffloadCommand {
     /// Offload a namespace: twin namespaces on the selected providers, pods placed per strategy.
     #[command(
-        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>.\n\nStatefulSets: their pods keep their names on providers, but their stable DNS names\n(<pod>.<service>.<namespace>.svc) resolve there only if the twin namespace has the same name\n(--namespace-mapping-strategy EnforceSameName). With another mapping, offload warns when the\nnamespace has StatefulSets.\n\nVolumes: PersistentVolumeClaims of StorageClass `tandem` are provisioned on the provider\nwhere their first pod is scheduled, and later pods using them are kept there."
+        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n  tandem offload namespace shop --evict-after 30s   replace pods of a lost provider after 30 s\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>.\n\nStatefulSets: their pods keep their names on providers, but their stable DNS names\n(<pod>.<service>.<namespace>.svc) resolve there only if the twin namespace has the same name\n(--namespace-mapping-strategy EnforceSameName). With another mapping, offload warns when the\nnamespace has StatefulSets.\n\nVolumes: PersistentVolumeClaims of StorageClass `tandem` are provisioned on the provider\nwhere their first pod is scheduled, and later pods using them are kept there."
     )]
     Namespace(OffloadNamespace),
 }
@@ -46,6 +46,11 @@ struct OffloadNamespace {
     /// Only providers whose virtual node has these labels: key=value,...
     #[arg(long, value_name = "KEY=VALUE,...")]
     selector: Option<String>,
+    /// How long the namespace's pods stay on a node that failed (its provider lost) before
+    /// they are evicted and replaced elsewhere [default: Kubernetes' 300s]. Set on pods as
+    /// they are created; pods already running keep theirs.
+    #[arg(long, value_name = "DURATION", value_parser = whole_seconds)]
+    evict_after: Option<String>,
     /// How long to wait for the twin namespaces.
     #[arg(long, default_value = "60s", value_parser = duration)]
     timeout: Duration,
@@ -93,6 +98,16 @@ fn selector_terms(selector: &str) -> anyhow::Result<Value> {
     Ok(json!({"nodeSelectorTerms": [{"matchExpressions": expressions}]}))
 }
 
+/// A duration flag as the NamespaceOffloading stores it: whole seconds (`90s`), rounded up;
+/// zero is allowed (evict at once).
+fn whole_seconds(s: &str) -> Result<String, humantime::DurationError> {
+    let d = humantime::parse_duration(s)?;
+    Ok(format!(
+        "{}s",
+        d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    ))
+}
+
 /// Runs `tandem offload …`.
 pub async fn offload(args: OffloadArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     let OffloadCommand::Namespace(a) = args.command;
@@ -114,6 +129,9 @@ pub async fn offload(args: OffloadArgs, global: &GlobalArgs) -> anyhow::Result<(
     }
     if let Some(s) = &a.selector {
         spec["clusterSelector"] = selector_terms(s)?;
+    }
+    if let Some(d) = &a.evict_after {
+        spec["evictAfter"] = json!(d);
     }
     let client = global.cluster.client().await?;
     Api::<Namespace>::all(client.clone())

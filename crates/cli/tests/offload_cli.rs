@@ -67,11 +67,18 @@ async fn offload_and_unoffload_a_namespace() {
             "Remote",
             "--selector",
             "region=eu-west",
+            "--evict-after",
+            "1m30s",
         ],
         &kubeconfig,
     )
     .await;
     assert!(ok, "stdout: {out}\nstderr: {err}");
+    let nso = Api::<tandem_api::NamespaceOffloading>::namespaced(consumer.client.clone(), "shop")
+        .get(tandem_api::names::OFFLOADING_NAME)
+        .await
+        .unwrap();
+    assert_eq!(nso.spec.evict_after.as_deref(), Some("90s"));
     assert!(
         out.contains("offloaded to milan: twin namespace shop-rome"),
         "{out}"
