@@ -237,7 +237,8 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
         .unwrap_err();
     assert!(format!("{err}").contains("spec.evictAfter"), "{err}");
 
-    // Three replicas, all on genoa (the local node cordoned while they are placed).
+    // Three replicas and a StatefulSet's one, all on genoa (the local node cordoned while they
+    // are placed).
     support::cordon_local_nodes(&consumer, true).await;
     Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
         .create(
@@ -246,6 +247,15 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
         )
         .await
         .unwrap();
+    let mut db = support::deployment("db", 1);
+    db["apiVersion"] = json!("apps/v1");
+    db["kind"] = json!("StatefulSet");
+    db["spec"]["serviceName"] = json!("db");
+    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(consumer.client.clone(), "shop")
+        .create(&PostParams::default(), &serde_json::from_value(db).unwrap())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "shop");
     let vn = names::virtual_node_name("genoa");
     let on_vn = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(vn.as_str());
     let ready = |p: &Pod| condition(p, "Ready").as_deref() == Some("True");
@@ -254,6 +264,12 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
         (p.len() == 3 && p.iter().all(|p| ready(p) && on_vn(p))).then_some(())
     })
     .await;
+    until("db-0 Ready on genoa", Duration::from_secs(40), || async {
+        let p = pods.get("db-0").await.ok()?;
+        (ready(&p) && on_vn(&p)).then_some(())
+    })
+    .await;
+    let first_db = pods.get("db-0").await.unwrap().metadata.uid;
     support::cordon_local_nodes(&consumer, false).await;
     let offloaded = list(&consumer.client, "shop").await;
     for p in &offloaded {
@@ -320,6 +336,17 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
             .all(|p| p.metadata.deletion_timestamp.is_some()),
         "evicted, not forgotten"
     );
+    // db-0 too, so its StatefulSet cannot make another db-0 meanwhile.
+    until("db-0 evicted", Duration::from_secs(20), || async {
+        pods.get("db-0")
+            .await
+            .ok()?
+            .metadata
+            .deletion_timestamp
+            .map(drop)
+    })
+    .await;
+    assert_eq!(pods.get("db-0").await.unwrap().metadata.uid, first_db);
 
     gate.open();
     until(
@@ -338,5 +365,24 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
         .await
         .unwrap()
         .items;
-    assert!(shadows.is_empty(), "no orphaned ShadowPod: {shadows:?}");
+    assert!(
+        shadows
+            .iter()
+            .all(|s| s.metadata.name.as_deref() == Some("db-0")),
+        "no orphaned ShadowPod: {shadows:?}"
+    );
+    until("a new db-0 Ready", Duration::from_secs(60), || async {
+        let p = pods.get("db-0").await.ok()?;
+        (ready(&p) && p.metadata.uid != first_db).then_some(())
+    })
+    .await;
+    // The kubelets' record: db-0 ran in genoa, then again, never in two clusters at once.
+    let runs = tandem_lab::runs::of_pod("db-0");
+    assert!(runs.len() >= 2, "{runs:?}");
+    assert_eq!(runs[0].cluster, "genoa");
+    assert!(
+        runs[0].stopped.is_some(),
+        "the first db-0 stopped: {runs:?}"
+    );
+    assert_eq!(tandem_lab::runs::overlaps_across_clusters("db-0"), vec![]);
 }

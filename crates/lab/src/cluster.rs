@@ -127,6 +127,7 @@ pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
                 ("topology.kubernetes.io/zone".to_string(), zone),
             ]);
             HollowNode {
+                cluster: config.name.clone(),
                 pod_cidr: format!(
                     "{}.{}.{}.0/24",
                     base.first().copied().unwrap_or(10),

@@ -53,6 +53,8 @@ const POWER_POLL: Duration = Duration::from_millis(100);
 /// What a hollow node registers as.
 #[derive(Clone, Debug)]
 pub struct HollowNode {
+    /// The lab cluster it belongs to (its name).
+    pub cluster: String,
     /// Node name.
     pub name: String,
     /// The node's pod CIDR (pods get addresses from it).
@@ -504,6 +506,8 @@ pub async fn run(
             continue;
         }
         kubelet.serve(&power).await;
+        // Powered off: the node's containers die with it.
+        crate::runs::node_down(&kubelet.node.cluster, &kubelet.node.name);
     }
 }
 
@@ -704,6 +708,7 @@ impl Kubelet {
         if let Some(network) = &self.network {
             network.stop_pod(uid).await;
         }
+        crate::runs::stopped(uid);
         self.pods.remove(uid);
         self.deleting.remove(uid);
         if let Some(ip) = self.runtimes.remove(uid).and_then(|rt| rt.ip) {
@@ -729,6 +734,7 @@ impl Kubelet {
             if let Some(network) = &self.network {
                 network.stop_pod(&uid).await;
             }
+            crate::runs::stopped(&uid);
             // Hollow containers stop at once: report them terminated, then finish the
             // graceful deletion without waiting for the grace period.
             let terminated = terminated_status(&pod);
@@ -767,6 +773,7 @@ impl Kubelet {
             if let Some(network) = &self.network {
                 network.stop_pod(&uid).await;
             }
+            crate::runs::stopped(&uid);
             if let Some(rt) = self.runtimes.get_mut(&uid)
                 && let Some(ip) = rt.ip.take()
             {
@@ -834,6 +841,7 @@ impl Kubelet {
                 self.container_events(&pod, reason, |c| message.replace("{}", c));
             }
         }
+        crate::runs::started(&self.node.cluster, &self.node.name, &pod);
         self.pods.insert(uid.clone(), pod);
         self.report(&uid).await;
     }
