@@ -394,14 +394,7 @@ async fn import_identity(c: &Cluster, ns: &str, name: &str) -> Option<(String, V
 async fn a_lost_provider_s_endpoints_turn_not_ready_and_come_back() {
     let mut rome = Cluster::start("rome", "eu-central", 1).await;
     let milan = Cluster::start("milan", "eu-south", 1).await;
-    let target = milan
-        .lab
-        .server
-        .url()
-        .trim_start_matches("https://")
-        .parse()
-        .expect("provider address");
-    let gate = tandem_lab::TcpGate::start(target).await.expect("gate");
+    let gate = support::api_gate(&milan).await;
     support::peer_with(
         &rome,
         &milan,

@@ -13,7 +13,6 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use support::{Cluster, offload_remote, offloaded_deployment, peer_with, remote_pod_cidrs, until};
 use tandem_api::{ShadowPod, names};
-use tandem_lab::TcpGate;
 
 fn condition(p: &Pod, type_: &str) -> Option<String> {
     p.status
@@ -57,14 +56,7 @@ fn restarts(p: &Pod) -> i32 {
 async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
     let consumer = Cluster::start("paris", "eu-west", 1).await;
     let provider = Cluster::start("lyon", "eu-west", 2).await;
-    let target = provider
-        .lab
-        .server
-        .url()
-        .trim_start_matches("https://")
-        .parse()
-        .expect("provider address");
-    let gate = TcpGate::start(target).await.expect("gate");
+    let gate = support::api_gate(&provider).await;
     let peering = peer_with(
         &consumer,
         &provider,
@@ -187,14 +179,7 @@ async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
 async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
     let consumer = Cluster::start("nice", "eu-west", 1).await;
     let provider = Cluster::start("genoa", "eu-south", 1).await;
-    let target = provider
-        .lab
-        .server
-        .url()
-        .trim_start_matches("https://")
-        .parse()
-        .expect("provider address");
-    let gate = TcpGate::start(target).await.expect("gate");
+    let gate = support::api_gate(&provider).await;
     peer_with(
         &consumer,
         &provider,

@@ -516,3 +516,16 @@ pub async fn cordon_local_nodes(cluster: &Cluster, on: bool) {
             .expect("cordoning a local node");
     }
 }
+
+/// A gate in front of `cluster`'s API server: a peer given `gate.url()` loses the cluster when
+/// it is closed and finds it again when it is opened.
+pub async fn api_gate(cluster: &Cluster) -> tandem_lab::TcpGate {
+    let target = cluster
+        .lab
+        .server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("API server address");
+    tandem_lab::TcpGate::start(target).await.expect("gate")
+}
