@@ -21,8 +21,9 @@ use crate::scheduler::tolerates;
 
 /// Taint key of nodes whose kubelet stopped renewing its Lease.
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
-/// Taint key (NoExecute) of nodes that report themselves not Ready (Ready=False) while their
-/// Lease is renewed: a virtual node whose provider does not answer, for instance.
+/// Taint key (NoSchedule and NoExecute) of nodes that report themselves not Ready
+/// (Ready=False) while their Lease is renewed: a virtual node whose provider does not answer,
+/// for instance.
 pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 /// Taint key (NoSchedule) of nodes whose NetworkUnavailable condition is True
 /// (kube-controller-manager's TaintNodesByCondition).
@@ -296,8 +297,9 @@ async fn monitor(client: &kube::Client, view: &mut View, grace: Duration) {
 /// The node's taints as its conditions want them, if that changes them (kube's
 /// TaintNodesByCondition and the NoExecute tainting pass): network-unavailable (NoSchedule)
 /// while NetworkUnavailable is True; not-ready (NoExecute, from which the taint manager counts
-/// the pods' `tolerationSeconds`) while the node reports Ready=False — not once its Lease
-/// expired, when the unreachable taint stands for it instead.
+/// the pods' `tolerationSeconds`, with NoSchedule so that no new pod is placed there) while the
+/// node reports Ready=False — not once its Lease expired, when the unreachable taints stand
+/// for it instead.
 fn condition_taints(node: &Node, expired: bool) -> Option<Vec<Taint>> {
     let mut wanted = taints(node).to_vec();
     let mut changed = false;
@@ -310,7 +312,11 @@ fn condition_taints(node: &Node, expired: bool) -> Option<Vec<Taint>> {
         .iter()
         .any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute");
     if want != has {
-        let effects: &[&str] = if want { &["NoExecute"] } else { &[] };
+        let effects: &[&str] = if want {
+            &["NoSchedule", "NoExecute"]
+        } else {
+            &[]
+        };
         wanted = with_taint(&wanted, TAINT_NOT_READY, effects, Timestamp::now());
         changed = true;
     }
@@ -627,11 +633,13 @@ mod tests {
         let base = vec![taint("dedicated", "NoSchedule")];
         assert_eq!(condition_taints(&node("True", base.clone()), false), None);
         let tainted = condition_taints(&node("False", base.clone()), false).unwrap();
-        assert_eq!(tainted.len(), 2);
+        assert_eq!(tainted.len(), 3);
         assert_eq!(tainted[1].key, TAINT_NOT_READY);
-        assert_eq!(tainted[1].effect, "NoExecute");
+        assert_eq!(tainted[1].effect, "NoSchedule");
+        assert_eq!(tainted[2].key, TAINT_NOT_READY);
+        assert_eq!(tainted[2].effect, "NoExecute");
         assert!(
-            tainted[1].time_added.is_some(),
+            tainted[2].time_added.is_some(),
             "the taint manager counts from it"
         );
         assert_eq!(
