@@ -68,6 +68,8 @@ pub struct ProviderStatus {
     pub conditions: BTreeMap<String, String>,
     pub virtual_node: Option<String>,
     pub virtual_node_ready: Option<bool>,
+    /// Whether the virtual node is cordoned (`tandem cordon`, `tandem drain`).
+    pub virtual_node_cordoned: bool,
     /// The reason of the virtual node's NetworkUnavailable condition (TunnelConnected,
     /// TunnelDown, …), when the Peering names its gateway.
     pub tunnel: Option<String>,
@@ -151,6 +153,10 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .collect(),
             virtual_node: vn,
             virtual_node_ready: node.as_ref().map(node_ready),
+            virtual_node_cordoned: node
+                .as_ref()
+                .and_then(|n| n.spec.as_ref()?.unschedulable)
+                .unwrap_or(false),
             tunnel: node.as_ref().and_then(tunnel),
             tunnel_rtt_ms: report.as_ref().and_then(|r| r["rttMs"].as_f64()),
             tunnel_rx_bytes: report.as_ref().and_then(|r| r["rxBytes"].as_u64()),
@@ -322,10 +328,13 @@ fn table(s: &Status) -> String {
                 p.cluster_id.clone(),
                 p.phase.clone(),
                 p.virtual_node.clone().unwrap_or_else(|| "-".into()),
-                match p.virtual_node_ready {
-                    Some(true) => "True",
-                    Some(false) => "False",
-                    None => "-",
+                // As `kubectl get nodes` shows a cordoned node.
+                match (p.virtual_node_ready, p.virtual_node_cordoned) {
+                    (Some(true), false) => "True",
+                    (Some(true), true) => "True,SchedulingDisabled",
+                    (Some(false), false) => "False",
+                    (Some(false), true) => "False,SchedulingDisabled",
+                    (None, _) => "-",
                 }
                 .to_string(),
                 p.tunnel.clone().unwrap_or_else(|| "-".into()),

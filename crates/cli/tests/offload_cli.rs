@@ -443,6 +443,8 @@ async fn drain_moves_pods_off_a_provider_within_their_budget_and_uncordon_lets_t
         "the budget kept 2 of 3 Ready throughout; at one point {fewest} were"
     );
 
+    let (ok, out, _) = tandem(&["status"], &kubeconfig).await;
+    assert!(ok && out.contains("True,SchedulingDisabled"), "{out}");
     // Cordoned: a pod that may only run on milan waits.
     let node = nodes.get("tandem-milan").await.unwrap();
     assert_eq!(node.spec.unwrap().unschedulable, Some(true));
