@@ -138,8 +138,10 @@ struct View {
     /// Node → uid → pod.
     pods: HashMap<String, HashMap<String, Pod>>,
     pod_node: HashMap<String, String>,
-    /// Nodes with NoExecute taints, and when this controller first saw them so.
-    tainted_since: HashMap<String, Instant>,
+    /// Pods (by UID) whose node's NoExecute taints they tolerate only for a while, and since
+    /// when: the taint manager's scheduled evictions, which count from when the pod first
+    /// became due for one (a virtual node's own taint, tolerated for ever, schedules nothing).
+    due_since: HashMap<String, Instant>,
     /// Nodes whose pods were already marked unready for the current outage.
     pods_marked: HashSet<String>,
     /// Pods already deleted by eviction.
@@ -154,13 +156,6 @@ impl View {
                 self.renewals
                     .entry(name.clone())
                     .or_insert_with(|| (None, Instant::now()));
-                if taints(&node).iter().any(|t| t.effect == "NoExecute") {
-                    self.tainted_since
-                        .entry(name.clone())
-                        .or_insert_with(Instant::now);
-                } else {
-                    self.tainted_since.remove(&name);
-                }
                 if !is_unreachable(&node) {
                     self.pods_marked.remove(&name);
                 }
@@ -170,7 +165,6 @@ impl View {
                 let name = node.metadata.name.unwrap_or_default();
                 self.nodes.remove(&name);
                 self.renewals.remove(&name);
-                self.tainted_since.remove(&name);
             }
             Event::Init | Event::InitDone => {}
         }
@@ -220,6 +214,7 @@ impl View {
                 let uid = pod.metadata.uid.unwrap_or_default();
                 self.remove_pod(&uid);
                 self.evicted.remove(&uid);
+                self.due_since.remove(&uid);
             }
             Event::Init | Event::InitDone => {}
         }
@@ -430,12 +425,21 @@ async fn mark_pod_unready(client: &kube::Client, pod: &Pod) {
     }
 }
 
-async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant) {
-    let (Some(since), Some(n)) = (view.tainted_since.get(node), view.nodes.get(node)) else {
-        return;
+/// The pods of `node` whose eviction is due at `now`: not tolerating its NoExecute taints, or
+/// tolerating them for less time than they have been due for one.
+fn due_pods(view: &mut View, node: &str, now: Instant) -> Vec<(String, Pod)> {
+    let mut due = Vec::new();
+    let Some(n) = view.nodes.get(node) else {
+        return due;
     };
     let taints = taints(n);
-    let mut due = Vec::new();
+    if !taints.iter().any(|t| t.effect == "NoExecute") {
+        // Nothing to evict for: forget what was due (the node recovered).
+        for uid in view.pods.get(node).into_iter().flat_map(|p| p.keys()) {
+            view.due_since.remove(uid);
+        }
+        return due;
+    }
     for (uid, pod) in view.pods.get(node).into_iter().flatten() {
         if pod.metadata.deletion_timestamp.is_some() || view.evicted.contains(uid) {
             continue;
@@ -446,15 +450,25 @@ async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant)
             .and_then(|s| s.tolerations.as_deref())
             .unwrap_or(&[]);
         let go = match eviction(taints, tols) {
-            Eviction::Never => false,
+            Eviction::Never => {
+                view.due_since.remove(uid);
+                false
+            }
             Eviction::Now => true,
-            Eviction::After(d) => now.duration_since(*since) >= d,
+            Eviction::After(d) => {
+                let since = *view.due_since.entry(uid.clone()).or_insert(now);
+                now.duration_since(since) >= d
+            }
         };
         if go {
             due.push((uid.clone(), pod.clone()));
         }
     }
-    for (uid, pod) in due {
+    due
+}
+
+async fn evict(client: &kube::Client, view: &mut View, node: &str, now: Instant) {
+    for (uid, pod) in due_pods(view, node, now) {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         match Api::<Pod>::namespaced(client.clone(), &ns)
@@ -655,6 +669,70 @@ mod tests {
             condition_taints(&node("False", tainted), true),
             Some(base),
             "an expired Lease: the unreachable taint stands for it"
+        );
+    }
+
+    #[test]
+    fn a_bounded_toleration_counts_from_when_the_pod_became_due_not_from_the_first_taint() {
+        let mut view = View::default();
+        let mut node = Node::default();
+        node.metadata.name = Some("vn".into());
+        let set_taints = |node: &mut Node, taints: Vec<Taint>| {
+            node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(taints),
+                ..Default::default()
+            });
+        };
+        // A virtual node's own NoExecute taint, which its pods tolerate for ever.
+        set_taints(&mut node, vec![taint("virtual", "NoExecute")]);
+        view.on_node(Event::Apply(node.clone()));
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.uid = Some("u".into());
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("vn".into()),
+            tolerations: Some(vec![
+                tol("virtual", Some("NoExecute"), None),
+                tol(TAINT_NOT_READY, Some("NoExecute"), Some(10)),
+            ]),
+            ..Default::default()
+        });
+        view.on_pod(Event::Apply(pod));
+        let t0 = Instant::now();
+        assert!(due_pods(&mut view, "vn", t0).is_empty());
+        // Long after, the node turns NotReady: ten seconds from then, not at once.
+        let t1 = t0 + Duration::from_secs(1000);
+        set_taints(
+            &mut node,
+            vec![
+                taint("virtual", "NoExecute"),
+                taint(TAINT_NOT_READY, "NoExecute"),
+            ],
+        );
+        view.on_node(Event::Apply(node.clone()));
+        assert!(due_pods(&mut view, "vn", t1).is_empty());
+        assert!(due_pods(&mut view, "vn", t1 + Duration::from_secs(9)).is_empty());
+        assert_eq!(
+            due_pods(&mut view, "vn", t1 + Duration::from_secs(10)).len(),
+            1
+        );
+        // Ready again before the time: the count starts over next time.
+        set_taints(&mut node, vec![taint("virtual", "NoExecute")]);
+        view.on_node(Event::Apply(node.clone()));
+        assert!(due_pods(&mut view, "vn", t1 + Duration::from_secs(11)).is_empty());
+        set_taints(
+            &mut node,
+            vec![
+                taint("virtual", "NoExecute"),
+                taint(TAINT_NOT_READY, "NoExecute"),
+            ],
+        );
+        view.on_node(Event::Apply(node));
+        let t2 = t1 + Duration::from_secs(20);
+        assert!(due_pods(&mut view, "vn", t2).is_empty());
+        assert_eq!(
+            due_pods(&mut view, "vn", t2 + Duration::from_secs(10)).len(),
+            1
         );
     }
 }
