@@ -14,16 +14,15 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_lab::{LabCluster, LabConfig, TcpGate};
+use tandem_lab::TcpGate;
 
-use tandem_benches::{Controller, tandem, tandem_bin};
+use tandem_benches::{sites, tandem};
 
 const VIRTUAL_NODE: &str = "tandem-milan";
 const REPLICAS: usize = 30;
@@ -186,43 +185,14 @@ async fn failover(
 
 async fn run() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut sites = Vec::new();
-    for (name, region, nodes) in [("milan", "eu-south", 1), ("rome", "eu-central", 2)] {
-        let cluster = LabCluster::start(LabConfig {
-            name: name.into(),
-            nodes,
-            region: region.into(),
-            ..Default::default()
-        })
-        .await?;
-        let path = dir.path().join(format!("{name}.kubeconfig"));
-        std::fs::write(&path, cluster.server.admin_kubeconfig()?)?;
-        sites.push((cluster, path.display().to_string()));
-    }
-    let (milan, mk) = (&sites[0].0, sites[0].1.clone());
-    let (rome, rk) = (&sites[1].0, sites[1].1.clone());
-    for (kc, id) in [(&mk, "milan"), (&rk, "rome")] {
-        tandem(&[
-            "install",
-            "--kubeconfig",
-            kc,
-            "--cluster-id",
-            id,
-            "--pod-cidr",
-            "10.244.0.0/16",
-        ])?;
-    }
-    // The controllers with their default timings (what is measured).
-    let _controllers: Vec<Controller> = [&mk, &rk]
-        .iter()
-        .map(|kc| {
-            Command::new(tandem_bin())
-                .args(["controller", "--kubeconfig", kc])
-                .stderr(Stdio::null())
-                .spawn()
-                .map(Controller)
-        })
-        .collect::<Result<_, _>>()?;
+    // The controllers run with their default timings (what is measured).
+    let sites = sites(
+        dir.path(),
+        &[("milan", "eu-south", 1), ("rome", "eu-central", 2)],
+    )
+    .await?;
+    let (milan, mk) = (&sites[0].cluster, sites[0].kubeconfig.clone());
+    let (rome, rk) = (&sites[1].cluster, sites[1].kubeconfig.clone());
     // rome reaches milan through the gate.
     let gate = TcpGate::start(milan.server.url().trim_start_matches("https://").parse()?).await?;
     let invite = tandem(&["invite", "--kubeconfig", &mk, "--endpoint", &gate.url()])?;

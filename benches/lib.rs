@@ -50,3 +50,54 @@ impl Drop for Controller {
         let _ = self.0.wait();
     }
 }
+
+/// A lab cluster of a benchmark, with Tandem installed and its controller running.
+pub struct Site {
+    pub cluster: tandem_lab::LabCluster,
+    /// Its admin kubeconfig (a file in the benchmark's directory).
+    pub kubeconfig: String,
+    /// `tandem controller` against it, with the default timings.
+    pub controller: Controller,
+}
+
+/// Starts a hollow lab cluster per `(name, region, nodes)` in this process, writes its admin
+/// kubeconfig into `dir`, installs Tandem with cluster ID `name` (pod CIDR 10.244.0.0/16) and
+/// starts its controller as a `tandem controller` process.
+pub async fn sites(
+    dir: &std::path::Path,
+    specs: &[(&str, &str, usize)],
+) -> anyhow::Result<Vec<Site>> {
+    let mut sites = Vec::new();
+    for &(name, region, nodes) in specs {
+        let cluster = tandem_lab::LabCluster::start(tandem_lab::LabConfig {
+            name: name.into(),
+            nodes,
+            region: region.into(),
+            ..Default::default()
+        })
+        .await?;
+        let path = dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, cluster.server.admin_kubeconfig()?)?;
+        let kubeconfig = path.display().to_string();
+        tandem(&[
+            "install",
+            "--kubeconfig",
+            &kubeconfig,
+            "--cluster-id",
+            name,
+            "--pod-cidr",
+            "10.244.0.0/16",
+        ])?;
+        let controller = std::process::Command::new(tandem_bin())
+            .args(["controller", "--kubeconfig", &kubeconfig])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map(Controller)?;
+        sites.push(Site {
+            cluster,
+            kubeconfig,
+            controller,
+        });
+    }
+    Ok(sites)
+}

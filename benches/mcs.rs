@@ -12,14 +12,12 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use tandem_lab::{LabCluster, LabConfig};
 
-use tandem_benches::{Controller, tandem, tandem_bin};
+use tandem_benches::{sites, tandem};
 
 async fn create(
     client: &kube::Client,
@@ -143,43 +141,14 @@ fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut sites = Vec::new();
-    for (name, region) in [("milan", "eu-south"), ("rome", "eu-central")] {
-        let cluster = LabCluster::start(LabConfig {
-            name: name.into(),
-            // Room for every round's pods (5 × (1 + 10 + 100) + 100, at 110 per node).
-            nodes: 8,
-            region: region.into(),
-            ..Default::default()
-        })
-        .await?;
-        let path = dir.path().join(format!("{name}.kubeconfig"));
-        std::fs::write(&path, cluster.server.admin_kubeconfig()?)?;
-        sites.push((cluster, path.display().to_string()));
-    }
-    let (milan, mk) = (&sites[0].0, sites[0].1.clone());
-    let (rome, rk) = (&sites[1].0, sites[1].1.clone());
-    for (kc, id) in [(&mk, "milan"), (&rk, "rome")] {
-        tandem(&[
-            "install",
-            "--kubeconfig",
-            kc,
-            "--cluster-id",
-            id,
-            "--pod-cidr",
-            "10.244.0.0/16",
-        ])?;
-    }
-    let _controllers: Vec<Controller> = [&mk, &rk]
-        .iter()
-        .map(|kc| {
-            Command::new(tandem_bin())
-                .args(["controller", "--kubeconfig", kc])
-                .stderr(Stdio::null())
-                .spawn()
-                .map(Controller)
-        })
-        .collect::<Result<_, _>>()?;
+    // Room in milan for every round's pods (5 × (1 + 10 + 100) + 100, at 110 per node).
+    let sites = sites(
+        dir.path(),
+        &[("milan", "eu-south", 8), ("rome", "eu-central", 8)],
+    )
+    .await?;
+    let (milan, mk) = (&sites[0].cluster, sites[0].kubeconfig.clone());
+    let (rome, rk) = (&sites[1].cluster, sites[1].kubeconfig.clone());
     let invite = tandem(&["invite", "--kubeconfig", &mk])?;
     tandem(&["peer", &invite, "--kubeconfig", &rk])?;
     let ns = "mcs-bench";
