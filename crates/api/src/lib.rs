@@ -22,11 +22,11 @@ pub use mcs::{
 };
 pub use offloading::{
     NamespaceMappingStrategy, NamespaceOffloading, NamespaceOffloadingSpec,
-    NamespaceOffloadingStatus, PodOffloadingStrategy, RemoteNamespaceStatus,
+    NamespaceOffloadingStatus, PartitionPolicy, PodOffloadingStrategy, RemoteNamespaceStatus,
 };
 pub use peering::{NodeHealth, Peering, PeeringSpec, PeeringStatus};
 pub use provider::{
-    NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
+    FenceStatus, NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
     PeeringRequestSpec, PeeringRequestStatus, PodAccess, RemoteNamespace, RemoteNamespaceSpec,
     RemoteNamespaceStatusFields, Tenant, TenantSpec, TenantStatus,
 };

@@ -45,6 +45,14 @@ pub const INVITE_GROUP_PREFIX: &str = "system:bootstrappers:tandem:invite-";
 pub const PEERS_GROUP: &str = "tandem:peers";
 /// Finalizer of every Tandem reconciler that must undo state before deletion.
 pub const FINALIZER: &str = "tandem.dev/finalizer";
+/// On a pod of a namespace offloaded with `partitionPolicy: Fence` (set at admission), and as a
+/// label on its ShadowPod: the pod's `fenceAfter` duration (`10s`), which both sides of a
+/// partition read.
+pub const FENCE_AFTER: &str = "tandem.dev/fence-after";
+/// The Lease, in the consumer's tenant namespace on a provider, through which the consumer
+/// hands back the provider's latest fence nonce (in the annotation below).
+pub const FENCE_LEASE: &str = "tandem-fence";
+pub const FENCE_NONCE_ANNOTATION: &str = "tandem.dev/fence-nonce";
 /// Annotation of a virtual node: its gateway's last report of the tunnel, JSON
 /// (`{"state", "rttMs", "rxBytes", "txBytes"}`), refreshed with the node's status.
 pub const TUNNEL_ANNOTATION: &str = "tandem.dev/tunnel";

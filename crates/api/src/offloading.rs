@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
     shortname = "nso",
     printcolumn = r#"{"name":"Pods","type":"string","jsonPath":".spec.podOffloadingStrategy"}"#,
     printcolumn = r#"{"name":"Mapping","type":"string","jsonPath":".spec.namespaceMappingStrategy"}"#,
+    printcolumn = r#"{"name":"Partition","type":"string","jsonPath":".spec.partitionPolicy"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -46,6 +47,40 @@ pub struct NamespaceOffloadingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::duration)]
     pub evict_after: Option<String>,
+    /// What happens to the namespace's pods on a provider this cluster loses: `Keep` (they run
+    /// on there, and the provider keeps them alive) or `Fence` (the provider stops them once
+    /// this cluster has not renewed its fence lease for `fenceAfter`, and this cluster, knowing
+    /// that bound, then deletes them here so that their controllers replace them elsewhere:
+    /// never two copies at once). Set on pods as they are created.
+    #[serde(default)]
+    pub partition_policy: PartitionPolicy,
+    /// With `Fence`: how long the provider keeps the pods running without word from this
+    /// cluster. This cluster replaces them about `fenceAfter` + 1 % + 5 s after it last heard
+    /// from the provider. A duration: `10s`, `1m`; default 30s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::duration)]
+    pub fence_after: Option<String>,
+}
+
+/// `fenceAfter` when a `Fence` offloading does not say.
+pub const DEFAULT_FENCE_AFTER: &str = "30s";
+
+/// What a partition does to the pods of an offloaded namespace running on the lost provider.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum PartitionPolicy {
+    /// They keep running there; their replacements here may run at the same time.
+    #[default]
+    Keep,
+    /// They are stopped there after `fenceAfter`, and only then replaced.
+    Fence,
+}
+
+impl NamespaceOffloadingSpec {
+    /// The `fenceAfter` of a `Fence` offloading (None with `Keep`).
+    pub fn fence_after(&self) -> Option<&str> {
+        (self.partition_policy == PartitionPolicy::Fence)
+            .then(|| self.fence_after.as_deref().unwrap_or(DEFAULT_FENCE_AFTER))
+    }
 }
 
 /// Naming of twin namespaces.
