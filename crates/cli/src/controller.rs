@@ -31,6 +31,12 @@ pub struct Args {
     /// Peering's `spec.nodeHealth.notReadyAfter` overrides it for its provider.
     #[arg(long, default_value_t = 6)]
     provider_grace_seconds: u64,
+    /// Fencing (`partitionPolicy: Fence`): how long a provider may take to stop a pod once its
+    /// fence deadline passed (seconds). A lost provider's fenced pods are replaced here
+    /// fenceAfter + 1 % + this after it was last heard from: raise it if your providers'
+    /// kubelets are slow to kill containers.
+    #[arg(long, default_value_t = 5)]
+    fence_margin_seconds: u64,
     /// The address virtual kubelets serve `kubectl logs`/`exec` on (one port per virtual node)
     /// and publish as their node's InternalIP; it must be reachable from the API server
     /// [default: this host's address on the route to the API server — the pod IP in a cluster].
@@ -110,6 +116,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         provider_grace: Duration::from_secs(args.provider_grace_seconds),
         kubelet_address,
         dns_addr: args.dns_addr,
+        fence_margin: Duration::from_secs(args.fence_margin_seconds),
     };
     let controller = Controller::start(client, options)
         .await

@@ -51,6 +51,17 @@ struct OffloadNamespace {
     /// they are created; pods already running keep theirs.
     #[arg(long, value_name = "DURATION", value_parser = whole_seconds)]
     evict_after: Option<String>,
+    /// What happens to the namespace's pods on a provider this cluster loses. Keep: they run
+    /// on there (their replacements here may run at the same time). Fence: the provider
+    /// stops them once it has not heard from this cluster for --fence-after, and only then
+    /// are they replaced here — never two copies of a pod at once (StatefulSets, singletons).
+    /// Set on pods as they are created [default: Keep].
+    #[arg(long, value_name = "POLICY", value_parser = ["Keep", "Fence"])]
+    partition_policy: Option<String>,
+    /// With --partition-policy Fence: how long the provider keeps the pods running without
+    /// word from this cluster [default: 30s]. Their replacements start about 1 % + 5 s later.
+    #[arg(long, value_name = "DURATION", value_parser = whole_seconds)]
+    fence_after: Option<String>,
     /// How long to wait for the twin namespaces.
     #[arg(long, default_value = "60s", value_parser = duration)]
     timeout: Duration,
@@ -102,10 +113,7 @@ fn selector_terms(selector: &str) -> anyhow::Result<Value> {
 /// zero is allowed (evict at once).
 fn whole_seconds(s: &str) -> Result<String, humantime::DurationError> {
     let d = humantime::parse_duration(s)?;
-    Ok(format!(
-        "{}s",
-        d.as_secs() + u64::from(d.subsec_nanos() > 0)
-    ))
+    Ok(format!("{}s", tandem_core::fence::whole_seconds(d)))
 }
 
 /// Runs `tandem offload …`.
@@ -132,6 +140,15 @@ pub async fn offload(args: OffloadArgs, global: &GlobalArgs) -> anyhow::Result<(
     }
     if let Some(d) = &a.evict_after {
         spec["evictAfter"] = json!(d);
+    }
+    if a.fence_after.is_some() && a.partition_policy.as_deref() != Some("Fence") {
+        bail!("--fence-after needs --partition-policy Fence");
+    }
+    if let Some(p) = &a.partition_policy {
+        spec["partitionPolicy"] = json!(p);
+    }
+    if let Some(d) = &a.fence_after {
+        spec["fenceAfter"] = json!(d);
     }
     let client = global.cluster.client().await?;
     Api::<Namespace>::all(client.clone())

@@ -26,6 +26,9 @@ pub struct Options {
     pub kubelet_address: std::net::IpAddr,
     /// Where to serve `clusterset.local` (UDP and TCP), if anywhere.
     pub dns_addr: Option<std::net::SocketAddr>,
+    /// Fencing: how long a provider may take, once a pod's fence deadline passed, to notice
+    /// and stop the pod; the consumer adds it to `fenceAfter` before it replaces the pod.
+    pub fence_margin: Duration,
 }
 
 impl Default for Options {
@@ -37,6 +40,7 @@ impl Default for Options {
             provider_grace: Duration::from_secs(6),
             kubelet_address: std::net::Ipv4Addr::LOCALHOST.into(),
             dns_addr: None,
+            fence_margin: Duration::from_secs(5),
         }
     }
 }

@@ -97,6 +97,17 @@ pub fn peer_tenant_role() -> ClusterRole {
                     "get", "list", "watch", "create", "update", "patch", "delete",
                 ],
             ),
+            // Fencing: it hands back the provider's nonce in its fence Lease. RBAC cannot
+            // bind `create` to a name; every other verb is bound to that one Lease.
+            rule("coordination.k8s.io", &["leases"], &["create"]),
+            named(
+                rule(
+                    "coordination.k8s.io",
+                    &["leases"],
+                    &["get", "update", "patch"],
+                ),
+                names::FENCE_LEASE,
+            ),
             // Multi-cluster services: its records of its exports, and reading ours.
             rule(
                 tandem_api::GROUP,
@@ -285,6 +296,8 @@ pub fn controller_role() -> ClusterRole {
             ),
             // Provider events reflected onto the consumer's pods.
             rule("", &["events"], &["create", "patch"]),
+            // The fence Leases consumers renew in their tenant namespaces (provider).
+            rule("coordination.k8s.io", &["leases"], WATCH),
             // Tenant and twin namespaces; the offloading label on offloaded ones.
             rule(
                 "",
@@ -583,6 +596,91 @@ mod tests {
             );
             assert!(!may(&index, &peer, "get", elsewhere, "log"), "{elsewhere}");
         }
+    }
+
+    /// A consumer renews its fence lease and nothing else: not another Lease (a node's, in its
+    /// tenant namespace or in kube-node-lease), not the Tenant status holding the nonce.
+    #[test]
+    fn peer_hands_back_its_fence_nonce_only_through_its_fence_lease() {
+        let tenant_ns = names::tenant_namespace("rome");
+        let mut index = provider(&[]);
+        index.apply(
+            "RoleBinding",
+            &binding(
+                "RoleBinding",
+                &tenant_ns,
+                PEER_TENANT_ROLE,
+                PEER_TENANT_ROLE,
+                json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                       "name": names::peer_user("rome")}),
+            ),
+        );
+        let can = |verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str| {
+            let attrs = Attributes {
+                verb,
+                namespace: ns,
+                api_group: group,
+                resource,
+                subresource: sub,
+                name,
+                resource_request: true,
+                ..Default::default()
+            };
+            index.authorize(&peer(), &attrs).is_allowed()
+        };
+        let lease = "coordination.k8s.io";
+        assert!(can(
+            "patch",
+            lease,
+            "leases",
+            "",
+            &tenant_ns,
+            names::FENCE_LEASE
+        ));
+        assert!(can(
+            "get",
+            lease,
+            "leases",
+            "",
+            &tenant_ns,
+            names::FENCE_LEASE
+        ));
+        assert!(can("create", lease, "leases", "", &tenant_ns, ""));
+        assert!(!can("patch", lease, "leases", "", &tenant_ns, "other"));
+        assert!(!can(
+            "delete",
+            lease,
+            "leases",
+            "",
+            &tenant_ns,
+            names::FENCE_LEASE
+        ));
+        assert!(!can("list", lease, "leases", "", &tenant_ns, ""));
+        assert!(!can(
+            "patch",
+            lease,
+            "leases",
+            "",
+            LEASE_NAMESPACE,
+            names::FENCE_LEASE
+        ));
+        assert!(!can("create", lease, "leases", "", LEASE_NAMESPACE, ""));
+        assert!(!can(
+            "patch",
+            tandem_api::GROUP,
+            "tenants",
+            "status",
+            &tenant_ns,
+            "rome"
+        ));
+        assert!(can(
+            "get",
+            tandem_api::GROUP,
+            "tenants",
+            "",
+            &tenant_ns,
+            "rome"
+        ));
     }
 
     #[test]

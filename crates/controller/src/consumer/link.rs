@@ -365,7 +365,7 @@ pub async fn supervise(ctx: Ctx, links: Links) {
             if running.contains_key(id) {
                 continue;
             }
-            tracing::info!(provider = %id, "starting virtual node, virtual kubelet and reflection");
+            tracing::info!(provider = %id, "starting virtual node, virtual kubelet, fence and reflection");
             let (_, kubelet_endpoint) = kubelets.entry(id.clone()).or_insert_with(|| {
                 let (endpoint, published) = watch::channel(None);
                 let mut task = JoinSet::new();
@@ -383,6 +383,7 @@ pub async fn supervise(ctx: Ctx, links: Links) {
                 kubelet_endpoint.clone(),
             ));
             tasks.spawn(crate::consumer::vk::run(ctx.clone(), links.watch(id)));
+            tasks.spawn(crate::consumer::fence::run(ctx.clone(), links.watch(id)));
             tasks.spawn(crate::consumer::reflection::run(
                 ctx.clone(),
                 links.watch(id),

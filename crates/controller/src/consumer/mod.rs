@@ -5,6 +5,7 @@ use tokio::task::JoinSet;
 use crate::context::Ctx;
 
 pub mod daemonset;
+pub mod fence;
 pub mod kubelet_api;
 pub mod kubelet_metrics;
 pub mod link;

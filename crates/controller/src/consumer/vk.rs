@@ -98,6 +98,8 @@ struct RemoteShadow {
     origin_uid: String,
     deleting: bool,
     rejected: Option<String>,
+    /// The provider fenced it (its real pod is stopped and will not be restarted).
+    fenced: bool,
 }
 
 /// A real pod on the provider.
@@ -148,6 +150,8 @@ fn remote_shadow(sp: &ShadowPodRef) -> RemoteShadow {
         rejected: st
             .filter(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_REJECTED))
             .map(|s| s.message.clone().unwrap_or_default()),
+        fenced: st
+            .is_some_and(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_FENCED)),
     }
 }
 
@@ -511,6 +515,16 @@ impl State {
                         });
                     }
                 }
+                (Some(_), Some(s)) if s.fenced => {
+                    // Stopped by the provider's fence, for good: the owner replaces the pod.
+                    if !recently {
+                        local.requested = Some(now);
+                        actions.push(Action::DeleteLocal {
+                            key: key.clone(),
+                            uid: local.uid.clone(),
+                        });
+                    }
+                }
                 (Some(_), Some(s)) => {
                     local.requested = None;
                     if let Some(p) = own_real {
@@ -603,12 +617,15 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
                 tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "translating to a shadow pod: {e}");
                 return Outcome::Failed(key);
             }
+            let mut labels = json!({names::MANAGED_BY_LABEL: names::MANAGED_BY});
+            // The pod's fence bound, where the provider's fence selects it.
+            if let Some(fence_after) = spec["annotations"][names::FENCE_AFTER].as_str() {
+                labels[names::FENCE_AFTER] = json!(fence_after);
+            }
             let sp = NewShadowPod {
                 api_version: "tandem.dev/v1alpha1",
                 kind: "ShadowPod",
-                metadata: json!({"name": key.1, "namespace": twin, "labels": {
-                    names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                }}),
+                metadata: json!({"name": key.1, "namespace": twin, "labels": labels}),
                 spec: spec.as_ref(),
             };
             match create_unread::<ShadowPod>(&remote, &twin, &sp).await {
@@ -1034,6 +1051,7 @@ mod tests {
             origin_uid: origin_uid.into(),
             deleting: false,
             rejected: None,
+            fenced: false,
         }
     }
 
@@ -1210,6 +1228,26 @@ mod tests {
                     );
                 },
                 &["status OffloadingRejected"],
+            ),
+            (
+                "a pod the provider fenced is deleted, for its owner to replace it",
+                |s, _, _| {
+                    s.local.insert(
+                        key(),
+                        LocalPod {
+                            started: true,
+                            ..local("u1")
+                        },
+                    );
+                    s.shadows.insert(
+                        rkey(),
+                        RemoteShadow {
+                            fenced: true,
+                            ..shadow("u1")
+                        },
+                    );
+                },
+                &["delete-local"],
             ),
             (
                 "an unreachable provider marks offloaded pods not ready",

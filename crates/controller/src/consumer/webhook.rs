@@ -408,6 +408,18 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
         patch.push(json!({"op": "add", "path": "/spec/tolerations", "value": tolerations}));
         pod["spec"]["tolerations"] = tolerations;
     }
+    // Fencing: the pod carries its bound, which the virtual kubelet passes on to the provider
+    // (as a label of its ShadowPod) and the consumer's fence reads back.
+    if let Some(fence_after) = offloading.spec.fence_after() {
+        patch.push(if pod["metadata"]["annotations"].is_object() {
+            json!({"op": "add",
+                "path": format!("/metadata/annotations/{}", names::FENCE_AFTER.replace('/', "~1")),
+                "value": fence_after})
+        } else {
+            json!({"op": "add", "path": "/metadata/annotations",
+                "value": {names::FENCE_AFTER: fence_after}})
+        });
+    }
     let mut strategy = placement(offloading.spec.pod_offloading_strategy);
     if strategy != PodPlacement::Local {
         match local_claims(ctx, namespace, &pod).await {
@@ -439,9 +451,8 @@ async fn admit(ctx: &Ctx, cache: &Store<NamespaceOffloading>, request: &ReviewRe
 /// The offloading's `evictAfter` in whole seconds (rounded up), when set and readable (its
 /// schema's pattern makes it so).
 fn evict_after_seconds(offloading: &NamespaceOffloading) -> Option<i64> {
-    let d = humantime::parse_duration(offloading.spec.evict_after.as_deref()?).ok()?;
-    let seconds = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    i64::try_from(seconds).ok()
+    let d = tandem_core::fence::parse(offloading.spec.evict_after.as_deref()?)?;
+    i64::try_from(tandem_core::fence::whole_seconds(d)).ok()
 }
 
 /// The pod's volumes that live in this cluster: claims not of Tandem's StorageClass (or not

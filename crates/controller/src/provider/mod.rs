@@ -4,6 +4,7 @@ use tokio::task::JoinSet;
 
 use crate::context::Ctx;
 
+pub mod fence;
 pub mod network;
 pub mod peering_request;
 pub mod remote_namespace;
@@ -17,4 +18,5 @@ pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(network::run(ctx.clone()));
     tasks.spawn(remote_namespace::run(ctx.clone()));
     tasks.spawn(shadowpod::run(ctx.clone()));
+    tasks.spawn(fence::run(ctx.clone()));
 }

@@ -29,6 +29,9 @@ use crate::runtime::{create_unread, watch_events};
 pub const PHASE_CREATED: &str = "Created";
 /// Phase of a ShadowPod the provider refuses (quota or policy).
 pub const PHASE_REJECTED: &str = "Rejected";
+/// Phase of a ShadowPod whose real pod the provider's fence stopped (see `provider::fence`):
+/// it is never run again; the consumer replaces its pod and deletes it.
+pub const PHASE_FENCED: &str = "Fenced";
 
 /// Writes in flight at once.
 const PARALLEL_WRITES: usize = 32;
@@ -320,6 +323,20 @@ impl State {
                         && s.message.as_deref().unwrap_or("") == message
                 })
             };
+            if sp.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(PHASE_FENCED) {
+                // Fenced: never (re)started; a real pod still there goes at once.
+                if self
+                    .pods
+                    .get(&key)
+                    .is_some_and(|p| p.owner_uid.as_deref() == Some(uid.as_str()))
+                {
+                    actions.push(Action::DeletePod {
+                        key: key.clone(),
+                        grace: Some(0),
+                    });
+                }
+                continue;
+            }
             let mut set_status = |phase: &str, message: String| {
                 if !status_is(phase, &message) {
                     actions.push(Action::Status {
@@ -339,7 +356,10 @@ impl State {
                     }
                 } else if pod.owner_uid.is_some() {
                     // The pod of an earlier shadow pod of the same name: make way.
-                    actions.push(Action::DeletePod { key: key.clone() });
+                    actions.push(Action::DeletePod {
+                        key: key.clone(),
+                        grace: None,
+                    });
                 } else {
                     set_status(
                         PHASE_REJECTED,
@@ -441,6 +461,8 @@ enum Action {
     },
     DeletePod {
         key: Key,
+        /// The grace period (None: the pod's own).
+        grace: Option<u32>,
     },
     Status {
         key: Key,
@@ -475,9 +497,15 @@ async fn act(client: Client, action: Action) -> Outcome {
                 }
             }
         }
-        Action::DeletePod { key } => {
+        Action::DeletePod { key, grace } => {
             let api: Api<Pod> = Api::namespaced(client, &key.0);
-            if let Err(e) = api.delete(&key.1, &Default::default()).await {
+            let dp = kube::api::DeleteParams {
+                grace_period_seconds: grace,
+                ..Default::default()
+            };
+            if let Err(e) = api.delete(&key.1, &dp).await
+                && !client::is_not_found(&e)
+            {
                 tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "deleting a stale real pod: {e}");
             }
             Outcome::Done
@@ -628,7 +656,7 @@ mod tests {
     fn summary(a: &Action) -> String {
         match a {
             Action::CreatePod { key, .. } => format!("create {}", key.1),
-            Action::DeletePod { key } => format!("delete {}", key.1),
+            Action::DeletePod { key, .. } => format!("delete {}", key.1),
             Action::Status {
                 key,
                 phase,

@@ -215,7 +215,11 @@ async fn report_grant(api: &Api<Tenant>, tenant: &Tenant) -> Result<(), kube::Er
         api.patch_status(
             &tenant.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"conditions": status.conditions}})),
+            // Guarded by the resource version: the fence writes its own condition.
+            &Patch::Merge(
+                json!({"metadata": {"resourceVersion": tenant.resource_version()},
+                                 "status": {"conditions": status.conditions}}),
+            ),
         )
         .await?;
     }
