@@ -175,56 +175,51 @@ async fn partition_of_60s_keeps_provider_pods_and_reconverges() {
 /// its virtual node turns NotReady (and not-ready tainted), and after `evictAfter` the pods
 /// there are evicted and replaced locally; after the heal the evicted ones are gone from both
 /// clusters and nothing runs twice.
-#[tokio::test]
-async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
-    let consumer = Cluster::start("nice", "eu-west", 1).await;
-    let provider = Cluster::start("genoa", "eu-south", 1).await;
-    let gate = support::api_gate(&provider).await;
+/// Peers `consumer` with `provider` through `gate`, with a provider lost after 1 s, and offloads
+/// namespace `shop` with `spec`; returns the twin namespace and the offloadings' API.
+async fn lose_fast(
+    consumer: &Cluster,
+    provider: &Cluster,
+    gate: &tandem_lab::TcpGate,
+    spec: serde_json::Value,
+) -> (String, Api<tandem_api::NamespaceOffloading>) {
     peer_with(
-        &consumer,
-        &provider,
+        consumer,
+        provider,
         json!({"cpu": "4", "memory": "8Gi", "pods": "20"}),
         Some(gate.url()),
     )
     .await;
-    let pp = kube::api::PatchParams::apply("test").force();
     Api::<tandem_api::Peering>::all(consumer.client.clone())
         .patch(
-            "genoa",
+            &provider.id,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(json!({"spec": {"nodeHealth":
                 {"probePeriod": "500ms", "notReadyAfter": "1s"}}})),
         )
         .await
         .unwrap();
-    let twin = support::offload(&consumer, &provider, "shop", "LocalAndRemote").await;
+    let twin = support::offload(consumer, provider, "shop", "LocalAndRemote").await;
     let nsos: Api<tandem_api::NamespaceOffloading> =
         Api::namespaced(consumer.client.clone(), "shop");
     nsos.patch(
         names::OFFLOADING_NAME,
-        &pp,
+        &kube::api::PatchParams::apply("test").force(),
         &kube::api::Patch::Apply(json!({
             "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
             "metadata": {"name": names::OFFLOADING_NAME},
-            "spec": {"podOffloadingStrategy": "LocalAndRemote", "evictAfter": "4s"},
+            "spec": spec,
         })),
     )
     .await
     .unwrap();
-    // A bad duration is refused by the schema, naming the field; the stored one is kept.
-    let err = nsos
-        .patch(
-            names::OFFLOADING_NAME,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"evictAfter": "soon"}})),
-        )
-        .await
-        .unwrap_err();
-    assert!(format!("{err}").contains("spec.evictAfter"), "{err}");
+    (twin, nsos)
+}
 
-    // Three replicas and a StatefulSet's one, all on genoa (the local node cordoned while they
-    // are placed).
-    support::cordon_local_nodes(&consumer, true).await;
+/// Three replicas of Deployment `web` and StatefulSet `db`'s one in `shop`, all Ready on the
+/// provider's virtual node (the local node cordoned while they are placed).
+async fn web_and_db_on_provider(consumer: &Cluster, provider: &Cluster) {
+    support::cordon_local_nodes(consumer, true).await;
     Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
         .create(
             &PostParams::default(),
@@ -241,19 +236,56 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "shop");
-    let vn = names::virtual_node_name("genoa");
+    let vn = names::virtual_node_name(&provider.id);
     let on_vn = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(vn.as_str());
     let ready = |p: &Pod| condition(p, "Ready").as_deref() == Some("True");
-    until("3 Ready pods on genoa", Duration::from_secs(40), || async {
-        let p = list(&consumer.client, "shop").await;
-        (p.len() == 3 && p.iter().all(|p| ready(p) && on_vn(p))).then_some(())
-    })
+    until(
+        "3 Ready web pods on the provider",
+        Duration::from_secs(40),
+        || async {
+            let p = list(&consumer.client, "shop").await;
+            (p.len() == 3 && p.iter().all(|p| ready(p) && on_vn(p))).then_some(())
+        },
+    )
     .await;
-    until("db-0 Ready on genoa", Duration::from_secs(40), || async {
-        let p = pods.get("db-0").await.ok()?;
-        (ready(&p) && on_vn(&p)).then_some(())
-    })
+    until(
+        "db-0 Ready on the provider",
+        Duration::from_secs(40),
+        || async {
+            let p = pods.get("db-0").await.ok()?;
+            (ready(&p) && on_vn(&p)).then_some(())
+        },
+    )
     .await;
+}
+
+#[tokio::test]
+async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
+    let consumer = Cluster::start("nice", "eu-west", 1).await;
+    let provider = Cluster::start("genoa", "eu-south", 1).await;
+    let gate = support::api_gate(&provider).await;
+    let (twin, nsos) = lose_fast(
+        &consumer,
+        &provider,
+        &gate,
+        json!({"podOffloadingStrategy": "LocalAndRemote", "evictAfter": "4s"}),
+    )
+    .await;
+    // A bad duration is refused by the schema, naming the field; the stored one is kept.
+    let err = nsos
+        .patch(
+            names::OFFLOADING_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"evictAfter": "soon"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err}").contains("spec.evictAfter"), "{err}");
+    let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "shop");
+    let vn = names::virtual_node_name(&provider.id);
+    let on_vn = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(vn.as_str());
+    let ready = |p: &Pod| condition(p, "Ready").as_deref() == Some("True");
+    web_and_db_on_provider(&consumer, &provider).await;
     let first_db = pods.get("db-0").await.unwrap().metadata.uid;
     support::cordon_local_nodes(&consumer, false).await;
     let offloaded = list(&consumer.client, "shop").await;
@@ -369,5 +401,184 @@ async fn evict_after_replaces_the_pods_of_a_lost_provider_locally() {
         runs[0].stopped.is_some(),
         "the first db-0 stopped: {runs:?}"
     );
+    assert_eq!(tandem_lab::runs::overlaps_across_clusters("db-0"), vec![]);
+}
+
+fn fence_condition(t: &tandem_api::Tenant) -> Option<(String, String)> {
+    let c = tandem_api::conditions::find(&t.status.as_ref()?.conditions, "Fenced")?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+/// `partitionPolicy: Fence`, `fenceAfter: 10s`: the provider lost, its copies of the fenced
+/// namespace's pods are stopped there (their ShadowPods marked Fenced, the Tenant says so), and
+/// only then replaced here — the StatefulSet's db-0 never runs in two clusters at once. The
+/// pods' tolerations keep Kubernetes' 300 s: the fence alone replaces them. After the heal
+/// nothing fenced starts again and no ShadowPod is left behind.
+#[tokio::test]
+async fn fence_stops_a_lost_providers_pods_before_they_are_replaced() {
+    let consumer = Cluster::start("turin", "eu-west", 1).await;
+    let provider = Cluster::start("bern", "eu-central", 1).await;
+    let gate = support::api_gate(&provider).await;
+    let (twin, nsos) = lose_fast(
+        &consumer,
+        &provider,
+        &gate,
+        json!({"podOffloadingStrategy": "LocalAndRemote",
+               "partitionPolicy": "Fence", "fenceAfter": "10s"}),
+    )
+    .await;
+    // A policy the schema does not know is refused, naming the field.
+    let err = nsos
+        .patch(
+            names::OFFLOADING_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"partitionPolicy": "Sometimes"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err}").contains("spec.partitionPolicy"), "{err}");
+    web_and_db_on_provider(&consumer, &provider).await;
+    let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "shop");
+    let vn = names::virtual_node_name("bern");
+    let on_vn = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(vn.as_str());
+    let ready = |p: &Pod| condition(p, "Ready").as_deref() == Some("True");
+    let first_db = pods.get("db-0").await.unwrap();
+    assert_eq!(
+        first_db.metadata.annotations.as_ref().unwrap()[names::FENCE_AFTER],
+        "10s",
+        "the pod carries its bound"
+    );
+    // The consumer hands the provider's nonce back: the lease is live before the partition.
+    let tenant_ns = names::tenant_namespace("turin");
+    let tenants: Api<tandem_api::Tenant> = Api::namespaced(provider.client.clone(), &tenant_ns);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(provider.client.clone(), &tenant_ns);
+    let renewals = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    until(
+        "the fence lease renewed twice",
+        Duration::from_secs(30),
+        || async {
+            let lease = leases.get(names::FENCE_LEASE).await.ok()?;
+            let nonce = lease.metadata.annotations?[names::FENCE_NONCE_ANNOTATION].clone();
+            tenants.get("turin").await.ok()?.status?.fence?;
+            let mut seen = renewals.lock().unwrap();
+            seen.insert(nonce);
+            (seen.len() >= 3).then_some(())
+        },
+    )
+    .await;
+    let shadows: Api<ShadowPod> = Api::namespaced(provider.client.clone(), &twin);
+    let labelled = shadows
+        .list(&ListParams::default().labels(&format!("{}=10s", names::FENCE_AFTER)))
+        .await
+        .unwrap();
+    assert_eq!(labelled.items.len(), 4, "every ShadowPod carries the bound");
+    support::cordon_local_nodes(&consumer, false).await;
+
+    gate.close();
+    // The provider stops its copies (the consumer cannot see it happen) ...
+    let real_pods: Api<Pod> = Api::namespaced(provider.client.clone(), &twin);
+    until(
+        "the pods stopped in bern, their ShadowPods Fenced",
+        Duration::from_secs(60),
+        || async {
+            let running = real_pods.list(&ListParams::default()).await.ok()?.items;
+            let fenced = shadows
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .filter(|s| s.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Fenced"))
+                .count();
+            (running.is_empty() && fenced == 4).then_some(())
+        },
+    )
+    .await;
+    until(
+        "the Tenant Fenced, listing the pods",
+        Duration::from_secs(20),
+        || async {
+            let t = tenants.get("turin").await.ok()?;
+            (fence_condition(&t) == Some(("True".into(), "LeaseExpired".into()))
+                && t.status?.fence?.fenced_pods.len() == 4)
+                .then_some(())
+        },
+    )
+    .await;
+    let events =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(provider.client.clone(), &tenant_ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("PodsFenced")),
+        "an Event says so"
+    );
+    // ... and the consumer, once the bound has passed, replaces them.
+    until(
+        "db-0 and 3 web pods Ready off the lost provider",
+        Duration::from_secs(60),
+        || async {
+            let db = pods.get("db-0").await.ok()?;
+            let web = list(&consumer.client, "shop").await;
+            (ready(&db)
+                && !on_vn(&db)
+                && db.metadata.uid != first_db.metadata.uid
+                && web.len() == 3
+                && web.iter().all(|p| ready(p) && !on_vn(p)))
+            .then_some(())
+        },
+    )
+    .await;
+    let confirmed =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(consumer.client.clone(), "shop")
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+    assert!(
+        confirmed
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("FenceConfirmed")),
+        "the consumer says why it replaced them"
+    );
+    assert_eq!(tandem_lab::runs::overlaps_across_clusters("db-0"), vec![]);
+
+    gate.open();
+    until(
+        "the fenced ShadowPods gone, the lease renewed",
+        Duration::from_secs(60),
+        || async {
+            let left = shadows.list(&ListParams::default()).await.ok()?.items;
+            let t = tenants.get("turin").await.ok()?;
+            (left.is_empty()
+                && fence_condition(&t) == Some(("False".into(), "LeaseRenewed".into()))
+                && t.status?.fence?.fenced_pods.is_empty())
+            .then_some(())
+        },
+    )
+    .await;
+    // Nothing fenced came back, nothing runs twice.
+    assert!(
+        real_pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let here = list(&consumer.client, "shop").await;
+    assert!(
+        here.len() == 3 && here.iter().all(|p| ready(p) && !on_vn(p)),
+        "{here:?}"
+    );
+    let runs = tandem_lab::runs::of_pod("db-0");
+    assert_eq!(runs[0].cluster, "bern", "{runs:?}");
+    assert!(runs[0].stopped.is_some(), "{runs:?}");
+    assert!(runs.iter().any(|r| r.cluster == "turin"), "{runs:?}");
     assert_eq!(tandem_lab::runs::overlaps_across_clusters("db-0"), vec![]);
 }
