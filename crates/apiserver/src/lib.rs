@@ -101,6 +101,7 @@ impl ApiServer {
             webhooks: webhook::WebhookClient::default(),
             kubelets: kubelet_access::KubeletAccess::new(&config_name)?,
             metrics: Default::default(),
+            stopped: tokio::sync::watch::Sender::new(false),
         });
         bootstrap(&state)?;
         let gc_state = state.clone();
@@ -219,7 +220,15 @@ impl ApiServer {
     }
 
     /// Stops serving (the store stays on disk).
+    /// Stops serving: the listener and every open connection close, as when the process
+    /// stops (the store, if it has a data directory, keeps every acknowledged write).
     pub fn shutdown(self) {
+        self.stop();
+    }
+
+    /// What `shutdown` does, for a server about to be replaced in place.
+    pub fn stop(&self) {
+        self.state.stopped.send_replace(true);
         self.task.abort();
     }
 }

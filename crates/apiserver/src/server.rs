@@ -28,8 +28,13 @@ pub async fn serve(state: Arc<State>, listener: TcpListener) {
             return;
         }
     };
+    let mut stop = state.stopped.subscribe();
     loop {
-        let (tcp, remote) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (tcp, remote) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!("accept: {e}");
@@ -38,6 +43,7 @@ pub async fn serve(state: Arc<State>, listener: TcpListener) {
         };
         let _ = tcp.set_nodelay(true);
         let state = state.clone();
+        let state_stop = state.stopped.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             let stream = match tls.accept(tcp).await {
@@ -62,11 +68,16 @@ pub async fn serve(state: Arc<State>, listener: TcpListener) {
             });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            if let Err(e) = builder
-                .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%remote, "connection: {e}");
+            let mut stopped = state_stop.subscribe();
+            tokio::select! {
+                served = builder
+                    .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service) => {
+                    if let Err(e) = served {
+                        tracing::debug!(%remote, "connection: {e}");
+                    }
+                }
+                // The server stopped: the connection goes with it.
+                _ = stopped.wait_for(|s| *s) => {}
             }
         });
     }

@@ -272,6 +272,49 @@ impl LabCluster {
         let _ = seen.wait_for(|v| *v >= want).await;
     }
 
+    /// Restarts the API server as a crash and restart of its process would: every connection
+    /// closes (watches end, requests in flight fail), and a new server serves the same store,
+    /// port and certificates. Every client — the lab's own controllers and kubelets, Tandem,
+    /// kubectl — reconnects by itself. The cluster needs a data directory (where the store's
+    /// log keeps every acknowledged write); hollow mode only.
+    pub async fn restart_api_server(&mut self) -> anyhow::Result<()> {
+        let name = &self.config.name;
+        anyhow::ensure!(
+            self.config.data_dir.is_some(),
+            "cluster {name}: restarting the API server needs a data directory (LabConfig::data_dir)"
+        );
+        anyhow::ensure!(
+            self.network.is_none(),
+            "cluster {name}: restarting the API server is not supported in network mode"
+        );
+        let mut config = self.server.state().config.clone();
+        config.port = self.server.addr().port();
+        self.server.stop();
+        // A request in flight when it stopped may still be writing: the new server reads the
+        // store only once the old one has no connection left (each holds the state).
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::sync::Arc::strong_count(self.server.state()) > 1
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // The old listener closes as its task ends: the port may take a moment to be free.
+        let server = loop {
+            match ApiServer::start(config.clone()).await {
+                Ok(s) => break s,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(cluster = %name, "restarting the API server: {e:#}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(e.context(format!("cluster {name}: restarting the API server")));
+                }
+            }
+        };
+        self.server = server;
+        Ok(())
+    }
+
     /// Stops everything (objects stay in the data directory, if any).
     pub fn shutdown(self) {
         for t in self.tasks {

@@ -265,3 +265,73 @@ async fn powered_off_node_goes_unreachable_evicts_pods_and_recovers() {
     assert_eq!(node_of(&running(&lab.client, "newcomer").await), victim);
     lab.shutdown();
 }
+
+/// An API server restart, as a crash of its process: open watches end, every acknowledged
+/// write is still there, the same clients carry on, and the cluster keeps running pods (its
+/// kubelets and controllers reconnect by themselves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_api_server_keeps_every_acknowledged_write_and_its_clients_reconnect() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{PostParams, WatchParams};
+    let dir = tempfile::tempdir().unwrap();
+    let mut lab = tandem_lab::LabCluster::start(tandem_lab::LabConfig {
+        nodes: 1,
+        node_monitor_grace_period: Duration::from_secs(2),
+        data_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    })
+    .await
+    .expect("lab cluster starts");
+    let client = lab.client.clone();
+    let before = running(
+        &client,
+        &create(&client, &pod("before", json!({})))
+            .await
+            .metadata
+            .name
+            .unwrap(),
+    )
+    .await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut acknowledged = Vec::new();
+    for i in 0..20 {
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": format!("w-{i}")}, "data": {"i": i.to_string()}}),
+        )
+        .unwrap();
+        configmaps
+            .create(&PostParams::default(), &cm)
+            .await
+            .unwrap();
+        acknowledged.push(format!("w-{i}"));
+    }
+    let mut watch = configmaps
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let url = lab.server.url();
+
+    lab.restart_api_server().await.unwrap();
+    assert_eq!(lab.server.url(), url, "same address");
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = watch.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the open watch ended with the old server");
+    for name in &acknowledged {
+        assert!(
+            configmaps.get_opt(name).await.unwrap().is_some(),
+            "{name} kept"
+        );
+    }
+    assert_eq!(
+        pods(&client).get("before").await.unwrap().metadata.uid,
+        before.metadata.uid
+    );
+    // Kubelets, scheduler and controllers are back: a new pod runs.
+    create(&client, &pod("after", json!({}))).await;
+    running(&client, "after").await;
+    lab.shutdown();
+}
