@@ -6,8 +6,9 @@
 //!   clock;
 //! - the consumer reads the nonce, notes when it received it, on its own monotonic clock, and
 //!   hands it back (a Lease in its tenant namespace on the provider);
-//! - a handed-back nonce that is the provider's current one is *accepted*: the provider's fence
-//!   deadline becomes that nonce's issue time plus `fenceAfter`, and it issues the next nonce;
+//! - a handed-back nonce that is one of the provider's latest is *accepted*: the provider's
+//!   fence deadline becomes that nonce's issue time plus `fenceAfter`, and it issues the next
+//!   nonce (it also issues one every few seconds when none comes back);
 //! - a nonce is received after it was issued, so the provider's latest deadline is never later
 //!   than the consumer's newest receipt plus `fenceAfter` (each measured on its own clock): the
 //!   consumer may confirm the pods stopped once `fenceAfter`, stretched for clock-rate drift,
@@ -37,12 +38,15 @@ pub fn consumer_wait(fence_after: Duration, margin: Duration) -> Duration {
     fence_after.mul_f64((1.0 + DRIFT) / (1.0 - DRIFT)) + margin
 }
 
+/// How many of its latest nonces a provider accepts back: a consumer that read one just before
+/// the next was issued still renews with it.
+pub const RECENT_NONCES: usize = 4;
+
 /// The provider's side of one consumer's fence lease.
 #[derive(Clone, Debug)]
 pub struct ProviderLease {
-    /// The nonce the consumer must hand back, and when it was issued.
-    nonce: String,
-    issued: Instant,
+    /// The latest nonces issued, newest last, each with its issue time.
+    recent: std::collections::VecDeque<(String, Instant)>,
     /// The issue time of the newest nonce the consumer handed back (None: so long ago that
     /// every deadline has passed).
     base: Option<Instant>,
@@ -53,33 +57,47 @@ impl ProviderLease {
     /// current nonce `nonce` is issued `now`.
     pub fn new(nonce: String, now: Instant, base: Option<Instant>) -> Self {
         ProviderLease {
-            nonce,
-            issued: now,
+            recent: [(nonce, now)].into(),
             base,
         }
     }
 
-    /// The nonce the consumer must hand back next.
+    /// The nonce the consumer should hand back next (the newest).
     pub fn nonce(&self) -> &str {
-        &self.nonce
+        self.recent.back().map_or("", |(n, _)| n.as_str())
     }
 
-    /// The consumer handed back `returned`: if it is the current nonce, the deadline moves to
-    /// its issue time plus each pod's `fenceAfter`, and the caller issues the next nonce
-    /// ([`Self::reissue`]). Anything else (an older nonce, a guess) changes nothing.
+    /// When the newest nonce was issued.
+    pub fn issued(&self) -> Option<Instant> {
+        self.recent.back().map(|(_, t)| *t)
+    }
+
+    /// The consumer handed back `returned`: if it is one of the [`RECENT_NONCES`] latest, the
+    /// deadline moves (never back) to its issue time plus each pod's `fenceAfter`, and the
+    /// caller issues the next nonce ([`Self::reissue`]). Anything else (an older nonce, a
+    /// guess) changes nothing.
     pub fn accept(&mut self, returned: &str) -> bool {
-        if returned != self.nonce {
+        let Some(issued) = self
+            .recent
+            .iter()
+            .find(|(n, _)| !n.is_empty() && n == returned)
+            .map(|(_, t)| *t)
+        else {
             return false;
-        }
-        self.base = Some(self.issued);
+        };
+        self.base = Some(self.base.map_or(issued, |b| b.max(issued)));
         true
     }
 
     /// Issues `nonce` at `now` (before it is published, so its issue time is never later than
-    /// its receipt).
+    /// its receipt). A nonce read long ago is worth less: a provider issues a new one from
+    /// time to time even when none comes back, so a consumer that returns (a restarted
+    /// controller) renews with a fresh one.
     pub fn reissue(&mut self, nonce: String, now: Instant) {
-        self.nonce = nonce;
-        self.issued = now;
+        self.recent.push_back((nonce, now));
+        while self.recent.len() > RECENT_NONCES {
+            self.recent.pop_front();
+        }
     }
 
     /// The issue time of the newest accepted nonce.
@@ -184,18 +202,25 @@ mod tests {
     }
 
     #[test]
-    fn only_the_current_nonce_renews_the_lease() {
+    fn only_a_recent_nonce_renews_the_lease_and_never_moves_it_back() {
         let t0 = Instant::now();
         let mut provider = ProviderLease::new("n1".into(), t0, Some(t0));
         assert!(provider.accept("n1"));
-        provider.reissue("n2".into(), t0 + S(5));
-        // A replayed n1 (or a guess) does not move the deadline.
+        for (i, nonce) in ["n2", "n3", "n4", "n5"].iter().enumerate() {
+            provider.reissue(nonce.to_string(), t0 + S(i as u64 + 1));
+        }
+        assert_eq!(provider.nonce(), "n5");
+        // n1 is out of the window: a replay (or a guess) does not move the deadline.
         assert!(!provider.accept("n1"));
         assert!(!provider.accept(""));
         assert_eq!(provider.base(), Some(t0));
         assert!(provider.due(S(10), t0 + S(10)));
+        // n4 was read just before n5 was issued: it still renews, from its own issue time.
+        assert!(provider.accept("n4"));
+        assert_eq!(provider.base(), Some(t0 + S(3)));
+        // n2, handed back late, does not move the deadline back.
         assert!(provider.accept("n2"));
-        assert_eq!(provider.base(), Some(t0 + S(5)));
+        assert_eq!(provider.base(), Some(t0 + S(3)));
         assert!(!provider.due(S(10), t0 + S(10)));
     }
 

@@ -5,9 +5,11 @@
 //! provider has to stop the pod, the pod is certainly stopped there: it is deleted here with
 //! grace 0, so that its controller (ReplicaSet, StatefulSet) replaces it elsewhere.
 //!
-//! Nothing is confirmed before this process has received a nonce: a controller restarted
-//! during a partition cannot know when its predecessor last heard from the provider, so its
-//! pods wait for the provider to come back (which then reports them fenced).
+//! Nothing is confirmed while the provider answers (its controller may be down, its fence with
+//! it: what it shows is then the truth), nor before this process has received a nonce: a
+//! controller restarted during a partition cannot know when its predecessor last heard from
+//! the provider, so its pods wait for the provider to come back (which then reports them
+//! fenced).
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +27,8 @@ use crate::context::Ctx;
 pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     let mut receipt = Receipt::default();
     let mut handed_back: Option<String> = None;
+    // When the provider last answered (with a new nonce or not).
+    let mut last_answer: Option<Instant> = None;
     loop {
         let Some(l) = link.get() else {
             link.changed().await;
@@ -34,8 +38,11 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             _ = tokio::time::sleep(l.probe_period) => {}
             _ = link.changed() => continue,
         }
-        if let Some(nonce) = read_nonce(&l).await {
-            receipt.receive(&nonce, Instant::now());
+        if let Some(answer) = read_nonce(&l).await {
+            last_answer = Some(Instant::now());
+            if let Some(nonce) = answer {
+                receipt.receive(&nonce, Instant::now());
+            }
         }
         if let Some(nonce) = receipt.nonce()
             && handed_back.as_deref() != Some(nonce)
@@ -52,19 +59,19 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         if receipt
             .age(Instant::now())
             .is_some_and(|age| age >= ctx.options.fence_margin)
-            && let Err(e) = confirm_stopped(&ctx, &l, &receipt).await
+            && let Err(e) = confirm_stopped(&ctx, &l, &receipt, last_answer).await
         {
             tracing::warn!(provider = %l.provider_id, "fencing: listing the pods on {}: {e}", l.virtual_node);
         }
     }
 }
 
-/// The provider's current nonce, if it answers.
-async fn read_nonce(link: &ProviderLink) -> Option<String> {
+/// The provider's current nonce (None: it has none for us yet), if it answers.
+async fn read_nonce(link: &ProviderLink) -> Option<Option<String>> {
     let tenants: Api<Tenant> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
     let timeout = link.probe_period.max(Duration::from_secs(2));
     match tokio::time::timeout(timeout, tenants.get_opt(&link.consumer_id)).await {
-        Ok(Ok(Some(t))) => t.status?.fence.map(|f| f.nonce),
+        Ok(Ok(t)) => Some(t.and_then(|t| t.status?.fence).map(|f| f.nonce)),
         _ => None,
     }
 }
@@ -94,8 +101,21 @@ async fn hand_back(link: &ProviderLink, nonce: &str) -> Result<(), kube::Error> 
 }
 
 /// Deletes (grace 0) the pods on the virtual node whose fence bound has passed since the newest
-/// nonce arrived.
-async fn confirm_stopped(ctx: &Ctx, link: &ProviderLink, receipt: &Receipt) -> kube::Result<()> {
+/// nonce arrived — and since the provider last answered at all: a provider that answers but
+/// issues no nonce has no fence running (its controller is down), so nothing is confirmed
+/// stopped there; its pods are shown as they are until it is back.
+async fn confirm_stopped(
+    ctx: &Ctx,
+    link: &ProviderLink,
+    receipt: &Receipt,
+    last_answer: Option<Instant>,
+) -> kube::Result<()> {
+    let silent_for = |wait: Duration| {
+        last_answer.is_none_or(|t| Instant::now().saturating_duration_since(t) >= wait)
+    };
+    if !silent_for(ctx.options.fence_margin) {
+        return Ok(());
+    }
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={}", link.virtual_node));
     for pod in pods.list(&on_node).await? {
@@ -106,7 +126,9 @@ async fn confirm_stopped(ctx: &Ctx, link: &ProviderLink, receipt: &Receipt) -> k
         else {
             continue;
         };
-        if !receipt.confirms_stopped(after, ctx.options.fence_margin, Instant::now()) {
+        if !receipt.confirms_stopped(after, ctx.options.fence_margin, Instant::now())
+            || !silent_for(fence::consumer_wait(after, ctx.options.fence_margin))
+        {
             continue;
         }
         let silent = receipt.age(Instant::now()).unwrap_or_default();

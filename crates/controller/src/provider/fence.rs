@@ -33,16 +33,23 @@ use crate::provider::shadowpod::PHASE_FENCED;
 /// How often handed-back nonces and deadlines are checked: a deadline is acted on at most this
 /// late (the consumer's margin covers it).
 const TICK: Duration = Duration::from_millis(250);
+/// How often a new nonce is issued when none comes back: a consumer that reads one (a
+/// restarted controller) renews from an issue time at most this old.
+const REISSUE: Duration = Duration::from_secs(2);
 /// Condition type on the Tenant: True while pods of the consumer stand fenced.
 pub const CONDITION: &str = "Fenced";
 
 /// One consumer's lease, as this process knows it.
 struct Consumer {
     lease: ProviderLease,
-    /// The current nonce is not in the Tenant's status yet.
+    /// The newest nonce is not in the Tenant's status yet.
     unpublished: bool,
+    /// The nonce last seen in the consumer's fence Lease (each is accepted once).
+    returned: Option<String>,
     /// The pods fenced since the lease was last renewed (for the condition).
     fenced: Vec<String>,
+    /// UIDs of the shadow pods this process marked Fenced (the store may not show it yet).
+    marked: BTreeSet<String>,
 }
 
 /// A random nonce: 128 bits, hex.
@@ -139,20 +146,34 @@ pub async fn run(ctx: Ctx) {
             let consumer = consumers.entry(id.clone()).or_insert_with(|| Consumer {
                 lease: first_lease(&tenant, now),
                 unpublished: true,
+                returned: None,
                 fenced: Vec::new(),
+                marked: BTreeSet::new(),
             });
             let returned = leases
                 .get(&ObjectRef::new(names::FENCE_LEASE).within(&ns))
                 .and_then(|l| l.annotations().get(names::FENCE_NONCE_ANNOTATION).cloned());
+            let mut renewed = false;
             if let Some(returned) = returned
-                && !consumer.unpublished
-                && consumer.lease.accept(&returned)
+                && consumer.returned.as_deref() != Some(returned.as_str())
+            {
+                renewed = consumer.lease.accept(&returned);
+                consumer.returned = Some(returned);
+            }
+            if renewed {
+                consumer.fenced.clear();
+            }
+            // A new nonce after each renewal, and every few seconds without one.
+            if renewed
+                || consumer
+                    .lease
+                    .issued()
+                    .is_none_or(|t| now.saturating_duration_since(t) >= REISSUE)
             {
                 consumer.lease.reissue(new_nonce(), Instant::now());
                 consumer.unpublished = true;
-                consumer.fenced.clear();
             }
-            let fenced = fence_due(&client, &shadows, &namespaces, &id, &consumer.lease).await;
+            let fenced = fence_due(&client, &shadows, &namespaces, &id, consumer).await;
             let standing = fenced_pods(&shadows, &namespaces, &id);
             if consumer.unpublished || status_lists(&tenant) != standing {
                 match publish(&client, &tenant, consumer, &standing).await {
@@ -229,15 +250,24 @@ async fn fence_due(
     client: &Client,
     shadows: &Store<ShadowPod>,
     namespaces: &Store<Namespace>,
-    consumer: &str,
-    lease: &ProviderLease,
+    id: &str,
+    consumer: &mut Consumer,
 ) -> Vec<String> {
     let mut fenced = Vec::new();
-    for sp in shadows.state() {
+    let shadows = shadows.state();
+    // Marks the store shows (or whose shadow pods are gone) need no memory.
+    consumer.marked.retain(|uid| {
+        shadows.iter().any(|sp| {
+            sp.uid().as_deref() == Some(uid.as_str()) && phase_of(sp) != Some(PHASE_FENCED)
+        })
+    });
+    for sp in shadows {
         let ns = sp.namespace().unwrap_or_default();
+        let uid = sp.uid().unwrap_or_default();
         if phase_of(&sp) == Some(PHASE_FENCED)
+            || consumer.marked.contains(&uid)
             || sp.metadata.deletion_timestamp.is_some()
-            || owner_of(namespaces, &ns).as_deref() != Some(consumer)
+            || owner_of(namespaces, &ns).as_deref() != Some(id)
         {
             continue;
         }
@@ -248,13 +278,13 @@ async fn fence_due(
         else {
             continue;
         };
-        if !lease.due(after, Instant::now()) {
+        if !consumer.lease.due(after, Instant::now()) {
             continue;
         }
         let name = sp.name_any();
         let message = format!(
-            "fenced: consumer {consumer} renewed no fence lease for {}s (its fenceAfter); the pod \
-             is stopped and will not run here again",
+            "fenced: consumer {id} renewed no fence lease for {}s (its fenceAfter); the pod is \
+             stopped and will not run here again",
             after.as_secs_f64()
         );
         // The mark first: once the real pod is gone nothing may start it again.
@@ -269,6 +299,7 @@ async fn fence_due(
             }
             continue;
         }
+        consumer.marked.insert(uid);
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         let grace0 = DeleteParams {
             grace_period_seconds: Some(0),
@@ -280,7 +311,7 @@ async fn fence_due(
             // The shadow pod controller deletes a fenced shadow pod's real pod too.
             tracing::warn!(pod = %format!("{ns}/{name}"), "fencing: deleting the real pod: {e}");
         }
-        tracing::warn!(pod = %format!("{ns}/{name}"), %consumer, "fenced");
+        tracing::warn!(pod = %format!("{ns}/{name}"), consumer = %id, "fenced");
         fenced.push(format!("{ns}/{name}"));
     }
     fenced

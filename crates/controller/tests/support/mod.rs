@@ -67,12 +67,24 @@ impl Cluster {
     /// Starts a lab cluster named `id` in `region` with `nodes` hollow nodes, installs Tandem
     /// with cluster ID `id` and starts its controller.
     pub async fn start(id: &str, region: &str, nodes: usize) -> Cluster {
+        Cluster::start_in(id, region, nodes, None).await
+    }
+
+    /// As [`Cluster::start`], its API server keeping its objects in `data_dir` (so that it
+    /// can be restarted).
+    pub async fn start_in(
+        id: &str,
+        region: &str,
+        nodes: usize,
+        data_dir: Option<std::path::PathBuf>,
+    ) -> Cluster {
         init_tracing();
         let lab = LabCluster::start(LabConfig {
             name: id.to_string(),
             region: region.to_string(),
             nodes,
             node_monitor_grace_period: Duration::from_secs(5),
+            data_dir,
             ..Default::default()
         })
         .await
@@ -104,6 +116,14 @@ impl Cluster {
         if let Some(c) = self.controller.take() {
             c.shutdown();
         }
+    }
+
+    /// Restarts the API server as a crash of its process would (see `start_in`).
+    pub async fn restart_api_server(&mut self) {
+        self.lab
+            .restart_api_server()
+            .await
+            .expect("API server restarts");
     }
 
     /// Starts the controller again.
