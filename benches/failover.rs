@@ -7,7 +7,10 @@
 //! CLI. Measured, each from the moment the gate closes:
 //! - the virtual node's NotReady detection (several partitions, healed in between);
 //! - a 30-replica Deployment placed on the virtual node, until 30 replicas are Ready on rome's
-//!   own nodes, with Kubernetes' default eviction (300 s) and with `--evict-after 10s`.
+//!   own nodes, with Kubernetes' default eviction (300 s) and with `--evict-after 10s`;
+//! - the same with `--partition-policy Fence --fence-after 10s` (eviction left at 300 s: the
+//!   fence alone moves them), plus a 1-replica StatefulSet, until db-0 is Ready on rome too —
+//!   which no eviction achieves without fencing (the evicted db-0 waits for its provider).
 //!
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench failover`.
 
@@ -16,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -92,14 +95,16 @@ async fn cordon_local(client: &kube::Client, on: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Deployment of `REPLICAS` placed on the virtual node, then the partition: the time until
-/// they are all Ready on rome's own nodes.
+/// A Deployment of `REPLICAS` (and with `stateful`, a 1-replica StatefulSet) placed on the
+/// virtual node, then the partition: the time until they are all Ready on rome's own nodes.
+/// `flags` go to `tandem offload namespace`.
 async fn failover(
     rome: &kube::Client,
     gate: &TcpGate,
     ns: &str,
     kubeconfig: &str,
-    evict_after: Option<&str>,
+    flags: &[&str],
+    stateful: bool,
 ) -> anyhow::Result<Duration> {
     Api::<Namespace>::all(rome.clone())
         .create(
@@ -116,9 +121,7 @@ async fn failover(
         "--kubeconfig",
         kubeconfig,
     ];
-    if let Some(e) = evict_after {
-        offload.extend(["--evict-after", e]);
-    }
+    offload.extend(flags);
     tandem(&offload)?;
     cordon_local(rome, true).await?;
     let deployment: Deployment = serde_json::from_value(json!({
@@ -130,7 +133,30 @@ async fn failover(
     Api::<Deployment>::namespaced(rome.clone(), ns)
         .create(&PostParams::default(), &deployment)
         .await?;
+    if stateful {
+        let db: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "db"},
+            "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                "template": {"metadata": {"labels": {"app": "db"}},
+                    "spec": {"containers": [{"name": "main", "image": "postgres"}]}}},
+        }))?;
+        Api::<StatefulSet>::namespaced(rome.clone(), ns)
+            .create(&PostParams::default(), &db)
+            .await?;
+    }
     let pods: Api<Pod> = Api::namespaced(rome.clone(), ns);
+    let db_ready = |on_milan: bool| {
+        let pods = pods.clone();
+        async move {
+            !stateful
+                || pods
+                    .get_opt("db-0")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|p| pod_ready(&p) && on_virtual_node(&p) == on_milan)
+        }
+    };
     let list = || async {
         pods.list(&ListParams::default().labels("app=web"))
             .await
@@ -147,6 +173,7 @@ async fn failover(
                 .filter(|p| pod_ready(p) && on_virtual_node(p))
                 .count()
                 == REPLICAS
+                && db_ready(true).await
         },
     )
     .await;
@@ -164,6 +191,7 @@ async fn failover(
                 .filter(|p| pod_ready(p) && !on_virtual_node(p))
                 .count()
                 == REPLICAS
+                && db_ready(false).await
         },
     )
     .await;
@@ -244,11 +272,36 @@ async fn run() -> anyhow::Result<()> {
         s(detections[DETECTIONS - 1]),
     );
 
-    let fast = failover(&rome.client, &gate, "fast", &rk, Some("10s")).await?;
+    let fenced = failover(
+        &rome.client,
+        &gate,
+        "fenced",
+        &rk,
+        &["--partition-policy", "Fence", "--fence-after", "10s"],
+        true,
+    )
+    .await?;
+    eprintln!(
+        "--partition-policy Fence --fence-after 10s: {:.1} s",
+        s(fenced)
+    );
+    let fast = failover(
+        &rome.client,
+        &gate,
+        "fast",
+        &rk,
+        &["--evict-after", "10s"],
+        false,
+    )
+    .await?;
     eprintln!("--evict-after 10s: {:.1} s", s(fast));
-    let default = failover(&rome.client, &gate, "slow", &rk, None).await?;
+    let default = failover(&rome.client, &gate, "slow", &rk, &[], false).await?;
     println!("\n| {REPLICAS}-replica Deployment, provider lost → all Ready on rome | s |");
     println!("|---|---:|");
+    println!(
+        "| `--partition-policy Fence --fence-after 10s` (and a 1-replica StatefulSet's db-0) | {:.1} |",
+        s(fenced)
+    );
     println!("| `--evict-after 10s` | {:.1} |", s(fast));
     println!(
         "| Kubernetes' default eviction (300 s) | {:.1} |",
