@@ -58,6 +58,17 @@ async fn offload_and_unoffload_a_namespace() {
     assert!(!ok);
     assert!(err.contains("namespace nowhere does not exist"), "{err}");
 
+    let (ok, _, err) = tandem(
+        &["offload", "namespace", "shop", "--fence-after", "10s"],
+        &kubeconfig,
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("--fence-after needs --partition-policy Fence"),
+        "{err}"
+    );
+
     let (ok, out, err) = tandem(
         &[
             "offload",
@@ -69,6 +80,10 @@ async fn offload_and_unoffload_a_namespace() {
             "region=eu-west",
             "--evict-after",
             "1m30s",
+            "--partition-policy",
+            "Fence",
+            "--fence-after",
+            "12500ms",
         ],
         &kubeconfig,
     )
@@ -79,6 +94,15 @@ async fn offload_and_unoffload_a_namespace() {
         .await
         .unwrap();
     assert_eq!(nso.spec.evict_after.as_deref(), Some("90s"));
+    assert_eq!(
+        nso.spec.partition_policy,
+        tandem_api::PartitionPolicy::Fence
+    );
+    assert_eq!(
+        nso.spec.fence_after.as_deref(),
+        Some("13s"),
+        "whole seconds, rounded up"
+    );
     assert!(
         out.contains("offloaded to milan: twin namespace shop-rome"),
         "{out}"
