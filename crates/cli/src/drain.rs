@@ -177,7 +177,7 @@ pub async fn drain(args: DrainArgs, cluster: &ClusterArgs) -> anyhow::Result<()>
     }
     let pods_api: Api<Pod> = Api::all(client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={name}"));
-    let list = |what: &'static str| {
+    let list = || {
         let pods_api = pods_api.clone();
         let on_node = on_node.clone();
         let name = name.clone();
@@ -185,26 +185,30 @@ pub async fn drain(args: DrainArgs, cluster: &ClusterArgs) -> anyhow::Result<()>
             pods_api
                 .list(&on_node)
                 .await
-                .with_context(|| format!("{what}: listing the pods on {name}"))
+                .with_context(|| format!("draining {name}: listing the pods on it"))
         }
     };
+    // Checked on every listing: a pod bound there after the drain began is no exception.
+    let refuse_unmanaged = |pods: &[Pod]| -> anyhow::Result<()> {
+        let unmanaged: Vec<String> = pods
+            .iter()
+            .filter(|p| {
+                disposition(p) == Disposition::Unmanaged && p.metadata.deletion_timestamp.is_none()
+            })
+            .map(key)
+            .collect();
+        if !unmanaged.is_empty() && !args.force {
+            bail!(
+                "draining {name}: pod(s) {} are managed by no controller and would be gone for \
+                 good; delete them yourself or drain with --force (the node stays cordoned)",
+                unmanaged.join(", ")
+            );
+        }
+        Ok(())
+    };
 
-    let first = list("draining").await?;
-    let unmanaged: Vec<String> = first
-        .items
-        .iter()
-        .filter(|p| {
-            disposition(p) == Disposition::Unmanaged && p.metadata.deletion_timestamp.is_none()
-        })
-        .map(key)
-        .collect();
-    if !unmanaged.is_empty() && !args.force {
-        bail!(
-            "draining {name}: pod(s) {} are managed by no controller and would be gone for good; \
-             delete them yourself or drain with --force (the node stays cordoned)",
-            unmanaged.join(", ")
-        );
-    }
+    let first = list().await?;
+    refuse_unmanaged(&first.items)?;
     let ignored: Vec<String> = first
         .items
         .iter()
@@ -223,12 +227,13 @@ pub async fn drain(args: DrainArgs, cluster: &ClusterArgs) -> anyhow::Result<()>
     let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut last_progress = String::new();
     loop {
-        let pods: Vec<Pod> = list("draining")
+        let pods: Vec<Pod> = list()
             .await?
             .items
             .into_iter()
             .filter(|p| disposition(p) != Disposition::DaemonSet)
             .collect();
+        refuse_unmanaged(&pods)?;
         seen.extend(pods.iter().map(|p| p.uid().unwrap_or_default()));
         if pods.is_empty() {
             break;

@@ -14,9 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, Namespace, PersistentVolumeClaim, ResourceQuota,
-};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -407,24 +405,15 @@ pub async fn retain_if_holding_data(
         claims.join(", ")
     );
     tracing::info!(namespace = %twin, %consumer, claims = %claims.join(","), "twin namespace retained for its data");
-    let event = json!({
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": format!("{twin}.tandem-dataretained"), "namespace": twin,
-                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-        "involvedObject": {"apiVersion": "v1", "kind": "Namespace", "name": twin},
-        "reason": "DataRetained", "message": message, "type": "Warning",
-        "source": {"component": names::CONTROLLER_NAME},
-    });
-    if let Err(e) = Api::<CoreEvent>::namespaced(client.clone(), twin)
-        .patch(
-            &format!("{twin}.tandem-dataretained"),
-            &PatchParams::apply(names::FIELD_MANAGER).force(),
-            &Patch::Apply(&event),
-        )
-        .await
-    {
-        tracing::debug!(namespace = %twin, error = %e, "writing the DataRetained Event");
-    }
+    crate::events::record(
+        client,
+        twin,
+        json!({"apiVersion": "v1", "kind": "Namespace", "name": twin}),
+        "DataRetained",
+        &message,
+        true,
+    )
+    .await;
     Ok(true)
 }
 
