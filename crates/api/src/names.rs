@@ -52,7 +52,13 @@ pub const FENCE_AFTER: &str = "tandem.dev/fence-after";
 /// The Lease, in the consumer's tenant namespace on a provider, through which the consumer
 /// hands back the provider's latest fence nonce (in the annotation below).
 pub const FENCE_LEASE: &str = "tandem-fence";
+/// The Lease, next to it, in which the provider publishes its latest nonce (same annotation)
+/// and when the newest nonce handed back was issued (wall clock, for a restarted controller).
+pub const FENCE_NONCE_LEASE: &str = "tandem-fence-nonce";
 pub const FENCE_NONCE_ANNOTATION: &str = "tandem.dev/fence-nonce";
+pub const FENCE_ACCEPTED_AT_ANNOTATION: &str = "tandem.dev/fence-accepted-at";
+/// Label of both fence Leases (`consumer` or `provider`: who writes it).
+pub const FENCE_LEASE_LABEL: &str = "tandem.dev/fence-lease";
 /// Annotation of a virtual node: its gateway's last report of the tunnel, JSON
 /// (`{"state", "rttMs", "rxBytes", "txBytes"}`), refreshed with the node's status.
 pub const TUNNEL_ANNOTATION: &str = "tandem.dev/tunnel";

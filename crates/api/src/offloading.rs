@@ -56,7 +56,10 @@ pub struct NamespaceOffloadingSpec {
     pub partition_policy: PartitionPolicy,
     /// With `Fence`: how long the provider keeps the pods running without word from this
     /// cluster. This cluster replaces them about `fenceAfter` + 1 % + 5 s after it last heard
-    /// from the provider. A duration: `10s`, `1m`; default 30s.
+    /// from the provider. Keep it well above the providers' probe period (a renewal takes up
+    /// to two of them: 2 s each by default) and above the time a controller takes to restart
+    /// (a provider controller down longer fences the pods). A duration: `10s`, `1m`; default
+    /// 30s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::duration)]
     pub fence_after: Option<String>,

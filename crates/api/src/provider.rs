@@ -160,7 +160,7 @@ pub struct TenantStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "crate::schema::resource_quantities")]
     pub used: BTreeMap<String, Quantity>,
-    /// The consumer's fence lease (see NamespaceOffloading `partitionPolicy: Fence`).
+    /// What the provider's fence stopped (see NamespaceOffloading `partitionPolicy: Fence`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<FenceStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -168,16 +168,12 @@ pub struct TenantStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// The provider's half of a consumer's fence lease.
+/// What the provider's fence did to the consumer's pods (see NamespaceOffloading
+/// `partitionPolicy: Fence`; the nonces themselves live in Leases `tandem-fence` and
+/// `tandem-fence-nonce` of this namespace).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceStatus {
-    /// The value the consumer must hand back next (annotation `tandem.dev/fence-nonce` of
-    /// Lease `tandem-fence` in this namespace) to renew its lease.
-    pub nonce: String,
-    /// When the nonce last handed back was issued, by this cluster's wall clock: a restarted
-    /// controller counts its fence deadlines from here.
-    pub accepted_at: String,
     /// The consumer's pods stopped by the last fencing (`namespace/name`), until they are gone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fenced_pods: Vec<String>,

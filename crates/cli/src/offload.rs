@@ -60,6 +60,8 @@ struct OffloadNamespace {
     partition_policy: Option<String>,
     /// With --partition-policy Fence: how long the provider keeps the pods running without
     /// word from this cluster [default: 30s]. Their replacements start about 1 % + 5 s later.
+    /// Keep it well above twice the providers' probe period (2 s by default) and above a
+    /// controller's restart time: a provider controller down for longer fences the pods.
     #[arg(long, value_name = "DURATION", value_parser = whole_seconds)]
     fence_after: Option<String>,
     /// How long to wait for the twin namespaces.

@@ -334,6 +334,9 @@ pub async fn install(
         "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
         "spec": {
             "replicas": 1,
+            // One controller at a time, even across an upgrade: two would each renew and
+            // judge the fence leases (docs/fencing.md).
+            "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},
             "template": {
                 "metadata": {"labels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},

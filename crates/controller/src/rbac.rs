@@ -97,8 +97,8 @@ pub fn peer_tenant_role() -> ClusterRole {
                     "get", "list", "watch", "create", "update", "patch", "delete",
                 ],
             ),
-            // Fencing: it hands back the provider's nonce in its fence Lease. RBAC cannot
-            // bind `create` to a name; every other verb is bound to that one Lease.
+            // Fencing: it reads the provider's nonce Lease and hands the nonce back in its
+            // own. RBAC cannot bind `create` to a name; every other verb is bound to one Lease.
             rule("coordination.k8s.io", &["leases"], &["create"]),
             named(
                 rule(
@@ -107,6 +107,10 @@ pub fn peer_tenant_role() -> ClusterRole {
                     &["get", "update", "patch"],
                 ),
                 names::FENCE_LEASE,
+            ),
+            named(
+                rule("coordination.k8s.io", &["leases"], &["get"]),
+                names::FENCE_NONCE_LEASE,
             ),
             // Multi-cluster services: its records of its exports, and reading ours.
             rule(
@@ -296,8 +300,13 @@ pub fn controller_role() -> ClusterRole {
             ),
             // Provider events reflected onto the consumer's pods.
             rule("", &["events"], &["create", "patch"]),
-            // The fence Leases consumers renew in their tenant namespaces (provider).
-            rule("coordination.k8s.io", &["leases"], WATCH),
+            // The fence Leases in tenant namespaces (provider): the consumers' read, its own
+            // (the nonces) written.
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "list", "watch", "create", "patch"],
+            ),
             // Tenant and twin namespaces; the offloading label on offloaded ones.
             rule(
                 "",
@@ -599,7 +608,7 @@ mod tests {
     }
 
     /// A consumer renews its fence lease and nothing else: not another Lease (a node's, in its
-    /// tenant namespace or in kube-node-lease), not the Tenant status holding the nonce.
+    /// tenant namespace or in kube-node-lease), not the provider's nonce Lease it reads.
     #[test]
     fn peer_hands_back_its_fence_nonce_only_through_its_fence_lease() {
         let tenant_ns = names::tenant_namespace("rome");
@@ -665,6 +674,11 @@ mod tests {
             names::FENCE_LEASE
         ));
         assert!(!can("create", lease, "leases", "", LEASE_NAMESPACE, ""));
+        // The provider's nonce: read, never written.
+        let nonce = names::FENCE_NONCE_LEASE;
+        assert!(can("get", lease, "leases", "", &tenant_ns, nonce));
+        assert!(!can("patch", lease, "leases", "", &tenant_ns, nonce));
+        assert!(!can("update", lease, "leases", "", &tenant_ns, nonce));
         assert!(!can(
             "patch",
             tandem_api::GROUP,

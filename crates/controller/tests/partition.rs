@@ -460,7 +460,11 @@ async fn fence_stops_a_lost_providers_pods_before_they_are_replaced() {
         || async {
             let lease = leases.get(names::FENCE_LEASE).await.ok()?;
             let nonce = lease.metadata.annotations?[names::FENCE_NONCE_ANNOTATION].clone();
-            tenants.get("turin").await.ok()?.status?.fence?;
+            let issued = leases.get(names::FENCE_NONCE_LEASE).await.ok()?;
+            issued
+                .metadata
+                .annotations?
+                .get(names::FENCE_ACCEPTED_AT_ANNOTATION)?;
             let mut seen = renewals.lock().unwrap();
             seen.insert(nonce);
             (seen.len() >= 3).then_some(())

@@ -211,6 +211,16 @@ async fn soak_under_faults_keeps_every_invariant() {
 
     for round in 0..rounds {
         for fault in ROUND {
+            // The StatefulSet's ordinals on the provider the fault is about, so that every
+            // fault has something to fence.
+            let target = match fault {
+                Fault::Partition(i)
+                | Fault::PartitionAndKillConsumer(i)
+                | Fault::KillProviderController(i)
+                | Fault::RestartProviderApi(i) => i,
+                Fault::KillConsumerController | Fault::RestartConsumerApi => 0,
+            };
+            let before = ordinals_on(&hub, &providers[target]).await;
             eprintln!("soak round {round}: {fault:?}");
             match fault {
                 Fault::Partition(i) => {
@@ -240,8 +250,31 @@ async fn soak_under_faults_keeps_every_invariant() {
                 Fault::RestartConsumerApi => hub.restart_api_server().await,
                 Fault::RestartProviderApi(i) => providers[i].restart_api_server().await,
             }
-            // Time for the effects (fencing, replacement, re-convergence) to play out.
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            // The ordinals of a lost provider, or of one whose fence ran while its controller
+            // was down, are replaced (fenced there first); the others stay.
+            let moves = matches!(
+                fault,
+                Fault::Partition(_)
+                    | Fault::PartitionAndKillConsumer(_)
+                    | Fault::KillProviderController(_)
+            );
+            let pods_api: Api<Pod> = Api::namespaced(hub.client.clone(), LEDGER);
+            if moves {
+                until(
+                    &format!("the ordinals replaced after {fault:?}"),
+                    Duration::from_secs(60),
+                    || async {
+                        for (ordinal, uid) in &before {
+                            let p = pods_api.get(ordinal).await.ok()?;
+                            (p.uid().as_ref() != Some(uid) && ready(&p)).then_some(())?;
+                        }
+                        Some(())
+                    },
+                )
+                .await;
+            } else {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
             no_ordinal_ran_twice(&format!("round {round}: {fault:?}"));
         }
     }
@@ -306,6 +339,55 @@ async fn soak_under_faults_keeps_every_invariant() {
     for g in gates {
         g.close();
     }
+}
+
+/// Moves the StatefulSet's ordinals onto `provider` (every other node cordoned while they are
+/// placed) and returns their names and UIDs once they are Ready there.
+async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)> {
+    let target = names::virtual_node_name(&provider.id);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(hub.client.clone());
+    let cordon = |on: bool| {
+        let nodes = nodes.clone();
+        let target = target.clone();
+        async move {
+            for n in nodes.list(&ListParams::default()).await.unwrap().items {
+                if n.name_any() != target {
+                    nodes
+                        .patch(
+                            &n.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+                        )
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    };
+    cordon(true).await;
+    let pods_api: Api<Pod> = Api::namespaced(hub.client.clone(), LEDGER);
+    let on_target =
+        |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(target.as_str());
+    let placed = until(
+        &format!("the ordinals Ready on {}", provider.id),
+        Duration::from_secs(90),
+        || async {
+            let mut placed = Vec::new();
+            for ordinal in ORDINALS {
+                let p = pods_api.get(ordinal).await.ok()?;
+                if !on_target(&p) && p.metadata.deletion_timestamp.is_none() {
+                    let _ = pods_api.delete(ordinal, &Default::default()).await;
+                }
+                (ready(&p) && on_target(&p) && p.metadata.deletion_timestamp.is_none())
+                    .then_some(())?;
+                placed.push((ordinal.to_string(), p.uid()?));
+            }
+            Some(placed)
+        },
+    )
+    .await;
+    cordon(false).await;
+    placed
 }
 
 /// What is left over on the providers: ShadowPods that stand for no consumer pod on their

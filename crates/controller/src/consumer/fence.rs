@@ -1,5 +1,6 @@
 //! Consumer side of fencing (NamespaceOffloading `partitionPolicy: Fence`), per provider: reads
-//! the provider's fence nonce from our Tenant there at every probe, notes when it arrived (on
+//! the provider's fence nonce (Lease `tandem-fence-nonce` of our tenant namespace there) at
+//! every probe, notes when it arrived (on
 //! this process's monotonic clock), hands it back through our fence Lease there — and when no
 //! new nonce has arrived for a pod's `fenceAfter` stretched for clock drift, plus the margin the
 //! provider has to stop the pod, the pod is certainly stopped there: it is deleted here with
@@ -13,11 +14,12 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tandem_api::{Tenant, client, names};
+use tandem_api::{client, names};
 use tandem_core::fence::{self, Receipt};
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
@@ -66,38 +68,50 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     }
 }
 
+/// How long a read or write of a fence Lease may take: a partition that drops packets must not
+/// hold the loop (the link's client waits up to 30 s).
+fn io_timeout(link: &ProviderLink) -> Duration {
+    link.probe_period.max(Duration::from_secs(2))
+}
+
 /// The provider's current nonce (None: it has none for us yet), if it answers.
 async fn read_nonce(link: &ProviderLink) -> Option<Option<String>> {
-    let tenants: Api<Tenant> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
-    let timeout = link.probe_period.max(Duration::from_secs(2));
-    match tokio::time::timeout(timeout, tenants.get_opt(&link.consumer_id)).await {
-        Ok(Ok(t)) => Some(t.and_then(|t| t.status?.fence).map(|f| f.nonce)),
+    let leases: Api<Lease> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
+    match tokio::time::timeout(io_timeout(link), leases.get_opt(names::FENCE_NONCE_LEASE)).await {
+        Ok(Ok(l)) => {
+            Some(l.and_then(|l| l.annotations().get(names::FENCE_NONCE_ANNOTATION).cloned()))
+        }
         _ => None,
     }
 }
 
 /// Writes `nonce` into our fence Lease on the provider.
 async fn hand_back(link: &ProviderLink, nonce: &str) -> Result<(), kube::Error> {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
+    let leases: Api<Lease> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
         k8s_openapi::jiff::Timestamp::now(),
     );
     let lease = json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": names::FENCE_LEASE,
-                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY},
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY,
+                                names::FENCE_LEASE_LABEL: "consumer"},
                      "annotations": {names::FENCE_NONCE_ANNOTATION: nonce}},
         "spec": {"holderIdentity": link.consumer_id, "renewTime": now},
     });
-    leases
-        .patch(
-            names::FENCE_LEASE,
-            &PatchParams::apply(names::FIELD_MANAGER).force(),
-            &Patch::Apply(&lease),
-        )
-        .await
-        .map(|_| ())
+    let params = PatchParams::apply(names::FIELD_MANAGER).force();
+    let patch = Patch::Apply(&lease);
+    match tokio::time::timeout(
+        io_timeout(link),
+        leases.patch(names::FENCE_LEASE, &params, &patch),
+    )
+    .await
+    {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {}s", io_timeout(link).as_secs()).into(),
+        )),
+    }
 }
 
 /// Deletes (grace 0) the pods on the virtual node whose fence bound has passed since the newest

@@ -98,8 +98,9 @@ struct RemoteShadow {
     origin_uid: String,
     deleting: bool,
     rejected: Option<String>,
-    /// The provider fenced it (its real pod is stopped and will not be restarted).
-    fenced: bool,
+    /// The provider fenced it (its real pod is stopped and will not be restarted): since when,
+    /// as this task first saw it.
+    fenced: Option<Instant>,
 }
 
 /// A real pod on the provider.
@@ -151,7 +152,8 @@ fn remote_shadow(sp: &ShadowPodRef) -> RemoteShadow {
             .filter(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_REJECTED))
             .map(|s| s.message.clone().unwrap_or_default()),
         fenced: st
-            .is_some_and(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_FENCED)),
+            .is_some_and(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_FENCED))
+            .then(Instant::now),
     }
 }
 
@@ -201,6 +203,17 @@ pub(crate) fn twin_of(nso: &NamespaceOffloading, provider: &str) -> Option<Strin
         .map(|r| r.namespace.clone())
 }
 
+/// A fenced shadow pod keeps the time it was first seen fenced (`known`: the same shadow pod as
+/// last seen).
+fn keep_fenced_since(shadow: &mut RemoteShadow, known: Option<&RemoteShadow>) {
+    if let (Some(_), Some(k)) = (shadow.fenced, known)
+        && k.uid == shadow.uid
+        && k.fenced.is_some()
+    {
+        shadow.fenced = k.fenced;
+    }
+}
+
 /// Replaces the entries of `twin` in `map` with a fresh listing.
 fn replace_twin<R>(map: &mut HashMap<Key, R>, twin: &str, list: Vec<(String, R)>) {
     map.retain(|k, _| k.0 != twin);
@@ -224,6 +237,9 @@ struct State {
     reals_synced: HashSet<String>,
     node_ready: bool,
     dirty: HashSet<Key>,
+    /// How long a pod the provider fenced waits before it is replaced (the controller's
+    /// `fence_margin`).
+    fence_margin: Duration,
 }
 
 enum Action {
@@ -343,15 +359,20 @@ impl State {
                     return Some(Change::Readiness(ready));
                 }
             }
-            Msg::ShadowApply(twin, name, s) => {
+            Msg::ShadowApply(twin, name, mut s) => {
                 self.mark(&twin, &name);
-                self.shadows.insert((twin, name), s);
+                let key = (twin, name);
+                keep_fenced_since(&mut s, self.shadows.get(&key));
+                self.shadows.insert(key, s);
             }
             Msg::ShadowDelete(twin, name) => {
                 self.mark(&twin, &name);
                 self.shadows.remove(&(twin, name));
             }
-            Msg::ShadowsRelisted(twin, list) => {
+            Msg::ShadowsRelisted(twin, mut list) => {
+                for (name, shadow) in &mut list {
+                    keep_fenced_since(shadow, self.shadows.get(&(twin.clone(), name.clone())));
+                }
                 replace_twin(&mut self.shadows, &twin, list);
                 self.shadows_synced.insert(twin);
                 self.dirty_all();
@@ -515,9 +536,14 @@ impl State {
                         });
                     }
                 }
-                (Some(_), Some(s)) if s.fenced => {
-                    // Stopped by the provider's fence, for good: the owner replaces the pod.
-                    if !recently {
+                (Some(_), Some(s)) if s.fenced.is_some() => {
+                    // Stopped by the provider's fence, for good: the owner replaces the pod —
+                    // once the real pod is gone, and the provider's kubelet has had the fence
+                    // margin to stop its containers (its watch may lag the deletion).
+                    let stopped = own_real.is_none()
+                        && s.fenced
+                            .is_some_and(|t| now.saturating_duration_since(t) >= self.fence_margin);
+                    if stopped && !recently {
                         local.requested = Some(now);
                         actions.push(Action::DeleteLocal {
                             key: key.clone(),
@@ -963,7 +989,10 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     );
     let _background = TwinWatch(background);
     let mut twins: HashMap<String, TwinWatch> = HashMap::new();
-    let mut state = State::default();
+    let mut state = State {
+        fence_margin: ctx.options.fence_margin,
+        ..State::default()
+    };
     while let Some(msg) = rx.recv().await {
         let mut changes = Vec::new();
         changes.extend(state.apply(msg, &l));
@@ -1028,6 +1057,7 @@ mod tests {
         let mut s = State {
             local_synced: true,
             node_ready: true,
+            fence_margin: Duration::from_secs(3),
             ..Default::default()
         };
         s.twins.insert("app".into(), TWIN.into());
@@ -1051,7 +1081,7 @@ mod tests {
             origin_uid: origin_uid.into(),
             deleting: false,
             rejected: None,
-            fenced: false,
+            fenced: None,
         }
     }
 
@@ -1231,7 +1261,7 @@ mod tests {
             ),
             (
                 "a pod the provider fenced is deleted, for its owner to replace it",
-                |s, _, _| {
+                |s, _, old| {
                     s.local.insert(
                         key(),
                         LocalPod {
@@ -1242,12 +1272,41 @@ mod tests {
                     s.shadows.insert(
                         rkey(),
                         RemoteShadow {
-                            fenced: true,
+                            fenced: Some(old),
                             ..shadow("u1")
                         },
                     );
                 },
                 &["delete-local"],
+            ),
+            (
+                "a pod fenced less than the fence margin ago waits for the provider's kubelet",
+                |s, recent, _| {
+                    s.local.insert(key(), local("u1"));
+                    s.shadows.insert(
+                        rkey(),
+                        RemoteShadow {
+                            fenced: Some(recent),
+                            ..shadow("u1")
+                        },
+                    );
+                },
+                &[],
+            ),
+            (
+                "a fenced pod whose real pod is still there waits for it to go",
+                |s, _, old| {
+                    s.local.insert(key(), local("u1"));
+                    s.shadows.insert(
+                        rkey(),
+                        RemoteShadow {
+                            fenced: Some(old),
+                            ..shadow("u1")
+                        },
+                    );
+                    s.reals.insert(rkey(), real("u1"));
+                },
+                &[],
             ),
             (
                 "an unreachable provider marks offloaded pods not ready",

@@ -1,18 +1,21 @@
 //! Provider side of fencing (NamespaceOffloading `partitionPolicy: Fence`): for each consumer,
-//! a nonce in its Tenant's status that the consumer hands back through its fence Lease, and the
-//! fencing of its pods once it has not done so for their `fenceAfter`.
+//! a nonce published in Lease `tandem-fence-nonce` of its tenant namespace that the consumer
+//! hands back through Lease `tandem-fence`, and the fencing of its pods once it has not done so
+//! for their `fenceAfter`.
 //!
 //! The deadline is kept on this process's monotonic clock (see `tandem_core::fence`): a pod
 //! labelled `tandem.dev/fence-after: 10s` is fenced 10 s after the issue of the newest nonce
 //! the consumer handed back. Fencing marks its ShadowPod `Fenced` first (so neither the shadow
-//! pod controller nor a later pass starts it again), then deletes the real pod with grace 0,
-//! and says so in an Event and in the Tenant's `Fenced` condition and `status.fence`.
+//! pod controller nor a later pass starts it again), then deletes the real pod with grace 0 —
+//! also a real pod still shutting down after its shadow pod went — and says so in an Event and
+//! in the Tenant's `Fenced` condition and `status.fence.fencedPods`.
 //!
-//! The newest accepted issue time is also written, as wall-clock time, into the Tenant's
-//! status: a restarted controller counts from there, so a hand-over that takes longer than a
-//! pod's `fenceAfter` fences it at once.
+//! The newest accepted issue time is also written, as wall-clock time, next to the nonce: a
+//! restarted controller counts from there, so a hand-over that takes longer than a pod's
+//! `fenceAfter` fences it at once.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -36,20 +39,25 @@ const TICK: Duration = Duration::from_millis(250);
 /// How often a new nonce is issued when none comes back: a consumer that reads one (a
 /// restarted controller) renews from an issue time at most this old.
 const REISSUE: Duration = Duration::from_secs(2);
+/// Fencing writes in flight at once, and how long each may take: fencing must finish well
+/// within the consumer's margin.
+const PARALLEL_WRITES: usize = 32;
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Condition type on the Tenant: True while pods of the consumer stand fenced.
 pub const CONDITION: &str = "Fenced";
 
 /// One consumer's lease, as this process knows it.
 struct Consumer {
     lease: ProviderLease,
-    /// The newest nonce is not in the Tenant's status yet.
+    /// The newest nonce is not published yet.
     unpublished: bool,
     /// The nonce last seen in the consumer's fence Lease (each is accepted once).
     returned: Option<String>,
     /// The pods fenced since the lease was last renewed (for the condition).
     fenced: Vec<String>,
-    /// UIDs of the shadow pods this process marked Fenced (the store may not show it yet).
-    marked: BTreeSet<String>,
+    /// UIDs of the shadow pods this process marked Fenced and of the real pods it deleted
+    /// (the stores may not show it yet).
+    done: BTreeSet<String>,
 }
 
 /// A random nonce: 128 bits, hex.
@@ -72,14 +80,16 @@ fn wall_of(instant: Instant) -> String {
         .to_string()
 }
 
-/// The lease of a consumer first seen now: counted from the base its Tenant's status holds
+/// The lease of a consumer first seen now: counted from the base the nonce Lease holds
 /// (written by an earlier process), else from now, the first nonce's issue being later still.
-fn first_lease(tenant: &Tenant, now: Instant) -> ProviderLease {
-    let persisted = tenant
-        .status
-        .as_ref()
-        .and_then(|s| s.fence.as_ref())
-        .and_then(|f| f.accepted_at.parse::<k8s_openapi::jiff::Timestamp>().ok());
+fn first_lease(published: Option<&Lease>, now: Instant) -> ProviderLease {
+    let persisted = published
+        .and_then(|l| {
+            l.annotations()
+                .get(names::FENCE_ACCEPTED_AT_ANNOTATION)
+                .cloned()
+        })
+        .and_then(|at| at.parse::<k8s_openapi::jiff::Timestamp>().ok());
     let base = match persisted {
         Some(at) => fence::base_from_wall(at.as_millisecond(), wall_ms_now(), now),
         None => Some(now),
@@ -100,28 +110,86 @@ where
     (reader, tokio::spawn(stream))
 }
 
+/// What the fence reads, kept current by watches.
+struct View {
+    tenants: Store<Tenant>,
+    leases: Store<Lease>,
+    shadows: Store<ShadowPod>,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+}
+
+impl View {
+    /// The consumer a twin namespace belongs to (its `origin-cluster-id` label, set by this
+    /// cluster when it created the namespace).
+    fn owner_of(&self, ns: &str) -> Option<String> {
+        self.namespaces
+            .get(&ObjectRef::new(ns))
+            .filter(|n| !n.labels().contains_key(names::TENANT_NAMESPACE_LABEL))
+            .and_then(|n| n.labels().get(names::ORIGIN_CLUSTER_LABEL).cloned())
+    }
+
+    fn lease(&self, ns: &str, name: &str) -> Option<std::sync::Arc<Lease>> {
+        self.leases.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// `namespace/name` of the consumer's shadow pods standing fenced.
+    fn fenced_pods(&self, consumer: &str) -> Vec<String> {
+        let mut pods: Vec<String> = self
+            .shadows
+            .state()
+            .iter()
+            .filter(|sp| phase_of(sp) == Some(PHASE_FENCED))
+            .filter(|sp| self.owner_of(&ns_of(&***sp)).as_deref() == Some(consumer))
+            .map(|sp| format!("{}/{}", ns_of(&**sp), sp.name_any()))
+            .collect();
+        pods.sort();
+        pods
+    }
+}
+
+fn ns_of<K: Resource>(o: &K) -> String {
+    o.meta().namespace.clone().unwrap_or_default()
+}
+
+fn phase_of(sp: &ShadowPod) -> Option<&str> {
+    sp.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
 /// Runs the provider's fence until the task is aborted.
 pub async fn run(ctx: Ctx) {
     let client = ctx.client.clone();
     let (tenants, t) = store(Api::<Tenant>::all(client.clone()), Default::default());
     let (leases, l) = store(
         Api::<Lease>::all(client.clone()),
-        watcher::Config::default().fields(&format!("metadata.name={}", names::FENCE_LEASE)),
+        watcher::Config::default().labels(names::FENCE_LEASE_LABEL),
     );
     let (shadows, s) = store(
         Api::<ShadowPod>::all(client.clone()),
+        watcher::Config::default().labels(names::FENCE_AFTER),
+    );
+    let (pods, p) = store(
+        Api::<Pod>::all(client.clone()),
         watcher::Config::default().labels(names::FENCE_AFTER),
     );
     let (namespaces, n) = store(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
     );
-    let _watches = AbortOnDrop(vec![t, l, s, n]);
-    let ready = futures::future::try_join4(
-        tenants.wait_until_ready(),
-        leases.wait_until_ready(),
-        shadows.wait_until_ready(),
-        namespaces.wait_until_ready(),
+    let _watches = AbortOnDrop(vec![t, l, s, p, n]);
+    let view = View {
+        tenants,
+        leases,
+        shadows,
+        pods,
+        namespaces,
+    };
+    let ready = futures::future::try_join5(
+        view.tenants.wait_until_ready(),
+        view.leases.wait_until_ready(),
+        view.shadows.wait_until_ready(),
+        view.pods.wait_until_ready(),
+        view.namespaces.wait_until_ready(),
     );
     if ready.await.is_err() {
         return;
@@ -132,7 +200,7 @@ pub async fn run(ctx: Ctx) {
     loop {
         tick.tick().await;
         let mut seen = BTreeSet::new();
-        for tenant in tenants.state() {
+        for tenant in view.tenants.state() {
             let id = tenant.spec.cluster_id.clone();
             let ns = names::tenant_namespace(&id);
             // Only the tenant namespace of a consumer speaks for it.
@@ -144,14 +212,14 @@ pub async fn run(ctx: Ctx) {
             seen.insert(id.clone());
             let now = Instant::now();
             let consumer = consumers.entry(id.clone()).or_insert_with(|| Consumer {
-                lease: first_lease(&tenant, now),
+                lease: first_lease(view.lease(&ns, names::FENCE_NONCE_LEASE).as_deref(), now),
                 unpublished: true,
                 returned: None,
                 fenced: Vec::new(),
-                marked: BTreeSet::new(),
+                done: BTreeSet::new(),
             });
-            let returned = leases
-                .get(&ObjectRef::new(names::FENCE_LEASE).within(&ns))
+            let returned = view
+                .lease(&ns, names::FENCE_LEASE)
                 .and_then(|l| l.annotations().get(names::FENCE_NONCE_ANNOTATION).cloned());
             let mut renewed = false;
             if let Some(returned) = returned
@@ -173,15 +241,20 @@ pub async fn run(ctx: Ctx) {
                 consumer.lease.reissue(new_nonce(), Instant::now());
                 consumer.unpublished = true;
             }
-            let fenced = fence_due(&client, &shadows, &namespaces, &id, consumer).await;
-            let standing = fenced_pods(&shadows, &namespaces, &id);
-            if consumer.unpublished || status_lists(&tenant) != standing {
-                match publish(&client, &tenant, consumer, &standing).await {
+            let fenced = fence_due(&client, &view, &id, consumer).await;
+            if consumer.unpublished {
+                match publish(&ctx, &ns, &consumer.lease).await {
                     Ok(()) => consumer.unpublished = false,
                     Err(e) => {
                         tracing::warn!(tenant = %format!("{ns}/{id}"), "publishing the fence nonce: {e}")
                     }
                 }
+            }
+            let standing = view.fenced_pods(&id);
+            if status_lists(&tenant) != standing
+                && let Err(e) = list_fenced(&client, &tenant, &standing).await
+            {
+                tracing::warn!(tenant = %format!("{ns}/{id}"), "listing the fenced pods in its status: {e}");
             }
             if !fenced.is_empty() {
                 record_fencing(&client, &tenant, &fenced).await;
@@ -204,38 +277,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The consumer a twin namespace belongs to (its `origin-cluster-id` label, set by this
-/// cluster when it created the namespace).
-fn owner_of(namespaces: &Store<Namespace>, ns: &str) -> Option<String> {
-    namespaces
-        .get(&ObjectRef::new(ns))
-        .filter(|n| !n.labels().contains_key(names::TENANT_NAMESPACE_LABEL))
-        .and_then(|n| n.labels().get(names::ORIGIN_CLUSTER_LABEL).cloned())
-}
-
-fn phase_of(sp: &ShadowPod) -> Option<&str> {
-    sp.status.as_ref().and_then(|s| s.phase.as_deref())
-}
-
-/// `namespace/name` of the consumer's shadow pods standing fenced.
-fn fenced_pods(
-    shadows: &Store<ShadowPod>,
-    namespaces: &Store<Namespace>,
-    consumer: &str,
-) -> Vec<String> {
-    let mut pods: Vec<String> = shadows
-        .state()
-        .iter()
-        .filter(|sp| phase_of(sp) == Some(PHASE_FENCED))
-        .filter(|sp| {
-            owner_of(namespaces, &sp.namespace().unwrap_or_default()).as_deref() == Some(consumer)
-        })
-        .map(|sp| format!("{}/{}", sp.namespace().unwrap_or_default(), sp.name_any()))
-        .collect();
-    pods.sort();
-    pods
-}
-
 fn status_lists(tenant: &Tenant) -> Vec<String> {
     tenant
         .status
@@ -245,95 +286,185 @@ fn status_lists(tenant: &Tenant) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Fences the consumer's shadow pods whose deadline has passed; returns those fenced now.
-async fn fence_due(
-    client: &Client,
-    shadows: &Store<ShadowPod>,
-    namespaces: &Store<Namespace>,
-    id: &str,
-    consumer: &mut Consumer,
-) -> Vec<String> {
-    let mut fenced = Vec::new();
-    let shadows = shadows.state();
-    // Marks the store shows (or whose shadow pods are gone) need no memory.
-    consumer.marked.retain(|uid| {
+/// Whether the object of a fence-labelled `meta` belongs to `consumer` and is past its bound.
+fn due(view: &View, meta: &impl Resource, consumer: &str, lease: &ProviderLease) -> bool {
+    let Some(after) = meta
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::FENCE_AFTER))
+        .and_then(|d| fence::parse(d))
+    else {
+        return false;
+    };
+    view.owner_of(&ns_of(meta)).as_deref() == Some(consumer) && lease.due(after, Instant::now())
+}
+
+/// Runs `writes` concurrently, each bounded in time (a slow one is retried on the next tick).
+async fn all_bounded<F: Future<Output = ()>>(writes: Vec<F>) {
+    futures::stream::iter(writes)
+        .map(|w| async move {
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, w).await;
+        })
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// Fences the consumer's pods whose deadline has passed: marks their shadow pods Fenced, then
+/// deletes the real pods (with those already shutting down) with grace 0. Returns the shadow
+/// pods fenced now.
+async fn fence_due(client: &Client, view: &View, id: &str, consumer: &mut Consumer) -> Vec<String> {
+    let shadows = view.shadows.state();
+    let pods = view.pods.state();
+    // Marks and deletions the stores show (or whose objects are gone) need no memory.
+    consumer.done.retain(|uid| {
         shadows.iter().any(|sp| {
             sp.uid().as_deref() == Some(uid.as_str()) && phase_of(sp) != Some(PHASE_FENCED)
-        })
+        }) || pods
+            .iter()
+            .any(|p| p.uid().as_deref() == Some(uid.as_str()))
     });
-    for sp in shadows {
-        let ns = sp.namespace().unwrap_or_default();
-        let uid = sp.uid().unwrap_or_default();
-        if phase_of(&sp) == Some(PHASE_FENCED)
-            || consumer.marked.contains(&uid)
-            || sp.metadata.deletion_timestamp.is_some()
-            || owner_of(namespaces, &ns).as_deref() != Some(id)
-        {
-            continue;
-        }
-        let Some(after) = sp
-            .labels()
-            .get(names::FENCE_AFTER)
-            .and_then(|d| fence::parse(d))
-        else {
-            continue;
-        };
-        if !consumer.lease.due(after, Instant::now()) {
-            continue;
-        }
-        let name = sp.name_any();
-        let message = format!(
-            "fenced: consumer {id} renewed no fence lease for {}s (its fenceAfter); the pod is \
-             stopped and will not run here again",
-            after.as_secs_f64()
-        );
-        // The mark first: once the real pod is gone nothing may start it again.
-        let api: Api<ShadowPod> = Api::namespaced(client.clone(), &ns);
-        let patch = json!({"status": {"phase": PHASE_FENCED, "message": message}});
-        if let Err(e) = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            if !client::is_not_found(&e) {
-                tracing::warn!(shadowpod = %format!("{ns}/{name}"), "fencing: marking the shadow pod: {e}");
-            }
-            continue;
-        }
-        consumer.marked.insert(uid);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let grace0 = DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        };
-        if let Err(e) = pods.delete(&name, &grace0).await
-            && !client::is_not_found(&e)
-        {
-            // The shadow pod controller deletes a fenced shadow pod's real pod too.
-            tracing::warn!(pod = %format!("{ns}/{name}"), "fencing: deleting the real pod: {e}");
-        }
-        tracing::warn!(pod = %format!("{ns}/{name}"), consumer = %id, "fenced");
-        fenced.push(format!("{ns}/{name}"));
-    }
+    let to_mark: Vec<_> = shadows
+        .iter()
+        .filter(|sp| {
+            phase_of(sp) != Some(PHASE_FENCED)
+                && sp.metadata.deletion_timestamp.is_none()
+                && !consumer.done.contains(&sp.uid().unwrap_or_default())
+                && due(view, &***sp, id, &consumer.lease)
+        })
+        .cloned()
+        .collect();
+    let marked = std::sync::Mutex::new(Vec::new());
+    all_bounded(
+        to_mark
+            .iter()
+            .map(|sp| {
+                let marked = &marked;
+                async move {
+                    let (ns, name) = (ns_of(&**sp), sp.name_any());
+                    let message = format!(
+                        "fenced: consumer {id} renewed no fence lease for its fenceAfter ({}); \
+                         the pod is stopped and will not run here again",
+                        sp.labels().get(names::FENCE_AFTER).cloned().unwrap_or_default()
+                    );
+                    let patch = json!({"status": {"phase": PHASE_FENCED, "message": message}});
+                    match Api::<ShadowPod>::namespaced(client.clone(), &ns)
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => marked
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((sp.uid().unwrap_or_default(), format!("{ns}/{name}"))),
+                        Err(e) if client::is_not_found(&e) => {}
+                        Err(e) => {
+                            tracing::warn!(shadowpod = %format!("{ns}/{name}"), "fencing: marking the shadow pod: {e}")
+                        }
+                    }
+                }
+            })
+            .collect(),
+    )
+    .await;
+    let marked = marked.into_inner().unwrap_or_else(|e| e.into_inner());
+    let fenced: Vec<String> = marked.iter().map(|(_, key)| key.clone()).collect();
+    consumer.done.extend(marked.into_iter().map(|(uid, _)| uid));
+    // The real pods: those of the shadow pods just marked, and any other past its bound —
+    // a shadow pod marked earlier, or gone while its pod shuts down gracefully. A pod whose
+    // shadow pod is not marked yet (its mark failed) waits for it: nothing must start it again.
+    let unmarked: BTreeSet<String> = to_mark
+        .iter()
+        .filter(|sp| !consumer.done.contains(&sp.uid().unwrap_or_default()))
+        .map(|sp| format!("{}/{}", ns_of(&**sp), sp.name_any()))
+        .collect();
+    let to_delete: Vec<_> = pods
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ) && !consumer.done.contains(&p.uid().unwrap_or_default())
+                && !unmarked.contains(&format!("{}/{}", ns_of(&***p), p.name_any()))
+                && due(view, &***p, id, &consumer.lease)
+        })
+        .cloned()
+        .collect();
+    let deleted = std::sync::Mutex::new(Vec::new());
+    all_bounded(
+        to_delete
+            .iter()
+            .map(|p| {
+                let deleted = &deleted;
+                async move {
+                    let (ns, name) = (ns_of(&**p), p.name_any());
+                    let grace0 = DeleteParams {
+                        grace_period_seconds: Some(0),
+                        preconditions: Some(kube::api::Preconditions {
+                            uid: p.uid(),
+                            resource_version: None,
+                        }),
+                        ..Default::default()
+                    };
+                    match Api::<Pod>::namespaced(client.clone(), &ns)
+                        .delete(&name, &grace0)
+                        .await
+                    {
+                        Ok(_) => {
+                            tracing::warn!(pod = %format!("{ns}/{name}"), consumer = %id, "fenced");
+                            deleted
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(p.uid().unwrap_or_default());
+                        }
+                        Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => {}
+                        Err(e) => {
+                            tracing::warn!(pod = %format!("{ns}/{name}"), "fencing: deleting the real pod: {e}")
+                        }
+                    }
+                }
+            })
+            .collect(),
+    )
+    .await;
+    consumer
+        .done
+        .extend(deleted.into_inner().unwrap_or_else(|e| e.into_inner()));
     fenced
 }
 
-/// Writes the current nonce (and the base it counts from) and the standing fenced pods into
-/// the Tenant's status.
-async fn publish(
-    client: &Client,
-    tenant: &Tenant,
-    consumer: &Consumer,
-    standing: &[String],
-) -> Result<(), kube::Error> {
-    let accepted_at = consumer
-        .lease
+/// Writes the newest nonce, and the base it counts from, into the nonce Lease.
+async fn publish(ctx: &Ctx, ns: &str, lease: &ProviderLease) -> Result<(), kube::Error> {
+    let accepted_at = lease
         .base()
         .map_or_else(|| "1970-01-01T00:00:00.000Z".to_string(), wall_of);
-    let patch = json!({"status": {"fence": {
-        "nonce": consumer.lease.nonce(),
-        "acceptedAt": accepted_at,
-        "fencedPods": standing,
-    }}});
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let object = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": names::FENCE_NONCE_LEASE,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY,
+                                names::FENCE_LEASE_LABEL: "provider"},
+                     "annotations": {names::FENCE_NONCE_ANNOTATION: lease.nonce(),
+                                     names::FENCE_ACCEPTED_AT_ANNOTATION: accepted_at}},
+        "spec": {"holderIdentity": ctx.identity.cluster_id, "renewTime": now},
+    });
+    let api = Api::<Lease>::namespaced(ctx.client.clone(), ns);
+    let params = PatchParams::apply(names::FIELD_MANAGER).force();
+    let patch = Patch::Apply(&object);
+    let write = api.patch(names::FENCE_NONCE_LEASE, &params, &patch);
+    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {}s", WRITE_TIMEOUT.as_secs()).into(),
+        )),
+    }
+}
+
+/// Lists the consumer's fenced pods in its Tenant's status.
+async fn list_fenced(client: &Client, tenant: &Tenant, standing: &[String]) -> kube::Result<()> {
+    let patch = json!({"status": {"fence": {"fencedPods": standing}}});
     Api::<Tenant>::namespaced(client.clone(), &tenant.namespace().unwrap_or_default())
         .patch_status(
             &tenant.name_any(),

@@ -437,6 +437,11 @@ fn real_pod(sp: &LeanShadowPod, spec: Value, consumer: &str) -> Value {
     let mut labels = sp.spec.labels.clone();
     labels.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer.into());
     labels.insert(names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into());
+    // The fence's bound, as on the shadow pod: the fence stops the real pod itself, even
+    // after its shadow pod is gone (a pod still shutting down).
+    if let Some(bound) = sp.labels().get(names::FENCE_AFTER) {
+        labels.insert(names::FENCE_AFTER.into(), bound.clone());
+    }
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -484,6 +489,13 @@ enum Outcome {
 async fn act(client: Client, action: Action) -> Outcome {
     match action {
         Action::CreatePod { key, pod } => {
+            // A shadow pod under a fence is read afresh: fencing marks it before it deletes
+            // the real pod, and this pass may have seen the deletion but not the mark.
+            if pod["metadata"]["labels"][names::FENCE_AFTER].is_string()
+                && is_fenced(&client, &key).await != Some(false)
+            {
+                return Outcome::CreateFailed(key);
+            }
             // The created pod in the answer is not decoded.
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
@@ -515,6 +527,10 @@ async fn act(client: Client, action: Action) -> Outcome {
             phase,
             message,
         } => {
+            // Never over a fence's mark (this pass's view may predate it).
+            if is_fenced(&client, &key).await != Some(false) {
+                return Outcome::Done;
+            }
             let api: Api<ShadowPod> = Api::namespaced(client, &key.0);
             let patch = json!({"status": {"phase": phase, "message": message}});
             if let Err(e) = api
@@ -527,6 +543,16 @@ async fn act(client: Client, action: Action) -> Outcome {
             Outcome::Done
         }
     }
+}
+
+/// Whether shadow pod `key` is Fenced, read from the API server (None: it could not be read,
+/// or is gone).
+async fn is_fenced(client: &Client, key: &Key) -> Option<bool> {
+    let sp = Api::<ShadowPod>::namespaced(client.clone(), &key.0)
+        .get_opt(&key.1)
+        .await
+        .ok()??;
+    Some(sp.status.and_then(|s| s.phase).as_deref() == Some(PHASE_FENCED))
 }
 
 /// Runs the shadow pod controller until the task is aborted.
