@@ -41,6 +41,20 @@ where
     send_unread(client, request).await
 }
 
+/// `request`, failing as unanswered once `limit` has passed (a peer behind a partition that
+/// drops packets would otherwise hold the caller for the client's read timeout).
+pub(crate) async fn within<T>(
+    limit: std::time::Duration,
+    request: impl std::future::Future<Output = kube::Result<T>>,
+) -> kube::Result<T> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(answer) => answer,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {}s", limit.as_secs_f64()).into(),
+        )),
+    }
+}
+
 /// The events of a watch that retries with backoff; errors are logged (at debug level: a watch
 /// that fails is retried, and the outage it reflects shows in the objects' conditions).
 pub(crate) fn watch_events<K>(

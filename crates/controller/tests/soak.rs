@@ -11,9 +11,9 @@
 //!   for a consumer pod bound to its provider's virtual node (same UID), each real pod has its
 //!   ShadowPod, nothing stays Fenced, and no Tenant says Fenced.
 //!
-//! One round of faults runs in CI (about 3 minutes); `TANDEM_SOAK_ROUNDS=N` runs N rounds
-//! (the benchmark's longer run: `benches/README.md`). Gateway restarts need network-mode
-//! clusters and are not part of this soak.
+//! One round of faults runs in CI (about 2.5 minutes); `TANDEM_SOAK_ROUNDS=N cargo test -p
+//! tandem-controller --test soak` runs N rounds (the longer run: `benches/README.md`). Gateway
+//! restarts need network-mode clusters and are not part of this soak.
 
 mod support;
 
@@ -345,26 +345,7 @@ async fn soak_under_faults_keeps_every_invariant() {
 /// placed) and returns their names and UIDs once they are Ready there.
 async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)> {
     let target = names::virtual_node_name(&provider.id);
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(hub.client.clone());
-    let cordon = |on: bool| {
-        let nodes = nodes.clone();
-        let target = target.clone();
-        async move {
-            for n in nodes.list(&ListParams::default()).await.unwrap().items {
-                if n.name_any() != target {
-                    nodes
-                        .patch(
-                            &n.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
-                        )
-                        .await
-                        .unwrap();
-                }
-            }
-        }
-    };
-    cordon(true).await;
+    support::cordon_all_but(hub, &target, true).await;
     let pods_api: Api<Pod> = Api::namespaced(hub.client.clone(), LEDGER);
     let on_target =
         |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(target.as_str());
@@ -386,7 +367,7 @@ async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)>
         },
     )
     .await;
-    cordon(false).await;
+    support::cordon_all_but(hub, &target, false).await;
     placed
 }
 

@@ -101,17 +101,12 @@ async fn hand_back(link: &ProviderLink, nonce: &str) -> Result<(), kube::Error> 
     });
     let params = PatchParams::apply(names::FIELD_MANAGER).force();
     let patch = Patch::Apply(&lease);
-    match tokio::time::timeout(
+    crate::runtime::within(
         io_timeout(link),
         leases.patch(names::FENCE_LEASE, &params, &patch),
     )
     .await
-    {
-        Ok(r) => r.map(|_| ()),
-        Err(_) => Err(kube::Error::Service(
-            format!("no answer within {}s", io_timeout(link).as_secs()).into(),
-        )),
-    }
+    .map(|_| ())
 }
 
 /// Deletes (grace 0) the pods on the virtual node whose fence bound has passed since the newest

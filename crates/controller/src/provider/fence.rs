@@ -453,13 +453,12 @@ async fn publish(ctx: &Ctx, ns: &str, lease: &ProviderLease) -> Result<(), kube:
     let api = Api::<Lease>::namespaced(ctx.client.clone(), ns);
     let params = PatchParams::apply(names::FIELD_MANAGER).force();
     let patch = Patch::Apply(&object);
-    let write = api.patch(names::FENCE_NONCE_LEASE, &params, &patch);
-    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
-        Ok(r) => r.map(|_| ()),
-        Err(_) => Err(kube::Error::Service(
-            format!("no answer within {}s", WRITE_TIMEOUT.as_secs()).into(),
-        )),
-    }
+    crate::runtime::within(
+        WRITE_TIMEOUT,
+        api.patch(names::FENCE_NONCE_LEASE, &params, &patch),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Lists the consumer's fenced pods in its Tenant's status.

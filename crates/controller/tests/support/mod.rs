@@ -520,12 +520,22 @@ pub async fn accept_any_spec(client: &Client, name: &str) {
 /// Cordons (`on`) or uncordons every node of `cluster` that is not a virtual node: while
 /// they are cordoned, pods that may run locally or remotely can only be placed remotely.
 pub async fn cordon_local_nodes(cluster: &Cluster, on: bool) {
+    let selector = format!("!{}", names::NODE_TYPE_LABEL);
+    cordon_where(cluster, &ListParams::default().labels(&selector), None, on).await;
+}
+
+/// Cordons (`on`) or uncordons every node of `cluster` but `keep`: pods are then placed there.
+pub async fn cordon_all_but(cluster: &Cluster, keep: &str, on: bool) {
+    cordon_where(cluster, &ListParams::default(), Some(keep), on).await;
+}
+
+async fn cordon_where(cluster: &Cluster, nodes_listed: &ListParams, keep: Option<&str>, on: bool) {
     let nodes: Api<Node> = Api::all(cluster.client.clone());
-    let local = nodes
-        .list(&ListParams::default().labels(&format!("!{}", names::NODE_TYPE_LABEL)))
-        .await
-        .expect("listing nodes");
-    for n in local.items {
+    let listed = nodes.list(nodes_listed).await.expect("listing nodes");
+    for n in listed.items {
+        if Some(n.name_any().as_str()) == keep {
+            continue;
+        }
         nodes
             .patch(
                 &n.name_any(),
@@ -533,7 +543,7 @@ pub async fn cordon_local_nodes(cluster: &Cluster, on: bool) {
                 &Patch::Merge(json!({"spec": {"unschedulable": on}})),
             )
             .await
-            .expect("cordoning a local node");
+            .expect("cordoning a node");
     }
 }
 
