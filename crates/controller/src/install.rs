@@ -232,7 +232,10 @@ pub async fn install(
     progress(&format!("namespace {} ready", names::SYSTEM_NAMESPACE));
 
     let roles: Api<ClusterRole> = Api::all(client.clone());
-    for role in std::iter::once(rbac::controller_role()).chain(rbac::peer_roles()) {
+    for role in [rbac::controller_role(), rbac::controller_tenant_role()]
+        .into_iter()
+        .chain(rbac::peer_roles())
+    {
         apply(&roles, &role).await.map_err(step("RBAC"))?;
     }
     for role in rbac::controller_namespaced_roles() {

@@ -217,6 +217,24 @@ impl PodCapability {
     }
 }
 
+/// What the controller does in a tenant namespace besides what its ClusterRole allows
+/// everywhere: write its fence nonce Lease (and remove both fence Leases when the peer's
+/// tenancy ends). Bound there, to its ServiceAccount, when the namespace is made: Leases
+/// elsewhere stay out of its reach (kube-node-lease aside, for virtual nodes).
+pub fn controller_tenant_role() -> ClusterRole {
+    cluster_role(
+        CONTROLLER_TENANT_ROLE,
+        vec![rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["create", "patch", "delete"],
+        )],
+    )
+}
+
+/// The ClusterRole of [`controller_tenant_role`], and its RoleBinding's name.
+pub const CONTROLLER_TENANT_ROLE: &str = "tandem:controller-tenant";
+
 /// Every ClusterRole a peer identity may be bound to (installed by `tandem install`).
 pub fn peer_roles() -> Vec<ClusterRole> {
     let mut roles = vec![peer_tenant_role(), peer_twin_role()];
@@ -300,13 +318,9 @@ pub fn controller_role() -> ClusterRole {
             ),
             // Provider events reflected onto the consumer's pods.
             rule("", &["events"], &["create", "patch"]),
-            // The fence Leases in tenant namespaces (provider): the consumers' read, its own
-            // (the nonces) written.
-            rule(
-                "coordination.k8s.io",
-                &["leases"],
-                &["get", "list", "watch", "create", "patch"],
-            ),
+            // The fence Leases in tenant namespaces (provider), read; it writes its own (the
+            // nonces) through [`controller_tenant_role`], bound in each tenant namespace.
+            rule("coordination.k8s.io", &["leases"], WATCH),
             // Tenant and twin namespaces; the offloading label on offloaded ones.
             rule(
                 "",
@@ -361,6 +375,7 @@ pub fn controller_role() -> ClusterRole {
                 resource_names: Some(
                     peer_roles()
                         .into_iter()
+                        .chain(std::iter::once(controller_tenant_role()))
                         .filter_map(|r| r.metadata.name)
                         .collect(),
                 ),

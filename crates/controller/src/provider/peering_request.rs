@@ -336,6 +336,21 @@ pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error>
             })),
         )
         .await?;
+    // The controller's own rights here (its fence nonce Lease).
+    Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .patch(
+            rbac::CONTROLLER_TENANT_ROLE,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": rbac::CONTROLLER_TENANT_ROLE, "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": rbac::CONTROLLER_TENANT_ROLE},
+                "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME,
+                              "namespace": names::SYSTEM_NAMESPACE}],
+            })),
+        )
+        .await?;
     crate::provider::network::ensure_provider_parameters(ctx, consumer)
         .await
         .map_err(|e| kube::Error::Service(crate::error::chain(&e).into()))?;

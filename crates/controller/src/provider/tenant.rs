@@ -178,6 +178,21 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
                 .await
                 .map_err(err("deleting the NetworkParameters"))?;
         }
+        // The fence Leases, then the controller's own rights here (which that needed).
+        let leases =
+            Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(ctx.client.clone(), &ns);
+        for name in [names::FENCE_LEASE, names::FENCE_NONCE_LEASE] {
+            client::delete_if_exists(&leases, name, &DeleteParams::default())
+                .await
+                .map_err(err("deleting the fence Leases"))?;
+        }
+        client::delete_if_exists(
+            &Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(ctx.client.clone(), &ns),
+            crate::rbac::CONTROLLER_TENANT_ROLE,
+            &DeleteParams::default(),
+        )
+        .await
+        .map_err(err("deleting the controller's RoleBinding"))?;
         return Ok(Action::await_change());
     }
     match namespaces.delete(&ns, &DeleteParams::background()).await {
