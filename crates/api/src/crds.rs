@@ -23,6 +23,13 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     ]
 }
 
+/// The files of `deploy/mcs/` that [`upstream`] embeds, in its order.
+pub const UPSTREAM_FILES: [&str; 3] = [
+    "multicluster.x-k8s.io_serviceexports.yaml",
+    "multicluster.x-k8s.io_serviceimports.yaml",
+    "about.k8s.io_clusterproperties.yaml",
+];
+
 /// The upstream CRDs of the MCS API (ServiceExport, ServiceImport: mcs-api v0.4.1, the last
 /// release whose storage version is v1alpha1) and ClusterProperty (about-api, v1alpha1),
 /// verbatim from `deploy/mcs/`.
@@ -70,7 +77,14 @@ mod tests {
                 path.display()
             );
         }
-        let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        // ... and its kustomization.yaml (written by `tandem manifests`).
+        let files = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name() != "kustomization.yaml")
+                    .count()
+            })
+            .unwrap_or(0);
         assert_eq!(
             files,
             all().len(),

@@ -31,10 +31,33 @@ pub struct Args {
     /// if installed, else peering].
     #[arg(long, value_name = "MODE", value_parser = ["peering", "pod-cidr"])]
     network_exposure: Option<String>,
+    /// Print what would be applied (YAML, or a v1 List with `-o json`) and change nothing.
+    /// The settings are resolved as for an install: the flags, else what the cluster stores,
+    /// else the defaults and the pod CIDR detected from the Nodes.
+    #[arg(long)]
+    dry_run: bool,
+    /// With --dry-run: contact no cluster; what the flags leave unset stays unset (the
+    /// controller fills it in on its first start: cluster ID, pod CIDR). This is what
+    /// `deploy/install/` holds with no flags.
+    #[arg(long, requires = "dry_run")]
+    offline: bool,
 }
 
-pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
-    let client = cluster.client().await?;
+impl Args {
+    /// Whether `-o` applies (it does to a dry run).
+    pub fn prints_objects(&self) -> bool {
+        self.dry_run
+    }
+}
+
+const DRY_RUN_HEADER: &str = "What `tandem install` applies (dry run). The cluster identity is not \
+among it: `tandem install`, or else the controller on its first start, creates it.";
+
+pub async fn run(
+    args: Args,
+    cluster: &ClusterArgs,
+    output: Option<crate::flags::Output>,
+) -> anyhow::Result<()> {
     let options = tandem_controller::install::InstallOptions {
         cluster_id: args.cluster_id,
         pod_cidr: args.pod_cidr,
@@ -48,6 +71,29 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             .transpose()
             .map_err(anyhow::Error::msg)?,
     };
+    if args.dry_run {
+        let settings = if args.offline {
+            tandem_controller::install::offline_settings(&options)?
+        } else {
+            let client = cluster.client().await?;
+            tandem_controller::install::manifest_settings_for(&client, &options).await?
+        };
+        let objects = tandem_controller::install::manifests(&settings);
+        match output {
+            Some(crate::flags::Output::Json) => println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects})
+                )?
+            ),
+            _ => print!(
+                "{}",
+                tandem_controller::install::manifests_yaml(&objects, DRY_RUN_HEADER)
+            ),
+        }
+        return Ok(());
+    }
+    let client = cluster.client().await?;
     let identity = tandem_controller::install::install(&client, &options, &mut |step| {
         eprintln!("✓ {step}");
     })

@@ -22,6 +22,7 @@ mod host;
 mod install;
 mod invite;
 mod lab;
+mod manifests;
 mod offload;
 mod peer;
 mod status;
@@ -79,6 +80,10 @@ enum Command {
     Unexport(export::UnexportArgs),
     /// Print Tandem's CustomResourceDefinitions (YAML).
     Crds(crds::Args),
+    /// Write the install manifests of `deploy/` (kustomize) from the same source as `tandem
+    /// install`.
+    #[command(hide = true)]
+    Manifests(manifests::Args),
     /// Run Tandem's controller (the cluster agent) against a cluster.
     Controller(controller::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
@@ -167,17 +172,21 @@ fn run() -> anyhow::Result<()> {
     let prints_objects = match &cli.command {
         Command::Status(_) => true,
         Command::Lab(args) => args.prints_objects(),
+        Command::Install(args) => args.prints_objects(),
         _ => false,
     };
     if let (Some(output), false) = (cli.global.output, prints_objects) {
         anyhow::bail!(
-            "-o/--output {} does not apply to this command; `tandem status` and `tandem lab status` take it",
+            "-o/--output {} does not apply to this command; `tandem status`, `tandem lab status` and `tandem install --dry-run` take it",
             clap::ValueEnum::to_possible_value(&output)
                 .map_or_else(String::new, |v| v.get_name().to_string())
         );
     }
     if let Command::Crds(args) = cli.command {
         return crds::run(args);
+    }
+    if let Command::Manifests(args) = cli.command {
+        return manifests::run(args);
     }
     let global = cli.global;
     let runtime = tokio::runtime::Runtime::new()?;
@@ -190,7 +199,7 @@ fn run() -> anyhow::Result<()> {
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,
             Command::Demo(args) => demo::run(args).await,
-            Command::Install(args) => install::run(args, &global.cluster).await,
+            Command::Install(args) => install::run(args, &global.cluster, global.output).await,
             Command::Invite(args) => invite::run(args, &global.cluster).await,
             Command::Peer(args) => peer::run(args, &global.cluster).await,
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
@@ -201,7 +210,7 @@ fn run() -> anyhow::Result<()> {
             Command::Drain(args) => drain::drain(args, &global.cluster).await,
             Command::Export(args) => export::export(args, &global).await,
             Command::Unexport(args) => export::unexport(args, &global).await,
-            Command::Crds(_) => unreachable!("handled above"),
+            Command::Crds(_) | Command::Manifests(_) => unreachable!("handled above"),
         }
     })
 }

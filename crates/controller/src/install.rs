@@ -5,10 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -199,140 +196,109 @@ fn labels() -> BTreeMap<String, String> {
     .into()
 }
 
-/// Installs (or upgrades) Tandem; `progress` is told each step as it completes.
-pub async fn install(
-    client: &Client,
-    options: &InstallOptions,
-    progress: &mut (dyn FnMut(&str) + Send),
-) -> Result<ClusterIdentity, InstallError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let all_crds: Vec<CustomResourceDefinition> = tandem_api::crds::all()
+/// What the install manifests say: the settings an administrator chose. What is None is left
+/// to the controller, which fills it in on its first start ([`bootstrap`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManifestSettings {
+    /// The cluster ID; None: the controller generates one.
+    pub cluster_id: Option<String>,
+    /// The pod CIDR; None: the controller detects it from the Nodes' podCIDRs.
+    pub pod_cidr: Option<String>,
+    pub external_cidr: String,
+    pub share_percent: u32,
+    pub network_fabric: bool,
+    pub network_exposure: NetworkExposure,
+    /// Tandem's image: the controller's, and the pods it creates (gateways, node agent).
+    pub image: String,
+}
+
+impl Default for ManifestSettings {
+    /// What `deploy/install/` holds: every default, the rest left to the controller.
+    fn default() -> Self {
+        ManifestSettings {
+            cluster_id: None,
+            pod_cidr: None,
+            external_cidr: DEFAULT_EXTERNAL_CIDR.to_string(),
+            share_percent: DEFAULT_SHARE_PERCENT,
+            network_fabric: false,
+            network_exposure: NetworkExposure::default(),
+            image: default_image(),
+        }
+    }
+}
+
+/// Everything Tandem installs in a cluster, in the order it is applied: the one source of both
+/// `tandem install` and the reviewable manifests in `deploy/install/` (a test keeps them
+/// equal). The cluster identity (a Secret holding a private key) is not among them: the
+/// controller creates it on its first start, as `tandem install` does before it.
+pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
+    let sa_subject = json!([{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME,
+                             "namespace": names::SYSTEM_NAMESPACE}]);
+    let mut out: Vec<serde_json::Value> = tandem_api::crds::all()
         .into_iter()
         .chain(tandem_api::crds::upstream())
+        .map(|crd| to_value(&crd))
         .collect();
-    for crd in &all_crds {
-        apply(&crds, crd).await.map_err(step("CRDs"))?;
-    }
-    for crd in &all_crds {
-        wait_established(&crds, &crd.name_any()).await?;
-    }
-    progress(
-        "CustomResourceDefinitions applied and Established (Tandem's, and the MCS API's \
-         ServiceExport, ServiceImport and ClusterProperty)",
-    );
-
-    let ns: Namespace = serde_json::from_value(json!({
+    out.push(json!({
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": names::SYSTEM_NAMESPACE, "labels": labels()},
-    }))
-    .expect("static manifest");
-    apply(&Api::all(client.clone()), &ns)
-        .await
-        .map_err(step("namespace"))?;
-    progress(&format!("namespace {} ready", names::SYSTEM_NAMESPACE));
-
-    let roles: Api<ClusterRole> = Api::all(client.clone());
-    for role in [rbac::controller_role(), rbac::controller_tenant_role()]
-        .into_iter()
-        .chain(rbac::peer_roles())
-    {
-        apply(&roles, &role).await.map_err(step("RBAC"))?;
-    }
+    }));
+    out.extend(
+        [rbac::controller_role(), rbac::controller_tenant_role()]
+            .into_iter()
+            .chain(rbac::peer_roles())
+            .map(|r| to_value(&r)),
+    );
     for role in rbac::controller_namespaced_roles() {
-        let namespace = role.metadata.namespace.as_deref().unwrap_or_default();
-        apply(&Api::<Role>::namespaced(client.clone(), namespace), &role)
-            .await
-            .map_err(step("RBAC"))?;
-        let binding: RoleBinding = serde_json::from_value(json!({
+        let namespace = role.metadata.namespace.clone().unwrap_or_default();
+        out.push(to_value(&role));
+        out.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": names::CONTROLLER_NAME, "namespace": namespace, "labels": labels()},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names::CONTROLLER_NAME},
-            "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE}],
-        }))
-        .expect("static manifest");
-        apply(&Api::namespaced(client.clone(), namespace), &binding)
-            .await
-            .map_err(step("RBAC"))?;
+            "subjects": sa_subject,
+        }));
     }
-    let sa: ServiceAccount = serde_json::from_value(json!({
+    out.push(json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
         "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
-    }))
-    .expect("static manifest");
-    apply(
-        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
-        &sa,
-    )
-    .await
-    .map_err(step("RBAC"))?;
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+    }));
+    out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": names::CONTROLLER_NAME, "labels": labels()},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": names::CONTROLLER_NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE}],
-    }))
-    .expect("static manifest");
-    apply(&Api::all(client.clone()), &binding)
-        .await
-        .map_err(step("RBAC"))?;
+        "subjects": sa_subject,
+    }));
     // Virtual kubelets read the CAs of the API server's client certificates, as kube's
     // aggregated API servers do: through the Role kube-apiserver bootstraps for it.
-    let binding: RoleBinding = serde_json::from_value(json!({
+    out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": CLIENT_CA_READER_BINDING,
                      "namespace": kubelet_api::CLIENT_CA_NAMESPACE, "labels": labels()},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                     "name": kubelet_api::CLIENT_CA_READER_ROLE},
-        "subjects": [{"kind": "ServiceAccount", "name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE}],
-    }))
-    .expect("static manifest");
-    apply(
-        &Api::namespaced(client.clone(), kubelet_api::CLIENT_CA_NAMESPACE),
-        &binding,
-    )
-    .await
-    .map_err(step("RBAC"))?;
-    progress("RBAC for the controller and for peers applied");
-
-    let class: StorageClass = serde_json::from_value(storage_class()).expect("static manifest");
-    apply(&Api::all(client.clone()), &class)
-        .await
-        .map_err(step("StorageClass"))?;
-    progress(&format!(
-        "StorageClass {} (remote volumes, bound where the first pod runs)",
-        names::STORAGE_CLASS
-    ));
-
-    let settings = settings_for(client, options).await?;
-    let config: ConfigMap = serde_json::from_value(json!({
+        "subjects": sa_subject,
+    }));
+    out.push(storage_class());
+    let mut data = json!({
+        "externalCIDR": settings.external_cidr,
+        "sharePercent": settings.share_percent.to_string(),
+        "networkFabric": settings.network_fabric.to_string(),
+        "networkExposure": settings.network_exposure.as_str(),
+        "image": settings.image,
+    });
+    if let Some(cidr) = &settings.pod_cidr {
+        data["podCIDR"] = json!(cidr);
+    }
+    if let Some(id) = &settings.cluster_id {
+        data["clusterID"] = json!(id);
+    }
+    out.push(json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": names::CONFIG_MAP, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
-        "data": {
-            "podCIDR": settings.pod_cidr,
-            "externalCIDR": settings.external_cidr,
-            "sharePercent": settings.share_percent.to_string(),
-            "networkFabric": settings.network_fabric.to_string(),
-            "networkExposure": settings.network_exposure.as_str(),
-            "image": settings.image,
-        },
-    }))
-    .expect("static manifest");
-    apply(
-        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
-        &config,
-    )
-    .await
-    .map_err(step("settings"))?;
-    progress(&format!(
-        "settings: pod CIDR {}, external CIDR {}, share {}%",
-        settings.pod_cidr, settings.external_cidr, settings.share_percent
-    ));
-
-    let identity = ClusterIdentity::ensure(client, options.cluster_id.as_deref()).await?;
-    progress(&format!("cluster identity {:?}", identity.cluster_id));
-
-    let image = settings.image.clone();
-    let deployment: Deployment = serde_json::from_value(json!({
+        "data": data,
+    }));
+    out.push(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
         "spec": {
@@ -347,7 +313,7 @@ pub async fn install(
                     "serviceAccountName": names::CONTROLLER_NAME,
                     "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
                     "containers": [{
-                        "name": "controller", "image": image,
+                        "name": "controller", "image": settings.image,
                         "args": ["controller",
                                  format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
                                  format!("--webhook-service={}/{}", names::SYSTEM_NAMESPACE, names::CONTROLLER_NAME),
@@ -361,53 +327,19 @@ pub async fn install(
                 },
             },
         },
-    }))
-    .expect("static manifest");
-    apply(
-        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
-        &deployment,
-    )
-    .await
-    .map_err(step("controller Deployment"))?;
-    // The API server calls the pod-placement webhook through this Service when the
-    // controller runs as the Deployment's pod.
-    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+    }));
+    // The API server calls the pod-placement webhook through this Service when the controller
+    // runs as the Deployment's pod.
+    out.push(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
         "spec": {
             "selector": {"app.kubernetes.io/name": names::CONTROLLER_NAME},
             "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}],
         },
-    }))
-    .expect("static manifest");
-    apply(
-        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
-        &service,
-    )
-    .await
-    .map_err(step("controller Service"))?;
-    progress(&format!(
-        "controller Deployment {}/{}",
-        names::SYSTEM_NAMESPACE,
-        names::CONTROLLER_NAME
-    ));
-    let dns_ip = dns_service(client).await?;
-    progress(&stub_domain(client, &dns_ip).await?);
-    Ok(identity)
-}
-
-/// The port the in-cluster controller serves `clusterset.local` on.
-pub const DNS_PORT: u16 = 5353;
-/// The Service (in tandem-system) in front of it, port 53.
-pub const DNS_SERVICE: &str = "tandem-dns";
-/// The markers around the stub domain Tandem keeps in CoreDNS's Corefile.
-const STUB_BEGIN: &str = "# BEGIN tandem: clusterset.local (multi-cluster services)";
-const STUB_END: &str = "# END tandem";
-
-/// The Service `tandem-dns` in front of the controller's `clusterset.local` server; its
-/// ClusterIP.
-async fn dns_service(client: &Client) -> Result<String, InstallError> {
-    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+    }));
+    // The cluster DNS forwards `clusterset.local` to the controller through this one.
+    out.push(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": DNS_SERVICE, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
         "spec": {
@@ -417,25 +349,190 @@ async fn dns_service(client: &Client) -> Result<String, InstallError> {
                 {"name": "dns-tcp", "port": 53, "targetPort": "dns-tcp", "protocol": "TCP"},
             ],
         },
-    }))
-    .expect("static manifest");
-    let applied = apply(
-        &Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
-        &service,
+    }));
+    out
+}
+
+fn to_value(obj: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(obj).expect("Kubernetes objects serialize")
+}
+
+/// `manifests` as one multi-document YAML stream, with a header saying where it comes from.
+pub fn manifests_yaml(objects: &[serde_json::Value], header: &str) -> String {
+    let mut out = String::new();
+    for line in header.lines() {
+        out.push_str(&format!("# {line}\n").replace("# \n", "#\n"));
+    }
+    for obj in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(obj).expect("JSON values serialize as YAML"));
+    }
+    out
+}
+
+/// The install step an object of `kind` belongs to (named in errors).
+fn step_of(kind: &str) -> &'static str {
+    match kind {
+        "CustomResourceDefinition" => "CRDs",
+        "Namespace" => "namespace",
+        "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" | "ServiceAccount" => "RBAC",
+        "StorageClass" => "StorageClass",
+        "ConfigMap" => "settings",
+        "Deployment" => "controller Deployment",
+        _ => "Services",
+    }
+}
+
+/// Server-side applies `obj` (any kind) with Tandem's field manager.
+pub async fn apply_value(
+    client: &Client,
+    obj: &serde_json::Value,
+) -> Result<kube::api::DynamicObject, InstallError> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let (group, version) = match obj["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .split_once('/')
+    {
+        Some((g, v)) => (g, v),
+        None => ("", obj["apiVersion"].as_str().unwrap_or_default()),
+    };
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    api.patch(
+        name,
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
     )
     .await
-    .map_err(step("DNS Service"))?;
-    applied
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .filter(|ip| !ip.is_empty() && ip != "None")
+    .map_err(step(step_of(kind)))
+}
+
+/// Installs (or upgrades) Tandem; `progress` is told each step as it completes.
+pub async fn install(
+    client: &Client,
+    options: &InstallOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<ClusterIdentity, InstallError> {
+    let settings = manifest_settings_for(client, options).await?;
+    let objects = manifests(&settings);
+    let (crd_objects, rest): (Vec<_>, Vec<_>) = objects
+        .iter()
+        .partition(|o| o["kind"] == "CustomResourceDefinition");
+    for crd in &crd_objects {
+        apply_value(client, crd).await?;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in &crd_objects {
+        wait_established(&crds, crd["metadata"]["name"].as_str().unwrap_or_default()).await?;
+    }
+    progress(
+        "CustomResourceDefinitions applied and Established (Tandem's, and the MCS API's \
+         ServiceExport, ServiceImport and ClusterProperty)",
+    );
+    let mut identity = None;
+    let mut dns_ip = None;
+    for obj in rest {
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        if kind == "Deployment" {
+            // The identity first, so that the controller finds it (it would make one itself).
+            let id = ClusterIdentity::ensure(client, settings.cluster_id.as_deref()).await?;
+            progress(&format!("cluster identity {:?}", id.cluster_id));
+            identity = Some(id);
+        }
+        let applied = apply_value(client, obj).await?;
+        let name = applied.name_any();
+        match kind {
+            "Namespace" => progress(&format!("namespace {name} ready")),
+            "StorageClass" => {
+                progress("RBAC for the controller and for peers applied");
+                progress(&format!(
+                    "StorageClass {name} (remote volumes, bound where the first pod runs)"
+                ));
+            }
+            "ConfigMap" => progress(&format!(
+                "settings: pod CIDR {}, external CIDR {}, share {}%",
+                settings
+                    .pod_cidr
+                    .as_deref()
+                    .unwrap_or("(detected by the controller)"),
+                settings.external_cidr,
+                settings.share_percent
+            )),
+            "Deployment" => progress(&format!(
+                "controller Deployment {}/{name}",
+                names::SYSTEM_NAMESPACE
+            )),
+            "Service" if name == DNS_SERVICE => {
+                dns_ip = applied.data["spec"]["clusterIP"]
+                    .as_str()
+                    .filter(|ip| !ip.is_empty() && *ip != "None")
+                    .map(str::to_string);
+            }
+            _ => {}
+        }
+    }
+    let dns_ip = dns_ip.ok_or_else(|| {
+        InstallError::Settings(format!(
+            "Service {}/{DNS_SERVICE} has no ClusterIP",
+            names::SYSTEM_NAMESPACE
+        ))
+    })?;
+    progress(&stub_domain(client, &dns_ip).await?);
+    Ok(identity.expect("the manifests hold the Deployment"))
+}
+
+/// What the controller does on its first start where `tandem install` did it before: detects
+/// the pod CIDR when the settings name none, and creates the cluster identity (with the
+/// settings' `clusterID`, else a generated one). Idempotent; returns the identity.
+pub async fn bootstrap(client: &Client) -> Result<ClusterIdentity, InstallError> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let map = maps
+        .get_opt(names::CONFIG_MAP)
+        .await
+        .map_err(step("settings"))?
         .ok_or_else(|| {
             InstallError::Settings(format!(
-                "Service {}/{DNS_SERVICE} has no ClusterIP",
-                names::SYSTEM_NAMESPACE
+                "ConfigMap {}/{} not found: install Tandem first (`tandem install`, or \
+                 `kubectl apply -k deploy/install`)",
+                names::SYSTEM_NAMESPACE,
+                names::CONFIG_MAP
             ))
-        })
+        })?;
+    let data = map.data.unwrap_or_default();
+    if !data.contains_key("podCIDR") {
+        let cidr = detect_pod_cidr(client).await.map_err(|e| match e {
+            InstallError::Settings(why) => InstallError::Settings(format!(
+                "{why} (or set podCIDR in ConfigMap {}/{})",
+                names::SYSTEM_NAMESPACE,
+                names::CONFIG_MAP
+            )),
+            other => other,
+        })?;
+        maps.patch(
+            names::CONFIG_MAP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"podCIDR": cidr}})),
+        )
+        .await
+        .map_err(step("settings"))?;
+        tracing::info!(pod_cidr = %cidr, "pod CIDR detected from the Nodes and stored in the settings");
+    }
+    Ok(ClusterIdentity::ensure(client, data.get("clusterID").map(String::as_str)).await?)
 }
+
+/// The port the in-cluster controller serves `clusterset.local` on.
+pub const DNS_PORT: u16 = 5353;
+/// The Service (in tandem-system) in front of it, port 53.
+pub const DNS_SERVICE: &str = "tandem-dns";
+/// The markers around the stub domain Tandem keeps in CoreDNS's Corefile.
+const STUB_BEGIN: &str = "# BEGIN tandem: clusterset.local (multi-cluster services)";
+const STUB_END: &str = "# END tandem";
 
 /// The Corefile server block that sends `clusterset.local` to `dns_ip`.
 pub fn stub_domain_block(dns_ip: &str) -> String {
@@ -527,11 +624,53 @@ async fn wait_established(
     }
 }
 
-/// The settings to store: the options, else what is already stored, else detected defaults.
-async fn settings_for(
+/// The settings of a dry run that contacts no cluster: the options, else the defaults; what
+/// they leave unset (cluster ID, pod CIDR) the controller fills in on its first start.
+pub fn offline_settings(options: &InstallOptions) -> Result<ManifestSettings, InstallError> {
+    let defaults = ManifestSettings::default();
+    let settings = ManifestSettings {
+        cluster_id: options.cluster_id.clone(),
+        pod_cidr: options
+            .pod_cidr
+            .as_deref()
+            .map(|c| validate_cidr("pod CIDR", c))
+            .transpose()?,
+        external_cidr: validate_cidr(
+            "external CIDR",
+            options
+                .external_cidr
+                .as_deref()
+                .unwrap_or(&defaults.external_cidr),
+        )?,
+        share_percent: options.share_percent.unwrap_or(defaults.share_percent),
+        network_fabric: options.network_fabric.unwrap_or(defaults.network_fabric),
+        network_exposure: options.network_exposure.unwrap_or_default(),
+        image: options.image.clone().unwrap_or(defaults.image),
+    };
+    check_settings(&settings)?;
+    Ok(settings)
+}
+
+fn check_settings(settings: &ManifestSettings) -> Result<(), InstallError> {
+    if !(1..=100).contains(&settings.share_percent) {
+        return Err(InstallError::Settings(format!(
+            "share percent {} must be between 1 and 100",
+            settings.share_percent
+        )));
+    }
+    if let Some(id) = &settings.cluster_id {
+        names::validate_cluster_id(id)
+            .map_err(|e| InstallError::Identity(IdentityError::InvalidId(e)))?;
+    }
+    Ok(())
+}
+
+/// The settings to install: the options, else what is already stored, else the defaults; the
+/// pod CIDR detected from the Nodes when neither names it.
+pub async fn manifest_settings_for(
     client: &Client,
     options: &InstallOptions,
-) -> Result<ClusterSettings, InstallError> {
+) -> Result<ManifestSettings, InstallError> {
     let stored = load_settings(client).await.ok();
     let pod_cidr = match (&options.pod_cidr, &stored) {
         (Some(c), _) => c.clone(),
@@ -549,28 +688,23 @@ async fn settings_for(
         .share_percent
         .or(stored.as_ref().map(|s| s.share_percent))
         .unwrap_or(DEFAULT_SHARE_PERCENT);
-    if !(1..=100).contains(&share_percent) {
-        return Err(InstallError::Settings(format!(
-            "share percent {share_percent} must be between 1 and 100"
-        )));
-    }
-    let network_fabric = options
-        .network_fabric
-        .or(stored.as_ref().map(|s| s.network_fabric))
-        .unwrap_or(false);
-    let image = options.image.clone().unwrap_or_else(default_image);
-    let network_exposure = options
-        .network_exposure
-        .or(stored.as_ref().map(|s| s.network_exposure))
-        .unwrap_or_default();
-    Ok(ClusterSettings {
-        pod_cidr,
+    let settings = ManifestSettings {
+        cluster_id: options.cluster_id.clone(),
+        pod_cidr: Some(pod_cidr),
         external_cidr,
         share_percent,
-        network_fabric,
-        image,
-        network_exposure,
-    })
+        network_fabric: options
+            .network_fabric
+            .or(stored.as_ref().map(|s| s.network_fabric))
+            .unwrap_or(false),
+        network_exposure: options
+            .network_exposure
+            .or(stored.as_ref().map(|s| s.network_exposure))
+            .unwrap_or_default(),
+        image: options.image.clone().unwrap_or_else(default_image),
+    };
+    check_settings(&settings)?;
+    Ok(settings)
 }
 
 fn validate_cidr(what: &str, cidr: &str) -> Result<String, InstallError> {

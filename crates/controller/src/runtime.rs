@@ -7,7 +7,7 @@ use kube::Client;
 use tokio::task::JoinSet;
 
 use crate::context::{Context, Options};
-use crate::identity::{ClusterIdentity, IdentityError};
+use crate::install::InstallError;
 
 /// A running controller; dropping it (or [`Controller::shutdown`]) stops every task.
 pub struct Controller {
@@ -75,9 +75,12 @@ where
 }
 
 impl Controller {
-    /// Starts every reconciler of this cluster's controller. Tandem must be installed.
-    pub async fn start(client: Client, options: Options) -> Result<Controller, IdentityError> {
-        let identity = ClusterIdentity::load(&client).await?;
+    /// Starts every reconciler of this cluster's controller. Tandem's manifests must be
+    /// applied; on the first start it completes what they leave to it ([`bootstrap`]).
+    ///
+    /// [`bootstrap`]: crate::install::bootstrap
+    pub async fn start(client: Client, options: Options) -> Result<Controller, InstallError> {
+        let identity = crate::install::bootstrap(&client).await?;
         let ctx = Arc::new(Context {
             client,
             identity,

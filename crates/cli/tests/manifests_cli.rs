@@ -1,0 +1,524 @@
+//! The install manifests as an administrator uses them: `deploy/install` rendered by kubectl's
+//! kustomize is what `tandem install` applies; `tandem install --dry-run` prints what an
+//! install then applies and changes nothing; and clusters installed with `kubectl apply -k`
+//! alone (no `tandem install`) peer and offload, their controllers completing on first start
+//! what the manifests leave to them (identity, cluster ID, pod CIDR).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Background(Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tandem(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("HOME", home)
+        .output()
+        .expect("tandem runs")
+}
+
+fn kubectl(kc: &str, ctx: &str, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .args(["--kubeconfig", kc, "--context", ctx])
+        .args(args)
+        .output()
+        .expect("kubectl runs")
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .canonicalize()
+        .unwrap()
+}
+
+/// `v` with whole floats as integers: YAML and JSON spell a schema's `minimum: 0` either way.
+fn normalized(v: Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(a) => Value::Array(a.into_iter().map(normalized).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, normalized(v))).collect()),
+        other => other,
+    }
+}
+
+/// Objects of a multi-document YAML stream (or a v1 List in JSON), by kind, namespace and name.
+fn by_key(objects: Vec<Value>) -> BTreeMap<(String, String, String), Value> {
+    objects
+        .into_iter()
+        .filter(|o| !o.is_null())
+        .map(normalized)
+        .map(|o| {
+            let key = (
+                o["kind"].as_str().unwrap_or_default().to_string(),
+                o["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            (key, o)
+        })
+        .collect()
+}
+
+fn yaml_documents(yaml: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple(yaml).expect("YAML documents")
+}
+
+/// Whether every field of `expected` is in `actual` with the same value (the server adds
+/// defaults, status and metadata of its own).
+fn contains(actual: &Value, expected: &Value) -> Result<(), String> {
+    match (actual, expected) {
+        (Value::Object(a), Value::Object(e)) => e.iter().try_for_each(|(k, v)| {
+            contains(a.get(k).unwrap_or(&Value::Null), v).map_err(|why| format!("{k}.{why}"))
+        }),
+        (Value::Array(a), Value::Array(e)) if a.len() == e.len() => a
+            .iter()
+            .zip(e)
+            .enumerate()
+            .try_for_each(|(i, (a, e))| contains(a, e).map_err(|why| format!("[{i}]{why}"))),
+        _ if actual == expected => Ok(()),
+        _ => Err(format!(": {actual} where {expected} was applied")),
+    }
+}
+
+#[test]
+fn kustomize_renders_exactly_what_install_applies() {
+    let rendered = ok(
+        Command::new("kubectl")
+            .arg("kustomize")
+            .arg(deploy_dir().join("install"))
+            .output()
+            .expect("kubectl runs"),
+        "kubectl kustomize deploy/install",
+    );
+    let rendered = by_key(yaml_documents(&rendered));
+    let home = tempfile::tempdir().unwrap();
+    let dry = ok(
+        tandem(
+            home.path(),
+            &["install", "--dry-run", "--offline", "-o", "json"],
+        ),
+        "tandem install --dry-run --offline -o json",
+    );
+    let list: Value = serde_json::from_str(&dry).unwrap();
+    assert_eq!(list["kind"], "List");
+    let applied = by_key(list["items"].as_array().unwrap().clone());
+    assert_eq!(
+        rendered.keys().collect::<Vec<_>>(),
+        applied.keys().collect::<Vec<_>>(),
+        "the same objects"
+    );
+    for (key, object) in &applied {
+        assert_eq!(&rendered[key], object, "{key:?}");
+    }
+    // What a real cluster needs of them: no caBundle for a re-apply to blank, no cluster ID
+    // or pod CIDR baked in, the controller unprivileged.
+    assert!(!dry.contains("caBundle"));
+    let config = &applied[&(
+        "ConfigMap".into(),
+        "tandem-system".into(),
+        "tandem-config".into(),
+    )];
+    assert!(config["data"]["podCIDR"].is_null(), "{config}");
+    assert!(config["data"]["clusterID"].is_null(), "{config}");
+    let deployment = &applied[&(
+        "Deployment".into(),
+        "tandem-system".into(),
+        "tandem-controller".into(),
+    )];
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "tandem-controller");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["capabilities"]["drop"][0],
+        "ALL"
+    );
+
+    // The flags go into the objects; bad ones are refused naming the setting.
+    let dry = ok(
+        tandem(
+            home.path(),
+            &[
+                "install",
+                "--dry-run",
+                "--offline",
+                "--cluster-id",
+                "rome",
+                "--pod-cidr",
+                "10.244.0.0/16",
+                "--image",
+                "registry.example.org/tandem:1",
+            ],
+        ),
+        "dry run with flags",
+    );
+    let objects = by_key(yaml_documents(&dry));
+    let config = &objects[&(
+        "ConfigMap".into(),
+        "tandem-system".into(),
+        "tandem-config".into(),
+    )];
+    assert_eq!(config["data"]["clusterID"], "rome");
+    assert_eq!(config["data"]["podCIDR"], "10.244.0.0/16");
+    assert_eq!(config["data"]["image"], "registry.example.org/tandem:1");
+    for (flag, value, why) in [
+        ("--pod-cidr", "10.244.0.1/16", "has host bits set"),
+        ("--cluster-id", "Not_An_ID", "cluster ID"),
+        ("--share-percent", "0", "between 1 and 100"),
+    ] {
+        let out = tandem(
+            home.path(),
+            &["install", "--dry-run", "--offline", flag, value],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{flag}: {err}");
+    }
+    // --offline alone (without --dry-run) is refused.
+    let out = tandem(home.path(), &["install", "--offline"]);
+    assert!(!out.status.success());
+}
+
+/// `tandem lab up` with `clusters` hollow clusters (it hosts each controller in-process once
+/// the controller Deployment exists); returns it and the kubeconfig.
+fn lab(home: &Path, clusters: &str) -> (Background, String) {
+    let kubeconfig = home.join("kubeconfig");
+    let lab = Background(
+        Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["lab", "up", "--clusters", clusters, "--nodes", "1", "--dir"])
+            .arg(home)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !kubeconfig.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "tandem lab up wrote no kubeconfig"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (lab, kubeconfig.to_str().unwrap().to_string())
+}
+
+fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
+    let home = tempfile::tempdir().unwrap();
+    let (_lab, kc) = lab(home.path(), "1");
+    let args = [
+        "--kubeconfig",
+        &kc,
+        "--context",
+        "lab-1",
+        "--cluster-id",
+        "rome",
+    ];
+    let dry = ok(
+        tandem(
+            home.path(),
+            &[&["install", "--dry-run", "-o", "yaml"][..], &args].concat(),
+        ),
+        "tandem install --dry-run -o yaml",
+    );
+    let printed = by_key(yaml_documents(&dry));
+    // Resolved against the cluster: the pod CIDR detected from its Node.
+    let config = &printed[&(
+        "ConfigMap".into(),
+        "tandem-system".into(),
+        "tandem-config".into(),
+    )];
+    assert!(
+        config["data"]["podCIDR"]
+            .as_str()
+            .is_some_and(|c| c.contains('/')),
+        "{config}"
+    );
+    // Nothing changed.
+    let out = kubectl(&kc, "lab-1", &["get", "namespace", "tandem-system"]);
+    assert!(!out.status.success(), "a dry run created tandem-system");
+    let out = kubectl(&kc, "lab-1", &["get", "crd", "peerings.tandem.dev"]);
+    assert!(!out.status.success(), "a dry run created a CRD");
+
+    ok(
+        tandem(home.path(), &[&["install"][..], &args].concat()),
+        "tandem install",
+    );
+    for ((kind, namespace, name), object) in &printed {
+        let mut get = vec!["get", kind.as_str(), name.as_str(), "-o", "json"];
+        if !namespace.is_empty() {
+            get.extend(["-n", namespace.as_str()]);
+        }
+        let live: Value = normalized(
+            serde_json::from_str(&ok(
+                kubectl(&kc, "lab-1", &get),
+                &format!("get {kind} {name}"),
+            ))
+            .unwrap(),
+        );
+        if let Err(why) = contains(&live, object) {
+            panic!("{kind} {namespace}/{name} differs from the dry run at {why}");
+        }
+    }
+    // And the same dry run again prints the same objects (the stored settings are kept).
+    let again = ok(
+        tandem(
+            home.path(),
+            &[&["install", "--dry-run", "-o", "yaml"][..], &args].concat(),
+        ),
+        "the dry run again",
+    );
+    assert_eq!(by_key(yaml_documents(&again)), printed);
+}
+
+/// A kustomize overlay of `deploy/install` in `dir`, setting the cluster ID when given.
+fn overlay(dir: &Path, cluster_id: Option<&str>) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    // kustomize takes only relative paths to a base.
+    let up = "../".repeat(dir.components().count() - 1);
+    let base = format!(
+        "{up}{}",
+        deploy_dir()
+            .join("install")
+            .to_str()
+            .unwrap()
+            .trim_start_matches('/')
+    );
+    let mut kustomization = format!("resources:\n- {base}\n");
+    if let Some(id) = cluster_id {
+        kustomization.push_str(&format!(
+            "patches:\n- target: {{kind: ConfigMap, name: tandem-config}}\n  patch: |-\n    \
+             - {{op: add, path: /data/clusterID, value: {id}}}\n"
+        ));
+    }
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
+    dir.to_path_buf()
+}
+
+#[test]
+fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
+    let home = tempfile::tempdir().unwrap();
+    let (_lab, kc) = lab(home.path(), "2");
+    // rome names its ID in an overlay; the provider applies deploy/install as it is.
+    let rome = overlay(&home.path().join("rome"), Some("rome"));
+    for (ctx, dir) in [("lab-1", rome), ("lab-2", deploy_dir().join("install"))] {
+        let out = ok(
+            kubectl(&kc, ctx, &["apply", "-k", dir.to_str().unwrap()]),
+            &format!("kubectl apply -k on {ctx}"),
+        );
+        assert!(
+            out.contains("deployment.apps/tandem-controller created"),
+            "{out}"
+        );
+    }
+    // Each controller completes what the manifests left to it: the identity (with the
+    // overlay's ID, or a generated one) and the pod CIDR, detected from the Nodes.
+    let status = |ctx: &str| -> Option<Value> {
+        let out = tandem(
+            home.path(),
+            &[
+                "status",
+                "-o",
+                "json",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                ctx,
+            ],
+        );
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    let rome_status = until("rome's identity", Duration::from_secs(60), || {
+        status("lab-1")
+    });
+    assert_eq!(rome_status["clusterID"], "rome");
+    let provider = until("the provider's identity", Duration::from_secs(60), || {
+        status("lab-2")
+    });
+    let provider_id = provider["clusterID"].as_str().unwrap().to_string();
+    assert!(provider_id.starts_with("cluster-"), "{provider}");
+    for ctx in ["lab-1", "lab-2"] {
+        let cidr = until("the detected pod CIDR", Duration::from_secs(60), || {
+            let out = kubectl(
+                &kc,
+                ctx,
+                &[
+                    "-n",
+                    "tandem-system",
+                    "get",
+                    "configmap",
+                    "tandem-config",
+                    "-o",
+                    "jsonpath={.data.podCIDR}",
+                ],
+            );
+            let cidr = String::from_utf8_lossy(&out.stdout).into_owned();
+            (!cidr.is_empty()).then_some(cidr)
+        });
+        let node_cidr = ok(
+            kubectl(
+                &kc,
+                ctx,
+                &["get", "nodes", "-o", "jsonpath={.items[0].spec.podCIDR}"],
+            ),
+            "the node's podCIDR",
+        );
+        let net: ipnet::IpNet = cidr.parse().unwrap();
+        assert!(
+            net.contains(&node_cidr.parse::<ipnet::IpNet>().unwrap()),
+            "{cidr} {node_cidr}"
+        );
+    }
+    // Re-applying the manifests keeps what the controller stored.
+    ok(
+        kubectl(
+            &kc,
+            "lab-2",
+            &[
+                "apply",
+                "-k",
+                deploy_dir().join("install").to_str().unwrap(),
+            ],
+        ),
+        "kubectl apply -k again",
+    );
+    let after = status("lab-2").unwrap();
+    assert_eq!(after["clusterID"], provider_id.as_str());
+
+    // Peering by invite, then an offloaded pod running in the provider.
+    let invite = ok(
+        tandem(
+            home.path(),
+            &["invite", "--kubeconfig", &kc, "--context", "lab-2"],
+        ),
+        "invite",
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer",
+    );
+    until("the virtual node Ready", Duration::from_secs(60), || {
+        let v = status("lab-1")?;
+        (v["providers"][0]["virtualNodeReady"] == true
+            && v["providers"][0]["clusterID"] == provider_id.as_str())
+        .then_some(())
+    });
+    ok(
+        kubectl(&kc, "lab-1", &["create", "namespace", "shop"]),
+        "namespace",
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "offload",
+                "namespace",
+                "shop",
+                "--pod-offloading-strategy",
+                "Remote",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "offload",
+    );
+    let twin = format!("shop-rome");
+    until("the twin namespace", Duration::from_secs(60), || {
+        kubectl(&kc, "lab-2", &["get", "namespace", &twin])
+            .status
+            .success()
+            .then_some(())
+    });
+    ok(
+        kubectl(
+            &kc,
+            "lab-1",
+            &[
+                "-n",
+                "shop",
+                "run",
+                "web",
+                "--image=registry.k8s.io/pause:3.9",
+            ],
+        ),
+        "kubectl run",
+    );
+    until(
+        "the offloaded pod Running in both clusters",
+        Duration::from_secs(60),
+        || {
+            let pod: Value = serde_json::from_slice(
+                &kubectl(
+                    &kc,
+                    "lab-1",
+                    &["-n", "shop", "get", "pod", "web", "-o", "json"],
+                )
+                .stdout,
+            )
+            .ok()?;
+            let twins: Value = serde_json::from_slice(
+                &kubectl(&kc, "lab-2", &["-n", &twin, "get", "pods", "-o", "json"]).stdout,
+            )
+            .ok()?;
+            (pod["status"]["phase"] == "Running"
+                && pod["spec"]["nodeName"] == format!("tandem-{provider_id}")
+                && twins["items"]
+                    .as_array()?
+                    .iter()
+                    .any(|p| p["status"]["phase"] == "Running"))
+            .then_some(())
+        },
+    );
+}
