@@ -1,5 +1,6 @@
-//! Tandem run as a real cluster runs it, on a network-mode lab: `tandem install` makes the
-//! controller its Deployment's pod (this very binary, sandboxed in the pod's namespaces, under
+//! Tandem run as a real cluster runs it, on a network-mode lab: `kubectl apply -k` of the
+//! reviewable manifests (deploy/install) or `tandem install` makes the controller its
+//! Deployment's pod (this very binary, sandboxed in the pod's namespaces, under
 //! its ServiceAccount), and peering, offloading and the pod-placement webhook (called through
 //! its Service) work with controllers run that way. Pods of Tandem's image that step outside
 //! the allow-list run nothing, and nothing outlives the lab, even a SIGKILLed one.
@@ -11,7 +12,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod netlab;
-use netlab::{invite_and_peer, json, kubectl, lab_up, offload_hello, ok, tandem, until};
+use netlab::{
+    install_overlay, invite_and_peer, json, kubectl, lab_up, offload_hello, ok, tandem, until,
+};
 
 /// The processes the lab started (its children), with their command lines.
 fn children(lab_pid: u32) -> Vec<(u32, String)> {
@@ -95,23 +98,29 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
     let lab_pid = lab.child.id();
     let kc = lab.kubeconfig.clone();
 
-    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
-        ok(
-            tandem(
-                home.path(),
-                &[
-                    "install",
-                    "--kubeconfig",
-                    &kc,
-                    "--context",
-                    ctx,
-                    "--cluster-id",
-                    id,
-                ],
-            ),
-            &format!("install on {ctx}"),
-        );
-    }
+    // rome (the consumer) is installed as an administrator who reviews what goes in does it:
+    // `kubectl apply -k` of an overlay of deploy/install naming its cluster ID; milan with
+    // `tandem install`. Both must run alike.
+    let overlay = install_overlay(&home.path().join("rome-overlay"), Some("rome"));
+    ok(
+        kubectl(&lab, "lab-1", &["apply", "-k", overlay.to_str().unwrap()]),
+        "kubectl apply -k on lab-1",
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "install",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-2",
+                "--cluster-id",
+                "milan",
+            ],
+        ),
+        "install on lab-2",
+    );
     // Each controller is its Deployment's pod, and says who the API server knows it as.
     for ctx in ["lab-1", "lab-2"] {
         let log = until(

@@ -6,44 +6,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-struct Background(Child);
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tandem(home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .env("HOME", home)
-        .output()
-        .expect("tandem runs")
-}
-
-fn kubectl(kc: &str, ctx: &str, args: &[&str]) -> Output {
-    Command::new("kubectl")
-        .args(["--kubeconfig", kc, "--context", ctx])
-        .args(args)
-        .output()
-        .expect("kubectl runs")
-}
-
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+mod netlab;
+use netlab::{Lab, kubectl, ok, tandem, until};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -207,19 +176,17 @@ fn kustomize_renders_exactly_what_install_applies() {
 }
 
 /// `tandem lab up` with `clusters` hollow clusters (it hosts each controller in-process once
-/// the controller Deployment exists); returns it and the kubeconfig.
-fn lab(home: &Path, clusters: &str) -> (Background, String) {
+/// the controller Deployment exists); stopped when dropped.
+fn lab(home: &Path, clusters: &str) -> Lab {
     let kubeconfig = home.join("kubeconfig");
-    let lab = Background(
-        Command::new(env!("CARGO_BIN_EXE_tandem"))
-            .args(["lab", "up", "--clusters", clusters, "--nodes", "1", "--dir"])
-            .arg(home)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["lab", "up", "--clusters", clusters, "--nodes", "1", "--dir"])
+        .arg(home)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !kubeconfig.exists() {
         assert!(
@@ -228,24 +195,17 @@ fn lab(home: &Path, clusters: &str) -> (Background, String) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    (lab, kubeconfig.to_str().unwrap().to_string())
-}
-
-fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
+    Lab {
+        child,
+        kubeconfig: kubeconfig.to_str().unwrap().to_string(),
     }
 }
 
 #[test]
 fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
     let home = tempfile::tempdir().unwrap();
-    let (_lab, kc) = lab(home.path(), "1");
+    let lab = lab(home.path(), "1");
+    let kc = lab.kubeconfig.clone();
     let args = [
         "--kubeconfig",
         &kc,
@@ -275,9 +235,9 @@ fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
         "{config}"
     );
     // Nothing changed.
-    let out = kubectl(&kc, "lab-1", &["get", "namespace", "tandem-system"]);
+    let out = kubectl(&lab, "lab-1", &["get", "namespace", "tandem-system"]);
     assert!(!out.status.success(), "a dry run created tandem-system");
-    let out = kubectl(&kc, "lab-1", &["get", "crd", "peerings.tandem.dev"]);
+    let out = kubectl(&lab, "lab-1", &["get", "crd", "peerings.tandem.dev"]);
     assert!(!out.status.success(), "a dry run created a CRD");
 
     ok(
@@ -291,7 +251,7 @@ fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
         }
         let live: Value = normalized(
             serde_json::from_str(&ok(
-                kubectl(&kc, "lab-1", &get),
+                kubectl(&lab, "lab-1", &get),
                 &format!("get {kind} {name}"),
             ))
             .unwrap(),
@@ -311,39 +271,16 @@ fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
     assert_eq!(by_key(yaml_documents(&again)), printed);
 }
 
-/// A kustomize overlay of `deploy/install` in `dir`, setting the cluster ID when given.
-fn overlay(dir: &Path, cluster_id: Option<&str>) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    // kustomize takes only relative paths to a base.
-    let up = "../".repeat(dir.components().count() - 1);
-    let base = format!(
-        "{up}{}",
-        deploy_dir()
-            .join("install")
-            .to_str()
-            .unwrap()
-            .trim_start_matches('/')
-    );
-    let mut kustomization = format!("resources:\n- {base}\n");
-    if let Some(id) = cluster_id {
-        kustomization.push_str(&format!(
-            "patches:\n- target: {{kind: ConfigMap, name: tandem-config}}\n  patch: |-\n    \
-             - {{op: add, path: /data/clusterID, value: {id}}}\n"
-        ));
-    }
-    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
-    dir.to_path_buf()
-}
-
 #[test]
 fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
     let home = tempfile::tempdir().unwrap();
-    let (_lab, kc) = lab(home.path(), "2");
+    let lab = lab(home.path(), "2");
+    let kc = lab.kubeconfig.clone();
     // rome names its ID in an overlay; the provider applies deploy/install as it is.
-    let rome = overlay(&home.path().join("rome"), Some("rome"));
+    let rome = netlab::install_overlay(&home.path().join("rome"), Some("rome"));
     for (ctx, dir) in [("lab-1", rome), ("lab-2", deploy_dir().join("install"))] {
         let out = ok(
-            kubectl(&kc, ctx, &["apply", "-k", dir.to_str().unwrap()]),
+            kubectl(&lab, ctx, &["apply", "-k", dir.to_str().unwrap()]),
             &format!("kubectl apply -k on {ctx}"),
         );
         assert!(
@@ -380,7 +317,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
     for ctx in ["lab-1", "lab-2"] {
         let cidr = until("the detected pod CIDR", Duration::from_secs(60), || {
             let out = kubectl(
-                &kc,
+                &lab,
                 ctx,
                 &[
                     "-n",
@@ -397,7 +334,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
         });
         let node_cidr = ok(
             kubectl(
-                &kc,
+                &lab,
                 ctx,
                 &["get", "nodes", "-o", "jsonpath={.items[0].spec.podCIDR}"],
             ),
@@ -412,7 +349,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
     // Re-applying the manifests keeps what the controller stored.
     ok(
         kubectl(
-            &kc,
+            &lab,
             "lab-2",
             &[
                 "apply",
@@ -454,7 +391,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
         .then_some(())
     });
     ok(
-        kubectl(&kc, "lab-1", &["create", "namespace", "shop"]),
+        kubectl(&lab, "lab-1", &["create", "namespace", "shop"]),
         "namespace",
     );
     ok(
@@ -476,14 +413,14 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
     );
     let twin = format!("shop-rome");
     until("the twin namespace", Duration::from_secs(60), || {
-        kubectl(&kc, "lab-2", &["get", "namespace", &twin])
+        kubectl(&lab, "lab-2", &["get", "namespace", &twin])
             .status
             .success()
             .then_some(())
     });
     ok(
         kubectl(
-            &kc,
+            &lab,
             "lab-1",
             &[
                 "-n",
@@ -501,7 +438,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
         || {
             let pod: Value = serde_json::from_slice(
                 &kubectl(
-                    &kc,
+                    &lab,
                     "lab-1",
                     &["-n", "shop", "get", "pod", "web", "-o", "json"],
                 )
@@ -509,7 +446,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
             )
             .ok()?;
             let twins: Value = serde_json::from_slice(
-                &kubectl(&kc, "lab-2", &["-n", &twin, "get", "pods", "-o", "json"]).stdout,
+                &kubectl(&lab, "lab-2", &["-n", &twin, "get", "pods", "-o", "json"]).stdout,
             )
             .ok()?;
             (pod["status"]["phase"] == "Running"

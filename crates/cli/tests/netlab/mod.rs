@@ -297,3 +297,28 @@ pub fn rome_consumes_from_milan_and_turin(home: &Path) -> Lab {
     peer_with(home, &kc, "lab-1", 3);
     lab
 }
+
+/// A kustomize overlay of the repository's `deploy/install` in `dir` (created), setting the
+/// cluster ID in tandem-config when given, as an administrator's own overlay would.
+pub fn install_overlay(dir: &Path, cluster_id: Option<&str>) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/install")
+        .canonicalize()
+        .unwrap();
+    // kustomize takes a base only by a relative path.
+    let base = format!(
+        "{}{}",
+        "../".repeat(dir.components().count() - 1),
+        deploy.to_str().unwrap().trim_start_matches('/')
+    );
+    let mut kustomization = format!("resources:\n- {base}\n");
+    if let Some(id) = cluster_id {
+        kustomization.push_str(&format!(
+            "patches:\n- target: {{kind: ConfigMap, name: tandem-config}}\n  patch: |-\n    \
+             - {{op: add, path: /data/clusterID, value: {id}}}\n"
+        ));
+    }
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
+    dir.to_path_buf()
+}
