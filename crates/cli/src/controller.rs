@@ -48,6 +48,23 @@ pub struct Args {
     /// [default: not served].
     #[arg(long, value_name = "IP:PORT")]
     dns_addr: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics on `/metrics`, and `/healthz` (liveness) and `/readyz`
+    /// (ready once the reconcilers run: a replica waiting for the leader Lease is not) on this
+    /// address. The in-cluster Deployment serves on 0.0.0.0:8080 [default: not served].
+    #[arg(long, value_name = "IP:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Run the reconcilers only while holding the Lease tandem-system/tandem-controller, so
+    /// that of several replicas only one writes; the others wait to take over (client-go's
+    /// timings: a 15 s lease, renewed every 2 s). The in-cluster Deployment sets it.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, value_name = "BOOL")]
+    leader_elect: bool,
+}
+
+/// This host's name (a pod's name, in a cluster), for the leader Lease.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "tandem-controller".into())
 }
 
 /// The local address of the route to `url`'s host: what the API server can reach this
@@ -117,17 +134,29 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         kubelet_address,
         dns_addr: args.dns_addr,
         fence_margin: Duration::from_secs(args.fence_margin_seconds),
+        metrics_addr: args.metrics_addr,
+        leader_election: args
+            .leader_elect
+            .then(|| tandem_controller::leader::LeaderElection::new(&hostname())),
     };
     let controller = Controller::start(client, options)
         .await
         .context("starting the controller")?;
     // SIGTERM too: that is how a kubelet stops the controller's pod.
     let interrupted = crate::interrupt().context("listening for SIGINT and SIGTERM")?;
-    tokio::select! {
-        _ = controller.wait() => anyhow::bail!("the controller stopped"),
-        () = interrupted => {
-            tracing::info!("stopping");
-            Ok(())
-        }
+    if let Some(addr) = controller.metrics_addr() {
+        tracing::info!("serving /metrics, /healthz and /readyz on {addr}");
     }
+    let mut controller = controller;
+    tokio::select! {
+        () = controller.wait() => anyhow::bail!(
+            "the controller stopped (see the log above: a task failed, or the leader Lease was lost)"
+        ),
+        () = interrupted => {}
+    }
+    tracing::info!("stopping");
+    // The reconcilers stop, then the leader Lease is given up: another replica takes over
+    // at once rather than after the lease runs out.
+    controller.stop().await;
+    Ok(())
 }

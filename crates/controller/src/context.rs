@@ -29,6 +29,12 @@ pub struct Options {
     /// Fencing: how long a provider may take, once a pod's fence deadline passed, to notice
     /// and stop the pod; the consumer adds it to `fenceAfter` before it replaces the pod.
     pub fence_margin: Duration,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz`, if anywhere (port 0 picks one:
+    /// [`Controller::metrics_addr`](crate::Controller::metrics_addr) tells which).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Run the reconcilers only while holding the leader Lease (several replicas); None: run
+    /// them at once (one replica).
+    pub leader_election: Option<crate::leader::LeaderElection>,
 }
 
 impl Default for Options {
@@ -41,6 +47,8 @@ impl Default for Options {
             kubelet_address: std::net::Ipv4Addr::LOCALHOST.into(),
             dns_addr: None,
             fence_margin: Duration::from_secs(5),
+            metrics_addr: None,
+            leader_election: None,
         }
     }
 }
@@ -52,6 +60,8 @@ pub struct Context {
     /// This cluster's ID and key pair.
     pub identity: ClusterIdentity,
     pub options: Options,
+    /// What `/metrics` reports; `client` and every provider's client count their requests here.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 pub type Ctx = Arc<Context>;

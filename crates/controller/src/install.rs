@@ -317,10 +317,22 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
                         "args": ["controller",
                                  format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
                                  format!("--webhook-service={}/{}", names::SYSTEM_NAMESPACE, names::CONTROLLER_NAME),
-                                 format!("--dns-addr=0.0.0.0:{DNS_PORT}")],
+                                 format!("--dns-addr=0.0.0.0:{DNS_PORT}"),
+                                 format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+                                 // More replicas wait for the Lease; one writes.
+                                 "--leader-elect=true"],
                         "ports": [{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
                                   {"name": "dns", "containerPort": DNS_PORT, "protocol": "UDP"},
-                                  {"name": "dns-tcp", "containerPort": DNS_PORT, "protocol": "TCP"}],
+                                  {"name": "dns-tcp", "containerPort": DNS_PORT, "protocol": "TCP"},
+                                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                                          "periodSeconds": 10, "failureThreshold": 3},
+                        // A replica waiting for the leader Lease is not ready, so the webhook's
+                        // Service sends reviews only to the leader, which serves them.
+                        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
+                                           "periodSeconds": 2, "failureThreshold": 1},
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                      "limits": {"memory": "1Gi"}},
                         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                             "capabilities": {"drop": ["ALL"]}},
                     }],
@@ -526,6 +538,8 @@ pub async fn bootstrap(client: &Client) -> Result<ClusterIdentity, InstallError>
     Ok(ClusterIdentity::ensure(client, data.get("clusterID").map(String::as_str)).await?)
 }
 
+/// The port the in-cluster controller serves `/metrics`, `/healthz` and `/readyz` on.
+pub const METRICS_PORT: u16 = 8080;
 /// The port the in-cluster controller serves `clusterset.local` on.
 pub const DNS_PORT: u16 = 5353;
 /// The Service (in tandem-system) in front of it, port 53.

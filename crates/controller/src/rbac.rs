@@ -508,6 +508,12 @@ pub fn controller_namespaced_roles() -> Vec<Role> {
                     &["deployments", "daemonsets"],
                     &["get", "list", "create", "patch", "delete"],
                 ),
+                // The leader Lease among its replicas.
+                rule(
+                    "coordination.k8s.io",
+                    &["leases"],
+                    &["get", "create", "update", "patch"],
+                ),
             ],
         ),
         role(

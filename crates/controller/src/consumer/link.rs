@@ -220,7 +220,7 @@ pub async fn identity_client(
             name: name.to_string(),
             source,
         })?;
-    Ok((client, secret))
+    Ok((ctx.metrics.counted(client, provider), secret))
 }
 
 /// Builds the link of an authenticated Peering: reads its identity Secret and makes a client.

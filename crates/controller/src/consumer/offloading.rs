@@ -55,7 +55,11 @@ pub async fn run(ctx: Ctx, links: Links) {
     let link_changes = links.changes();
     Controller::new(api, watcher::Config::default())
         .reconcile_all_on(link_changes)
-        .run(reconcile, error_policy, Arc::new(State { ctx, links }))
+        .run(
+            crate::metrics::timed(ctx.metrics.clone(), "namespaceoffloading", reconcile),
+            error_policy,
+            Arc::new(State { ctx, links }),
+        )
         .for_each(|_| async {})
         .await;
 }

@@ -113,6 +113,8 @@ struct RemotePod {
     news: bool,
     /// The consumer-view status to write, until written.
     status: Option<Arc<Value>>,
+    /// When this status arrived (the reflection lag is counted from here).
+    seen: Instant,
 }
 
 enum Msg {
@@ -173,6 +175,7 @@ fn remote_pod(pod: &PodStatusRef, remap: Option<IpRemap>) -> RemotePod {
         hash: h.finish().max(1),
         news: shadow::status_is_news(&status),
         status: Some(Arc::new(status)),
+        seen: Instant::now(),
     }
 }
 
@@ -261,6 +264,8 @@ enum Action {
         key: Key,
         status: Arc<Value>,
         hash: u64,
+        /// When the provider's status it reflects arrived, if it reflects one.
+        seen: Option<Instant>,
     },
     MarkUnready {
         key: Key,
@@ -523,6 +528,7 @@ impl State {
                             key: key.clone(),
                             status: Arc::new(status),
                             hash,
+                            seen: None,
                         });
                     }
                 }
@@ -561,6 +567,7 @@ impl State {
                                 key: key.clone(),
                                 status: status.clone(),
                                 hash: p.hash,
+                                seen: Some(p.seen),
                             });
                         }
                     } else if let Some(why) = &s.rejected {
@@ -572,6 +579,7 @@ impl State {
                                 key: key.clone(),
                                 status: Arc::new(status),
                                 hash,
+                                seen: None,
                             });
                         }
                     }
@@ -620,7 +628,13 @@ enum Change {
     Readiness(bool),
 }
 
-async fn act(local: Client, remote: Client, consumer_id: String, action: Action) -> Outcome {
+async fn act(
+    local: Client,
+    remote: Client,
+    consumer_id: String,
+    metrics: Arc<crate::metrics::Metrics>,
+    action: Action,
+) -> Outcome {
     match action {
         Action::CreateShadow { key, twin, spec } => {
             let spec = match spec {
@@ -700,12 +714,22 @@ async fn act(local: Client, remote: Client, consumer_id: String, action: Action)
                 }
             }
         }
-        Action::WriteStatus { key, status, hash } => {
+        Action::WriteStatus {
+            key,
+            status,
+            hash,
+            seen,
+        } => {
             let patch = StatusPatch {
                 status: status.as_ref(),
             };
             match patch_status(&local, &key, &Patch::Merge(&patch)).await {
-                Ok(()) => Outcome::Written(key, hash),
+                Ok(()) => {
+                    if let Some(seen) = seen {
+                        metrics.reflected(seen.into_std());
+                    }
+                    Outcome::Written(key, hash)
+                }
                 Err(e) if client::is_not_found(&e) => Outcome::Done,
                 Err(e) => {
                     tracing::warn!(pod = %format!("{}/{}", key.0, key.1), "writing the pod status: {e}");
@@ -1033,6 +1057,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     ctx.client.clone(),
                     l.client.clone(),
                     l.consumer_id.clone(),
+                    ctx.metrics.clone(),
                     a,
                 )
             })
@@ -1091,6 +1116,7 @@ mod tests {
             hash: 7,
             news: true,
             status: Some(Arc::new(json!({"phase": "Running"}))),
+            seen: Instant::now(),
         }
     }
 

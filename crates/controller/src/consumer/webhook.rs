@@ -302,6 +302,7 @@ async fn handle(
     cache: Store<NamespaceOffloading>,
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
+    let arrived = std::time::Instant::now();
     let local_only = req.uri().path().ends_with(LOCAL_ONLY_SUFFIX);
     let body = req.into_body().collect().await?.to_bytes();
     // An unreadable review has no uid to answer; the API server rejects the answer.
@@ -319,6 +320,7 @@ async fn handle(
         "kind": "AdmissionReview",
         "response": response,
     });
+    ctx.metrics.webhook_answered(arrived);
     Ok(http::Response::builder()
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(answer.to_string())))

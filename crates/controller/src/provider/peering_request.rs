@@ -47,7 +47,11 @@ pub async fn run(ctx: Ctx) {
     let janitor = tokio::spawn(janitor(ctx.clone()));
     let api: Api<PeeringRequest> = Api::namespaced(ctx.client.clone(), names::SYSTEM_NAMESPACE);
     Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
+        .run(
+            crate::metrics::timed(ctx.metrics.clone(), "peeringrequest", reconcile),
+            error_policy,
+            ctx,
+        )
         .for_each(|_| async {})
         .await;
     janitor.abort();

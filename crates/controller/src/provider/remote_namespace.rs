@@ -88,7 +88,11 @@ pub async fn run(ctx: Ctx) {
                     .collect::<Vec<_>>()
             },
         )
-        .run(reconcile, error_policy, ctx)
+        .run(
+            crate::metrics::timed(ctx.metrics.clone(), "remotenamespace", reconcile),
+            error_policy,
+            ctx,
+        )
         .for_each(|_| async {})
         .await;
 }

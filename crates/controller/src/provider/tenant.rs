@@ -45,7 +45,11 @@ enum Cause {
 pub async fn run(ctx: Ctx) {
     let api: Api<Tenant> = Api::all(ctx.client.clone());
     Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
+        .run(
+            crate::metrics::timed(ctx.metrics.clone(), "tenant", reconcile),
+            error_policy,
+            ctx,
+        )
         .for_each(|_| async {})
         .await;
 }

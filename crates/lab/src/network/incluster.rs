@@ -50,6 +50,8 @@ const ROLES: &[Role] = &[
             "--heartbeat-seconds",
             "--provider-grace-seconds",
             "--dns-addr",
+            "--metrics-addr",
+            "--leader-elect",
         ],
         capabilities: &[],
     },

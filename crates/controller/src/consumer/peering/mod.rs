@@ -191,7 +191,7 @@ pub async fn run(ctx: Ctx, links: Links) {
     let api: Api<Peering> = Api::all(ctx.client.clone());
     Controller::new(api, watcher::Config::default())
         .run(
-            reconcile,
+            crate::metrics::timed(ctx.metrics.clone(), "peering", reconcile),
             error_policy,
             Arc::new(PeeringContext { ctx, links }),
         )
