@@ -27,6 +27,7 @@ mod offload;
 mod peer;
 mod status;
 mod table;
+mod uninstall;
 mod unpeer;
 mod workdir;
 
@@ -54,6 +55,8 @@ enum Command {
     Demo(demo::Args),
     /// Install (or upgrade) Tandem in a cluster and create its identity.
     Install(install::Args),
+    /// Remove Tandem from a cluster (refused while peered, unless --force).
+    Uninstall(uninstall::Args),
     /// On a provider: create, list or revoke a peering invite.
     Invite(invite::Args),
     /// On a consumer: peer with the provider that issued an invite.
@@ -200,6 +203,7 @@ fn run() -> anyhow::Result<()> {
             Command::Status(args) => status::run(args, &global).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Install(args) => install::run(args, &global.cluster, global.output).await,
+            Command::Uninstall(args) => uninstall::run(args, &global.cluster).await,
             Command::Invite(args) => invite::run(args, &global.cluster).await,
             Command::Peer(args) => peer::run(args, &global.cluster).await,
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,

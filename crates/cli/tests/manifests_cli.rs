@@ -6,13 +6,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod netlab;
-use netlab::{Lab, kubectl, ok, tandem, until};
+use netlab::{hollow_lab, kubectl, ok, tandem, until};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -175,36 +175,10 @@ fn kustomize_renders_exactly_what_install_applies() {
     assert!(!out.status.success());
 }
 
-/// `tandem lab up` with `clusters` hollow clusters (it hosts each controller in-process once
-/// the controller Deployment exists); stopped when dropped.
-fn lab(home: &Path, clusters: &str) -> Lab {
-    let kubeconfig = home.join("kubeconfig");
-    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["lab", "up", "--clusters", clusters, "--nodes", "1", "--dir"])
-        .arg(home)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !kubeconfig.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "tandem lab up wrote no kubeconfig"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Lab {
-        child,
-        kubeconfig: kubeconfig.to_str().unwrap().to_string(),
-    }
-}
-
 #[test]
 fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
     let home = tempfile::tempdir().unwrap();
-    let lab = lab(home.path(), "1");
+    let lab = hollow_lab(home.path(), "1");
     let kc = lab.kubeconfig.clone();
     let args = [
         "--kubeconfig",
@@ -274,7 +248,7 @@ fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
 #[test]
 fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
     let home = tempfile::tempdir().unwrap();
-    let lab = lab(home.path(), "2");
+    let lab = hollow_lab(home.path(), "2");
     let kc = lab.kubeconfig.clone();
     // rome names its ID in an overlay; the provider applies deploy/install as it is.
     let rome = netlab::install_overlay(&home.path().join("rome"), Some("rome"));

@@ -558,11 +558,22 @@ pub fn stub_domain_block(dns_ip: &str) -> String {
 
 /// `corefile` with Tandem's stub domain set to `dns_ip` (replacing an earlier one).
 pub fn with_stub_domain(corefile: &str, dns_ip: &str) -> String {
+    let mut out = without_stub_domain(corefile);
+    if !out.ends_with("\n\n") && !out.is_empty() {
+        out.push('\n');
+    }
+    out + &stub_domain_block(dns_ip)
+}
+
+/// `corefile` without Tandem's stub domain (what `tandem uninstall` leaves).
+pub fn without_stub_domain(corefile: &str) -> String {
     let mut out = String::new();
     let mut skipping = false;
+    let mut removed = false;
     for line in corefile.lines() {
         if line.trim() == STUB_BEGIN {
             skipping = true;
+            removed = true;
         } else if skipping && line.trim() == STUB_END {
             skipping = false;
         } else if !skipping {
@@ -570,10 +581,11 @@ pub fn with_stub_domain(corefile: &str, dns_ip: &str) -> String {
             out.push('\n');
         }
     }
-    if !out.ends_with("\n\n") && !out.is_empty() {
-        out.push('\n');
+    // The blank line `with_stub_domain` put before the block.
+    while removed && out.ends_with("\n\n") {
+        out.pop();
     }
-    out + &stub_domain_block(dns_ip)
+    out
 }
 
 /// Points the cluster DNS at `clusterset.local`: the stub domain in CoreDNS's Corefile
@@ -801,4 +813,45 @@ pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallEr
             })?,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stub_domain_is_replaced_once_and_removed_without_a_trace() {
+        let corefile = ".:53 {\n    errors\n    forward . /etc/resolv.conf\n}\n";
+        let with = with_stub_domain(corefile, "10.96.0.53");
+        assert!(with.starts_with(corefile) && with.contains("forward . 10.96.0.53"));
+        let moved = with_stub_domain(&with, "10.96.0.54");
+        assert_eq!(moved.matches(STUB_BEGIN).count(), 1, "{moved}");
+        assert!(moved.contains("10.96.0.54") && !moved.contains("10.96.0.53"));
+        assert_eq!(without_stub_domain(&moved), corefile);
+        assert_eq!(without_stub_domain(corefile), corefile);
+    }
+
+    #[test]
+    fn manifests_leave_what_is_unset_to_the_controller() {
+        let objects = manifests(&ManifestSettings::default());
+        let config = objects
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap")
+            .expect("the settings");
+        assert!(config["data"]["podCIDR"].is_null() && config["data"]["clusterID"].is_null());
+        assert!(
+            !serde_json::to_string(&objects)
+                .unwrap()
+                .contains("caBundle")
+        );
+        let settings = ManifestSettings {
+            cluster_id: Some("rome".into()),
+            pod_cidr: Some("10.244.0.0/16".into()),
+            ..Default::default()
+        };
+        let objects = manifests(&settings);
+        let config = objects.iter().find(|o| o["kind"] == "ConfigMap").unwrap();
+        assert_eq!(config["data"]["clusterID"], "rome");
+        assert_eq!(config["data"]["podCIDR"], "10.244.0.0/16");
+    }
 }

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod provider;
 pub mod rbac;
 pub mod runtime;
+pub mod uninstall;
 
 pub use context::{Context, Options};
 pub use runtime::Controller;

@@ -322,3 +322,29 @@ pub fn install_overlay(dir: &Path, cluster_id: Option<&str>) -> std::path::PathB
     std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
     dir.to_path_buf()
 }
+
+/// `tandem lab up` with `clusters` hollow clusters (it hosts each controller in-process once
+/// the controller Deployment exists); stopped when dropped.
+pub fn hollow_lab(home: &Path, clusters: &str) -> Lab {
+    let kubeconfig = home.join("kubeconfig");
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["lab", "up", "--clusters", clusters, "--nodes", "1", "--dir"])
+        .arg(home)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !kubeconfig.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "tandem lab up wrote no kubeconfig"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Lab {
+        child,
+        kubeconfig: kubeconfig.to_str().unwrap().to_string(),
+    }
+}
