@@ -175,6 +175,87 @@ fn kustomize_renders_exactly_what_install_applies() {
     assert!(!out.status.success());
 }
 
+/// `helm template` of deploy/helm/tandem with `args`, by kind, namespace and name.
+fn helm_template(args: &[&str]) -> BTreeMap<(String, String, String), Value> {
+    let out = Command::new("helm")
+        .args(["template", "tandem"])
+        .arg(deploy_dir().join("helm/tandem"))
+        .args(["--include-crds", "--namespace", "default"])
+        .args(args)
+        .output()
+        .expect("helm runs (.ci/install-deps installs it)");
+    by_key(yaml_documents(&ok(out, "helm template")))
+}
+
+fn dry_run(args: &[&str]) -> BTreeMap<(String, String, String), Value> {
+    let home = tempfile::tempdir().unwrap();
+    let out = ok(
+        tandem(
+            home.path(),
+            &[
+                &["install", "--dry-run", "--offline", "-o", "json"][..],
+                args,
+            ]
+            .concat(),
+        ),
+        "tandem install --dry-run --offline",
+    );
+    let list: Value = serde_json::from_str(&out).unwrap();
+    by_key(list["items"].as_array().unwrap().clone())
+}
+
+fn assert_same(
+    rendered: &BTreeMap<(String, String, String), Value>,
+    applied: &BTreeMap<(String, String, String), Value>,
+) {
+    assert_eq!(
+        rendered.keys().collect::<Vec<_>>(),
+        applied.keys().collect::<Vec<_>>(),
+        "the same objects"
+    );
+    for (key, object) in applied {
+        assert_eq!(&rendered[key], object, "{key:?}");
+    }
+}
+
+#[test]
+fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
+    assert_same(&helm_template(&[]), &dry_run(&[]));
+    assert_same(
+        &helm_template(&[
+            "--set",
+            "clusterID=rome,podCIDR=10.244.0.0/16,externalCIDR=10.80.0.0/16,sharePercent=30,\
+             networkFabric=true,networkExposure=pod-cidr,image=registry.example.org/tandem:1",
+        ]),
+        &dry_run(&[
+            "--cluster-id",
+            "rome",
+            "--pod-cidr",
+            "10.244.0.0/16",
+            "--external-cidr",
+            "10.80.0.0/16",
+            "--share-percent",
+            "30",
+            "--network-fabric",
+            "--network-exposure",
+            "pod-cidr",
+            "--image",
+            "registry.example.org/tandem:1",
+        ]),
+    );
+    // Resources are the chart's own setting.
+    let custom = helm_template(&["--set", "resources.requests.cpu=250m"]);
+    let deployment = &custom[&(
+        "Deployment".into(),
+        "tandem-system".into(),
+        "tandem-controller".into(),
+    )];
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+        "250m"
+    );
+}
+
 #[test]
 fn dry_run_prints_what_install_then_applies_and_changes_nothing() {
     let home = tempfile::tempdir().unwrap();

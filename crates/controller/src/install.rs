@@ -331,8 +331,7 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
                         // Service sends reviews only to the leader, which serves them.
                         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                                            "periodSeconds": 2, "failureThreshold": 1},
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                      "limits": {"memory": "1Gi"}},
+                        "resources": controller_resources(),
                         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                             "capabilities": {"drop": ["ALL"]}},
                     }],
@@ -363,6 +362,11 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         },
     }));
     out
+}
+
+/// The controller container's resources (the Helm chart's `resources` value by default).
+pub fn controller_resources() -> serde_json::Value {
+    json!({"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}})
 }
 
 fn to_value(obj: &impl Serialize) -> serde_json::Value {
