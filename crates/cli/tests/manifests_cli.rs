@@ -243,6 +243,38 @@ fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
             "registry.example.org/tandem:1",
         ]),
     );
+    // The ServiceMonitor is optional, in the chart and as a kustomize component.
+    let key = (
+        "ServiceMonitor".to_string(),
+        "tandem-system".to_string(),
+        "tandem-controller".to_string(),
+    );
+    assert!(!helm_template(&[]).contains_key(&key));
+    let monitored = helm_template(&["--set", "serviceMonitor.enabled=true"]);
+    let expected = tandem_controller::install::service_monitor();
+    assert_eq!(monitored[&key], expected);
+    let overlay = tempfile::tempdir().unwrap();
+    let dir = netlab::install_overlay(&overlay.path().join("o"), None);
+    let kustomization = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let base = kustomization
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim_start_matches("- ");
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!("{kustomization}components:\n- {base}/servicemonitor\n"),
+    )
+    .unwrap();
+    let rendered = by_key(yaml_documents(&ok(
+        Command::new("kubectl")
+            .arg("kustomize")
+            .arg(&dir)
+            .output()
+            .unwrap(),
+        "kubectl kustomize with the servicemonitor component",
+    )));
+    assert_eq!(rendered[&key], expected);
     // Resources are the chart's own setting.
     let custom = helm_template(&["--set", "resources.requests.cpu=250m"]);
     let deployment = &custom[&(

@@ -349,6 +349,17 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
             "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}],
         },
     }));
+    // Prometheus scrapes the controller through this one (see [`service_monitor`]).
+    out.push(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": METRICS_SERVICE, "namespace": names::SYSTEM_NAMESPACE,
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY,
+                                "app.kubernetes.io/name": METRICS_SERVICE}},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": names::CONTROLLER_NAME},
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }));
     // The cluster DNS forwards `clusterset.local` to the controller through this one.
     out.push(json!({
         "apiVersion": "v1", "kind": "Service",
@@ -362,6 +373,25 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         },
     }));
     out
+}
+
+/// The Service in front of the controllers' `/metrics`.
+pub const METRICS_SERVICE: &str = "tandem-controller-metrics";
+
+/// The Prometheus Operator's ServiceMonitor for the controller's `/metrics`: optional (its CRD
+/// may be absent), so not among [`manifests`] — the kustomize component
+/// `deploy/install/servicemonitor` and the chart's `serviceMonitor.enabled` add it.
+pub fn service_monitor() -> serde_json::Value {
+    json!({
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE,
+                     "labels": labels()},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": METRICS_SERVICE}},
+            "namespaceSelector": {"matchNames": [names::SYSTEM_NAMESPACE]},
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}],
+        },
+    })
 }
 
 /// The controller container's resources (the Helm chart's `resources` value by default).

@@ -166,6 +166,30 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
         assert!(value(&errors) >= 0.0);
     }
 
+    // Every metric the Grafana dashboard in deploy/ plots is in the scrape.
+    let dashboard = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/tandem.json"),
+    )
+    .unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    let mut plotted = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("tandem_") {
+                    plotted += 1;
+                    assert!(
+                        after.lines().any(|l| l.starts_with(word)),
+                        "panel {:?} plots {word}, which /metrics lacks",
+                        panel["title"]
+                    );
+                }
+            }
+        }
+    }
+    assert!(plotted >= 10);
+
     // The follower read, but wrote nothing.
     assert_eq!(b.metrics().local_writes(), 0, "the follower wrote");
     assert!(!b.metrics().started());
