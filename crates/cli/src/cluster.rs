@@ -38,6 +38,11 @@ impl ClusterArgs {
         })
     }
 
+    /// The kubeconfig's contexts, in its order.
+    pub fn contexts(&self) -> Result<Vec<String>, Error> {
+        Ok(self.load()?.contexts.into_iter().map(|c| c.name).collect())
+    }
+
     /// A client of the chosen cluster; without flags kube's usual inference ($KUBECONFIG,
     /// ~/.kube/config, else the in-cluster ServiceAccount), as the controller's Deployment needs.
     pub async fn client(&self) -> Result<Client, Error> {

@@ -12,6 +12,7 @@ mod apiserver;
 mod cluster;
 mod controller;
 mod crds;
+mod dashboard;
 mod demo;
 mod drain;
 mod error;
@@ -77,6 +78,9 @@ enum Command {
     /// Show peerings, virtual nodes, offloaded namespaces, pod counts, exported and imported
     /// services.
     Status(status::Args),
+    /// Serve a live, read-only topology page (clusters, peerings, virtual nodes, tunnels,
+    /// offloaded namespaces) on localhost.
+    Dashboard(dashboard::Args),
     /// Export a Service to every peer (multi-cluster services: `<svc>.<ns>.svc.clusterset.local`).
     Export(export::ExportArgs),
     /// Stop exporting a Service.
@@ -201,6 +205,7 @@ fn run() -> anyhow::Result<()> {
             Command::Lab(args) => lab::run(args, &global).await,
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,
+            Command::Dashboard(args) => dashboard::run(args, &global.cluster).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Install(args) => install::run(args, &global.cluster, global.output).await,
             Command::Uninstall(args) => uninstall::run(args, &global.cluster).await,
