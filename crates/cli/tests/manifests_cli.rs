@@ -498,7 +498,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
         ),
         "offload",
     );
-    let twin = format!("shop-rome");
+    let twin = "shop-rome".to_string();
     until("the twin namespace", Duration::from_secs(60), || {
         kubectl(&lab, "lab-2", &["get", "namespace", &twin])
             .status

@@ -141,7 +141,8 @@ fn uninstall_on_both_sides_of_a_peering_leaves_nothing_and_pods_still_start() {
                     "get",
                     "namespaces,nodes,clusterroles,clusterrolebindings,roles,rolebindings,\
                      deployments,daemonsets,services,endpointslices,serviceaccounts,configmaps,\
-                     secrets,leases,storageclasses,certificatesigningrequests,pods",
+                     secrets,leases,storageclasses,certificatesigningrequests,pods,\
+                     priorityclasses,poddisruptionbudgets",
                     "-A",
                     "-l",
                     "app.kubernetes.io/managed-by=tandem",

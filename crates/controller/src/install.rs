@@ -280,6 +280,16 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         "subjects": sa_subject,
     }));
     out.push(storage_class());
+    // The controller and the gateways are what offloaded pods depend on: scheduled (and kept)
+    // before ordinary pods under pressure. Kubernetes reserves system-cluster-critical for
+    // kube-system, so Tandem brings its own class.
+    out.push(json!({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": labels()},
+        "value": 1_000_000_000,
+        "globalDefault": false,
+        "description": "Tandem's controller and gateways: offloaded pods and cross-cluster traffic depend on them.",
+    }));
     let mut data = json!({
         "externalCIDR": settings.external_cidr,
         "sharePercent": settings.share_percent.to_string(),
@@ -311,6 +321,9 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
                 "metadata": {"labels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},
                 "spec": {
                     "serviceAccountName": names::CONTROLLER_NAME,
+                    "priorityClassName": PRIORITY_CLASS,
+                    // Time to give the leader Lease up (`Controller::stop`).
+                    "terminationGracePeriodSeconds": 30,
                     "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
                     "containers": [{
                         "name": "controller", "image": settings.image,
@@ -337,6 +350,15 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
                     }],
                 },
             },
+        },
+    }));
+    // A drain evicts one replica at a time (with more than one, the others take over).
+    out.push(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": names::CONTROLLER_NAME}},
         },
     }));
     // The API server calls the pod-placement webhook through this Service when the controller
@@ -374,6 +396,9 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
     }));
     out
 }
+
+/// The PriorityClass of the controller and the gateways.
+pub const PRIORITY_CLASS: &str = "tandem-critical";
 
 /// The Service in front of the controllers' `/metrics`.
 pub const METRICS_SERVICE: &str = "tandem-controller-metrics";
@@ -422,9 +447,9 @@ fn step_of(kind: &str) -> &'static str {
         "CustomResourceDefinition" => "CRDs",
         "Namespace" => "namespace",
         "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" | "ServiceAccount" => "RBAC",
-        "StorageClass" => "StorageClass",
+        "StorageClass" | "PriorityClass" => "StorageClass",
         "ConfigMap" => "settings",
-        "Deployment" => "controller Deployment",
+        "Deployment" | "PodDisruptionBudget" => "controller Deployment",
         _ => "Services",
     }
 }

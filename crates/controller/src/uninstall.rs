@@ -23,7 +23,9 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -219,6 +221,8 @@ pub async fn uninstall(
         erase::<Lease>(),
         erase::<CertificateSigningRequest>(),
         erase::<StorageClass>(),
+        erase::<PriorityClass>(),
+        erase::<PodDisruptionBudget>(),
         erase::<Node>(),
     ] {
         delete_labelled(client, &kind, "Tandem's objects").await?;

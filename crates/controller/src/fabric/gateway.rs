@@ -539,6 +539,8 @@ pub async fn reconcile(
                 "metadata": {"labels": labels(peer)},
                 "spec": {
                     "serviceAccountName": name,
+                    // Offloaded pods' traffic crosses it: evicted last under node pressure.
+                    "priorityClassName": crate::install::PRIORITY_CLASS,
                     "hostNetwork": true,
                     "dnsPolicy": "ClusterFirstWithHostNet",
                     "affinity": not_on_virtual_nodes(),
@@ -666,6 +668,7 @@ pub async fn reconcile_agent(
                 "metadata": {"labels": agent_labels},
                 "spec": {
                     "serviceAccountName": AGENT,
+                    "priorityClassName": crate::install::PRIORITY_CLASS,
                     "hostNetwork": true,
                     "dnsPolicy": "ClusterFirstWithHostNet",
                     "affinity": not_on_virtual_nodes(),
