@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod netlab;
-use netlab::{hollow_lab, kubectl, ok, tandem, until};
+use netlab::{hollow_lab, kubectl, ok, rome_offloads_shop_to_milan, until};
 
 struct Background(Child);
 
@@ -66,48 +66,7 @@ fn the_dashboard_draws_two_peered_clusters_in_chromium() {
     let home = tempfile::tempdir().unwrap();
     let lab = hollow_lab(home.path(), "2");
     let kc = lab.kubeconfig.clone();
-    let on = |ctx: &'static str| ["--kubeconfig", kc.as_str(), "--context", ctx];
-    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
-        ok(
-            tandem(
-                home.path(),
-                &[&["install", "--cluster-id", id][..], &on(ctx)].concat(),
-            ),
-            "install",
-        );
-    }
-    let invite = ok(
-        tandem(home.path(), &[&["invite"][..], &on("lab-2")].concat()),
-        "invite",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[&["peer", invite.trim()][..], &on("lab-1")].concat(),
-        ),
-        "peer",
-    );
-    ok(
-        kubectl(&lab, "lab-1", &["create", "namespace", "shop"]),
-        "namespace",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                &[
-                    "offload",
-                    "namespace",
-                    "shop",
-                    "--pod-offloading-strategy",
-                    "Remote",
-                ][..],
-                &on("lab-1"),
-            ]
-            .concat(),
-        ),
-        "offload",
-    );
+    rome_offloads_shop_to_milan(home.path(), &lab);
     for name in ["web-1", "web-2"] {
         ok(
             kubectl(&lab, "lab-1", &["-n", "shop", "run", name, "--image=nginx"]),

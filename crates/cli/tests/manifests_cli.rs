@@ -477,27 +477,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
             && v["providers"][0]["clusterID"] == provider_id.as_str())
         .then_some(())
     });
-    ok(
-        kubectl(&lab, "lab-1", &["create", "namespace", "shop"]),
-        "namespace",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                "offload",
-                "namespace",
-                "shop",
-                "--pod-offloading-strategy",
-                "Remote",
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "offload",
-    );
+    netlab::offload_remote(home.path(), &lab, "shop");
     let twin = "shop-rome".to_string();
     until("the twin namespace", Duration::from_secs(60), || {
         kubectl(&lab, "lab-2", &["get", "namespace", &twin])

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod netlab;
-use netlab::{hollow_lab, kubectl, ok, tandem, until};
+use netlab::{hollow_lab, kubectl, ok, rome_offloads_shop_to_milan, tandem, until};
 
 fn json_of(out: std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
@@ -19,47 +19,7 @@ fn uninstall_on_both_sides_of_a_peering_leaves_nothing_and_pods_still_start() {
     let lab = hollow_lab(home.path(), "2");
     let kc = lab.kubeconfig.clone();
     let on = |ctx: &'static str| ["--kubeconfig", kc.as_str(), "--context", ctx];
-    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
-        ok(
-            tandem(
-                home.path(),
-                &[&["install", "--cluster-id", id][..], &on(ctx)].concat(),
-            ),
-            "install",
-        );
-    }
-    let invite = ok(
-        tandem(home.path(), &[&["invite"][..], &on("lab-2")].concat()),
-        "invite",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[&["peer", invite.trim()][..], &on("lab-1")].concat(),
-        ),
-        "peer",
-    );
-    ok(
-        kubectl(&lab, "lab-1", &["create", "namespace", "shop"]),
-        "namespace",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                &[
-                    "offload",
-                    "namespace",
-                    "shop",
-                    "--pod-offloading-strategy",
-                    "Remote",
-                ][..],
-                &on("lab-1"),
-            ]
-            .concat(),
-        ),
-        "offload",
-    );
+    rome_offloads_shop_to_milan(home.path(), &lab);
     until("the twin namespace", Duration::from_secs(60), || {
         kubectl(&lab, "lab-2", &["get", "namespace", "shop-rome"])
             .status

@@ -647,22 +647,15 @@ pub fn without_stub_domain(corefile: &str) -> String {
     out
 }
 
-/// Points the cluster DNS at `clusterset.local`: the stub domain in CoreDNS's Corefile
-/// (`kube-system/coredns`, which CoreDNS's `reload` plugin and the lab's DNS follow); where
-/// there is no such ConfigMap, what to add by hand. Idempotent. Returns what was done.
-async fn stub_domain(client: &Client, dns_ip: &str) -> Result<String, InstallError> {
+/// Rewrites CoreDNS's Corefile (`kube-system/coredns`) with `edit`: None when there is no such
+/// ConfigMap (another cluster DNS), else whether the Corefile changed.
+pub async fn edit_corefile(
+    client: &Client,
+    edit: impl FnOnce(&str) -> String,
+) -> Result<Option<bool>, kube::Error> {
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    let Some(cm) = maps
-        .get_opt("coredns")
-        .await
-        .map_err(step("CoreDNS stub domain"))?
-    else {
-        return Ok(format!(
-            "no ConfigMap kube-system/coredns: for `<svc>.<ns>.svc.{}` names, add to your \
-             cluster DNS's configuration:\n{}",
-            tandem_api::mcs::CLUSTERSET_DOMAIN,
-            stub_domain_block(dns_ip)
-        ));
+    let Some(cm) = maps.get_opt("coredns").await? else {
+        return Ok(None);
     };
     let corefile = cm
         .data
@@ -670,15 +663,33 @@ async fn stub_domain(client: &Client, dns_ip: &str) -> Result<String, InstallErr
         .and_then(|d| d.get("Corefile"))
         .cloned()
         .unwrap_or_default();
-    let updated = with_stub_domain(&corefile, dns_ip);
-    if updated != corefile {
-        maps.patch(
-            "coredns",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"Corefile": updated}})),
-        )
+    let updated = edit(&corefile);
+    if updated == corefile {
+        return Ok(Some(false));
+    }
+    maps.patch(
+        "coredns",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"Corefile": updated}})),
+    )
+    .await?;
+    Ok(Some(true))
+}
+
+/// Points the cluster DNS at `clusterset.local`: the stub domain in CoreDNS's Corefile
+/// (`kube-system/coredns`, which CoreDNS's `reload` plugin and the lab's DNS follow); where
+/// there is no such ConfigMap, what to add by hand. Idempotent. Returns what was done.
+async fn stub_domain(client: &Client, dns_ip: &str) -> Result<String, InstallError> {
+    let edited = edit_corefile(client, |corefile| with_stub_domain(corefile, dns_ip))
         .await
         .map_err(step("CoreDNS stub domain"))?;
+    if edited.is_none() {
+        return Ok(format!(
+            "no ConfigMap kube-system/coredns: for `<svc>.<ns>.svc.{}` names, add to your \
+             cluster DNS's configuration:\n{}",
+            tandem_api::mcs::CLUSTERSET_DOMAIN,
+            stub_domain_block(dns_ip)
+        ));
     }
     Ok(format!(
         "{} forwarded to {dns_ip} (stub domain in ConfigMap kube-system/coredns)",

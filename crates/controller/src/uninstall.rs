@@ -231,25 +231,11 @@ pub async fn uninstall(
     remove_tandem_labels(client, &erase::<Namespace>()).await?;
     progress("Tandem's roles, bindings, Services, Secrets, settings and StorageClass deleted");
 
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    if let Some(cm) = maps.get_opt("coredns").await.map_err(step("CoreDNS"))? {
-        let corefile = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get("Corefile"))
-            .cloned()
-            .unwrap_or_default();
-        let cleaned = crate::install::without_stub_domain(&corefile);
-        if cleaned != corefile {
-            maps.patch(
-                "coredns",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"data": {"Corefile": cleaned}})),
-            )
-            .await
-            .map_err(step("CoreDNS"))?;
-            progress("clusterset.local stub domain removed from ConfigMap kube-system/coredns");
-        }
+    let edited = crate::install::edit_corefile(client, crate::install::without_stub_domain)
+        .await
+        .map_err(step("CoreDNS"))?;
+    if edited == Some(true) {
+        progress("clusterset.local stub domain removed from ConfigMap kube-system/coredns");
     }
 
     let namespaces: Api<Namespace> = Api::all(client.clone());

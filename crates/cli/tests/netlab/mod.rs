@@ -348,3 +348,71 @@ pub fn hollow_lab(home: &Path, clusters: &str) -> Lab {
         kubeconfig: kubeconfig.to_str().unwrap().to_string(),
     }
 }
+
+/// Offloads namespace `ns` of lab-1 (created) with the Remote strategy: its pods run on
+/// lab-1's providers only.
+pub fn offload_remote(home: &Path, lab: &Lab, ns: &str) {
+    ok(
+        kubectl(lab, "lab-1", &["create", "namespace", ns]),
+        "namespace",
+    );
+    ok(
+        tandem(
+            home,
+            &[
+                "offload",
+                "namespace",
+                ns,
+                "--pod-offloading-strategy",
+                "Remote",
+                "--kubeconfig",
+                &lab.kubeconfig,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "offload",
+    );
+}
+
+/// `tandem install` on lab-1 as rome and lab-2 as milan, rome peered with milan by invite,
+/// and `shop` offloaded from rome (Remote).
+pub fn rome_offloads_shop_to_milan(home: &Path, lab: &Lab) {
+    let kc = lab.kubeconfig.as_str();
+    for (ctx, id) in [("lab-1", "rome"), ("lab-2", "milan")] {
+        ok(
+            tandem(
+                home,
+                &[
+                    "install",
+                    "--cluster-id",
+                    id,
+                    "--kubeconfig",
+                    kc,
+                    "--context",
+                    ctx,
+                ],
+            ),
+            "install",
+        );
+    }
+    let invite = ok(
+        tandem(home, &["invite", "--kubeconfig", kc, "--context", "lab-2"]),
+        "invite",
+    );
+    ok(
+        tandem(
+            home,
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer",
+    );
+    offload_remote(home, lab, "shop");
+}
