@@ -163,9 +163,23 @@ pub struct TenantStatus {
     /// What the provider's fence stopped (see NamespaceOffloading `partitionPolicy: Fence`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<FenceStatus>,
+    /// The certificate last issued to the consumer's peer identity on its renewal request
+    /// (a CertificateSigningRequest it filed here before its certificate expires).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_identity: Option<RenewedIdentity>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,
+}
+
+/// A certificate the provider issued to renew the consumer's peer identity.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewedIdentity {
+    /// The CertificateSigningRequest the consumer filed.
+    pub request: String,
+    /// The certificate, PEM.
+    pub certificate: String,
 }
 
 /// What the provider's fence did to the consumer's pods (see NamespaceOffloading

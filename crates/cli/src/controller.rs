@@ -58,6 +58,12 @@ pub struct Args {
     /// timings: a 15 s lease, renewed every 2 s). The in-cluster Deployment sets it.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, value_name = "BOOL")]
     leader_elect: bool,
+    /// As provider: the lifetime of the client certificates issued to consumers' peer
+    /// identities (at least 10m; e.g. 30d) [default: the signer's, a year with
+    /// kube-controller-manager]. Consumers renew theirs once 80 % of it has passed, the old
+    /// one serving until the new one is in place.
+    #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration)]
+    peer_certificate_lifetime: Option<Duration>,
 }
 
 /// This host's name (a pod's name, in a cluster), for the leader Lease.
@@ -117,6 +123,13 @@ async fn whoami(client: &kube::Client) -> anyhow::Result<String> {
 }
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    if let Some(lifetime) = args.peer_certificate_lifetime {
+        anyhow::ensure!(
+            lifetime >= Duration::from_secs(600),
+            "--peer-certificate-lifetime {}: Kubernetes signs certificates for at least 10m",
+            humantime::format_duration(lifetime)
+        );
+    }
     let config = cluster.config().await?;
     let kubelet_address = match args.kubelet_address {
         Some(ip) => ip,
@@ -138,6 +151,8 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         leader_election: args
             .leader_elect
             .then(|| tandem_controller::leader::LeaderElection::new(&hostname())),
+        peer_certificate_lifetime: args.peer_certificate_lifetime,
+        ..Options::default()
     };
     let controller = Controller::start(client, options)
         .await

@@ -35,6 +35,14 @@ pub struct Options {
     /// Run the reconcilers only while holding the leader Lease (several replicas); None: run
     /// them at once (one replica).
     pub leader_election: Option<crate::leader::LeaderElection>,
+    /// Provider: the lifetime of the peer certificates it issues (the CSR's
+    /// expirationSeconds); None: the signer's default.
+    pub peer_certificate_lifetime: Option<Duration>,
+    /// Consumer: the share of its peer certificate's lifetime after which it asks the
+    /// provider for a new one (0.8: with a year's certificate, about 73 days before expiry).
+    pub identity_renewal_after: f64,
+    /// Consumer: how often it looks at its peer certificates' expiry.
+    pub identity_renewal_check: Duration,
 }
 
 impl Default for Options {
@@ -49,6 +57,9 @@ impl Default for Options {
             fence_margin: Duration::from_secs(5),
             metrics_addr: None,
             leader_election: None,
+            peer_certificate_lifetime: None,
+            identity_renewal_after: 0.8,
+            identity_renewal_check: Duration::from_secs(60),
         }
     }
 }

@@ -247,8 +247,18 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         [rbac::controller_role(), rbac::controller_tenant_role()]
             .into_iter()
             .chain(rbac::peer_roles())
+            .chain([rbac::peer_renewal_role()])
             .map(|r| to_value(&r)),
     );
+    // Every peer may file the request renewing its own certificate (and nothing else).
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": rbac::PEER_RENEWAL_ROLE, "labels": labels()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": rbac::PEER_RENEWAL_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": names::PEERS_GROUP}],
+    }));
     for role in rbac::controller_namespaced_roles() {
         let namespace = role.metadata.namespace.clone().unwrap_or_default();
         out.push(to_value(&role));

@@ -8,6 +8,10 @@ use tandem_api::{PodAccess, names};
 
 /// ClusterRole bound (by RoleBinding) in a consumer's tenant namespace on the provider.
 pub const PEER_TENANT_ROLE: &str = "tandem:peer-tenant";
+/// ClusterRole (bound to every peer, by group) to file the CSR renewing its own certificate.
+pub const PEER_RENEWAL_ROLE: &str = "tandem:peer-renewal";
+/// The name prefix of a renewal CSR (`<prefix><consumer>-<unix seconds>`).
+pub const RENEWAL_CSR_PREFIX: &str = "tandem-peer-renewal-";
 /// ClusterRole bound (by RoleBinding) in each twin namespace on the provider.
 pub const PEER_TWIN_ROLE: &str = "tandem:peer-twin";
 /// ClusterRole bound in a twin namespace when the Tenant allows `kubectl exec` (pods/exec).
@@ -236,6 +240,21 @@ pub fn controller_tenant_role() -> ClusterRole {
 pub const CONTROLLER_TENANT_ROLE: &str = "tandem:controller-tenant";
 
 /// Every ClusterRole a peer identity may be bound to (installed by `tandem install`).
+/// What a peer needs to renew its identity: `create` on CertificateSigningRequests — nothing
+/// to read, approve or delete them. The provider's controller approves only a request that
+/// names the requester's own identity (see `provider::renewal`), and hands the certificate
+/// back in the consumer's Tenant status, which the peer reads already.
+pub fn peer_renewal_role() -> ClusterRole {
+    cluster_role(
+        PEER_RENEWAL_ROLE,
+        vec![rule(
+            "certificates.k8s.io",
+            &["certificatesigningrequests"],
+            &["create"],
+        )],
+    )
+}
+
 pub fn peer_roles() -> Vec<ClusterRole> {
     let mut roles = vec![peer_tenant_role(), peer_twin_role()];
     roles.extend(PodCapability::ALL.map(PodCapability::role));
@@ -381,11 +400,12 @@ pub fn controller_role() -> ClusterRole {
                 ),
                 ..rule("rbac.authorization.k8s.io", &["clusterroles"], &["bind"])
             },
-            // A peer's client certificate: filed, approved, then removed.
+            // A peer's client certificate: filed, approved, then removed; and the requests
+            // renewing one (listed to find them).
             rule(
                 "certificates.k8s.io",
                 &["certificatesigningrequests"],
-                &["get", "create", "delete", "deletecollection"],
+                &["get", "list", "create", "delete", "deletecollection"],
             ),
             rule(
                 "certificates.k8s.io",

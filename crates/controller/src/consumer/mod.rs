@@ -12,6 +12,7 @@ pub mod link;
 pub mod offloading;
 pub mod peering;
 pub mod reflection;
+pub mod renewal;
 pub mod storage;
 pub mod virtual_node;
 pub mod vk;
@@ -29,5 +30,6 @@ pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(storage::run(ctx.clone(), links.clone()));
     tasks.spawn(webhook::run(ctx.clone()));
     tasks.spawn(crate::mcs::run(ctx.clone(), links.clone()));
+    tasks.spawn(renewal::run(ctx.clone()));
     tasks.spawn(link::supervise(ctx.clone(), links));
 }

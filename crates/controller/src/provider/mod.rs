@@ -8,6 +8,7 @@ pub mod fence;
 pub mod network;
 pub mod peering_request;
 pub mod remote_namespace;
+pub mod renewal;
 pub mod shadowpod;
 pub mod tenant;
 
@@ -19,4 +20,5 @@ pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(remote_namespace::run(ctx.clone()));
     tasks.spawn(shadowpod::run(ctx.clone()));
     tasks.spawn(fence::run(ctx.clone()));
+    tasks.spawn(renewal::run(ctx.clone()));
 }

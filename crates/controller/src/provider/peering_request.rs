@@ -121,7 +121,7 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
     ensure_tenant(&ctx, &consumer)
         .await
         .map_err(step("creating the tenant"))?;
-    let Some(cert) = signed_certificate(client, &req)
+    let Some(cert) = signed_certificate(client, &req, ctx.options.peer_certificate_lifetime)
         .await
         .map_err(step("getting the CSR signed"))?
     else {
@@ -421,6 +421,7 @@ fn csr_name(req: &PeeringRequest) -> String {
 async fn signed_certificate(
     client: &Client,
     req: &PeeringRequest,
+    lifetime: Option<Duration>,
 ) -> Result<Option<String>, kube::Error> {
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let name = csr_name(req);
@@ -436,6 +437,9 @@ async fn signed_certificate(
                     "request": ByteString(req.spec.csr.as_bytes().to_vec()),
                     "signerName": crate::rbac::PEER_CSR_SIGNER,
                     "usages": ["client auth", "digital signature"],
+                    // None: the signer's default (kube-controller-manager's
+                    // --cluster-signing-duration, a year). The consumer renews before expiry.
+                    "expirationSeconds": lifetime.map(|l| l.as_secs()),
                 },
             }))
             .expect("static manifest");

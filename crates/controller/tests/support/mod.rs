@@ -128,9 +128,14 @@ impl Cluster {
 
     /// Starts the controller again.
     pub async fn restart_controller(&mut self) {
+        self.restart_controller_with(test_options()).await;
+    }
+
+    /// Starts the controller again with `options`.
+    pub async fn restart_controller_with(&mut self, options: Options) {
         self.kill_controller();
         self.controller = Some(
-            Controller::start(self.controller_client.clone(), test_options())
+            Controller::start(self.controller_client.clone(), options)
                 .await
                 .expect("controller starts"),
         );
@@ -558,4 +563,24 @@ pub async fn api_gate(cluster: &Cluster) -> tandem_lab::TcpGate {
         .parse()
         .expect("API server address");
     tandem_lab::TcpGate::start(target).await.expect("gate")
+}
+
+/// The consumer's peer identity, as a client of the provider.
+pub async fn peer_client(consumer: &Cluster, provider: &Cluster) -> Client {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(
+        consumer.client.clone(),
+        &names::tenant_namespace(&provider.id),
+    );
+    let secret = secrets
+        .get(&tandem_controller::consumer::link::identity_secret_name(
+            &provider.id,
+        ))
+        .await
+        .unwrap();
+    let kc = secret.data.unwrap()[tandem_controller::consumer::link::IDENTITY_KUBECONFIG_KEY]
+        .0
+        .clone();
+    tandem_controller::consumer::link::client_from_kubeconfig(&String::from_utf8(kc).unwrap())
+        .await
+        .unwrap()
 }

@@ -52,6 +52,7 @@ const ROLES: &[Role] = &[
             "--dns-addr",
             "--metrics-addr",
             "--leader-elect",
+            "--peer-certificate-lifetime",
         ],
         capabilities: &[],
     },

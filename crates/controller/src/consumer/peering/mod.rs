@@ -472,7 +472,7 @@ async fn try_authenticate(
 }
 
 /// A PKCS#10 request for the peer user, signed with this cluster's key.
-fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
+pub(crate) fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
     let key = rcgen::KeyPair::from_pem(&ctx.identity.private_key_pem)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     let mut dn = rcgen::DistinguishedName::new();
