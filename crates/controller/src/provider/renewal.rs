@@ -15,6 +15,9 @@ use tandem_api::{Tenant, names};
 use crate::context::Ctx;
 use crate::rbac::{PEER_CSR_SIGNER, RENEWAL_CSR_PREFIX};
 
+/// How long a refused renewal request is kept.
+const DENIED_KEPT: Duration = Duration::from_secs(3600);
+
 /// Looks for renewal requests every 2 s.
 pub async fn run(ctx: Ctx) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -77,9 +80,28 @@ pub fn judge(csr: &CertificateSigningRequest) -> Judgement {
 
 async fn pass(ctx: &Ctx) -> Result<(), kube::Error> {
     let csrs: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
-    for csr in csrs.list(&ListParams::default()).await?.items {
+    let client_certificates =
+        ListParams::default().fields(&format!("spec.signerName={PEER_CSR_SIGNER}"));
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for csr in csrs.list(&client_certificates).await?.items {
         let name = csr.name_any();
         if !name.starts_with(RENEWAL_CSR_PREFIX) {
+            continue;
+        }
+        // A refused request stays an hour for its filer (and an admin) to see, then goes.
+        let denied = csr
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Denied"));
+        let age = csr
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| now.as_second() - t.0.as_second())
+            .unwrap_or(0);
+        if denied && age > DENIED_KEPT.as_secs() as i64 {
+            csrs.delete(&name, &DeleteParams::default()).await?;
             continue;
         }
         let consumer = csr
