@@ -119,7 +119,10 @@ pub async fn uninstall(
         } else if let Ok(held) = crate::invite::data_held_with(client, peer).await {
             kept.extend(held);
         }
-        let polite = crate::invite::unpeer(client, peer, false, options.timeout, &mut |_| {}).await;
+        let polite = crate::invite::unpeer(client, peer, false, options.timeout, &mut |p| {
+            progress(&format!("… unpeering from {peer}: {p}"))
+        })
+        .await;
         match polite {
             Ok(()) => progress(&format!("unpeered from {peer}")),
             Err(e) => {
@@ -127,13 +130,15 @@ pub async fn uninstall(
                     "{peer} did not take part in unpeering ({}); undoing this side only",
                     crate::error::chain(&e)
                 ));
-                crate::invite::unpeer(client, peer, true, options.timeout, &mut |_| {})
-                    .await
-                    .map_err(|e| UninstallError::Timeout {
-                        step: "unpeering",
-                        what: format!("the peering with {peer} ({})", crate::error::chain(&e)),
-                        timeout: options.timeout,
-                    })?;
+                crate::invite::unpeer(client, peer, true, options.timeout, &mut |p| {
+                    progress(&format!("… unpeering from {peer}: {p}"))
+                })
+                .await
+                .map_err(|e| UninstallError::Timeout {
+                    step: "unpeering",
+                    what: format!("the peering with {peer} ({})", crate::error::chain(&e)),
+                    timeout: options.timeout,
+                })?;
                 progress(&format!("unpeered from {peer} (this side only)"));
             }
         }
