@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use kube::Client;
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use crate::context::{Context, Options};
@@ -15,9 +16,9 @@ pub struct Controller {
     tasks: JoinSet<()>,
     metrics: Arc<Metrics>,
     metrics_addr: Option<std::net::SocketAddr>,
-    /// Told to give the leader Lease up (see [`Controller::stop`]).
-    release: Option<tokio::sync::oneshot::Sender<()>>,
-    released: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// With leader election: how to ask for the Lease to be given up, and the answer that it
+    /// was (see [`Controller::stop`]).
+    release: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
 }
 
 /// Sends a write whose answer (the whole object written) is not needed: it is not decoded.
@@ -106,15 +107,15 @@ impl Controller {
             }
             None => None,
         };
-        let (release, released_rx) = tokio::sync::oneshot::channel();
-        let (released_tx, released) = tokio::sync::oneshot::channel();
-        match options.leader_election.clone() {
+        let release = match options.leader_election.clone() {
             None => {
                 let identity = crate::install::bootstrap(&client).await?;
                 run_reconcilers(client, identity, options, metrics.clone(), &mut tasks);
-                drop((released_rx, released_tx));
+                None
             }
             Some(election) => {
+                let (release, released_rx) = oneshot::channel();
+                let (released_tx, released) = oneshot::channel();
                 let metrics = metrics.clone();
                 tasks.spawn(async move {
                     let mut elector = crate::leader::Elector::new(client.clone(), election);
@@ -152,14 +153,14 @@ impl Controller {
                     }
                     let _ = released_tx.send(());
                 });
+                Some((release, released))
             }
-        }
+        };
         Ok(Controller {
             tasks,
             metrics,
             metrics_addr,
-            release: Some(release),
-            released: Some(released),
+            release,
         })
     }
 
@@ -184,7 +185,7 @@ impl Controller {
     /// Stops gracefully (SIGTERM): the reconcilers stop, then the leader Lease is given up so
     /// that another replica takes over at once.
     pub async fn stop(mut self) {
-        if let (Some(release), Some(released)) = (self.release.take(), self.released.take())
+        if let Some((release, released)) = self.release.take()
             && release.send(()).is_ok()
         {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), released).await;

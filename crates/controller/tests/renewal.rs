@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_api::names;
-use tandem_controller::consumer::renewal::{issued_lifetime, validity};
+use tandem_controller::consumer::renewal::{client_certificate, issued_lifetime, validity};
 
 mod support;
 use support::{Cluster, offload_remote, peer, test_options};
@@ -27,22 +27,8 @@ async fn identity_certificate(rome: &Cluster) -> String {
         .iter()
         .find_map(|s| s.data.as_ref()?.get("kubeconfig").cloned())
         .expect("rome's identity Secret for milan");
-    let yaml = String::from_utf8(kubeconfig.0).unwrap();
-    let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
-    let data = kc.auth_infos[0]
-        .auth_info
-        .as_ref()
-        .unwrap()
-        .client_certificate_data
-        .clone()
-        .unwrap();
-    use base64::Engine as _;
-    String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .unwrap(),
-    )
-    .unwrap()
+    client_certificate(&String::from_utf8(kubeconfig.0).unwrap())
+        .expect("a client certificate in the identity kubeconfig")
 }
 
 async fn node_ready(rome: &Cluster) -> Option<bool> {

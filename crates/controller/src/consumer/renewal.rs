@@ -59,7 +59,7 @@ pub fn validity(cert_pem: &str) -> Option<(i64, i64)> {
 }
 
 /// The client certificate (PEM) of a kubeconfig's first user.
-fn client_certificate(kubeconfig: &str) -> Option<String> {
+pub fn client_certificate(kubeconfig: &str) -> Option<String> {
     let kc = kube::config::Kubeconfig::from_yaml(kubeconfig).ok()?;
     let data = kc
         .auth_infos
