@@ -20,7 +20,8 @@ pub fn tandem_bin() -> std::path::PathBuf {
     std::env::var_os("TANDEM_BIN")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/tandem")
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/x86_64-unknown-linux-gnu/release/tandem")
         })
 }
 

@@ -26,9 +26,9 @@ set -euo pipefail
 
 DUR=${1:-10}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TANDEM=${TANDEM_GATEWAY:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tandem-gateway}
+TANDEM=${TANDEM_GATEWAY:-${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/tandem-gateway}
 BORINGTUN=${BORINGTUN_CLI:-$(command -v boringtun-cli || true)}
-TANDEM_CLI=${TANDEM_CLI:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tandem}
+TANDEM_CLI=${TANDEM_CLI:-${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/tandem}
 WGGO=$(command -v wireguard-go || true)
 IMPLS=${IMPLS:-"veth tandem boringtun wg-go fabric"}
 P=tb$$

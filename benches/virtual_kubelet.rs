@@ -77,7 +77,10 @@ fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let bin: PathBuf = std::env::var_os("TANDEM_BIN").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/tandem"),
+        || {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/x86_64-unknown-linux-gnu/release/tandem")
+        },
         PathBuf::from,
     );
     anyhow::ensure!(

@@ -107,8 +107,26 @@ pub fn parse(method: &http::Method, path: &str, query: &Query) -> RequestInfo {
         }
     }
     .to_string();
-    // A watch of one object is a list-watch with a name field selector, as in kube.
+    // A list or watch of one object by a name field selector is authorised by its name, as
+    // kube-apiserver's RequestInfoFactory does: RBAC rules with resourceNames then allow it.
+    if info.name.is_empty()
+        && matches!(info.verb.as_str(), "list" | "watch")
+        && let Some(name) = query.get("fieldSelector").and_then(|f| exact_name(f))
+    {
+        info.name = name.to_string();
+    }
     info
+}
+
+/// The name a field selector requires (`metadata.name=X` or `==X`, alone or among other
+/// terms), if it is a valid path segment.
+fn exact_name(selector: &str) -> Option<&str> {
+    let name = selector.split(',').find_map(|term| {
+        let (field, value) = term.split_once("==").or_else(|| term.split_once('='))?;
+        (field.trim() == "metadata.name").then(|| value.trim())
+    })?;
+    let valid = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%']);
+    valid.then_some(name)
 }
 
 /// "true" or "1".
@@ -149,6 +167,43 @@ pub fn is_dry_run(call: &Call) -> bool {
 mod tests {
     use super::*;
     use http::Method;
+
+    #[test]
+    fn a_list_or_watch_by_name_field_selector_names_its_object() {
+        let info = |query: &[(&str, &str)]| {
+            let q: Query = query
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let info = parse(&Method::GET, "/api/v1/namespaces/a/configmaps", &q);
+            (info.verb, info.name)
+        };
+        let named = |verb: &str, name: &str| (verb.to_string(), name.to_string());
+        assert_eq!(
+            info(&[("fieldSelector", "metadata.name=x")]),
+            named("list", "x")
+        );
+        assert_eq!(
+            info(&[
+                ("fieldSelector", "metadata.name==x,metadata.namespace=a"),
+                ("watch", "true")
+            ]),
+            named("watch", "x")
+        );
+        // Not an exact match of a valid name: the request stays unnamed (any name).
+        assert_eq!(
+            info(&[("fieldSelector", "metadata.name!=x")]),
+            named("list", "")
+        );
+        assert_eq!(
+            info(&[("fieldSelector", "metadata.name=a/b")]),
+            named("list", "")
+        );
+        assert_eq!(
+            info(&[("fieldSelector", "metadata.namespace=a")]),
+            named("list", "")
+        );
+    }
 
     #[test]
     fn parses_like_kube_apiserver() {

@@ -64,6 +64,11 @@ pub struct Args {
     /// one serving until the new one is in place.
     #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration)]
     peer_certificate_lifetime: Option<Duration>,
+    /// The lifetime of the pod-placement webhook's serving certificate (at least 1m); a new
+    /// one replaces it after two thirds of it, without a failed call, and `tandem rotate
+    /// webhook-certificate` replaces it at once.
+    #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration, default_value = "90d")]
+    webhook_certificate_lifetime: Duration,
 }
 
 /// This host's name (a pod's name, in a cluster), for the leader Lease.
@@ -130,6 +135,11 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             humantime::format_duration(lifetime)
         );
     }
+    anyhow::ensure!(
+        args.webhook_certificate_lifetime >= Duration::from_secs(60),
+        "--webhook-certificate-lifetime {}: at least 1m (a rotation takes seconds)",
+        humantime::format_duration(args.webhook_certificate_lifetime)
+    );
     let config = cluster.config().await?;
     let kubelet_address = match args.kubelet_address {
         Some(ip) => ip,
@@ -152,6 +162,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             .leader_elect
             .then(|| tandem_controller::leader::LeaderElection::new(&hostname())),
         peer_certificate_lifetime: args.peer_certificate_lifetime,
+        webhook_certificate_lifetime: args.webhook_certificate_lifetime,
         ..Options::default()
     };
     let controller = Controller::start(client, options)

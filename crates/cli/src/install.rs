@@ -17,8 +17,12 @@ pub struct Args {
     /// Percent of the cluster's allocatable resources granted to each new consumer.
     #[arg(long)]
     share_percent: Option<u32>,
-    /// Tandem's image (the controller's, the gateways' and the node agent's).
-    #[arg(long)]
+    /// Tandem's image (the controller's, the gateways' and the node agent's) [default:
+    /// ghcr.io/tandem-dev/tandem:<this version>]. Where your registry does not have it, build
+    /// and push it from the repository root: `docker build -f deploy/image/Dockerfile -t
+    /// REGISTRY/tandem:TAG . && docker push REGISTRY/tandem:TAG`, then pass --image
+    /// REGISTRY/tandem:TAG.
+    #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
     /// Build the network fabric for each peering: a WireGuard gateway per peer (a hostNetwork
     /// pod with NET_ADMIN behind a LoadBalancer Service) and the node agent routing to it
@@ -94,10 +98,20 @@ pub async fn run(
         return Ok(());
     }
     let client = cluster.client().await?;
+    let default_image = options.image.is_none();
     let identity = tandem_controller::install::install(&client, &options, &mut |step| {
         eprintln!("✓ {step}");
     })
     .await?;
     eprintln!("Tandem is installed as cluster {:?}", identity.cluster_id);
+    if default_image {
+        eprintln!(
+            "The controller runs the default image {image}. If your nodes cannot pull it \
+             (ErrImagePull), build it from the repository root and install again with --image:\n  \
+             docker build -f deploy/image/Dockerfile -t REGISTRY/tandem:TAG . && docker push \
+             REGISTRY/tandem:TAG\n  tandem install --image REGISTRY/tandem:TAG",
+            image = tandem_controller::install::default_image()
+        );
+    }
     Ok(())
 }

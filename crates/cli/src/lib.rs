@@ -26,6 +26,7 @@ mod lab;
 mod manifests;
 mod offload;
 mod peer;
+mod rotate;
 mod status;
 mod table;
 mod uninstall;
@@ -58,6 +59,8 @@ enum Command {
     Install(install::Args),
     /// Remove Tandem from a cluster (refused while peered, unless --force).
     Uninstall(uninstall::Args),
+    /// Replace a credential now: the webhook's serving certificate, the WireGuard keys.
+    Rotate(rotate::Args),
     /// On a provider: create, list or revoke a peering invite.
     Invite(invite::Args),
     /// On a consumer: peer with the provider that issued an invite.
@@ -147,6 +150,24 @@ pub fn main() -> std::process::ExitCode {
     }
 }
 
+/// Makes the capabilities this process holds (a gateway's or node agent's NET_ADMIN) pass to
+/// the `nft` it runs. A container runtime gives a non-root container's added capabilities only
+/// to its own process (permitted and effective, not ambient), and `allowPrivilegeEscalation:
+/// false` rules out file capabilities on `nft`: raising them into the ambient set is what lets
+/// them survive the exec. Best effort: without them `nft` fails and the error names it.
+fn keep_capabilities_across_exec() {
+    let Ok(permitted) = caps::read(None, caps::CapSet::Permitted) else {
+        return;
+    };
+    for cap in permitted {
+        let raised = caps::raise(None, caps::CapSet::Inheritable, cap)
+            .and_then(|()| caps::raise(None, caps::CapSet::Ambient, cap));
+        if let Err(e) = raised {
+            eprintln!("warning: keeping {cap} for the programs this process runs: {e}");
+        }
+    }
+}
+
 fn run() -> anyhow::Result<()> {
     // As a kubectl plugin, usage lines read `kubectl tandem …`.
     let plugin = std::env::args()
@@ -195,6 +216,10 @@ fn run() -> anyhow::Result<()> {
     if let Command::Manifests(args) = cli.command {
         return manifests::run(args);
     }
+    if matches!(cli.command, Command::Gateway(_) | Command::Agent(_)) {
+        // Before the runtime starts its threads: capabilities belong to threads.
+        keep_capabilities_across_exec();
+    }
     let global = cli.global;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
@@ -209,6 +234,7 @@ fn run() -> anyhow::Result<()> {
             Command::Demo(args) => demo::run(args).await,
             Command::Install(args) => install::run(args, &global.cluster, global.output).await,
             Command::Uninstall(args) => uninstall::run(args, &global.cluster).await,
+            Command::Rotate(args) => rotate::run(args, &global.cluster).await,
             Command::Invite(args) => invite::run(args, &global.cluster).await,
             Command::Peer(args) => peer::run(args, &global.cluster).await,
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,

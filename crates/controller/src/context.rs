@@ -43,6 +43,9 @@ pub struct Options {
     pub identity_renewal_after: f64,
     /// Consumer: how often it looks at its peer certificates' expiry.
     pub identity_renewal_check: Duration,
+    /// The lifetime of the pod-placement webhook's serving certificate (and of the CA that
+    /// signs it); a new one replaces it after two thirds of it.
+    pub webhook_certificate_lifetime: Duration,
 }
 
 impl Default for Options {
@@ -60,6 +63,7 @@ impl Default for Options {
             peer_certificate_lifetime: None,
             identity_renewal_after: 0.8,
             identity_renewal_check: Duration::from_secs(60),
+            webhook_certificate_lifetime: Duration::from_secs(90 * 24 * 3600),
         }
     }
 }

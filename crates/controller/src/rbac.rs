@@ -433,7 +433,9 @@ pub fn controller_role() -> ClusterRole {
                 ..rule(
                     "admissionregistration.k8s.io",
                     &["mutatingwebhookconfigurations"],
-                    &["create", "patch"],
+                    // get/list/watch by name: the webhook watches its own configuration
+                    // for rotation requests.
+                    &["create", "patch", "get", "list", "watch"],
                 )
             },
             // Tandem's own resources: read everything, write what each controller owns.

@@ -4,7 +4,11 @@
 //! every namespace, are kept off virtual nodes unless they opt in (see `consumer::daemonset`).
 //!
 //! The server speaks HTTPS with a certificate issued at start by a throw-away CA, whose PEM goes
-//! into the `tandem-pod-placement` MutatingWebhookConfiguration's caBundle.
+//! into the `tandem-pod-placement` MutatingWebhookConfiguration's caBundle. The certificate
+//! lives [`Options::webhook_certificate_lifetime`](crate::context::Options) and is replaced
+//! after two thirds of it, or when asked ([`ROTATE_ANNOTATION`], `tandem rotate
+//! webhook-certificate`), without a failed call: the new CA joins the caBundle first, the
+//! server switches once the API server has had time to see it, and the old CA leaves last.
 
 use std::sync::Arc;
 
@@ -37,6 +41,19 @@ use crate::install::apply;
 
 /// Name of the MutatingWebhookConfiguration.
 pub const WEBHOOK_CONFIGURATION: &str = "tandem-pod-placement";
+/// Annotation of the MutatingWebhookConfiguration asking for a new serving certificate: any
+/// new value (`tandem rotate webhook-certificate` writes the time) is one request.
+pub const ROTATE_ANNOTATION: &str = "tandem.dev/rotate-certificate";
+/// Annotation the controller sets to the request it last fulfilled (the value of
+/// [`ROTATE_ANNOTATION`]) once the new certificate serves.
+pub const ROTATED_ANNOTATION: &str = "tandem.dev/certificate-rotated";
+/// Annotation the controller sets to when the serving certificate expires (RFC 3339).
+pub const NOT_AFTER_ANNOTATION: &str = "tandem.dev/certificate-not-after";
+/// How long the API server is given to see a new caBundle before the server presents the
+/// certificate it signs (its webhook configuration cache follows a watch).
+const CA_PROPAGATION: std::time::Duration = std::time::Duration::from_secs(3);
+/// After a failed rotation, when to try again (the old certificate still serves).
+const ROTATION_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves the webhook; retries its setup until it succeeds.
 pub async fn run(ctx: Ctx) {
@@ -103,16 +120,31 @@ impl WebhookTarget {
     }
 }
 
-/// The webhook's TLS material for `target`: the CA's PEM (caBundle) and the server config.
-fn tls(target: &WebhookTarget) -> Result<(String, rustls::ServerConfig), WebhookError> {
+/// A serving certificate and the CA that signed it.
+struct Issued {
+    /// The CA's PEM (what the caBundle carries).
+    ca_pem: String,
+    key: Arc<rustls::sign::CertifiedKey>,
+    /// The end of the certificate's validity.
+    not_after: time::OffsetDateTime,
+}
+
+/// A new CA and serving certificate for `target`, valid from five minutes ago (clock skew) for
+/// `lifetime`.
+fn issue(target: &WebhookTarget, lifetime: std::time::Duration) -> Result<Issued, WebhookError> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let e = |what: &'static str| move |err: rcgen::Error| WebhookError::Certificate(what, err);
+    let now = time::OffsetDateTime::now_utc();
+    let not_before = now - time::Duration::minutes(5);
+    let not_after = now + lifetime;
     let ca_key = KeyPair::generate().map_err(e("generating the CA key"))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(e("CA params"))?;
     ca_params
         .distinguished_name
         .push(DnType::CommonName, "tandem-pod-placement-ca");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.not_before = not_before;
+    ca_params.not_after = not_after;
     let ca_cert = ca_params
         .self_signed(&ca_key)
         .map_err(e("self-signing the CA"))?;
@@ -122,21 +154,49 @@ fn tls(target: &WebhookTarget) -> Result<(String, rustls::ServerConfig), Webhook
     params
         .distinguished_name
         .push(DnType::CommonName, "tandem-pod-placement");
+    params.not_before = not_before;
+    params.not_after = not_after;
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(e("signing the server certificate"))?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(
+        &rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .map_err(WebhookError::Tls)?;
+    Ok(Issued {
+        ca_pem: ca_cert.pem(),
+        key: Arc::new(rustls::sign::CertifiedKey::new(
+            vec![cert.der().clone()],
+            signing,
+        )),
+        not_after,
+    })
+}
+
+/// The serving certificate, swapped in place on rotation: connections already open keep the
+/// one they were made with.
+#[derive(Debug)]
+struct CurrentCertificate(std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+impl rustls::server::ResolvesServerCert for CurrentCertificate {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+}
+
+/// The server's TLS configuration, presenting whatever `current` holds.
+fn server_config(current: Arc<CurrentCertificate>) -> Result<rustls::ServerConfig, WebhookError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(WebhookError::Tls)?
         .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .map_err(WebhookError::Tls)?;
+        .with_cert_resolver(current);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok((ca_cert.pem(), config))
+    Ok(config)
 }
 
 /// The NamespaceOffloadings, cached: a burst of pod creates must not cost a GET each.
@@ -171,13 +231,39 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
         Some((ns, name)) => WebhookTarget::Service(ns.clone(), name.clone()),
         None => WebhookTarget::Url(format!("https://{addr}")),
     };
-    let (ca_pem, config) = tls(&target)?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let lifetime = ctx.options.webhook_certificate_lifetime;
+    let issued = issue(&target, lifetime)?;
+    let current = Arc::new(CurrentCertificate(std::sync::RwLock::new(
+        issued.key.clone(),
+    )));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(current.clone())?));
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-    apply(&hooks, &configuration(&target, &ca_pem))
+    // A request made before this start is fulfilled by it: the certificate is new.
+    let fulfilled = hooks
+        .get_opt(WEBHOOK_CONFIGURATION)
         .await
-        .map_err(WebhookError::Configuration)?;
-    tracing::info!(%addr, ?target, "pod-placement webhook serving");
+        .map_err(WebhookError::Configuration)?
+        .and_then(|c| annotation(&c, ROTATE_ANNOTATION));
+    apply(
+        &hooks,
+        &configuration(
+            &target,
+            &issued.ca_pem,
+            &certificate_annotations(&issued, fulfilled.as_deref()),
+        ),
+    )
+    .await
+    .map_err(WebhookError::Configuration)?;
+    tracing::info!(%addr, ?target, not_after = %issued.not_after, "pod-placement webhook serving");
+    let rotation = tokio::spawn(rotate(
+        hooks,
+        target.clone(),
+        lifetime,
+        issued,
+        current,
+        fulfilled,
+    ));
+    let _rotation = AbortOnDrop(rotation);
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,
@@ -208,12 +294,129 @@ const MUTATE_PATH: &str = "/mutate-pods";
 /// Path suffix of the webhook keeping pods of non-offloaded namespaces off virtual nodes.
 const LOCAL_ONLY_SUFFIX: &str = "-local";
 
-/// The MutatingWebhookConfiguration pointing at `target`.
-pub fn configuration(target: &WebhookTarget, ca_pem: &str) -> MutatingWebhookConfiguration {
+/// The annotations recording `issued` and the last rotation request fulfilled.
+fn certificate_annotations(issued: &Issued, fulfilled: Option<&str>) -> Value {
+    let not_after = issued
+        .not_after
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let mut annotations = json!({NOT_AFTER_ANNOTATION: not_after});
+    if let Some(request) = fulfilled {
+        annotations[ROTATED_ANNOTATION] = json!(request);
+    }
+    annotations
+}
+
+fn annotation(config: &MutatingWebhookConfiguration, key: &str) -> Option<String> {
+    config.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+/// Replaces the serving certificate after two thirds of its lifetime, or when the
+/// configuration's [`ROTATE_ANNOTATION`] changes (watched), for as long as the server runs.
+async fn rotate(
+    hooks: Api<MutatingWebhookConfiguration>,
+    target: WebhookTarget,
+    lifetime: std::time::Duration,
+    mut issued: Issued,
+    current: Arc<CurrentCertificate>,
+    mut fulfilled: Option<String>,
+) {
+    let requests = watcher(
+        hooks.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={WEBHOOK_CONFIGURATION}")),
+    )
+    .default_backoff()
+    .applied_objects()
+    .filter_map(|c| async move { c.ok().and_then(|c| annotation(&c, ROTATE_ANNOTATION)) });
+    tokio::pin!(requests);
+    let mut due = tokio::time::Instant::now() + lifetime * 2 / 3;
+    // A request whose rotation failed, tried again at `due`.
+    let mut pending: Option<String> = None;
+    loop {
+        let request = tokio::select! {
+            () = tokio::time::sleep_until(due) => pending.take(),
+            Some(request) = requests.next() => {
+                if fulfilled.as_ref() == Some(&request) || pending.as_ref() == Some(&request) {
+                    continue;
+                }
+                Some(request)
+            }
+        };
+        let reason = if request.is_some() {
+            "requested"
+        } else {
+            "scheduled"
+        };
+        match rotate_once(
+            &hooks,
+            &target,
+            lifetime,
+            &issued,
+            &current,
+            request.as_deref(),
+        )
+        .await
+        {
+            Ok(new) => {
+                tracing::info!(reason, not_after = %new.not_after,
+                    "pod-placement webhook: serving certificate rotated");
+                issued = new;
+                if request.is_some() {
+                    fulfilled = request;
+                }
+                due = tokio::time::Instant::now() + lifetime * 2 / 3;
+            }
+            Err(e) => {
+                tracing::warn!(reason, error = %crate::error::chain(&e),
+                    "pod-placement webhook: rotating the serving certificate (the current one \
+                     still serves; trying again in 30s)");
+                pending = request;
+                due = tokio::time::Instant::now() + ROTATION_RETRY;
+            }
+        }
+    }
+}
+
+/// One rotation: the new CA joins the caBundle, the server switches to the new certificate
+/// once the API server has seen it, and the old CA leaves.
+async fn rotate_once(
+    hooks: &Api<MutatingWebhookConfiguration>,
+    target: &WebhookTarget,
+    lifetime: std::time::Duration,
+    old: &Issued,
+    current: &CurrentCertificate,
+    request: Option<&str>,
+) -> Result<Issued, WebhookError> {
+    let new = issue(target, lifetime)?;
+    let both = format!("{}{}", new.ca_pem, old.ca_pem);
+    apply(
+        hooks,
+        &configuration(target, &both, &certificate_annotations(old, None)),
+    )
+    .await
+    .map_err(WebhookError::Configuration)?;
+    tokio::time::sleep(CA_PROPAGATION).await;
+    *current.0.write().unwrap_or_else(|e| e.into_inner()) = new.key.clone();
+    apply(
+        hooks,
+        &configuration(target, &new.ca_pem, &certificate_annotations(&new, request)),
+    )
+    .await
+    .map_err(WebhookError::Configuration)?;
+    Ok(new)
+}
+
+/// The MutatingWebhookConfiguration pointing at `target`, trusting the CAs of `ca_pem`.
+pub fn configuration(
+    target: &WebhookTarget,
+    ca_pem: &str,
+    annotations: &Value,
+) -> MutatingWebhookConfiguration {
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": WEBHOOK_CONFIGURATION,
-                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY},
+                     "annotations": annotations},
         "webhooks": [{
             "name": "pod-placement.tandem.dev",
             "clientConfig": target.client_config(MUTATE_PATH, ca_pem),

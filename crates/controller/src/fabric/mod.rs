@@ -116,6 +116,39 @@ pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<Gat
     })
 }
 
+/// Replaces this cluster's gateway key for `peer` with a new one (`tandem rotate
+/// wireguard-keys`). The rest follows from the Secret: the next sweeps publish the new public
+/// key to the peer (this side's `NetworkParameters`) and write the gateway's configuration,
+/// and each gateway restarts its data path when its configuration changes; offloaded pods
+/// keep running, and the tunnel is down only between the two gateways' restarts (seconds).
+/// Fails with a conflict if the Secret changed since it was read (no key is lost to a race).
+pub async fn rotate_gateway_key(client: &kube::Client, peer: &str) -> Result<GatewayKey, KeyError> {
+    let name = gateway_secret(peer);
+    let api: Api<Secret> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let api_err = |source| KeyError::Api {
+        name: name.clone(),
+        source,
+    };
+    let mut secret = api.get(&name).await.map_err(api_err)?;
+    let private = tandem_net::generate_private_key();
+    let public_key = tandem_net::public_key(&private).map_err(|e| KeyError::Invalid {
+        name: name.clone(),
+        reason: e.to_string(),
+    })?;
+    secret
+        .data
+        .get_or_insert_with(BTreeMap::new)
+        .insert(PRIVATE_KEY.into(), ByteString(private.clone().into_bytes()));
+    // A replace carries the resourceVersion read: a concurrent change makes it fail.
+    api.replace(&name, &PostParams::default(), &secret)
+        .await
+        .map_err(api_err)?;
+    Ok(GatewayKey {
+        private_key: private,
+        public_key,
+    })
+}
+
 /// Whether a peering with `peer` is left in either direction (a Peering to it, or a Tenant
 /// of it, not being deleted); with `peer` None, whether any peering is left.
 pub(crate) async fn live_relation(

@@ -53,6 +53,7 @@ const ROLES: &[Role] = &[
             "--metrics-addr",
             "--leader-elect",
             "--peer-certificate-lifetime",
+            "--webhook-certificate-lifetime",
         ],
         capabilities: &[],
     },
