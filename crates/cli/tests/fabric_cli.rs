@@ -310,6 +310,80 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         );
     }
 
+    // `tandem rotate wireguard-keys` on each side in turn: the new public key reaches the
+    // peer, the tunnel comes back with it, and the offloaded pod is never touched.
+    let hello_before = json(&lab, "lab-2", &["-n", "demo-rome", "get", "pod", "hello"]);
+    let public_key = |ctx: &str, ns: &str, name: &str| -> String {
+        json(&lab, ctx, &["-n", ns, "get", "networkparameters", name])["spec"]["publicKey"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    for (ctx, peer, args) in [
+        ("lab-1", "milan", vec!["rotate", "wireguard-keys"]),
+        (
+            "lab-2",
+            "rome",
+            vec!["rotate", "wireguard-keys", "--peer", "rome"],
+        ),
+    ] {
+        // Where the peer reads this side's key: the consumer's parameters in its tenant
+        // namespace on milan, milan's own there too.
+        let name = if ctx == "lab-1" {
+            "consumer"
+        } else {
+            "provider"
+        };
+        let before = public_key("lab-2", "tandem-tenant-rome", name);
+        let mut cmd = vec!["--kubeconfig", kc.as_str(), "--context", ctx];
+        cmd.extend(args.iter().copied());
+        let out = tandem(home.path(), &cmd);
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "tandem {cmd:?}: {said}");
+        assert!(
+            said.contains(&format!("✓ {peer}: new WireGuard key pair"))
+                && said.contains("the gateway's configuration carries the new key"),
+            "{said}"
+        );
+        let after = until(
+            &format!("{ctx}'s new public key published to the peering"),
+            Duration::from_secs(60),
+            || {
+                let key = public_key("lab-2", "tandem-tenant-rome", name);
+                (!key.is_empty() && key != before).then_some(key)
+            },
+        );
+        assert!(
+            said.contains(&after),
+            "the key announced is the one published: {said}"
+        );
+        let reply: Value = until(
+            &format!("probe-0 reaching the offloaded pod again after {ctx} rotated its key"),
+            Duration::from_secs(60),
+            || {
+                probe_fetch(
+                    &lab,
+                    "default",
+                    "probe-0",
+                    &format!("http://{hello_ip}:8080/"),
+                )
+            },
+        );
+        assert_eq!(reply["cluster"], "lab-2", "{reply}");
+    }
+    let hello_after = json(&lab, "lab-2", &["-n", "demo-rome", "get", "pod", "hello"]);
+    assert_eq!(
+        (
+            &hello_after["metadata"]["uid"],
+            &hello_after["status"]["containerStatuses"][0]["restartCount"]
+        ),
+        (
+            &hello_before["metadata"]["uid"],
+            &hello_before["status"]["containerStatuses"][0]["restartCount"]
+        ),
+        "the offloaded pod lives on through both rotations"
+    );
+
     // Node sources (hostNetwork pods, kubelet probes) reach the offloaded pod too, from either
     // node: the gateway hides them behind the external CIDR as the provider names it, so the
     // answer finds its way back.
