@@ -40,6 +40,10 @@ pub struct PeeringRequestSpec {
     /// PEM PKCS#10 request signed with the consumer's cluster key (proof of possession).
     #[schemars(transform = crate::schema::pem_csr)]
     pub csr: String,
+    /// The peering protocol version the consumer speaks; absent: 1. A provider that cannot
+    /// speak it denies the request, naming both versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<u32>,
 }
 
 /// The provider's answer.

@@ -310,6 +310,15 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         );
     }
 
+    // probe-0's request to the offloaded pod, answered or not.
+    let probe_0_to_hello = || {
+        probe_fetch(
+            &lab,
+            "default",
+            "probe-0",
+            &format!("http://{hello_ip}:8080/"),
+        )
+    };
     // `tandem rotate wireguard-keys` on each side in turn: the new public key reaches the
     // peer, the tunnel comes back with it, and the offloaded pod is never touched.
     let hello_before = json(&lab, "lab-2", &["-n", "demo-rome", "get", "pod", "hello"]);
@@ -360,14 +369,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         let reply: Value = until(
             &format!("probe-0 reaching the offloaded pod again after {ctx} rotated its key"),
             Duration::from_secs(60),
-            || {
-                probe_fetch(
-                    &lab,
-                    "default",
-                    "probe-0",
-                    &format!("http://{hello_ip}:8080/"),
-                )
-            },
+            probe_0_to_hello,
         );
         assert_eq!(reply["cluster"], "lab-2", "{reply}");
     }
@@ -696,14 +698,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
     until(
         "the offloaded pod, in the same remapped prefix, still answering",
         Duration::from_secs(30),
-        || {
-            probe_fetch(
-                &lab,
-                "default",
-                "probe-0",
-                &format!("http://{hello_ip}:8080/"),
-            )
-        },
+        probe_0_to_hello,
     );
 
     // The data plane in the node namespaces: the gateway's TUN, table and routes on its
@@ -766,14 +761,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
     until(
         "traffic resuming after the gateway's restart",
         Duration::from_secs(60),
-        || {
-            probe_fetch(
-                &lab,
-                "default",
-                "probe-0",
-                &format!("http://{hello_ip}:8080/"),
-            )
-        },
+        probe_0_to_hello,
     );
     until(
         "the virtual node's NetworkUnavailable False again",

@@ -93,6 +93,32 @@ fn install_invite_peer_status_through_the_cli() {
         "{invite:?}"
     );
 
+    // The same invite as a provider speaking a newer peering protocol would write it: refused
+    // before anything is sent, naming both versions (the token stays unused, as the peering
+    // below shows).
+    let mut newer = tandem_core::invite::PeeringInvite::decode(&invite).unwrap();
+    newer.protocol_version = tandem_core::protocol::VERSION + 98;
+    let out = tandem(
+        dir.path(),
+        &[
+            "peer",
+            &newer.encode(),
+            "--kubeconfig",
+            kc,
+            "--context",
+            "lab-1",
+        ],
+    );
+    let (_, err) = text(&out);
+    assert!(!out.status.success(), "a v99 invite was accepted: {err}");
+    assert!(
+        err.contains(&format!(
+            "the provider speaks peering protocol v99, and this tandem speaks v{}",
+            tandem_core::protocol::VERSION
+        )),
+        "{err}"
+    );
+
     let out = tandem(
         dir.path(),
         &["peer", &invite, "--kubeconfig", kc, "--context", "lab-1"],

@@ -221,6 +221,7 @@ pub async fn create(
         token_id: random_token_part(tandem_core::invite::TOKEN_ID_LEN),
         token_secret: random_token_part(tandem_core::invite::TOKEN_SECRET_LEN),
         expires: now_unix() + ttl.as_secs() as i64,
+        protocol_version: tandem_core::protocol::VERSION,
     };
     invite.validate()?;
     let id = &invite.token_id;

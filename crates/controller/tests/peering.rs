@@ -411,10 +411,11 @@ async fn unpeer_from_the_provider_side_and_force_when_the_provider_is_gone() {
     consumer.kill_controller();
 }
 
-#[tokio::test]
-async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
-    let provider = Cluster::start("vienna", "eu-central", 1).await;
-    let invite = support::invite(&provider, Duration::from_secs(3600)).await;
+/// Files a peering request with `provider`'s invite token as consumer graz (well-formed, as
+/// the CRD's schema wants, but proving nothing, with `extra` merged into its spec) and returns
+/// the provider's denial; nothing is created for graz.
+async fn denial(provider: &Cluster, extra: serde_json::Value) -> String {
+    let invite = support::invite(provider, Duration::from_secs(3600)).await;
     let kc = tandem_controller::consumer::peering::kubeconfig(
         &invite.endpoint,
         &invite.ca_data,
@@ -424,14 +425,16 @@ async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
         .await
         .unwrap();
     let requests: Api<PeeringRequest> = Api::namespaced(token_client, names::SYSTEM_NAMESPACE);
-    // Well-formed (the CRD's schema refuses malformed proofs and CSRs) but proving nothing.
-    let req: PeeringRequest = serde_json::from_value(json!({
+    let mut req = json!({
         "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
         "metadata": {"name": invite.token_id},
         "spec": {"clusterID": "graz", "tokenID": invite.token_id, "tokenProof": "00".repeat(32),
                  "csr": "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"},
-    }))
-    .unwrap();
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        req["spec"][k] = v.clone();
+    }
+    let req: PeeringRequest = serde_json::from_value(req).unwrap();
     requests.create(&Default::default(), &req).await.unwrap();
     let message = until(
         "the request to be denied",
@@ -442,10 +445,28 @@ async fn the_provider_denies_a_request_that_does_not_prove_the_token() {
         },
     )
     .await;
-    assert!(message.contains("tokenProof does not match"), "{message}");
     // Nothing was created for the would-be consumer.
     let ns: Api<Namespace> = Api::all(provider.client.clone());
     assert!(ns.get_opt("tandem-tenant-graz").await.unwrap().is_none());
+    message
+}
+
+#[tokio::test]
+async fn the_provider_denies_a_request_that_does_not_prove_the_token_or_speaks_another_protocol() {
+    let provider = Cluster::start("vienna", "eu-central", 1).await;
+    let message = denial(&provider, json!({})).await;
+    assert!(message.contains("tokenProof does not match"), "{message}");
+    // A consumer speaking a protocol this provider cannot is told so, naming both versions,
+    // before anything else of its request is judged.
+    let message = denial(&provider, json!({"protocolVersion": 99})).await;
+    assert_eq!(
+        message,
+        format!(
+            "the consumer speaks peering protocol v99, and this tandem speaks v{}; upgrade the \
+             older side",
+            tandem_core::protocol::VERSION
+        )
+    );
 }
 
 /// The consumer's virtual node capacity of `resource`, if the node exists.

@@ -37,6 +37,10 @@ pub struct PeeringInvite {
     pub token_secret: String,
     /// Expiry, seconds since the Unix epoch.
     pub expires: i64,
+    /// The peering protocol the provider speaks (`crate::protocol`); invites written before
+    /// it was carried are v1.
+    #[serde(default = "crate::protocol::unversioned")]
+    pub protocol_version: u32,
 }
 
 impl std::fmt::Debug for PeeringInvite {
@@ -64,6 +68,8 @@ pub enum InviteError {
     Malformed(String),
     #[error("the invite expired {} ago; ask the provider for a new one", human_duration(*.ago_secs))]
     Expired { ago_secs: i64 },
+    #[error(transparent)]
+    Protocol(#[from] crate::protocol::Unsupported),
 }
 
 impl PeeringInvite {
@@ -122,6 +128,7 @@ impl PeeringInvite {
         if !self.ca_data.contains("BEGIN CERTIFICATE") {
             return bad("the CA is not a PEM certificate".into());
         }
+        crate::protocol::check("provider", self.protocol_version)?;
         Ok(())
     }
 
@@ -211,7 +218,17 @@ mod tests {
             token_id: "abc123".into(),
             token_secret: "0123456789abcdef".into(),
             expires: 1_000,
+            protocol_version: crate::protocol::VERSION,
         }
+    }
+
+    #[test]
+    fn an_invite_written_before_the_protocol_version_reads_as_v1() {
+        let mut json = serde_json::to_value(invite()).unwrap();
+        json.as_object_mut().unwrap().remove("protocolVersion");
+        let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&json).unwrap());
+        let old = format!("{PREFIX}{payload}.{}", checksum(&payload));
+        assert_eq!(PeeringInvite::decode(&old).unwrap().protocol_version, 1);
     }
 
     #[test]
@@ -253,6 +270,14 @@ mod tests {
                 InviteError::Checksum,
             ),
             ("tampered", tampered, InviteError::Checksum),
+            (
+                "a protocol this build cannot speak",
+                bad_fields(|i| i.protocol_version = 99),
+                InviteError::Protocol(crate::protocol::Unsupported {
+                    peer: "provider",
+                    theirs: 99,
+                }),
+            ),
             (
                 "no checksum",
                 good[..good.rfind('.').unwrap()].to_string(),

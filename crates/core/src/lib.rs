@@ -8,6 +8,7 @@ pub mod mcs;
 pub mod nat;
 pub mod offloading;
 pub mod prefix;
+pub mod protocol;
 pub mod shadow;
 pub mod storage;
 

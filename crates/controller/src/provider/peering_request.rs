@@ -155,6 +155,13 @@ fn check(ctx: &Ctx, req: &PeeringRequest, token: &Secret) -> Verdict {
             .map(|v| String::from_utf8_lossy(&v.0).into_owned())
     };
     let spec = &req.spec;
+    // First: a request in a protocol this build cannot read is not judged by its fields.
+    let version = spec
+        .protocol_version
+        .unwrap_or_else(tandem_core::protocol::unversioned);
+    if let Err(e) = tandem_core::protocol::check("consumer", version) {
+        return Verdict::Deny(e.to_string());
+    }
     if let Some(exp) =
         get("expiration").and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
         && exp < k8s_openapi::jiff::Timestamp::now()

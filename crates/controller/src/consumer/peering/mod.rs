@@ -390,7 +390,8 @@ async fn try_authenticate(
                 "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
                 "metadata": {"name": token_id, "namespace": names::SYSTEM_NAMESPACE,
                              "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-                "spec": {"clusterID": consumer, "tokenID": token_id, "tokenProof": proof, "csr": csr},
+                "spec": {"clusterID": consumer, "tokenID": token_id, "tokenProof": proof, "csr": csr,
+                         "protocolVersion": tandem_core::protocol::VERSION},
             }))
             .expect("static manifest");
             match requests.create(&PostParams::default(), &req).await {
