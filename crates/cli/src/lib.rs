@@ -7,6 +7,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod advertise;
 mod agent;
 mod apiserver;
 mod cluster;
@@ -63,6 +64,8 @@ enum Command {
     Rotate(rotate::Args),
     /// On a provider: create, list or revoke a peering invite.
     Invite(invite::Args),
+    /// Print the DNS records (DNS-SD) that advertise this cluster under a domain.
+    Advertise(advertise::Args),
     /// On a consumer: peer with the provider that issued an invite.
     Peer(peer::Args),
     /// Undo a peering (either side).
@@ -236,6 +239,7 @@ fn run() -> anyhow::Result<()> {
             Command::Uninstall(args) => uninstall::run(args, &global.cluster).await,
             Command::Rotate(args) => rotate::run(args, &global.cluster).await,
             Command::Invite(args) => invite::run(args, &global.cluster).await,
+            Command::Advertise(args) => advertise::run(args, &global.cluster).await,
             Command::Peer(args) => peer::run(args, &global.cluster).await,
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
             Command::Offload(args) => offload::offload(args, &global).await,

@@ -12,6 +12,7 @@
 
 pub mod consumer;
 pub mod context;
+pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod fabric;
