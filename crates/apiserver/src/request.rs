@@ -113,18 +113,23 @@ pub fn parse(method: &http::Method, path: &str, query: &Query) -> RequestInfo {
         && matches!(info.verb.as_str(), "list" | "watch")
         && let Some(name) = query.get("fieldSelector").and_then(|f| exact_name(f))
     {
-        info.name = name.to_string();
+        info.name = name;
     }
     info
 }
 
-/// The name a field selector requires (`metadata.name=X` or `==X`, alone or among other
-/// terms), if it is a valid path segment.
-fn exact_name(selector: &str) -> Option<&str> {
-    let name = selector.split(',').find_map(|term| {
-        let (field, value) = term.split_once("==").or_else(|| term.split_once('='))?;
-        (field.trim() == "metadata.name").then(|| value.trim())
-    })?;
+/// The name a field selector requires (an `=`/`==` term on `metadata.name`), read by the same
+/// parser the list filter uses (escapes, sorted terms), as kube-apiserver's `RequiresExactMatch`
+/// does; none when it does not parse or the name is not a valid path segment.
+fn exact_name(selector: &str) -> Option<String> {
+    use tandem_apimachinery::selector::{FieldOp, FieldSelector};
+    let parsed = FieldSelector::parse(selector).ok()?;
+    let name = parsed
+        .requirements()
+        .iter()
+        .find(|r| r.field == "metadata.name" && r.op == FieldOp::Equals)?
+        .value
+        .clone();
     let valid = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%']);
     valid.then_some(name)
 }
@@ -201,6 +206,12 @@ mod tests {
         );
         assert_eq!(
             info(&[("fieldSelector", "metadata.namespace=a")]),
+            named("list", "")
+        );
+        // An escaped comma is part of a value, not a second term: this selects every object
+        // but one, so it must not be authorised as a list of `x` alone.
+        assert_eq!(
+            info(&[("fieldSelector", r"metadata.name!=y\,metadata.name=x")]),
             named("list", "")
         );
     }

@@ -40,6 +40,19 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     )?;
     let endpoint = args.endpoint.unwrap_or(target.server);
     let ad = tandem_controller::discovery::advertisement(&target.client, &endpoint, &ca).await?;
+    let Some((host, _)) = ad.host_port() else {
+        anyhow::bail!("the endpoint {endpoint:?} is not https://HOST[:PORT]; set --endpoint");
+    };
+    if host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    {
+        eprintln!(
+            "warning: the endpoint {endpoint} is this machine's loopback address: other \
+             clusters cannot reach it (set --endpoint)"
+        );
+    }
     println!(
         "; Tandem discovery records for cluster {} (add them to the zone of {domain})",
         ad.cluster_id

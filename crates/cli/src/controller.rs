@@ -64,7 +64,7 @@ pub struct Args {
     /// one serving until the new one is in place.
     #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration)]
     peer_certificate_lifetime: Option<Duration>,
-    /// The lifetime of the pod-placement webhook's serving certificate (at least 1m); a new
+    /// The lifetime of the pod-placement webhook's serving certificate (1m to 10y); a new
     /// one replaces it after two thirds of it, without a failed call, and `tandem rotate
     /// webhook-certificate` replaces it at once.
     #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration, default_value = "90d")]
@@ -135,10 +135,12 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             humantime::format_duration(lifetime)
         );
     }
+    let max = tandem_controller::consumer::webhook::MAX_LIFETIME;
     anyhow::ensure!(
-        args.webhook_certificate_lifetime >= Duration::from_secs(60),
-        "--webhook-certificate-lifetime {}: at least 1m (a rotation takes seconds)",
-        humantime::format_duration(args.webhook_certificate_lifetime)
+        (Duration::from_secs(60)..=max).contains(&args.webhook_certificate_lifetime),
+        "--webhook-certificate-lifetime {}: between 1m (a rotation takes seconds) and {}",
+        humantime::format_duration(args.webhook_certificate_lifetime),
+        humantime::format_duration(max)
     );
     let config = cluster.config().await?;
     let kubelet_address = match args.kubelet_address {

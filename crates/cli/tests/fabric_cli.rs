@@ -366,6 +366,34 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
             said.contains(&after),
             "the key announced is the one published: {said}"
         );
+        // The peer's gateway is configured with it (its data path restarts on that change):
+        // the tunnel that answers below runs on the new key, not the old one.
+        let (peer_ctx, secret) = if ctx == "lab-1" {
+            ("lab-2", "tandem-gateway-rome")
+        } else {
+            ("lab-1", "tandem-gateway-milan")
+        };
+        until(
+            &format!("{peer_ctx}'s gateway configured with {ctx}'s new public key"),
+            Duration::from_secs(60),
+            || {
+                let data = json(
+                    &lab,
+                    peer_ctx,
+                    &["-n", "tandem-system", "get", "secret", secret],
+                )["data"]["gateway.json"]
+                    .as_str()?
+                    .to_string();
+                use base64::Engine as _;
+                let config: Value = serde_json::from_slice(
+                    &base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .ok()?,
+                )
+                .ok()?;
+                (config["peerPublicKey"] == after.as_str()).then_some(())
+            },
+        );
         let reply: Value = until(
             &format!("probe-0 reaching the offloaded pod again after {ctx} rotated its key"),
             Duration::from_secs(60),

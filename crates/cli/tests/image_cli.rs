@@ -140,7 +140,7 @@ fn the_dockerfile_wraps_the_binary_the_tests_run() {
     // this target (.cargo/config.toml names it; the tests' binary sits at the debug twin).
     let tested = env!("CARGO_BIN_EXE_tandem");
     assert!(
-        tested.ends_with("/x86_64-unknown-linux-gnu/debug/tandem"),
+        tested.contains("/x86_64-unknown-linux-gnu/"),
         "the tests run {tested}"
     );
     assert!(
@@ -162,6 +162,12 @@ fn the_dockerfile_wraps_the_binary_the_tests_run() {
         )),
         "the Dockerfile's build command must tag {default}"
     );
-    // The gateway and node agent run `nft`: the final stage must install it.
+    // The gateway and node agent run `nft`: the final stage must install it. They get
+    // NET_ADMIN as the non-root user from a permitted-only file capability on the binary
+    // (the lab refuses their pods when allowPrivilegeEscalation would void it).
     assert!(file.contains("nftables"), "the image must carry nft");
+    assert!(
+        file.contains("setcap cap_net_admin+p /usr/local/bin/tandem"),
+        "the binary must carry NET_ADMIN as a permitted file capability"
+    );
 }

@@ -46,6 +46,10 @@ pub struct Options {
     /// The lifetime of the pod-placement webhook's serving certificate (and of the CA that
     /// signs it); a new one replaces it after two thirds of it.
     pub webhook_certificate_lifetime: Duration,
+    /// How long the API server is given to see a new CA in the webhook's caBundle before the
+    /// server presents the certificate it signs (kube-apiserver's webhook configuration cache
+    /// follows a watch, each replica on its own).
+    pub webhook_ca_propagation: Duration,
 }
 
 impl Default for Options {
@@ -64,6 +68,7 @@ impl Default for Options {
             identity_renewal_after: 0.8,
             identity_renewal_check: Duration::from_secs(60),
             webhook_certificate_lifetime: Duration::from_secs(90 * 24 * 3600),
+            webhook_ca_propagation: Duration::from_secs(10),
         }
     }
 }

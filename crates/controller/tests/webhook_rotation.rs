@@ -23,7 +23,7 @@ use tandem_controller::context::Options;
 
 use support::{Cluster, test_options, until};
 
-const LIFETIME: Duration = Duration::from_secs(15);
+const LIFETIME: Duration = Duration::from_secs(24);
 
 /// A new TLS connection to the webhook at `url`, trusting only the CAs of `bundle`.
 async fn handshake(url: &str, bundle: &str) -> Result<(), String> {
@@ -86,6 +86,7 @@ async fn the_serving_certificate_rotates_on_schedule_and_on_request_and_no_pod_c
     lisbon
         .restart_controller_with(Options {
             webhook_certificate_lifetime: LIFETIME,
+            webhook_ca_propagation: Duration::from_secs(5),
             ..test_options()
         })
         .await;
@@ -211,4 +212,7 @@ async fn the_serving_certificate_rotates_on_schedule_and_on_request_and_no_pod_c
         "then the old CA leaves"
     );
     assert!(created > 20, "only {created} pods created");
+    // The request stays recorded as fulfilled (a later scheduled rotation keeps it too).
+    let (_, _, _, rotated) = current(&hooks).await;
+    assert_eq!(rotated, request);
 }

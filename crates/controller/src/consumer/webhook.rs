@@ -49,9 +49,8 @@ pub const ROTATE_ANNOTATION: &str = "tandem.dev/rotate-certificate";
 pub const ROTATED_ANNOTATION: &str = "tandem.dev/certificate-rotated";
 /// Annotation the controller sets to when the serving certificate expires (RFC 3339).
 pub const NOT_AFTER_ANNOTATION: &str = "tandem.dev/certificate-not-after";
-/// How long the API server is given to see a new caBundle before the server presents the
-/// certificate it signs (its webhook configuration cache follows a watch).
-const CA_PROPAGATION: std::time::Duration = std::time::Duration::from_secs(3);
+/// The longest serving certificate issued (a longer lifetime is cut to it).
+pub const MAX_LIFETIME: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 24 * 3600);
 /// After a failed rotation, when to try again (the old certificate still serves).
 const ROTATION_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -130,13 +129,13 @@ struct Issued {
 }
 
 /// A new CA and serving certificate for `target`, valid from five minutes ago (clock skew) for
-/// `lifetime`.
+/// `lifetime` (at most [`MAX_LIFETIME`]).
 fn issue(target: &WebhookTarget, lifetime: std::time::Duration) -> Result<Issued, WebhookError> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let e = |what: &'static str| move |err: rcgen::Error| WebhookError::Certificate(what, err);
     let now = time::OffsetDateTime::now_utc();
     let not_before = now - time::Duration::minutes(5);
-    let not_after = now + lifetime;
+    let not_after = now + lifetime.min(MAX_LIFETIME);
     let ca_key = KeyPair::generate().map_err(e("generating the CA key"))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(e("CA params"))?;
     ca_params
@@ -238,12 +237,15 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
     )));
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(current.clone())?));
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-    // A request made before this start is fulfilled by it: the certificate is new.
-    let fulfilled = hooks
-        .get_opt(WEBHOOK_CONFIGURATION)
-        .await
-        .map_err(WebhookError::Configuration)?
-        .and_then(|c| annotation(&c, ROTATE_ANNOTATION));
+    // A request made before this start is fulfilled by it: the certificate is new. (Unreadable
+    // — a ClusterRole older than this binary — it is left to the watch: serving comes first.)
+    let fulfilled = match hooks.get_opt(WEBHOOK_CONFIGURATION).await {
+        Ok(config) => config.and_then(|c| annotation(&c, ROTATE_ANNOTATION)),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION}");
+            None
+        }
+    };
     apply(
         &hooks,
         &configuration(
@@ -258,7 +260,7 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
     let rotation = tokio::spawn(rotate(
         hooks,
         target.clone(),
-        lifetime,
+        (lifetime, ctx.options.webhook_ca_propagation),
         issued,
         current,
         fulfilled,
@@ -316,7 +318,7 @@ fn annotation(config: &MutatingWebhookConfiguration, key: &str) -> Option<String
 async fn rotate(
     hooks: Api<MutatingWebhookConfiguration>,
     target: WebhookTarget,
-    lifetime: std::time::Duration,
+    (lifetime, propagation): (std::time::Duration, std::time::Duration),
     mut issued: Issued,
     current: Arc<CurrentCertificate>,
     mut fulfilled: Option<String>,
@@ -327,9 +329,18 @@ async fn rotate(
     )
     .default_backoff()
     .applied_objects()
-    .filter_map(|c| async move { c.ok().and_then(|c| annotation(&c, ROTATE_ANNOTATION)) });
+    .filter_map(|c| async move {
+        match c {
+            Ok(c) => annotation(&c, ROTATE_ANNOTATION),
+            Err(e) => {
+                tracing::warn!(error = %e, "watching for certificate rotation requests");
+                None
+            }
+        }
+    });
     tokio::pin!(requests);
-    let mut due = tokio::time::Instant::now() + lifetime * 2 / 3;
+    let renew_after = renew_after(lifetime, propagation);
+    let mut due = tokio::time::Instant::now() + renew_after;
     // A request whose rotation failed, tried again at `due`.
     let mut pending: Option<String> = None;
     loop {
@@ -347,13 +358,18 @@ async fn rotate(
         } else {
             "scheduled"
         };
+        let annotated = Fulfilled {
+            before: fulfilled.as_deref(),
+            after: request.as_deref().or(fulfilled.as_deref()),
+        };
         match rotate_once(
             &hooks,
             &target,
             lifetime,
             &issued,
             &current,
-            request.as_deref(),
+            annotated,
+            propagation,
         )
         .await
         {
@@ -363,8 +379,9 @@ async fn rotate(
                 issued = new;
                 if request.is_some() {
                     fulfilled = request;
+                    pending = None;
                 }
-                due = tokio::time::Instant::now() + lifetime * 2 / 3;
+                due = tokio::time::Instant::now() + renew_after;
             }
             Err(e) => {
                 tracing::warn!(reason, error = %crate::error::chain(&e),
@@ -377,32 +394,65 @@ async fn rotate(
     }
 }
 
+/// When a certificate of `lifetime` is replaced: after two thirds of it, and early enough that
+/// the new one serves (a rotation takes `propagation`) a while before the old one expires.
+fn renew_after(
+    lifetime: std::time::Duration,
+    propagation: std::time::Duration,
+) -> std::time::Duration {
+    (lifetime * 2 / 3)
+        .min(lifetime.saturating_sub(propagation * 2))
+        .max(lifetime / 2)
+}
+
+/// The rotation request the annotations name before and after a rotation.
+#[derive(Clone, Copy)]
+struct Fulfilled<'a> {
+    before: Option<&'a str>,
+    after: Option<&'a str>,
+}
+
 /// One rotation: the new CA joins the caBundle, the server switches to the new certificate
-/// once the API server has seen it, and the old CA leaves.
+/// once the API server has seen it, and the old CA leaves; the annotations record `fulfilled`
+/// (the request only once the new certificate serves). Once the server has switched, the rotation is done even if the old CA
+/// could not be removed: the bundle then still holds both, and the next rotation builds on the
+/// certificate that serves.
 async fn rotate_once(
     hooks: &Api<MutatingWebhookConfiguration>,
     target: &WebhookTarget,
     lifetime: std::time::Duration,
     old: &Issued,
     current: &CurrentCertificate,
-    request: Option<&str>,
+    fulfilled: Fulfilled<'_>,
+    propagation: std::time::Duration,
 ) -> Result<Issued, WebhookError> {
     let new = issue(target, lifetime)?;
     let both = format!("{}{}", new.ca_pem, old.ca_pem);
     apply(
         hooks,
-        &configuration(target, &both, &certificate_annotations(old, None)),
+        &configuration(
+            target,
+            &both,
+            &certificate_annotations(old, fulfilled.before),
+        ),
     )
     .await
     .map_err(WebhookError::Configuration)?;
-    tokio::time::sleep(CA_PROPAGATION).await;
+    tokio::time::sleep(propagation).await;
     *current.0.write().unwrap_or_else(|e| e.into_inner()) = new.key.clone();
-    apply(
+    if let Err(e) = apply(
         hooks,
-        &configuration(target, &new.ca_pem, &certificate_annotations(&new, request)),
+        &configuration(
+            target,
+            &new.ca_pem,
+            &certificate_annotations(&new, fulfilled.after),
+        ),
     )
     .await
-    .map_err(WebhookError::Configuration)?;
+    {
+        tracing::warn!(error = %e, "pod-placement webhook: removing the old CA from the caBundle \
+            (both stay trusted until the next rotation)");
+    }
     Ok(new)
 }
 

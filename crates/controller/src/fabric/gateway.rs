@@ -551,7 +551,11 @@ pub async fn reconcile(
                         "args": ["gateway", "--peer", peer],
                         "ports": [{"name": "wireguard", "containerPort": port,
                                    "protocol": "UDP"}],
-                        "securityContext": {"allowPrivilegeEscalation": false,
+                        // The non-root process gets NET_ADMIN from the file capability on
+                        // Tandem's binary (deploy/image/Dockerfile), which no_new_privs
+                        // (allowPrivilegeEscalation: false) would void; it can gain nothing
+                        // else: every other capability is dropped from its bounding set.
+                        "securityContext": {"allowPrivilegeEscalation": true,
                             "readOnlyRootFilesystem": true,
                             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
                     }],
@@ -678,7 +682,11 @@ pub async fn reconcile_agent(
                     "containers": [{
                         "name": "agent", "image": settings.image,
                         "args": ["agent"],
-                        "securityContext": {"allowPrivilegeEscalation": false,
+                        // The non-root process gets NET_ADMIN from the file capability on
+                        // Tandem's binary (deploy/image/Dockerfile), which no_new_privs
+                        // (allowPrivilegeEscalation: false) would void; it can gain nothing
+                        // else: every other capability is dropped from its bounding set.
+                        "securityContext": {"allowPrivilegeEscalation": true,
                             "readOnlyRootFilesystem": true,
                             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
                     }],

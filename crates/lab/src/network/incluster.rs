@@ -234,6 +234,17 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
         };
         capabilities.push(u32::from(number.index()));
     }
+    // A container runtime hands a non-root process its added capabilities only through a file
+    // capability on the executable it runs (Tandem's image sets cap_net_admin+p on the binary),
+    // and no_new_privs — `allowPrivilegeEscalation: false` — voids file capabilities: such a
+    // gateway would hold nothing in a real cluster, so the lab does not run it either.
+    if !capabilities.is_empty() && sc.and_then(|s| s.allow_privilege_escalation) == Some(false) {
+        return Err(format!(
+            "`tandem {}` as a non-root user gets its capabilities from the file capability on \
+             Tandem's binary, which allowPrivilegeEscalation: false disables: set it to true",
+            role.name
+        ));
+    }
     Ok(Launch {
         args: words,
         env,
@@ -760,6 +771,12 @@ mod tests {
                 json!({"args": ["gateway", "--peer", "milan"], "securityContext": {
                     "runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}}}),
                 "never runs as root",
+            ),
+            // As in a real cluster: no_new_privs voids the binary's file capability.
+            (
+                json!({"args": ["agent"], "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}}),
+                "allowPrivilegeEscalation: false disables",
             ),
         ];
         for (extra, want) in refused {
