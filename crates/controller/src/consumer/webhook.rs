@@ -414,9 +414,9 @@ struct Fulfilled<'a> {
 
 /// One rotation: the new CA joins the caBundle, the server switches to the new certificate
 /// once the API server has seen it, and the old CA leaves; the annotations record `fulfilled`
-/// (the request only once the new certificate serves). Once the server has switched, the rotation is done even if the old CA
-/// could not be removed: the bundle then still holds both, and the next rotation builds on the
-/// certificate that serves.
+/// (the request only once the new certificate serves). Once the server has switched, the
+/// rotation is done even if the old CA could not be removed: the bundle then still holds both,
+/// and the next rotation builds on the certificate that serves.
 async fn rotate_once(
     hooks: &Api<MutatingWebhookConfiguration>,
     target: &WebhookTarget,
