@@ -102,10 +102,11 @@ impl Advertisement {
 
     /// Reads the TXT record's strings (unknown keys are ignored, as RFC 6763 asks).
     pub fn from_txt<S: AsRef<str>>(strings: &[S]) -> Result<Advertisement, DiscoveryError> {
-        let map: BTreeMap<&str, &str> = strings
-            .iter()
-            .filter_map(|s| s.as_ref().split_once('='))
-            .collect();
+        // Keys are case-insensitive and the first of a repeated key counts (RFC 6763 §6.4).
+        let mut map: BTreeMap<String, &str> = BTreeMap::new();
+        for (key, value) in strings.iter().filter_map(|s| s.as_ref().split_once('=')) {
+            map.entry(key.to_ascii_lowercase()).or_insert(value);
+        }
         let get = |k: &'static str| map.get(k).copied().ok_or(DiscoveryError::Missing(k));
         let cluster_id = get("id")?.to_string();
         // As `tandem_api::names::validate_cluster_id` wants (core stays below the API crate):
@@ -241,6 +242,17 @@ mod tests {
         let mut more = milan().txt();
         more.push("future=1".into());
         assert_eq!(Advertisement::from_txt(&more), Ok(milan()));
+        // Keys in any case; the first of a repeated key counts.
+        let mut shouted: Vec<String> = milan()
+            .txt()
+            .into_iter()
+            .map(|s| match s.split_once('=') {
+                Some((k, v)) => format!("{}={v}", k.to_ascii_uppercase()),
+                None => s,
+            })
+            .collect();
+        shouted.push("id=paris".into());
+        assert_eq!(Advertisement::from_txt(&shouted), Ok(milan()));
         let without = |key: &str| -> Vec<String> {
             milan()
                 .txt()
