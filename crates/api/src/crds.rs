@@ -5,8 +5,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use crate::{
-    ExportedService, NamespaceOffloading, NetworkParameters, Peering, PeeringRequest,
-    RemoteNamespace, ShadowPod, Tenant,
+    DiscoveredCluster, ExportedService, NamespaceOffloading, NetworkParameters, Peering,
+    PeeringRequest, RemoteNamespace, ShadowPod, Tenant,
 };
 
 /// Every Tandem CRD, in a stable order.
@@ -20,6 +20,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         NamespaceOffloading::crd(),
         ShadowPod::crd(),
         ExportedService::crd(),
+        DiscoveredCluster::crd(),
     ]
 }
 
@@ -123,8 +124,9 @@ mod tests {
             assert!(name.ends_with(".tandem.dev"), "{name}");
             let v = &crd.spec.versions[0];
             assert!(v.served && v.storage, "{name}");
-            // A peer's record of its exports is read, never reconciled: it has no status.
-            if name == "exportedservices.tandem.dev" {
+            // A peer's record of its exports, and a sighting of an advertising cluster, are
+            // observation records, read and never reconciled: they have no status.
+            if name == "exportedservices.tandem.dev" || name == "discoveredclusters.tandem.dev" {
                 continue;
             }
             assert!(

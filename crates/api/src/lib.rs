@@ -6,6 +6,7 @@
 pub mod client;
 pub mod conditions;
 pub mod crds;
+pub mod discovery;
 pub mod kubeconfig;
 pub mod mcs;
 pub mod names;
@@ -16,6 +17,7 @@ pub mod schema;
 pub mod shadowpod;
 
 pub use conditions::{ConditionStatus, set_condition};
+pub use discovery::{DiscoveredCluster, DiscoveredClusterSpec};
 pub use mcs::{
     ClusterProperty, ExportedService, ExportedServiceSpec, ServiceExport, ServiceImport,
     ServiceImportSpec,

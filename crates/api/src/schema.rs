@@ -95,6 +95,9 @@ pub fn cidr(schema: &mut Schema) {
 /// A duration in whole units, Go style without fractions: `30s`, `2m`, `1m30s`, `500ms`, `0s`.
 pub const DURATION_PATTERN: &str = "^([0-9]{1,9}(ms|s|m|h))+$";
 
+/// A CA fingerprint as discovery writes it: `sha256:` and 64 lower-case hex digits.
+pub const CA_FINGERPRINT_PATTERN: &str = "^sha256:[0-9a-f]{64}$";
+
 /// Transforms that set one pattern, for `#[schemars(transform = ...)]`.
 macro_rules! pattern_rules {
     ($($name:ident => $pattern:ident),* $(,)?) => {$(
@@ -114,6 +117,7 @@ pattern_rules! {
     token_proof => TOKEN_PROOF_PATTERN,
     wireguard_key => WIREGUARD_KEY_PATTERN,
     duration => DURATION_PATTERN,
+    ca_fingerprint => CA_FINGERPRINT_PATTERN,
 }
 
 /// A quantity that cannot be negative, as a string (`500m`, `2Gi`) or an integer: the

@@ -25,7 +25,7 @@ pub struct GlobalArgs {
     /// The namespace, for commands that act on one (`offload`, `unoffload`, `export`, `unexport`).
     #[arg(short = 'n', long, value_name = "NAME", global = true)]
     pub namespace: Option<String>,
-    /// Output format, for commands that print objects (`status`, `lab status`) [default: table].
+    /// Output format, for commands that print objects (`status`, `discover`, `lab status`) [default: table].
     #[arg(short = 'o', long, value_enum, global = true)]
     pub output: Option<Output>,
 }

@@ -15,6 +15,7 @@ mod controller;
 mod crds;
 mod dashboard;
 mod demo;
+mod discover;
 mod drain;
 mod error;
 mod export;
@@ -66,6 +67,8 @@ enum Command {
     Invite(invite::Args),
     /// Print the DNS records (DNS-SD) that advertise this cluster under a domain.
     Advertise(advertise::Args),
+    /// List clusters that advertise themselves for peering (browsing a DNS domain first).
+    Discover(discover::Args),
     /// On a consumer: peer with the provider that issued an invite.
     Peer(peer::Args),
     /// Undo a peering (either side).
@@ -203,14 +206,14 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let prints_objects = match &cli.command {
-        Command::Status(_) => true,
+        Command::Status(_) | Command::Discover(_) => true,
         Command::Lab(args) => args.prints_objects(),
         Command::Install(args) => args.prints_objects(),
         _ => false,
     };
     if let (Some(output), false) = (cli.global.output, prints_objects) {
         anyhow::bail!(
-            "-o/--output {} does not apply to this command; `tandem status`, `tandem lab status` and `tandem install --dry-run` take it",
+            "-o/--output {} does not apply to this command; `tandem status`, `tandem discover`, `tandem lab status` and `tandem install --dry-run` take it",
             clap::ValueEnum::to_possible_value(&output)
                 .map_or_else(String::new, |v| v.get_name().to_string())
         );
@@ -242,6 +245,7 @@ fn run() -> anyhow::Result<()> {
             Command::Rotate(args) => rotate::run(args, &global.cluster).await,
             Command::Invite(args) => invite::run(args, &global.cluster).await,
             Command::Advertise(args) => advertise::run(args, &global.cluster).await,
+            Command::Discover(args) => discover::run(args, &global).await,
             Command::Peer(args) => peer::run(args, &global.cluster).await,
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
             Command::Offload(args) => offload::offload(args, &global).await,

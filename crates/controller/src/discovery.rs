@@ -76,3 +76,182 @@ pub async fn advertisement(
         zone: shared_label(&nodes, ZONE_LABEL),
     })
 }
+
+/// One cluster found advertising, and for how long the sighting holds (its records' TTL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sighting {
+    pub advertisement: Advertisement,
+    pub ttl: u32,
+}
+
+/// What browsing a domain found: the clusters, and the instances skipped with why.
+#[derive(Debug, Default)]
+pub struct Browsed {
+    pub sightings: Vec<Sighting>,
+    pub skipped: Vec<String>,
+}
+
+/// Why browsing a domain found nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum BrowseError {
+    #[error("{0:?} is not a DNS domain name")]
+    Domain(String),
+    #[error(transparent)]
+    Lookup(#[from] tandem_dns::client::LookupError),
+    #[error(
+        "no {service} records under {domain} ({service}.{domain} is NXDOMAIN): publish the ones \
+         `tandem advertise --domain {domain}` prints",
+        service = tandem_core::discovery::SERVICE
+    )]
+    NoService { domain: String },
+}
+
+/// Browses `domain` for advertising clusters (DNS-SD, RFC 6763 §4): the PTR records of
+/// `_tandem._tcp.<domain>` name the instances, and each instance's TXT record carries its
+/// advertisement. An instance whose TXT is missing or unreadable is skipped and reported by
+/// name (one bad record does not hide the others).
+pub async fn browse_domain(
+    domain: &str,
+    servers: &[std::net::SocketAddr],
+) -> Result<Browsed, BrowseError> {
+    use tandem_dns::hickory_proto::op::ResponseCode;
+    use tandem_dns::hickory_proto::rr::{Name, RData, RecordType};
+    let domain = domain.trim_end_matches('.');
+    if !tandem_core::discovery::valid_domain(domain) {
+        return Err(BrowseError::Domain(domain.to_string()));
+    }
+    let service = Name::from_ascii(format!("{}.{domain}.", tandem_core::discovery::SERVICE))
+        .map_err(|_| BrowseError::Domain(domain.to_string()))?;
+    let ptr = tandem_dns::client::lookup(servers, &service, RecordType::PTR).await?;
+    if ptr.response_code() == ResponseCode::NXDomain {
+        return Err(BrowseError::NoService {
+            domain: domain.to_string(),
+        });
+    }
+    let instances: BTreeSet<(Name, u32)> = ptr
+        .answers()
+        .iter()
+        .filter(|r| r.name() == &service)
+        .filter_map(|r| match r.data() {
+            RData::PTR(p) => Some((p.0.clone(), r.ttl())),
+            _ => None,
+        })
+        .collect();
+    let mut found = Browsed::default();
+    for (instance, ptr_ttl) in instances {
+        let txt = match tandem_dns::client::lookup(servers, &instance, RecordType::TXT).await {
+            Ok(m) => m,
+            Err(e) => {
+                found.skipped.push(format!("{instance}: {e}"));
+                continue;
+            }
+        };
+        let record = txt
+            .answers()
+            .iter()
+            .filter(|r| r.name() == &instance)
+            .find_map(|r| match r.data() {
+                RData::TXT(t) => Some((t, r.ttl())),
+                _ => None,
+            });
+        let Some((strings, txt_ttl)) = record else {
+            found.skipped.push(format!("{instance}: no TXT record"));
+            continue;
+        };
+        let strings: Vec<String> = strings
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        match Advertisement::from_txt(&strings) {
+            Ok(advertisement) => found.sightings.push(Sighting {
+                advertisement,
+                ttl: ptr_ttl.min(txt_ttl),
+            }),
+            Err(e) => found.skipped.push(format!("{instance}: {e}")),
+        }
+    }
+    Ok(found)
+}
+
+/// What [`record`] did with a browse's sightings.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Cluster IDs written (created or refreshed).
+    pub written: Vec<String>,
+    /// Sightings not recorded, with why (this cluster itself, the list full).
+    pub dropped: Vec<String>,
+}
+
+/// Records `sightings` as DiscoveredClusters (server-side apply, so a sighting refreshes the
+/// whole record), seen now through `source` (under `domain` for DNS). This cluster's own
+/// advertisement is not recorded, nor, once [`tandem_api::discovery::MAX_DISCOVERED`] exist, a
+/// cluster not already among them.
+pub async fn record(
+    client: &kube::Client,
+    own_id: &str,
+    sightings: &[Sighting],
+    source: &str,
+    domain: Option<&str>,
+) -> Result<Recorded, kube::Error> {
+    use kube::api::{Patch, PatchParams};
+    use tandem_api::DiscoveredCluster;
+    use tandem_api::discovery::MAX_DISCOVERED;
+    let api = Api::<DiscoveredCluster>::all(client.clone());
+    let mut known: BTreeSet<String> = api
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let mut out = Recorded::default();
+    for s in sightings {
+        let ad = &s.advertisement;
+        if ad.cluster_id == own_id {
+            out.dropped.push(format!(
+                "{}: this cluster's own advertisement",
+                ad.cluster_id
+            ));
+            continue;
+        }
+        if !known.contains(&ad.cluster_id) && known.len() >= MAX_DISCOVERED {
+            out.dropped.push(format!(
+                "{}: {MAX_DISCOVERED} clusters are recorded already (delete DiscoveredClusters \
+                 no longer wanted)",
+                ad.cluster_id
+            ));
+            continue;
+        }
+        let spec = tandem_api::DiscoveredClusterSpec {
+            cluster_id: ad.cluster_id.clone(),
+            endpoint: ad.endpoint.clone(),
+            ca_fingerprint: ad.ca_fingerprint.clone(),
+            protocol_version: ad.protocol_version,
+            region: ad.region.clone(),
+            zone: ad.zone.clone(),
+            source: source.to_string(),
+            domain: domain.map(str::to_string),
+            last_seen: now.clone(),
+            ttl_seconds: s.ttl,
+        };
+        let object = serde_json::json!({
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "DiscoveredCluster",
+            "metadata": {"name": ad.cluster_id,
+                         "labels": {tandem_api::names::MANAGED_BY_LABEL: tandem_api::names::MANAGED_BY}},
+            "spec": spec,
+        });
+        api.patch(
+            &ad.cluster_id,
+            &PatchParams::apply("tandem-discovery").force(),
+            &Patch::Apply(object),
+        )
+        .await?;
+        known.insert(ad.cluster_id.clone());
+        out.written.push(ad.cluster_id.clone());
+    }
+    Ok(out)
+}

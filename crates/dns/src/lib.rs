@@ -13,6 +13,8 @@ use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod client;
+
 pub use hickory_proto;
 
 /// What a name in an authoritative zone is.

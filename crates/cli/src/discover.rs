@@ -1,0 +1,189 @@
+//! `tandem discover`: the clusters found advertising themselves for peering, as recorded in
+//! DiscoveredCluster objects; with `--domain`, browsing that domain's DNS-SD records first.
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+use tandem_api::{DiscoveredCluster, Peering, discovery::SOURCE_DNS};
+
+use crate::flags::{GlobalArgs, Output};
+
+/// List clusters that advertise themselves for peering (DNS-SD).
+#[derive(clap::Args)]
+#[command(
+    after_help = "With --domain, the _tandem._tcp records under that domain (the ones \
+`tandem advertise --domain` prints on the other side) are looked up through this machine's \
+nameservers (/etc/resolv.conf) or --nameserver, and every cluster found is recorded as a \
+DiscoveredCluster; then the recorded clusters are listed. A cluster not seen again within its \
+records' TTL shows as NotSeen.\n\nNothing found this way is trusted: the cluster ID is \
+self-asserted. Confirm the CA fingerprint with the other cluster's administrator out of band \
+before peering.\n\nExamples:\n  tandem discover --domain example.org\n  tandem discover \
+--domain example.org --nameserver 192.0.2.53\n  tandem discover -o json"
+)]
+pub struct Args {
+    /// Browse this DNS domain's `_tandem._tcp` records first, and list only what it advertises.
+    #[arg(long, value_name = "DOMAIN")]
+    domain: Option<String>,
+    /// The nameserver to ask (IP or IP:PORT; repeatable) [default: /etc/resolv.conf's].
+    #[arg(long, value_name = "ADDR", requires = "domain")]
+    nameserver: Vec<String>,
+}
+
+/// One discovered cluster, as listed.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Listed {
+    #[serde(rename = "clusterID")]
+    cluster_id: String,
+    endpoint: String,
+    ca_fingerprint: String,
+    protocol_version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zone: Option<String>,
+    source: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<String>,
+    last_seen: String,
+    /// Seen within its TTL.
+    seen: bool,
+    /// A Peering with it exists.
+    peered: bool,
+}
+
+/// `IP` or `IP:PORT` (port 53 when absent; `[v6]:port` for IPv6 with a port).
+fn nameserver(s: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let ip: std::net::IpAddr = s
+        .trim_matches(['[', ']'])
+        .parse()
+        .with_context(|| format!("--nameserver {s:?} is not IP or IP:PORT"))?;
+    Ok(SocketAddr::new(ip, 53))
+}
+
+pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
+    let client = global.cluster.client().await?;
+    let domain = args
+        .domain
+        .as_deref()
+        .map(|d| d.trim_end_matches('.').to_ascii_lowercase());
+    if let Some(domain) = &domain {
+        anyhow::ensure!(
+            tandem_core::discovery::valid_domain(domain),
+            "--domain {domain:?} is not a DNS domain name (labels separated by dots)"
+        );
+        let servers = if args.nameserver.is_empty() {
+            tandem_dns::client::system_nameservers()
+        } else {
+            args.nameserver
+                .iter()
+                .map(|s| nameserver(s))
+                .collect::<anyhow::Result<_>>()?
+        };
+        let identity = tandem_controller::identity::ClusterIdentity::load(&client)
+            .await
+            .context("reading this cluster's identity (is Tandem installed? `tandem install`)")?;
+        let browsed = tandem_controller::discovery::browse_domain(domain, &servers)
+            .await
+            .with_context(|| format!("browsing {domain} for advertised clusters"))?;
+        for why in &browsed.skipped {
+            eprintln!("warning: skipped {why}");
+        }
+        let recorded = tandem_controller::discovery::record(
+            &client,
+            &identity.cluster_id,
+            &browsed.sightings,
+            SOURCE_DNS,
+            Some(domain),
+        )
+        .await
+        .context("recording the discovered clusters (DiscoveredCluster)")?;
+        for why in &recorded.dropped {
+            eprintln!("note: not recorded: {why}");
+        }
+    }
+    let discovered = Api::<DiscoveredCluster>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing DiscoveredClusters")?
+        .items;
+    let peerings: std::collections::BTreeSet<String> = Api::<Peering>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+        .context("listing Peerings")?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let listed: Vec<Listed> = discovered
+        .into_iter()
+        .map(|d| d.spec)
+        .filter(|s| domain.is_none() || s.domain == domain)
+        .map(|s| {
+            let seen = s
+                .last_seen
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .is_ok_and(|t| now.duration_since(t).as_secs() <= i64::from(s.ttl_seconds));
+            Listed {
+                peered: peerings.contains(&s.cluster_id),
+                seen,
+                cluster_id: s.cluster_id,
+                endpoint: s.endpoint,
+                ca_fingerprint: s.ca_fingerprint,
+                protocol_version: s.protocol_version,
+                region: s.region,
+                zone: s.zone,
+                source: s.source,
+                domain: s.domain,
+                last_seen: s.last_seen,
+            }
+        })
+        .collect();
+    match global.output.unwrap_or_default() {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&listed)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&listed)?),
+        Output::Table if listed.is_empty() => eprintln!(
+            "No clusters discovered{}.",
+            domain
+                .as_ref()
+                .map(|d| format!(" under {d}"))
+                .unwrap_or_default()
+        ),
+        Output::Table => {
+            let mut t = crate::table::new([
+                "CLUSTER",
+                "ENDPOINT",
+                "REGION",
+                "ZONE",
+                "SOURCE",
+                "STATE",
+                "PEERED",
+                "CA FINGERPRINT",
+            ]);
+            for l in &listed {
+                let source = match &l.domain {
+                    Some(d) => format!("{} ({d})", l.source),
+                    None => l.source.clone(),
+                };
+                t.add_row([
+                    l.cluster_id.clone(),
+                    l.endpoint.clone(),
+                    l.region.clone().unwrap_or_else(|| "-".into()),
+                    l.zone.clone().unwrap_or_else(|| "-".into()),
+                    source,
+                    if l.seen { "Seen" } else { "NotSeen" }.to_string(),
+                    if l.peered { "yes" } else { "no" }.to_string(),
+                    l.ca_fingerprint.clone(),
+                ]);
+            }
+            print!("{}", crate::table::render(t, 0));
+        }
+    }
+    Ok(())
+}
