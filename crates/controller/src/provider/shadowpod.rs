@@ -72,6 +72,10 @@ struct State {
     /// Consumer → granted resources.
     grants: HashMap<String, Resources>,
     dirty: HashSet<Key>,
+    /// The watches (by [`Ev::kind`]) listing now: until each has listed, its store does not
+    /// speak for the cluster — a shadow pod whose real pod is not listed yet would be created
+    /// again, over a pod the fence may be deleting (see `run`).
+    listing: [bool; 4],
 }
 
 #[allow(clippy::large_enum_variant)] // one event at a time, straight from a watch
@@ -82,6 +86,26 @@ enum Ev {
     Tenant(watcher::Event<Tenant>),
     /// Periodic full pass (retries failed writes).
     Tick,
+}
+
+impl Ev {
+    /// Which watch the event is from, and whether it starts (true) or ends (false) a listing.
+    fn listing(&self) -> Option<(usize, bool)> {
+        fn of<K>(kind: usize, e: &watcher::Event<K>) -> Option<(usize, bool)> {
+            match e {
+                watcher::Event::Init => Some((kind, true)),
+                watcher::Event::InitDone => Some((kind, false)),
+                _ => None,
+            }
+        }
+        match self {
+            Ev::Shadow(e) => of(0, e),
+            Ev::Pod(e) => of(1, e),
+            Ev::Ns(e) => of(2, e),
+            Ev::Tenant(e) => of(3, e),
+            Ev::Tick => None,
+        }
+    }
 }
 
 /// The consumer a namespace is a twin namespace of, from its labels.
@@ -188,6 +212,9 @@ impl State {
     }
 
     fn apply(&mut self, ev: Ev) {
+        if let Some((kind, starts)) = ev.listing() {
+            self.listing[kind] = starts;
+        }
         match ev {
             Ev::Shadow(e) => match e {
                 watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
@@ -484,6 +511,8 @@ enum Outcome {
     /// The API server refused the pod itself (400, 422): the shadow pod is Rejected with its
     /// message.
     CreateRefused(Key, String),
+    /// Decide again (a write met a newer version).
+    Retry(Key),
 }
 
 async fn act(client: Client, action: Action) -> Outcome {
@@ -499,7 +528,10 @@ async fn act(client: Client, action: Action) -> Outcome {
             // The created pod in the answer is not decoded.
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
-                Err(e) if client::is_conflict(&e) => Outcome::Done,
+                // A pod of that name exists: this pass's view is behind (the watch will show
+                // it, or its deletion). Not left pending: a pod deleted before the watch
+                // showed it would leave the name blocked for good.
+                Err(e) if client::is_conflict(&e) => Outcome::CreateFailed(key),
                 Err(kube::Error::Api(s)) if s.is_invalid() || s.code == 400 => {
                     Outcome::CreateRefused(key, format!("the real pod was refused: {}", s.message))
                 }
@@ -527,20 +559,27 @@ async fn act(client: Client, action: Action) -> Outcome {
             phase,
             message,
         } => {
-            // Never over a fence's mark (this pass's view may predate it).
-            if is_fenced(&client, &key).await != Some(false) {
+            // Never over a fence's mark: written only to the version read as not fenced (this
+            // pass's view may predate the mark, and the mark may land after the read).
+            let Some((false, version)) = fenced_at(&client, &key).await else {
                 return Outcome::Done;
-            }
+            };
             let api: Api<ShadowPod> = Api::namespaced(client, &key.0);
-            let patch = json!({"status": {"phase": phase, "message": message}});
-            if let Err(e) = api
+            let patch = json!({"metadata": {"resourceVersion": version},
+                               "status": {"phase": phase, "message": message}});
+            match api
                 .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                && !client::is_not_found(&e)
             {
-                tracing::warn!(shadowpod = %format!("{}/{}", key.0, key.1), "setting status {phase}: {e}");
+                Ok(_) => Outcome::Done,
+                Err(e) if client::is_not_found(&e) => Outcome::Done,
+                // Changed since the read: decided again on the newer version.
+                Err(e) if client::is_conflict(&e) => Outcome::Retry(key),
+                Err(e) => {
+                    tracing::warn!(shadowpod = %format!("{}/{}", key.0, key.1), "setting status {phase}: {e}");
+                    Outcome::Done
+                }
             }
-            Outcome::Done
         }
     }
 }
@@ -548,11 +587,21 @@ async fn act(client: Client, action: Action) -> Outcome {
 /// Whether shadow pod `key` is Fenced, read from the API server (None: it could not be read,
 /// or is gone).
 async fn is_fenced(client: &Client, key: &Key) -> Option<bool> {
+    fenced_at(client, key).await.map(|(fenced, _)| fenced)
+}
+
+/// Whether shadow pod `key` is Fenced, and the resourceVersion read (None: it could not be
+/// read, or is gone).
+async fn fenced_at(client: &Client, key: &Key) -> Option<(bool, String)> {
     let sp = Api::<ShadowPod>::namespaced(client.clone(), &key.0)
         .get_opt(&key.1)
         .await
         .ok()??;
-    Some(sp.status.and_then(|s| s.phase).as_deref() == Some(PHASE_FENCED))
+    let version = sp.metadata.resource_version.clone()?;
+    Some((
+        sp.status.and_then(|s| s.phase).as_deref() == Some(PHASE_FENCED),
+        version,
+    ))
 }
 
 /// Runs the shadow pod controller until the task is aborted.
@@ -594,7 +643,11 @@ pub async fn run(ctx: Ctx) {
         .boxed(),
     ]);
     futures::pin_mut!(stream);
-    let mut state = State::default();
+    // Nothing is decided before every watch has listed once (and while one lists again).
+    let mut state = State {
+        listing: [true; 4],
+        ..State::default()
+    };
     while let Some(ev) = stream.next().await {
         state.apply(ev);
         for _ in 0..BATCH {
@@ -602,6 +655,9 @@ pub async fn run(ctx: Ctx) {
                 Some(Some(ev)) => state.apply(ev),
                 _ => break,
             }
+        }
+        if state.listing.iter().any(|l| *l) {
+            continue;
         }
         let actions = state.decide();
         if actions.is_empty() {
@@ -617,6 +673,9 @@ pub async fn run(ctx: Ctx) {
                 Outcome::Done => {}
                 Outcome::CreateFailed(key) => {
                     state.remove_pending(&key);
+                    state.dirty.insert(key);
+                }
+                Outcome::Retry(key) => {
                     state.dirty.insert(key);
                 }
                 Outcome::CreateRefused(key, why) => {
