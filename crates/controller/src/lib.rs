@@ -23,6 +23,7 @@ pub mod invite;
 pub mod leader;
 pub mod lean;
 pub mod mcs;
+pub mod mdns;
 pub mod metrics;
 pub mod provider;
 pub mod rbac;
