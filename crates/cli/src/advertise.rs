@@ -2,38 +2,58 @@
 
 use anyhow::Context as _;
 
+use tandem_controller::discovery::ADVERTISE_KEY;
+
 use crate::flags::ClusterArgs;
 
-/// Print the DNS records that advertise this cluster for discovery under a domain.
+/// Advertise this cluster for discovery: on the LAN over mDNS, or as DNS records to publish.
 #[derive(clap::Args)]
 #[command(
-    after_help = "The records follow DNS-SD (RFC 6763): a PTR under _tandem._tcp.<domain> naming \
-this cluster's instance, its SRV (the API endpoint's host and port) and its TXT (cluster ID, \
-protocol version, endpoint, the SHA-256 fingerprint of the API's CA, region and zone). Tandem \
-runs nobody's public DNS: add them to your zone. Nothing in them is a credential, and nothing \
-in them is trusted either — a consumer pins the CA fingerprint, which its admin confirms with \
-yours out of band.\n\nExamples:\n  tandem advertise --domain example.org\n  tandem advertise \
---domain example.org --endpoint https://api.milan.example.org:6443 --ttl 3600"
+    group = clap::ArgGroup::new("how").required(true).args(["domain", "mdns", "off"]),
+    after_help = "Advertising is opt-in and off by default.\n\n--mdns makes this cluster's \
+controller announce it on its LAN as _tandem._tcp.local (multicast DNS, from the controller's \
+own network: run it with hostNetwork to reach the nodes' LAN) until --off. The announcement \
+carries the cluster ID, protocol version, API endpoint, the SHA-256 fingerprint of the API's \
+CA, region and zone.\n\n--domain prints the same as DNS-SD records (RFC 6763) to add to a \
+zone you run: a PTR under _tandem._tcp.<domain> naming this cluster's instance, its SRV (the \
+API endpoint's host and port) and its TXT. Tandem runs nobody's public DNS.\n\nNothing in \
+them is a credential, and nothing in them is trusted either: anyone on a LAN can answer as any \
+cluster. A consumer pins the CA fingerprint, which its admin confirms with yours out of \
+band.\n\nExamples:\n  tandem advertise --mdns\n  tandem advertise --off\n  tandem \
+advertise --domain example.org\n  tandem advertise --domain example.org --endpoint \
+https://api.milan.example.org:6443 --ttl 3600"
 )]
 pub struct Args {
-    /// The domain to publish under (`_tandem._tcp.<domain>`).
+    /// Print the records to publish under this domain (`_tandem._tcp.<domain>`).
     #[arg(long, value_name = "DOMAIN")]
-    domain: String,
+    domain: Option<String>,
+    /// Announce this cluster on the LAN over mDNS (the controller does, until --off).
+    #[arg(long)]
+    mdns: bool,
+    /// Stop announcing this cluster over mDNS.
+    #[arg(long)]
+    off: bool,
     /// The API endpoint consumers should use [default: the kubeconfig's server].
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "off")]
     endpoint: Option<String>,
-    /// The records' TTL, in seconds.
-    #[arg(long, default_value_t = 300)]
+    /// The records' TTL, in seconds (--domain).
+    #[arg(long, default_value_t = 300, requires = "domain")]
     ttl: u32,
 }
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
-    let domain = args.domain.trim_end_matches('.');
-    anyhow::ensure!(
-        tandem_core::discovery::valid_domain(&args.domain),
-        "--domain {:?} is not a DNS domain name (lower-case labels separated by dots)",
-        args.domain
-    );
+    if args.off {
+        let client = cluster.client().await?;
+        set_setting(&client, ADVERTISE_KEY, None).await?;
+        println!("This cluster is no longer announced over mDNS (its controller says goodbye).");
+        return Ok(());
+    }
+    if let Some(domain) = &args.domain {
+        anyhow::ensure!(
+            tandem_core::discovery::valid_domain(domain),
+            "--domain {domain:?} is not a DNS domain name (lower-case labels separated by dots)"
+        );
+    }
     let target = cluster.target().await?;
     let ca = target.ca_pem.context(
         "the kubeconfig has no certificate-authority for the cluster: consumers could not verify it",
@@ -53,6 +73,20 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
              clusters cannot reach it (set --endpoint)"
         );
     }
+    let Some(domain) = args.domain.as_deref().map(|d| d.trim_end_matches('.')) else {
+        set_setting(&target.client, ADVERTISE_KEY, Some(ad.txt().join("\n"))).await?;
+        mdns_state(&target.client, "announcing").await?;
+        println!(
+            "Cluster {} is announced over mDNS as {}._tandem._tcp.local by its controller, with \
+             endpoint {}.",
+            ad.cluster_id, ad.cluster_id, ad.endpoint
+        );
+        eprintln!(
+            "consumers confirm this CA fingerprint with you before peering: {}",
+            ad.ca_fingerprint
+        );
+        return Ok(());
+    };
     println!(
         "; Tandem discovery records for cluster {} (add them to the zone of {domain})",
         ad.cluster_id
@@ -65,4 +99,72 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         ad.ca_fingerprint
     );
     Ok(())
+}
+
+/// Sets (Some) or removes (None) `key` of the discovery settings ConfigMap, which the
+/// controller watches.
+pub async fn set_setting(
+    client: &kube::Client,
+    key: &str,
+    value: Option<String>,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams};
+    use tandem_controller::discovery::SETTINGS;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+    // Each key has its own field manager, so setting one never takes the other away.
+    let manager = format!("tandem-cli-{key}");
+    let data = match &value {
+        Some(v) => serde_json::json!({ key: v }),
+        None => serde_json::json!({}),
+    };
+    let object = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": SETTINGS, "namespace": tandem_api::names::SYSTEM_NAMESPACE,
+                     "labels": {tandem_api::names::MANAGED_BY_LABEL: tandem_api::names::MANAGED_BY}},
+        "data": data,
+    });
+    api.patch(
+        SETTINGS,
+        &PatchParams::apply(&manager).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "writing {key} in ConfigMap {}/{SETTINGS} (is Tandem installed? `tandem install`)",
+            tandem_api::names::SYSTEM_NAMESPACE
+        )
+    })?;
+    Ok(())
+}
+
+/// Waits (up to 15 s) until the controller reports on its mDNS (the settings ConfigMap's
+/// state annotation) doing `what` (`announcing`, `browsing`); fails with its reason when it
+/// reports a failure, or when it does not answer.
+pub async fn mdns_state(client: &kube::Client, what: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt as _;
+    use tandem_controller::discovery::{SETTINGS, STATE_ANNOTATION};
+    let api =
+        kube::Api::<ConfigMap>::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let state = api
+            .get_opt(SETTINGS)
+            .await
+            .context("reading the discovery settings")?
+            .and_then(|c| c.annotations().get(STATE_ANNOTATION).cloned());
+        match state {
+            Some(s) if s.contains(what) => return Ok(()),
+            Some(s) if s.starts_with("failed") => {
+                anyhow::bail!("the controller's mDNS {s}")
+            }
+            _ if std::time::Instant::now() > deadline => anyhow::bail!(
+                "the controller has not reported its mDNS {what} within 15 s (is it running? \
+                 `tandem status`)"
+            ),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
 }

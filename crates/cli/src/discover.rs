@@ -4,9 +4,13 @@
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
-use tandem_api::{DiscoveredCluster, Peering, discovery::SOURCE_DNS};
+use tandem_api::discovery::{SOURCE_DNS, SOURCE_MDNS};
+use tandem_api::names::SYSTEM_NAMESPACE;
+use tandem_api::{DiscoveredCluster, Peering};
+use tandem_controller::discovery::{BROWSE_KEY, SETTINGS};
 
 use crate::flags::{GlobalArgs, Output};
 
@@ -29,6 +33,16 @@ pub struct Args {
     /// The nameserver to ask (IP or IP:PORT; repeatable) [default: /etc/resolv.conf's].
     #[arg(long, value_name = "ADDR", requires = "domain")]
     nameserver: Vec<String>,
+    /// Have the controller browse the LAN over mDNS (it keeps browsing until --mdns-off), and
+    /// list only what it heard there.
+    #[arg(long, conflicts_with = "domain")]
+    mdns: bool,
+    /// Stop the controller's mDNS browse.
+    #[arg(long, conflicts_with_all = ["domain", "mdns"])]
+    mdns_off: bool,
+    /// With --mdns, when the browse was off: how long to let it listen before listing.
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = crate::flags::duration)]
+    wait: std::time::Duration,
 }
 
 /// One discovered cluster, as listed.
@@ -107,6 +121,32 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             eprintln!("note: not recorded: {why}");
         }
     }
+    if args.mdns_off {
+        crate::advertise::set_setting(&client, BROWSE_KEY, None).await?;
+        println!("The controller no longer browses for clusters over mDNS.");
+        return Ok(());
+    }
+    if args.mdns {
+        let settings = Api::<ConfigMap>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+            .get_opt(SETTINGS)
+            .await
+            .context("reading the discovery settings")?;
+        let browsing = settings
+            .and_then(|c| c.data)
+            .is_some_and(|d| d.get(BROWSE_KEY).is_some_and(|v| v == "true"));
+        if browsing {
+            crate::advertise::mdns_state(&client, "browsing").await?;
+        } else {
+            crate::advertise::set_setting(&client, BROWSE_KEY, Some("true".into())).await?;
+            crate::advertise::mdns_state(&client, "browsing").await?;
+            eprintln!(
+                "The controller browses the LAN over mDNS from now on (`tandem discover \
+                 --mdns-off` stops it); listening for {}…",
+                humantime::format_duration(args.wait)
+            );
+            tokio::time::sleep(args.wait).await;
+        }
+    }
     let discovered = Api::<DiscoveredCluster>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -125,6 +165,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|d| d.spec)
         .filter(|s| domain.is_none() || s.domain == domain)
+        .filter(|s| !args.mdns || s.source == SOURCE_MDNS)
         .map(|s| {
             let seen = s
                 .last_seen
@@ -150,10 +191,11 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         Output::Yaml => print!("{}", serde_saphyr::to_string(&listed)?),
         Output::Table if listed.is_empty() => eprintln!(
             "No clusters discovered{}.",
-            domain
-                .as_ref()
-                .map(|d| format!(" under {d}"))
-                .unwrap_or_default()
+            match (&domain, args.mdns) {
+                (Some(d), _) => format!(" under {d}"),
+                (None, true) => " over mDNS".to_string(),
+                (None, false) => String::new(),
+            }
         ),
         Output::Table => {
             let mut t = crate::table::new([

@@ -11,8 +11,21 @@ use kube::api::Api;
 use tandem_api::names;
 use tandem_controller::{Controller, Options};
 
-/// Hosts the controller of one lab cluster until the process ends.
+/// Hosts the controller of one lab cluster until the process ends. It runs in this process's
+/// network, the host's: its mDNS is refused (it would multicast on the host's LAN), with a
+/// reason its log gives when `tandem advertise --mdns` or `tandem discover --mdns` asks.
 pub async fn host_controller(name: String, client: Client, options: Options) {
+    let options = Options {
+        mdns_socket: Some(tandem_controller::context::MdnsSocket(std::sync::Arc::new(
+            || {
+                Err(std::io::Error::other(
+                    "a hollow lab cluster has no LAN of its own (its controller runs in the host's \
+                 network, which lab traffic never leaves for)",
+                ))
+            },
+        ))),
+        ..options
+    };
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
     let mut running: Option<Controller> = None;
     loop {

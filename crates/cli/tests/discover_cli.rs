@@ -276,4 +276,40 @@ fn records_advertise_prints_make_discover_list_the_cluster_until_their_ttl_passe
     // What was recorded before is still there.
     let kept = json(ok(on("lab-2", &["discover", "-o", "json"]), "discover"));
     assert_eq!(kept[0]["clusterID"], "milan", "{kept}");
+
+    // mDNS: a hollow lab cluster's controller runs in the host's network, which lab traffic
+    // never leaves: it refuses, and says why, rather than multicast on the host's LAN.
+    for args in [&["advertise", "--mdns"][..], &["discover", "--mdns"][..]] {
+        let out = on("lab-1", args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && said.contains("the controller's mDNS failed: opening UDP port 5353")
+                && said.contains("a hollow lab cluster has no LAN of its own"),
+            "{args:?}: {said}"
+        );
+    }
+    let off = ok(on("lab-1", &["advertise", "--off"]), "advertise --off");
+    assert!(off.contains("no longer announced"), "{off}");
+    ok(on("lab-1", &["discover", "--mdns-off"]), "discover --mdns-off");
+    // The controller says its mDNS is off, and no setting is left.
+    until("the controller reports mDNS off", Duration::from_secs(60), || {
+        let state = ok(
+            netlab::kubectl(
+                &lab,
+                "lab-1",
+                &[
+                    "get",
+                    "configmap",
+                    "-n",
+                    "tandem-system",
+                    "tandem-discovery",
+                    "-o",
+                    "jsonpath={.metadata.annotations.tandem\\.dev/mdns-state} {.data}",
+                ],
+            ),
+            "kubectl get configmap tandem-discovery",
+        );
+        (state.trim() == "off {}").then_some(())
+    });
 }

@@ -50,11 +50,31 @@ pub struct Options {
     /// server presents the certificate it signs (kube-apiserver's webhook configuration cache
     /// follows a watch, each replica on its own).
     pub webhook_ca_propagation: Duration,
+    /// Makes the mDNS socket (None: `mdns::socket` in the controller's own network, on the
+    /// interface the kernel routes 224.0.0.251 through). Tests make it inside an isolated
+    /// network namespace, as nothing of a lab may reach the host's LAN.
+    pub mdns_socket: Option<MdnsSocket>,
+    /// mDNS: the TTL of this cluster's announcement and how often it is repeated.
+    pub mdns: crate::mdns::Config,
+}
+
+/// A maker of the mDNS socket (see [`Options::mdns_socket`]).
+#[derive(Clone)]
+pub struct MdnsSocket(
+    pub std::sync::Arc<dyn Fn() -> std::io::Result<tokio::net::UdpSocket> + Send + Sync>,
+);
+
+impl std::fmt::Debug for MdnsSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MdnsSocket(..)")
+    }
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
+            mdns_socket: None,
+            mdns: crate::mdns::Config::default(),
             webhook_addr: ([127, 0, 0, 1], 0).into(),
             webhook_service: None,
             heartbeat: Duration::from_secs(2),

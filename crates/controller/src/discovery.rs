@@ -255,3 +255,233 @@ pub async fn record(
     }
     Ok(out)
 }
+
+/// The ConfigMap (in `tandem-system`) that turns mDNS on: `tandem advertise --mdns` writes
+/// [`ADVERTISE_KEY`], `tandem discover --mdns` writes [`BROWSE_KEY`]. Absent: no multicast at
+/// all (discovery is opt-in).
+pub const SETTINGS: &str = "tandem-discovery";
+/// The advertisement to announce on the LAN: its TXT strings, one per line.
+pub const ADVERTISE_KEY: &str = "mdns-advertise";
+/// `"true"`: browse the LAN and record what answers as DiscoveredClusters.
+pub const BROWSE_KEY: &str = "mdns-browse";
+
+/// What the settings ConfigMap asks for: the advertisement to announce, and whether to browse.
+/// An advertisement that does not read back is not announced (and says why).
+pub fn settings_of(
+    data: Option<&std::collections::BTreeMap<String, String>>,
+) -> (Option<Advertisement>, bool) {
+    let Some(data) = data else {
+        return (None, false);
+    };
+    let advertisement = data.get(ADVERTISE_KEY).and_then(|txt| {
+        let lines: Vec<&str> = txt.lines().filter(|l| !l.is_empty()).collect();
+        Advertisement::from_txt(&lines)
+            .map_err(|e| {
+                tracing::warn!("ConfigMap {SETTINGS}: {ADVERTISE_KEY} is not announced: {e}")
+            })
+            .ok()
+    });
+    let browse = data.get(BROWSE_KEY).is_some_and(|v| v == "true");
+    (advertisement, browse)
+}
+
+/// The mDNS responder and browse running now, as the settings asked. Dropped, it stops them:
+/// the responder, its advertisement's sender gone, says goodbye and ends, and the recorder
+/// ends with it (neither is aborted, which would leave no goodbye).
+struct Running {
+    advertise: tokio::sync::watch::Sender<Option<Advertisement>>,
+    browse: bool,
+}
+
+/// Runs mDNS as the settings ConfigMap asks, until the task is aborted: announces the
+/// advertisement it holds, and when browsing records every cluster heard as a
+/// DiscoveredCluster (source mDNS), refreshed at most every half TTL, and a goodbye as a
+/// sighting that no longer holds (TTL 0).
+pub async fn run(ctx: crate::context::Ctx) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher;
+    let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+    let stream = crate::runtime::watch_events(
+        "discovery settings",
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={SETTINGS}")),
+    );
+    futures::pin_mut!(stream);
+    let mut data = None;
+    // The settings ConfigMap while it exists, and the state it last reported.
+    let mut exists = false;
+    let mut reported: Option<String> = None;
+    let mut running: Option<Running> = None;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            watcher::Event::Apply(cm) | watcher::Event::InitApply(cm) => {
+                reported = kube::ResourceExt::annotations(&cm)
+                    .get(STATE_ANNOTATION)
+                    .cloned();
+                exists = true;
+                data = cm.data;
+            }
+            watcher::Event::Delete(_) | watcher::Event::Init => {
+                exists = false;
+                data = None;
+            }
+            watcher::Event::InitDone => {}
+        }
+        let (advertisement, browse) = settings_of(data.as_ref());
+        let state = mdns_state(&ctx, &mut running, advertisement, browse);
+        if exists && reported.as_deref() != Some(state.as_str()) {
+            report(&ctx.client, &state).await;
+            reported = Some(state);
+        }
+    }
+}
+
+/// The annotation on the settings ConfigMap where the controller says what its mDNS does:
+/// `off`, `announcing`, `browsing`, `announcing and browsing`, or `failed: why`.
+pub const STATE_ANNOTATION: &str = "tandem.dev/mdns-state";
+
+async fn report(client: &kube::Client, state: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+    let patch = serde_json::json!({"metadata": {"annotations": {STATE_ANNOTATION: state}}});
+    if let Err(e) = api
+        .patch(
+            SETTINGS,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::debug!("reporting the mDNS state on ConfigMap {SETTINGS}: {e}");
+    }
+}
+
+/// Brings the mDNS responder and browse to what the settings ask; returns the state to report.
+fn mdns_state(
+    ctx: &crate::context::Ctx,
+    running: &mut Option<Running>,
+    advertisement: Option<Advertisement>,
+    browse: bool,
+) -> String {
+    let what = match (advertisement.is_some(), browse) {
+        (false, false) => {
+            // Dropping the sender ends the responder with a goodbye.
+            *running = None;
+            return "off".into();
+        }
+        (true, false) => "announcing",
+        (false, true) => "browsing",
+        (true, true) => "announcing and browsing",
+    };
+    if let Some(r) = running.as_ref()
+        && r.browse == browse
+    {
+        r.advertise.send_if_modified(|current| {
+            let changed = *current != advertisement;
+            *current = advertisement.clone();
+            changed
+        });
+        return what.into();
+    }
+    *running = None;
+    let socket = match &ctx.options.mdns_socket {
+        Some(make) => (make.0)(),
+        None => crate::mdns::socket(ctx.options.mdns.interface),
+    };
+    let socket = match socket {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("mDNS: opening UDP port {}: {e}", crate::mdns::PORT);
+            return format!("failed: opening UDP port {}: {e}", crate::mdns::PORT);
+        }
+    };
+    tracing::info!(
+        advertise = advertisement.is_some(),
+        browse,
+        "mDNS discovery started"
+    );
+    let (advertise, watched) = tokio::sync::watch::channel(advertisement);
+    let events = if browse {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(record_heard(ctx.clone(), rx));
+        Some(tx)
+    } else {
+        None
+    };
+    tokio::spawn(crate::mdns::run(
+        socket,
+        ctx.options.mdns.clone(),
+        watched,
+        events,
+    ));
+    *running = Some(Running { advertise, browse });
+    what.into()
+}
+
+/// Records what the browse hears (see [`run`]).
+async fn record_heard(
+    ctx: crate::context::Ctx,
+    mut heard: tokio::sync::mpsc::Receiver<crate::mdns::Event>,
+) {
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+    use tandem_api::discovery::SOURCE_MDNS;
+    // Cluster ID → what was last written and when.
+    let mut written: HashMap<String, (Advertisement, Instant)> = HashMap::new();
+    while let Some(event) = heard.recv().await {
+        match event {
+            crate::mdns::Event::Seen(s) => {
+                let id = s.advertisement.cluster_id.clone();
+                if id == ctx.identity.cluster_id {
+                    continue;
+                }
+                let fresh = written.get(&id).is_some_and(|(ad, at)| {
+                    *ad == s.advertisement
+                        && at.elapsed() < Duration::from_secs(u64::from(s.ttl / 2))
+                });
+                if fresh {
+                    continue;
+                }
+                match record(
+                    &ctx.client,
+                    &ctx.identity.cluster_id,
+                    std::slice::from_ref(&s),
+                    SOURCE_MDNS,
+                    None,
+                )
+                .await
+                {
+                    Ok(r) => {
+                        for why in r.dropped {
+                            tracing::warn!("mDNS: not recorded: {why}");
+                        }
+                        if r.written.contains(&id) {
+                            written.insert(id, (s.advertisement, Instant::now()));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(cluster = %id, "mDNS: recording a DiscoveredCluster: {e}")
+                    }
+                }
+            }
+            crate::mdns::Event::Gone(id) => {
+                written.remove(&id);
+                let api = Api::<tandem_api::DiscoveredCluster>::all(ctx.client.clone());
+                let patch = serde_json::json!({"spec": {"ttlSeconds": 0}});
+                match api
+                    .patch(
+                        &id,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => tracing::warn!(cluster = %id, "mDNS: recording a goodbye: {e}"),
+                }
+            }
+        }
+    }
+}

@@ -458,6 +458,12 @@ pub fn controller_role() -> ClusterRole {
                 &["patch"],
             ),
             rule(tandem_api::GROUP, &["peeringrequests"], &["delete"]),
+            // Clusters heard over mDNS, recorded (see `discovery`).
+            rule(
+                tandem_api::GROUP,
+                &["discoveredclusters"],
+                &["get", "list", "watch", "create", "patch"],
+            ),
             // A twin namespace kept for its data loses its shadow pods (and so its pods).
             rule(
                 tandem_api::GROUP,
@@ -529,6 +535,11 @@ pub fn controller_namespaced_roles() -> Vec<Role> {
                     "apps",
                     &["deployments", "daemonsets"],
                     &["get", "list", "create", "patch", "delete"],
+                ),
+                // Its discovery settings, watched by name.
+                named(
+                    rule("", &["configmaps"], &["list", "watch"]),
+                    crate::discovery::SETTINGS,
                 ),
                 // The leader Lease among its replicas.
                 rule(

@@ -217,5 +217,6 @@ fn run_reconcilers(
     crate::provider::spawn(&ctx, tasks);
     crate::consumer::spawn(&ctx, tasks);
     tasks.spawn(crate::fabric::gateway::run(ctx.clone()));
+    tasks.spawn(crate::discovery::run(ctx.clone()));
     tracing::info!(cluster_id = %ctx.identity.cluster_id, "controller started");
 }
