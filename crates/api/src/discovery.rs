@@ -45,14 +45,18 @@ pub struct DiscoveredClusterSpec {
     pub protocol_version: u32,
     /// `topology.kubernetes.io/region` of its nodes, when they agree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::label_value)]
     pub region: Option<String>,
     /// `topology.kubernetes.io/zone` of its nodes, when they agree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::label_value)]
     pub zone: Option<String>,
     /// How it was found: `DNS` (under `domain`) or `mDNS`.
+    #[schemars(regex(pattern = "^(DNS|mDNS)$"))]
     pub source: String,
     /// The DNS domain it was found under (source DNS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub domain: Option<String>,
     /// When it was last seen (RFC 3339).
     pub last_seen: String,

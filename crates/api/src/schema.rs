@@ -61,6 +61,15 @@ pub fn cluster_id(schema: &mut Schema) {
     );
 }
 
+/// A label value (a region, a zone).
+pub fn label_value(schema: &mut Schema) {
+    string_rule(
+        schema,
+        validation::LABEL_VALUE_PATTERN,
+        Some(validation::LABEL_VALUE_MAX),
+    );
+}
+
 /// A namespace name: a DNS-1123 label.
 pub fn namespace(schema: &mut Schema) {
     string_rule(

@@ -44,7 +44,12 @@ pub struct Args {
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     if args.off {
         let client = cluster.client().await?;
-        set_setting(&client, ADVERTISE_KEY, None).await?;
+        let request = set_setting(&client, ADVERTISE_KEY, None).await?;
+        let state = mdns_state(&client, &request).await?;
+        anyhow::ensure!(
+            !state.contains("announcing"),
+            "the controller's mDNS still reports {state:?}"
+        );
         println!("This cluster is no longer announced over mDNS (its controller says goodbye).");
         return Ok(());
     }
@@ -74,8 +79,12 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         );
     }
     let Some(domain) = args.domain.as_deref().map(|d| d.trim_end_matches('.')) else {
-        set_setting(&target.client, ADVERTISE_KEY, Some(ad.txt().join("\n"))).await?;
-        mdns_state(&target.client, "announcing").await?;
+        let request = set_setting(&target.client, ADVERTISE_KEY, Some(ad.txt().join("\n"))).await?;
+        let state = mdns_state(&target.client, &request).await?;
+        anyhow::ensure!(
+            state.contains("announcing"),
+            "the controller's mDNS {state}"
+        );
         println!(
             "Cluster {} is announced over mDNS as {}._tandem._tcp.local by its controller, with \
              endpoint {}.",
@@ -102,22 +111,31 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
 }
 
 /// Sets (Some) or removes (None) `key` of the discovery settings ConfigMap, which the
-/// controller watches.
+/// controller watches, with a fresh request token; returns the token (see [`mdns_state`]).
 pub async fn set_setting(
     client: &kube::Client,
     key: &str,
     value: Option<String>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Api, Patch, PatchParams};
-    use tandem_controller::discovery::SETTINGS;
+    use tandem_controller::discovery::{REQUEST_KEY, SETTINGS};
     let api = Api::<ConfigMap>::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+    // Unique, not secret: this process and the time.
+    let request = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
     // Each key has its own field manager, so setting one never takes the other away.
     let manager = format!("tandem-cli-{key}");
-    let data = match &value {
-        Some(v) => serde_json::json!({ key: v }),
-        None => serde_json::json!({}),
-    };
+    let mut data = serde_json::json!({ REQUEST_KEY: request });
+    if let Some(v) = &value {
+        data[key] = serde_json::json!(v);
+    }
     let object = serde_json::json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": SETTINGS, "namespace": tandem_api::names::SYSTEM_NAMESPACE,
@@ -136,33 +154,33 @@ pub async fn set_setting(
             tandem_api::names::SYSTEM_NAMESPACE
         )
     })?;
-    Ok(())
+    Ok(request)
 }
 
-/// Waits (up to 15 s) until the controller reports on its mDNS (the settings ConfigMap's
-/// state annotation) doing `what` (`announcing`, `browsing`); fails with its reason when it
-/// reports a failure, or when it does not answer.
-pub async fn mdns_state(client: &kube::Client, what: &str) -> anyhow::Result<()> {
+/// Waits (up to 15 s) until the controller has acted on the settings write that carried
+/// `request` (see [`set_setting`]), and returns the state of its mDNS it reports then
+/// (`failed: why` included); fails when the controller does not answer.
+pub async fn mdns_state(client: &kube::Client, request: &str) -> anyhow::Result<String> {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::ResourceExt as _;
-    use tandem_controller::discovery::{SETTINGS, STATE_ANNOTATION};
+    use tandem_controller::discovery::{ACTED_ANNOTATION, SETTINGS, STATE_ANNOTATION};
     let api =
         kube::Api::<ConfigMap>::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
-        let state = api
+        let settings = api
             .get_opt(SETTINGS)
             .await
-            .context("reading the discovery settings")?
-            .and_then(|c| c.annotations().get(STATE_ANNOTATION).cloned());
-        match state {
-            Some(s) if s.contains(what) => return Ok(()),
-            Some(s) if s.starts_with("failed") => {
-                anyhow::bail!("the controller's mDNS {s}")
-            }
+            .context("reading the discovery settings")?;
+        let annotations = settings
+            .map(|c| c.annotations().clone())
+            .unwrap_or_default();
+        let state = annotations.get(STATE_ANNOTATION);
+        match (annotations.get(ACTED_ANNOTATION).map(String::as_str), state) {
+            (Some(acted), Some(s)) if acted == request => return Ok(s.clone()),
             _ if std::time::Instant::now() > deadline => anyhow::bail!(
-                "the controller has not reported its mDNS {what} within 15 s (is it running? \
-                 `tandem status`)"
+                "the controller has not acted on the discovery settings within 15 s (is it \
+                 running? `tandem status`)"
             ),
             _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
         }

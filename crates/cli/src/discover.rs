@@ -108,21 +108,29 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         for why in &browsed.skipped {
             eprintln!("warning: skipped {why}");
         }
+        let mut known = tandem_controller::discovery::known(&client)
+            .await
+            .context("listing DiscoveredClusters")?;
         let recorded = tandem_controller::discovery::record(
             &client,
             &identity.cluster_id,
+            &mut known,
             &browsed.sightings,
             SOURCE_DNS,
             Some(domain),
         )
-        .await
-        .context("recording the discovered clusters (DiscoveredCluster)")?;
+        .await;
         for why in &recorded.dropped {
             eprintln!("note: not recorded: {why}");
         }
     }
     if args.mdns_off {
-        crate::advertise::set_setting(&client, BROWSE_KEY, None).await?;
+        let request = crate::advertise::set_setting(&client, BROWSE_KEY, None).await?;
+        let state = crate::advertise::mdns_state(&client, &request).await?;
+        anyhow::ensure!(
+            !state.contains("browsing"),
+            "the controller's mDNS still reports {state:?}"
+        );
         println!("The controller no longer browses for clusters over mDNS.");
         return Ok(());
     }
@@ -134,11 +142,13 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         let browsing = settings
             .and_then(|c| c.data)
             .is_some_and(|d| d.get(BROWSE_KEY).is_some_and(|v| v == "true"));
-        if browsing {
-            crate::advertise::mdns_state(&client, "browsing").await?;
-        } else {
+        // Written even when on already: the controller then says it acted on it (and tries
+        // again if it had failed).
+        let request =
             crate::advertise::set_setting(&client, BROWSE_KEY, Some("true".into())).await?;
-            crate::advertise::mdns_state(&client, "browsing").await?;
+        let state = crate::advertise::mdns_state(&client, &request).await?;
+        anyhow::ensure!(state.contains("browsing"), "the controller's mDNS {state}");
+        if !browsing {
             eprintln!(
                 "The controller browses the LAN over mDNS from now on (`tandem discover \
                  --mdns-off` stops it); listening for {}…",
@@ -160,17 +170,13 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter_map(|p| p.metadata.name)
         .collect();
-    let now = k8s_openapi::jiff::Timestamp::now();
     let listed: Vec<Listed> = discovered
         .into_iter()
         .map(|d| d.spec)
         .filter(|s| domain.is_none() || s.domain == domain)
         .filter(|s| !args.mdns || s.source == SOURCE_MDNS)
         .map(|s| {
-            let seen = s
-                .last_seen
-                .parse::<k8s_openapi::jiff::Timestamp>()
-                .is_ok_and(|t| now.duration_since(t).as_secs() <= i64::from(s.ttl_seconds));
+            let seen = !tandem_controller::discovery::lapsed(&s.last_seen, s.ttl_seconds);
             Listed {
                 peered: peerings.contains(&s.cluster_id),
                 seen,
@@ -205,6 +211,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 "ZONE",
                 "SOURCE",
                 "STATE",
+                "PROTOCOL",
                 "PEERED",
                 "CA FINGERPRINT",
             ]);
@@ -220,6 +227,11 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                     l.zone.clone().unwrap_or_else(|| "-".into()),
                     source,
                     if l.seen { "Seen" } else { "NotSeen" }.to_string(),
+                    if tandem_core::protocol::SUPPORTED.contains(&l.protocol_version) {
+                        format!("v{}", l.protocol_version)
+                    } else {
+                        format!("v{} (unsupported)", l.protocol_version)
+                    },
                     if l.peered { "yes" } else { "no" }.to_string(),
                     l.ca_fingerprint.clone(),
                 ]);

@@ -168,6 +168,7 @@ fn records_advertise_prints_make_discover_list_the_cluster_until_their_ttl_passe
         "eu-west",
         "DNS (example.org)",
         "Seen",
+        "v1",
         advertised.ca_fingerprint.as_str(),
     ] {
         assert!(row.contains(cell), "{cell:?} missing from {row:?}");
@@ -291,25 +292,33 @@ fn records_advertise_prints_make_discover_list_the_cluster_until_their_ttl_passe
     }
     let off = ok(on("lab-1", &["advertise", "--off"]), "advertise --off");
     assert!(off.contains("no longer announced"), "{off}");
-    ok(on("lab-1", &["discover", "--mdns-off"]), "discover --mdns-off");
+    ok(
+        on("lab-1", &["discover", "--mdns-off"]),
+        "discover --mdns-off",
+    );
     // The controller says its mDNS is off, and no setting is left.
-    until("the controller reports mDNS off", Duration::from_secs(60), || {
-        let state = ok(
-            netlab::kubectl(
-                &lab,
-                "lab-1",
-                &[
-                    "get",
-                    "configmap",
-                    "-n",
-                    "tandem-system",
-                    "tandem-discovery",
-                    "-o",
-                    "jsonpath={.metadata.annotations.tandem\\.dev/mdns-state} {.data}",
-                ],
-            ),
-            "kubectl get configmap tandem-discovery",
-        );
-        (state.trim() == "off {}").then_some(())
-    });
+    until(
+        "the controller reports mDNS off",
+        Duration::from_secs(60),
+        || {
+            let state = ok(
+                netlab::kubectl(
+                    &lab,
+                    "lab-1",
+                    &[
+                        "get",
+                        "configmap",
+                        "-n",
+                        "tandem-system",
+                        "tandem-discovery",
+                        "-o",
+                        "jsonpath={.metadata.annotations.tandem\\.dev/mdns-state} \
+                     {.data.mdns-advertise}{.data.mdns-browse}",
+                    ],
+                ),
+                "kubectl get configmap tandem-discovery",
+            );
+            (state.trim() == "off").then_some(())
+        },
+    );
 }

@@ -178,55 +178,141 @@ pub async fn browse_domain(
 pub struct Recorded {
     /// Cluster IDs written (created or refreshed).
     pub written: Vec<String>,
-    /// Sightings not recorded, with why (this cluster itself, the list full).
+    /// Sightings not recorded, with why (this cluster itself, a conflict with the record
+    /// already there, the list full, a write refused).
     pub dropped: Vec<String>,
 }
 
+/// What is recorded already, by cluster ID: its source, its domain and CA fingerprint, and
+/// whether the sighting has lapsed (not seen within its TTL).
+pub type Known = std::collections::BTreeMap<String, KnownCluster>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownCluster {
+    pub source: String,
+    pub domain: Option<String>,
+    pub ca_fingerprint: String,
+    pub lapsed: bool,
+}
+
+/// Whether a sighting at `last_seen` with `ttl_seconds` no longer holds (it holds for
+/// `ttl_seconds` from then: with a TTL of 0, a goodbye, not at all).
+pub fn lapsed(last_seen: &str, ttl_seconds: u32) -> bool {
+    last_seen
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .map_or(true, |t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t)
+                .as_secs()
+                >= i64::from(ttl_seconds)
+        })
+}
+
+/// The DiscoveredClusters recorded now.
+pub async fn known(client: &kube::Client) -> Result<Known, kube::Error> {
+    Ok(Api::<tandem_api::DiscoveredCluster>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|d| {
+            let lapsed = lapsed(&d.spec.last_seen, d.spec.ttl_seconds);
+            (
+                d.spec.cluster_id,
+                KnownCluster {
+                    source: d.spec.source,
+                    domain: d.spec.domain,
+                    ca_fingerprint: d.spec.ca_fingerprint,
+                    lapsed,
+                },
+            )
+        })
+        .collect())
+}
+
 /// Records `sightings` as DiscoveredClusters (server-side apply, so a sighting refreshes the
-/// whole record), seen now through `source` (under `domain` for DNS). This cluster's own
-/// advertisement is not recorded, nor, once [`tandem_api::discovery::MAX_DISCOVERED`] exist, a
-/// cluster not already among them.
+/// whole record), seen now through `source` (under `domain` for DNS), keeping `known` current.
+///
+/// Sightings are untrusted, so a record is only refreshed by the same source (and domain)
+/// with the same CA fingerprint: a LAN host answering as `rome` cannot replace what DNS, or
+/// an earlier sighting, recorded for rome — that is reported as a conflict (an administrator
+/// deletes the DiscoveredCluster to accept a changed one). This cluster's own advertisement is
+/// not recorded. At most [`tandem_api::discovery::MAX_DISCOVERED`] exist: when full, a lapsed
+/// record makes way for a new cluster; with none lapsed, the new one is dropped.
 pub async fn record(
     client: &kube::Client,
     own_id: &str,
+    known: &mut Known,
     sightings: &[Sighting],
     source: &str,
     domain: Option<&str>,
-) -> Result<Recorded, kube::Error> {
+) -> Recorded {
     use kube::api::{Patch, PatchParams};
     use tandem_api::DiscoveredCluster;
     use tandem_api::discovery::MAX_DISCOVERED;
     let api = Api::<DiscoveredCluster>::all(client.clone());
-    let mut known: BTreeSet<String> = api
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|m| m.metadata.name)
-        .collect();
     let now = k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     let mut out = Recorded::default();
     for s in sightings {
         let ad = &s.advertisement;
-        if ad.cluster_id == own_id {
-            out.dropped.push(format!(
-                "{}: this cluster's own advertisement",
-                ad.cluster_id
-            ));
+        let id = &ad.cluster_id;
+        if *id == own_id {
+            out.dropped
+                .push(format!("{id}: this cluster's own advertisement"));
             continue;
         }
-        if !known.contains(&ad.cluster_id) && known.len() >= MAX_DISCOVERED {
-            out.dropped.push(format!(
-                "{}: {MAX_DISCOVERED} clusters are recorded already (delete DiscoveredClusters \
-                 no longer wanted)",
-                ad.cluster_id
-            ));
-            continue;
+        match known.get(id) {
+            Some(k)
+                if k.source != source
+                    || k.domain.as_deref() != domain
+                    || k.ca_fingerprint != ad.ca_fingerprint =>
+            {
+                out.dropped.push(format!(
+                    "{id}: conflicts with DiscoveredCluster {id} (recorded from {}{} with CA \
+                     fingerprint {}; this sighting has {}): kept as it was; delete it \
+                     (`kubectl delete discoveredcluster {id}`) to accept the new one",
+                    k.source,
+                    k.domain
+                        .as_deref()
+                        .map(|d| format!(" under {d}"))
+                        .unwrap_or_default(),
+                    k.ca_fingerprint,
+                    ad.ca_fingerprint
+                ));
+                continue;
+            }
+            Some(_) => {}
+            None if known.len() >= MAX_DISCOVERED => {
+                let lapsed = known.iter().find(|(_, k)| k.lapsed).map(|(n, _)| n.clone());
+                let Some(gone) = lapsed else {
+                    out.dropped.push(format!(
+                        "{id}: {MAX_DISCOVERED} clusters are recorded already, all seen within \
+                         their TTL (delete DiscoveredClusters no longer wanted)"
+                    ));
+                    continue;
+                };
+                match api.delete(&gone, &Default::default()).await {
+                    Ok(_) => {
+                        known.remove(&gone);
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        known.remove(&gone);
+                    }
+                    Err(e) => {
+                        out.dropped.push(format!(
+                            "{id}: the list is full and removing the lapsed DiscoveredCluster \
+                             {gone} failed: {e}"
+                        ));
+                        continue;
+                    }
+                }
+            }
+            None => {}
         }
         let spec = tandem_api::DiscoveredClusterSpec {
-            cluster_id: ad.cluster_id.clone(),
+            cluster_id: id.clone(),
             endpoint: ad.endpoint.clone(),
             ca_fingerprint: ad.ca_fingerprint.clone(),
             protocol_version: ad.protocol_version,
@@ -240,20 +326,36 @@ pub async fn record(
         let object = serde_json::json!({
             "apiVersion": "tandem.dev/v1alpha1",
             "kind": "DiscoveredCluster",
-            "metadata": {"name": ad.cluster_id,
+            "metadata": {"name": id,
                          "labels": {tandem_api::names::MANAGED_BY_LABEL: tandem_api::names::MANAGED_BY}},
             "spec": spec,
         });
-        api.patch(
-            &ad.cluster_id,
-            &PatchParams::apply("tandem-discovery").force(),
-            &Patch::Apply(object),
-        )
-        .await?;
-        known.insert(ad.cluster_id.clone());
-        out.written.push(ad.cluster_id.clone());
+        match api
+            .patch(
+                id,
+                &PatchParams::apply("tandem-discovery").force(),
+                &Patch::Apply(object),
+            )
+            .await
+        {
+            Ok(_) => {
+                known.insert(
+                    id.clone(),
+                    KnownCluster {
+                        source: source.to_string(),
+                        domain: domain.map(str::to_string),
+                        ca_fingerprint: ad.ca_fingerprint.clone(),
+                        lapsed: false,
+                    },
+                );
+                out.written.push(id.clone());
+            }
+            Err(e) => out
+                .dropped
+                .push(format!("{id}: writing DiscoveredCluster {id}: {e}")),
+        }
     }
-    Ok(out)
+    out
 }
 
 /// The ConfigMap (in `tandem-system`) that turns mDNS on: `tandem advertise --mdns` writes
@@ -264,23 +366,32 @@ pub const SETTINGS: &str = "tandem-discovery";
 pub const ADVERTISE_KEY: &str = "mdns-advertise";
 /// `"true"`: browse the LAN and record what answers as DiscoveredClusters.
 pub const BROWSE_KEY: &str = "mdns-browse";
+/// A token the CLI writes with a setting; the controller echoes it in [`ACTED_ANNOTATION`]
+/// once its state reflects that write, so that the CLI never reads an older state.
+pub const REQUEST_KEY: &str = "request";
+/// The annotation on the settings ConfigMap where the controller says what its mDNS does:
+/// `off`, `announcing`, `browsing`, `announcing and browsing`, or `failed: why`.
+pub const STATE_ANNOTATION: &str = "tandem.dev/mdns-state";
+/// The [`REQUEST_KEY`] the state annotation answers.
+pub const ACTED_ANNOTATION: &str = "tandem.dev/mdns-request";
 
-/// What the settings ConfigMap asks for: the advertisement to announce, and whether to browse.
-/// An advertisement that does not read back is not announced (and says why).
+/// What the settings ConfigMap asks for: the advertisement to announce (an error when it does
+/// not read back), and whether to browse.
 pub fn settings_of(
     data: Option<&std::collections::BTreeMap<String, String>>,
-) -> (Option<Advertisement>, bool) {
+) -> (Result<Option<Advertisement>, String>, bool) {
     let Some(data) = data else {
-        return (None, false);
+        return (Ok(None), false);
     };
-    let advertisement = data.get(ADVERTISE_KEY).and_then(|txt| {
-        let lines: Vec<&str> = txt.lines().filter(|l| !l.is_empty()).collect();
-        Advertisement::from_txt(&lines)
-            .map_err(|e| {
-                tracing::warn!("ConfigMap {SETTINGS}: {ADVERTISE_KEY} is not announced: {e}")
+    let advertisement = match data.get(ADVERTISE_KEY) {
+        None => Ok(None),
+        Some(txt) => {
+            let lines: Vec<&str> = txt.lines().filter(|l| !l.is_empty()).collect();
+            Advertisement::from_txt(&lines).map(Some).map_err(|e| {
+                format!("{ADVERTISE_KEY} of ConfigMap {SETTINGS} is not an advertisement: {e}")
             })
-            .ok()
-    });
+        }
+    };
     let browse = data.get(BROWSE_KEY).is_some_and(|v| v == "true");
     (advertisement, browse)
 }
@@ -293,10 +404,13 @@ struct Running {
     browse: bool,
 }
 
+/// How often a failed start (the port taken, the interface not up yet) is tried again.
+const RETRY_FAILED: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Runs mDNS as the settings ConfigMap asks, until the task is aborted: announces the
 /// advertisement it holds, and when browsing records every cluster heard as a
-/// DiscoveredCluster (source mDNS), refreshed at most every half TTL, and a goodbye as a
-/// sighting that no longer holds (TTL 0).
+/// DiscoveredCluster (source mDNS; see [`record`] and [`record_heard`]). Reports its state on
+/// the ConfigMap.
 pub async fn run(ctx: crate::context::Ctx) {
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -308,43 +422,70 @@ pub async fn run(ctx: crate::context::Ctx) {
         watcher::Config::default().fields(&format!("metadata.name={SETTINGS}")),
     );
     futures::pin_mut!(stream);
-    let mut data = None;
-    // The settings ConfigMap while it exists, and the state it last reported.
-    let mut exists = false;
-    let mut reported: Option<String> = None;
+    // What the ConfigMap holds (None: absent), as its latest event or listing says.
+    let mut latest: Option<ConfigMap> = None;
+    let mut listed: Option<ConfigMap> = None;
     let mut running: Option<Running> = None;
-    while let Some(ev) = stream.next().await {
-        match ev {
-            watcher::Event::Apply(cm) | watcher::Event::InitApply(cm) => {
-                reported = kube::ResourceExt::annotations(&cm)
+    let mut retry = tokio::time::interval(RETRY_FAILED);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let failed = latest
+            .as_ref()
+            .and_then(|c| {
+                c.metadata
+                    .annotations
+                    .as_ref()?
                     .get(STATE_ANNOTATION)
-                    .cloned();
-                exists = true;
-                data = cm.data;
-            }
-            watcher::Event::Delete(_) | watcher::Event::Init => {
-                exists = false;
-                data = None;
-            }
-            watcher::Event::InitDone => {}
+                    .cloned()
+            })
+            .is_some_and(|s| s.starts_with("failed"));
+        tokio::select! {
+            ev = stream.next() => match ev {
+                None => return,
+                Some(watcher::Event::Apply(cm)) => latest = Some(cm),
+                Some(watcher::Event::Delete(_)) => latest = None,
+                // A relisting: what it finds counts once it is done (acting on the empty
+                // state between would stop the responder, and say goodbye, for nothing).
+                Some(watcher::Event::Init) => {
+                    listed = None;
+                    continue;
+                }
+                Some(watcher::Event::InitApply(cm)) => {
+                    listed = Some(cm);
+                    continue;
+                }
+                Some(watcher::Event::InitDone) => latest = listed.take(),
+            },
+            _ = retry.tick(), if failed && running.is_none() => {}
         }
-        let (advertisement, browse) = settings_of(data.as_ref());
-        let state = mdns_state(&ctx, &mut running, advertisement, browse);
-        if exists && reported.as_deref() != Some(state.as_str()) {
-            report(&ctx.client, &state).await;
-            reported = Some(state);
+        let data = latest.as_ref().and_then(|c| c.data.as_ref());
+        let (advertisement, browse) = settings_of(data);
+        let state = match advertisement {
+            Ok(ad) => mdns_state(&ctx, &mut running, ad, browse),
+            Err(why) => {
+                running = None;
+                format!("failed: {why}")
+            }
+        };
+        let Some(cm) = &latest else { continue };
+        let request = data
+            .and_then(|d| d.get(REQUEST_KEY))
+            .cloned()
+            .unwrap_or_default();
+        let annotations = cm.metadata.annotations.clone().unwrap_or_default();
+        if annotations.get(STATE_ANNOTATION) != Some(&state)
+            || annotations.get(ACTED_ANNOTATION) != Some(&request)
+        {
+            report(&ctx.client, &state, &request).await;
         }
     }
 }
 
-/// The annotation on the settings ConfigMap where the controller says what its mDNS does:
-/// `off`, `announcing`, `browsing`, `announcing and browsing`, or `failed: why`.
-pub const STATE_ANNOTATION: &str = "tandem.dev/mdns-state";
-
-async fn report(client: &kube::Client, state: &str) {
+async fn report(client: &kube::Client, state: &str, request: &str) {
     use k8s_openapi::api::core::v1::ConfigMap;
     let api = Api::<ConfigMap>::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
-    let patch = serde_json::json!({"metadata": {"annotations": {STATE_ANNOTATION: state}}});
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        STATE_ANNOTATION: state, ACTED_ANNOTATION: request}}});
     if let Err(e) = api
         .patch(
             SETTINGS,
@@ -353,7 +494,7 @@ async fn report(client: &kube::Client, state: &str) {
         )
         .await
     {
-        tracing::debug!("reporting the mDNS state on ConfigMap {SETTINGS}: {e}");
+        tracing::warn!("reporting the mDNS state on ConfigMap {SETTINGS}: {e}");
     }
 }
 
@@ -419,7 +560,16 @@ fn mdns_state(
     what.into()
 }
 
-/// Records what the browse hears (see [`run`]).
+/// The least time between two writes of one cluster's record: whatever its TTL says, a LAN
+/// host cannot make this controller write faster than this per cluster ID.
+const MIN_REWRITE: std::time::Duration = std::time::Duration::from_secs(5);
+/// The least TTL a sighting is recorded with: a shorter one would lapse between two writes.
+pub const MIN_TTL: u32 = 10;
+
+/// Records what the browse hears (see [`run`]): a new or changed sighting at once (at most
+/// every [`MIN_REWRITE`] per cluster), an unchanged one again after half its TTL; a goodbye
+/// as a sighting that no longer holds (TTL 0), only for a cluster this browse recorded. What
+/// is recorded already is listed once, then kept in memory.
 async fn record_heard(
     ctx: crate::context::Ctx,
     mut heard: tokio::sync::mpsc::Receiver<crate::mdns::Event>,
@@ -427,46 +577,63 @@ async fn record_heard(
     use std::collections::HashMap;
     use std::time::{Duration, Instant};
     use tandem_api::discovery::SOURCE_MDNS;
-    // Cluster ID → what was last written and when.
+    let mut known = loop {
+        match known(&ctx.client).await {
+            Ok(k) => break k,
+            Err(e) => {
+                tracing::warn!("mDNS: listing DiscoveredClusters: {e}");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    };
+    // Cluster ID → what this browse last wrote, when, and what it said.
     let mut written: HashMap<String, (Advertisement, Instant)> = HashMap::new();
+    // Cluster ID → when a sighting was last dropped (said once a minute at most).
+    let mut complained: HashMap<String, Instant> = HashMap::new();
     while let Some(event) = heard.recv().await {
         match event {
-            crate::mdns::Event::Seen(s) => {
+            crate::mdns::Event::Seen(mut s) => {
+                s.ttl = s.ttl.max(MIN_TTL);
                 let id = s.advertisement.cluster_id.clone();
                 if id == ctx.identity.cluster_id {
                     continue;
                 }
-                let fresh = written.get(&id).is_some_and(|(ad, at)| {
-                    *ad == s.advertisement
-                        && at.elapsed() < Duration::from_secs(u64::from(s.ttl / 2))
-                });
-                if fresh {
-                    continue;
+                if let Some((ad, at)) = written.get(&id) {
+                    let wait = if *ad == s.advertisement {
+                        MIN_REWRITE.max(Duration::from_secs(u64::from(s.ttl / 2)))
+                    } else {
+                        MIN_REWRITE
+                    };
+                    if at.elapsed() < wait {
+                        continue;
+                    }
                 }
-                match record(
+                let r = record(
                     &ctx.client,
                     &ctx.identity.cluster_id,
+                    &mut known,
                     std::slice::from_ref(&s),
                     SOURCE_MDNS,
                     None,
                 )
-                .await
-                {
-                    Ok(r) => {
-                        for why in r.dropped {
-                            tracing::warn!("mDNS: not recorded: {why}");
-                        }
-                        if r.written.contains(&id) {
-                            written.insert(id, (s.advertisement, Instant::now()));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(cluster = %id, "mDNS: recording a DiscoveredCluster: {e}")
+                .await;
+                if r.written.contains(&id) {
+                    written.insert(id.clone(), (s.advertisement, Instant::now()));
+                }
+                for why in r.dropped {
+                    let said = complained
+                        .get(&id)
+                        .is_some_and(|t| t.elapsed() < Duration::from_secs(60));
+                    if !said {
+                        tracing::warn!("mDNS: not recorded: {why}");
+                        complained.insert(id.clone(), Instant::now());
                     }
                 }
             }
             crate::mdns::Event::Gone(id) => {
-                written.remove(&id);
+                if written.remove(&id).is_none() {
+                    continue;
+                }
                 let api = Api::<tandem_api::DiscoveredCluster>::all(ctx.client.clone());
                 let patch = serde_json::json!({"spec": {"ttlSeconds": 0}});
                 match api
@@ -477,8 +644,14 @@ async fn record_heard(
                     )
                     .await
                 {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Ok(_) => {
+                        if let Some(k) = known.get_mut(&id) {
+                            k.lapsed = true;
+                        }
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        known.remove(&id);
+                    }
                     Err(e) => tracing::warn!(cluster = %id, "mDNS: recording a goodbye: {e}"),
                 }
             }

@@ -209,6 +209,8 @@ pub fn socket(interface: Option<Ipv4Addr>) -> std::io::Result<tokio::net::UdpSoc
     }
     s.set_multicast_ttl_v4(255)?;
     s.set_multicast_loop_v4(true)?;
+    // Only the group joined on this socket, not every group another socket of the host joined.
+    s.set_multicast_all_v4(false)?;
     s.set_nonblocking(true)?;
     tokio::net::UdpSocket::from_std(s.into())
 }
@@ -247,6 +249,8 @@ pub async fn run(
     let mut ask_at = tokio::time::Instant::now();
     let mut ask_gap = Duration::from_secs(1);
     let mut buf = vec![0u8; 9000];
+    // When this responder last answered a question (at most once a second, §6).
+    let mut answered: Option<tokio::time::Instant> = None;
     loop {
         let next_announce = current.as_ref().map(|_| announce_at);
         let next_ask = events.as_ref().map(|_| ask_at);
@@ -287,7 +291,9 @@ pub async fn run(
                 let Ok((n, from)) = received else { continue };
                 let Ok(m) = Message::from_vec(&buf[..n]) else { continue };
                 if asks_for_service(&m) {
-                    if let Some(ad) = &current {
+                    let recently = answered.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+                    if let Some(ad) = &current && !recently {
+                        answered = Some(tokio::time::Instant::now());
                         // Shared records: answered after 20–120 ms (§6), so that answers from
                         // many responders do not collide.
                         let delay = Duration::from_millis(20 + u64::from(rand::random::<u8>() % 100));
@@ -301,8 +307,11 @@ pub async fn run(
                 for why in skipped {
                     tracing::debug!(%from, "mDNS: skipped {why}");
                 }
+                // Never waits for the recorder: a LAN that talks faster than the API server
+                // takes writes loses sightings (the next announcement brings them again), and
+                // this responder keeps answering.
                 for e in heard {
-                    if tx.send(e).await.is_err() {
+                    if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(e) {
                         return;
                     }
                 }

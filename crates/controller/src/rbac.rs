@@ -458,11 +458,12 @@ pub fn controller_role() -> ClusterRole {
                 &["patch"],
             ),
             rule(tandem_api::GROUP, &["peeringrequests"], &["delete"]),
-            // Clusters heard over mDNS, recorded (see `discovery`).
+            // Clusters heard over mDNS, recorded (see `discovery`); a lapsed one removed to
+            // make way when the list is full.
             rule(
                 tandem_api::GROUP,
                 &["discoveredclusters"],
-                &["get", "list", "watch", "create", "patch"],
+                &["list", "create", "patch", "delete"],
             ),
             // A twin namespace kept for its data loses its shadow pods (and so its pods).
             rule(

@@ -12,96 +12,17 @@
 //! namespace never gets an address or route.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::fd::AsFd;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tandem_controller::discovery::Sighting;
 use tandem_controller::mdns::{self, Config, Event};
 use tandem_core::discovery::{Advertisement, fingerprint};
+use tandem_lab::testing::{IsolatedNetns, isolated_lan, lan_host};
 use tokio::sync::{mpsc, watch};
 
-/// A network namespace of its own, alive while this file is open.
-struct Netns(File);
-
-impl Netns {
-    fn new() -> Netns {
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
-            Netns(File::open("/proc/thread-self/ns/net").expect("open the new netns"))
-        })
-        .join()
-        .unwrap()
-    }
-
-    /// Runs `f` on a thread inside the namespace (processes it spawns are inside too).
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let file = self.0.try_clone().unwrap();
-        std::thread::spawn(move || {
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .unwrap()
-    }
-
-    /// `ip ARGS…` inside the namespace.
-    fn ip(&self, args: &[&str]) {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        self.run(move || {
-            let out = Command::new("ip").args(&args).output().expect("run ip");
-            assert!(
-                out.status.success(),
-                "ip {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        });
-    }
-
-    /// A path other processes can name the namespace by (`ip link set … netns PATH`).
-    fn path(&self) -> String {
-        use std::os::fd::AsRawFd;
-        format!("/proc/{}/fd/{}", std::process::id(), self.0.as_raw_fd())
-    }
-}
-
-/// An isolated LAN: a bridge in a namespace of its own.
-fn lan() -> Netns {
-    let lan = Netns::new();
-    lan.ip(&["link", "add", "br0", "type", "bridge"]);
-    lan.ip(&["link", "set", "br0", "up"]);
-    lan
-}
-
-/// Host `i` (0-based) of the LAN: a namespace whose `eth0` on the bridge holds 10.99.0.<i+1>/24.
-fn host(lan: &Netns, i: usize) -> (Netns, Ipv4Addr) {
-    let ns = Netns::new();
-    let ip = Ipv4Addr::new(10, 99, 0, i as u8 + 1);
-    let port = format!("lan{i}");
-    lan.ip(&[
-        "link",
-        "add",
-        &port,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        &ns.path(),
-    ]);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
-    ns.ip(&["link", "set", "eth0", "up"]);
-    ns.ip(&["link", "set", "lo", "up"]);
-    (ns, ip)
-}
-
 /// The mDNS socket of `ns`, made inside it (it stays there) and driven by the current runtime.
-fn socket_in(ns: &Netns, ip: Ipv4Addr) -> std::io::Result<tokio::net::UdpSocket> {
+fn socket_in(ns: &IsolatedNetns, ip: Ipv4Addr) -> std::io::Result<tokio::net::UdpSocket> {
     let handle = tokio::runtime::Handle::current();
     ns.run(move || {
         let _runtime = handle.enter();
@@ -111,7 +32,7 @@ fn socket_in(ns: &Netns, ip: Ipv4Addr) -> std::io::Result<tokio::net::UdpSocket>
 
 /// One member of the LAN: its namespace, its address, and what its browse heard.
 struct Member {
-    _ns: Netns,
+    _ns: IsolatedNetns,
     advertise: watch::Sender<Option<Advertisement>>,
     heard: mpsc::Receiver<Event>,
     task: tokio::task::JoinHandle<()>,
@@ -157,7 +78,7 @@ async fn three_clusters_hear_each_other_and_a_goodbye_over_mdns() {
     if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
-    let lan = lan();
+    let lan = isolated_lan();
     let config = Config {
         interface: None,
         ttl: 4,
@@ -166,7 +87,7 @@ async fn three_clusters_hear_each_other_and_a_goodbye_over_mdns() {
     let ids = ["milan", "rome", "turin"];
     let mut members = Vec::new();
     for (i, id) in ids.iter().enumerate() {
-        let (ns, ip) = host(&lan, i);
+        let (ns, ip) = lan_host(&lan, i as u8);
         let socket = socket_in(&ns, ip).expect("the mDNS socket");
         let (advertise, rx) = watch::channel(Some(advertisement(id, ip)));
         let (tx, heard) = mpsc::channel(64);
@@ -242,7 +163,7 @@ async fn controllers_record_each_other_as_discovered_clusters() {
     if !tandem_lab::testing::network_tests_can_run() {
         return;
     }
-    let lan = lan();
+    let lan = isolated_lan();
     let regions = [
         ("milan", "eu-south"),
         ("rome", "eu-central"),
@@ -252,7 +173,7 @@ async fn controllers_record_each_other_as_discovered_clusters() {
     let mut advertised = BTreeMap::new();
     for (i, (id, region)) in regions.iter().enumerate() {
         let mut cluster = support::Cluster::start(id, region, 1).await;
-        let (ns, ip) = host(&lan, i);
+        let (ns, ip) = lan_host(&lan, i as u8);
         let ns = Arc::new(ns);
         let options = tandem_controller::Options {
             mdns_socket: Some(MdnsSocket(Arc::new(move || socket_in(&ns, ip)))),
@@ -318,7 +239,9 @@ async fn controllers_record_each_other_as_discovered_clusters() {
             assert_eq!(spec.endpoint, ad.endpoint);
             assert_eq!(spec.ca_fingerprint, ad.ca_fingerprint);
             assert_eq!(spec.region, ad.region);
-            assert_eq!(spec.ttl_seconds, 4);
+            // Announced with TTL 4, recorded with the least TTL a record keeps between two
+            // writes.
+            assert_eq!(spec.ttl_seconds, tandem_controller::discovery::MIN_TTL);
             assert_eq!(spec.domain, None);
         }
     }
@@ -362,4 +285,135 @@ async fn controllers_record_each_other_as_discovered_clusters() {
         )
         .await;
     }
+}
+
+/// What one sighting says, for [`tandem_controller::discovery::record`].
+fn sighting(id: &str, ca: &str, ttl: u32) -> Sighting {
+    let mut ad = advertisement(id, Ipv4Addr::new(192, 0, 2, 1));
+    ad.ca_fingerprint = fingerprint(ca.as_bytes());
+    Sighting {
+        advertisement: ad,
+        ttl,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts_only_lapsed_ones()
+{
+    use tandem_api::discovery::MAX_DISCOVERED;
+    use tandem_controller::discovery::{known, record};
+    let hub = support::Cluster::start("hub", "eu-west", 1).await;
+    let client = &hub.controller_client;
+    let mut k = known(client).await.unwrap();
+
+    // Rome recorded from DNS; a LAN host answering as rome (another CA) changes nothing.
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("rome", "real", 300)],
+        "DNS",
+        Some("example.org"),
+    )
+    .await;
+    assert_eq!(r.written, ["rome"]);
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("rome", "forged", 300)],
+        "mDNS",
+        None,
+    )
+    .await;
+    assert!(r.written.is_empty());
+    assert!(
+        r.dropped[0].contains("conflicts with DiscoveredCluster rome"),
+        "{r:?}"
+    );
+    // Nor does the same CA heard from another source, nor a changed CA from DNS itself.
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("rome", "real", 300)],
+        "mDNS",
+        None,
+    )
+    .await;
+    assert!(r.written.is_empty(), "{r:?}");
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("rome", "rotated", 300)],
+        "DNS",
+        Some("example.org"),
+    )
+    .await;
+    assert!(r.written.is_empty(), "{r:?}");
+    let rome = kube::Api::<tandem_api::DiscoveredCluster>::all(hub.client.clone())
+        .get("rome")
+        .await
+        .unwrap();
+    assert_eq!(rome.spec.ca_fingerprint, fingerprint(b"real"));
+    assert_eq!(rome.spec.source, "DNS");
+    // Its own advertisement is never recorded.
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("hub", "mine", 300)],
+        "mDNS",
+        None,
+    )
+    .await;
+    assert!(
+        r.written.is_empty() && r.dropped[0].contains("own advertisement"),
+        "{r:?}"
+    );
+
+    // Filled up with sightings that hold: a new cluster is dropped, saying why.
+    let flood: Vec<Sighting> = (1..MAX_DISCOVERED)
+        .map(|i| sighting(&format!("flood-{i}"), "x", 300))
+        .collect();
+    let r = record(client, "hub", &mut k, &flood, "mDNS", None).await;
+    assert_eq!(r.written.len(), MAX_DISCOVERED - 1, "{:?}", r.dropped);
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("late", "x", 300)],
+        "mDNS",
+        None,
+    )
+    .await;
+    assert!(
+        r.written.is_empty() && r.dropped[0].contains("recorded already"),
+        "{r:?}"
+    );
+    // One of them lapses (a goodbye): the next new cluster takes its place, and the list
+    // stays at its bound.
+    kube::Api::<tandem_api::DiscoveredCluster>::all(hub.client.clone())
+        .patch(
+            "flood-7",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"ttlSeconds": 0}})),
+        )
+        .await
+        .unwrap();
+    let mut k = known(client).await.unwrap();
+    let r = record(
+        client,
+        "hub",
+        &mut k,
+        &[sighting("late", "x", 300)],
+        "mDNS",
+        None,
+    )
+    .await;
+    assert_eq!(r.written, ["late"], "{r:?}");
+    let all = known(client).await.unwrap();
+    assert_eq!(all.len(), MAX_DISCOVERED);
+    assert!(!all.contains_key("flood-7") && all.contains_key("rome"));
 }

@@ -73,6 +73,59 @@ pub fn parse_fingerprint(s: &str) -> Result<String, DiscoveryError> {
     Ok(format!("sha256:{}", digits.to_ascii_lowercase()))
 }
 
+/// Whether `v` is a Kubernetes label value (what a region or zone label holds).
+fn is_label_value(v: &str) -> bool {
+    let edge = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && edge(v.chars().next())
+        && edge(v.chars().last())
+}
+
+/// Whether `endpoint` is `https://HOST[:PORT][/PATH]` with a DNS name or an IP address as the
+/// host, a port that is not 0, and nothing unprintable: advertised text is untrusted and ends
+/// up in API objects and on an administrator's terminal.
+fn valid_endpoint(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("https://") else {
+        return false;
+    };
+    if !endpoint.chars().all(|c| c.is_ascii_graphic()) {
+        return false;
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    let (host, port): (Option<&str>, Option<&str>) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, after)) if h.parse::<std::net::Ipv6Addr>().is_ok() => {
+                match after.strip_prefix(':') {
+                    Some(p) => (None, Some(p)),
+                    None if after.is_empty() => (None, None),
+                    None => return false,
+                }
+            }
+            _ => return false,
+        },
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(authority), None),
+        },
+    };
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0));
+    let host_ok = host.is_none_or(|h| {
+        h.parse::<std::net::Ipv4Addr>().is_ok()
+            || (!h.is_empty()
+                && h.len() <= 253
+                && h.trim_end_matches('.').split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                        && !l.starts_with('-')
+                        && !l.ends_with('-')
+                }))
+    });
+    port_ok && host_ok
+}
+
 /// Whether `domain` (a trailing dot allowed) is a DNS domain name records can go under.
 pub fn valid_domain(domain: &str) -> bool {
     let d = domain.strip_suffix('.').unwrap_or(domain);
@@ -127,12 +180,23 @@ impl Advertisement {
             why: "not a version number".into(),
         })?;
         let endpoint = get("endpoint")?.to_string();
-        if !endpoint.starts_with("https://") {
+        if !valid_endpoint(&endpoint) {
             return Err(DiscoveryError::Invalid {
                 key: "endpoint",
                 value: endpoint,
-                why: "not https://".into(),
+                why: "not https://HOST[:PORT][/PATH] (printable, no spaces)".into(),
             });
+        }
+        for key in ["region", "zone"] {
+            if let Some(v) = map.get(key)
+                && !is_label_value(v)
+            {
+                return Err(DiscoveryError::Invalid {
+                    key: if key == "region" { "region" } else { "zone" },
+                    value: v.to_string(),
+                    why: "not a label value (at most 63 letters, digits, '-', '_', '.')".into(),
+                });
+            }
         }
         let ca_fingerprint = parse_fingerprint(get("fp")?)?;
         Ok(Advertisement {
@@ -269,7 +333,42 @@ mod tests {
             v.push(format!("{key}={value}"));
             v
         };
-        assert!(Advertisement::from_txt(&with("endpoint", "http://x")).is_err());
+        // Advertised text is untrusted: it reaches API objects and terminals.
+        for bad in [
+            "http://x",
+            "https://",
+            "https://a_b",
+            "https://a:0",
+            "https://a:99999",
+            "https://a/\u{1b}[2J",
+            "https://a b",
+            "https://[zz]:443",
+        ] {
+            assert!(
+                Advertisement::from_txt(&with("endpoint", bad)).is_err(),
+                "{bad:?}"
+            );
+        }
+        for good in [
+            "https://api.milan.example.org",
+            "https://198.18.1.2:6443",
+            "https://[2001:db8::1]:6443/k8s",
+        ] {
+            assert!(
+                Advertisement::from_txt(&with("endpoint", good)).is_ok(),
+                "{good:?}"
+            );
+        }
+        for bad in ["\u{1b}]0;pwned\u{7}", "a b", &"x".repeat(64), "-a"] {
+            assert!(
+                Advertisement::from_txt(&with("region", bad)).is_err(),
+                "{bad:?}"
+            );
+            assert!(
+                Advertisement::from_txt(&with("zone", bad)).is_err(),
+                "{bad:?}"
+            );
+        }
         assert!(Advertisement::from_txt(&with("id", "Not/An/ID")).is_err());
         assert!(Advertisement::from_txt(&with("v", "one")).is_err());
         assert!(Advertisement::from_txt(&with("fp", "sha256:00")).is_err());

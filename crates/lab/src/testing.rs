@@ -220,3 +220,95 @@ pub fn port_forward(
     let _ = child.wait();
     Err(err)
 }
+
+/// A network namespace of its own for tests and benchmarks, unnamed: made by a thread's
+/// `unshare` and alive while this handle's file is open. When the process ends — or is killed —
+/// the kernel removes it with its links and addresses; nothing is registered or left behind, and
+/// the host's own namespace gets nothing.
+pub struct IsolatedNetns(std::fs::File);
+
+impl IsolatedNetns {
+    pub fn new() -> IsolatedNetns {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
+            IsolatedNetns(std::fs::File::open("/proc/thread-self/ns/net").expect("open the netns"))
+        })
+        .join()
+        .expect("the unshare thread")
+    }
+
+    /// Runs `f` on a thread inside the namespace (sockets it makes and processes it spawns are
+    /// inside too).
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        use std::os::fd::AsFd;
+        let file = self.0.try_clone().expect("dup the netns file");
+        std::thread::spawn(move || {
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("the netns thread")
+    }
+
+    /// `ip ARGS…` inside the namespace; panics with its stderr when it fails.
+    pub fn ip(&self, args: &[&str]) {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        self.run(move || {
+            let out = std::process::Command::new("ip")
+                .args(&args)
+                .output()
+                .expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        });
+    }
+
+    /// A path other processes can name the namespace by (`ip link set … netns PATH`).
+    pub fn path(&self) -> String {
+        use std::os::fd::AsRawFd;
+        format!("/proc/{}/fd/{}", std::process::id(), self.0.as_raw_fd())
+    }
+}
+
+impl Default for IsolatedNetns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An isolated LAN: a bridge `br0` in a namespace of its own.
+pub fn isolated_lan() -> IsolatedNetns {
+    let lan = IsolatedNetns::new();
+    lan.ip(&["link", "add", "br0", "type", "bridge"]);
+    lan.ip(&["link", "set", "br0", "up"]);
+    lan
+}
+
+/// Host `i` (0-based) of `lan`: a namespace whose `eth0`, on the bridge, holds
+/// 10.99.0.<i+1>/24.
+pub fn lan_host(lan: &IsolatedNetns, i: u8) -> (IsolatedNetns, std::net::Ipv4Addr) {
+    let ns = IsolatedNetns::new();
+    let ip = std::net::Ipv4Addr::new(10, 99, 0, i + 1);
+    let port = format!("lan{i}");
+    lan.ip(&[
+        "link",
+        "add",
+        &port,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &ns.path(),
+    ]);
+    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
+    ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+    ns.ip(&["link", "set", "eth0", "up"]);
+    ns.ip(&["link", "set", "lo", "up"]);
+    (ns, ip)
+}

@@ -486,6 +486,9 @@ fn real_pod(sp: &LeanShadowPod, spec: Value, consumer: &str) -> Value {
     pod
 }
 
+/// How long the first (or a new) listing of the watches may take before it is said.
+const LISTING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 enum Action {
     CreatePod {
         key: Key,
@@ -528,10 +531,33 @@ async fn act(client: Client, action: Action) -> Outcome {
             // The created pod in the answer is not decoded.
             match create_unread::<Pod>(&client, &key.0, &pod).await {
                 Ok(()) => Outcome::Done,
-                // A pod of that name exists: this pass's view is behind (the watch will show
-                // it, or its deletion). Not left pending: a pod deleted before the watch
-                // showed it would leave the name blocked for good.
-                Err(e) if client::is_conflict(&e) => Outcome::CreateFailed(key),
+                // A pod of that name exists. Tandem's own: this pass's view is behind (the
+                // watch will show it, or its deletion), and it is decided again rather than
+                // left pending, as a pod deleted before the watch showed it would block the
+                // name for good. Another's: the watch (of Tandem's pods) never shows it, so
+                // it is said here.
+                Err(e) if client::is_conflict(&e) => {
+                    let existing = Api::<Pod>::namespaced(client.clone(), &key.0)
+                        .get_opt(&key.1)
+                        .await;
+                    match existing {
+                        Ok(Some(p))
+                            if !p
+                                .owner_references()
+                                .iter()
+                                .any(|o| o.kind == "ShadowPod" && o.controller == Some(true)) =>
+                        {
+                            Outcome::CreateRefused(
+                                key.clone(),
+                                format!(
+                                    "a pod {}/{} not owned by Tandem already exists",
+                                    key.0, key.1
+                                ),
+                            )
+                        }
+                        _ => Outcome::CreateFailed(key),
+                    }
+                }
                 Err(kube::Error::Api(s)) if s.is_invalid() || s.code == 400 => {
                     Outcome::CreateRefused(key, format!("the real pod was refused: {}", s.message))
                 }
@@ -648,6 +674,10 @@ pub async fn run(ctx: Ctx) {
         listing: [true; 4],
         ..State::default()
     };
+    // Since when a listing has been awaited (reset while every watch has listed), and whether
+    // that was said.
+    let mut listing_since = std::time::Instant::now();
+    let mut warned = false;
     while let Some(ev) = stream.next().await {
         state.apply(ev);
         for _ in 0..BATCH {
@@ -657,8 +687,25 @@ pub async fn run(ctx: Ctx) {
             }
         }
         if state.listing.iter().any(|l| *l) {
+            if listing_since.elapsed() > LISTING_PATIENCE && !warned {
+                let kinds: Vec<&str> = ["ShadowPods", "Pods", "Namespaces", "Tenants"]
+                    .into_iter()
+                    .zip(state.listing)
+                    .filter_map(|(k, l)| l.then_some(k))
+                    .collect();
+                tracing::warn!(
+                    "shadow pod controller: no real pod is created or checked while {} are not \
+                     listed ({}s so far: is the API server reachable, and does the controller's \
+                     RBAC allow it?)",
+                    kinds.join(", "),
+                    listing_since.elapsed().as_secs()
+                );
+                warned = true;
+            }
             continue;
         }
+        listing_since = std::time::Instant::now();
+        warned = false;
         let actions = state.decide();
         if actions.is_empty() {
             continue;
