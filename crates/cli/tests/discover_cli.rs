@@ -241,37 +241,25 @@ fn records_advertise_prints_make_discover_list_the_cluster_until_their_ttl_passe
     assert_eq!(mine.trim(), "", "milan recorded itself");
 
     // A domain with no records, an unreachable nameserver: errors that say what failed.
-    let out = on(
-        "lab-2",
-        &[
-            "discover",
-            "--domain",
-            "nobody.example",
-            "--nameserver",
-            &server,
-        ],
-    );
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("no _tandem._tcp records under nobody.example"),
-        "{said}"
+    let fails_saying = |nameserver: &str, domain: &str, what: &str| {
+        let out = on(
+            "lab-2",
+            &["discover", "--domain", domain, "--nameserver", nameserver],
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(what), "{said}");
+    };
+    fails_saying(
+        &server,
+        "nobody.example",
+        "no _tandem._tcp records under nobody.example",
     );
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
     let silent_addr = silent.local_addr().unwrap().to_string();
-    let out = on(
-        "lab-2",
-        &[
-            "discover",
-            "--domain",
-            "example.org",
-            "--nameserver",
-            &silent_addr,
-        ],
-    );
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains(&format!("{silent_addr} did not answer")),
-        "{said}"
+    fails_saying(
+        &silent_addr,
+        "example.org",
+        &format!("{silent_addr} did not answer"),
     );
     drop(silent);
     // What was recorded before is still there.

@@ -297,6 +297,17 @@ fn sighting(id: &str, ca: &str, ttl: u32) -> Sighting {
     }
 }
 
+/// Records one sighting.
+async fn one(
+    client: &kube::Client,
+    known: &mut tandem_controller::discovery::Known,
+    s: Sighting,
+    source: &str,
+    domain: Option<&str>,
+) -> tandem_controller::discovery::Recorded {
+    tandem_controller::discovery::record(client, "hub", known, &[s], source, domain).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts_only_lapsed_ones()
 {
@@ -307,21 +318,19 @@ async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts
     let mut k = known(client).await.unwrap();
 
     // Rome recorded from DNS; a LAN host answering as rome (another CA) changes nothing.
-    let r = record(
+    let r = one(
         client,
-        "hub",
         &mut k,
-        &[sighting("rome", "real", 300)],
+        sighting("rome", "real", 300),
         "DNS",
         Some("example.org"),
     )
     .await;
     assert_eq!(r.written, ["rome"]);
-    let r = record(
+    let r = one(
         client,
-        "hub",
         &mut k,
-        &[sighting("rome", "forged", 300)],
+        sighting("rome", "forged", 300),
         "mDNS",
         None,
     )
@@ -332,21 +341,12 @@ async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts
         "{r:?}"
     );
     // Nor does the same CA heard from another source, nor a changed CA from DNS itself.
-    let r = record(
-        client,
-        "hub",
-        &mut k,
-        &[sighting("rome", "real", 300)],
-        "mDNS",
-        None,
-    )
-    .await;
+    let r = one(client, &mut k, sighting("rome", "real", 300), "mDNS", None).await;
     assert!(r.written.is_empty(), "{r:?}");
-    let r = record(
+    let r = one(
         client,
-        "hub",
         &mut k,
-        &[sighting("rome", "rotated", 300)],
+        sighting("rome", "rotated", 300),
         "DNS",
         Some("example.org"),
     )
@@ -359,15 +359,7 @@ async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts
     assert_eq!(rome.spec.ca_fingerprint, fingerprint(b"real"));
     assert_eq!(rome.spec.source, "DNS");
     // Its own advertisement is never recorded.
-    let r = record(
-        client,
-        "hub",
-        &mut k,
-        &[sighting("hub", "mine", 300)],
-        "mDNS",
-        None,
-    )
-    .await;
+    let r = one(client, &mut k, sighting("hub", "mine", 300), "mDNS", None).await;
     assert!(
         r.written.is_empty() && r.dropped[0].contains("own advertisement"),
         "{r:?}"
@@ -379,15 +371,7 @@ async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts
         .collect();
     let r = record(client, "hub", &mut k, &flood, "mDNS", None).await;
     assert_eq!(r.written.len(), MAX_DISCOVERED - 1, "{:?}", r.dropped);
-    let r = record(
-        client,
-        "hub",
-        &mut k,
-        &[sighting("late", "x", 300)],
-        "mDNS",
-        None,
-    )
-    .await;
+    let r = one(client, &mut k, sighting("late", "x", 300), "mDNS", None).await;
     assert!(
         r.written.is_empty() && r.dropped[0].contains("recorded already"),
         "{r:?}"
@@ -403,15 +387,7 @@ async fn a_sighting_never_replaces_another_sources_record_and_a_full_list_evicts
         .await
         .unwrap();
     let mut k = known(client).await.unwrap();
-    let r = record(
-        client,
-        "hub",
-        &mut k,
-        &[sighting("late", "x", 300)],
-        "mDNS",
-        None,
-    )
-    .await;
+    let r = one(client, &mut k, sighting("late", "x", 300), "mDNS", None).await;
     assert_eq!(r.written, ["late"], "{r:?}");
     let all = known(client).await.unwrap();
     assert_eq!(all.len(), MAX_DISCOVERED);
