@@ -45,26 +45,13 @@ pub struct Args {
     wait: std::time::Duration,
 }
 
-/// One discovered cluster, as listed.
+/// One discovered cluster, as listed: its record, whether it was seen within its TTL, and
+/// whether a Peering with it exists.
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
 struct Listed {
-    #[serde(rename = "clusterID")]
-    cluster_id: String,
-    endpoint: String,
-    ca_fingerprint: String,
-    protocol_version: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    region: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    zone: Option<String>,
-    source: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    domain: Option<String>,
-    last_seen: String,
-    /// Seen within its TTL.
+    #[serde(flatten)]
+    spec: tandem_api::DiscoveredClusterSpec,
     seen: bool,
-    /// A Peering with it exists.
     peered: bool,
 }
 
@@ -180,15 +167,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             Listed {
                 peered: peerings.contains(&s.cluster_id),
                 seen,
-                cluster_id: s.cluster_id,
-                endpoint: s.endpoint,
-                ca_fingerprint: s.ca_fingerprint,
-                protocol_version: s.protocol_version,
-                region: s.region,
-                zone: s.zone,
-                source: s.source,
-                domain: s.domain,
-                last_seen: s.last_seen,
+                spec: s,
             }
         })
         .collect();
@@ -216,24 +195,24 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                 "CA FINGERPRINT",
             ]);
             for l in &listed {
-                let source = match &l.domain {
-                    Some(d) => format!("{} ({d})", l.source),
-                    None => l.source.clone(),
+                let source = match &l.spec.domain {
+                    Some(d) => format!("{} ({d})", l.spec.source),
+                    None => l.spec.source.clone(),
                 };
                 t.add_row([
-                    l.cluster_id.clone(),
-                    l.endpoint.clone(),
-                    l.region.clone().unwrap_or_else(|| "-".into()),
-                    l.zone.clone().unwrap_or_else(|| "-".into()),
+                    l.spec.cluster_id.clone(),
+                    l.spec.endpoint.clone(),
+                    l.spec.region.clone().unwrap_or_else(|| "-".into()),
+                    l.spec.zone.clone().unwrap_or_else(|| "-".into()),
                     source,
                     if l.seen { "Seen" } else { "NotSeen" }.to_string(),
-                    if tandem_core::protocol::SUPPORTED.contains(&l.protocol_version) {
-                        format!("v{}", l.protocol_version)
+                    if tandem_core::protocol::SUPPORTED.contains(&l.spec.protocol_version) {
+                        format!("v{}", l.spec.protocol_version)
                     } else {
-                        format!("v{} (unsupported)", l.protocol_version)
+                        format!("v{} (unsupported)", l.spec.protocol_version)
                     },
                     if l.peered { "yes" } else { "no" }.to_string(),
-                    l.ca_fingerprint.clone(),
+                    l.spec.ca_fingerprint.clone(),
                 ]);
             }
             print!("{}", crate::table::render(t, 0));

@@ -158,11 +158,7 @@ pub async fn browse_domain(
             found.skipped.push(format!("{instance}: no TXT record"));
             continue;
         };
-        let strings: Vec<String> = strings
-            .iter()
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
-        match Advertisement::from_txt(&strings) {
+        match Advertisement::from_txt(&txt_strings(strings)) {
             Ok(advertisement) => found.sightings.push(Sighting {
                 advertisement,
                 ttl: ptr_ttl.min(txt_ttl),
@@ -171,6 +167,13 @@ pub async fn browse_domain(
         }
     }
     Ok(found)
+}
+
+/// The strings of a TXT record, as text (bytes that are not UTF-8 replaced).
+pub fn txt_strings(txt: &tandem_dns::hickory_proto::rr::rdata::TXT) -> Vec<String> {
+    txt.iter()
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
 }
 
 /// What [`record`] did with a browse's sightings.

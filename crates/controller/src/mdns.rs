@@ -152,9 +152,7 @@ pub fn heard(m: &Message) -> (Vec<Event>, Vec<String>) {
         if let RData::TXT(t) = r.data() {
             txts.insert(
                 r.name().to_ascii().to_ascii_lowercase(),
-                t.iter()
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect(),
+                crate::discovery::txt_strings(t),
             );
         }
     }
