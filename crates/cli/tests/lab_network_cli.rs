@@ -17,9 +17,29 @@ fn lab_namespaces() -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The namespaces of the lab instance the process `pid` registered (in
+/// `/run/tandem-lab/<id>/owner`): `lab-<id>-…`. Other tests' labs run meanwhile, so what
+/// appeared while this one started is not all its own.
+fn namespaces_of(pid: u32) -> BTreeSet<String> {
+    let id = std::fs::read_dir(tandem_lab::network::topology::REGISTRY)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            std::fs::read_to_string(e.path().join("owner"))
+                .is_ok_and(|o| o.split_whitespace().next() == Some(pid.to_string().as_str()))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .unwrap_or_else(|| panic!("no lab instance registered by pid {pid}"));
+    let prefix = format!("lab-{id}-");
+    lab_namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
 /// Starts `tandem lab up --network` in `dir`; returns it and the namespaces it made.
 fn lab_up(dir: &Path) -> (Child, BTreeSet<String>) {
-    let before = lab_namespaces();
     let kubeconfig = dir.join("kubeconfig");
     let _ = std::fs::remove_file(&kubeconfig);
     let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
@@ -50,7 +70,7 @@ fn lab_up(dir: &Path) -> (Child, BTreeSet<String>) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mine: BTreeSet<String> = lab_namespaces().difference(&before).cloned().collect();
+    let mine = namespaces_of(child.id());
     assert!(
         mine.iter().any(|n| n.ends_with("-wan")) && mine.iter().any(|n| n.ends_with("-1-node-1")),
         "the lab's namespaces: {mine:?}"
