@@ -1,5 +1,6 @@
 //! Authentication: client certificates, the static admin token, ServiceAccount tokens and
-//! bootstrap tokens. Anonymous requests are refused.
+//! bootstrap tokens. A request with no credentials at all is `system:anonymous`, as with
+//! kube-apiserver's default `--anonymous-auth=true`; RBAC then decides what it may do.
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -32,16 +33,33 @@ pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
     Some(UserInfo { name, groups })
 }
 
-/// Authenticates a request; None means 401.
+/// The user a request without credentials is, as kube-apiserver names it.
+pub const ANONYMOUS_USER: &str = "system:anonymous";
+
+/// The group of every anonymous request (never system:authenticated).
+pub const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
+
+/// The identity of a request that presents no credentials.
+pub fn anonymous() -> UserInfo {
+    UserInfo {
+        name: ANONYMOUS_USER.into(),
+        groups: vec![UNAUTHENTICATED_GROUP.into()],
+    }
+}
+
+/// Authenticates a request; None means 401. Credentials that fail are a 401, never a fall
+/// back to anonymous (kube's union authenticator fails on error the same way).
 pub fn authenticate(state: &State, peer: &PeerIdentity, headers: &HeaderMap) -> Option<UserInfo> {
-    let bearer = headers
-        .get(http::header::AUTHORIZATION)
+    let authorization = headers.get(http::header::AUTHORIZATION);
+    let bearer = authorization
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let mut user = match bearer {
-        Some(token) => authenticate_token(state, token)?,
-        None => peer.0.clone()?,
+    let mut user = match (bearer, &peer.0) {
+        (Some(token), _) => authenticate_token(state, token)?,
+        (None, Some(user)) => user.clone(),
+        (None, None) if authorization.is_none() => return Some(anonymous()),
+        (None, None) => return None,
     };
     if !user.groups.iter().any(|g| g == "system:authenticated") {
         user.groups.push("system:authenticated".into());

@@ -281,7 +281,7 @@ async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResul
     if is_dry_run(call) {
         return Ok(json_response(201, &obj));
     }
-    let doc = state.create_object(res, &ns, &name, &mut obj)?;
+    let doc = crate::quota::create_within_quota(state, res, &ns, &name, &mut obj)?;
     Ok(bytes_response(201, for_version(res, &doc)))
 }
 
@@ -469,7 +469,7 @@ async fn write_loop(
                 if is_dry_run(call) {
                     return Ok(json_response(201, &obj));
                 }
-                let doc = state.create_object(res, &ns, &name, &mut obj)?;
+                let doc = crate::quota::create_within_quota(state, res, &ns, &name, &mut obj)?;
                 return Ok(bytes_response(201, for_version(res, &doc)));
             }
             return Err(ApiError::not_found(&res.group, &res.resource, &name));

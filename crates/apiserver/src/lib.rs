@@ -32,6 +32,7 @@ mod objects;
 mod openapi;
 pub mod pki;
 mod protobuf;
+mod quota;
 pub mod registry;
 mod request;
 mod resource_metrics;
@@ -101,6 +102,7 @@ impl ApiServer {
             webhooks: webhook::WebhookClient::default(),
             kubelets: kubelet_access::KubeletAccess::new(&config_name)?,
             metrics: Default::default(),
+            quota_lock: parking_lot::Mutex::new(()),
             stopped: tokio::sync::watch::Sender::new(false),
         });
         bootstrap(&state)?;

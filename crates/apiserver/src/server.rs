@@ -128,7 +128,7 @@ async fn handle(
     let user = match crate::authn::authenticate(&state, &peer, &parts.headers) {
         Some(user) => user,
         None => {
-            tracing::debug!(%remote, path = %info.path, "unauthenticated request refused");
+            tracing::debug!(%remote, path = %info.path, "credentials refused");
             return error_response(&ApiError::unauthorized());
         }
     };
@@ -216,8 +216,15 @@ fn impersonate(state: &State, user: UserInfo, headers: &HeaderMap) -> ApiResult<
             ));
         }
     }
-    if !groups.iter().any(|g| g == "system:authenticated") {
-        groups.push("system:authenticated".into());
+    // As kube's impersonation filter: impersonating system:anonymous makes an unauthenticated
+    // request, anyone else an authenticated one.
+    let implied = if target == crate::authn::ANONYMOUS_USER {
+        crate::authn::UNAUTHENTICATED_GROUP
+    } else {
+        "system:authenticated"
+    };
+    if !groups.iter().any(|g| g == implied) {
+        groups.push(implied.into());
     }
     Ok(UserInfo {
         name: target.to_string(),

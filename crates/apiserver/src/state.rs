@@ -68,6 +68,9 @@ pub struct State {
     pub kubelets: crate::kubelet_access::KubeletAccess,
     /// What kubelets last reported for `metrics.k8s.io`, and how often to ask them.
     pub metrics: crate::resource_metrics::ResourceMetrics,
+    /// Held from counting a namespace's objects against its ResourceQuotas until the create
+    /// they admit is stored, so concurrent creates cannot overshoot a quota.
+    pub quota_lock: parking_lot::Mutex<()>,
     /// Set when the server shuts down: its open connections (watches included) close, as a
     /// stopped process's would.
     pub stopped: tokio::sync::watch::Sender<bool>,

@@ -1,6 +1,6 @@
 //! Tandem's embedded API server driven through kube-rs only: what a controller author
 //! relies on (CRUD, CRDs, watch and reflectors, controllers with finalizers, server-side
-//! apply, refusals, deletion propagation) behaves as on a kube-apiserver.
+//! apply, refusals, quotas, deletion propagation) behaves as on a kube-apiserver.
 
 #[path = "kube_rs/apply.rs"]
 mod apply;
@@ -16,6 +16,8 @@ mod deletion;
 mod eviction;
 #[path = "kube_rs/identity.rs"]
 mod identity;
+#[path = "kube_rs/quota.rs"]
+mod quota;
 #[path = "kube_rs/refusals.rs"]
 mod refusals;
 #[path = "kube_rs/validation.rs"]

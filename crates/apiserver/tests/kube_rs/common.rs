@@ -77,6 +77,21 @@ impl Cluster {
             .expect("token client")
     }
 
+    /// A client that presents no credentials at all: no certificate, no token.
+    pub async fn anonymous_client(&self) -> kube::Client {
+        let yaml = self.server.kubeconfig_with_token("anonymous", "unused");
+        let mut kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
+        for user in &mut kubeconfig.auth_infos {
+            if let Some(auth) = user.auth_info.as_mut() {
+                auth.token = None;
+            }
+        }
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("anonymous config");
+        kube::Client::try_from(config).expect("anonymous client")
+    }
+
     /// Registers the Widget CRD and waits until it is Established.
     pub async fn install_widget_crd(&self) {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());

@@ -1,5 +1,6 @@
 //! Item 5: what the server refuses, and with which code: stale writes (409), RBAC (403),
-//! expired bootstrap tokens (401), schema violations (422).
+//! anonymous requests RBAC does not allow (403), expired or wrong tokens (401), schema
+//! violations (422).
 
 use std::collections::BTreeMap;
 
@@ -156,6 +157,98 @@ async fn rbac_grants_only_what_the_role_says() {
             .iter()
             .any(|n| n.metadata.name.as_deref() == Some("team-b"))
     );
+}
+
+/// A request with no credentials at all is `system:anonymous` in `system:unauthenticated`, as
+/// on a kube-apiserver with its default `--anonymous-auth=true`: RBAC decides what it may do
+/// (the bootstrap policy lets it read `/version`; a binding like kubeadm's for `cluster-info`
+/// lets it read one ConfigMap), while a token that does not authenticate is still a 401.
+#[tokio::test]
+async fn requests_without_credentials_are_anonymous_and_rbac_decides() {
+    let cluster = Cluster::start().await;
+    let admin = cluster.client.clone();
+    let anonymous = cluster.anonymous_client().await;
+
+    let version = anonymous
+        .apiserver_version()
+        .await
+        .expect("/version is public, as system:public-info-viewer grants");
+    assert!(!version.git_version.is_empty(), "{version:?}");
+
+    let listed = api_status(
+        Api::<ConfigMap>::namespaced(anonymous.clone(), "default")
+            .list(&Default::default())
+            .await,
+    );
+    assert_eq!(listed.code, 403, "authenticated, then refused: {listed:?}");
+    assert_eq!(listed.reason, "Forbidden");
+    assert_eq!(
+        listed.message,
+        r#"configmaps is forbidden: User "system:anonymous" cannot list resource "configmaps" in API group "" in the namespace "default""#
+    );
+
+    let pp = PostParams::default();
+    let public: Api<ConfigMap> = Api::namespaced(admin.clone(), "kube-public");
+    for name in ["cluster-info", "private"] {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        public.create(&pp, &cm).await.unwrap();
+    }
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "cluster-info-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                   "resourceNames": ["cluster-info"], "verbs": ["get"]}],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), "kube-public")
+        .create(&pp, &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "anonymous-reads-cluster-info"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "cluster-info-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": "system:anonymous"}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), "kube-public")
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+
+    let as_anonymous: Api<ConfigMap> = Api::namespaced(anonymous.clone(), "kube-public");
+    let read = eventually("system:anonymous may get cluster-info", || {
+        let as_anonymous = as_anonymous.clone();
+        async move { as_anonymous.get("cluster-info").await.ok() }
+    })
+    .await;
+    assert_eq!(read.metadata.name.as_deref(), Some("cluster-info"));
+    let other = api_status(as_anonymous.get("private").await);
+    assert_eq!(other.code, 403, "only the named ConfigMap: {other:?}");
+    assert!(
+        other
+            .message
+            .contains(r#"User "system:anonymous" cannot get resource "configmaps""#),
+        "{:?}",
+        other.message
+    );
+    assert_eq!(
+        code_of(as_anonymous.list(&Default::default()).await),
+        403,
+        "resourceNames never grant list"
+    );
+
+    let wrong = cluster.client_with_token("not-a-token").await;
+    let refused = api_status(
+        Api::<ConfigMap>::namespaced(wrong, "kube-public")
+            .get("cluster-info")
+            .await,
+    );
+    assert_eq!(
+        refused.code, 401,
+        "a token that does not authenticate is no anonymous request: {refused:?}"
+    );
+    assert_eq!(refused.reason, "Unauthorized");
 }
 
 /// The Secret behind token `abcdef.0123456789abcdef`; `extra` entries override the defaults.
