@@ -25,6 +25,7 @@ fn advertisement(i: u8, ip: Ipv4Addr) -> Advertisement {
         protocol_version: tandem_core::protocol::VERSION,
         region: Some("bench".into()),
         zone: None,
+        enroll: None,
     }
 }
 

@@ -6,7 +6,7 @@ use kube::CustomResourceExt;
 
 use crate::{
     DiscoveredCluster, ExportedService, NamespaceOffloading, NetworkParameters, Peering,
-    PeeringRequest, RemoteNamespace, ShadowPod, Tenant,
+    PeeringPolicy, PeeringRequest, RemoteNamespace, ShadowPod, Tenant,
 };
 
 /// Every Tandem CRD, in a stable order.
@@ -21,6 +21,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ShadowPod::crd(),
         ExportedService::crd(),
         DiscoveredCluster::crd(),
+        PeeringPolicy::crd(),
     ]
 }
 
@@ -125,8 +126,13 @@ mod tests {
             let v = &crd.spec.versions[0];
             assert!(v.served && v.storage, "{name}");
             // A peer's record of its exports, and a sighting of an advertising cluster, are
-            // observation records, read and never reconciled: they have no status.
-            if name == "exportedservices.tandem.dev" || name == "discoveredclusters.tandem.dev" {
+            // observation records, read and never reconciled: they have no status. A peering
+            // policy is configuration the controller reads (each approval names it on the
+            // request and the Tenant instead).
+            if name == "exportedservices.tandem.dev"
+                || name == "discoveredclusters.tandem.dev"
+                || name == "peeringpolicies.tandem.dev"
+            {
                 continue;
             }
             assert!(

@@ -63,4 +63,10 @@ pub struct DiscoveredClusterSpec {
     /// How long a sighting holds (the records' TTL): not seen again within it, the cluster
     /// counts as gone.
     pub ttl_seconds: u32,
+    /// The enrollment credential it advertises (`<id>.<secret>`), with which `tandem peer
+    /// --discovered` files a peering request. Public by design: it can file a bounded number
+    /// of requests that wait for approval, and nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^[a-z0-9]{6}\\.[a-z0-9]{16}$"))]
+    pub enrollment_token: Option<String>,
 }

@@ -12,6 +12,7 @@ pub mod mcs;
 pub mod names;
 pub mod offloading;
 pub mod peering;
+pub mod policy;
 pub mod provider;
 pub mod schema;
 pub mod shadowpod;
@@ -27,6 +28,7 @@ pub use offloading::{
     NamespaceOffloadingStatus, PartitionPolicy, PodOffloadingStrategy, RemoteNamespaceStatus,
 };
 pub use peering::{NodeHealth, Peering, PeeringSpec, PeeringStatus};
+pub use policy::{PeeringPolicy, PeeringPolicySpec, PolicyConsumer};
 pub use provider::{
     FenceStatus, NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
     PeeringRequestSpec, PeeringRequestStatus, PodAccess, RemoteNamespace, RemoteNamespaceSpec,

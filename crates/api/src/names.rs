@@ -43,6 +43,17 @@ pub const INVITE_ANNOTATION: &str = "tandem.dev/invite";
 pub const INVITE_GROUP_PREFIX: &str = "system:bootstrappers:tandem:invite-";
 /// Group every peer identity belongs to.
 pub const PEERS_GROUP: &str = "tandem:peers";
+/// Namespace (on a provider) where consumers that found it through discovery file their
+/// peering requests with the enrollment credential, and nothing else lives.
+pub const ENROLL_NAMESPACE: &str = "tandem-enroll";
+/// Bootstrap-token group of the enrollment credential.
+pub const ENROLL_GROUP: &str = "system:bootstrappers:tandem:enroll";
+/// Value of [`INVITE_ANNOTATION`] on the enrollment credential's token Secret.
+pub const ENROLL_TOKEN_PURPOSE: &str = "enrollment";
+/// Annotation on a Tenant: the PeeringPolicy that approved its consumer.
+pub const POLICY_ANNOTATION: &str = "tandem.dev/peering-policy";
+/// Annotation on a Tenant: the consumer key fingerprint its request was approved for.
+pub const KEY_FINGERPRINT_ANNOTATION: &str = "tandem.dev/key-fingerprint";
 /// Finalizer of every Tandem reconciler that must undo state before deletion.
 pub const FINALIZER: &str = "tandem.dev/finalizer";
 /// On a pod of a namespace offloaded with `partitionPolicy: Fence` (set at admission), and as a

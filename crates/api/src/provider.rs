@@ -44,6 +44,11 @@ pub struct PeeringRequestSpec {
     /// speak it denies the request, naming both versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<u32>,
+    /// How the consumer found this provider (`mDNS`, `DNS example.org`, `endpoint`), for the
+    /// provider's admin; requests filed with the enrollment credential only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 300))]
+    pub source: Option<String>,
 }
 
 /// The provider's answer.
@@ -72,6 +77,21 @@ pub struct PeeringRequestStatus {
     )]
     #[schemars(transform = crate::schema::cluster_id)]
     pub provider_cluster_id: Option<String>,
+    /// A request filed with the enrollment credential: SHA-256 of the consumer's public key
+    /// (`sha256:HEX`), as the provider computed it from the CSR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::ca_fingerprint)]
+    pub key_fingerprint: Option<String>,
+    /// A request filed with the enrollment credential: the provider admin's decision
+    /// (`Approve` or `Deny`, written by `tandem approve` / `tandem deny`), which the controller
+    /// carries out. The filer cannot write it: status is dropped on create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(Approve|Deny)$"))]
+    pub decision: Option<String>,
+    /// Who approved it: `admin` or `PeeringPolicy/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 300))]
+    pub approved_by: Option<String>,
 }
 
 /// The provider's record of one consumer, in `tandem-tenant-<consumer>`: what it grants it.
@@ -116,6 +136,14 @@ pub struct TenantSpec {
     /// namespace must be allowed by its Peering and its Tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_import_namespaces: Option<Vec<String>>,
+    /// The namespace mapping strategies the consumer may use for its twin namespaces (set from
+    /// the PeeringPolicy that approved it). Absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_namespace_mapping_strategies: Option<Vec<crate::NamespaceMappingStrategy>>,
+    /// The pod offloading strategies the consumer may use (set from the PeeringPolicy that
+    /// approved it). Absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_pod_offloading_strategies: Option<Vec<crate::PodOffloadingStrategy>>,
 }
 
 /// The interactive access a provider gives a consumer to the real pods of its twin namespaces,
@@ -283,6 +311,10 @@ pub struct RemoteNamespaceSpec {
     /// The consumer namespace it mirrors.
     #[schemars(transform = crate::schema::namespace)]
     pub origin_namespace: String,
+    /// How the consumer places the namespace's pods (absent from older consumers: not
+    /// checked against a Tenant's allowed strategies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_offloading_strategy: Option<crate::PodOffloadingStrategy>,
 }
 
 /// Whether the twin namespace is ready for the consumer.

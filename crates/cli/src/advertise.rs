@@ -19,7 +19,14 @@ zone you run: a PTR under _tandem._tcp.<domain> naming this cluster's instance, 
 API endpoint's host and port) and its TXT. Tandem runs nobody's public DNS.\n\nNothing in \
 them is a credential, and nothing in them is trusted either: anyone on a LAN can answer as any \
 cluster. A consumer pins the CA fingerprint, which its admin confirms with yours out of \
-band.\n\nExamples:\n  tandem advertise --mdns\n  tandem advertise --off\n  tandem \
+band.\n\nThe advertisement also carries the enrollment credential (unless --no-enroll): a \
+bootstrap token that can do nothing but file a peering request, which waits until you approve \
+it (`tandem requests`, `tandem approve`, `tandem deny`) or a PeeringPolicy names the \
+consumer's key. At most --max-pending requests wait at once (a ResourceQuota), each for \
+--request-ttl: a flood can delay honest requests, never create anything else. The credential \
+and this cluster's CA are also readable without credentials in kube-public (ConfigMaps \
+tandem-enrollment and cluster-info, as kubeadm publishes it), for `tandem peer --endpoint`. \
+--off withdraws both.\n\nExamples:\n  tandem advertise --mdns\n  tandem advertise --off\n  tandem \
 advertise --domain example.org\n  tandem advertise --domain example.org --endpoint \
 https://api.milan.example.org:6443 --ttl 3600"
 )]
@@ -39,6 +46,17 @@ pub struct Args {
     /// The records' TTL, in seconds (--domain).
     #[arg(long, default_value_t = 300, requires = "domain")]
     ttl: u32,
+    /// Advertise without the enrollment credential: peering still takes an invite.
+    #[arg(long, conflicts_with = "off")]
+    no_enroll: bool,
+    /// How many peering requests filed with the enrollment credential may wait at once.
+    #[arg(long, value_name = "N", default_value_t = tandem_controller::enroll::DEFAULT_MAX_PENDING,
+          value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "off")]
+    max_pending: u32,
+    /// How long such a request waits for approval before it is removed.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::flags::duration,
+          conflicts_with = "off")]
+    request_ttl: std::time::Duration,
 }
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
@@ -50,7 +68,13 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             !state.contains("announcing"),
             "the controller's mDNS still reports {state:?}"
         );
-        println!("This cluster is no longer announced over mDNS (its controller says goodbye).");
+        tandem_controller::enroll::disable(&client)
+            .await
+            .context("withdrawing the enrollment credential")?;
+        println!(
+            "This cluster is no longer announced over mDNS (its controller says goodbye), and \
+             takes no peering request without an invite."
+        );
         return Ok(());
     }
     if let Some(domain) = &args.domain {
@@ -64,7 +88,26 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         "the kubeconfig has no certificate-authority for the cluster: consumers could not verify it",
     )?;
     let endpoint = args.endpoint.unwrap_or(target.server);
-    let ad = tandem_controller::discovery::advertisement(&target.client, &endpoint, &ca).await?;
+    let mut ad =
+        tandem_controller::discovery::advertisement(&target.client, &endpoint, &ca).await?;
+    if !args.no_enroll {
+        let enrollment = tandem_controller::enroll::enable(
+            &target.client,
+            &ad.endpoint,
+            &ca,
+            args.max_pending,
+            args.request_ttl,
+        )
+        .await
+        .context("setting up the enrollment credential")?;
+        eprintln!(
+            "peering requests without an invite: at most {} waiting, each for {}; see them with \
+             `tandem requests`",
+            enrollment.max_pending,
+            tandem_core::invite::human_duration(enrollment.request_ttl.as_secs() as i64)
+        );
+        ad.enroll = Some(enrollment.token);
+    }
     let Some((host, _)) = ad.host_port() else {
         anyhow::bail!("the endpoint {endpoint:?} is not https://HOST[:PORT]; set --endpoint");
     };

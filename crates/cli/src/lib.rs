@@ -28,6 +28,7 @@ mod lab;
 mod manifests;
 mod offload;
 mod peer;
+mod requests;
 mod rotate;
 mod status;
 mod table;
@@ -69,8 +70,14 @@ enum Command {
     Advertise(advertise::Args),
     /// List clusters that advertise themselves for peering (browsing a DNS domain first).
     Discover(discover::Args),
-    /// On a consumer: peer with the provider that issued an invite.
+    /// On a consumer: peer with a provider, with its invite or through discovery.
     Peer(peer::Args),
+    /// On a provider: list the peering requests filed without an invite.
+    Requests(requests::ListArgs),
+    /// On a provider: approve a peering request filed without an invite.
+    Approve(requests::DecideArgs),
+    /// On a provider: deny a peering request filed without an invite (nothing is created).
+    Deny(requests::DecideArgs),
     /// Undo a peering (either side).
     Unpeer(unpeer::Args),
     /// Offload a namespace to peered providers (twin namespaces, pod placement).
@@ -206,7 +213,7 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let prints_objects = match &cli.command {
-        Command::Status(_) | Command::Discover(_) => true,
+        Command::Status(_) | Command::Discover(_) | Command::Requests(_) => true,
         Command::Lab(args) => args.prints_objects(),
         Command::Install(args) => args.prints_objects(),
         _ => false,
@@ -247,6 +254,13 @@ fn run() -> anyhow::Result<()> {
             Command::Advertise(args) => advertise::run(args, &global.cluster).await,
             Command::Discover(args) => discover::run(args, &global).await,
             Command::Peer(args) => peer::run(args, &global.cluster).await,
+            Command::Requests(args) => requests::list(args, &global).await,
+            Command::Approve(args) => {
+                requests::decide(args, &global, tandem_controller::enroll::Decision::Approve).await
+            }
+            Command::Deny(args) => {
+                requests::decide(args, &global, tandem_controller::enroll::Decision::Deny).await
+            }
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
             Command::Offload(args) => offload::offload(args, &global).await,
             Command::Unoffload(args) => offload::unoffload(args, &global).await,

@@ -74,6 +74,7 @@ pub async fn advertisement(
         protocol_version: tandem_core::protocol::VERSION,
         region: shared_label(&nodes, REGION_LABEL),
         zone: shared_label(&nodes, ZONE_LABEL),
+        enroll: None,
     })
 }
 
@@ -325,6 +326,7 @@ pub async fn record(
             domain: domain.map(str::to_string),
             last_seen: now.clone(),
             ttl_seconds: s.ttl,
+            enrollment_token: ad.enroll.clone(),
         };
         let object = serde_json::json!({
             "apiVersion": "tandem.dev/v1alpha1",

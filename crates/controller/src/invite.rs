@@ -110,6 +110,12 @@ pub enum Refusal {
     NoSuchInvite { token_id: String },
     /// This cluster has neither a Peering nor a Tenant for `peer`.
     NotPeered { peer: String },
+    /// No peering request filed through discovery has this name (or claims this cluster ID).
+    NoSuchRequest { id: String },
+    /// Several pending requests claim this cluster ID.
+    AmbiguousRequest { id: String, names: Vec<String> },
+    /// The request was already approved or denied.
+    RequestDecided { name: String, phase: String },
     /// The controller could not authenticate with the provider (the Peering Failed).
     Authentication {
         /// The `Authenticated` condition's reason, when it is one the controller sets.
@@ -165,6 +171,18 @@ impl std::fmt::Display for Refusal {
                 f,
                 "this cluster has no peering with {peer:?} (no Peering and no Tenant)"
             ),
+            Refusal::NoSuchRequest { id } => {
+                write!(f, "no peering request {id:?} (see `tandem requests`)")
+            }
+            Refusal::AmbiguousRequest { id, names } => write!(
+                f,
+                "{} pending requests claim cluster ID {id:?} ({}); name one (cluster IDs are self-asserted: compare the key fingerprints in `tandem requests`)",
+                names.len(),
+                names.join(", ")
+            ),
+            Refusal::RequestDecided { name, phase } => {
+                write!(f, "peering request {name} is already {phase}")
+            }
             Refusal::Authentication { message, .. } => f.write_str(message),
         }
     }
@@ -187,7 +205,7 @@ fn now_unix() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
 }
 
-fn random_token_part(len: usize) -> String {
+pub(crate) fn random_token_part(len: usize) -> String {
     use rand::Rng;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
@@ -310,6 +328,13 @@ pub async fn list(client: &Client) -> Result<Vec<InviteInfo>, InviteError> {
     Ok(secrets
         .items
         .iter()
+        // The enrollment credential is not an invite: it does not expire and is never spent.
+        .filter(|s| {
+            s.annotations()
+                .get(names::INVITE_ANNOTATION)
+                .map(String::as_str)
+                != Some(names::ENROLL_TOKEN_PURPOSE)
+        })
         .filter_map(|s| {
             let data = s.data.as_ref()?;
             let get = |k: &str| {
@@ -382,17 +407,42 @@ where
 /// and the `Peering`. Touches only the consumer's cluster.
 pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), InviteError> {
     invite.check_expiry(now_unix())?;
-    let identity = ClusterIdentity::load(client).await?;
     let provider = &invite.provider_cluster_id;
+    create_peering(
+        client,
+        provider,
+        &invite.endpoint,
+        &invite.ca_data,
+        [
+            (TOKEN_KEY.to_string(), invite.bearer_token()),
+            (EXPIRES_KEY.to_string(), invite.expires.to_string()),
+        ]
+        .into(),
+    )
+    .await
+}
+
+/// Creates the Peering with `provider` at `endpoint` (CA `ca_pem`) on this cluster, with its
+/// tenant namespace and the Secret holding `secret_data` (the token the controller files the
+/// request with), once it checked that `provider` is a valid ID, not this cluster, not
+/// already peered, and that no earlier tenant namespace is still terminating.
+pub(crate) async fn create_peering(
+    client: &Client,
+    provider: &str,
+    endpoint: &str,
+    ca_pem: &str,
+    secret_data: BTreeMap<String, String>,
+) -> Result<(), InviteError> {
+    let identity = ClusterIdentity::load(client).await?;
     names::validate_cluster_id(provider).map_err(|problem| {
         InviteError::Refused(Refusal::InvalidClusterId {
-            id: provider.clone(),
+            id: provider.to_string(),
             problem,
         })
     })?;
-    if provider == &identity.cluster_id {
+    if provider == identity.cluster_id {
         return Err(InviteError::Refused(Refusal::SameCluster {
-            id: provider.clone(),
+            id: provider.to_string(),
         }));
     }
     let peerings: Api<Peering> = Api::all(client.clone());
@@ -406,7 +456,7 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
             .and_then(|s| s.phase)
             .unwrap_or_else(|| "Pending".into());
         return Err(InviteError::Refused(Refusal::AlreadyPeered {
-            provider: provider.clone(),
+            provider: provider.to_string(),
             phase,
         }));
     }
@@ -424,7 +474,7 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
     let pp = PatchParams::apply(names::FIELD_MANAGER).force();
     let mut ns_labels = managed();
     ns_labels.insert(names::TENANT_NAMESPACE_LABEL.into(), "true".into());
-    ns_labels.insert(names::REMOTE_CLUSTER_LABEL.into(), provider.clone());
+    ns_labels.insert(names::REMOTE_CLUSTER_LABEL.into(), provider.to_string());
     Api::<Namespace>::all(client.clone())
         .patch(
             &tenant,
@@ -444,7 +494,7 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
             &Patch::Apply(json!({
                 "apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": secret_name, "labels": managed()},
-                "stringData": {TOKEN_KEY: invite.bearer_token(), EXPIRES_KEY: invite.expires.to_string()},
+                "stringData": secret_data,
             })),
         )
         .await
@@ -452,7 +502,7 @@ pub async fn accept(client: &Client, invite: &PeeringInvite) -> Result<(), Invit
     let peering: Peering = serde_json::from_value(json!({
         "apiVersion": "tandem.dev/v1alpha1", "kind": "Peering",
         "metadata": {"name": provider, "labels": managed()},
-        "spec": {"clusterID": provider, "endpoint": invite.endpoint, "caData": invite.ca_data,
+        "spec": {"clusterID": provider, "endpoint": endpoint, "caData": ca_pem,
                  "inviteSecret": secret_name},
     }))
     .expect("static manifest");

@@ -13,6 +13,7 @@
 pub mod consumer;
 pub mod context;
 pub mod discovery;
+pub mod enroll;
 pub mod error;
 pub mod events;
 pub mod fabric;

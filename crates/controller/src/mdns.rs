@@ -330,6 +330,7 @@ mod tests {
             protocol_version: tandem_core::protocol::VERSION,
             region: Some("eu-south".into()),
             zone: None,
+            enroll: None,
         }
     }
 

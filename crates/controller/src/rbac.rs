@@ -444,6 +444,7 @@ pub fn controller_role() -> ClusterRole {
                 &[
                     "peerings",
                     "peeringrequests",
+                    "peeringpolicies",
                     "tenants",
                     "networkparameters",
                     "remotenamespaces",

@@ -46,6 +46,7 @@ fn advertisement(id: &str, ip: Ipv4Addr) -> Advertisement {
         protocol_version: tandem_core::protocol::VERSION,
         region: Some(format!("region-of-{id}")),
         zone: Some("a".into()),
+        enroll: None,
     }
 }
 

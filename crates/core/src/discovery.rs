@@ -31,6 +31,10 @@ pub struct Advertisement {
     /// `topology.kubernetes.io/region` and `zone` of its nodes, when they agree.
     pub region: Option<String>,
     pub zone: Option<String>,
+    /// The enrollment credential (`<id>.<secret>` bootstrap token), when the cluster takes
+    /// peering requests without an invite. Public by design: it can do nothing but file a
+    /// bounded number of requests that wait for approval.
+    pub enroll: Option<String>,
 }
 
 /// Why advertised records were not read as an [`Advertisement`].
@@ -150,6 +154,9 @@ impl Advertisement {
         if let Some(z) = &self.zone {
             out.push(format!("zone={z}"));
         }
+        if let Some(e) = &self.enroll {
+            out.push(format!("enroll={e}"));
+        }
         out
     }
 
@@ -199,7 +206,18 @@ impl Advertisement {
             }
         }
         let ca_fingerprint = parse_fingerprint(get("fp")?)?;
+        let enroll = map.get("enroll").map(|s| s.to_string());
+        if let Some(e) = &enroll
+            && !crate::invite::valid_bearer_token(e)
+        {
+            return Err(DiscoveryError::Invalid {
+                key: "enroll",
+                value: e.clone(),
+                why: "not a bootstrap token (<6 characters>.<16 characters>, a-z and 0-9)".into(),
+            });
+        }
         Ok(Advertisement {
+            enroll,
             cluster_id,
             endpoint,
             ca_fingerprint,
@@ -269,6 +287,35 @@ mod tests {
             protocol_version: crate::protocol::VERSION,
             region: Some("eu-south".into()),
             zone: None,
+            enroll: Some("abcdef.0123456789abcdef".into()),
+        }
+    }
+
+    #[test]
+    fn an_enrollment_credential_must_be_a_bootstrap_token() {
+        let ad = milan();
+        assert_eq!(Advertisement::from_txt(&ad.txt()), Ok(ad.clone()));
+        let without = Advertisement {
+            enroll: None,
+            ..ad.clone()
+        };
+        assert_eq!(Advertisement::from_txt(&without.txt()), Ok(without));
+        for bad in [
+            "abcdef",
+            "abcdef.short",
+            "ABCDEF.0123456789abcdef",
+            "abc.0123456789abcdef",
+        ] {
+            let mut txt = ad.txt();
+            txt.retain(|s| !s.starts_with("enroll="));
+            txt.push(format!("enroll={bad}"));
+            assert!(
+                matches!(
+                    Advertisement::from_txt(&txt),
+                    Err(DiscoveryError::Invalid { key: "enroll", .. })
+                ),
+                "{bad}"
+            );
         }
     }
 

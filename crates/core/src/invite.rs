@@ -150,6 +150,13 @@ pub fn valid_token_part(s: &str, len: usize) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
+/// Whether `s` is a whole bootstrap token, `<id>.<secret>`.
+pub fn valid_bearer_token(s: &str) -> bool {
+    s.split_once('.').is_some_and(|(id, secret)| {
+        valid_token_part(id, TOKEN_ID_LEN) && valid_token_part(secret, TOKEN_SECRET_LEN)
+    })
+}
+
 fn checksum(payload: &str) -> String {
     let digest = Sha256::digest(payload.as_bytes());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()

@@ -208,13 +208,14 @@ async fn converge(
             }
             continue;
         }
-        let (phase, message) = match ensure_twin(&link, &ns, &twin).await {
-            Ok(pm) => pm,
-            Err(e) => (
-                "Pending".to_string(),
-                Some(format!("requesting the twin namespace: {e}")),
-            ),
-        };
+        let (phase, message) =
+            match ensure_twin(&link, &ns, &twin, o.spec.pod_offloading_strategy).await {
+                Ok(pm) => pm,
+                Err(e) => (
+                    "Pending".to_string(),
+                    Some(format!("requesting the twin namespace: {e}")),
+                ),
+            };
         entries.push(RemoteNamespaceStatus {
             cluster_id: id,
             namespace: twin.clone(),
@@ -267,6 +268,7 @@ async fn ensure_twin(
     link: &ProviderLink,
     ns: &str,
     twin: &str,
+    pods: PodOffloadingStrategy,
 ) -> Result<(String, Option<String>), kube::Error> {
     let api: Api<RemoteNamespace> =
         Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
@@ -294,6 +296,7 @@ async fn ensure_twin(
         RemoteNamespaceSpec {
             namespace: twin.to_string(),
             origin_namespace: ns.to_string(),
+            pod_offloading_strategy: Some(pods),
         },
     );
     rn.meta_mut().labels = Some(

@@ -4,6 +4,7 @@ use tokio::task::JoinSet;
 
 use crate::context::Ctx;
 
+pub mod enrollment;
 pub mod fence;
 pub mod network;
 pub mod peering_request;
@@ -15,6 +16,7 @@ pub mod tenant;
 /// Spawns every provider-side reconciler.
 pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(peering_request::run(ctx.clone()));
+    tasks.spawn(enrollment::run(ctx.clone()));
     tasks.spawn(tenant::run(ctx.clone()));
     tasks.spawn(network::run(ctx.clone()));
     tasks.spawn(remote_namespace::run(ctx.clone()));

@@ -57,7 +57,7 @@ pub async fn run(ctx: Ctx) {
     janitor.abort();
 }
 
-fn error_policy(_r: Arc<PeeringRequest>, e: &Error, _ctx: Ctx) -> Action {
+pub(crate) fn error_policy(_r: Arc<PeeringRequest>, e: &Error, _ctx: Ctx) -> Action {
     tracing::warn!(error = %crate::error::chain(e), "peering request");
     Action::requeue(Duration::from_secs(1))
 }
@@ -118,30 +118,53 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
     mark_used(client, &name, &consumer)
         .await
         .map_err(step("marking the invite used"))?;
-    ensure_tenant(&ctx, &consumer)
+    approve(&ctx, &req, names::SYSTEM_NAMESPACE, json!({})).await
+}
+
+/// Approves a checked request (in namespace `ns`): the consumer's tenant, its identity signed
+/// through the CSR API, and the answer (with `extra` status fields).
+pub(crate) async fn approve(
+    ctx: &Ctx,
+    req: &PeeringRequest,
+    ns: &str,
+    extra: serde_json::Value,
+) -> Result<Action, Error> {
+    let client = &ctx.client;
+    let name = req.name_any();
+    let step = |step: &str| {
+        let request = format!("{ns}/{name}");
+        let step = step.to_string();
+        move |source| Error::Api {
+            request,
+            step,
+            source,
+        }
+    };
+    let consumer = req.spec.cluster_id.clone();
+    ensure_tenant(ctx, &consumer)
         .await
         .map_err(step("creating the tenant"))?;
-    let Some(cert) = signed_certificate(client, &req, ctx.options.peer_certificate_lifetime)
+    let Some(cert) = signed_certificate(client, req, ctx.options.peer_certificate_lifetime)
         .await
         .map_err(step("getting the CSR signed"))?
     else {
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
-    set_status(
-        client,
-        &name,
-        json!({
-            "phase": "Approved",
-            "message": format!("peer identity {} issued", names::peer_user(&consumer)),
-            "certificate": cert,
-            "tenantNamespace": names::tenant_namespace(&consumer),
-            "providerClusterID": ctx.identity.cluster_id,
-        }),
-    )
-    .await
-    .map_err(step("writing status"))?;
+    let mut status = json!({
+        "phase": "Approved",
+        "message": format!("peer identity {} issued", names::peer_user(&consumer)),
+        "certificate": cert,
+        "tenantNamespace": names::tenant_namespace(&consumer),
+        "providerClusterID": ctx.identity.cluster_id,
+    });
+    if let (Some(s), Some(e)) = (status.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    set_status_in(client, ns, &name, status)
+        .await
+        .map_err(step("writing status"))?;
     let _ = Api::<CertificateSigningRequest>::all(client.clone())
-        .delete(&csr_name(&req), &DeleteParams::default())
+        .delete(&csr_name(req), &DeleteParams::default())
         .await;
     tracing::info!(request = %name, %consumer, "peering request approved");
     Ok(Action::await_change())
@@ -257,7 +280,17 @@ async fn set_status(
     name: &str,
     status: serde_json::Value,
 ) -> Result<(), kube::Error> {
-    Api::<PeeringRequest>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
+    set_status_in(client, names::SYSTEM_NAMESPACE, name, status).await
+}
+
+/// Merges `status` into the status of request `ns/name`.
+pub(crate) async fn set_status_in(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<(), kube::Error> {
+    Api::<PeeringRequest>::namespaced(client.clone(), ns)
         .patch_status(
             name,
             &PatchParams::default(),
@@ -287,7 +320,7 @@ async fn mark_used(client: &Client, token_id: &str, consumer: &str) -> Result<()
         .map(|_| ())
 }
 
-fn ignore_missing<K: Default>(e: kube::Error) -> Result<K, kube::Error> {
+pub(crate) fn ignore_missing<K: Default>(e: kube::Error) -> Result<K, kube::Error> {
     if client::is_not_found(&e) {
         Ok(K::default())
     } else {

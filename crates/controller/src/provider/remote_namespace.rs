@@ -24,7 +24,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
-use tandem_api::{RemoteNamespace, ShadowPod, Tenant, names};
+use tandem_api::{NamespaceMappingStrategy, RemoteNamespace, ShadowPod, Tenant, names};
 
 use crate::context::{Context, Ctx};
 use crate::install::apply;
@@ -167,6 +167,57 @@ fn is_twin_of(ns: &Namespace, consumer: &str, origin: &str) -> bool {
             == Some(origin)
 }
 
+/// The namespace mapping strategy a twin name shows (the provider does not take the
+/// consumer's word for it): the consumer's name is EnforceSameName, `<ns>-<consumer>` is
+/// DefaultName, anything else SelectedName.
+fn mapping_of(twin: &str, origin: &str, consumer: &str) -> NamespaceMappingStrategy {
+    let default = tandem_core::offloading::twin_namespace_name(
+        tandem_core::offloading::NamespaceMapping::DefaultName,
+        origin,
+        consumer,
+        None,
+    );
+    if twin == origin {
+        NamespaceMappingStrategy::EnforceSameName
+    } else if default.as_deref() == Ok(twin) {
+        NamespaceMappingStrategy::DefaultName
+    } else {
+        NamespaceMappingStrategy::SelectedName
+    }
+}
+
+/// Why the consumer's Tenant does not allow this twin namespace (its mapping strategy or its
+/// pods' offloading strategy), naming the PeeringPolicy that set the limit.
+fn strategy_refusal(tenant: &Tenant, rn: &RemoteNamespace, consumer: &str) -> Option<String> {
+    let by = match tenant.annotations().get(names::POLICY_ANNOTATION) {
+        Some(p) => format!("PeeringPolicy {p}"),
+        None => format!("Tenant {}/{consumer}", names::tenant_namespace(consumer)),
+    };
+    let mapping = mapping_of(&rn.spec.namespace, &rn.spec.origin_namespace, consumer);
+    if let Some(allowed) = &tenant.spec.allowed_namespace_mapping_strategies
+        && !allowed.contains(&mapping)
+        // A selected name that happens to be the consumer's is allowed as a selection.
+        && !(mapping == NamespaceMappingStrategy::EnforceSameName
+            && allowed.contains(&NamespaceMappingStrategy::SelectedName))
+    {
+        return Some(format!(
+            "namespace mapping strategy {mapping:?} (twin namespace {}) is not allowed for consumer {consumer} by {by} (allowed: {allowed:?})",
+            rn.spec.namespace
+        ));
+    }
+    if let (Some(allowed), Some(pods)) = (
+        &tenant.spec.allowed_pod_offloading_strategies,
+        rn.spec.pod_offloading_strategy,
+    ) && !allowed.contains(&pods)
+    {
+        return Some(format!(
+            "pod offloading strategy {pods:?} of namespace {} is not allowed for consumer {consumer} by {by} (allowed: {allowed:?})",
+            rn.spec.origin_namespace
+        ));
+    }
+    None
+}
+
 async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> {
     let k = key(rn);
     let twin = rn.spec.namespace.clone();
@@ -221,6 +272,10 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
         .await?;
         return Ok(Action::await_change());
     };
+    if let Some(why) = strategy_refusal(&tenant, rn, &consumer) {
+        set_status(client, rn, "Failed", &why).await?;
+        return Ok(Action::await_change());
+    }
     if let Some(existing) = &existing {
         if existing.labels().contains_key(names::RETAINED_DATA_LABEL) {
             // Offloaded again: the retained claims are the consumer's to adopt.

@@ -350,7 +350,22 @@ async fn try_authenticate(
             format!("invite endpoint/CA: {}", crate::error::chain(&e)),
         )
     })?;
-    let requests: Api<PeeringRequest> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
+    // Filed with the enrollment credential (peering through discovery), the request lives in
+    // the enrollment namespace under a name derived from this cluster's key.
+    let enrolling = get(crate::enroll::MODE_KEY).as_deref() == Some(crate::enroll::MODE_ENROLL);
+    let (request_ns, request_name) = if enrolling {
+        let fp =
+            crate::enroll::own_key_fingerprint(&ctx.identity.private_key_pem).map_err(|e| {
+                AuthFailure::permanent(
+                    AuthFailureReason::Csr,
+                    format!("reading this cluster's key: {e}"),
+                )
+            })?;
+        (names::ENROLL_NAMESPACE, crate::enroll::request_name(&fp))
+    } else {
+        (names::SYSTEM_NAMESPACE, token_id.to_string())
+    };
+    let requests: Api<PeeringRequest> = Api::namespaced(client, request_ns);
     let token = plan::Token {
         id: token_id,
         endpoint: &peering.spec.endpoint,
@@ -358,6 +373,15 @@ async fn try_authenticate(
     };
     // What the provider's answer to the token at `step` means; `used` explains a 403.
     let refused = |e: &kube::Error, step: &str, used: &str| {
+        if enrolling {
+            return plan::enrollment_refusal(
+                client::status_code(e),
+                &e.to_string(),
+                step,
+                &request_name,
+                &peering.spec.endpoint,
+            );
+        }
         plan::token_refusal(
             client::status_code(e),
             &e.to_string(),
@@ -367,7 +391,7 @@ async fn try_authenticate(
             now,
         )
     };
-    let existing = match requests.get_opt(token_id).await {
+    let existing = match requests.get_opt(&request_name).await {
         Ok(r) => r,
         Err(e) => {
             return Err(refused(
@@ -377,9 +401,24 @@ async fn try_authenticate(
             ));
         }
     };
+    // A request that waited for approval and is gone was denied and removed, or expired.
+    let was_waiting = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::AUTHENTICATED && c.reason == plan::AWAITING_APPROVAL);
     let request = match existing {
         Some(r) if r.spec.cluster_id != consumer => return Err(plan::used_by_another_cluster()),
         Some(r) => r,
+        None if enrolling && was_waiting => {
+            let f = AuthFailure::permanent(
+                AuthFailureReason::Denied,
+                format!(
+                    "{provider} removed peering request {request_name} before approving it (denied, or expired unapproved)"
+                ),
+            );
+            give_up_enrollment(ctx, peering, &f.message).await;
+            return Err(f);
+        }
         None => {
             let csr = make_csr(ctx).map_err(|e| {
                 AuthFailure::permanent(AuthFailureReason::Csr, format!("creating the CSR: {e}"))
@@ -388,10 +427,11 @@ async fn try_authenticate(
                 tandem_core::invite::token_proof(token_secret_part, &consumer, token_id, &csr);
             let req: PeeringRequest = serde_json::from_value(json!({
                 "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
-                "metadata": {"name": token_id, "namespace": names::SYSTEM_NAMESPACE,
+                "metadata": {"name": request_name, "namespace": request_ns,
                              "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
                 "spec": {"clusterID": consumer, "tokenID": token_id, "tokenProof": proof, "csr": csr,
-                         "protocolVersion": tandem_core::protocol::VERSION},
+                         "protocolVersion": tandem_core::protocol::VERSION,
+                         "source": get(crate::enroll::SOURCE_KEY).filter(|_| enrolling)},
             }))
             .expect("static manifest");
             match requests.create(&PostParams::default(), &req).await {
@@ -410,7 +450,12 @@ async fn try_authenticate(
     );
     let answer = request.status.unwrap_or_default();
     match plan::request_verdict(&answer, &provider) {
-        Verdict::Refused(f) => Err(f),
+        Verdict::Refused(f) => {
+            if enrolling && f.reason == AuthFailureReason::Denied {
+                give_up_enrollment(ctx, peering, &f.message).await;
+            }
+            Err(f)
+        }
         Verdict::Approved => {
             let cert = answer.certificate.unwrap_or_default();
             let remote_tenant = answer
@@ -459,6 +504,22 @@ async fn try_authenticate(
             );
             Ok(Some(()))
         }
+        Verdict::Pending if enrolling => {
+            let message = format!(
+                "peering request {request_name} filed with {provider}, {}",
+                answer
+                    .message
+                    .unwrap_or_else(|| "waiting for the provider to check it".into())
+            );
+            set(
+                status,
+                conditions::AUTHENTICATED,
+                false,
+                plan::AWAITING_APPROVAL,
+                &message,
+            );
+            Ok(None)
+        }
         Verdict::Pending => {
             set(
                 status,
@@ -470,6 +531,35 @@ async fn try_authenticate(
             Ok(None)
         }
     }
+}
+
+/// A peering through discovery that the provider refused leaves nothing behind: the reason
+/// goes into an Event (`kubectl get events`), and the Peering is deleted without any step on
+/// the provider, which holds nothing for it. Best effort: a failure leaves it Failed.
+async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, message: &str) {
+    let provider = peering.name_any();
+    crate::events::record(
+        &ctx.client,
+        "default",
+        json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "Peering", "name": provider,
+               "uid": peering.metadata.uid}),
+        "PeeringDenied",
+        message,
+        true,
+    )
+    .await;
+    let api: Api<Peering> = Api::all(ctx.client.clone());
+    let marked = api
+        .patch(
+            &provider,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {FORCE_UNPEER_ANNOTATION: "true"}}})),
+        )
+        .await;
+    if marked.is_ok() {
+        let _ = api.delete(&provider, &DeleteParams::default()).await;
+    }
+    tracing::info!(%provider, %message, "peering through discovery refused; removed");
 }
 
 /// A PKCS#10 request for the peer user, signed with this cluster's key.

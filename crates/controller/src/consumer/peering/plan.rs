@@ -77,10 +77,12 @@ pub enum AuthFailureReason {
     WrongProvider,
     /// The peer identity Secret is gone or unusable.
     IdentityMissing,
+    /// The provider's queue of pending requests (filed without an invite) is full (transient).
+    QueueFull,
 }
 
 impl AuthFailureReason {
-    const ALL: [AuthFailureReason; 12] = [
+    const ALL: [AuthFailureReason; 13] = [
         AuthFailureReason::LocalError,
         AuthFailureReason::InviteMissing,
         AuthFailureReason::InviteInvalid,
@@ -93,6 +95,7 @@ impl AuthFailureReason {
         AuthFailureReason::Denied,
         AuthFailureReason::WrongProvider,
         AuthFailureReason::IdentityMissing,
+        AuthFailureReason::QueueFull,
     ];
 
     /// The condition reason.
@@ -110,6 +113,7 @@ impl AuthFailureReason {
             AuthFailureReason::Denied => "Denied",
             AuthFailureReason::WrongProvider => "WrongProvider",
             AuthFailureReason::IdentityMissing => "IdentityMissing",
+            AuthFailureReason::QueueFull => "QueueFull",
         }
     }
 
@@ -188,6 +192,45 @@ pub(super) fn token_refusal(
         None => AuthFailure::transient(
             AuthFailureReason::ProviderUnreachable,
             format!("provider unreachable at {}: {error}", token.endpoint),
+        ),
+    }
+}
+
+/// The condition reason of a request filed with the enrollment credential that waits for the
+/// provider's approval.
+pub(super) const AWAITING_APPROVAL: &str = "AwaitingApproval";
+
+/// What the provider's answer to the enrollment credential at `step` ("reading", "filing")
+/// means: `code` is the HTTP status (none when it did not answer).
+pub(super) fn enrollment_refusal(
+    code: Option<u16>,
+    error: &str,
+    step: &str,
+    request: &str,
+    endpoint: &str,
+) -> AuthFailure {
+    match code {
+        Some(401) => AuthFailure::permanent(
+            AuthFailureReason::TokenRejected,
+            "provider rejected the enrollment credential (401 Unauthorized): it no longer takes requests without an invite, or replaced its credential; run `tandem discover` again",
+        ),
+        Some(403) if error.contains("exceeded quota") => AuthFailure::transient(
+            AuthFailureReason::QueueFull,
+            format!("the provider's queue of pending peering requests is full ({error}); retrying"),
+        ),
+        Some(403) => AuthFailure::permanent(
+            AuthFailureReason::TokenRejected,
+            format!(
+                "provider refused the enrollment credential at {step} PeeringRequest {request}: {error}"
+            ),
+        ),
+        Some(_) => AuthFailure::transient(
+            AuthFailureReason::RequestFailed,
+            format!("{step} PeeringRequest {request}: {error}"),
+        ),
+        None => AuthFailure::transient(
+            AuthFailureReason::ProviderUnreachable,
+            format!("provider unreachable at {endpoint}: {error}"),
         ),
     }
 }
@@ -599,6 +642,8 @@ mod tests {
                 node_labels: BTreeMap::new(),
                 pod_access: None,
                 service_import_namespaces: None,
+                allowed_namespace_mapping_strategies: None,
+                allowed_pod_offloading_strategies: None,
             },
         )
     }

@@ -1,0 +1,611 @@
+//! Peering without an invite, on hollow lab clusters: milan advertises with the enrollment
+//! credential; consumers file requests that wait for `tandem approve` (or are denied, leaving
+//! nothing), or that a PeeringPolicy approves by key fingerprint with its grant and strategy
+//! limits; a wrong CA fingerprint is refused before anything is sent; a flood with the
+//! credential leaves at most the configured number pending and nothing else.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+mod netlab;
+use netlab::{Lab, hollow_lab, kubectl, ok, tandem, until};
+
+struct Clusters {
+    home: tempfile::TempDir,
+    lab: Lab,
+}
+
+impl Clusters {
+    /// A hollow lab with one cluster per ID (lab-1 is the first), each installed.
+    fn new(ids: &[&str]) -> Clusters {
+        let home = tempfile::tempdir().unwrap();
+        let lab = hollow_lab(home.path(), &ids.len().to_string());
+        let c = Clusters { home, lab };
+        for (i, id) in ids.iter().enumerate() {
+            ok(
+                c.on(&format!("lab-{}", i + 1), &["install", "--cluster-id", id]),
+                &format!("install {id}"),
+            );
+        }
+        c
+    }
+
+    fn on(&self, ctx: &str, args: &[&str]) -> std::process::Output {
+        let mut all = vec![
+            "--kubeconfig",
+            self.lab.kubeconfig.as_str(),
+            "--context",
+            ctx,
+        ];
+        all.extend_from_slice(args);
+        tandem(self.home.path(), &all)
+    }
+
+    fn kubectl(&self, ctx: &str, args: &[&str]) -> std::process::Output {
+        kubectl(&self.lab, ctx, args)
+    }
+
+    fn json(&self, ctx: &str, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&ok(self.kubectl(ctx, &all), &format!("kubectl {args:?}"))).unwrap()
+    }
+
+    fn names(&self, ctx: &str, args: &[&str]) -> Vec<String> {
+        let mut all = args.to_vec();
+        all.extend(["-o", "name"]);
+        ok(self.kubectl(ctx, &all), &format!("kubectl {args:?}"))
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Milan (lab-1) advertises under example.org; returns its endpoint and CA fingerprint.
+    fn advertise(&self, extra: &[&str]) -> (String, String) {
+        let mut args = vec!["advertise", "--domain", "example.org"];
+        args.extend_from_slice(extra);
+        let out = self.on("lab-1", &args);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        let printed = ok(out, "advertise");
+        let endpoint = field(&printed, "endpoint=");
+        let fingerprint = said
+            .split_whitespace()
+            .find(|w| w.starts_with("sha256:"))
+            .unwrap_or_else(|| panic!("no fingerprint in {said}"))
+            .to_string();
+        assert!(printed.contains("enroll="), "{printed}");
+        (endpoint, fingerprint)
+    }
+
+    /// `tandem peer --endpoint` on `ctx`; returns the key fingerprint it printed.
+    fn request(&self, ctx: &str, endpoint: &str, fingerprint: &str) -> String {
+        let out = self.on(
+            ctx,
+            &[
+                "peer",
+                "--endpoint",
+                endpoint,
+                "--ca-fingerprint",
+                fingerprint,
+            ],
+        );
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        let printed = ok(out, "peer --endpoint");
+        assert!(
+            printed.contains("Peering request filed with milan"),
+            "{printed}{said}"
+        );
+        said.lines()
+            .find(|l| l.contains("key fingerprint"))
+            .and_then(|l| l.split_whitespace().find(|w| w.starts_with("sha256:")))
+            .unwrap_or_else(|| panic!("no key fingerprint in {said}"))
+            .to_string()
+    }
+
+    /// Milan's requests, as `tandem requests -o json` lists them.
+    fn requests(&self) -> Vec<Value> {
+        let out = ok(self.on("lab-1", &["requests", "-o", "json"]), "requests");
+        serde_json::from_str::<Vec<Value>>(&out).unwrap()
+    }
+
+    fn established(&self, ctx: &str) -> bool {
+        let out = self.kubectl(ctx, &["get", "peering", "milan", "-o", "json"]);
+        out.status.success()
+            && serde_json::from_slice::<Value>(&out.stdout).unwrap()["status"]["phase"]
+                == "Established"
+    }
+}
+
+/// The value of `key` (e.g. `endpoint=`) in the TXT record printed.
+fn field(printed: &str, key: &str) -> String {
+    let start = printed
+        .find(key)
+        .unwrap_or_else(|| panic!("{key} in {printed}"))
+        + key.len();
+    printed[start..].split('"').next().unwrap().to_string()
+}
+
+#[test]
+fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
+    let c = Clusters::new(&["milan", "rome", "turin"]);
+    let (endpoint, fingerprint) = c.advertise(&["--max-pending", "4"]);
+
+    // A wrong CA fingerprint: refused before anything is sent or stored.
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let out = c.on(
+        "lab-2",
+        &["peer", "--endpoint", &endpoint, "--ca-fingerprint", &wrong],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "presents CA {fingerprint}, not the confirmed {wrong}"
+        )),
+        "{said}"
+    );
+    assert!(said.contains("nothing was sent"), "{said}");
+    assert!(c.requests().is_empty(), "a request reached milan");
+    assert!(c.names("lab-2", &["get", "peerings"]).is_empty());
+    assert!(
+        !c.kubectl("lab-2", &["get", "namespace", "tandem-tenant-milan"])
+            .status
+            .success(),
+        "a tenant namespace was created on rome"
+    );
+
+    // Rome asks; the request waits, and no virtual node appears until milan approves.
+    let rome_key = c.request("lab-2", &endpoint, &fingerprint);
+    let pending = until("rome's request listed", Duration::from_secs(30), || {
+        c.requests()
+            .into_iter()
+            .find(|r| r["consumerClusterID"] == "rome" && r["message"] != "")
+    });
+    assert_eq!(pending["phase"], "Pending", "{pending}");
+    assert_eq!(pending["keyFingerprint"], rome_key.as_str(), "{pending}");
+    assert_eq!(pending["source"], "endpoint", "{pending}");
+    let table = ok(c.on("lab-1", &["requests"]), "requests");
+    assert!(
+        table.contains("KEY FINGERPRINT") && table.contains(&rome_key),
+        "{table}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!c.established("lab-2"));
+    assert!(
+        !c.kubectl("lab-2", &["get", "node", "tandem-milan"])
+            .status
+            .success(),
+        "a virtual node before approval"
+    );
+    assert!(
+        c.names("lab-1", &["get", "tenants", "-A"]).is_empty(),
+        "milan created a tenant before approval"
+    );
+    let peering = c.json("lab-2", &["get", "peering", "milan"]);
+    let auth = peering["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Authenticated")
+        .cloned()
+        .unwrap();
+    assert_eq!(auth["reason"], "AwaitingApproval", "{auth}");
+    assert!(
+        auth["message"].as_str().unwrap().contains("tandem approve"),
+        "{auth}"
+    );
+
+    // Turin asks too, and milan denies it by the cluster ID it claims.
+    c.request("lab-3", &endpoint, &fingerprint);
+    until("turin's request listed", Duration::from_secs(30), || {
+        c.requests()
+            .iter()
+            .any(|r| r["consumerClusterID"] == "turin" && r["phase"] == "Pending")
+            .then_some(())
+    });
+    let denied = ok(c.on("lab-1", &["deny", "turin"]), "deny");
+    assert!(denied.contains("denied"), "{denied}");
+
+    // Milan approves rome: established with a Ready virtual node.
+    let approved = ok(
+        c.on("lab-1", &["approve", pending["name"].as_str().unwrap()]),
+        "approve",
+    );
+    assert!(approved.contains("approved"), "{approved}");
+    until("rome established", Duration::from_secs(60), || {
+        c.established("lab-2").then_some(())
+    });
+    until("tandem-milan Ready", Duration::from_secs(60), || {
+        let node = c.kubectl("lab-2", &["get", "node", "tandem-milan", "-o", "json"]);
+        let node: Value = serde_json::from_slice(&node.stdout).ok()?;
+        node["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            .then_some(())
+    });
+    let tenant = c.json(
+        "lab-1",
+        &["get", "tenant", "rome", "-n", "tandem-tenant-rome"],
+    );
+    assert_eq!(
+        tenant["metadata"]["annotations"]["tandem.dev/key-fingerprint"],
+        rome_key.as_str()
+    );
+    // Deciding twice is refused by name.
+    let again = c.on("lab-1", &["deny", "rome"]);
+    assert!(!again.status.success());
+
+    // The denied turin: nothing left on either side.
+    until(
+        "turin's Peering and tenant namespace gone",
+        Duration::from_secs(60),
+        || {
+            (c.names("lab-3", &["get", "peerings"]).is_empty()
+                && !c
+                    .kubectl("lab-3", &["get", "namespace", "tandem-tenant-milan"])
+                    .status
+                    .success())
+            .then_some(())
+        },
+    );
+    let events = ok(
+        c.kubectl("lab-3", &["get", "events", "-n", "default", "-o", "json"]),
+        "events",
+    );
+    assert!(
+        events.contains("denied by the provider's administrator"),
+        "{events}"
+    );
+    until(
+        "turin's request removed on milan",
+        Duration::from_secs(90),
+        || {
+            (!c.requests()
+                .iter()
+                .any(|r| r["consumerClusterID"] == "turin"))
+            .then_some(())
+        },
+    );
+    assert!(
+        !c.kubectl("lab-1", &["get", "namespace", "tandem-tenant-turin"])
+            .status
+            .success(),
+        "milan created a tenant namespace for turin"
+    );
+    let csrs = ok(c.kubectl("lab-1", &["get", "csr", "-o", "name"]), "csr");
+    assert!(!csrs.contains("turin"), "{csrs}");
+
+    // Advertising off withdraws the credential: published objects and the namespace go.
+    ok(c.on("lab-1", &["advertise", "--off"]), "advertise --off");
+    assert!(
+        !c.kubectl(
+            "lab-1",
+            &["get", "configmap", "tandem-enrollment", "-n", "kube-public"]
+        )
+        .status
+        .success()
+    );
+}
+
+/// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
+fn consumer_csr(cluster: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, format!("tandem:peer:{cluster}"));
+    dn.push(rcgen::DnType::OrganizationName, "tandem:peers");
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+    let fp =
+        tandem_core::discovery::fingerprint(&rcgen::PublicKeyData::subject_public_key_info(&key));
+    let hex = fp.strip_prefix("sha256:").unwrap();
+    (csr, format!("enroll-{}", &hex[..32]))
+}
+
+#[test]
+fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
+    let c = Clusters::new(&["milan", "rome", "turin"]);
+    let (endpoint, fingerprint) = c.advertise(&["--max-pending", "5", "--request-ttl", "25s"]);
+
+    // A policy naming turin's cluster ID without a key approves nothing.
+    let by_name = r#"{"apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringPolicy",
+        "metadata": {"name": "by-name"}, "spec": {"consumers": [{"clusterID": "turin"}]}}"#;
+    apply(&c, "lab-1", by_name);
+    c.request("lab-3", &endpoint, &fingerprint);
+    let turin = until("turin's request checked", Duration::from_secs(30), || {
+        c.requests().into_iter().find(|r| {
+            r["consumerClusterID"] == "turin"
+                && r["message"].as_str().is_some_and(|m| m.contains("by-name"))
+        })
+    });
+    assert_eq!(turin["phase"], "Pending", "{turin}");
+    assert!(
+        turin["message"]
+            .as_str()
+            .unwrap()
+            .contains("without a key fingerprint, which approves nothing"),
+        "{turin}"
+    );
+
+    // Rome asks; a policy naming its key approves it with the policy's grant and limits.
+    let rome_key = c.request("lab-2", &endpoint, &fingerprint);
+    let partners = format!(
+        r#"{{"apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringPolicy",
+        "metadata": {{"name": "partners"}}, "spec": {{
+            "consumers": [{{"keyFingerprint": "{rome_key}", "clusterID": "rome"}}],
+            "grant": {{"cpu": "2", "memory": "4Gi", "pods": "10"}},
+            "namespaceMappingStrategies": ["DefaultName"]}}}}"#
+    );
+    apply(&c, "lab-1", &partners);
+    until("rome established", Duration::from_secs(60), || {
+        c.established("lab-2").then_some(())
+    });
+    let tenant = c.json(
+        "lab-1",
+        &["get", "tenant", "rome", "-n", "tandem-tenant-rome"],
+    );
+    assert_eq!(tenant["spec"]["grant"]["cpu"], "2", "{tenant}");
+    assert_eq!(tenant["spec"]["grant"]["memory"], "4Gi", "{tenant}");
+    assert_eq!(
+        tenant["metadata"]["annotations"]["tandem.dev/peering-policy"],
+        "partners"
+    );
+    assert_eq!(
+        tenant["spec"]["allowedNamespaceMappingStrategies"],
+        serde_json::json!(["DefaultName"])
+    );
+    // Turin is still waiting.
+    assert!(!c.established("lab-3"));
+
+    // Rome may not create a same-name twin namespace; the refusal names the policy.
+    ok(
+        c.kubectl("lab-2", &["create", "namespace", "shop"]),
+        "namespace",
+    );
+    let _ = c.on(
+        "lab-2",
+        &[
+            "offload",
+            "namespace",
+            "shop",
+            "--namespace-mapping-strategy",
+            "EnforceSameName",
+            "--timeout",
+            "5s",
+        ],
+    );
+    let refusal = until(
+        "the twin namespace refused",
+        Duration::from_secs(60),
+        || {
+            let o = c.json(
+                "lab-2",
+                &["get", "namespaceoffloading", "offloading", "-n", "shop"],
+            );
+            let m = o["status"]["remoteNamespaces"][0]["message"]
+                .as_str()?
+                .to_string();
+            m.contains("not allowed").then_some(m)
+        },
+    );
+    assert!(
+        refusal.contains("EnforceSameName") && refusal.contains("PeeringPolicy partners"),
+        "{refusal}"
+    );
+    assert!(
+        !c.kubectl("lab-1", &["get", "namespace", "shop"])
+            .status
+            .success()
+    );
+
+    // A flood of 1,000 requests with the credential: at most 5 pending, nothing else created.
+    let published = c.json(
+        "lab-1",
+        &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
+    );
+    let token = published["data"]["token"].as_str().unwrap().to_string();
+    let before = census(&c);
+    let waiting = c
+        .names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"])
+        .len();
+    let answers = flood(&c, &endpoint, &token, 1000);
+    let created = answers.iter().filter(|(code, _)| *code == 201).count();
+    let over_quota = answers
+        .iter()
+        .filter(|(code, body)| *code == 403 && body.contains("exceeded quota"))
+        .count();
+    assert_eq!(created + over_quota, 1000, "{:?}", &answers[..5]);
+    // Those already waiting (turin's; unless it expired meanwhile) count against the quota.
+    assert!(
+        created >= 5 - waiting && created <= 5,
+        "{created} created, {waiting} waiting"
+    );
+    let pending = c.names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"]);
+    assert!(pending.len() <= 5, "{pending:?}");
+    assert_eq!(pending.len(), 5, "{pending:?}");
+    assert_eq!(
+        census(&c),
+        before,
+        "the flood created something besides requests"
+    );
+    // The credential can do nothing else.
+    for (verb, path, body) in [
+        (
+            "GET",
+            "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
+            None,
+        ),
+        ("GET", "/api/v1/namespaces/kube-system/secrets", None),
+        (
+            "POST",
+            "/api/v1/namespaces/tandem-enroll/configmaps",
+            Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#),
+        ),
+        (
+            "POST",
+            "/apis/tandem.dev/v1alpha1/namespaces/tandem-system/peeringrequests",
+            Some(
+                r#"{"apiVersion":"tandem.dev/v1alpha1","kind":"PeeringRequest","metadata":{"name":"x"}}"#,
+            ),
+        ),
+    ] {
+        let (code, answer) = call(&c, &endpoint, &token, verb, path, body);
+        assert_eq!(code, 403, "{verb} {path}: {answer}");
+    }
+
+    // Pending requests expire (25 s): the flood's and turin's go, and turin's side is undone.
+    until("pending requests expired", Duration::from_secs(90), || {
+        c.names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"])
+            .is_empty()
+            .then_some(())
+    });
+    until("turin's Peering removed", Duration::from_secs(60), || {
+        c.names("lab-3", &["get", "peerings"])
+            .is_empty()
+            .then_some(())
+    });
+    assert!(
+        c.established("lab-2"),
+        "an expiry touched the approved peering"
+    );
+}
+
+fn apply(c: &Clusters, ctx: &str, json: &str) {
+    let path = c.home.path().join(format!("{ctx}-{}.json", json.len()));
+    std::fs::write(&path, json).unwrap();
+    ok(
+        c.kubectl(ctx, &["apply", "-f", path.to_str().unwrap()]),
+        "kubectl apply",
+    );
+}
+
+/// How many namespaces, tenants, CSRs, secrets, roles and bindings milan has.
+fn census(c: &Clusters) -> Vec<usize> {
+    [
+        vec!["get", "namespaces"],
+        vec!["get", "tenants", "-A"],
+        vec!["get", "csr"],
+        vec!["get", "secrets", "-A"],
+        vec!["get", "roles", "-A"],
+        vec!["get", "rolebindings", "-A"],
+        vec!["get", "configmaps", "-A"],
+    ]
+    .iter()
+    .map(|args| c.names("lab-1", args).len())
+    .collect()
+}
+
+/// The CA of lab-1, from the lab's kubeconfig.
+fn ca_pem(c: &Clusters) -> String {
+    let out = ok(
+        c.kubectl(
+            "lab-1",
+            &[
+                "config",
+                "view",
+                "--raw",
+                "--minify",
+                "-o",
+                "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+            ],
+        ),
+        "kubectl config view",
+    );
+    use base64::Engine;
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(out.trim())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// One request with `token` (status code and body), through curl.
+fn call(
+    c: &Clusters,
+    endpoint: &str,
+    token: &str,
+    verb: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String) {
+    let ca = c.home.path().join("milan-ca.pem");
+    std::fs::write(&ca, ca_pem(c)).unwrap();
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "-X", verb, "-w", "\n%{http_code}", "--cacert"])
+        .arg(&ca)
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/json"]);
+    if let Some(b) = body {
+        cmd.args(["-d", b]);
+    }
+    let out = cmd.arg(format!("{endpoint}{path}")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (answer, code) = text.rsplit_once('\n').unwrap();
+    (code.trim().parse().unwrap(), answer.to_string())
+}
+
+/// `n` concurrent, well-formed requests (each with its own key) filed with `token`.
+fn flood(c: &Clusters, endpoint: &str, token: &str, n: usize) -> Vec<(u16, String)> {
+    let (id, secret) = token.split_once('.').unwrap();
+    let bodies: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let cluster = format!("flood-{i}");
+            let (csr, name) = consumer_csr(&cluster);
+            let proof = tandem_core::invite::token_proof(secret, &cluster, id, &csr);
+            let body = serde_json::json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+                "metadata": {"name": name},
+                "spec": {"clusterID": cluster, "tokenID": id, "tokenProof": proof, "csr": csr,
+                         "protocolVersion": tandem_core::protocol::VERSION},
+            });
+            (name, body.to_string())
+        })
+        .collect();
+    let ca = ca_pem(c);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut config = kube::Config::new(endpoint.parse().unwrap());
+        config.root_cert = Some(vec![rustls_pemfile_der(&ca)]);
+        config.auth_info.token = Some(token.to_string().into());
+        let client = kube::Client::try_from(config).unwrap();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (_, body) in bodies {
+            let client = client.clone();
+            tasks.spawn(async move {
+                let request = http::Request::post(
+                    "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
+                )
+                .header("Content-Type", "application/json")
+                .body(body.into_bytes())
+                .unwrap();
+                match client.request_text(request).await {
+                    Ok(text) => (201, text),
+                    Err(kube::Error::Api(s)) => (s.code, s.message),
+                    Err(e) => (0, e.to_string()),
+                }
+            });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            out.push(r.unwrap());
+        }
+        out
+    })
+}
+
+/// The DER of the first certificate of a PEM bundle.
+fn rustls_pemfile_der(pem: &str) -> Vec<u8> {
+    use base64::Engine;
+    let body: String = pem
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN CERTIFICATE"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}

@@ -1,0 +1,731 @@
+//! Peering without an invite: the admin-side steps, shared by the CLI and the tests.
+//!
+//! On the provider, [`enable`] sets up the *enrollment credential*: a bootstrap token that can
+//! do nothing but file peering requests in namespace `tandem-enroll` and read them back by
+//! name, where a ResourceQuota caps how many exist (a flood leaves at most that many, and
+//! nothing else is created for them). The credential is public by design (advertised over
+//! mDNS or DNS): a request only waits, until an administrator approves it (`tandem approve`)
+//! or a PeeringPolicy matches the consumer's key. The provider also publishes, readable
+//! without credentials as kubeadm does, `kube-public/cluster-info` (its CA) and
+//! `kube-public/tandem-enrollment` (the credential).
+//!
+//! On the consumer, [`fetch_provider`] reads the provider's CA *without sending anything*
+//! and refuses it unless its SHA-256 is the fingerprint the administrator confirmed; only then
+//! does it read the credential over TLS verified with that CA, and [`request`] hands it to the
+//! controller (a Peering whose Secret says `mode: enroll`), which files the request signed
+//! with this cluster's key. Everything after approval is the invite flow.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tandem_api::client;
+use tandem_api::{PeeringPolicy, PeeringRequest, names};
+
+use crate::invite::{InviteError, token_secret_name};
+
+/// Key of a consumer's token Secret saying the token is an enrollment credential.
+pub const MODE_KEY: &str = "mode";
+/// Value of [`MODE_KEY`] for the enrollment credential.
+pub const MODE_ENROLL: &str = "enroll";
+/// Key of a consumer's token Secret: how the provider was found (the request's `source`).
+pub const SOURCE_KEY: &str = "source";
+/// Name of the ResourceQuota, Role and RoleBinding of the enrollment namespace.
+pub const ENROLL_OBJECTS: &str = "tandem:enroll";
+/// The ResourceQuota's name (a DNS subdomain: no colon).
+pub const ENROLL_QUOTA: &str = "tandem-enroll";
+/// The ConfigMap (kube-public) publishing the credential.
+pub const ENROLLMENT_CONFIGMAP: &str = "tandem-enrollment";
+/// kubeadm's ConfigMap (kube-public) publishing the cluster's CA and endpoint.
+pub const CLUSTER_INFO: &str = "cluster-info";
+/// Role and RoleBinding (kube-public) letting anyone read those two ConfigMaps.
+pub const PUBLIC_INFO_ROLE: &str = "tandem:public-info";
+/// Annotation on the enrollment namespace: how long a pending request lives (seconds).
+pub const REQUEST_TTL_ANNOTATION: &str = "tandem.dev/request-ttl-seconds";
+/// Pending requests at most, by default.
+pub const DEFAULT_MAX_PENDING: u32 = 16;
+/// How long a pending request lives, by default.
+pub const DEFAULT_REQUEST_TTL: Duration = Duration::from_secs(3600);
+
+fn api(step: impl Into<String>) -> impl FnOnce(kube::Error) -> InviteError {
+    let step = step.into();
+    move |source| InviteError::Api { step, source }
+}
+
+fn managed() -> BTreeMap<String, String> {
+    [(
+        names::MANAGED_BY_LABEL.to_string(),
+        names::MANAGED_BY.to_string(),
+    )]
+    .into()
+}
+
+/// The quota key counting peering requests (kube's object-count syntax).
+pub fn quota_key() -> String {
+    format!("count/peeringrequests.{}", tandem_api::GROUP)
+}
+
+/// SHA-256 of a public key's SubjectPublicKeyInfo DER, as `sha256:HEX`.
+pub fn key_fingerprint_der(spki: &[u8]) -> String {
+    tandem_core::discovery::fingerprint(spki)
+}
+
+/// The fingerprint of the key a PEM CSR was made for.
+pub fn csr_key_fingerprint(pem: &str) -> Option<String> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::prelude::FromDer;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let (_, csr) = X509CertificationRequest::from_der(&pem.contents).ok()?;
+    Some(key_fingerprint_der(
+        csr.certification_request_info.subject_pki.raw,
+    ))
+}
+
+/// The fingerprint of this cluster's key (what a provider's PeeringPolicy names).
+pub fn own_key_fingerprint(private_key_pem: &str) -> Result<String, rcgen::Error> {
+    use rcgen::PublicKeyData;
+    let key = rcgen::KeyPair::from_pem(private_key_pem)?;
+    Ok(key_fingerprint_der(&key.subject_public_key_info()))
+}
+
+/// The name of the request a consumer key files: derived from the key, so that no other
+/// filer can take it (the provider removes a request whose CSR is for another key).
+pub fn request_name(key_fingerprint: &str) -> String {
+    let hex = key_fingerprint
+        .strip_prefix("sha256:")
+        .unwrap_or(key_fingerprint);
+    format!("enroll-{}", &hex[..32.min(hex.len())])
+}
+
+/// The enrollment credential, once [`enable`]d.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enrollment {
+    /// `<id>.<secret>`.
+    pub token: String,
+    pub max_pending: u32,
+    pub request_ttl: Duration,
+}
+
+/// The enrollment credential's token Secret, if there is one.
+pub async fn token_secret(client: &Client) -> Result<Option<Secret>, InviteError> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            names::MANAGED_BY_LABEL,
+            names::MANAGED_BY
+        )))
+        .await
+        .map_err(api("listing tokens in kube-system"))?;
+    Ok(secrets.items.into_iter().find(|s| {
+        s.annotations()
+            .get(names::INVITE_ANNOTATION)
+            .map(String::as_str)
+            == Some(names::ENROLL_TOKEN_PURPOSE)
+    }))
+}
+
+/// `<id>.<secret>` of a bootstrap-token Secret.
+pub fn bearer_of(secret: &Secret) -> Option<String> {
+    let data = secret.data.as_ref()?;
+    let get = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    Some(format!("{}.{}", get("token-id")?, get("token-secret")?))
+}
+
+/// Sets up (or updates) the enrollment credential on the provider (`client`), reachable at
+/// `endpoint` with `ca_pem`: idempotent, it keeps an existing token.
+pub async fn enable(
+    client: &Client,
+    endpoint: &str,
+    ca_pem: &str,
+    max_pending: u32,
+    request_ttl: Duration,
+) -> Result<Enrollment, InviteError> {
+    let identity = crate::identity::ClusterIdentity::load(client).await?;
+    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+    let ns = names::ENROLL_NAMESPACE;
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            ns,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": managed(),
+                             "annotations": {REQUEST_TTL_ANNOTATION: request_ttl.as_secs().to_string()}},
+            })),
+        )
+        .await
+        .map_err(api(format!("creating namespace {ns}")))?;
+    // The cap first: the credential must never work without it.
+    Api::<ResourceQuota>::namespaced(client.clone(), ns)
+        .patch(
+            ENROLL_QUOTA,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": ENROLL_QUOTA, "labels": managed()},
+                "spec": {"hard": {quota_key(): max_pending.to_string()}},
+            })),
+        )
+        .await
+        .map_err(api(format!("writing ResourceQuota {ns}/{ENROLL_QUOTA}")))?;
+    Api::<Role>::namespaced(client.clone(), ns)
+        .patch(
+            ENROLL_OBJECTS,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": ENROLL_OBJECTS, "labels": managed()},
+                // File a request, read one back by name: no list, no watch, no update.
+                "rules": [{"apiGroups": [tandem_api::GROUP], "resources": ["peeringrequests"],
+                           "verbs": ["create", "get"]}],
+            })),
+        )
+        .await
+        .map_err(api(format!("writing Role {ns}/{ENROLL_OBJECTS}")))?;
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .patch(
+            ENROLL_OBJECTS,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": ENROLL_OBJECTS, "labels": managed()},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ENROLL_OBJECTS},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                              "name": names::ENROLL_GROUP}],
+            })),
+        )
+        .await
+        .map_err(api(format!("writing RoleBinding {ns}/{ENROLL_OBJECTS}")))?;
+    let token = match token_secret(client).await?.as_ref().and_then(bearer_of) {
+        Some(token) => token,
+        None => create_token(client).await?,
+    };
+    publish(client, endpoint, ca_pem, &identity.cluster_id, &token).await?;
+    Ok(Enrollment {
+        token,
+        max_pending,
+        request_ttl,
+    })
+}
+
+async fn create_token(client: &Client) -> Result<String, InviteError> {
+    let id = crate::invite::random_token_part(tandem_core::invite::TOKEN_ID_LEN);
+    let secret = crate::invite::random_token_part(tandem_core::invite::TOKEN_SECRET_LEN);
+    let object: Secret = serde_json::from_value(json!({
+        "metadata": {"name": token_secret_name(&id), "namespace": "kube-system", "labels": managed(),
+                     "annotations": {names::INVITE_ANNOTATION: names::ENROLL_TOKEN_PURPOSE}},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {
+            "description": "Tandem enrollment credential (files peering requests only)",
+            "token-id": id,
+            "token-secret": secret,
+            "usage-bootstrap-authentication": "true",
+            "auth-extra-groups": names::ENROLL_GROUP,
+        },
+    }))
+    .expect("static manifest");
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &object)
+        .await
+        .map_err(api(format!(
+            "creating Secret kube-system/{}",
+            token_secret_name(&id)
+        )))?;
+    Ok(format!("{id}.{secret}"))
+}
+
+/// Publishes the CA (kubeadm's `cluster-info`, unless the cluster has one) and the credential
+/// in kube-public, readable without credentials.
+async fn publish(
+    client: &Client,
+    endpoint: &str,
+    ca_pem: &str,
+    cluster_id: &str,
+    token: &str,
+) -> Result<(), InviteError> {
+    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), "kube-public");
+    if configmaps
+        .get_opt(CLUSTER_INFO)
+        .await
+        .map_err(api("reading ConfigMap kube-public/cluster-info"))?
+        .is_none()
+    {
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    certificate-authority-data: {ca}\n    server: {endpoint}\ncontexts: []\ncurrent-context: \"\"\nusers: []\npreferences: {{}}\n"
+        );
+        configmaps
+            .patch(
+                CLUSTER_INFO,
+                &pp,
+                &Patch::Apply(json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": CLUSTER_INFO, "labels": managed()},
+                    "data": {"kubeconfig": kubeconfig},
+                })),
+            )
+            .await
+            .map_err(api("writing ConfigMap kube-public/cluster-info"))?;
+    }
+    configmaps
+        .patch(
+            ENROLLMENT_CONFIGMAP,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": ENROLLMENT_CONFIGMAP, "labels": managed()},
+                "data": {"clusterID": cluster_id, "token": token,
+                         "protocolVersion": tandem_core::protocol::VERSION.to_string()},
+            })),
+        )
+        .await
+        .map_err(api(format!(
+            "writing ConfigMap kube-public/{ENROLLMENT_CONFIGMAP}"
+        )))?;
+    Api::<Role>::namespaced(client.clone(), "kube-public")
+        .patch(
+            PUBLIC_INFO_ROLE,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": PUBLIC_INFO_ROLE, "labels": managed()},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                           "resourceNames": [CLUSTER_INFO, ENROLLMENT_CONFIGMAP]}],
+            })),
+        )
+        .await
+        .map_err(api(format!("writing Role kube-public/{PUBLIC_INFO_ROLE}")))?;
+    Api::<RoleBinding>::namespaced(client.clone(), "kube-public")
+        .patch(
+            PUBLIC_INFO_ROLE,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": PUBLIC_INFO_ROLE, "labels": managed()},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PUBLIC_INFO_ROLE},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": "system:anonymous"}],
+            })),
+        )
+        .await
+        .map_err(api(format!(
+            "writing RoleBinding kube-public/{PUBLIC_INFO_ROLE}"
+        )))?;
+    Ok(())
+}
+
+/// Turns enrollment off: the credential, its publication and every request waiting go.
+/// Peerings already approved stay. Idempotent.
+pub async fn disable(client: &Client) -> Result<(), InviteError> {
+    if let Some(secret) = token_secret(client).await? {
+        client::delete_if_exists(
+            &Api::<Secret>::namespaced(client.clone(), "kube-system"),
+            &secret.name_any(),
+            &DeleteParams::default(),
+        )
+        .await
+        .map_err(api(format!(
+            "deleting Secret kube-system/{}",
+            secret.name_any()
+        )))?;
+    }
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), "kube-public");
+    client::delete_if_exists(&configmaps, ENROLLMENT_CONFIGMAP, &DeleteParams::default())
+        .await
+        .map_err(api(format!(
+            "deleting ConfigMap kube-public/{ENROLLMENT_CONFIGMAP}"
+        )))?;
+    // Only a cluster-info Tandem wrote (kubeadm's is the cluster's).
+    if let Some(info) = configmaps
+        .get_opt(CLUSTER_INFO)
+        .await
+        .map_err(api("reading ConfigMap kube-public/cluster-info"))?
+        && info
+            .labels()
+            .get(names::MANAGED_BY_LABEL)
+            .map(String::as_str)
+            == Some(names::MANAGED_BY)
+    {
+        client::delete_if_exists(&configmaps, CLUSTER_INFO, &DeleteParams::default())
+            .await
+            .map_err(api("deleting ConfigMap kube-public/cluster-info"))?;
+    }
+    client::delete_if_exists(
+        &Api::<RoleBinding>::namespaced(client.clone(), "kube-public"),
+        PUBLIC_INFO_ROLE,
+        &DeleteParams::default(),
+    )
+    .await
+    .map_err(api(format!(
+        "deleting RoleBinding kube-public/{PUBLIC_INFO_ROLE}"
+    )))?;
+    client::delete_if_exists(
+        &Api::<Role>::namespaced(client.clone(), "kube-public"),
+        PUBLIC_INFO_ROLE,
+        &DeleteParams::default(),
+    )
+    .await
+    .map_err(api(format!("deleting Role kube-public/{PUBLIC_INFO_ROLE}")))?;
+    client::delete_if_exists(
+        &Api::<Namespace>::all(client.clone()),
+        names::ENROLL_NAMESPACE,
+        &DeleteParams::default(),
+    )
+    .await
+    .map_err(api(format!(
+        "deleting namespace {}",
+        names::ENROLL_NAMESPACE
+    )))?;
+    Ok(())
+}
+
+/// A peering request filed with the enrollment credential, as the provider lists it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestInfo {
+    pub name: String,
+    #[serde(rename = "consumerClusterID")]
+    pub consumer: String,
+    pub key_fingerprint: String,
+    pub source: String,
+    /// Unix seconds.
+    pub created: i64,
+    pub phase: String,
+    pub message: String,
+}
+
+/// The requests filed with the enrollment credential, oldest first.
+pub async fn list_requests(client: &Client) -> Result<Vec<RequestInfo>, InviteError> {
+    let requests = Api::<PeeringRequest>::namespaced(client.clone(), names::ENROLL_NAMESPACE)
+        .list(&ListParams::default())
+        .await;
+    let requests = match requests {
+        Ok(l) => l.items,
+        Err(e) if client::is_not_found(&e) => Vec::new(),
+        Err(e) => return Err(api("listing peering requests")(e)),
+    };
+    let mut out: Vec<RequestInfo> = requests
+        .iter()
+        .map(|r| {
+            let status = r.status.clone().unwrap_or_default();
+            RequestInfo {
+                name: r.name_any(),
+                consumer: r.spec.cluster_id.clone(),
+                key_fingerprint: status
+                    .key_fingerprint
+                    .clone()
+                    .or_else(|| csr_key_fingerprint(&r.spec.csr))
+                    .unwrap_or_else(|| "-".into()),
+                source: r.spec.source.clone().unwrap_or_else(|| "-".into()),
+                created: r
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |t| t.0.as_second()),
+                phase: status.phase.unwrap_or_else(|| "Pending".into()),
+                message: status.message.unwrap_or_default(),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+    Ok(out)
+}
+
+/// What `tandem approve` / `tandem deny` decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Deny,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Approve => "Approve",
+            Decision::Deny => "Deny",
+        }
+    }
+}
+
+/// Records the admin's decision on the pending request named `id` (its name, or the cluster
+/// ID it claims when only one pending request claims it); the controller carries it out.
+/// Returns the request's name.
+pub async fn decide(client: &Client, id: &str, decision: Decision) -> Result<String, InviteError> {
+    let all = list_requests(client).await?;
+    let by_name = all.iter().find(|r| r.name == id);
+    let claiming: Vec<&RequestInfo> = all
+        .iter()
+        .filter(|r| r.consumer == id && r.phase == "Pending")
+        .collect();
+    let request = match (by_name, claiming.as_slice()) {
+        (Some(r), _) => r,
+        (None, [one]) => one,
+        (None, []) => {
+            return Err(InviteError::Refused(
+                crate::invite::Refusal::NoSuchRequest { id: id.to_string() },
+            ));
+        }
+        (None, many) => {
+            return Err(InviteError::Refused(
+                crate::invite::Refusal::AmbiguousRequest {
+                    id: id.to_string(),
+                    names: many.iter().map(|r| r.name.clone()).collect(),
+                },
+            ));
+        }
+    };
+    if request.phase != "Pending" {
+        return Err(InviteError::Refused(
+            crate::invite::Refusal::RequestDecided {
+                name: request.name.clone(),
+                phase: request.phase.clone(),
+            },
+        ));
+    }
+    Api::<PeeringRequest>::namespaced(client.clone(), names::ENROLL_NAMESPACE)
+        .patch_status(
+            &request.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"decision": decision.as_str()}})),
+        )
+        .await
+        .map_err(api(format!(
+            "recording the decision on PeeringRequest {}/{}",
+            names::ENROLL_NAMESPACE,
+            request.name
+        )))?;
+    Ok(request.name.clone())
+}
+
+/// Waits until the request `name` is Approved or Denied (or gone), for `timeout`.
+pub async fn wait_decided(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+) -> Result<Option<String>, InviteError> {
+    let requests = Api::<PeeringRequest>::namespaced(client.clone(), names::ENROLL_NAMESPACE);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let phase = requests
+            .get_opt(name)
+            .await
+            .map_err(api(format!("reading PeeringRequest {name}")))?
+            .and_then(|r| r.status.and_then(|s| s.phase));
+        match phase.as_deref() {
+            Some("Approved" | "Denied") | None => return Ok(phase),
+            _ if tokio::time::Instant::now() > deadline => return Ok(phase),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// What the consumer learnt about a provider before filing anything.
+#[derive(Clone, Debug)]
+pub struct ProviderInfo {
+    /// The CA, confirmed by its fingerprint.
+    pub ca_pem: String,
+    pub cluster_id: String,
+    pub token: String,
+    pub protocol_version: u32,
+}
+
+/// Why a provider was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollError {
+    #[error(
+        "the provider at {endpoint} presents CA {presented}, not the confirmed {expected}: refused, nothing was sent (a wrong fingerprint, or someone answering in its place)"
+    )]
+    FingerprintMismatch {
+        endpoint: String,
+        expected: String,
+        presented: String,
+    },
+    #[error("reading {what} from {endpoint}: {source}")]
+    Read {
+        endpoint: String,
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{endpoint}: {why}")]
+    Invalid { endpoint: String, why: String },
+    #[error(transparent)]
+    Protocol(#[from] tandem_core::protocol::Unsupported),
+}
+
+fn anonymous_client(endpoint: &str, ca_der: Option<Vec<u8>>) -> Result<Client, EnrollError> {
+    let invalid = |why: String| EnrollError::Invalid {
+        endpoint: endpoint.to_string(),
+        why,
+    };
+    let url = endpoint
+        .parse()
+        .map_err(|e| invalid(format!("not a URL: {e}")))?;
+    let mut config = kube::Config::new(url);
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(15));
+    match ca_der {
+        Some(der) => config.root_cert = Some(vec![der]),
+        // Only to read the CA, which is then checked against the pinned fingerprint: nothing
+        // is sent on this connection but the GET (no credential exists on it).
+        None => config.accept_invalid_certs = true,
+    }
+    Client::try_from(config).map_err(|e| invalid(format!("building a client: {e}")))
+}
+
+/// Reads the provider at `endpoint`: its CA (kube-public/cluster-info, read without
+/// credentials), refused unless its fingerprint is `pinned`; then, over TLS verified with
+/// that CA, its enrollment credential (kube-public/tandem-enrollment).
+pub async fn fetch_provider(endpoint: &str, pinned: &str) -> Result<ProviderInfo, EnrollError> {
+    let invalid = |why: String| EnrollError::Invalid {
+        endpoint: endpoint.to_string(),
+        why,
+    };
+    let unverified = anonymous_client(endpoint, None)?;
+    let info = Api::<ConfigMap>::namespaced(unverified, "kube-public")
+        .get(CLUSTER_INFO)
+        .await
+        .map_err(|source| EnrollError::Read {
+            endpoint: endpoint.to_string(),
+            what: "ConfigMap kube-public/cluster-info",
+            source,
+        })?;
+    let kubeconfig = info
+        .data
+        .as_ref()
+        .and_then(|d| d.get("kubeconfig"))
+        .ok_or_else(|| invalid("ConfigMap kube-public/cluster-info has no kubeconfig".into()))?;
+    let parsed: serde_json::Value = serde_saphyr::from_str(kubeconfig)
+        .map_err(|e| invalid(format!("cluster-info's kubeconfig: {e}")))?;
+    let ca_b64 = parsed["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .ok_or_else(|| {
+            invalid("cluster-info's kubeconfig has no certificate-authority-data".into())
+        })?;
+    let ca_pem = base64::engine::general_purpose::STANDARD
+        .decode(ca_b64.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| {
+            invalid("cluster-info's certificate-authority-data is not base64 PEM".into())
+        })?;
+    let presented = crate::discovery::ca_fingerprint(&ca_pem)
+        .ok_or_else(|| invalid("cluster-info's CA is not a PEM certificate".into()))?;
+    if presented != pinned {
+        return Err(EnrollError::FingerprintMismatch {
+            endpoint: endpoint.to_string(),
+            expected: pinned.to_string(),
+            presented,
+        });
+    }
+    use rustls::pki_types::pem::PemObject as _;
+    let der = rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes())
+        .next()
+        .and_then(Result::ok)
+        .expect("fingerprinted above")
+        .to_vec();
+    let verified = anonymous_client(endpoint, Some(der))?;
+    let published = Api::<ConfigMap>::namespaced(verified, "kube-public")
+        .get(ENROLLMENT_CONFIGMAP)
+        .await
+        .map_err(|source| EnrollError::Read {
+            endpoint: endpoint.to_string(),
+            what: "its enrollment credential (ConfigMap kube-public/tandem-enrollment; is it advertising?)",
+            source,
+        })?;
+    let data = published.data.unwrap_or_default();
+    let get = |k: &str| data.get(k).cloned().unwrap_or_default();
+    let token = get("token");
+    if !tandem_core::invite::valid_bearer_token(&token) {
+        return Err(invalid(
+            "its enrollment credential is not a bootstrap token".into(),
+        ));
+    }
+    let cluster_id = get("clusterID");
+    names::validate_cluster_id(&cluster_id)
+        .map_err(|e| invalid(format!("its cluster ID {cluster_id:?}: {e}")))?;
+    let protocol_version = get("protocolVersion")
+        .parse()
+        .map_err(|_| invalid("its protocol version is not a number".into()))?;
+    tandem_core::protocol::check("provider", protocol_version)?;
+    Ok(ProviderInfo {
+        ca_pem,
+        cluster_id,
+        token,
+        protocol_version,
+    })
+}
+
+/// Hands the peering to this cluster's controller (`client`): tenant namespace, a Secret with
+/// the enrollment credential, and the Peering. The controller files the request.
+pub async fn request(
+    client: &Client,
+    endpoint: &str,
+    provider: &ProviderInfo,
+    source: &str,
+) -> Result<(), InviteError> {
+    crate::invite::create_peering(
+        client,
+        &provider.cluster_id,
+        endpoint,
+        &provider.ca_pem,
+        [
+            (crate::invite::TOKEN_KEY, provider.token.clone()),
+            (MODE_KEY, MODE_ENROLL.to_string()),
+            (SOURCE_KEY, source.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    )
+    .await
+}
+
+/// The PeeringPolicy approving a consumer with key `fingerprint` claiming `cluster_id` at
+/// `now` (Unix seconds), if any; else why none does, for the request's message.
+pub fn matching_policy<'a>(
+    policies: &'a [PeeringPolicy],
+    fingerprint: &str,
+    cluster_id: &str,
+    now: i64,
+) -> Result<&'a PeeringPolicy, String> {
+    let mut notes = Vec::new();
+    for p in policies {
+        let expired = p
+            .spec
+            .expires
+            .as_deref()
+            .and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .is_some_and(|e| e.as_second() <= now);
+        for c in &p.spec.consumers {
+            match (&c.key_fingerprint, &c.cluster_id) {
+                (Some(fp), id) if fp == fingerprint && id.as_ref().is_none_or(|i| i == cluster_id) => {
+                    if expired {
+                        notes.push(format!("PeeringPolicy {} matches but expired", p.name_any()));
+                    } else {
+                        return Ok(p);
+                    }
+                }
+                (Some(fp), Some(id)) if fp == fingerprint => notes.push(format!(
+                    "PeeringPolicy {} names this key for cluster {id}, not {cluster_id}",
+                    p.name_any()
+                )),
+                (None, Some(id)) if id == cluster_id => notes.push(format!(
+                    "PeeringPolicy {} names cluster {id} without a key fingerprint, which approves nothing",
+                    p.name_any()
+                )),
+                _ => {}
+            }
+        }
+    }
+    Err(notes.join("; "))
+}

@@ -1,0 +1,289 @@
+//! Provider side of peering without an invite. A consumer that found this cluster through
+//! discovery files a `PeeringRequest` in `tandem-enroll` with the enrollment credential; this
+//! reconciler checks it (the credential's whole token, the protocol version, a CSR signed by
+//! the consumer's key for exactly the peer user, a name derived from that key), then leaves it
+//! Pending until the administrator decides (`tandem approve` / `tandem deny`, written into its
+//! status, which the filer cannot write) or a PeeringPolicy matches the key. Nothing is
+//! created for a request before that: no tenant, no CSR. Approved, it is the invite flow's
+//! approval, with the policy's terms on the Tenant. A janitor removes pending requests after
+//! their TTL, denied ones once the consumer could read why, approved ones once used.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tandem_api::client;
+use tandem_api::{NetworkParameters, PeeringPolicy, PeeringRequest, Tenant, names};
+
+use crate::context::Ctx;
+use crate::enroll;
+use crate::provider::peering_request::{Error, approve, check_csr, ensure_tenant, set_status_in};
+
+/// How long a denied request stays for the consumer to read the reason.
+const DENIED_GRACE_SECS: i64 = 30;
+/// An approved request not used within this is removed anyway.
+const APPROVED_GRACE_SECS: i64 = 600;
+/// How often a pending request is checked against the policies again.
+const POLICY_RECHECK: Duration = Duration::from_secs(2);
+
+/// Runs the reconciler and the janitor.
+pub async fn run(ctx: Ctx) {
+    let janitor = tokio::spawn(janitor(ctx.clone()));
+    let api: Api<PeeringRequest> = Api::namespaced(ctx.client.clone(), names::ENROLL_NAMESPACE);
+    Controller::new(api, watcher::Config::default())
+        .run(
+            crate::metrics::timed(ctx.metrics.clone(), "enrollment", reconcile),
+            crate::provider::peering_request::error_policy,
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+    janitor.abort();
+}
+
+fn ns() -> &'static str {
+    names::ENROLL_NAMESPACE
+}
+
+async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> {
+    let name = req.name_any();
+    let status = req.status.clone().unwrap_or_default();
+    if matches!(status.phase.as_deref(), Some("Approved" | "Denied")) {
+        return Ok(Action::await_change());
+    }
+    let client = &ctx.client;
+    let step = |step: &str| {
+        let request = format!("{}/{name}", ns());
+        let step = step.to_string();
+        move |source| Error::Api {
+            request,
+            step,
+            source,
+        }
+    };
+    let token = enroll::token_secret(client).await.map_err(|e| Error::Api {
+        request: format!("{}/{name}", ns()),
+        step: "reading the enrollment credential".into(),
+        source: match e {
+            crate::invite::InviteError::Api { source, .. } => source,
+            other => kube::Error::Service(other.to_string().into()),
+        },
+    })?;
+    let fingerprint = enroll::csr_key_fingerprint(&req.spec.csr);
+    // A request not named after its own key takes a name another consumer's key owns: gone.
+    if fingerprint.as_deref().map(enroll::request_name) != Some(name.clone()) {
+        tracing::info!(request = %name, "enrollment request not named after its key removed");
+        Api::<PeeringRequest>::namespaced(client.clone(), ns())
+            .delete(&name, &DeleteParams::default())
+            .await
+            .map(|_| ())
+            .or_else(crate::provider::peering_request::ignore_missing)
+            .map_err(step("removing the request"))?;
+        return Ok(Action::await_change());
+    }
+    let fingerprint = fingerprint.expect("checked above");
+    let deny = |message: String| json!({"phase": "Denied", "message": message, "keyFingerprint": fingerprint});
+    if let Err(why) = check(&ctx, &req, token.as_ref()) {
+        tracing::info!(request = %name, consumer = %req.spec.cluster_id, %why, "enrollment request denied");
+        set_status_in(client, ns(), &name, deny(why))
+            .await
+            .map_err(step("writing status"))?;
+        return Ok(Action::await_change());
+    }
+    let consumer = req.spec.cluster_id.clone();
+    let tenant_ns = names::tenant_namespace(&consumer);
+    let tenant = Api::<Tenant>::namespaced(client.clone(), &tenant_ns)
+        .get_opt(&consumer)
+        .await
+        .map_err(step("reading the consumer's Tenant"))?;
+    if let Some(t) = &tenant
+        && t.annotations().get(names::KEY_FINGERPRINT_ANNOTATION) != Some(&fingerprint)
+    {
+        let why = format!(
+            "cluster ID {consumer} already peers with this cluster (Tenant {tenant_ns}/{consumer}) under another key; cluster IDs are self-asserted, so this request is refused"
+        );
+        set_status_in(client, ns(), &name, deny(why))
+            .await
+            .map_err(step("writing status"))?;
+        return Ok(Action::await_change());
+    }
+    if status.decision.as_deref() == Some("Deny") {
+        tracing::info!(request = %name, %consumer, "enrollment request denied by the administrator");
+        set_status_in(
+            client,
+            ns(),
+            &name,
+            deny("denied by the provider's administrator".into()),
+        )
+        .await
+        .map_err(step("writing status"))?;
+        return Ok(Action::await_change());
+    }
+    let policies = Api::<PeeringPolicy>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(step("listing PeeringPolicies"))?
+        .items;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let matched = enroll::matching_policy(&policies, &fingerprint, &consumer, now);
+    let approved_by = match (&matched, status.decision.as_deref()) {
+        (Ok(p), _) => Some((format!("PeeringPolicy/{}", p.name_any()), Some(*p))),
+        (Err(_), Some("Approve")) => Some(("admin".to_string(), None)),
+        (Err(_), _) => None,
+    };
+    let Some((approved_by, policy)) = approved_by else {
+        let why = matched.err().unwrap_or_default();
+        let mut message = format!(
+            "waiting for approval: `tandem approve {name}` on this cluster, or a PeeringPolicy naming key {fingerprint}"
+        );
+        if !why.is_empty() {
+            message.push_str(&format!(" ({why})"));
+        }
+        if status.phase.as_deref() != Some("Pending")
+            || status.message.as_deref() != Some(message.as_str())
+        {
+            set_status_in(
+                client,
+                ns(),
+                &name,
+                json!({"phase": "Pending", "message": message, "keyFingerprint": fingerprint}),
+            )
+            .await
+            .map_err(step("writing status"))?;
+        }
+        return Ok(Action::requeue(POLICY_RECHECK));
+    };
+    // The terms go on the Tenant before the identity exists: the consumer never runs a
+    // moment without them.
+    ensure_tenant(&ctx, &consumer)
+        .await
+        .map_err(step("creating the tenant"))?;
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(names::KEY_FINGERPRINT_ANNOTATION.into(), json!(fingerprint));
+    let mut spec = serde_json::Map::new();
+    if let Some(p) = policy {
+        annotations.insert(names::POLICY_ANNOTATION.into(), json!(p.name_any()));
+        if let Some(grant) = &p.spec.grant {
+            spec.insert("grant".into(), json!(grant));
+        }
+        spec.insert(
+            "allowedNamespaceMappingStrategies".into(),
+            json!(p.spec.namespace_mapping_strategies),
+        );
+        spec.insert(
+            "allowedPodOffloadingStrategies".into(),
+            json!(p.spec.pod_offloading_strategies),
+        );
+    }
+    Api::<Tenant>::namespaced(client.clone(), &tenant_ns)
+        .patch(
+            &consumer,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": annotations}, "spec": spec})),
+        )
+        .await
+        .map_err(step("writing the approval's terms on the Tenant"))?;
+    tracing::info!(request = %name, %consumer, %approved_by, "enrollment request approved");
+    approve(
+        &ctx,
+        &req,
+        ns(),
+        json!({"keyFingerprint": fingerprint, "approvedBy": approved_by}),
+    )
+    .await
+}
+
+/// Checks a request against the enrollment credential (pure apart from the clock).
+fn check(ctx: &Ctx, req: &PeeringRequest, token: Option<&Secret>) -> Result<(), String> {
+    let spec = &req.spec;
+    let version = spec
+        .protocol_version
+        .unwrap_or_else(tandem_core::protocol::unversioned);
+    tandem_core::protocol::check("consumer", version).map_err(|e| e.to_string())?;
+    let Some(token) = token else {
+        return Err("this cluster no longer takes peering requests without an invite".into());
+    };
+    let bearer = enroll::bearer_of(token).unwrap_or_default();
+    let (id, secret) = bearer.split_once('.').unwrap_or_default();
+    if spec.token_id != id {
+        return Err(format!(
+            "spec.tokenID {:?} is not this cluster's enrollment credential",
+            spec.token_id
+        ));
+    }
+    if !tandem_core::invite::verify_token_proof(
+        secret,
+        &spec.cluster_id,
+        &spec.token_id,
+        &spec.csr,
+        &spec.token_proof,
+    ) {
+        return Err("spec.tokenProof does not match the enrollment credential".into());
+    }
+    names::validate_cluster_id(&spec.cluster_id)?;
+    if spec.cluster_id == ctx.identity.cluster_id {
+        return Err("a cluster cannot peer with itself".into());
+    }
+    check_csr(&spec.csr, &spec.cluster_id).map_err(|e| format!("spec.csr: {e}"))
+}
+
+async fn janitor(ctx: Ctx) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        if let Err(e) = sweep(&ctx.client).await {
+            tracing::warn!(error = %crate::error::chain(&e), "cleaning up enrollment requests");
+        }
+    }
+}
+
+/// Removes pending requests past their TTL, denied ones after their grace, approved ones once
+/// their consumer authenticated (it published its network parameters) or after a while.
+async fn sweep(client: &Client) -> Result<(), kube::Error> {
+    let Some(namespace) = Api::<Namespace>::all(client.clone()).get_opt(ns()).await? else {
+        return Ok(());
+    };
+    let ttl = namespace
+        .annotations()
+        .get(enroll::REQUEST_TTL_ANNOTATION)
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(enroll::DEFAULT_REQUEST_TTL.as_secs() as i64);
+    let requests: Api<PeeringRequest> = Api::namespaced(client.clone(), ns());
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    for r in requests.list(&ListParams::default()).await?.items {
+        let age = r
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| now - t.0.as_second());
+        let remove = match r.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Denied") => age > DENIED_GRACE_SECS,
+            Some("Approved") => {
+                age > APPROVED_GRACE_SECS
+                    || Api::<NetworkParameters>::namespaced(
+                        client.clone(),
+                        &names::tenant_namespace(&r.spec.cluster_id),
+                    )
+                    .get_opt(crate::rbac::CONSUMER_NETWORK_PARAMETERS)
+                    .await?
+                    .is_some()
+            }
+            _ => age > ttl,
+        };
+        if remove {
+            tracing::info!(request = %r.name_any(), consumer = %r.spec.cluster_id, age, "enrollment request removed");
+            client::ok_if_not_found(
+                requests
+                    .delete(&r.name_any(), &DeleteParams::default())
+                    .await,
+            )?;
+        }
+    }
+    Ok(())
+}
