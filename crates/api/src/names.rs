@@ -26,6 +26,9 @@ pub const ORIGIN_NAMESPACE_LABEL: &str = "tandem.dev/origin-namespace";
 pub const TENANT_NAMESPACE_LABEL: &str = "tandem.dev/tenant-namespace";
 /// Marks twin namespaces on providers.
 pub const TWIN_NAMESPACE_LABEL: &str = "tandem.dev/twin-namespace";
+/// Label on a twin namespace: the pod offloading strategy its consumer asked for it with
+/// (checked at shadow-pod admission against the Tenant's allowed strategies).
+pub const POD_OFFLOADING_LABEL: &str = "tandem.dev/pod-offloading-strategy";
 /// Node label marking a virtual node; value [`VIRTUAL_NODE_TYPE`].
 pub const NODE_TYPE_LABEL: &str = "tandem.dev/type";
 pub const VIRTUAL_NODE_TYPE: &str = "virtual-node";

@@ -88,6 +88,10 @@ pub struct PeeringRequestStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = "^(Approve|Deny)$"))]
     pub decision: Option<String>,
+    /// When it was approved or denied (RFC 3339): the cleanup's grace runs from then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub decided_at: Option<String>,
     /// Who approved it: `admin` or `PeeringPolicy/<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 300))]

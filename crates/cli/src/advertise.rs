@@ -107,6 +107,11 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             tandem_core::invite::human_duration(enrollment.request_ttl.as_secs() as i64)
         );
         ad.enroll = Some(enrollment.token);
+    } else {
+        // Advertised without it, no earlier credential may keep working.
+        tandem_controller::enroll::disable(&target.client)
+            .await
+            .context("withdrawing the enrollment credential")?;
     }
     let Some((host, _)) = ad.host_port() else {
         anyhow::bail!("the endpoint {endpoint:?} is not https://HOST[:PORT]; set --endpoint");

@@ -258,7 +258,7 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
         }
         if tokio::time::Instant::now() > deadline {
             return Err(anyhow!(
-                "peering with {id}: not established after {}; it stays requested (`kubectl get peering {id}`; `tandem unpeer {id}` withdraws it)",
+                "peering with {id}: not established after {}; it stays requested (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here, and the request on {id} expires unapproved",
                 tandem_core::invite::human_duration(args.timeout.as_secs() as i64)
             ));
         }

@@ -198,20 +198,32 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
 
     // Turin asks too, and milan denies it by the cluster ID it claims.
     c.request("lab-3", &endpoint, &fingerprint);
-    until("turin's request listed", Duration::from_secs(30), || {
+    let turin = until("turin's request listed", Duration::from_secs(30), || {
         c.requests()
-            .iter()
-            .any(|r| r["consumerClusterID"] == "turin" && r["phase"] == "Pending")
-            .then_some(())
+            .into_iter()
+            .find(|r| r["consumerClusterID"] == "turin" && r["phase"] == "Pending")
     });
     let denied = ok(c.on("lab-1", &["deny", "turin"]), "deny");
     assert!(denied.contains("denied"), "{denied}");
-
-    // Milan approves rome: established with a Ready virtual node.
-    let approved = ok(
-        c.on("lab-1", &["approve", pending["name"].as_str().unwrap()]),
-        "approve",
+    // Deciding twice is refused, naming the decision (a denied request stays a while for its
+    // consumer to read why).
+    let again = c.on("lab-1", &["approve", turin["name"].as_str().unwrap()]);
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && said.contains("is already Denied"),
+        "{said}"
     );
+
+    // Approving goes by the request's name: a cluster ID is anyone's to claim.
+    let by_id = c.on("lab-1", &["approve", "rome"]);
+    let said = String::from_utf8_lossy(&by_id.stderr);
+    assert!(
+        !by_id.status.success() && said.contains("approve a request by its name"),
+        "{said}"
+    );
+    // Milan approves rome: established with a Ready virtual node.
+    let name = pending["name"].as_str().unwrap();
+    let approved = ok(c.on("lab-1", &["approve", name]), "approve");
     assert!(approved.contains("approved"), "{approved}");
     until("rome established", Duration::from_secs(60), || {
         c.established("lab-2").then_some(())
@@ -233,9 +245,6 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
         tenant["metadata"]["annotations"]["tandem.dev/key-fingerprint"],
         rome_key.as_str()
     );
-    // Deciding twice is refused by name.
-    let again = c.on("lab-1", &["deny", "rome"]);
-    assert!(!again.status.success());
 
     // The denied turin: nothing left on either side.
     until(
@@ -277,16 +286,42 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     let csrs = ok(c.kubectl("lab-1", &["get", "csr", "-o", "name"]), "csr");
     assert!(!csrs.contains("turin"), "{csrs}");
 
-    // Advertising off withdraws the credential: published objects and the namespace go.
-    ok(c.on("lab-1", &["advertise", "--off"]), "advertise --off");
-    assert!(
-        !c.kubectl(
-            "lab-1",
-            &["get", "configmap", "tandem-enrollment", "-n", "kube-public"]
-        )
-        .status
-        .success()
+    // Advertising off withdraws the credential: published objects and the namespace go, and
+    // the token no longer authenticates.
+    let published = c.json(
+        "lab-1",
+        &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
     );
+    let token = published["data"]["token"].as_str().unwrap().to_string();
+    ok(c.on("lab-1", &["advertise", "--off"]), "advertise --off");
+    for args in [
+        ["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
+        ["get", "role", "tandem:public-info", "-n", "kube-public"],
+        [
+            "get",
+            "secret",
+            &format!("bootstrap-token-{}", token.split('.').next().unwrap()),
+            "-n",
+            "kube-system",
+        ],
+    ] {
+        assert!(
+            !c.kubectl("lab-1", &args).status.success(),
+            "{args:?} still there"
+        );
+    }
+    until(
+        "namespace tandem-enroll gone",
+        Duration::from_secs(60),
+        || {
+            (!c.kubectl("lab-1", &["get", "namespace", "tandem-enroll"])
+                .status
+                .success())
+            .then_some(())
+        },
+    );
+    let (code, answer) = call(&c, &endpoint, &token, "GET", "/version", None);
+    assert_eq!(code, 401, "{answer}");
 }
 
 /// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
@@ -400,12 +435,46 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
             .success()
     );
 
-    // A flood of 1,000 requests with the credential: at most 5 pending, nothing else created.
+    // A filer cannot approve itself (status is not taken on create) nor pin its request with
+    // finalizers.
     let published = c.json(
         "lab-1",
         &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
     );
     let token = published["data"]["token"].as_str().unwrap().to_string();
+    let (id, secret) = token.split_once('.').unwrap();
+    let (csr, name) = consumer_csr("mallory");
+    let proof = tandem_core::invite::token_proof(secret, "mallory", id, &csr);
+    let crafted = serde_json::json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+        "metadata": {"name": name, "finalizers": ["example.com/keep"]},
+        "spec": {"clusterID": "mallory", "tokenID": id, "tokenProof": proof, "csr": csr},
+        "status": {"phase": "Approved", "decision": "Approve"},
+    });
+    let (code, answer) = call(
+        &c,
+        &endpoint,
+        &token,
+        "POST",
+        "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
+        Some(&crafted.to_string()),
+    );
+    assert_eq!(code, 201, "{answer}");
+    let mallory = until("mallory's request checked", Duration::from_secs(30), || {
+        let r = c.json(
+            "lab-1",
+            &["get", "peeringrequest", &name, "-n", "tandem-enroll"],
+        );
+        (r["status"]["phase"] == "Pending" && r["metadata"]["finalizers"].is_null()).then_some(r)
+    });
+    assert!(mallory["status"]["decision"].is_null(), "{mallory}");
+    assert!(
+        !c.kubectl("lab-1", &["get", "namespace", "tandem-tenant-mallory"])
+            .status
+            .success()
+    );
+
+    // A flood of 1,000 requests with the credential: at most 5 pending, nothing else created.
     let before = census(&c);
     let waiting = c
         .names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"])
@@ -431,7 +500,27 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
         "the flood created something besides requests"
     );
     // The credential can do nothing else.
+    let some_request = &pending[0]
+        .trim_start_matches("peeringrequest.tandem.dev/")
+        .to_string();
+    let one = format!(
+        "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests/{some_request}"
+    );
+    let status = format!("{one}/status");
     for (verb, path, body) in [
+        ("DELETE", one.as_str(), None),
+        (
+            "PATCH",
+            status.as_str(),
+            Some(r#"{"status":{"decision":"Approve"}}"#),
+        ),
+        (
+            "POST",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            Some(
+                r#"{"apiVersion":"certificates.k8s.io/v1","kind":"CertificateSigningRequest","metadata":{"name":"x"}}"#,
+            ),
+        ),
         (
             "GET",
             "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",

@@ -15,7 +15,6 @@
 //! controller (a Peering whose Secret says `mode: enroll`), which files the request signed
 //! with this cluster's key. Everything after approval is the invite flow.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine;
@@ -27,7 +26,7 @@ use serde_json::json;
 use tandem_api::client;
 use tandem_api::{PeeringPolicy, PeeringRequest, names};
 
-use crate::invite::{InviteError, token_secret_name};
+use crate::invite::{InviteError, api, managed, token_secret_name};
 
 /// Key of a consumer's token Secret saying the token is an enrollment credential.
 pub const MODE_KEY: &str = "mode";
@@ -35,6 +34,8 @@ pub const MODE_KEY: &str = "mode";
 pub const MODE_ENROLL: &str = "enroll";
 /// Key of a consumer's token Secret: how the provider was found (the request's `source`).
 pub const SOURCE_KEY: &str = "source";
+/// Annotation on a consumer's token Secret once its request is filed: the request's UID.
+pub const FILED_ANNOTATION: &str = "tandem.dev/request-filed";
 /// Name of the ResourceQuota, Role and RoleBinding of the enrollment namespace.
 pub const ENROLL_OBJECTS: &str = "tandem:enroll";
 /// The ResourceQuota's name (a DNS subdomain: no colon).
@@ -51,19 +52,6 @@ pub const REQUEST_TTL_ANNOTATION: &str = "tandem.dev/request-ttl-seconds";
 pub const DEFAULT_MAX_PENDING: u32 = 16;
 /// How long a pending request lives, by default.
 pub const DEFAULT_REQUEST_TTL: Duration = Duration::from_secs(3600);
-
-fn api(step: impl Into<String>) -> impl FnOnce(kube::Error) -> InviteError {
-    let step = step.into();
-    move |source| InviteError::Api { step, source }
-}
-
-fn managed() -> BTreeMap<String, String> {
-    [(
-        names::MANAGED_BY_LABEL.to_string(),
-        names::MANAGED_BY.to_string(),
-    )]
-    .into()
-}
 
 /// The quota key counting peering requests (kube's object-count syntax).
 pub fn quota_key() -> String {
@@ -149,6 +137,7 @@ pub async fn enable(
     request_ttl: Duration,
 ) -> Result<Enrollment, InviteError> {
     let identity = crate::identity::ClusterIdentity::load(client).await?;
+    refuse_if_bootstrappers_are_trusted(client).await?;
     let pp = PatchParams::apply(names::FIELD_MANAGER).force();
     let ns = names::ENROLL_NAMESPACE;
     Api::<Namespace>::all(client.clone())
@@ -214,6 +203,52 @@ pub async fn enable(
         max_pending,
         request_ttl,
     })
+}
+
+/// Every bootstrap token is in group `system:bootstrappers`, and kubelet TLS bootstrapping is
+/// commonly set up by binding that group (node CSRs, their auto-approval). A public bootstrap
+/// token must not get that: enrollment is refused on such a cluster, naming the binding.
+async fn refuse_if_bootstrappers_are_trusted(client: &Client) -> Result<(), InviteError> {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Subject};
+    let trusts = |subjects: &Option<Vec<Subject>>| {
+        subjects
+            .iter()
+            .flatten()
+            .any(|s| s.kind == "Group" && s.name == "system:bootstrappers")
+    };
+    let cluster = Api::<ClusterRoleBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing ClusterRoleBindings"))?;
+    let namespaced = Api::<RoleBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing RoleBindings"))?;
+    let found = cluster
+        .items
+        .iter()
+        .filter(|b| trusts(&b.subjects))
+        .map(|b| format!("ClusterRoleBinding {}", b.name_any()))
+        .chain(
+            namespaced
+                .items
+                .iter()
+                .filter(|b| trusts(&b.subjects))
+                .map(|b| {
+                    format!(
+                        "RoleBinding {}/{}",
+                        b.namespace().unwrap_or_default(),
+                        b.name_any()
+                    )
+                }),
+        )
+        .collect::<Vec<_>>();
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(InviteError::Refused(
+        crate::invite::Refusal::BootstrappersTrusted { bindings: found },
+    ))
 }
 
 async fn create_token(client: &Client) -> Result<String, InviteError> {
@@ -468,6 +503,15 @@ pub async fn decide(client: &Client, id: &str, decision: Decision) -> Result<Str
         .collect();
     let request = match (by_name, claiming.as_slice()) {
         (Some(r), _) => r,
+        // A cluster ID is self-asserted: only a denial may go by it.
+        (None, [_, ..]) if decision == Decision::Approve => {
+            return Err(InviteError::Refused(
+                crate::invite::Refusal::ApproveByName {
+                    id: id.to_string(),
+                    names: claiming.iter().map(|r| r.name.clone()).collect(),
+                },
+            ));
+        }
         (None, [one]) => one,
         (None, []) => {
             return Err(InviteError::Refused(
@@ -582,6 +626,18 @@ fn anonymous_client(endpoint: &str, ca_der: Option<Vec<u8>>) -> Result<Client, E
     Client::try_from(config).map_err(|e| invalid(format!("building a client: {e}")))
 }
 
+/// One certificate as PEM.
+fn pem_certificate(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
+}
+
 /// Reads the provider at `endpoint`: its CA (kube-public/cluster-info, read without
 /// credentials), refused unless its fingerprint is `pinned`; then, over TLS verified with
 /// that CA, its enrollment credential (kube-public/tandem-enrollment).
@@ -611,28 +667,35 @@ pub async fn fetch_provider(endpoint: &str, pinned: &str) -> Result<ProviderInfo
         .ok_or_else(|| {
             invalid("cluster-info's kubeconfig has no certificate-authority-data".into())
         })?;
-    let ca_pem = base64::engine::general_purpose::STANDARD
+    let bundle = base64::engine::general_purpose::STANDARD
         .decode(ca_b64.trim())
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok())
-        .ok_or_else(|| {
-            invalid("cluster-info's certificate-authority-data is not base64 PEM".into())
-        })?;
-    let presented = crate::discovery::ca_fingerprint(&ca_pem)
-        .ok_or_else(|| invalid("cluster-info's CA is not a PEM certificate".into()))?;
-    if presented != pinned {
+        .map_err(|_| invalid("cluster-info's certificate-authority-data is not base64".into()))?;
+    use rustls::pki_types::pem::PemObject as _;
+    let certificates: Vec<Vec<u8>> = rustls::pki_types::CertificateDer::pem_slice_iter(&bundle)
+        .filter_map(Result::ok)
+        .map(|c| c.to_vec())
+        .collect();
+    // Only the pinned certificate is kept: a bundle adding another CA to the pinned one would
+    // otherwise have the controller trust whoever holds that other CA.
+    let Some(der) = certificates
+        .iter()
+        .find(|der| tandem_core::discovery::fingerprint(der) == pinned)
+        .cloned()
+    else {
+        let presented = certificates
+            .iter()
+            .map(|der| tandem_core::discovery::fingerprint(der))
+            .collect::<Vec<_>>();
+        if presented.is_empty() {
+            return Err(invalid("cluster-info's CA is not a PEM certificate".into()));
+        }
         return Err(EnrollError::FingerprintMismatch {
             endpoint: endpoint.to_string(),
             expected: pinned.to_string(),
-            presented,
+            presented: presented.join(", "),
         });
-    }
-    use rustls::pki_types::pem::PemObject as _;
-    let der = rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes())
-        .next()
-        .and_then(Result::ok)
-        .expect("fingerprinted above")
-        .to_vec();
+    };
+    let ca_pem = pem_certificate(&der);
     let verified = anonymous_client(endpoint, Some(der))?;
     let published = Api::<ConfigMap>::namespaced(verified, "kube-public")
         .get(ENROLLMENT_CONFIGMAP)
@@ -700,12 +763,12 @@ pub fn matching_policy<'a>(
 ) -> Result<&'a PeeringPolicy, String> {
     let mut notes = Vec::new();
     for p in policies {
-        let expired = p
-            .spec
-            .expires
-            .as_deref()
-            .and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
-            .is_some_and(|e| e.as_second() <= now);
+        // An expiry that does not read as RFC 3339 counts as passed: a policy never approves
+        // for longer than its author wrote.
+        let expired = p.spec.expires.as_deref().is_some_and(|e| {
+            e.parse::<k8s_openapi::jiff::Timestamp>()
+                .map_or(true, |e| e.as_second() <= now)
+        });
         for c in &p.spec.consumers {
             match (&c.key_fingerprint, &c.cluster_id) {
                 (Some(fp), id) if fp == fingerprint && id.as_ref().is_none_or(|i| i == cluster_id) => {
@@ -728,4 +791,95 @@ pub fn matching_policy<'a>(
         }
     }
     Err(notes.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_api::{PeeringPolicySpec, PolicyConsumer};
+
+    fn policy(
+        name: &str,
+        consumers: &[(Option<&str>, Option<&str>)],
+        expires: Option<&str>,
+    ) -> PeeringPolicy {
+        PeeringPolicy::new(
+            name,
+            PeeringPolicySpec {
+                consumers: consumers
+                    .iter()
+                    .map(|(fp, id)| PolicyConsumer {
+                        key_fingerprint: fp.map(str::to_string),
+                        cluster_id: id.map(str::to_string),
+                    })
+                    .collect(),
+                expires: expires.map(str::to_string),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn only_a_key_fingerprint_approves() {
+        const NOW: i64 = 1_800_000_000;
+        let key = "sha256:aa";
+        let cases: Vec<(&str, Vec<PeeringPolicy>, Result<&str, &str>)> = vec![
+            (
+                "the key",
+                vec![policy("p", &[(Some(key), None)], None)],
+                Ok("p"),
+            ),
+            (
+                "the key and the cluster ID",
+                vec![policy("p", &[(Some(key), Some("rome"))], None)],
+                Ok("p"),
+            ),
+            (
+                "the cluster ID alone",
+                vec![policy("by-name", &[(None, Some("rome"))], None)],
+                Err(
+                    "PeeringPolicy by-name names cluster rome without a key fingerprint, which approves nothing",
+                ),
+            ),
+            (
+                "the key for another cluster ID",
+                vec![policy("p", &[(Some(key), Some("turin"))], None)],
+                Err("PeeringPolicy p names this key for cluster turin, not rome"),
+            ),
+            (
+                "another key",
+                vec![policy("p", &[(Some("sha256:bb"), None)], None)],
+                Err(""),
+            ),
+            (
+                "an expired policy",
+                vec![policy(
+                    "old",
+                    &[(Some(key), None)],
+                    Some("2020-01-01T00:00:00Z"),
+                )],
+                Err("PeeringPolicy old matches but expired"),
+            ),
+            (
+                "an expired policy and a live one",
+                vec![
+                    policy("old", &[(Some(key), None)], Some("2020-01-01T00:00:00Z")),
+                    policy("new", &[(Some(key), None)], Some("2099-01-01T00:00:00Z")),
+                ],
+                Ok("new"),
+            ),
+        ];
+        for (what, policies, want) in cases {
+            let got = matching_policy(&policies, key, "rome", NOW).map(|p| p.name_any());
+            assert_eq!(got.as_deref().map_err(String::as_str), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_request_is_named_after_its_key() {
+        let fp = tandem_core::discovery::fingerprint(b"key");
+        let name = request_name(&fp);
+        assert_eq!(name.len(), "enroll-".len() + 32);
+        assert!(fp.contains(name.strip_prefix("enroll-").unwrap()));
+    }
 }

@@ -116,6 +116,11 @@ pub enum Refusal {
     AmbiguousRequest { id: String, names: Vec<String> },
     /// The request was already approved or denied.
     RequestDecided { name: String, phase: String },
+    /// `tandem approve` was given a cluster ID, which anyone may claim.
+    ApproveByName { id: String, names: Vec<String> },
+    /// Something grants group system:bootstrappers rights, which the public enrollment
+    /// credential (a bootstrap token) would get.
+    BootstrappersTrusted { bindings: Vec<String> },
     /// The controller could not authenticate with the provider (the Peering Failed).
     Authentication {
         /// The `Authenticated` condition's reason, when it is one the controller sets.
@@ -180,6 +185,16 @@ impl std::fmt::Display for Refusal {
                 names.len(),
                 names.join(", ")
             ),
+            Refusal::BootstrappersTrusted { bindings } => write!(
+                f,
+                "{} grant(s) group system:bootstrappers rights (kubelet TLS bootstrapping?), which the public enrollment credential, a bootstrap token, would get: bind a narrower group (system:bootstrappers:kubeadm:default-node-token), or advertise with --no-enroll",
+                bindings.join(", ")
+            ),
+            Refusal::ApproveByName { id, names } => write!(
+                f,
+                "approve a request by its name, not by the cluster ID {id:?} it claims (anyone can claim one): {} (compare the key fingerprints in `tandem requests`)",
+                names.join(", ")
+            ),
             Refusal::RequestDecided { name, phase } => {
                 write!(f, "peering request {name} is already {phase}")
             }
@@ -188,12 +203,12 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-fn api(step: impl Into<String>) -> impl FnOnce(kube::Error) -> InviteError {
+pub(crate) fn api(step: impl Into<String>) -> impl FnOnce(kube::Error) -> InviteError {
     let step = step.into();
     move |source| InviteError::Api { step, source }
 }
 
-fn managed() -> BTreeMap<String, String> {
+pub(crate) fn managed() -> BTreeMap<String, String> {
     [(
         names::MANAGED_BY_LABEL.to_string(),
         names::MANAGED_BY.to_string(),

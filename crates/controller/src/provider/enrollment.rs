@@ -23,7 +23,9 @@ use tandem_api::{NetworkParameters, PeeringPolicy, PeeringRequest, Tenant, names
 
 use crate::context::Ctx;
 use crate::enroll;
-use crate::provider::peering_request::{Error, approve, check_csr, ensure_tenant, set_status_in};
+use crate::provider::peering_request::{
+    Error, approve, check_csr, ensure_tenant_with, set_status_in,
+};
 
 /// How long a denied request stays for the consumer to read the reason.
 const DENIED_GRACE_SECS: i64 = 30;
@@ -67,6 +69,19 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
             source,
         }
     };
+    // The filer wrote the metadata: finalizers or owners it set would keep its request (and
+    // its place in the quota) past any deletion, or hand it to another object's lifetime.
+    if req.finalizers().iter().next().is_some() || req.owner_references().iter().next().is_some() {
+        Api::<PeeringRequest>::namespaced(client.clone(), ns())
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null, "ownerReferences": null}})),
+            )
+            .await
+            .map_err(step("removing the filer's finalizers and owners"))?;
+        return Ok(Action::await_change());
+    }
     let token = enroll::token_secret(client).await.map_err(|e| Error::Api {
         request: format!("{}/{name}", ns()),
         step: "reading the enrollment credential".into(),
@@ -88,7 +103,10 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         return Ok(Action::await_change());
     }
     let fingerprint = fingerprint.expect("checked above");
-    let deny = |message: String| json!({"phase": "Denied", "message": message, "keyFingerprint": fingerprint});
+    let deny = |message: String| {
+        json!({"phase": "Denied", "message": message, "keyFingerprint": fingerprint,
+               "decidedAt": now_rfc3339()})
+    };
     if let Err(why) = check(&ctx, &req, token.as_ref()) {
         tracing::info!(request = %name, consumer = %req.spec.cluster_id, %why, "enrollment request denied");
         set_status_in(client, ns(), &name, deny(why))
@@ -161,11 +179,33 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
     };
     // The terms go on the Tenant before the identity exists: the consumer never runs a
     // moment without them.
-    ensure_tenant(&ctx, &consumer)
+    // Two keys approved for one cluster ID (an admin and a policy, say) race for the Tenant:
+    // it is created with the key on it, so only the first key's creation lands, and the
+    // other request is denied on reading it back.
+    ensure_tenant_with(
+        &ctx,
+        &consumer,
+        json!({names::KEY_FINGERPRINT_ANNOTATION: fingerprint}),
+    )
+    .await
+    .map_err(step("creating the tenant"))?;
+    let tenants = Api::<Tenant>::namespaced(client.clone(), &tenant_ns);
+    let current = tenants
+        .get(&consumer)
         .await
-        .map_err(step("creating the tenant"))?;
+        .map_err(step("reading the consumer's Tenant"))?;
+    if let Some(other) = current.annotations().get(names::KEY_FINGERPRINT_ANNOTATION)
+        && other != &fingerprint
+    {
+        let why = format!(
+            "cluster ID {consumer} was just approved for another key ({other}); cluster IDs are self-asserted, so this request is refused"
+        );
+        set_status_in(client, ns(), &name, deny(why))
+            .await
+            .map_err(step("writing status"))?;
+        return Ok(Action::await_change());
+    }
     let mut annotations = serde_json::Map::new();
-    annotations.insert(names::KEY_FINGERPRINT_ANNOTATION.into(), json!(fingerprint));
     let mut spec = serde_json::Map::new();
     if let Some(p) = policy {
         annotations.insert(names::POLICY_ANNOTATION.into(), json!(p.name_any()));
@@ -181,7 +221,7 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
             json!(p.spec.pod_offloading_strategies),
         );
     }
-    Api::<Tenant>::namespaced(client.clone(), &tenant_ns)
+    tenants
         .patch(
             &consumer,
             &PatchParams::default(),
@@ -194,9 +234,16 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         &ctx,
         &req,
         ns(),
-        json!({"keyFingerprint": fingerprint, "approvedBy": approved_by}),
+        json!({"keyFingerprint": fingerprint, "approvedBy": approved_by,
+               "decidedAt": now_rfc3339()}),
     )
     .await
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// Checks a request against the enrollment credential (pure apart from the clock).
@@ -262,10 +309,17 @@ async fn sweep(client: &Client) -> Result<(), kube::Error> {
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| now - t.0.as_second());
+        // A decision's grace runs from the decision, not from the filing.
+        let since_decided = r
+            .status
+            .as_ref()
+            .and_then(|s| s.decided_at.as_deref())
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map_or(age, |t| now - t.as_second());
         let remove = match r.status.as_ref().and_then(|s| s.phase.as_deref()) {
-            Some("Denied") => age > DENIED_GRACE_SECS,
+            Some("Denied") => since_decided > DENIED_GRACE_SECS,
             Some("Approved") => {
-                age > APPROVED_GRACE_SECS
+                since_decided > APPROVED_GRACE_SECS
                     || Api::<NetworkParameters>::namespaced(
                         client.clone(),
                         &names::tenant_namespace(&r.spec.cluster_id),

@@ -332,6 +332,16 @@ pub(crate) fn ignore_missing<K: Default>(e: kube::Error) -> Result<K, kube::Erro
 /// provider's `NetworkParameters`. The grant is only set when the Tenant is new: afterwards it
 /// belongs to the provider's admin.
 pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error> {
+    ensure_tenant_with(ctx, consumer, json!({})).await
+}
+
+/// [`ensure_tenant`], with `annotations` on the Tenant if this call creates it (an
+/// approval through discovery records the consumer's key from the first moment).
+pub async fn ensure_tenant_with(
+    ctx: &Ctx,
+    consumer: &str,
+    annotations: serde_json::Value,
+) -> Result<(), kube::Error> {
     let client = &ctx.client;
     let ns = names::tenant_namespace(consumer);
     let pp = PatchParams::apply(names::FIELD_MANAGER).force();
@@ -356,7 +366,8 @@ pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error>
         let tenant: Tenant = serde_json::from_value(json!({
             "apiVersion": "tandem.dev/v1alpha1", "kind": "Tenant",
             "metadata": {"name": consumer, "namespace": ns, "labels": {
-                names::MANAGED_BY_LABEL: names::MANAGED_BY, names::ORIGIN_CLUSTER_LABEL: consumer}},
+                names::MANAGED_BY_LABEL: names::MANAGED_BY, names::ORIGIN_CLUSTER_LABEL: consumer},
+                "annotations": annotations},
             "spec": {"clusterID": consumer, "grant": grant, "nodeLabels": node_labels},
         }))
         .expect("static manifest");

@@ -205,15 +205,24 @@ fn strategy_refusal(tenant: &Tenant, rn: &RemoteNamespace, consumer: &str) -> Op
             rn.spec.namespace
         ));
     }
-    if let (Some(allowed), Some(pods)) = (
-        &tenant.spec.allowed_pod_offloading_strategies,
-        rn.spec.pod_offloading_strategy,
-    ) && !allowed.contains(&pods)
-    {
-        return Some(format!(
-            "pod offloading strategy {pods:?} of namespace {} is not allowed for consumer {consumer} by {by} (allowed: {allowed:?})",
-            rn.spec.origin_namespace
-        ));
+    // The strategy is the consumer's word (where its pods go is decided on its side): a
+    // limit refuses what it says, and a request that does not say.
+    if let Some(allowed) = &tenant.spec.allowed_pod_offloading_strategies {
+        match rn.spec.pod_offloading_strategy {
+            None => {
+                return Some(format!(
+                    "namespace {} does not say its pod offloading strategy, which {by} limits for consumer {consumer} (allowed: {allowed:?}); upgrade its Tandem",
+                    rn.spec.origin_namespace
+                ));
+            }
+            Some(pods) if !allowed.contains(&pods) => {
+                return Some(format!(
+                    "pod offloading strategy {pods:?} of namespace {} is not allowed for consumer {consumer} by {by} (allowed: {allowed:?})",
+                    rn.spec.origin_namespace
+                ));
+            }
+            Some(_) => {}
+        }
     }
     None
 }
@@ -301,14 +310,18 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
     }
+    let mut labels = json!({
+        names::MANAGED_BY_LABEL: names::MANAGED_BY,
+        names::TWIN_NAMESPACE_LABEL: "true",
+        names::ORIGIN_CLUSTER_LABEL: consumer,
+        names::ORIGIN_NAMESPACE_LABEL: origin,
+    });
+    if let Some(pods) = rn.spec.pod_offloading_strategy {
+        labels[names::POD_OFFLOADING_LABEL] = json!(pods);
+    }
     let ns: Namespace = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": twin, "labels": {
-            names::MANAGED_BY_LABEL: names::MANAGED_BY,
-            names::TWIN_NAMESPACE_LABEL: "true",
-            names::ORIGIN_CLUSTER_LABEL: consumer,
-            names::ORIGIN_NAMESPACE_LABEL: origin,
-        }},
+        "metadata": {"name": twin, "labels": labels},
     }))
     .expect("static manifest");
     apply(&namespaces, &ns)

@@ -69,6 +69,10 @@ struct State {
     refused: HashMap<Key, (String, String)>,
     /// Twin namespace → consumer cluster ID.
     twins: HashMap<String, String>,
+    /// Twin namespace → the pod offloading strategy it was created for (its label).
+    twin_strategies: HashMap<String, String>,
+    /// Consumer → the pod offloading strategies its Tenant allows, and who set the limit.
+    pod_limits: HashMap<String, (Vec<String>, String)>,
     /// Consumer → granted resources.
     grants: HashMap<String, Resources>,
     dirty: HashSet<Key>,
@@ -279,12 +283,20 @@ impl State {
                     if let Some(c) = twin_consumer(&n) {
                         self.twins.insert(n.name_any(), c);
                     }
+                    match n.labels().get(names::POD_OFFLOADING_LABEL) {
+                        Some(s) => self.twin_strategies.insert(n.name_any(), s.clone()),
+                        None => self.twin_strategies.remove(&n.name_any()),
+                    };
                     self.dirty_namespace(&n.name_any());
                 }
                 watcher::Event::Delete(n) => {
                     self.twins.remove(&n.name_any());
+                    self.twin_strategies.remove(&n.name_any());
                 }
-                watcher::Event::Init => self.twins.clear(),
+                watcher::Event::Init => {
+                    self.twins.clear();
+                    self.twin_strategies.clear();
+                }
                 watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
             },
             Ev::Tick => self.dirty.extend(self.shadows.keys().cloned()),
@@ -305,11 +317,47 @@ impl State {
                         self.grants.insert(t.spec.cluster_id.clone(), grant);
                         self.free_quota_of(&t.spec.cluster_id);
                     }
+                    if t.namespace().as_deref()
+                        == Some(names::tenant_namespace(&t.spec.cluster_id).as_str())
+                    {
+                        let consumer = t.spec.cluster_id.clone();
+                        match &t.spec.allowed_pod_offloading_strategies {
+                            Some(allowed) => {
+                                let by = match t.annotations().get(names::POLICY_ANNOTATION) {
+                                    Some(p) => format!("PeeringPolicy {p}"),
+                                    None => format!(
+                                        "Tenant {}/{consumer}",
+                                        names::tenant_namespace(&consumer)
+                                    ),
+                                };
+                                let allowed = allowed
+                                    .iter()
+                                    .map(|s| {
+                                        serde_json::to_value(s)
+                                            .ok()
+                                            .and_then(|v| v.as_str().map(str::to_string))
+                                            .unwrap_or_default()
+                                    })
+                                    .collect();
+                                self.pod_limits.insert(consumer.clone(), (allowed, by));
+                            }
+                            None => {
+                                self.pod_limits.remove(&consumer);
+                            }
+                        }
+                        // Rejected shadow pods may be allowed now, and admitted ones are
+                        // checked again at their next pass.
+                        self.free_quota_of(&consumer);
+                    }
                 }
                 watcher::Event::Delete(t) => {
                     self.grants.remove(&t.spec.cluster_id);
+                    self.pod_limits.remove(&t.spec.cluster_id);
                 }
-                watcher::Event::Init => self.grants.clear(),
+                watcher::Event::Init => {
+                    self.grants.clear();
+                    self.pod_limits.clear();
+                }
                 watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
             },
         }
@@ -421,6 +469,21 @@ impl State {
                 );
                 continue;
             };
+            if let (Some((allowed, by)), Some(strategy)) = (
+                self.pod_limits.get(&consumer),
+                self.twin_strategies.get(&key.0),
+            ) && !allowed.contains(strategy)
+            {
+                set_status(
+                    PHASE_REJECTED,
+                    format!(
+                        "pod offloading strategy {strategy} of namespace {} is not allowed for consumer {consumer} by {by} (allowed: {})",
+                        key.0,
+                        allowed.join(", ")
+                    ),
+                );
+                continue;
+            }
             let spec = sp.pod_value();
             if let Some(why) = shadow::policy_violation(&spec) {
                 set_status(PHASE_REJECTED, why);
@@ -804,6 +867,33 @@ mod tests {
             (
                 "a shadow pod within the grant gets its pod",
                 |s| {
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &["create web"],
+            ),
+            (
+                "a twin namespace's pod offloading strategy the Tenant does not allow",
+                |s| {
+                    s.twin_strategies
+                        .insert(TWIN.into(), "LocalAndRemote".into());
+                    s.pod_limits.insert(
+                        "rome".into(),
+                        (vec!["Remote".into()], "PeeringPolicy partners".into()),
+                    );
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &[
+                    "Rejected web: pod offloading strategy LocalAndRemote of namespace app-rome is not allowed for consumer rome by PeeringPolicy partners (allowed: Remote)",
+                ],
+            ),
+            (
+                "a twin namespace's pod offloading strategy the Tenant allows",
+                |s| {
+                    s.twin_strategies.insert(TWIN.into(), "Remote".into());
+                    s.pod_limits.insert(
+                        "rome".into(),
+                        (vec!["Remote".into()], "PeeringPolicy partners".into()),
+                    );
                     add(s, shadow_pod("web", "s1", "1", json!({})));
                 },
                 &["create web"],

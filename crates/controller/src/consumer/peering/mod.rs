@@ -279,7 +279,15 @@ async fn authenticate(
             if status.phase.is_none() {
                 status.phase = Some("Authenticating".into());
             }
-            Action::requeue(Duration::from_millis(300))
+            // Waiting for a provider's admin can take hours: poll quickly at first (a policy
+            // answers at once), then every few seconds.
+            let awaiting_since = conditions::find(&status.conditions, conditions::AUTHENTICATED)
+                .filter(|c| c.reason == plan::AWAITING_APPROVAL)
+                .map(|c| c.last_transition_time.0.as_second());
+            match awaiting_since {
+                Some(t) if now - t > 10 => Action::requeue(Duration::from_secs(5)),
+                _ => Action::requeue(Duration::from_millis(300)),
+            }
         }
         Err(f) => {
             set(
@@ -326,6 +334,11 @@ async fn try_authenticate(
                 format!("the invite token Secret {tenant_ns}/{secret_name} is missing; run `tandem peer` with a new invite"),
             )
         })?;
+    // Set once the request is filed with the enrollment credential (see below).
+    let filed = token_secret
+        .annotations()
+        .get(crate::enroll::FILED_ANNOTATION)
+        .cloned();
     let data = token_secret.data.unwrap_or_default();
     let get = |k: &str| {
         data.get(k)
@@ -401,15 +414,24 @@ async fn try_authenticate(
             ));
         }
     };
-    // A request that waited for approval and is gone was denied and removed, or expired.
-    let was_waiting = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::AUTHENTICATED && c.reason == plan::AWAITING_APPROVAL);
     let request = match existing {
         Some(r) if r.spec.cluster_id != consumer => return Err(plan::used_by_another_cluster()),
+        // Under this cluster's key's name, but for another key: a decoy the provider removes.
+        Some(r)
+            if enrolling
+                && crate::enroll::csr_key_fingerprint(&r.spec.csr)
+                    .is_none_or(|fp| crate::enroll::request_name(&fp) != request_name) =>
+        {
+            return Err(AuthFailure::transient(
+                AuthFailureReason::RequestFailed,
+                format!(
+                    "a peering request {request_name} for another key is on {provider}; waiting for it to be removed"
+                ),
+            ));
+        }
         Some(r) => r,
-        None if enrolling && was_waiting => {
+        // Filed, and gone before an answer reached us: denied and removed, or expired.
+        None if enrolling && filed.is_some() => {
             let f = AuthFailure::permanent(
                 AuthFailureReason::Denied,
                 format!(
@@ -434,11 +456,30 @@ async fn try_authenticate(
                          "source": get(crate::enroll::SOURCE_KEY).filter(|_| enrolling)},
             }))
             .expect("static manifest");
-            match requests.create(&PostParams::default(), &req).await {
+            let filed = match requests.create(&PostParams::default(), &req).await {
                 Ok(r) => r,
                 Err(e) if client::is_conflict(&e) => return Ok(None),
                 Err(e) => return Err(refused(&e, "filing", "token already used")),
+            };
+            if enrolling {
+                // Remembered where a restart or a transient failure cannot erase it: a
+                // request found gone afterwards was removed by the provider, not yet filed.
+                secrets
+                    .patch(
+                        &secret_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"annotations": {
+                            crate::enroll::FILED_ANNOTATION: filed.uid().unwrap_or_default()}}})),
+                    )
+                    .await
+                    .map_err(|e| {
+                        AuthFailure::transient(
+                            AuthFailureReason::LocalError,
+                            format!("recording the filed request on Secret {tenant_ns}/{secret_name}: {e}"),
+                        )
+                    })?;
             }
+            filed
         }
     };
     set(

@@ -1,0 +1,163 @@
+//! Peering at scale through discovery: one consumer and 1, 8 and 32 providers, each with a
+//! PeeringPolicy naming the consumer's key (auto-approve). Measured from the moment the
+//! consumer's admin starts peering (the CA fetched and pinned, the request handed to its
+//! controller, all providers at once) until every virtual node is Ready; and the consumer
+//! controller's resident memory with 32 peers.
+//!
+//! Lab clusters run in this process (hollow nodes); every controller is a `tandem controller`
+//! process with the default timings. Each provider advertises with `tandem advertise --domain`
+//! (which sets up its enrollment credential), and the consumer's side is what `tandem peer
+//! --endpoint URL --ca-fingerprint` runs.
+//!
+//! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench peering`.
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use tandem_benches::sites;
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Runtime::new()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for n in [1usize, 8, 32] {
+        rows.push(once(n).await?);
+    }
+    let single = rows[0].1;
+    println!();
+    println!(
+        "| providers | all virtual nodes Ready | per peering | vs one peering | consumer controller RSS |"
+    );
+    println!("|---|---|---|---|---|");
+    for (n, total, rss) in &rows {
+        println!(
+            "| {n} | {:.2} s | {:.0} ms | {:.2}x | {:.0} MiB |",
+            total.as_secs_f64(),
+            total.as_secs_f64() * 1000.0 / *n as f64,
+            total.as_secs_f64() / single.as_secs_f64(),
+            *rss as f64 / (1024.0 * 1024.0)
+        );
+    }
+    Ok(())
+}
+
+/// One consumer and `n` providers: the time until every virtual node is Ready, and the
+/// consumer controller's RSS then.
+async fn once(n: usize) -> anyhow::Result<(usize, Duration, u64)> {
+    let dir = tempfile::tempdir()?;
+    let mut specs: Vec<(String, String, usize)> = vec![("rome".into(), "eu-west".into(), 1)];
+    specs.extend((1..=n).map(|i| (format!("p{i}"), "eu-south".into(), 1)));
+    let spec_refs: Vec<(&str, &str, usize)> = specs
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), *c))
+        .collect();
+    eprintln!("starting 1 consumer and {n} providers");
+    let sites = sites(dir.path(), &spec_refs).await?;
+    let consumer = &sites[0];
+    let rome = consumer.cluster.server.client().await?;
+    let identity = tandem_controller::identity::ClusterIdentity::load(&rome).await?;
+    let key = tandem_controller::enroll::own_key_fingerprint(&identity.private_key_pem)?;
+    let mut targets = Vec::new();
+    for site in &sites[1..] {
+        // `tandem advertise --domain` sets up the enrollment credential and prints the CA's
+        // fingerprint on stderr; the endpoint is the kubeconfig's server.
+        let out = std::process::Command::new(tandem_benches::tandem_bin())
+            .args([
+                "advertise",
+                "--domain",
+                "bench.example",
+                "--kubeconfig",
+                &site.kubeconfig,
+            ])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "advertise: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        let fingerprint = said
+            .split_whitespace()
+            .find(|w| w.starts_with("sha256:"))
+            .ok_or_else(|| anyhow::anyhow!("no fingerprint in {said}"))?
+            .to_string();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        let endpoint = printed
+            .split("endpoint=")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .ok_or_else(|| anyhow::anyhow!("no endpoint in {printed}"))?
+            .to_string();
+        let client = site.cluster.server.client().await?;
+        Api::<tandem_api::PeeringPolicy>::all(client)
+            .patch(
+                "bench",
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(json!({
+                    "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringPolicy",
+                    "metadata": {"name": "bench"},
+                    "spec": {"consumers": [{"keyFingerprint": key}]},
+                })),
+            )
+            .await?;
+        targets.push((endpoint, fingerprint));
+    }
+
+    let t0 = Instant::now();
+    let requests = targets.iter().map(|(endpoint, fingerprint)| {
+        let rome = rome.clone();
+        async move {
+            let provider = tandem_controller::enroll::fetch_provider(endpoint, fingerprint).await?;
+            tandem_controller::enroll::request(&rome, endpoint, &provider, "endpoint").await?;
+            anyhow::Ok(())
+        }
+    });
+    for r in futures::future::join_all(requests).await {
+        r?;
+    }
+    let nodes: Api<Node> = Api::all(rome.clone());
+    loop {
+        let ready = nodes
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|node| {
+                node.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with("tandem-p"))
+            })
+            .filter(|node| {
+                node.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        if ready == n {
+            break;
+        }
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(300),
+            "{ready} of {n} virtual nodes Ready after 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = t0.elapsed();
+    let rss = consumer.controller.rss_bytes();
+    eprintln!(
+        "{n} providers: all virtual nodes Ready in {:.2} s; consumer controller RSS {} MiB",
+        total.as_secs_f64(),
+        rss / (1024 * 1024)
+    );
+    Ok((n, total, rss))
+}
