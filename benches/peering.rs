@@ -123,8 +123,35 @@ async fn once(n: usize) -> anyhow::Result<(usize, Duration, u64)> {
     for r in futures::future::join_all(requests).await {
         r?;
     }
+    let handed = t0.elapsed();
+    // Where the time goes: the moment every Peering is Authenticated (identity issued),
+    // Established (negotiated), and every virtual node Ready.
     let nodes: Api<Node> = Api::all(rome.clone());
+    let peerings: Api<tandem_api::Peering> = Api::all(rome.clone());
+    let (mut authenticated_at, mut established_at) = (None, None);
     loop {
+        let all = peerings.list(&Default::default()).await?.items;
+        let authenticated = all
+            .iter()
+            .filter(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    tandem_api::conditions::is_true(
+                        &s.conditions,
+                        tandem_api::conditions::AUTHENTICATED,
+                    )
+                })
+            })
+            .count();
+        let established = all
+            .iter()
+            .filter(|p| tandem_controller::invite::is_established(p))
+            .count();
+        if authenticated == n && authenticated_at.is_none() {
+            authenticated_at = Some(t0.elapsed());
+        }
+        if established == n && established_at.is_none() {
+            established_at = Some(t0.elapsed());
+        }
         let ready = nodes
             .list(&Default::default())
             .await?
@@ -143,7 +170,7 @@ async fn once(n: usize) -> anyhow::Result<(usize, Duration, u64)> {
                     .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
             })
             .count();
-        if ready == n {
+        if ready == n && established_at.is_some() {
             break;
         }
         anyhow::ensure!(
@@ -152,6 +179,12 @@ async fn once(n: usize) -> anyhow::Result<(usize, Duration, u64)> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    eprintln!(
+        "{n} providers: requests handed over {:.2} s, all authenticated {:.2} s, all established {:.2} s",
+        handed.as_secs_f64(),
+        authenticated_at.unwrap_or_default().as_secs_f64(),
+        established_at.unwrap_or_default().as_secs_f64()
+    );
     let total = t0.elapsed();
     let rss = consumer.controller.rss_bytes();
     eprintln!(

@@ -343,10 +343,30 @@ pub fn hollow_lab(home: &Path, clusters: &str) -> Lab {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    Lab {
+    let lab = Lab {
         child,
         kubeconfig: kubeconfig.to_str().unwrap().to_string(),
+    };
+    // The kubeconfig comes first; each cluster's hollow nodes register just after (and
+    // `tandem install` detects the pod CIDR from them).
+    let count: usize = clusters.parse().unwrap_or(1);
+    for i in 1..=count {
+        let context = format!("lab-{i}");
+        until(
+            &format!("{context}'s nodes with a podCIDR"),
+            Duration::from_secs(30),
+            || {
+                let out = kubectl(
+                    &lab,
+                    &context,
+                    &["get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}"],
+                );
+                (out.status.success() && !String::from_utf8_lossy(&out.stdout).trim().is_empty())
+                    .then_some(())
+            },
+        );
     }
+    lab
 }
 
 /// Offloads namespace `ns` of lab-1 (created) with the Remote strategy: its pods run on
