@@ -101,20 +101,15 @@ pub struct Enrollment {
 
 /// The enrollment credential's token Secret, if there is one.
 pub async fn token_secret(client: &Client) -> Result<Option<Secret>, InviteError> {
-    let secrets = Api::<Secret>::namespaced(client.clone(), "kube-system")
-        .list(&ListParams::default().labels(&format!(
-            "{}={}",
-            names::MANAGED_BY_LABEL,
-            names::MANAGED_BY
-        )))
-        .await
-        .map_err(api("listing tokens in kube-system"))?;
-    Ok(secrets.items.into_iter().find(|s| {
-        s.annotations()
-            .get(names::INVITE_ANNOTATION)
-            .map(String::as_str)
-            == Some(names::ENROLL_TOKEN_PURPOSE)
-    }))
+    Ok(crate::invite::managed_tokens(client)
+        .await?
+        .into_iter()
+        .find(|s| {
+            s.annotations()
+                .get(names::INVITE_ANNOTATION)
+                .map(String::as_str)
+                == Some(names::ENROLL_TOKEN_PURPOSE)
+        }))
 }
 
 /// `<id>.<secret>` of a bootstrap-token Secret.

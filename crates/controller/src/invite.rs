@@ -330,18 +330,23 @@ pub fn invite_rules(token_id: &str, may_create: bool) -> serde_json::Value {
     json!(rules)
 }
 
-/// The provider's invites (unexpired or not yet cleaned up).
-pub async fn list(client: &Client) -> Result<Vec<InviteInfo>, InviteError> {
-    let secrets = Api::<Secret>::namespaced(client.clone(), "kube-system")
+/// Tandem's bootstrap-token Secrets in kube-system: invites and the enrollment credential.
+pub(crate) async fn managed_tokens(client: &Client) -> Result<Vec<Secret>, InviteError> {
+    Ok(Api::<Secret>::namespaced(client.clone(), "kube-system")
         .list(&ListParams::default().labels(&format!(
             "{}={}",
             names::MANAGED_BY_LABEL,
             names::MANAGED_BY
         )))
         .await
-        .map_err(api("listing invite tokens in kube-system"))?;
-    Ok(secrets
-        .items
+        .map_err(api("listing Tandem's tokens in kube-system"))?
+        .items)
+}
+
+/// The provider's invites (unexpired or not yet cleaned up).
+pub async fn list(client: &Client) -> Result<Vec<InviteInfo>, InviteError> {
+    Ok(managed_tokens(client)
+        .await?
         .iter()
         // The enrollment credential is not an invite: it does not expire and is never spent.
         .filter(|s| {
