@@ -44,7 +44,7 @@ pub struct Args {
     kubelet_address: Option<std::net::IpAddr>,
     /// Serve `clusterset.local` (multi-cluster services' DNS) on this address, UDP and TCP;
     /// the cluster DNS forwards the zone here (`tandem install` adds the stub domain). The
-    /// in-cluster Deployment serves on 0.0.0.0:5353 behind the Service tandem-system/tandem-dns
+    /// in-cluster Deployment serves on 0.0.0.0:10053 behind the Service tandem-system/tandem-dns
     /// [default: not served].
     #[arg(long, value_name = "IP:PORT")]
     dns_addr: Option<std::net::SocketAddr>,

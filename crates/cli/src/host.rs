@@ -20,7 +20,8 @@ pub async fn host_controller(name: String, client: Client, options: Options) {
             || {
                 Err(std::io::Error::other(
                     "a hollow lab cluster has no LAN of its own (its controller runs in the host's \
-                 network, which lab traffic never leaves for)",
+                 network, which lab traffic never leaves for); a network-mode lab's nodes share \
+                 one (`tandem lab up --network`, the controller patched with hostNetwork)",
                 ))
             },
         ))),

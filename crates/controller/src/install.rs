@@ -609,8 +609,10 @@ pub async fn bootstrap(client: &Client) -> Result<ClusterIdentity, InstallError>
 
 /// The port the in-cluster controller serves `/metrics`, `/healthz` and `/readyz` on.
 pub const METRICS_PORT: u16 = 8080;
-/// The port the in-cluster controller serves `clusterset.local` on.
-pub const DNS_PORT: u16 = 5353;
+/// The port the in-cluster controller serves `clusterset.local` on (kube-dns's in-pod port; not
+/// 5353, which is mDNS's: the controller announces its cluster there with `tandem advertise
+/// --mdns`).
+pub const DNS_PORT: u16 = 10053;
 /// The Service (in tandem-system) in front of it, port 53.
 pub const DNS_SERVICE: &str = "tandem-dns";
 /// The markers around the stub domain Tandem keeps in CoreDNS's Corefile.

@@ -9,7 +9,12 @@
 //!   routes the /32 to that veth (routed, no bridge: a Service's DNAT on the node sees both
 //!   directions of a same-node connection);
 //! - WAN: cluster c's public address is 198.18.<c>.2, the WAN router's 198.18.<c>.1; the edge
-//!   masquerades what leaves to the WAN, as a cluster's NAT gateway does.
+//!   masquerades what leaves to the WAN, as a cluster's NAT gateway does;
+//! - site LAN: every node of every cluster of the instance also has `lan0` on one shared
+//!   segment (a bridge in the WAN namespace), node k of cluster c at 198.19.<c>.<k>/16 with no
+//!   route but its own and multicast's: the link-local multicast of clusters whose nodes share
+//!   a building's LAN (mDNS discovery, from a hostNetwork pod) and nothing else — unicast
+//!   between clusters still crosses the WAN.
 //!
 //! The host's own namespace gets nothing: no address, route or rule. Namespaces are made and
 //! configured with iproute2 (`ip`), whose batch mode applies many changes per process; sysctls
@@ -282,6 +287,10 @@ impl Instance {
         let wan = instance.wan();
         add_namespace(&wan)?;
         sysctls(&wan, &[("net/ipv4/ip_forward".into(), "1")])?;
+        ip_batch(
+            Some(&wan),
+            &format!("link add {LAN_BRIDGE} type bridge\nlink set {LAN_BRIDGE} up\n"),
+        )?;
         *current = Arc::downgrade(&instance);
         Ok(instance)
     }
@@ -381,6 +390,17 @@ pub fn edge_ip(index: usize) -> Ipv4Addr {
 /// The public (WAN) address of cluster `index`.
 pub fn wan_ip(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, index as u8, 2)
+}
+
+/// The site LAN's bridge, in the WAN namespace.
+const LAN_BRIDGE: &str = "lan";
+
+/// The address of node `k` (1-based) of cluster `index` on the site LAN (a /16), or None past
+/// the 254 nodes a cluster's block holds (such nodes get no LAN link).
+pub fn lan_ip(index: usize, k: usize) -> Option<Ipv4Addr> {
+    (1..=254)
+        .contains(&k)
+        .then(|| Ipv4Addr::new(198, 19, index as u8, k as u8))
 }
 
 /// One node as the topology needs it.
@@ -503,6 +523,24 @@ impl ClusterNet {
              \t}\n\
              }\n",
         )?;
+        // The site LAN: each node's `lan0`, its peer on the WAN namespace's bridge.
+        let lan: String = self
+            .nodes
+            .iter()
+            .filter(|node| lan_ip(c, node.index).is_some())
+            .map(|node| {
+                format!(
+                    "link add l{c}-{k} type veth peer name lan0 netns {ns}\n\
+                     link set l{c}-{k} master {LAN_BRIDGE}\n\
+                     link set l{c}-{k} up\n",
+                    k = node.index,
+                    ns = self.node_ns(node.index),
+                )
+            })
+            .collect();
+        if !lan.is_empty() {
+            ip_batch(Some(&wan), &lan)?;
+        }
         for node in &self.nodes {
             let mut lines = format!(
                 "addr add {ip}/16 dev eth0\n\
@@ -511,6 +549,13 @@ impl ClusterNet {
                 ip = node.ip,
                 edge = edge_ip(c),
             );
+            if let Some(lan_ip) = lan_ip(c, node.index) {
+                lines.push_str(&format!(
+                    "addr add {lan_ip}/16 dev lan0\n\
+                     link set lan0 up\n\
+                     route add 224.0.0.0/4 dev lan0\n"
+                ));
+            }
             for other in self.nodes.iter().filter(|o| o.index != node.index) {
                 lines.push_str(&format!("route add {} via {}\n", other.pod_cidr, other.ip));
             }
@@ -651,6 +696,9 @@ mod tests {
         assert_eq!(node_ip(1, 251), Ipv4Addr::new(172, 18, 1, 3));
         assert_eq!(edge_ip(3), Ipv4Addr::new(172, 20, 0, 1));
         assert_eq!(wan_ip(2), Ipv4Addr::new(198, 18, 2, 2));
+        assert_eq!(lan_ip(2, 1), Some(Ipv4Addr::new(198, 19, 2, 1)));
+        assert_eq!(lan_ip(14, 254), Some(Ipv4Addr::new(198, 19, 14, 254)));
+        assert_eq!(lan_ip(1, 255), None);
     }
 
     #[test]
