@@ -31,28 +31,74 @@ async fn run() -> anyhow::Result<()> {
     for n in [1usize, 8, 32] {
         rows.push(once(n).await?);
     }
-    let (single, single_established) = (rows[0].1, rows[0].2);
+    let (single, single_established) = (rows[0].ready, rows[0].established);
     println!();
     println!(
-        "| providers | all virtual nodes Ready | vs one peering | all Peerings Established | vs one peering | consumer controller RSS |"
+        "| providers | all virtual nodes Ready | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) |"
     );
-    println!("|---|---|---|---|---|---|");
-    for (n, ready, established, rss) in &rows {
+    println!("|---|---|---|---|---|---|---|");
+    for row in &rows {
         println!(
-            "| {n} | {:.2} s | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB |",
-            ready.as_secs_f64(),
-            ready.as_secs_f64() / single.as_secs_f64(),
-            established.as_secs_f64(),
-            established.as_secs_f64() / single_established.as_secs_f64(),
-            *rss as f64 / (1024.0 * 1024.0)
+            "| {} | {:.2} s | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s |",
+            row.n,
+            row.ready.as_secs_f64(),
+            row.ready.as_secs_f64() / single.as_secs_f64(),
+            row.established.as_secs_f64(),
+            row.established.as_secs_f64() / single_established.as_secs_f64(),
+            row.rss as f64 / (1024.0 * 1024.0),
+            row.cpu.busy * 100.0,
+            row.cpu.core_seconds,
         );
     }
     Ok(())
 }
 
+/// What one run measured.
+struct Row {
+    n: usize,
+    ready: Duration,
+    established: Duration,
+    rss: u64,
+    cpu: Cpu,
+}
+
+/// The machine's CPU time from /proc/stat's `cpu` line, in clock ticks: (busy, all).
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let all: u64 = fields.iter().take(8).sum();
+    // idle and iowait
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (all - idle, all)
+}
+
+/// How busy the machine was between two [`cpu_ticks`] readings.
+struct Cpu {
+    /// Busy share of all cores.
+    busy: f64,
+    /// Busy time summed over cores, in seconds (ticks are 1/100 s on Linux).
+    core_seconds: f64,
+}
+
+fn cpu_between(before: (u64, u64), after: (u64, u64)) -> Cpu {
+    let busy = after.0.saturating_sub(before.0) as f64;
+    let all = after.1.saturating_sub(before.1).max(1) as f64;
+    Cpu {
+        busy: busy / all,
+        core_seconds: busy / 100.0,
+    }
+}
+
 /// One consumer and `n` providers: the time until every virtual node is Ready, and the
 /// consumer controller's RSS then.
-async fn once(n: usize) -> anyhow::Result<(usize, Duration, Duration, u64)> {
+async fn once(n: usize) -> anyhow::Result<Row> {
     let dir = tempfile::tempdir()?;
     let mut specs: Vec<(String, String, usize)> = vec![("rome".into(), "eu-west".into(), 1)];
     specs.extend((1..=n).map(|i| (format!("p{i}"), "eu-south".into(), 1)));
@@ -113,6 +159,8 @@ async fn once(n: usize) -> anyhow::Result<(usize, Duration, Duration, u64)> {
     }
 
     let t0 = Instant::now();
+    let cpu0 = cpu_ticks();
+    let mut cpu_ready = None;
     let requests = targets.iter().map(|(endpoint, fingerprint)| {
         let rome = rome.clone();
         async move {
@@ -173,6 +221,7 @@ async fn once(n: usize) -> anyhow::Result<(usize, Duration, Duration, u64)> {
             .count();
         if ready == n && ready_at.is_none() {
             ready_at = Some(t0.elapsed());
+            cpu_ready = Some(cpu_between(cpu0, cpu_ticks()));
         }
         if ready_at.is_some() && established_at.is_some() {
             break;
@@ -198,5 +247,21 @@ async fn once(n: usize) -> anyhow::Result<(usize, Duration, Duration, u64)> {
         total.as_secs_f64(),
         rss / (1024 * 1024)
     );
-    Ok((n, total, established, rss))
+    let cpu = cpu_ready.unwrap_or(Cpu {
+        busy: 0.0,
+        core_seconds: 0.0,
+    });
+    eprintln!(
+        "{n} providers: the machine was {:.0}% busy until all Ready ({:.2} core-seconds, {:.3} per provider)",
+        cpu.busy * 100.0,
+        cpu.core_seconds,
+        cpu.core_seconds / n as f64
+    );
+    Ok(Row {
+        n,
+        ready: total,
+        established,
+        rss,
+        cpu,
+    })
 }

@@ -96,7 +96,10 @@ fn three_lab_clusters_hear_each_other_over_mdns_on_their_lan() {
     }
     // Rome's controller stays in its pod's network: its multicast goes nowhere.
     controller_pod(&lab, &ctx(1));
-    let out = on(&ctx(1), &["advertise", "--mdns", "--endpoint", &endpoint(1)]);
+    let out = on(
+        &ctx(1),
+        &["advertise", "--mdns", "--endpoint", &endpoint(1)],
+    );
     ok(out, "advertise --mdns from rome's pod network");
 
     // Milan's and turin's controllers on their node's network, which has the site LAN.
@@ -132,7 +135,10 @@ fn three_lab_clusters_hear_each_other_over_mdns_on_their_lan() {
         // On the node's network, the pod's IP is its node's.
         assert_eq!(pod["status"]["podIP"], pod["status"]["hostIP"], "{pod}");
         ok(
-            on(&ctx(i), &["advertise", "--mdns", "--endpoint", &endpoint(i)]),
+            on(
+                &ctx(i),
+                &["advertise", "--mdns", "--endpoint", &endpoint(i)],
+            ),
             &format!("advertise --mdns on {}", ctx(i)),
         );
     }
@@ -209,10 +215,10 @@ fn three_lab_clusters_hear_each_other_over_mdns_on_their_lan() {
         || (controller_pod(&lab, &ctx(1))["spec"]["hostNetwork"] == true).then_some(()),
     );
     // The new pod reads the settings anew: advertising and browsing resume by themselves.
-    for i in 0..3 {
+    for (i, id) in IDS.iter().enumerate() {
         for other in (0..3).filter(|o| *o != i) {
             until(
-                &format!("{} listing {}", IDS[i], IDS[other]),
+                &format!("{id} listing {}", IDS[other]),
                 Duration::from_secs(60),
                 || seen(i, other),
             );

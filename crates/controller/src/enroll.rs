@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -133,61 +133,42 @@ pub async fn enable(
 ) -> Result<Enrollment, InviteError> {
     let identity = crate::identity::ClusterIdentity::load(client).await?;
     refuse_if_bootstrappers_are_trusted(client).await?;
-    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
     let ns = names::ENROLL_NAMESPACE;
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            ns,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": ns, "labels": managed(),
-                             "annotations": {REQUEST_TTL_ANNOTATION: request_ttl.as_secs().to_string()}},
-            })),
-        )
-        .await
-        .map_err(api(format!("creating namespace {ns}")))?;
+    apply(client, json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "labels": managed(),
+                     "annotations": {REQUEST_TTL_ANNOTATION: request_ttl.as_secs().to_string()}},
+    }))
+    .await?;
     // The cap first: the credential must never work without it.
-    Api::<ResourceQuota>::namespaced(client.clone(), ns)
-        .patch(
-            ENROLL_QUOTA,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ResourceQuota",
-                "metadata": {"name": ENROLL_QUOTA, "labels": managed()},
-                "spec": {"hard": {quota_key(): max_pending.to_string()}},
-            })),
-        )
-        .await
-        .map_err(api(format!("writing ResourceQuota {ns}/{ENROLL_QUOTA}")))?;
-    Api::<Role>::namespaced(client.clone(), ns)
-        .patch(
-            ENROLL_OBJECTS,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": ENROLL_OBJECTS, "labels": managed()},
-                // File a request, read one back by name: no list, no watch, no update.
-                "rules": [{"apiGroups": [tandem_api::GROUP], "resources": ["peeringrequests"],
-                           "verbs": ["create", "get"]}],
-            })),
-        )
-        .await
-        .map_err(api(format!("writing Role {ns}/{ENROLL_OBJECTS}")))?;
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .patch(
-            ENROLL_OBJECTS,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": ENROLL_OBJECTS, "labels": managed()},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ENROLL_OBJECTS},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                              "name": names::ENROLL_GROUP}],
-            })),
-        )
-        .await
-        .map_err(api(format!("writing RoleBinding {ns}/{ENROLL_OBJECTS}")))?;
+    apply(
+        client,
+        json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": ENROLL_QUOTA, "namespace": ns, "labels": managed()},
+            "spec": {"hard": {quota_key(): max_pending.to_string()}},
+        }),
+    )
+    .await?;
+    apply(
+        client,
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": ENROLL_OBJECTS, "namespace": ns, "labels": managed()},
+            // File a request, read one back by name: no list, no watch, no update.
+            "rules": [{"apiGroups": [tandem_api::GROUP], "resources": ["peeringrequests"],
+                       "verbs": ["create", "get"]}],
+        }),
+    )
+    .await?;
+    apply(client, json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": ENROLL_OBJECTS, "namespace": ns, "labels": managed()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ENROLL_OBJECTS},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": names::ENROLL_GROUP}],
+    }))
+    .await?;
     let token = match token_secret(client).await?.as_ref().and_then(bearer_of) {
         Some(token) => token,
         None => create_token(client).await?,
@@ -281,9 +262,7 @@ async fn publish(
     cluster_id: &str,
     token: &str,
 ) -> Result<(), InviteError> {
-    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
-    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), "kube-public");
-    if configmaps
+    if Api::<ConfigMap>::namespaced(client.clone(), "kube-public")
         .get_opt(CLUSTER_INFO)
         .await
         .map_err(api("reading ConfigMap kube-public/cluster-info"))?
@@ -293,64 +272,59 @@ async fn publish(
         let kubeconfig = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    certificate-authority-data: {ca}\n    server: {endpoint}\ncontexts: []\ncurrent-context: \"\"\nusers: []\npreferences: {{}}\n"
         );
-        configmaps
-            .patch(
-                CLUSTER_INFO,
-                &pp,
-                &Patch::Apply(json!({
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": CLUSTER_INFO, "labels": managed()},
-                    "data": {"kubeconfig": kubeconfig},
-                })),
-            )
-            .await
-            .map_err(api("writing ConfigMap kube-public/cluster-info"))?;
-    }
-    configmaps
-        .patch(
-            ENROLLMENT_CONFIGMAP,
-            &pp,
-            &Patch::Apply(json!({
+        apply(
+            client,
+            json!({
                 "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": ENROLLMENT_CONFIGMAP, "labels": managed()},
-                "data": {"clusterID": cluster_id, "token": token,
-                         "protocolVersion": tandem_core::protocol::VERSION.to_string()},
-            })),
+                "metadata": {"name": CLUSTER_INFO, "namespace": "kube-public", "labels": managed()},
+                "data": {"kubeconfig": kubeconfig},
+            }),
         )
+        .await?;
+    }
+    apply(client, json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": ENROLLMENT_CONFIGMAP, "namespace": "kube-public", "labels": managed()},
+        "data": {"clusterID": cluster_id, "token": token,
+                 "protocolVersion": tandem_core::protocol::VERSION.to_string()},
+    }))
+    .await?;
+    apply(
+        client,
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": PUBLIC_INFO_ROLE, "namespace": "kube-public", "labels": managed()},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                       "resourceNames": [CLUSTER_INFO, ENROLLMENT_CONFIGMAP]}],
+        }),
+    )
+    .await?;
+    apply(client, json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": PUBLIC_INFO_ROLE, "namespace": "kube-public", "labels": managed()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PUBLIC_INFO_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": "system:anonymous"}],
+    }))
+    .await
+}
+
+/// Server-side applies `obj` under Tandem's field manager; a failure names the object.
+async fn apply(client: &Client, obj: serde_json::Value) -> Result<(), InviteError> {
+    let meta = &obj["metadata"];
+    let what = format!(
+        "writing {} {}{}",
+        obj["kind"].as_str().unwrap_or_default(),
+        meta["namespace"]
+            .as_str()
+            .map(|ns| format!("{ns}/"))
+            .unwrap_or_default(),
+        meta["name"].as_str().unwrap_or_default()
+    );
+    crate::install::apply_json(client, &obj)
         .await
-        .map_err(api(format!(
-            "writing ConfigMap kube-public/{ENROLLMENT_CONFIGMAP}"
-        )))?;
-    Api::<Role>::namespaced(client.clone(), "kube-public")
-        .patch(
-            PUBLIC_INFO_ROLE,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": PUBLIC_INFO_ROLE, "labels": managed()},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
-                           "resourceNames": [CLUSTER_INFO, ENROLLMENT_CONFIGMAP]}],
-            })),
-        )
-        .await
-        .map_err(api(format!("writing Role kube-public/{PUBLIC_INFO_ROLE}")))?;
-    Api::<RoleBinding>::namespaced(client.clone(), "kube-public")
-        .patch(
-            PUBLIC_INFO_ROLE,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": PUBLIC_INFO_ROLE, "labels": managed()},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PUBLIC_INFO_ROLE},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                              "name": "system:anonymous"}],
-            })),
-        )
-        .await
-        .map_err(api(format!(
-            "writing RoleBinding kube-public/{PUBLIC_INFO_ROLE}"
-        )))?;
-    Ok(())
+        .map(drop)
+        .map_err(api(what))
 }
 
 /// Turns enrollment off: the credential, its publication and every request waiting go.

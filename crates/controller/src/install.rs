@@ -469,6 +469,16 @@ pub async fn apply_value(
     client: &Client,
     obj: &serde_json::Value,
 ) -> Result<kube::api::DynamicObject, InstallError> {
+    apply_json(client, obj)
+        .await
+        .map_err(step(step_of(obj["kind"].as_str().unwrap_or_default())))
+}
+
+/// [`apply_value`] with kube's error, for callers that name the step themselves.
+pub async fn apply_json(
+    client: &Client,
+    obj: &serde_json::Value,
+) -> Result<kube::api::DynamicObject, kube::Error> {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let kind = obj["kind"].as_str().unwrap_or_default();
     let (group, version) = match obj["apiVersion"]
@@ -491,7 +501,6 @@ pub async fn apply_value(
         &Patch::Apply(obj),
     )
     .await
-    .map_err(step(step_of(kind)))
 }
 
 /// Installs (or upgrades) Tandem; `progress` is told each step as it completes.
