@@ -43,6 +43,28 @@ impl Controller {
     pub fn rss_bytes(&self) -> u64 {
         vm_rss(&format!("/proc/{}/status", self.0.id()))
     }
+
+    /// Its CPU time so far (user and system), in clock ticks.
+    pub fn cpu_ticks(&self) -> u64 {
+        process_ticks(&format!("/proc/{}/stat", self.0.id()))
+    }
+}
+
+/// This process's CPU time so far (user and system), in clock ticks.
+pub fn own_cpu_ticks() -> u64 {
+    process_ticks("/proc/self/stat")
+}
+
+/// utime + stime of a `/proc/<pid>/stat` file (fields 14 and 15), in clock ticks.
+fn process_ticks(path: &str) -> u64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    // The command name (field 2) may hold spaces; fields after its closing parenthesis.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0)
 }
 
 impl Drop for Controller {
@@ -89,9 +111,17 @@ pub async fn sites(
             "--pod-cidr",
             "10.244.0.0/16",
         ])?;
+        // BENCH_CONTROLLER_LOGS=DIR keeps each controller's log as DIR/<name>.log.
+        let log = match std::env::var_os("BENCH_CONTROLLER_LOGS") {
+            Some(logs) => {
+                std::fs::File::create(std::path::Path::new(&logs).join(format!("{name}.log")))?
+                    .into()
+            }
+            None => std::process::Stdio::null(),
+        };
         let controller = std::process::Command::new(tandem_bin())
             .args(["controller", "--kubeconfig", &kubeconfig])
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .map(Controller)?;
         sites.push(Site {

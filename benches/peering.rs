@@ -34,12 +34,12 @@ async fn run() -> anyhow::Result<()> {
     let (single, single_established) = (rows[0].ready, rows[0].established);
     println!();
     println!(
-        "| providers | all virtual nodes Ready | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) |"
+        "| providers | all virtual nodes Ready | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) | idle load before |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for row in &rows {
         println!(
-            "| {} | {:.2} s | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s |",
+            "| {} | {:.2} s | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s | {:.0}% |",
             row.n,
             row.ready.as_secs_f64(),
             row.ready.as_secs_f64() / single.as_secs_f64(),
@@ -48,9 +48,19 @@ async fn run() -> anyhow::Result<()> {
             row.rss as f64 / (1024.0 * 1024.0),
             row.cpu.busy * 100.0,
             row.cpu.core_seconds,
+            row.idle.busy * 100.0,
         );
     }
     Ok(())
+}
+
+/// CPU ticks so far of this process, rome's controller and the providers' controllers.
+fn cpu_split(sites: &[tandem_benches::Site]) -> (u64, u64, u64) {
+    (
+        tandem_benches::own_cpu_ticks(),
+        sites[0].controller.cpu_ticks(),
+        sites[1..].iter().map(|s| s.controller.cpu_ticks()).sum(),
+    )
 }
 
 /// What one run measured.
@@ -60,6 +70,8 @@ struct Row {
     established: Duration,
     rss: u64,
     cpu: Cpu,
+    /// The machine's load in the idle second before.
+    idle: Cpu,
 }
 
 /// The machine's CPU time from /proc/stat's `cpu` line, in clock ticks: (busy, all).
@@ -158,9 +170,18 @@ async fn once(n: usize) -> anyhow::Result<Row> {
         targets.push((endpoint, fingerprint));
     }
 
+    // The machine's load with every cluster and controller up but idle, for comparison.
+    let idle0 = cpu_ticks();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = cpu_between(idle0, cpu_ticks());
+
+    // Where the time goes: the moment every Peering is Authenticated (identity issued),
+    // Established (negotiated), and every virtual node Ready. Watched, not polled: listing
+    // 32 Peerings and 33 Nodes every few milliseconds would itself load the machine.
     let t0 = Instant::now();
     let cpu0 = cpu_ticks();
-    let mut cpu_ready = None;
+    let split0 = cpu_split(&sites);
+    let watch = tokio::spawn(watch_progress(rome.clone(), n, t0, cpu0));
     let requests = targets.iter().map(|(endpoint, fingerprint)| {
         let rome = rome.clone();
         async move {
@@ -173,89 +194,43 @@ async fn once(n: usize) -> anyhow::Result<Row> {
         r?;
     }
     let handed = t0.elapsed();
-    // Where the time goes: the moment every Peering is Authenticated (identity issued),
-    // Established (negotiated), and every virtual node Ready.
-    let nodes: Api<Node> = Api::all(rome.clone());
-    let peerings: Api<tandem_api::Peering> = Api::all(rome.clone());
-    let (mut authenticated_at, mut established_at, mut ready_at) = (None, None, None);
-    loop {
-        let all = peerings.list(&Default::default()).await?.items;
-        let authenticated = all
-            .iter()
-            .filter(|p| {
-                p.status.as_ref().is_some_and(|s| {
-                    tandem_api::conditions::is_true(
-                        &s.conditions,
-                        tandem_api::conditions::AUTHENTICATED,
-                    )
-                })
-            })
-            .count();
-        let established = all
-            .iter()
-            .filter(|p| tandem_controller::invite::is_established(p))
-            .count();
-        if authenticated == n && authenticated_at.is_none() {
-            authenticated_at = Some(t0.elapsed());
-        }
-        if established == n && established_at.is_none() {
-            established_at = Some(t0.elapsed());
-        }
-        let ready = nodes
-            .list(&Default::default())
-            .await?
-            .items
-            .iter()
-            .filter(|node| {
-                node.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|m| m.starts_with("tandem-p"))
-            })
-            .filter(|node| {
-                node.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .count();
-        if ready == n && ready_at.is_none() {
-            ready_at = Some(t0.elapsed());
-            cpu_ready = Some(cpu_between(cpu0, cpu_ticks()));
-        }
-        if ready_at.is_some() && established_at.is_some() {
-            break;
-        }
-        anyhow::ensure!(
-            t0.elapsed() < Duration::from_secs(300),
-            "{ready} of {n} virtual nodes Ready after 300 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let Progress {
+        authenticated_at,
+        established_at,
+        ready_at,
+        cpu_ready,
+    } = tokio::time::timeout(Duration::from_secs(300), watch)
+        .await
+        .map_err(|_| anyhow::anyhow!("not all {n} virtual nodes Ready after 300 s"))???;
     eprintln!(
         "{n} providers: requests handed over {:.2} s, all authenticated {:.2} s, all virtual nodes Ready {:.2} s, all established {:.2} s",
         handed.as_secs_f64(),
-        authenticated_at.unwrap_or_default().as_secs_f64(),
-        ready_at.unwrap_or_default().as_secs_f64(),
-        established_at.unwrap_or_default().as_secs_f64()
+        authenticated_at.as_secs_f64(),
+        ready_at.as_secs_f64(),
+        established_at.as_secs_f64()
     );
-    let total = ready_at.unwrap_or_default();
-    let established = established_at.unwrap_or_default();
+    let split = cpu_split(&sites);
+    eprintln!(
+        "{n} providers: CPU from the start to the last Established: this process (every API server, scheduler and hollow node, and the bench) {:.2} s, rome's controller {:.2} s, the providers' controllers {:.2} s",
+        split.0.saturating_sub(split0.0) as f64 / 100.0,
+        split.1.saturating_sub(split0.1) as f64 / 100.0,
+        split.2.saturating_sub(split0.2) as f64 / 100.0,
+    );
+    let total = ready_at;
+    let established = established_at;
     let rss = consumer.controller.rss_bytes();
     eprintln!(
         "{n} providers: all virtual nodes Ready in {:.2} s; consumer controller RSS {} MiB",
         total.as_secs_f64(),
         rss / (1024 * 1024)
     );
-    let cpu = cpu_ready.unwrap_or(Cpu {
-        busy: 0.0,
-        core_seconds: 0.0,
-    });
+    let cpu = cpu_ready;
     eprintln!(
-        "{n} providers: the machine was {:.0}% busy until all Ready ({:.2} core-seconds, {:.3} per provider)",
+        "{n} providers: the machine was {:.0}% busy until all Ready ({:.2} core-seconds, {:.3} per provider); {:.0}% in the idle second before",
         cpu.busy * 100.0,
         cpu.core_seconds,
-        cpu.core_seconds / n as f64
+        cpu.core_seconds / n as f64,
+        idle.busy * 100.0,
     );
     Ok(Row {
         n,
@@ -263,5 +238,115 @@ async fn once(n: usize) -> anyhow::Result<Row> {
         established,
         rss,
         cpu,
+        idle,
     })
+}
+
+/// When every Peering was Authenticated and Established, and every virtual node Ready (from
+/// `t0`), and the machine's CPU until the last.
+struct Progress {
+    authenticated_at: Duration,
+    established_at: Duration,
+    ready_at: Duration,
+    cpu_ready: Cpu,
+}
+
+/// Watches rome's Peerings and Nodes until all `n` are Established and Ready.
+async fn watch_progress(
+    rome: kube::Client,
+    n: usize,
+    t0: Instant,
+    cpu0: (u64, u64),
+) -> anyhow::Result<Progress> {
+    use futures::StreamExt as _;
+    use kube::runtime::watcher;
+    use std::collections::BTreeMap;
+
+    enum Seen {
+        Peering(String, Option<(bool, bool)>),
+        Node(String, Option<bool>),
+    }
+    let peerings = watcher(
+        Api::<tandem_api::Peering>::all(rome.clone()),
+        watcher::Config::default(),
+    )
+    .filter_map(|e| async move {
+        let state = |p: &tandem_api::Peering| {
+            let authenticated = p.status.as_ref().is_some_and(|s| {
+                tandem_api::conditions::is_true(
+                    &s.conditions,
+                    tandem_api::conditions::AUTHENTICATED,
+                )
+            });
+            (authenticated, tandem_controller::invite::is_established(p))
+        };
+        match e.ok()? {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                Some(Seen::Peering(p.metadata.name.clone()?, Some(state(&p))))
+            }
+            watcher::Event::Delete(p) => Some(Seen::Peering(p.metadata.name?, None)),
+            _ => None,
+        }
+    });
+    let nodes =
+        watcher(Api::<Node>::all(rome), watcher::Config::default()).filter_map(|e| async move {
+            let ready = |node: &Node| {
+                node.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            };
+            match e.ok()? {
+                watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
+                    let name = node.metadata.name.clone()?;
+                    name.starts_with("tandem-p")
+                        .then(|| Seen::Node(name, Some(ready(&node))))
+                }
+                watcher::Event::Delete(node) => Some(Seen::Node(node.metadata.name?, None)),
+                _ => None,
+            }
+        });
+    let mut events = futures::stream::select(peerings.boxed(), nodes.boxed());
+    let mut peering_state: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+    let mut node_ready: BTreeMap<String, bool> = BTreeMap::new();
+    let (mut authenticated_at, mut established_at, mut ready_at) = (None, None, None);
+    let mut cpu_ready = None;
+    while let Some(seen) = events.next().await {
+        match seen {
+            Seen::Peering(name, Some(state)) => {
+                peering_state.insert(name, state);
+            }
+            Seen::Peering(name, None) => {
+                peering_state.remove(&name);
+            }
+            Seen::Node(name, Some(ready)) => {
+                node_ready.insert(name, ready);
+            }
+            Seen::Node(name, None) => {
+                node_ready.remove(&name);
+            }
+        }
+        let authenticated = peering_state.values().filter(|s| s.0).count();
+        let established = peering_state.values().filter(|s| s.1).count();
+        let ready = node_ready.values().filter(|r| **r).count();
+        if authenticated == n && authenticated_at.is_none() {
+            authenticated_at = Some(t0.elapsed());
+        }
+        if established == n && established_at.is_none() {
+            established_at = Some(t0.elapsed());
+        }
+        if ready == n && ready_at.is_none() {
+            ready_at = Some(t0.elapsed());
+            cpu_ready = Some(cpu_between(cpu0, cpu_ticks()));
+        }
+        if let (Some(a), Some(e), Some(r)) = (authenticated_at, established_at, ready_at) {
+            return Ok(Progress {
+                authenticated_at: a,
+                established_at: e,
+                ready_at: r,
+                cpu_ready: cpu_ready.expect("measured with ready_at"),
+            });
+        }
+    }
+    anyhow::bail!("the watches of rome's Peerings and Nodes ended")
 }

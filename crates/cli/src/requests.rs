@@ -75,8 +75,9 @@ pub async fn decide(
     decision: Decision,
 ) -> anyhow::Result<()> {
     let client = global.cluster.client().await?;
-    let name = enroll::decide(&client, &args.id, decision).await?;
-    let phase = enroll::wait_decided(&client, &name, args.timeout)
+    let request = enroll::decide(&client, &args.id, decision).await?;
+    let name = &request.name;
+    let phase = enroll::wait_decided(&client, &request, args.timeout)
         .await
         .context("waiting for the controller")?;
     match (decision, phase.as_deref()) {

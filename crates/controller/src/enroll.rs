@@ -463,7 +463,11 @@ impl Decision {
 /// Records the admin's decision on the pending request named `id` (its name, or the cluster
 /// ID it claims when only one pending request claims it); the controller carries it out.
 /// Returns the request's name.
-pub async fn decide(client: &Client, id: &str, decision: Decision) -> Result<String, InviteError> {
+pub async fn decide(
+    client: &Client,
+    id: &str,
+    decision: Decision,
+) -> Result<RequestInfo, InviteError> {
     let all = list_requests(client).await?;
     let by_name = all.iter().find(|r| r.name == id);
     let claiming: Vec<&RequestInfo> = all
@@ -516,23 +520,42 @@ pub async fn decide(client: &Client, id: &str, decision: Decision) -> Result<Str
             names::ENROLL_NAMESPACE,
             request.name
         )))?;
-    Ok(request.name.clone())
+    Ok(request.clone())
 }
 
 /// Waits until the request `name` is Approved or Denied (or gone), for `timeout`.
+///
+/// An approved request is removed once its consumer has used it, which can be before this
+/// looks: gone, it counts as Approved when the consumer's Tenant carries the request's key.
 pub async fn wait_decided(
     client: &Client,
-    name: &str,
+    request: &RequestInfo,
     timeout: Duration,
 ) -> Result<Option<String>, InviteError> {
+    let name = &request.name;
     let requests = Api::<PeeringRequest>::namespaced(client.clone(), names::ENROLL_NAMESPACE);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let phase = requests
+        let found = requests
             .get_opt(name)
             .await
-            .map_err(api(format!("reading PeeringRequest {name}")))?
-            .and_then(|r| r.status.and_then(|s| s.phase));
+            .map_err(api(format!("reading PeeringRequest {name}")))?;
+        let phase = match found {
+            Some(r) => r.status.and_then(|s| s.phase),
+            None => {
+                let consumer = &request.consumer;
+                let tenant_ns = names::tenant_namespace(consumer);
+                let tenant = Api::<tandem_api::Tenant>::namespaced(client.clone(), &tenant_ns)
+                    .get_opt(consumer)
+                    .await
+                    .map_err(api(format!("reading Tenant {tenant_ns}/{consumer}")))?;
+                let used = tenant.is_some_and(|t| {
+                    t.annotations().get(names::KEY_FINGERPRINT_ANNOTATION)
+                        == Some(&request.key_fingerprint)
+                });
+                used.then(|| "Approved".to_string())
+            }
+        };
         match phase.as_deref() {
             Some("Approved" | "Denied") | None => return Ok(phase),
             _ if tokio::time::Instant::now() > deadline => return Ok(phase),

@@ -267,7 +267,18 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     )
     .await
     .unwrap();
-    let provider_peered = tandem_owned(&provider.client).await;
+    // The peering's objects on the provider are complete once the consumer's fence has handed
+    // its first nonce back (its Lease there), which Established does not wait for.
+    let consumer_fence = format!("Lease tandem-tenant-{}/{}", consumer.id, names::FENCE_LEASE);
+    let provider_peered = until(
+        "the consumer's fence Lease on the provider",
+        OBJECTS_WAIT,
+        || async {
+            let owned = tandem_owned(&provider.client).await;
+            owned.contains(&consumer_fence).then_some(owned)
+        },
+    )
+    .await;
     let err = attempt(other, used).await;
     assert!(err.contains("already used"), "{err}");
     until_owned(other, &other_before, "after a reused token", OBJECTS_WAIT).await;

@@ -77,6 +77,9 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
             crate::install::add_finalizer(&api, &*tenant)
                 .await
                 .map_err(err("adding the finalizer"))?;
+            // The write changed the resourceVersion the status write is guarded by: the
+            // status follows from the next reconcile, which the write itself brings.
+            return Ok(Action::await_change());
         }
         report_grant(&api, &tenant)
             .await
