@@ -42,6 +42,28 @@ fn ca_fingerprint(lab: &Lab, ctx: &str) -> String {
     tandem_core::discovery::fingerprint(&der)
 }
 
+/// Puts `ctx`'s controller on its node's network, as the README tells an administrator to.
+fn host_network(lab: &Lab, ctx: &str) {
+    ok(
+        kubectl(
+            lab,
+            ctx,
+            &[
+                "-n",
+                "tandem-system",
+                "patch",
+                "deployment",
+                "tandem-controller",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"template":{"spec":{"hostNetwork":true,"dnsPolicy":"ClusterFirstWithHostNet"}}}}"#,
+            ],
+        ),
+        &format!("kubectl patch deployment tandem-controller (hostNetwork) on {ctx}"),
+    );
+}
+
 /// The controller's pod in `ctx`, once exactly one is Running and Ready.
 fn controller_pod(lab: &Lab, ctx: &str) -> Value {
     until(
@@ -104,24 +126,7 @@ fn three_lab_clusters_hear_each_other_over_mdns_on_their_lan() {
 
     // Milan's and turin's controllers on their node's network, which has the site LAN.
     for i in [0, 2] {
-        ok(
-            kubectl(
-                &lab,
-                &ctx(i),
-                &[
-                    "-n",
-                    "tandem-system",
-                    "patch",
-                    "deployment",
-                    "tandem-controller",
-                    "--type",
-                    "merge",
-                    "-p",
-                    r#"{"spec":{"template":{"spec":{"hostNetwork":true,"dnsPolicy":"ClusterFirstWithHostNet"}}}}"#,
-                ],
-            ),
-            "kubectl patch deployment tandem-controller (hostNetwork)",
-        );
+        host_network(&lab, &ctx(i));
     }
     for i in [0, 2] {
         let pod = until(
@@ -191,24 +196,7 @@ fn three_lab_clusters_hear_each_other_over_mdns_on_their_lan() {
     assert_eq!(ok(rome, "discover --mdns on rome").trim(), "[]");
 
     // Rome joins its node's LAN too: all three list the other two.
-    ok(
-        kubectl(
-            &lab,
-            &ctx(1),
-            &[
-                "-n",
-                "tandem-system",
-                "patch",
-                "deployment",
-                "tandem-controller",
-                "--type",
-                "merge",
-                "-p",
-                r#"{"spec":{"template":{"spec":{"hostNetwork":true,"dnsPolicy":"ClusterFirstWithHostNet"}}}}"#,
-            ],
-        ),
-        "kubectl patch deployment tandem-controller on rome",
-    );
+    host_network(&lab, &ctx(1));
     until(
         "rome's controller pod on hostNetwork",
         Duration::from_secs(120),
