@@ -603,11 +603,17 @@ async fn reconcile(cj: Arc<CronJob>, cx: Arc<CronContext>) -> Result<Action, Err
             .patch_status(
                 &cj.name_any(),
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "active": status.active,
-                    "lastScheduleTime": status.last_schedule_time,
-                    "lastSuccessfulTime": status.last_successful_time,
-                }})),
+                // Guarded by the resourceVersion read, as upstream's UpdateStatus is: a status
+                // written since (another lastScheduleTime) is never overwritten with what this
+                // reconcile computed from the older one; the conflict runs it again.
+                &Patch::Merge(
+                    json!({"metadata": {"resourceVersion": cj.resource_version()},
+                                         "status": {
+                        "active": status.active,
+                        "lastScheduleTime": status.last_schedule_time,
+                        "lastSuccessfulTime": status.last_successful_time,
+                    }}),
+                ),
             )
             .await
             .step(&object, "updating status")?;
