@@ -128,6 +128,25 @@ pub fn parse_query(raw: &[u8]) -> Option<Message> {
     (message.message_type() == MessageType::Query).then_some(message)
 }
 
+/// A UDP socket and a TCP listener on the same address, as a DNS server needs. With port 0
+/// the kernel picks the UDP port, and that port may already be taken for TCP by another
+/// process: then another port is tried (up to 50 times). A fixed port is bound once.
+pub async fn bind(
+    addr: std::net::SocketAddr,
+) -> std::io::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
+    let tries = if addr.port() == 0 { 50 } else { 1 };
+    let mut last = None;
+    for _ in 0..tries {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        match tokio::net::TcpListener::bind(udp.local_addr()?).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.expect("at least one try"))
+}
+
 /// Serves on `udp` and `tcp` until the UDP socket fails: each query's bytes go to `handler`,
 /// whose answer (if any) is sent back. Queries are handled concurrently (a forwarded one may
 /// wait for its upstream).
@@ -308,9 +327,8 @@ mod tests {
 
     #[tokio::test]
     async fn udp_and_tcp_queries_are_answered() {
-        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (udp, tcp) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = udp.local_addr().unwrap();
-        let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
         let handler = |raw: Vec<u8>| async move {
             let q = parse_query(&raw)?;
             respond(&q, "example.", 5, |_, _| {

@@ -88,21 +88,6 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
-/// A UDP socket and a TCP listener on the same loopback port, as a DNS server needs. The port
-/// the kernel picks for UDP may be taken for TCP by another test running beside this one: then
-/// another port is tried.
-async fn udp_and_tcp_on_one_port() -> (tokio::net::UdpSocket, tokio::net::TcpListener) {
-    let mut last = None;
-    for _ in 0..50 {
-        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        match tokio::net::TcpListener::bind(udp.local_addr().unwrap()).await {
-            Ok(tcp) => return (udp, tcp),
-            Err(e) => last = Some(e),
-        }
-    }
-    panic!("no loopback port free for both UDP and TCP after 50 tries: {last:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_dns_answers_the_cluster_zone_and_forwards_only_what_the_corefile_says() {
     let server = tandem_apiserver::ApiServer::start(Default::default())
@@ -111,7 +96,9 @@ async fn cluster_dns_answers_the_cluster_zone_and_forwards_only_what_the_corefil
     let client = server.client().await.unwrap();
     let (view, _watch) = ServiceView::start(client.clone()).await.unwrap();
     let zone = dns::Zone::new(view, None);
-    let (udp, tcp) = udp_and_tcp_on_one_port().await;
+    let (udp, tcp) = tandem_dns::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let addr = udp.local_addr().unwrap();
     tokio::spawn(dns::follow_config(client.clone(), zone.clone()));
     tokio::spawn(dns::serve(zone, udp, tcp));

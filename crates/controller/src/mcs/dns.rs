@@ -215,8 +215,7 @@ impl Zone {
 
 /// Serves `zone` on UDP and TCP `addr` until the socket fails.
 pub async fn listen_and_serve(zone: Zone, addr: SocketAddr) -> std::io::Result<()> {
-    let udp = tokio::net::UdpSocket::bind(addr).await?;
-    let tcp = tokio::net::TcpListener::bind(udp.local_addr()?).await?;
+    let (udp, tcp) = tandem_dns::bind(addr).await?;
     tracing::info!(%addr, "serving {CLUSTERSET_DOMAIN}");
     let handler = move |raw: Vec<u8>| {
         let answer = zone.reply(&raw);
