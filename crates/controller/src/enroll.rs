@@ -104,12 +104,7 @@ pub async fn token_secret(client: &Client) -> Result<Option<Secret>, InviteError
     Ok(crate::invite::managed_tokens(client)
         .await?
         .into_iter()
-        .find(|s| {
-            s.annotations()
-                .get(names::INVITE_ANNOTATION)
-                .map(String::as_str)
-                == Some(names::ENROLL_TOKEN_PURPOSE)
-        }))
+        .find(crate::invite::is_enrollment_token))
 }
 
 /// `<id>.<secret>` of a bootstrap-token Secret.

@@ -343,18 +343,23 @@ pub(crate) async fn managed_tokens(client: &Client) -> Result<Vec<Secret>, Invit
         .items)
 }
 
+/// Whether a token Secret of Tandem's is the enrollment credential (`tandem advertise`), not
+/// an invite.
+pub fn is_enrollment_token(secret: &Secret) -> bool {
+    secret
+        .annotations()
+        .get(names::INVITE_ANNOTATION)
+        .map(String::as_str)
+        == Some(names::ENROLL_TOKEN_PURPOSE)
+}
+
 /// The provider's invites (unexpired or not yet cleaned up).
 pub async fn list(client: &Client) -> Result<Vec<InviteInfo>, InviteError> {
     Ok(managed_tokens(client)
         .await?
         .iter()
         // The enrollment credential is not an invite: it does not expire and is never spent.
-        .filter(|s| {
-            s.annotations()
-                .get(names::INVITE_ANNOTATION)
-                .map(String::as_str)
-                != Some(names::ENROLL_TOKEN_PURPOSE)
-        })
+        .filter(|s| !is_enrollment_token(s))
         .filter_map(|s| {
             let data = s.data.as_ref()?;
             let get = |k: &str| {

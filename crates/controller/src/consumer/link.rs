@@ -446,7 +446,11 @@ async fn publish(ctx: Ctx, links: Links) {
             .values()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
-        worked_out.retain(|name, _| live.iter().any(|p| p.name_any() == *name));
+        worked_out.retain(|name, _| {
+            peerings
+                .get(name)
+                .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+        });
         let changed: Vec<&Peering> = live
             .iter()
             .copied()
