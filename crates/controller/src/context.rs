@@ -102,6 +102,8 @@ pub struct Context {
     pub options: Options,
     /// What `/metrics` reports; `client` and every provider's client count their requests here.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Clients to providers, kept while their credentials stay the same.
+    pub peer_clients: crate::consumer::link::PeerClients,
 }
 
 pub type Ctx = Arc<Context>;

@@ -213,6 +213,7 @@ fn run_reconcilers(
         identity,
         options,
         metrics,
+        peer_clients: Default::default(),
     });
     crate::provider::spawn(&ctx, tasks);
     crate::consumer::spawn(&ctx, tasks);

@@ -3,7 +3,7 @@
 //! `Peering` objects' status, and the supervisor running the per-provider tasks (virtual node,
 //! virtual kubelet, reflection) while a link exists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,24 +111,21 @@ impl Links {
     }
     /// A watch on one provider's link.
     pub fn watch(&self, provider_id: &str) -> LinkWatch {
+        let rx = self.0.subscribe();
+        let seen = rx.borrow().get(provider_id).cloned();
         LinkWatch {
             provider_id: provider_id.to_string(),
-            rx: self.0.subscribe(),
+            rx,
+            seen: std::sync::Mutex::new(seen),
         }
     }
     fn set(&self, links: BTreeMap<String, ProviderLink>) {
         self.0.send_if_modified(|current| {
             let same = current.len() == links.len()
-                && current.iter().zip(links.iter()).all(|((a, la), (b, lb))| {
-                    a == b
-                        && la.identity_version == lb.identity_version
-                        && la.grant == lb.grant
-                        && la.node_labels == lb.node_labels
-                        && la.network == lb.network
-                        && la.gateway_status == lb.gateway_status
-                        && la.probe_period == lb.probe_period
-                        && la.not_ready_after == lb.not_ready_after
-                });
+                && current
+                    .iter()
+                    .zip(links.iter())
+                    .all(|((a, la), (b, lb))| a == b && same_link(la, lb));
             if !same {
                 *current = links;
             }
@@ -137,23 +134,121 @@ impl Links {
     }
 }
 
+/// Whether two links of one provider are the same for its tasks (the clients are the same
+/// while the identity is).
+fn same_link(a: &ProviderLink, b: &ProviderLink) -> bool {
+    a.identity_version == b.identity_version
+        && a.grant == b.grant
+        && a.node_labels == b.node_labels
+        && a.network == b.network
+        && a.gateway_status == b.gateway_status
+        && a.probe_period == b.probe_period
+        && a.not_ready_after == b.not_ready_after
+}
+
 /// One provider's link as it changes (grant, labels) while its tasks run.
-#[derive(Clone)]
 pub struct LinkWatch {
     pub provider_id: String,
     rx: watch::Receiver<BTreeMap<String, ProviderLink>>,
+    /// The link as this watch last handed it out (by `get`).
+    seen: std::sync::Mutex<Option<ProviderLink>>,
+}
+
+impl Clone for LinkWatch {
+    fn clone(&self) -> Self {
+        LinkWatch {
+            provider_id: self.provider_id.clone(),
+            rx: self.rx.clone(),
+            seen: std::sync::Mutex::new(self.seen().clone()),
+        }
+    }
 }
 
 impl LinkWatch {
     /// The link now, if the provider is still linked.
     pub fn get(&self) -> Option<ProviderLink> {
-        self.rx.borrow().get(&self.provider_id).cloned()
+        let now = self.rx.borrow().get(&self.provider_id).cloned();
+        *self.seen() = now.clone();
+        now
     }
-    /// Waits for any change of the registry.
+
+    /// Waits until this provider's link differs from the one `get` last returned (linked or
+    /// unlinked, or changed). Changes of other providers' links do not wake it: with many
+    /// providers peering at once, every task of every link woke (and probed its provider) on
+    /// each of them.
     pub async fn changed(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await
+            }
+            let now = self.rx.borrow_and_update().get(&self.provider_id).cloned();
+            let differs = match (self.seen().as_ref(), now.as_ref()) {
+                (Some(a), Some(b)) => !same_link(a, b),
+                (None, None) => false,
+                _ => true,
+            };
+            if differs {
+                return;
+            }
         }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Option<ProviderLink>> {
+        // Nothing panics while holding it.
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Clients to providers, kept while the credential each was built from stays the same.
+///
+/// kube's Client speaks HTTP/1.1 and owns its connection pool, so a Client built afresh for
+/// each reconcile opened a new TLS connection each time: a handshake with certificates on both
+/// sides, which with many providers peering at once was most of the CPU of both controllers
+/// and the API servers. A kept Client reuses its idle connections.
+#[derive(Default)]
+pub struct PeerClients(std::sync::Mutex<KeptClients>);
+
+/// By provider and purpose: the kubeconfig each client was built from, and the client.
+type KeptClients = HashMap<(String, &'static str), (String, Client)>;
+
+impl PeerClients {
+    /// The client kept for `provider` and `purpose` if it was built from `kubeconfig`; else
+    /// the one `build` makes, kept from now on.
+    pub async fn get<F, Fut>(
+        &self,
+        provider: &str,
+        purpose: &'static str,
+        kubeconfig: &str,
+        build: F,
+    ) -> Result<Client, ClientError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Client, ClientError>>,
+    {
+        let key = (provider.to_string(), purpose);
+        if let Some((from, client)) = self.lock().get(&key)
+            && from == kubeconfig
+        {
+            return Ok(client.clone());
+        }
+        let client = build().await?;
+        self.lock()
+            .insert(key, (kubeconfig.to_string(), client.clone()));
+        Ok(client)
+    }
+
+    /// Drops every client kept for `provider` (its Peering is gone).
+    pub fn forget(&self, provider: &str) {
+        self.lock().retain(|(p, _), _| p != provider);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptClients> {
+        // Nothing panics while holding it; a poisoned map is still a valid cache.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -213,14 +308,21 @@ pub async fn identity_client(
             name: name.to_string(),
         });
     };
-    let client = client_from_kubeconfig(&String::from_utf8_lossy(&kubeconfig.0))
+    let yaml = String::from_utf8_lossy(&kubeconfig.0).into_owned();
+    let client = ctx
+        .peer_clients
+        .get(provider, "identity", &yaml, || async {
+            Ok(ctx
+                .metrics
+                .counted(client_from_kubeconfig(&yaml).await?, provider))
+        })
         .await
         .map_err(|source| IdentityError::Client {
             namespace,
             name: name.to_string(),
             source,
         })?;
-    Ok((ctx.metrics.counted(client, provider), secret))
+    Ok((client, secret))
 }
 
 /// Builds the link of an authenticated Peering: reads its identity Secret and makes a client.
@@ -250,7 +352,11 @@ pub async fn link_for(ctx: &Ctx, peering: &Peering) -> Result<Option<ProviderLin
         .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
         .map(|kc| String::from_utf8_lossy(&kc.0).into_owned())
         .unwrap_or_default();
-    let stream_client = streaming_client_from_kubeconfig(&stream_client)
+    let stream_client = ctx
+        .peer_clients
+        .get(&provider_id, "stream", &stream_client, || {
+            streaming_client_from_kubeconfig(&stream_client)
+        })
         .await
         .map_err(|source| IdentityError::Client {
             namespace: local_tenant.clone(),
@@ -397,9 +503,10 @@ pub async fn supervise(ctx: Ctx, links: Links) {
     publisher.abort();
 }
 
-/// What the per-provider tasks of a link depend on without re-reading it.
+/// What the per-provider tasks of a link depend on without re-reading it: the identity (their
+/// clients). The rest (grant, labels, the network once negotiated) they follow on the link.
 fn restart_key(link: &ProviderLink) -> String {
-    format!("{}|{:?}", link.identity_version, link.network)
+    link.identity_version.clone()
 }
 
 /// Watches Peerings and publishes the link of each authenticated one.
@@ -475,20 +582,12 @@ async fn publish(ctx: Ctx, links: Links) {
                 }
             }
         }
-        let mut next: BTreeMap<String, ProviderLink> = worked_out
+        // The clients are the kept ones (`PeerClients`) while the identity is the same.
+        let next: BTreeMap<String, ProviderLink> = worked_out
             .values()
             .filter_map(|(_, link)| link.clone())
             .map(|link| (link.provider_id.clone(), link))
             .collect();
-        // Reuse existing clients when nothing changed, so watches are not rebuilt.
-        let current = links.snapshot();
-        for (id, link) in next.iter_mut() {
-            if let Some(old) = current.get(id)
-                && old.identity_version == link.identity_version
-            {
-                link.client = old.client.clone();
-            }
-        }
         links.set(next);
     }
 }

@@ -978,10 +978,13 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         }
         link.changed().await;
     };
-    let remap = l.network.as_ref().map(|n| IpRemap {
-        from: n.remote_pod_cidr,
-        to: n.remote_pod_cidr_here,
-    });
+    let remap_of = |l: &ProviderLink| {
+        l.network.as_ref().map(|n| IpRemap {
+            from: n.remote_pod_cidr,
+            to: n.remote_pod_cidr_here,
+        })
+    };
+    let mut remap = remap_of(&l);
     let (tx, mut rx) = mpsc::channel::<Msg>(BATCH);
     let mut background = vec![
         tokio::spawn(watch_local(
@@ -1017,7 +1020,29 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         fence_margin: ctx.options.fence_margin,
         ..State::default()
     };
-    while let Some(msg) = rx.recv().await {
+    loop {
+        let msg = tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(msg) => msg,
+                None => break,
+            },
+            () = link.changed() => {
+                // The network is negotiated after the link exists (and may be again): the
+                // provider's pods are listed again, their IPs remapped the new way. A new
+                // identity restarts this task instead.
+                if let Some(now) = link.get()
+                    && now.identity_version == l.identity_version
+                    && remap_of(&now) != remap
+                {
+                    remap = remap_of(&now);
+                    let names: Vec<String> = twins.keys().cloned().collect();
+                    for t in names {
+                        twins.insert(t.clone(), watch_twin(&l, &t, remap, &tx));
+                    }
+                }
+                continue;
+            }
+        };
         let mut changes = Vec::new();
         changes.extend(state.apply(msg, &l));
         for _ in 0..BATCH {
