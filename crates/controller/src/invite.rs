@@ -397,6 +397,13 @@ pub async fn revoke(client: &Client, token_id: &str) -> Result<(), InviteError> 
 /// Deletes everything an invite created on the provider (idempotent).
 pub async fn remove_invite_objects(client: &Client, token_id: &str) -> Result<(), InviteError> {
     let role = invite_role_name(token_id);
+    // A used invite's request is removed by the cleanup sweep once the consumer is
+    // established; a Tenant undone before that would leave it behind for good.
+    delete_ignoring_missing(
+        &Api::<tandem_api::PeeringRequest>::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        token_id,
+    )
+    .await?;
     delete_ignoring_missing(
         &Api::<Secret>::namespaced(client.clone(), "kube-system"),
         &token_secret_name(token_id),

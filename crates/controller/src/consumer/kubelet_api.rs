@@ -286,6 +286,21 @@ async fn signed(ctx: &Ctx, node: &str, request: &str) -> Result<String, CertErro
         },
     }))
     .expect("static manifest");
+    // The request goes when this does, also when the task is aborted half-way (the link
+    // gone: unpeered): otherwise it would outlive the peering.
+    struct RemoveOnDrop(Option<(Api<CertificateSigningRequest>, String)>);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            if let (Some((api, name)), Ok(runtime)) =
+                (self.0.take(), tokio::runtime::Handle::try_current())
+            {
+                runtime.spawn(async move {
+                    let _ = api.delete(&name, &DeleteParams::default()).await;
+                });
+            }
+        }
+    }
+    let mut remove = RemoveOnDrop(Some((api.clone(), name.clone())));
     // The delete above may still be finishing: retry the create briefly on a conflict.
     let deadline = tokio::time::Instant::now() + SIGN_WAIT;
     loop {
@@ -335,6 +350,7 @@ async fn signed(ctx: &Ctx, node: &str, request: &str) -> Result<String, CertErro
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Issued (or refused): the request has served its purpose.
+    remove.0 = None;
     let _ = api.delete(&name, &DeleteParams::default()).await;
     result
 }

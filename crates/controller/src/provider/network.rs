@@ -166,12 +166,30 @@ pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(),
     Ok(())
 }
 
-/// Every few seconds: for each Tenant, keep the provider's parameters published and remap the
-/// consumer's.
+/// Every second, and as soon as a consumer publishes or changes its parameters: for each
+/// Tenant, keep the provider's parameters published and remap the consumer's.
 pub async fn run(ctx: Ctx) {
+    use futures::{FutureExt as _, StreamExt as _};
+    use kube::runtime::{WatchStreamExt as _, watcher};
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut published = watcher(
+        Api::<NetworkParameters>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            event = published.next() => {
+                if let Some(Err(e)) = event {
+                    tracing::debug!(error = %e, "watching NetworkParameters");
+                }
+                // Every event already here, then one sweep (its own status writes come back
+                // as events, and the sweep after them finds nothing to do).
+                while published.next().now_or_never().flatten().is_some() {}
+            }
+        }
         if let Err(e) = sweep(&ctx).await {
             tracing::warn!(error = %crate::error::chain(&e), "network negotiation (provider side)");
         }
