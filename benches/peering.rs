@@ -27,8 +27,16 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // `BENCH_PROVIDERS=1,32` runs only those sizes (the first is the baseline).
+    let sizes: Vec<usize> = match std::env::var("BENCH_PROVIDERS") {
+        Ok(v) => v
+            .split(',')
+            .map(|n| n.trim().parse())
+            .collect::<Result<_, _>>()?,
+        Err(_) => vec![1, 8, 32],
+    };
     let mut rows = Vec::new();
-    for n in [1usize, 8, 32] {
+    for n in sizes {
         rows.push(once(n).await?);
     }
     let (single, single_established) = (rows[0].ready, rows[0].established);
@@ -179,6 +187,10 @@ async fn once(n: usize) -> anyhow::Result<Row> {
     // Established (negotiated), and every virtual node Ready. Watched, not polled: listing
     // 32 Peerings and 33 Nodes every few milliseconds would itself load the machine.
     let t0 = Instant::now();
+    // `BENCH_START_MARK=FILE`: FILE is written now (for a profiler to start on).
+    if let Ok(mark) = std::env::var("BENCH_START_MARK") {
+        std::fs::write(mark, n.to_string())?;
+    }
     let cpu0 = cpu_ticks();
     let split0 = cpu_split(&sites);
     let watch = tokio::spawn(watch_progress(rome.clone(), n, t0, cpu0));

@@ -405,7 +405,14 @@ pub fn controller_role() -> ClusterRole {
             rule(
                 "certificates.k8s.io",
                 &["certificatesigningrequests"],
-                &["get", "list", "create", "delete", "deletecollection"],
+                &[
+                    "get",
+                    "list",
+                    "watch",
+                    "create",
+                    "delete",
+                    "deletecollection",
+                ],
             ),
             rule(
                 "certificates.k8s.io",

@@ -268,14 +268,17 @@ async fn refused_tokens_name_the_cause_and_leave_nothing() {
     .await
     .unwrap();
     // The peering's objects on the provider are complete once the consumer's fence has handed
-    // its first nonce back (its Lease there), which Established does not wait for.
+    // its first nonce back (its Lease there) and the used request was cleaned up (the
+    // provider's invite sweep, every second), neither of which Established waits for.
     let consumer_fence = format!("Lease tandem-tenant-{}/{}", consumer.id, names::FENCE_LEASE);
     let provider_peered = until(
-        "the consumer's fence Lease on the provider",
+        "the consumer's fence Lease on the provider, and its request gone",
         OBJECTS_WAIT,
         || async {
             let owned = tandem_owned(&provider.client).await;
-            owned.contains(&consumer_fence).then_some(owned)
+            (owned.contains(&consumer_fence)
+                && !owned.iter().any(|o| o.starts_with("PeeringRequest ")))
+            .then_some(owned)
         },
     )
     .await;

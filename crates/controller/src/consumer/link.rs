@@ -591,3 +591,64 @@ async fn publish(ctx: Ctx, links: Links) {
         links.set(next);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(provider: &str, grant_cpu: &str) -> ProviderLink {
+        // Never used to connect.
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client");
+        ProviderLink {
+            provider_id: provider.into(),
+            consumer_id: "rome".into(),
+            client: client.clone(),
+            stream_client: client,
+            remote_tenant_namespace: "tandem-tenant-rome".into(),
+            local_tenant_namespace: format!("tandem-tenant-{provider}"),
+            virtual_node: format!("tandem-{provider}"),
+            grant: [("cpu".to_string(), Quantity(grant_cpu.into()))].into(),
+            node_labels: BTreeMap::new(),
+            network: None,
+            gateway_status: None,
+            identity_version: "1".into(),
+            probe_period: Duration::from_secs(2),
+            not_ready_after: Duration::from_secs(10),
+        }
+    }
+
+    fn registry(links: &[ProviderLink]) -> BTreeMap<String, ProviderLink> {
+        links
+            .iter()
+            .map(|l| (l.provider_id.clone(), l.clone()))
+            .collect()
+    }
+
+    /// A provider's tasks wake for their own link's changes, not for every other provider's
+    /// (with many providers that woke, and probed, every link on each peering).
+    #[tokio::test]
+    async fn a_link_watch_wakes_only_for_its_own_provider() {
+        let links = Links::default();
+        links.set(registry(&[link("milan", "1"), link("turin", "1")]));
+        let mut milan = links.watch("milan");
+        assert_eq!(milan.get().unwrap().grant["cpu"].0, "1");
+
+        links.set(registry(&[link("milan", "1"), link("turin", "2")]));
+        links.set(registry(&[link("milan", "1")]));
+        let woke = tokio::time::timeout(Duration::from_millis(200), milan.changed()).await;
+        assert!(woke.is_err(), "woke for turin's changes");
+
+        links.set(registry(&[link("milan", "4")]));
+        tokio::time::timeout(Duration::from_secs(10), milan.changed())
+            .await
+            .expect("woke for milan's new grant");
+        assert_eq!(milan.get().unwrap().grant["cpu"].0, "4");
+
+        links.set(BTreeMap::new());
+        tokio::time::timeout(Duration::from_secs(10), milan.changed())
+            .await
+            .expect("woke when milan's link went");
+        assert!(milan.get().is_none());
+    }
+}

@@ -14,8 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
@@ -37,8 +36,7 @@ const POLICY_RECHECK: Duration = Duration::from_secs(2);
 /// Runs the reconciler and the janitor.
 pub async fn run(ctx: Ctx) {
     let janitor = tokio::spawn(janitor(ctx.clone()));
-    let api: Api<PeeringRequest> = Api::namespaced(ctx.client.clone(), names::ENROLL_NAMESPACE);
-    Controller::new(api, watcher::Config::default())
+    crate::provider::peering_request::requests_controller(&ctx, names::ENROLL_NAMESPACE)
         .run(
             crate::metrics::timed(ctx.metrics.clone(), "enrollment", reconcile),
             crate::provider::peering_request::error_policy,

@@ -45,8 +45,7 @@ pub enum Error {
 /// Runs the reconciler and the invite janitor.
 pub async fn run(ctx: Ctx) {
     let janitor = tokio::spawn(janitor(ctx.clone()));
-    let api: Api<PeeringRequest> = Api::namespaced(ctx.client.clone(), names::SYSTEM_NAMESPACE);
-    Controller::new(api, watcher::Config::default())
+    requests_controller(&ctx, names::SYSTEM_NAMESPACE)
         .run(
             crate::metrics::timed(ctx.metrics.clone(), "peeringrequest", reconcile),
             error_policy,
@@ -55,6 +54,25 @@ pub async fn run(ctx: Ctx) {
         .for_each(|_| async {})
         .await;
     janitor.abort();
+}
+
+/// Annotation on a peering request's CSR naming the request (`namespace/name`).
+const REQUEST_ANNOTATION: &str = "tandem.dev/peering-request";
+
+/// The controller of the PeeringRequests in `ns`, woken also when a request's CSR changes (is
+/// signed): with only a timer, each approval waited on it after the signer was done.
+pub(crate) fn requests_controller(ctx: &Ctx, ns: &'static str) -> Controller<PeeringRequest> {
+    let requests: Api<PeeringRequest> = Api::namespaced(ctx.client.clone(), ns);
+    let csrs: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
+    let ours = format!("{}={}", names::MANAGED_BY_LABEL, names::MANAGED_BY);
+    Controller::new(requests, watcher::Config::default()).watches(
+        csrs,
+        watcher::Config::default().labels(&ours),
+        move |csr| {
+            let (request_ns, name) = csr.annotations().get(REQUEST_ANNOTATION)?.split_once('/')?;
+            (request_ns == ns).then(|| kube::runtime::reflector::ObjectRef::new(name).within(ns))
+        },
+    )
 }
 
 pub(crate) fn error_policy(_r: Arc<PeeringRequest>, e: &Error, _ctx: Ctx) -> Action {
@@ -148,7 +166,8 @@ pub(crate) async fn approve(
         .await
         .map_err(step("getting the CSR signed"))?
     else {
-        return Ok(Action::requeue(Duration::from_millis(200)));
+        // The CSR's signing wakes this; the timer is for a missed event.
+        return Ok(Action::requeue(Duration::from_secs(1)));
     };
     let mut status = json!({
         "phase": "Approved",
@@ -483,7 +502,9 @@ async fn signed_certificate(
                 "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
                 "metadata": {"name": name, "labels": {
                     names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                    names::ORIGIN_CLUSTER_LABEL: req.spec.cluster_id}},
+                    names::ORIGIN_CLUSTER_LABEL: req.spec.cluster_id},
+                    "annotations": {REQUEST_ANNOTATION: format!(
+                        "{}/{}", req.namespace().unwrap_or_default(), req.name_any())}},
                 "spec": {
                     "request": ByteString(req.spec.csr.as_bytes().to_vec()),
                     "signerName": crate::rbac::PEER_CSR_SIGNER,

@@ -291,9 +291,10 @@ async fn authenticate(
             let awaiting_since = conditions::find(&status.conditions, conditions::AUTHENTICATED)
                 .filter(|c| c.reason == plan::AWAITING_APPROVAL)
                 .map(|c| c.last_transition_time.0.as_second());
+            // (A GET over a kept connection: cheap, and it is most of a peering's time.)
             match awaiting_since {
                 Some(t) if now - t > 10 => Action::requeue(Duration::from_secs(5)),
-                _ => Action::requeue(Duration::from_millis(300)),
+                _ => Action::requeue(Duration::from_millis(100)),
             }
         }
         Err(f) => {
