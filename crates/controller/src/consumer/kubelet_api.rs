@@ -287,25 +287,38 @@ async fn signed(ctx: &Ctx, node: &str, request: &str) -> Result<String, CertErro
     }))
     .expect("static manifest");
     // The request goes when this does, also when the task is aborted half-way (the link
-    // gone: unpeered): otherwise it would outlive the peering.
-    struct RemoveOnDrop(Option<(Api<CertificateSigningRequest>, String)>);
+    // gone: unpeered): otherwise it would outlive the peering. Only this one (by UID): a task
+    // started after would file its own under the same name.
+    struct RemoveOnDrop(Api<CertificateSigningRequest>, String, Option<String>);
     impl Drop for RemoveOnDrop {
         fn drop(&mut self) {
-            if let (Some((api, name)), Ok(runtime)) =
-                (self.0.take(), tokio::runtime::Handle::try_current())
+            if let (Some(uid), Ok(runtime)) = (self.2.take(), tokio::runtime::Handle::try_current())
             {
+                let (api, name) = (self.0.clone(), std::mem::take(&mut self.1));
                 runtime.spawn(async move {
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
+                    let _ = api.delete(&name, &only(uid)).await;
                 });
             }
         }
     }
-    let mut remove = RemoveOnDrop(Some((api.clone(), name.clone())));
+    fn only(uid: String) -> DeleteParams {
+        DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        }
+    }
+    let mut remove = RemoveOnDrop(api.clone(), name.clone(), None);
     // The delete above may still be finishing: retry the create briefly on a conflict.
     let deadline = tokio::time::Instant::now() + SIGN_WAIT;
     loop {
         match api.create(&PostParams::default(), &csr).await {
-            Ok(_) => break,
+            Ok(created) => {
+                remove.2 = created.metadata.uid;
+                break;
+            }
             Err(e)
                 if tandem_api::client::is_conflict(&e)
                     && tokio::time::Instant::now() < deadline =>
@@ -350,8 +363,10 @@ async fn signed(ctx: &Ctx, node: &str, request: &str) -> Result<String, CertErro
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Issued (or refused): the request has served its purpose.
-    remove.0 = None;
-    let _ = api.delete(&name, &DeleteParams::default()).await;
+    if let Some(uid) = remove.2.clone() {
+        let _ = api.delete(&name, &only(uid)).await;
+        remove.2 = None;
+    }
     result
 }
 

@@ -244,6 +244,16 @@ impl PeerClients {
         self.lock().retain(|(p, _), _| p != provider);
     }
 
+    /// Drops the client kept for `provider` and `purpose` (no longer needed).
+    pub fn forget_one(&self, provider: &str, purpose: &'static str) {
+        self.lock().remove(&(provider.to_string(), purpose));
+    }
+
+    /// Drops the clients of providers not in `live` (Peerings gone without unpeering).
+    pub fn keep_only(&self, live: &std::collections::BTreeSet<String>) {
+        self.lock().retain(|(p, _), _| live.contains(p));
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, KeptClients> {
         // Nothing panics while holding it; a poisoned map is still a valid cache.
         self.0
@@ -522,6 +532,7 @@ async fn publish(ctx: Ctx, links: Links) {
         .default_backoff()
         .boxed();
     let mut peerings: BTreeMap<String, Peering> = BTreeMap::new();
+    let mut relisted: Option<BTreeMap<String, Peering>> = None;
     // Per Peering: the resourceVersion its link was worked out from, and the link.
     let mut worked_out: BTreeMap<String, (String, Option<ProviderLink>)> = BTreeMap::new();
     let mut resync = tokio::time::interval(Duration::from_secs(30));
@@ -536,14 +547,25 @@ async fn publish(ctx: Ctx, links: Links) {
         // Every event already here, then one look at the result.
         while let Some(next) = event {
             match next {
-                Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                Some(Ok(watcher::Event::Apply(p))) => {
                     peerings.insert(p.name_any(), p);
                 }
                 Some(Ok(watcher::Event::Delete(p))) => {
                     peerings.remove(&p.name_any());
                 }
-                Some(Ok(watcher::Event::Init)) => peerings.clear(),
-                Some(Ok(watcher::Event::InitDone)) => {}
+                // A (re)list: what was known stands until it is complete, so that no link
+                // (and no task of it) goes for a Peering not listed again yet.
+                Some(Ok(watcher::Event::Init)) => relisted = Some(BTreeMap::new()),
+                Some(Ok(watcher::Event::InitApply(p))) => {
+                    if let Some(relisted) = relisted.as_mut() {
+                        relisted.insert(p.name_any(), p);
+                    }
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(relisted) = relisted.take() {
+                        peerings = relisted;
+                    }
+                }
                 Some(Err(e)) => tracing::warn!(error = %e, "watching Peerings"),
                 None => return,
             }
@@ -558,6 +580,14 @@ async fn publish(ctx: Ctx, links: Links) {
                 .get(name)
                 .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
         });
+        // Clients of providers with no Peering left (one removed without unpeering). A
+        // Peering being deleted keeps them: its unpeering still reaches the provider.
+        ctx.peer_clients.keep_only(
+            &peerings
+                .values()
+                .map(|p| p.spec.cluster_id.clone())
+                .collect(),
+        );
         let changed: Vec<&Peering> = live
             .iter()
             .copied()

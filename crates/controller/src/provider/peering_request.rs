@@ -59,20 +59,43 @@ pub async fn run(ctx: Ctx) {
 /// Annotation on a peering request's CSR naming the request (`namespace/name`).
 const REQUEST_ANNOTATION: &str = "tandem.dev/peering-request";
 
-/// The controller of the PeeringRequests in `ns`, woken also when a request's CSR changes (is
-/// signed): with only a timer, each approval waited on it after the signer was done.
+/// The controller of the PeeringRequests in `ns`, woken also when the CSR of one of them is
+/// signed: with only a timer, each approval waited on it after the signer was done.
+///
+/// The CSR watch is its own stream, its errors logged and left out: in the controller's
+/// trigger streams (`watches`) an error would back off the requests' own watch too (say, a
+/// role not yet updated to let it watch CSRs). A signed CSR wakes every request here (few: the
+/// pending ones are capped); an answered one returns at once.
 pub(crate) fn requests_controller(ctx: &Ctx, ns: &'static str) -> Controller<PeeringRequest> {
+    use kube::runtime::WatchStreamExt as _;
     let requests: Api<PeeringRequest> = Api::namespaced(ctx.client.clone(), ns);
     let csrs: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
     let ours = format!("{}={}", names::MANAGED_BY_LABEL, names::MANAGED_BY);
-    Controller::new(requests, watcher::Config::default()).watches(
-        csrs,
-        watcher::Config::default().labels(&ours),
-        move |csr| {
-            let (request_ns, name) = csr.annotations().get(REQUEST_ANNOTATION)?.split_once('/')?;
-            (request_ns == ns).then(|| kube::runtime::reflector::ObjectRef::new(name).within(ns))
-        },
-    )
+    let signed = watcher(csrs, watcher::Config::default().labels(&ours))
+        .default_backoff()
+        .applied_objects()
+        .filter_map(move |csr| async move {
+            match csr {
+                Ok(csr) => {
+                    let mine = csr
+                        .annotations()
+                        .get(REQUEST_ANNOTATION)
+                        .and_then(|r| r.split_once('/'))
+                        .is_some_and(|(request_ns, _)| request_ns == ns);
+                    let issued = csr
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.certificate.as_ref())
+                        .is_some_and(|c| !c.0.is_empty());
+                    (mine && issued).then_some(())
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "watching peering requests' CSRs");
+                    None
+                }
+            }
+        });
+    Controller::new(requests, watcher::Config::default()).reconcile_all_on(signed)
 }
 
 pub(crate) fn error_policy(_r: Arc<PeeringRequest>, e: &Error, _ctx: Ctx) -> Action {
@@ -158,6 +181,21 @@ pub(crate) async fn approve(
             source,
         }
     };
+    // The request as stored, not as cached: woken by another request's CSR, the cache may not
+    // have this one's answer yet, and its CSR (removed once answered) would be filed again.
+    let stored = Api::<PeeringRequest>::namespaced(client.clone(), ns)
+        .get_opt(&name)
+        .await
+        .map_err(step("reading the request"))?;
+    let answered = stored.as_ref().is_none_or(|r| {
+        matches!(
+            r.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Approved" | "Denied")
+        )
+    });
+    if answered {
+        return Ok(Action::await_change());
+    }
     let consumer = req.spec.cluster_id.clone();
     ensure_tenant(ctx, &consumer)
         .await

@@ -279,6 +279,9 @@ async fn authenticate(
 ) -> Action {
     match try_authenticate(ctx, peering, status, now).await {
         Ok(Some(())) => {
+            // The enrollment credential or invite token has served its purpose.
+            ctx.peer_clients
+                .forget_one(&peering.spec.cluster_id, "token");
             status.phase = Some("Authenticating".into());
             Action::requeue(Duration::from_millis(50))
         }
