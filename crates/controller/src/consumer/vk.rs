@@ -970,6 +970,18 @@ fn watch_twin(
     ])
 }
 
+/// Replaces the watches of every twin namespace (their pods listed again).
+fn watch_twins_again(
+    twins: &mut HashMap<String, TwinWatch>,
+    link: &ProviderLink,
+    remap: Option<IpRemap>,
+    tx: &mpsc::Sender<Msg>,
+) {
+    for (twin, watch) in twins.iter_mut() {
+        *watch = watch_twin(link, twin, remap, tx);
+    }
+}
+
 /// Runs the virtual kubelet of `link`'s provider until the task is aborted.
 pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     let l = loop {
@@ -1035,10 +1047,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     && remap_of(&now) != remap
                 {
                     remap = remap_of(&now);
-                    let names: Vec<String> = twins.keys().cloned().collect();
-                    for t in names {
-                        twins.insert(t.clone(), watch_twin(&l, &t, remap, &tx));
-                    }
+                    watch_twins_again(&mut twins, &l, remap, &tx);
                 }
                 continue;
             }
@@ -1064,10 +1073,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                 }
                 Change::Readiness(true) => {
                     // Re-list the provider: the watches may be backing off after the outage.
-                    let names: Vec<String> = twins.keys().cloned().collect();
-                    for t in names {
-                        twins.insert(t.clone(), watch_twin(&l, &t, remap, &tx));
-                    }
+                    watch_twins_again(&mut twins, &l, remap, &tx);
                 }
                 Change::Readiness(false) => {}
             }
