@@ -23,6 +23,18 @@ use serde_json::json;
 use tandem_benches::sites;
 
 fn main() -> anyhow::Result<()> {
+    // `BENCH_API_LOG=FILE` logs every request the lab API servers answer (verb, path, user)
+    // into FILE: to count what a peering costs each side.
+    if let Some(path) = std::env::var_os("BENCH_API_LOG") {
+        let file = std::fs::File::create(path)?;
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "tandem_apiserver::server=debug",
+            ))
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .init();
+    }
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

@@ -104,6 +104,72 @@ pub struct Context {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Clients to providers, kept while their credentials stay the same.
     pub peer_clients: crate::consumer::link::PeerClients,
+    /// The IPAM ConfigMap as last seen, and the lock this process's IPAM changes take.
+    pub ipam: crate::provider::network::IpamCache,
+    /// The `tandem-config` ConfigMap as a watch keeps it (see [`Context::settings`]).
+    pub settings: SettingsCache,
 }
 
 pub type Ctx = Arc<Context>;
+
+impl Context {
+    /// The cluster's settings. Reconcilers read them on every pass (each negotiation, each
+    /// sweep): from the watched ConfigMap, or from the API until the watch has listed it.
+    pub async fn settings(
+        &self,
+    ) -> Result<crate::install::ClusterSettings, crate::install::InstallError> {
+        self.settings.get(&self.client).await
+    }
+}
+
+/// The `tandem-config` ConfigMap, kept by [`SettingsCache::watch`].
+#[derive(Clone)]
+pub struct SettingsCache(kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>);
+
+impl SettingsCache {
+    /// The cache, and the watch that fills it (to be run for as long as the cache is read).
+    /// A watch that fails (a role without `watch` on ConfigMaps, say) leaves the cache empty,
+    /// and [`Context::settings`] reads from the API.
+    pub fn watch(
+        client: &Client,
+    ) -> (SettingsCache, impl std::future::Future<Output = ()> + use<>) {
+        use futures::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+        let (store, writer) = reflector::store();
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={}", tandem_api::names::CONFIG_MAP));
+        let run = reflector(writer, watcher(api, config))
+            .default_backoff()
+            .for_each(|event| async move {
+                if let Err(e) = event {
+                    tracing::debug!(error = %e, "watching the cluster's settings");
+                }
+            });
+        (SettingsCache(store), run)
+    }
+
+    /// The settings as watched, or read through `client` until the watch has listed them.
+    pub async fn get(
+        &self,
+        client: &Client,
+    ) -> Result<crate::install::ClusterSettings, crate::install::InstallError> {
+        match self.watched() {
+            Some(settings) => settings,
+            None => crate::install::load_settings(client).await,
+        }
+    }
+
+    /// The settings as watched; None until the watch has listed the ConfigMap.
+    pub fn watched(
+        &self,
+    ) -> Option<Result<crate::install::ClusterSettings, crate::install::InstallError>> {
+        use kube::runtime::reflector::ObjectRef;
+        let map = self.0.get(
+            &ObjectRef::new(tandem_api::names::CONFIG_MAP)
+                .within(tandem_api::names::SYSTEM_NAMESPACE),
+        )?;
+        Some(crate::install::settings_from(&map))
+    }
+}

@@ -874,7 +874,13 @@ pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallEr
         .get(names::CONFIG_MAP)
         .await
         .map_err(step("settings"))?;
-    let data = map.data.unwrap_or_default();
+    settings_from(&map)
+}
+
+/// The settings the `tandem-config` ConfigMap `map` holds.
+pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
+    let empty = BTreeMap::new();
+    let data = map.data.as_ref().unwrap_or(&empty);
     let get = |k: &str| {
         data.get(k).cloned().ok_or_else(|| {
             InstallError::Settings(format!(

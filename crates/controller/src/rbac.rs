@@ -519,11 +519,13 @@ pub fn controller_namespaced_roles() -> Vec<Role> {
             names::SYSTEM_NAMESPACE,
             vec![
                 // Its settings (tandem-config), its IPAM (tandem-ipam) and the node agent's
-                // routes (tandem-routes).
+                // routes (tandem-routes); its settings are watched.
                 rule(
                     "",
                     &["configmaps"],
-                    &["get", "create", "update", "patch", "delete"],
+                    &[
+                        "get", "list", "watch", "create", "update", "patch", "delete",
+                    ],
                 ),
                 // An invite's Role (narrowed to its request once filed) and binding, removed
                 // when the invite ends; the gateways' and the node agent's, which read their

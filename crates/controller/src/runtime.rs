@@ -208,12 +208,16 @@ fn run_reconcilers(
     tasks: &mut JoinSet<()>,
 ) {
     metrics.set_started();
+    let (settings, watch_settings) = crate::context::SettingsCache::watch(&client);
+    tasks.spawn(watch_settings);
     let ctx = Arc::new(Context {
+        settings,
         client,
         identity,
         options,
         metrics,
         peer_clients: Default::default(),
+        ipam: Default::default(),
     });
     crate::provider::spawn(&ctx, tasks);
     crate::consumer::spawn(&ctx, tasks);

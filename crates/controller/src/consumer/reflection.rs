@@ -165,7 +165,8 @@ fn twin_for(o: &NamespaceOffloading, provider: &str) -> Option<(String, String)>
 /// How addresses translate into `link`'s provider (the local pod CIDR from the install
 /// settings; with no negotiated network, local addresses pass unchanged).
 async fn endpoint_view(ctx: &Ctx, link: &ProviderLink) -> EndpointView {
-    let local: Option<ipnet::IpNet> = crate::install::load_settings(&ctx.client)
+    let local: Option<ipnet::IpNet> = ctx
+        .settings()
         .await
         .ok()
         .and_then(|s| s.pod_cidr.parse().ok());

@@ -195,7 +195,7 @@ pub async fn run(
         if full || gateway_lookup.is_none() {
             gateway_lookup = Some(match &l.gateway_status {
                 Some(addr) => Some(Ok(addr.clone())),
-                None => crate::fabric::gateway::status_address(&ctx.client, &l.provider_id)
+                None => crate::fabric::gateway::status_address(&ctx, &l.provider_id)
                     .await
                     .transpose(),
             });

@@ -443,10 +443,9 @@ pub async fn local_endpoint(
 /// gateway runs on the node network and serves `/status` on TCP at its UDP port): `Ok(None)`
 /// when the cluster's network fabric is off, `Err` with the reason when it is on but no
 /// gateway to `peer` runs.
-pub async fn status_address(client: &kube::Client, peer: &str) -> Result<Option<String>, String> {
-    let settings = crate::install::load_settings(client)
-        .await
-        .map_err(|e| crate::error::chain(&e))?;
+pub async fn status_address(ctx: &Ctx, peer: &str) -> Result<Option<String>, String> {
+    let client = &ctx.client;
+    let settings = ctx.settings().await.map_err(|e| crate::error::chain(&e))?;
     if !settings.network_fabric {
         return Ok(None);
     }
@@ -771,7 +770,7 @@ pub async fn run(ctx: Ctx) {
 }
 
 async fn sweep(ctx: &Ctx) -> Result<(), FabricError> {
-    let settings = crate::install::load_settings(&ctx.client).await?;
+    let settings = ctx.settings().await?;
     if !settings.network_fabric {
         return Ok(());
     }

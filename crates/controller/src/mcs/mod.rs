@@ -90,7 +90,7 @@ async fn tunnel_states(
     let mut now = BTreeMap::new();
     for tenant in tenants.state() {
         let id = &tenant.spec.cluster_id;
-        let up = match crate::fabric::gateway::status_address(&ctx.client, id).await {
+        let up = match crate::fabric::gateway::status_address(&ctx, id).await {
             Ok(None) => Some(true),
             Ok(Some(addr)) => Some(
                 crate::consumer::virtual_node::gateway_state(&addr, TUNNEL_PROBE_TIMEOUT)
@@ -290,7 +290,7 @@ pub async fn run(ctx: Ctx, links: Links) {
     let mut last_settings = None::<tokio::time::Instant>;
     loop {
         if last_settings.is_none_or(|t| t.elapsed() >= RESYNC) {
-            match crate::install::load_settings(&ctx.client).await {
+            match ctx.settings().await {
                 Ok(s) => pod_cidr = s.pod_cidr.parse().ok(),
                 Err(e) => tracing::warn!("multi-cluster services: reading settings: {e}"),
             }

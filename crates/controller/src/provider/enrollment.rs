@@ -23,7 +23,7 @@ use tandem_api::{NetworkParameters, PeeringPolicy, PeeringRequest, Tenant, names
 use crate::context::Ctx;
 use crate::enroll;
 use crate::provider::peering_request::{
-    Error, approve, check_csr, ensure_tenant_with, set_status_in,
+    Error, TenantStep, approve, check_csr, ensure_tenant_with, set_status_in,
 };
 
 /// How long a denied request stays for the consumer to read the reason.
@@ -234,6 +234,7 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         ns(),
         json!({"keyFingerprint": fingerprint, "approvedBy": approved_by,
                "decidedAt": now_rfc3339()}),
+        TenantStep::Ensured,
     )
     .await
 }

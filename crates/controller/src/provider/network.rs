@@ -44,8 +44,7 @@ pub enum IpamError {
     GatewayKey(#[from] crate::fabric::KeyError),
 }
 
-async fn ipam_config(ctx: &Ctx) -> Result<IpamConfig, IpamError> {
-    let settings = crate::install::load_settings(&ctx.client).await?;
+fn ipam_config(settings: &crate::install::ClusterSettings) -> Result<IpamConfig, IpamError> {
     let parse = |s: &str| {
         s.parse::<IpNet>().map_err(|source| IpamError::Cidr {
             cidr: s.to_string(),
@@ -58,15 +57,30 @@ async fn ipam_config(ctx: &Ctx) -> Result<IpamConfig, IpamError> {
     })
 }
 
+/// The IPAM ConfigMap as this process last read or wrote it (`Some(None)`: known absent),
+/// behind the lock every IPAM change of this process takes. Negotiations with many peers at
+/// once queue here instead of conflicting on the one ConfigMap, and one whose peer is already
+/// mapped costs no request. Writes are guarded by the cached resourceVersion, so a change made
+/// elsewhere (the ConfigMap is the controller's alone; the leader is the only writer) is read
+/// again on the conflict it causes.
+#[derive(Default)]
+pub struct IpamCache(tokio::sync::Mutex<Option<Option<ConfigMap>>>);
+
 /// Runs `f` on the persisted IPAM and stores the result (optimistic concurrency, retried).
 async fn with_ipam<T>(
     ctx: &Ctx,
+    settings: &crate::install::ClusterSettings,
     mut f: impl FnMut(&mut Ipam) -> Result<T, tandem_core::ipam::IpamError>,
 ) -> Result<T, IpamError> {
-    let config = ipam_config(ctx).await?;
+    let config = ipam_config(settings)?;
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::SYSTEM_NAMESPACE);
+    let mut cache = ctx.ipam.0.lock().await;
     for _ in 0..10 {
-        let current = maps.get_opt(IPAM_CONFIG_MAP).await?;
+        // Taken out: an error or a conflict below leaves the cache empty, read again next.
+        let current = match cache.take() {
+            Some(known) => known,
+            None => maps.get_opt(IPAM_CONFIG_MAP).await?,
+        };
         let state: IpamState = current
             .as_ref()
             .and_then(|m| m.data.as_ref()?.get(IPAM_KEY))
@@ -75,6 +89,7 @@ async fn with_ipam<T>(
         let mut ipam = Ipam::with_state(config.clone(), state.clone())?;
         let out = f(&mut ipam)?;
         if ipam.state() == &state {
+            *cache = Some(current);
             return Ok(out);
         }
         if ipam.state().peers.is_empty() {
@@ -88,11 +103,12 @@ async fn with_ipam<T>(
                     ..Default::default()
                 };
                 match maps.delete(IPAM_CONFIG_MAP, &dp).await {
-                    Ok(_) => return Ok(out),
+                    Ok(_) => {}
                     Err(e) if client::is_conflict(&e) || client::is_not_found(&e) => continue,
                     Err(e) => return Err(e.into()),
                 }
             }
+            *cache = Some(None);
             return Ok(out);
         }
         let data: BTreeMap<String, String> = [(
@@ -117,7 +133,10 @@ async fn with_ipam<T>(
             }
         };
         match result {
-            Ok(_) => return Ok(out),
+            Ok(stored) => {
+                *cache = Some(Some(stored));
+                return Ok(out);
+            }
             Err(e) if client::is_conflict(&e) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -126,8 +145,14 @@ async fn with_ipam<T>(
 }
 
 /// Maps `peer`'s prefixes into this cluster (same prefix when free, else remapped).
-pub async fn map_peer(ctx: &Ctx, peer: &str, prefixes: &[IpNet]) -> Result<Vec<Grant>, IpamError> {
-    with_ipam(ctx, |ipam| ipam.map_peer(peer, prefixes)).await
+/// `settings` are the cluster's, as the caller read them.
+pub async fn map_peer(
+    ctx: &Ctx,
+    settings: &crate::install::ClusterSettings,
+    peer: &str,
+    prefixes: &[IpNet],
+) -> Result<Vec<Grant>, IpamError> {
+    with_ipam(ctx, settings, |ipam| ipam.map_peer(peer, prefixes)).await
 }
 
 /// Forgets `peer`'s prefixes (on unpeer), unless a peering with it is left in the other
@@ -136,7 +161,8 @@ pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
     if crate::fabric::live_relation(&ctx.client, Some(peer)).await? {
         return Ok(());
     }
-    with_ipam(ctx, |ipam| {
+    let settings = ctx.settings().await?;
+    with_ipam(ctx, &settings, |ipam| {
         ipam.release_peer(peer);
         Ok(())
     })
@@ -145,59 +171,145 @@ pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
 
 /// Publishes (server-side apply) the provider's `NetworkParameters` in `consumer`'s tenant namespace.
 pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), IpamError> {
-    let settings = crate::install::load_settings(&ctx.client).await?;
+    let settings = ctx.settings().await?;
     let key = crate::fabric::ensure_gateway_key(&ctx.client, consumer).await?;
     let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, consumer).await?;
-    let api: Api<NetworkParameters> =
-        Api::namespaced(ctx.client.clone(), &names::tenant_namespace(consumer));
-    api.patch(
-        PROVIDER_NETWORK_PARAMETERS,
-        &PatchParams::apply(names::FIELD_MANAGER).force(),
-        &Patch::Apply(json!({
-            "apiVersion": "tandem.dev/v1alpha1", "kind": "NetworkParameters",
-            "metadata": {"name": PROVIDER_NETWORK_PARAMETERS,
-                         "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-            "spec": {"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
-                     "externalCIDR": settings.external_cidr, "publicKey": key.public_key,
-                     "gatewayEndpoint": endpoint},
-        })),
+    publish(
+        ctx,
+        consumer,
+        &ours(ctx, &settings, &key.public_key, endpoint.as_deref()),
     )
     .await?;
     Ok(())
 }
 
+/// The provider's parameters for a consumer, as they are published.
+fn ours(
+    ctx: &Ctx,
+    settings: &crate::install::ClusterSettings,
+    public_key: &str,
+    endpoint: Option<&str>,
+) -> tandem_api::NetworkParametersSpec {
+    tandem_api::NetworkParametersSpec {
+        cluster_id: ctx.identity.cluster_id.clone(),
+        pod_cidr: settings.pod_cidr.clone(),
+        external_cidr: Some(settings.external_cidr.clone()),
+        public_key: Some(public_key.to_string()),
+        gateway_endpoint: endpoint.map(str::to_string),
+    }
+}
+
+/// Returns the resourceVersion written.
+async fn publish(
+    ctx: &Ctx,
+    consumer: &str,
+    spec: &tandem_api::NetworkParametersSpec,
+) -> Result<Option<String>, IpamError> {
+    let api: Api<NetworkParameters> =
+        Api::namespaced(ctx.client.clone(), &names::tenant_namespace(consumer));
+    let written = api
+        .patch(
+            PROVIDER_NETWORK_PARAMETERS,
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "NetworkParameters",
+                "metadata": {"name": PROVIDER_NETWORK_PARAMETERS,
+                             "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                "spec": {"clusterID": spec.cluster_id, "podCIDR": spec.pod_cidr,
+                         "externalCIDR": spec.external_cidr, "publicKey": spec.public_key,
+                         "gatewayEndpoint": spec.gateway_endpoint},
+            })),
+        )
+        .await?;
+    Ok(written.resource_version())
+}
+
 /// Every second, and as soon as a consumer publishes or changes its parameters: for each
 /// Tenant, keep the provider's parameters published and remap the consumer's.
+///
+/// Both sides' parameters are read from a cache the watch keeps (a peering's negotiation
+/// writes them several times, each write an event), and an event sweeps only the tenant
+/// namespace it came from, unless the sweep's own write caused it; the one-second sweep goes
+/// over every Tenant.
 pub async fn run(ctx: Ctx) {
     use futures::{FutureExt as _, StreamExt as _};
-    use kube::runtime::{WatchStreamExt as _, watcher};
+    use kube::runtime::{WatchStreamExt as _, reflector, watcher};
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut published = watcher(
-        Api::<NetworkParameters>::all(ctx.client.clone()),
-        watcher::Config::default(),
+    let (parameters, writer) = reflector::store();
+    let mut events = reflector(
+        writer,
+        watcher(
+            Api::<NetworkParameters>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        ),
     )
     .default_backoff()
     .boxed();
+    // The cache is complete once the first listing is: no sweep before.
+    let mut listed = false;
+    // (namespace, name, resourceVersion) of the sweeps' own writes, until their events come
+    // (bounded: a relist replaces events).
+    let mut own: Vec<(String, String, String)> = Vec::new();
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            event = published.next() => {
-                if let Some(Err(e)) = event {
-                    tracing::debug!(error = %e, "watching NetworkParameters");
-                }
+        // None: every Tenant; Some: the tenant namespaces whose parameters changed.
+        let only = tokio::select! {
+            _ = tick.tick() => None,
+            event = events.next() => {
+                let mut changed = std::collections::BTreeSet::new();
+                let mut relisted = false;
+                let mut note = |event: Option<Result<watcher::Event<NetworkParameters>, _>>| {
+                    match event {
+                        Some(Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p))) => {
+                            let ns = p.namespace().unwrap_or_default();
+                            let key = (ns.clone(), p.name_any(), p.resource_version().unwrap_or_default());
+                            match own.iter().position(|o| o == &key) {
+                                Some(i) => {
+                                    own.swap_remove(i);
+                                }
+                                None => {
+                                    changed.insert(ns);
+                                }
+                            }
+                        }
+                        Some(Ok(watcher::Event::InitDone)) => relisted = true,
+                        Some(Ok(_)) | None => {}
+                        Some(Err(e)) => tracing::debug!(error = %e, "watching NetworkParameters"),
+                    }
+                };
+                note(event);
                 // Every event already here, then one sweep (its own status writes come back
                 // as events, and the sweep after them finds nothing to do).
-                while published.next().now_or_never().flatten().is_some() {}
+                while let Some(event) = events.next().now_or_never() {
+                    note(event);
+                }
+                listed |= relisted;
+                match (relisted, changed.is_empty()) {
+                    (true, _) => None,
+                    (false, true) => continue,
+                    (false, false) => Some(changed),
+                }
             }
+        };
+        if !listed {
+            continue;
         }
-        if let Err(e) = sweep(&ctx).await {
+        if own.len() > 256 {
+            own.clear();
+        }
+        if let Err(e) = sweep(&ctx, &parameters, only.as_ref(), &mut own).await {
             tracing::warn!(error = %crate::error::chain(&e), "network negotiation (provider side)");
         }
     }
 }
 
-async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
-    let settings = crate::install::load_settings(&ctx.client).await?;
+async fn sweep(
+    ctx: &Ctx,
+    parameters: &kube::runtime::reflector::Store<NetworkParameters>,
+    only: Option<&std::collections::BTreeSet<String>>,
+    own: &mut Vec<(String, String, String)>,
+) -> Result<(), IpamError> {
+    use kube::runtime::reflector::ObjectRef;
+    let settings = ctx.settings().await?;
     let tenants = Api::<Tenant>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await?;
@@ -205,35 +317,23 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
         if tenant.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let consumer = tenant.spec.cluster_id.clone();
         let ns = tenant.namespace().unwrap_or_default();
-        let api: Api<NetworkParameters> = Api::namespaced(ctx.client.clone(), &ns);
-        let published = api.get_opt(PROVIDER_NETWORK_PARAMETERS).await?;
+        if only.is_some_and(|only| !only.contains(&ns)) {
+            continue;
+        }
+        let consumer = tenant.spec.cluster_id.clone();
+        let parameters_of = |name: &str| parameters.get(&ObjectRef::new(name).within(&ns));
         let public_key = crate::fabric::ensure_gateway_key(&ctx.client, &consumer)
             .await?
             .public_key;
         let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, &consumer).await?;
-        let current = published.as_ref().map(|p| {
-            (
-                p.spec.cluster_id.as_str(),
-                p.spec.pod_cidr.as_str(),
-                p.spec.external_cidr.as_deref(),
-                p.spec.public_key.as_deref(),
-                p.spec.gateway_endpoint.as_deref(),
-            )
-        });
-        if current
-            != Some((
-                ctx.identity.cluster_id.as_str(),
-                settings.pod_cidr.as_str(),
-                Some(settings.external_cidr.as_str()),
-                Some(public_key.as_str()),
-                endpoint.as_deref(),
-            ))
+        let wanted = ours(ctx, &settings, &public_key, endpoint.as_deref());
+        if parameters_of(PROVIDER_NETWORK_PARAMETERS).is_none_or(|p| p.spec != wanted)
+            && let Some(rv) = publish(ctx, &consumer, &wanted).await?
         {
-            ensure_provider_parameters(ctx, &consumer).await?;
+            own.push((ns.clone(), PROVIDER_NETWORK_PARAMETERS.into(), rv));
         }
-        let Some(theirs) = api.get_opt(CONSUMER_NETWORK_PARAMETERS).await? else {
+        let Some(theirs) = parameters_of(CONSUMER_NETWORK_PARAMETERS) else {
             continue;
         };
         let mut prefixes = Vec::new();
@@ -253,7 +353,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
         {
             prefixes.push(ext);
         }
-        let grants = map_peer(ctx, &consumer, &prefixes).await?;
+        let grants = map_peer(ctx, &settings, &consumer, &prefixes).await?;
         let status = json!({
             "remappedPodCIDR": grants[0].granted.to_string(),
             "remappedExternalCIDR": grants.get(1).map(|g| g.granted.to_string()),
@@ -262,12 +362,16 @@ async fn sweep(ctx: &Ctx) -> Result<(), IpamError> {
         if current.remapped_pod_cidr.as_deref() != Some(&grants[0].granted.to_string())
             || current.remapped_external_cidr != grants.get(1).map(|g| g.granted.to_string())
         {
-            api.patch_status(
-                CONSUMER_NETWORK_PARAMETERS,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await?;
+            let written = Api::<NetworkParameters>::namespaced(ctx.client.clone(), &ns)
+                .patch_status(
+                    CONSUMER_NETWORK_PARAMETERS,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await?;
+            if let Some(rv) = written.resource_version() {
+                own.push((ns.clone(), CONSUMER_NETWORK_PARAMETERS.into(), rv));
+            }
         }
     }
     Ok(())

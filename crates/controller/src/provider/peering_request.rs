@@ -159,7 +159,22 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
     mark_used(client, &name, &consumer)
         .await
         .map_err(step("marking the invite used"))?;
-    approve(&ctx, &req, names::SYSTEM_NAMESPACE, json!({})).await
+    approve(
+        &ctx,
+        &req,
+        names::SYSTEM_NAMESPACE,
+        json!({}),
+        TenantStep::Ensure,
+    )
+    .await
+}
+
+/// Whether [`approve`] makes sure of the consumer's tenant first.
+pub(crate) enum TenantStep {
+    /// It does ([`ensure_tenant`]).
+    Ensure,
+    /// The caller just did, with terms of its own on it.
+    Ensured,
 }
 
 /// Approves a checked request (in namespace `ns`): the consumer's tenant, its identity signed
@@ -169,6 +184,7 @@ pub(crate) async fn approve(
     req: &PeeringRequest,
     ns: &str,
     extra: serde_json::Value,
+    tenant: TenantStep,
 ) -> Result<Action, Error> {
     let client = &ctx.client;
     let name = req.name_any();
@@ -197,9 +213,11 @@ pub(crate) async fn approve(
         return Ok(Action::await_change());
     }
     let consumer = req.spec.cluster_id.clone();
-    ensure_tenant(ctx, &consumer)
-        .await
-        .map_err(step("creating the tenant"))?;
+    if let TenantStep::Ensure = tenant {
+        ensure_tenant(ctx, &consumer)
+            .await
+            .map_err(step("creating the tenant"))?;
+    }
     let Some(cert) = signed_certificate(client, req, ctx.options.peer_certificate_lifetime)
         .await
         .map_err(step("getting the CSR signed"))?
@@ -480,7 +498,8 @@ async fn offer(
     ),
     kube::Error,
 > {
-    let share = crate::install::load_settings(&ctx.client)
+    let share = ctx
+        .settings()
         .await
         .map(|s| s.share_percent)
         .unwrap_or(crate::install::DEFAULT_SHARE_PERCENT);

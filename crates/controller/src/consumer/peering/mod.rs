@@ -734,7 +734,7 @@ async fn negotiate_network(
     remote_ns: &str,
     provider: &str,
 ) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
-    let settings = crate::install::load_settings(&ctx.client).await?;
+    let settings = ctx.settings().await?;
     let key = crate::fabric::ensure_gateway_key(&ctx.client, provider).await?;
     let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, provider)
         .await
@@ -802,7 +802,7 @@ async fn negotiate_network(
         .as_ref()
         .and_then(|e| e.parse().ok());
     prefixes.extend(ext);
-    let grants = crate::provider::network::map_peer(ctx, provider, &prefixes).await?;
+    let grants = crate::provider::network::map_peer(ctx, &settings, provider, &prefixes).await?;
     let remapped_pod = grants[0].granted.to_string();
     let remapped_ext = grants.get(1).map(|g| g.granted.to_string());
     let current = theirs.status.clone().unwrap_or_default();
