@@ -90,7 +90,7 @@ async fn tunnel_states(
     let mut now = BTreeMap::new();
     for tenant in tenants.state() {
         let id = &tenant.spec.cluster_id;
-        let up = match crate::fabric::gateway::status_address(&ctx, id).await {
+        let up = match crate::fabric::gateway::status_address(ctx, id).await {
             Ok(None) => Some(true),
             Ok(Some(addr)) => Some(
                 crate::consumer::virtual_node::gateway_state(&addr, TUNNEL_PROBE_TIMEOUT)
