@@ -96,3 +96,15 @@ mod tests {
         );
     }
 }
+
+/// The certificate a CSR was issued, once its signer has written one (`status.certificate`
+/// present and not empty, as kubectl's `certificate approve` waits for).
+pub fn issued_certificate(
+    csr: &k8s_openapi::api::certificates::v1::CertificateSigningRequest,
+) -> Option<&k8s_openapi::ByteString> {
+    csr.status
+        .as_ref()?
+        .certificate
+        .as_ref()
+        .filter(|c| !c.0.is_empty())
+}

@@ -341,10 +341,11 @@ async fn signed(ctx: &Ctx, node: &str, request: &str) -> Result<String, CertErro
     .map_err(err("approving", &name))?;
     let result = loop {
         let csr = api.get(&name).await.map_err(err("reading", &name))?;
-        let status = csr.status.unwrap_or_default();
-        if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
-            break String::from_utf8(cert.0).map_err(|_| CertError::BadCertificate(name.clone()));
+        if let Some(cert) = tandem_api::client::issued_certificate(&csr) {
+            break String::from_utf8(cert.0.clone())
+                .map_err(|_| CertError::BadCertificate(name.clone()));
         }
+        let status = csr.status.unwrap_or_default();
         if let Some(c) = status
             .conditions
             .unwrap_or_default()

@@ -82,11 +82,7 @@ pub(crate) fn requests_controller(ctx: &Ctx, ns: &'static str) -> Controller<Pee
                         .get(REQUEST_ANNOTATION)
                         .and_then(|r| r.split_once('/'))
                         .is_some_and(|(request_ns, _)| request_ns == ns);
-                    let issued = csr
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.certificate.as_ref())
-                        .is_some_and(|c| !c.0.is_empty());
+                    let issued = client::issued_certificate(&csr).is_some();
                     (mine && issued).then_some(())
                 }
                 Err(e) => {
@@ -579,10 +575,10 @@ async fn signed_certificate(
             }
         }
     };
-    let status = csr.status.clone().unwrap_or_default();
-    if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
+    if let Some(cert) = client::issued_certificate(&csr) {
         return Ok(Some(String::from_utf8_lossy(&cert.0).into_owned()));
     }
+    let status = csr.status.clone().unwrap_or_default();
     let approved = status
         .conditions
         .unwrap_or_default()
