@@ -55,6 +55,18 @@ where
     ok_if_not_found(api.delete(name, params).await).map(|_| ())
 }
 
+/// The certificate a CSR was issued, once its signer has written one (`status.certificate`
+/// present and not empty, as kubectl's `certificate approve` waits for).
+pub fn issued_certificate(
+    csr: &k8s_openapi::api::certificates::v1::CertificateSigningRequest,
+) -> Option<&k8s_openapi::ByteString> {
+    csr.status
+        .as_ref()?
+        .certificate
+        .as_ref()
+        .filter(|c| !c.0.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,16 +107,4 @@ mod tests {
             None
         );
     }
-}
-
-/// The certificate a CSR was issued, once its signer has written one (`status.certificate`
-/// present and not empty, as kubectl's `certificate approve` waits for).
-pub fn issued_certificate(
-    csr: &k8s_openapi::api::certificates::v1::CertificateSigningRequest,
-) -> Option<&k8s_openapi::ByteString> {
-    csr.status
-        .as_ref()?
-        .certificate
-        .as_ref()
-        .filter(|c| !c.0.is_empty())
 }
