@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -23,7 +24,7 @@ use tandem_api::{NetworkParameters, PeeringPolicy, PeeringRequest, Tenant, names
 use crate::context::Ctx;
 use crate::enroll;
 use crate::provider::peering_request::{
-    Error, TenantStep, approve, check_csr, ensure_tenant_with, set_status_in,
+    Error, TenantStep, approve, check_csr, csr_name, ensure_tenant_with, set_status_in,
 };
 
 /// How long a denied request stays for the consumer to read the reason.
@@ -175,58 +176,69 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         }
         return Ok(Action::requeue(POLICY_RECHECK));
     };
-    // The terms go on the Tenant before the identity exists: the consumer never runs a
-    // moment without them.
-    // Two keys approved for one cluster ID (an admin and a policy, say) race for the Tenant:
-    // it is created with the key on it, so only the first key's creation lands, and the
-    // other request is denied on reading it back.
-    ensure_tenant_with(
-        &ctx,
-        &consumer,
-        json!({names::KEY_FINGERPRINT_ANNOTATION: fingerprint}),
-    )
-    .await
-    .map_err(step("creating the tenant"))?;
-    let tenants = Api::<Tenant>::namespaced(client.clone(), &tenant_ns);
-    let current = tenants
-        .get(&consumer)
-        .await
-        .map_err(step("reading the consumer's Tenant"))?;
-    if let Some(other) = current.annotations().get(names::KEY_FINGERPRINT_ANNOTATION)
-        && other != &fingerprint
-    {
-        let why = format!(
-            "cluster ID {consumer} was just approved for another key ({other}); cluster IDs are self-asserted, so this request is refused"
-        );
-        set_status_in(client, ns(), &name, deny(why))
+    // The request's CSR is filed only once the Tenant carries this key and its terms
+    // (below): a later pass (woken by the CSR's signing) that finds both goes straight to
+    // the identity.
+    let filed = tenant.is_some()
+        && Api::<CertificateSigningRequest>::all(client.clone())
+            .get_opt(&csr_name(&req))
             .await
-            .map_err(step("writing status"))?;
-        return Ok(Action::await_change());
-    }
-    let mut annotations = serde_json::Map::new();
-    let mut spec = serde_json::Map::new();
-    if let Some(p) = policy {
-        annotations.insert(names::POLICY_ANNOTATION.into(), json!(p.name_any()));
-        if let Some(grant) = &p.spec.grant {
-            spec.insert("grant".into(), json!(grant));
-        }
-        spec.insert(
-            "allowedNamespaceMappingStrategies".into(),
-            json!(p.spec.namespace_mapping_strategies),
-        );
-        spec.insert(
-            "allowedPodOffloadingStrategies".into(),
-            json!(p.spec.pod_offloading_strategies),
-        );
-    }
-    tenants
-        .patch(
+            .map_err(step("reading the request's CSR"))?
+            .is_some();
+    if !filed {
+        // The terms go on the Tenant before the identity exists: the consumer never runs a
+        // moment without them.
+        // Two keys approved for one cluster ID (an admin and a policy, say) race for the Tenant:
+        // it is created with the key on it, so only the first key's creation lands, and the
+        // other request is denied on reading it back.
+        ensure_tenant_with(
+            &ctx,
             &consumer,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": annotations}, "spec": spec})),
+            json!({names::KEY_FINGERPRINT_ANNOTATION: fingerprint}),
         )
         .await
-        .map_err(step("writing the approval's terms on the Tenant"))?;
+        .map_err(step("creating the tenant"))?;
+        let tenants = Api::<Tenant>::namespaced(client.clone(), &tenant_ns);
+        let current = tenants
+            .get(&consumer)
+            .await
+            .map_err(step("reading the consumer's Tenant"))?;
+        if let Some(other) = current.annotations().get(names::KEY_FINGERPRINT_ANNOTATION)
+            && other != &fingerprint
+        {
+            let why = format!(
+                "cluster ID {consumer} was just approved for another key ({other}); cluster IDs are self-asserted, so this request is refused"
+            );
+            set_status_in(client, ns(), &name, deny(why))
+                .await
+                .map_err(step("writing status"))?;
+            return Ok(Action::await_change());
+        }
+        let mut annotations = serde_json::Map::new();
+        let mut spec = serde_json::Map::new();
+        if let Some(p) = policy {
+            annotations.insert(names::POLICY_ANNOTATION.into(), json!(p.name_any()));
+            if let Some(grant) = &p.spec.grant {
+                spec.insert("grant".into(), json!(grant));
+            }
+            spec.insert(
+                "allowedNamespaceMappingStrategies".into(),
+                json!(p.spec.namespace_mapping_strategies),
+            );
+            spec.insert(
+                "allowedPodOffloadingStrategies".into(),
+                json!(p.spec.pod_offloading_strategies),
+            );
+        }
+        tenants
+            .patch(
+                &consumer,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}, "spec": spec})),
+            )
+            .await
+            .map_err(step("writing the approval's terms on the Tenant"))?;
+    }
     tracing::info!(request = %name, %consumer, %approved_by, "enrollment request approved");
     approve(
         &ctx,

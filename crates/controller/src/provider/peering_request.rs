@@ -536,7 +536,7 @@ async fn offer(
     Ok((grant, labels))
 }
 
-fn csr_name(req: &PeeringRequest) -> String {
+pub(crate) fn csr_name(req: &PeeringRequest) -> String {
     format!("tandem-peer-{}-{}", req.spec.cluster_id, req.name_any())
 }
 
