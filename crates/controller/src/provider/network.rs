@@ -277,8 +277,8 @@ pub async fn run(ctx: Ctx) {
                     }
                 };
                 note(event);
-                // Every event already here, then one sweep (its own status writes come back
-                // as events, and the sweep after them finds nothing to do).
+                // Every event already here, then one sweep (the events of its own writes
+                // are recognised by their resourceVersion and sweep nothing).
                 while let Some(event) = events.next().now_or_never() {
                     note(event);
                 }
