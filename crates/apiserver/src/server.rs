@@ -53,6 +53,7 @@ pub async fn serve(state: Arc<State>, listener: TcpListener) {
                     return;
                 }
             };
+            tracing::debug!(%remote, "TLS accepted");
             let peer = PeerIdentity(
                 stream
                     .get_ref()
@@ -169,7 +170,7 @@ async fn handle(
     };
     let response = result.unwrap_or_else(|e| error_response(&e));
     tracing::debug!(
-        verb = %call.info.verb, path = %call.info.path, user = %call.user.name,
+        verb = %call.info.verb, path = %call.info.path, user = %call.user.name, %remote,
         code = response.status().as_u16(), elapsed = ?started.elapsed(), "request"
     );
     response

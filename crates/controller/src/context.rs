@@ -108,6 +108,8 @@ pub struct Context {
     pub ipam: crate::provider::network::IpamCache,
     /// The `tandem-config` ConfigMap as a watch keeps it (see [`Context::settings`]).
     pub settings: SettingsCache,
+    /// This cluster's gateway key Secrets and gateway Services as a watch keeps them.
+    pub gateways: GatewayCache,
 }
 
 pub type Ctx = Arc<Context>;
@@ -171,5 +173,85 @@ impl SettingsCache {
                 .within(tandem_api::names::SYSTEM_NAMESPACE),
         )?;
         Some(crate::install::settings_from(&map))
+    }
+}
+
+/// One kind of object in `tandem-system` labelled with its peer, kept by a watch; `None` until
+/// the watch has listed them (then the API is read).
+#[derive(Clone)]
+pub struct Watched<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
+    store: kube::runtime::reflector::Store<K>,
+    listed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<K> Watched<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    fn watch(
+        client: &Client,
+        what: &'static str,
+    ) -> (Self, impl std::future::Future<Output = ()> + use<K>) {
+        use futures::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+        let (store, writer) = reflector::store();
+        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let api: kube::Api<K> =
+            kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
+        let config = watcher::Config::default().labels(tandem_api::names::REMOTE_CLUSTER_LABEL);
+        let done = listed.clone();
+        let run = reflector(writer, watcher(api, config))
+            .default_backoff()
+            .for_each(move |event| {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        done.store(true, std::sync::atomic::Ordering::Release)
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "watching {what}"),
+                }
+                async {}
+            });
+        (Watched { store, listed }, run)
+    }
+
+    /// `tandem-system/name` as watched (`Some(None)`: it does not exist, or lacks the peer
+    /// label); `None` until the watch has listed.
+    pub fn get(&self, name: &str) -> Option<Option<Arc<K>>> {
+        use kube::runtime::reflector::ObjectRef;
+        if !self.listed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.store
+                .get(&ObjectRef::new(name).within(tandem_api::names::SYSTEM_NAMESPACE)),
+        )
+    }
+}
+
+/// The gateway objects every negotiation and the provider's one-second network sweep read
+/// for each peer (its key Secret and its Service, both `tandem-gateway-<peer>`), from a watch
+/// instead of a GET each.
+#[derive(Clone)]
+pub struct GatewayCache {
+    pub secrets: Watched<k8s_openapi::api::core::v1::Secret>,
+    pub services: Watched<k8s_openapi::api::core::v1::Service>,
+}
+
+impl GatewayCache {
+    /// The cache, and the watches that fill it (to be run for as long as the cache is read).
+    pub fn watch(client: &Client) -> (GatewayCache, impl std::future::Future<Output = ()> + use<>) {
+        let (secrets, watch_secrets) = Watched::watch(client, "gateway key Secrets");
+        let (services, watch_services) = Watched::watch(client, "gateway Services");
+        let run = async move {
+            futures::join!(watch_secrets, watch_services);
+        };
+        (GatewayCache { secrets, services }, run)
     }
 }

@@ -210,8 +210,11 @@ fn run_reconcilers(
     metrics.set_started();
     let (settings, watch_settings) = crate::context::SettingsCache::watch(&client);
     tasks.spawn(watch_settings);
+    let (gateways, watch_gateways) = crate::context::GatewayCache::watch(&client);
+    tasks.spawn(watch_gateways);
     let ctx = Arc::new(Context {
         settings,
+        gateways,
         client,
         identity,
         options,

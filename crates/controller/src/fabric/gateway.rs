@@ -410,14 +410,18 @@ async fn port_of(ctx: &Ctx, peer: &str) -> Result<u16, FabricError> {
 
 /// `ip:port` of this side's gateway to `peer` as the peer reaches it: the load balancer's
 /// ingress of the gateway's Service, once it has one.
-pub async fn local_endpoint(
-    client: &kube::Client,
-    peer: &str,
-) -> Result<Option<String>, kube::Error> {
-    let Some(svc) = Api::<Service>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
-        .get_opt(&gateway_secret(peer))
-        .await?
-    else {
+///
+/// Read from the watched Services (the provider's network sweep asks for every Tenant every
+/// second), or from the API until the watch has listed them.
+pub async fn local_endpoint(ctx: &Ctx, peer: &str) -> Result<Option<String>, kube::Error> {
+    let svc = match ctx.gateways.services.get(&gateway_secret(peer)) {
+        Some(svc) => svc,
+        None => Api::<Service>::namespaced(ctx.client.clone(), names::SYSTEM_NAMESPACE)
+            .get_opt(&gateway_secret(peer))
+            .await?
+            .map(std::sync::Arc::new),
+    };
+    let Some(svc) = svc else {
         return Ok(None);
     };
     let port = svc
@@ -485,7 +489,7 @@ pub async fn reconcile(
 ) -> Result<(), FabricError> {
     let peer = view.peer.as_str();
     let name = gateway_secret(peer);
-    let key = super::ensure_gateway_key(&ctx.client, peer).await?;
+    let key = super::gateway_key(ctx, peer).await?;
     let port = port_of(ctx, peer).await?;
     let ns = names::SYSTEM_NAMESPACE;
     let client = &ctx.client;

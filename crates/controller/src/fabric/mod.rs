@@ -97,8 +97,23 @@ pub async fn ensure_gateway_key(client: &kube::Client, peer: &str) -> Result<Gat
             }
         }
     };
+    key_of(&secret, &name)
+}
+
+/// This cluster's gateway key for `peer`, from the watched Secret when there is one (the
+/// provider's network sweep asks for every Tenant every second), else as
+/// [`ensure_gateway_key`] makes it.
+pub async fn gateway_key(ctx: &crate::context::Ctx, peer: &str) -> Result<GatewayKey, KeyError> {
+    match ctx.gateways.secrets.get(&gateway_secret(peer)) {
+        Some(Some(secret)) => key_of(&secret, &gateway_secret(peer)),
+        _ => ensure_gateway_key(&ctx.client, peer).await,
+    }
+}
+
+/// The key pair in the gateway key Secret `name`.
+fn key_of(secret: &Secret, name: &str) -> Result<GatewayKey, KeyError> {
     let invalid = |reason: String| KeyError::Invalid {
-        name: name.clone(),
+        name: name.to_string(),
         reason,
     };
     let private = secret

@@ -172,8 +172,8 @@ pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
 /// Publishes (server-side apply) the provider's `NetworkParameters` in `consumer`'s tenant namespace.
 pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), IpamError> {
     let settings = ctx.settings().await?;
-    let key = crate::fabric::ensure_gateway_key(&ctx.client, consumer).await?;
-    let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, consumer).await?;
+    let key = crate::fabric::gateway_key(ctx, consumer).await?;
+    let endpoint = crate::fabric::gateway::local_endpoint(ctx, consumer).await?;
     publish(
         ctx,
         consumer,
@@ -279,8 +279,9 @@ pub async fn run(ctx: Ctx) {
                 note(event);
                 // Every event already here, then one sweep (the events of its own writes
                 // are recognised by their resourceVersion and sweep nothing).
-                while let Some(event) = events.next().now_or_never() {
-                    note(event);
+                // (`Some(None)`, a stream that ended, stops here: the next `select!` sees it.)
+                while let Some(Some(event)) = events.next().now_or_never() {
+                    note(Some(event));
                 }
                 listed |= relisted;
                 match (relisted, changed.is_empty()) {
@@ -323,10 +324,8 @@ async fn sweep(
         }
         let consumer = tenant.spec.cluster_id.clone();
         let parameters_of = |name: &str| parameters.get(&ObjectRef::new(name).within(&ns));
-        let public_key = crate::fabric::ensure_gateway_key(&ctx.client, &consumer)
-            .await?
-            .public_key;
-        let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, &consumer).await?;
+        let public_key = crate::fabric::gateway_key(ctx, &consumer).await?.public_key;
+        let endpoint = crate::fabric::gateway::local_endpoint(ctx, &consumer).await?;
         let wanted = ours(ctx, &settings, &public_key, endpoint.as_deref());
         if parameters_of(PROVIDER_NETWORK_PARAMETERS).is_none_or(|p| p.spec != wanted)
             && let Some(rv) = publish(ctx, &consumer, &wanted).await?
@@ -362,15 +361,28 @@ async fn sweep(
         if current.remapped_pod_cidr.as_deref() != Some(&grants[0].granted.to_string())
             || current.remapped_external_cidr != grants.get(1).map(|g| g.granted.to_string())
         {
+            // Guarded by the version the cache holds: against a newer one (a consumer's
+            // change whose event is still on its way) the write is refused, and that event
+            // sweeps again. Unguarded, a write that changed nothing would answer with that
+            // newer version, and its event would be taken for this write's and skipped.
             let written = Api::<NetworkParameters>::namespaced(ctx.client.clone(), &ns)
                 .patch_status(
                     CONSUMER_NETWORK_PARAMETERS,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": status })),
+                    &Patch::Merge(json!({
+                        "metadata": {"resourceVersion": theirs.resource_version()},
+                        "status": status,
+                    })),
                 )
-                .await?;
-            if let Some(rv) = written.resource_version() {
-                own.push((ns.clone(), CONSUMER_NETWORK_PARAMETERS.into(), rv));
+                .await;
+            match written {
+                Ok(written) => {
+                    if let Some(rv) = written.resource_version() {
+                        own.push((ns.clone(), CONSUMER_NETWORK_PARAMETERS.into(), rv));
+                    }
+                }
+                Err(e) if client::is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
             }
         }
     }

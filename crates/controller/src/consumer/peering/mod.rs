@@ -735,8 +735,8 @@ async fn negotiate_network(
     provider: &str,
 ) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
     let settings = ctx.settings().await?;
-    let key = crate::fabric::ensure_gateway_key(&ctx.client, provider).await?;
-    let endpoint = crate::fabric::gateway::local_endpoint(&ctx.client, provider)
+    let key = crate::fabric::gateway_key(ctx, provider).await?;
+    let endpoint = crate::fabric::gateway::local_endpoint(ctx, provider)
         .await
         .map_err(request("reading this side's gateway Service".to_string()))?;
     let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
