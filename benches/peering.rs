@@ -23,8 +23,9 @@ use serde_json::json;
 use tandem_benches::sites;
 
 fn main() -> anyhow::Result<()> {
-    // `BENCH_API_LOG=FILE` logs every request the lab API servers answer (verb, path, user)
-    // into FILE: to count what a peering costs each side.
+    // `BENCH_API_LOG=FILE` logs every request the lab API servers answer (verb, path, user,
+    // remote address) and every TLS connection they accept into FILE: to count what a peering
+    // costs each side.
     if let Some(path) = std::env::var_os("BENCH_API_LOG") {
         let file = std::fs::File::create(path)?;
         tracing_subscriber::fmt()
@@ -47,21 +48,38 @@ async fn run() -> anyhow::Result<()> {
             .collect::<Result<_, _>>()?,
         Err(_) => vec![1, 8, 32],
     };
+    // `BENCH_RUNS=N` runs each size N times (default 5) and reports the median run by the time
+    // until all virtual nodes are Ready, with the range: one run of 32 varies by about 20%
+    // from one to the next on this machine.
+    let runs: usize = match std::env::var("BENCH_RUNS") {
+        Ok(v) => v.trim().parse::<usize>()?.max(1),
+        Err(_) => 5,
+    };
     let mut rows = Vec::new();
     for n in sizes {
-        rows.push(once(n).await?);
+        let mut all = Vec::new();
+        for _ in 0..runs {
+            all.push(once(n).await?);
+        }
+        all.sort_by_key(|r| r.ready);
+        let range = (all[0].ready, all[all.len() - 1].ready);
+        let mut median = all.swap_remove(all.len() / 2);
+        median.range = range;
+        rows.push(median);
     }
     let (single, single_established) = (rows[0].ready, rows[0].established);
     println!();
     println!(
-        "| providers | all virtual nodes Ready | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) | idle load before |"
+        "| providers | all virtual nodes Ready (median of {runs}, range) | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) | idle load before |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for row in &rows {
         println!(
-            "| {} | {:.2} s | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s | {:.0}% |",
+            "| {} | {:.2} s ({:.2}–{:.2}) | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s | {:.0}% |",
             row.n,
             row.ready.as_secs_f64(),
+            row.range.0.as_secs_f64(),
+            row.range.1.as_secs_f64(),
             row.ready.as_secs_f64() / single.as_secs_f64(),
             row.established.as_secs_f64(),
             row.established.as_secs_f64() / single_established.as_secs_f64(),
@@ -92,6 +110,8 @@ struct Row {
     cpu: Cpu,
     /// The machine's load in the idle second before.
     idle: Cpu,
+    /// The fastest and slowest of the runs of this size (`ready`).
+    range: (Duration, Duration),
 }
 
 /// The machine's CPU time from /proc/stat's `cpu` line, in clock ticks: (busy, all).
@@ -256,6 +276,18 @@ async fn once(n: usize) -> anyhow::Result<Row> {
         cpu.core_seconds / n as f64,
         idle.busy * 100.0,
     );
+    // Stop every cluster: a dropped LabCluster keeps its API server, scheduler, hollow nodes
+    // and their connections (about a hundred sockets each) running in this process, loading
+    // every later run and, over many runs, running out of file descriptors.
+    for tandem_benches::Site {
+        cluster,
+        controller,
+        ..
+    } in sites
+    {
+        drop(controller);
+        cluster.shutdown();
+    }
     Ok(Row {
         n,
         ready: total,
@@ -263,6 +295,7 @@ async fn once(n: usize) -> anyhow::Result<Row> {
         rss,
         cpu,
         idle,
+        range: (total, total),
     })
 }
 
