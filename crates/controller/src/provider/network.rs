@@ -255,11 +255,17 @@ pub async fn run(ctx: Ctx) {
         let only = tokio::select! {
             _ = tick.tick() => None,
             event = events.next() => {
+                let Some(event) = event else {
+                    // A watcher with backoff never ends; were it to, polling it again would
+                    // spin.
+                    tracing::error!("the NetworkParameters watch ended: provider-side network negotiation stops");
+                    return;
+                };
                 let mut changed = std::collections::BTreeSet::new();
                 let mut relisted = false;
-                let mut note = |event: Option<Result<watcher::Event<NetworkParameters>, _>>| {
+                let mut note = |event: Result<watcher::Event<NetworkParameters>, _>| {
                     match event {
-                        Some(Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p))) => {
+                        Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
                             let ns = p.namespace().unwrap_or_default();
                             let key = (ns.clone(), p.name_any(), p.resource_version().unwrap_or_default());
                             match own.iter().position(|o| o == &key) {
@@ -271,17 +277,17 @@ pub async fn run(ctx: Ctx) {
                                 }
                             }
                         }
-                        Some(Ok(watcher::Event::InitDone)) => relisted = true,
-                        Some(Ok(_)) | None => {}
-                        Some(Err(e)) => tracing::debug!(error = %e, "watching NetworkParameters"),
+                        Ok(watcher::Event::InitDone) => relisted = true,
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(error = %e, "watching NetworkParameters"),
                     }
                 };
                 note(event);
                 // Every event already here, then one sweep (the events of its own writes
                 // are recognised by their resourceVersion and sweep nothing).
-                // (`Some(None)`, a stream that ended, stops here: the next `select!` sees it.)
+                // (A stream that ended stops the drain; the next `select!` returns.)
                 while let Some(Some(event)) = events.next().now_or_never() {
-                    note(Some(event));
+                    note(event);
                 }
                 listed |= relisted;
                 match (relisted, changed.is_empty()) {
