@@ -176,8 +176,12 @@ impl SettingsCache {
     }
 }
 
+/// Failures (each after kube's default backoff: 0.8 s, then doubling) after which a
+/// [`Watched`] stops answering from its last snapshot, until the watch delivers again.
+const STALE_AFTER_FAILURES: u32 = 3;
+
 /// One kind of object in `tandem-system` labelled with its peer, kept by a watch; `None` until
-/// the watch has listed them (then the API is read).
+/// the watch has listed them, and again while it keeps failing (then the API is read).
 #[derive(Clone)]
 pub struct Watched<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
     store: kube::runtime::reflector::Store<K>,
@@ -205,16 +209,36 @@ where
         let api: kube::Api<K> =
             kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
         let config = watcher::Config::default().labels(tandem_api::names::REMOTE_CLUSTER_LABEL);
-        let done = listed.clone();
+        let fresh = listed.clone();
+        // Failures since the watch last delivered something (kube's watcher reports no event
+        // when a retried watch succeeds), and whether it has ever listed.
+        let (mut failures, mut ever_listed) = (0u32, false);
         let run = reflector(writer, watcher(api, config))
             .default_backoff()
             .for_each(move |event| {
+                use std::sync::atomic::Ordering::Release;
                 match event {
                     Ok(watcher::Event::InitDone) => {
-                        done.store(true, std::sync::atomic::Ordering::Release)
+                        (failures, ever_listed) = (0, true);
+                        fresh.store(true, Release);
+                    }
+                    // A watch that resumes after failing delivers what it missed: the store
+                    // is whole again. (During a new listing the store keeps its last snapshot
+                    // until InitDone.)
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) if ever_listed => {
+                        failures = 0;
+                        fresh.store(true, Release);
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::debug!(error = %e, "watching {what}"),
+                    Err(e) => {
+                        failures += 1;
+                        if failures == STALE_AFTER_FAILURES {
+                            tracing::warn!(error = %e, "watching {what} keeps failing: reading them from the API until it recovers");
+                            fresh.store(false, Release);
+                        } else {
+                            tracing::debug!(error = %e, "watching {what}");
+                        }
+                    }
                 }
                 async {}
             });
@@ -253,5 +277,74 @@ impl GatewayCache {
             futures::join!(watch_secrets, watch_services);
         };
         (GatewayCache { secrets, services }, run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::{Api, PostParams};
+
+    /// Polls `f` every 50 ms until it holds, for at most 30 s.
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A watch that lists but can never watch (RBAC grants `list` only) must not keep answering
+    /// from its first snapshot: after a few failures the cache says "not listed", so that
+    /// callers read the API, which still sees every change.
+    #[tokio::test]
+    async fn a_watch_that_keeps_failing_stops_answering_from_its_snapshot() {
+        let server = tandem_apiserver::ApiServer::start(Default::default())
+            .await
+            .unwrap();
+        let admin = server.client().await.unwrap();
+        let role: ClusterRole = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "list-secrets"},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}],
+        }))
+        .unwrap();
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "list-secrets"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "list-secrets"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": "lister"}],
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+        let lister = tandem_apiserver::client_from_kubeconfig(
+            &server.kubeconfig_for("lister", &[]).unwrap(),
+        )
+        .await
+        .unwrap();
+
+        let (secrets, run) = Watched::<Secret>::watch(&lister, "test Secrets");
+        let task = tokio::spawn(run);
+        until("the first listing", || secrets.get("absent").is_some()).await;
+        assert_eq!(
+            secrets.get("absent").unwrap(),
+            None,
+            "listed, and it is absent"
+        );
+        until("the failing watch to be given up on", || {
+            secrets.get("absent").is_none()
+        })
+        .await;
+        task.abort();
+        server.shutdown();
     }
 }
