@@ -55,6 +55,7 @@ async fn run() -> anyhow::Result<()> {
         Ok(v) => v.trim().parse::<usize>()?.max(1),
         Err(_) => 5,
     };
+    // Each size's median run, with the fastest and slowest `ready` of its runs.
     let mut rows = Vec::new();
     for n in sizes {
         let mut all = Vec::new();
@@ -63,23 +64,21 @@ async fn run() -> anyhow::Result<()> {
         }
         all.sort_by_key(|r| r.ready);
         let range = (all[0].ready, all[all.len() - 1].ready);
-        let mut median = all.swap_remove(all.len() / 2);
-        median.range = range;
-        rows.push(median);
+        rows.push((all.swap_remove(all.len() / 2), range));
     }
-    let (single, single_established) = (rows[0].ready, rows[0].established);
+    let (single, single_established) = (rows[0].0.ready, rows[0].0.established);
     println!();
     println!(
         "| providers | all virtual nodes Ready (median of {runs}, range) | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) | idle load before |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for row in &rows {
+    for (row, range) in &rows {
         println!(
             "| {} | {:.2} s ({:.2}–{:.2}) | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s | {:.0}% |",
             row.n,
             row.ready.as_secs_f64(),
-            row.range.0.as_secs_f64(),
-            row.range.1.as_secs_f64(),
+            range.0.as_secs_f64(),
+            range.1.as_secs_f64(),
             row.ready.as_secs_f64() / single.as_secs_f64(),
             row.established.as_secs_f64(),
             row.established.as_secs_f64() / single_established.as_secs_f64(),
@@ -110,8 +109,6 @@ struct Row {
     cpu: Cpu,
     /// The machine's load in the idle second before.
     idle: Cpu,
-    /// The fastest and slowest of the runs of this size (`ready`).
-    range: (Duration, Duration),
 }
 
 /// The machine's CPU time from /proc/stat's `cpu` line, in clock ticks: (busy, all).
@@ -295,7 +292,6 @@ async fn once(n: usize) -> anyhow::Result<Row> {
         rss,
         cpu,
         idle,
-        range: (total, total),
     })
 }
 
