@@ -124,32 +124,28 @@ impl Context {
     }
 }
 
-/// The `tandem-config` ConfigMap, kept by [`SettingsCache::watch`].
+/// The `tandem-config` ConfigMap, kept by [`SettingsCache::watch`]; with whether the watch is
+/// fresh (see [`WatchHealth`](crate::runtime::WatchHealth)).
 #[derive(Clone)]
-pub struct SettingsCache(kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>);
+pub struct SettingsCache {
+    store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
+    fresh: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl SettingsCache {
     /// The cache, and the watch that fills it (to be run for as long as the cache is read).
     /// A watch that fails (a role without `watch` on ConfigMaps, say) leaves the cache empty,
-    /// and [`Context::settings`] reads from the API.
+    /// or, failing after it has listed, stops it answering; [`Context::settings`] then reads
+    /// from the API.
     pub fn watch(
         client: &Client,
     ) -> (SettingsCache, impl std::future::Future<Output = ()> + use<>) {
-        use futures::StreamExt as _;
-        use kube::runtime::{WatchStreamExt as _, reflector, watcher};
-        let (store, writer) = reflector::store();
         let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
             kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
-        let config = watcher::Config::default()
+        let config = kube::runtime::watcher::Config::default()
             .fields(&format!("metadata.name={}", tandem_api::names::CONFIG_MAP));
-        let run = reflector(writer, watcher(api, config))
-            .default_backoff()
-            .for_each(|event| async move {
-                if let Err(e) = event {
-                    tracing::debug!(error = %e, "watching the cluster's settings");
-                }
-            });
-        (SettingsCache(store), run)
+        let (store, fresh, run) = tracked_reflector(api, config, "the cluster's settings");
+        (SettingsCache { store, fresh }, run)
     }
 
     /// The settings as watched, or read through `client` until the watch has listed them.
@@ -163,12 +159,16 @@ impl SettingsCache {
         }
     }
 
-    /// The settings as watched; None until the watch has listed the ConfigMap.
+    /// The settings as watched; None until the watch has listed the ConfigMap, and while it
+    /// keeps failing.
     pub fn watched(
         &self,
     ) -> Option<Result<crate::install::ClusterSettings, crate::install::InstallError>> {
         use kube::runtime::reflector::ObjectRef;
-        let map = self.0.get(
+        if !self.fresh.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let map = self.store.get(
             &ObjectRef::new(tandem_api::names::CONFIG_MAP)
                 .within(tandem_api::names::SYSTEM_NAMESPACE),
         )?;
@@ -176,9 +176,44 @@ impl SettingsCache {
     }
 }
 
-/// Failures (each after kube's default backoff: 0.8 s, then doubling) after which a
-/// [`Watched`] stops answering from its last snapshot, until the watch delivers again.
-const STALE_AFTER_FAILURES: u32 = 3;
+/// A reflector over `api` that keeps a flag of whether its store is fresh (true only while
+/// [`WatchHealth::Fresh`](crate::runtime::WatchHealth)); the future runs the watch.
+fn tracked_reflector<K>(
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+    what: &'static str,
+) -> (
+    kube::runtime::reflector::Store<K>,
+    Arc<std::sync::atomic::AtomicBool>,
+    impl std::future::Future<Output = ()> + use<K>,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let fresh = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = fresh.clone();
+    let mut tracker = crate::runtime::WatchTracker::new(what);
+    let run = reflector(writer, watcher(api, config))
+        .default_backoff()
+        .for_each(move |event| {
+            let health = tracker.note(&event);
+            flag.store(
+                health == crate::runtime::WatchHealth::Fresh,
+                std::sync::atomic::Ordering::Release,
+            );
+            async {}
+        });
+    (store, fresh, run)
+}
 
 /// One kind of object in `tandem-system` labelled with its peer, kept by a watch; `None` until
 /// the watch has listed them, and again while it keeps failing (then the API is read).
@@ -202,46 +237,11 @@ where
         client: &Client,
         what: &'static str,
     ) -> (Self, impl std::future::Future<Output = ()> + use<K>) {
-        use futures::StreamExt as _;
-        use kube::runtime::{WatchStreamExt as _, reflector, watcher};
-        let (store, writer) = reflector::store();
-        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let api: kube::Api<K> =
             kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
-        let config = watcher::Config::default().labels(tandem_api::names::REMOTE_CLUSTER_LABEL);
-        let fresh = listed.clone();
-        // Failures since the watch last delivered something (kube's watcher reports no event
-        // when a retried watch succeeds), and whether it has ever listed.
-        let (mut failures, mut ever_listed) = (0u32, false);
-        let run = reflector(writer, watcher(api, config))
-            .default_backoff()
-            .for_each(move |event| {
-                use std::sync::atomic::Ordering::Release;
-                match event {
-                    Ok(watcher::Event::InitDone) => {
-                        (failures, ever_listed) = (0, true);
-                        fresh.store(true, Release);
-                    }
-                    // A watch that resumes after failing delivers what it missed: the store
-                    // is whole again. (During a new listing the store keeps its last snapshot
-                    // until InitDone.)
-                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) if ever_listed => {
-                        failures = 0;
-                        fresh.store(true, Release);
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        failures += 1;
-                        if failures == STALE_AFTER_FAILURES {
-                            tracing::warn!(error = %e, "watching {what} keeps failing: reading them from the API until it recovers");
-                            fresh.store(false, Release);
-                        } else {
-                            tracing::debug!(error = %e, "watching {what}");
-                        }
-                    }
-                }
-                async {}
-            });
+        let config = kube::runtime::watcher::Config::default()
+            .labels(tandem_api::names::REMOTE_CLUSTER_LABEL);
+        let (store, listed, run) = tracked_reflector(api, config, what);
         (Watched { store, listed }, run)
     }
 
@@ -298,16 +298,18 @@ mod tests {
 
     /// A watch that lists but can never watch (RBAC grants `list` only) must not keep answering
     /// from its first snapshot: after a few failures the cache says "not listed", so that
-    /// callers read the API, which still sees every change.
+    /// callers read the API, which still sees every change. Both caches: the gateway objects'
+    /// and the settings'.
     #[tokio::test]
-    async fn a_watch_that_keeps_failing_stops_answering_from_its_snapshot() {
+    async fn watches_that_keep_failing_stop_answering_from_their_snapshots() {
         let server = tandem_apiserver::ApiServer::start(Default::default())
             .await
             .unwrap();
         let admin = server.client().await.unwrap();
         let role: ClusterRole = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "list-secrets"},
-            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}],
+            "rules": [{"apiGroups": [""], "resources": ["secrets", "configmaps"],
+                       "verbs": ["list"]}],
         }))
         .unwrap();
         Api::<ClusterRole>::all(admin.clone())
@@ -332,16 +334,39 @@ mod tests {
         .await
         .unwrap();
 
+        // The settings ConfigMap exists (its keys do not matter here).
+        let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": tandem_api::names::SYSTEM_NAMESPACE}}),
+        )
+        .unwrap();
+        Api::all(admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let map: k8s_openapi::api::core::v1::ConfigMap =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": tandem_api::names::CONFIG_MAP},
+            }))
+            .unwrap();
+        Api::namespaced(admin.clone(), tandem_api::names::SYSTEM_NAMESPACE)
+            .create(&PostParams::default(), &map)
+            .await
+            .unwrap();
+
         let (secrets, run) = Watched::<Secret>::watch(&lister, "test Secrets");
-        let task = tokio::spawn(run);
-        until("the first listing", || secrets.get("absent").is_some()).await;
+        let (settings, run_settings) = SettingsCache::watch(&lister);
+        let task = tokio::spawn(async move { futures::join!(run, run_settings) });
+        until("the first listings", || {
+            secrets.get("absent").is_some() && settings.watched().is_some()
+        })
+        .await;
         assert_eq!(
             secrets.get("absent").unwrap(),
             None,
             "listed, and it is absent"
         );
-        until("the failing watch to be given up on", || {
-            secrets.get("absent").is_none()
+        until("the failing watches to be given up on", || {
+            secrets.get("absent").is_none() && settings.watched().is_none()
         })
         .await;
         task.abort();

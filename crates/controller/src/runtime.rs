@@ -80,6 +80,78 @@ where
         )
 }
 
+/// Failures (each after kube's default backoff: 0.8 s, then doubling) after which a watch's
+/// cache is taken for stale, until the watch delivers again.
+pub(crate) const STALE_AFTER_FAILURES: u32 = 3;
+
+/// Whether what a watch has delivered can still be read as the cluster's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WatchHealth {
+    /// Not listed yet.
+    Listing,
+    /// Listed, and the watch has not kept failing since.
+    Fresh,
+    /// [`STALE_AFTER_FAILURES`] failures since the watch last delivered anything: its cache
+    /// is a snapshot of the past. Readers go to the API until it delivers again.
+    Stale,
+}
+
+/// Follows one watch's health from its events (see [`WatchHealth`]). A watch that lists but
+/// then fails for good (RBAC granting `list` but not `watch`, say) would otherwise go on
+/// answering from its first snapshot, and say so only at debug level.
+pub(crate) struct WatchTracker {
+    what: &'static str,
+    /// Failures since the watch last delivered something (kube's watcher reports no event
+    /// when a retried watch succeeds).
+    failures: u32,
+    ever_listed: bool,
+    health: WatchHealth,
+}
+
+impl WatchTracker {
+    pub(crate) fn new(what: &'static str) -> WatchTracker {
+        WatchTracker {
+            what,
+            failures: 0,
+            ever_listed: false,
+            health: WatchHealth::Listing,
+        }
+    }
+
+    /// Notes one of the watch's events; returns its health after it. The failure that makes
+    /// it stale is logged as a warning, the others at debug level.
+    pub(crate) fn note<K>(
+        &mut self,
+        event: &Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>,
+    ) -> WatchHealth {
+        use kube::runtime::watcher::Event;
+        match event {
+            Ok(Event::InitDone) => {
+                (self.failures, self.ever_listed) = (0, true);
+                self.health = WatchHealth::Fresh;
+            }
+            // A watch that resumes after failing delivers what it missed: its cache is whole
+            // again. (During a new listing a reflector's store keeps its last snapshot until
+            // InitDone.)
+            Ok(Event::Apply(_) | Event::Delete(_)) if self.ever_listed => {
+                self.failures = 0;
+                self.health = WatchHealth::Fresh;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.failures += 1;
+                if self.failures == STALE_AFTER_FAILURES {
+                    tracing::warn!(error = %e, "watching {} keeps failing: reading them from the API until it recovers", self.what);
+                    self.health = WatchHealth::Stale;
+                } else {
+                    tracing::debug!(error = %e, "watching {}", self.what);
+                }
+            }
+        }
+        self.health
+    }
+}
+
 impl Controller {
     /// Starts this cluster's controller. Tandem's manifests must be applied; on the first
     /// start it completes what they leave to it ([`bootstrap`]). With leader election, the
@@ -227,4 +299,41 @@ fn run_reconcilers(
     tasks.spawn(crate::fabric::gateway::run(ctx.clone()));
     tasks.spawn(crate::discovery::run(ctx.clone()));
     tracing::info!(cluster_id = %ctx.identity.cluster_id, "controller started");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::{Error, Event};
+
+    #[test]
+    fn a_watch_is_stale_after_failing_repeatedly_and_fresh_when_it_delivers_again() {
+        let mut tracker = WatchTracker::new("test objects");
+        let fail = || Err::<Event<()>, _>(Error::NoResourceVersion);
+        // Failures before the first listing never make it fresh, and an event is no listing.
+        assert_eq!(tracker.note(&fail()), WatchHealth::Listing);
+        assert_eq!(tracker.note(&Ok(Event::Apply(()))), WatchHealth::Listing);
+        assert_eq!(tracker.note(&Ok(Event::<()>::Init)), WatchHealth::Listing);
+        assert_eq!(tracker.note(&Ok(Event::<()>::InitDone)), WatchHealth::Fresh);
+        for _ in 1..STALE_AFTER_FAILURES {
+            assert_eq!(tracker.note(&fail()), WatchHealth::Fresh);
+        }
+        assert_eq!(tracker.note(&fail()), WatchHealth::Stale);
+        assert_eq!(tracker.note(&fail()), WatchHealth::Stale);
+        // A resumed watch's event: whole again.
+        assert_eq!(tracker.note(&Ok(Event::Delete(()))), WatchHealth::Fresh);
+        // Delivering resets the count: it takes as many failures again.
+        for _ in 1..STALE_AFTER_FAILURES {
+            assert_eq!(tracker.note(&fail()), WatchHealth::Fresh);
+        }
+        assert_eq!(tracker.note(&Ok(Event::Apply(()))), WatchHealth::Fresh);
+        assert_eq!(tracker.note(&fail()), WatchHealth::Fresh);
+        // A new listing after going stale: fresh at its end, not before.
+        for _ in 1..STALE_AFTER_FAILURES {
+            tracker.note(&fail());
+        }
+        assert_eq!(tracker.note(&Ok(Event::<()>::Init)), WatchHealth::Stale);
+        assert_eq!(tracker.note(&Ok(Event::InitApply(()))), WatchHealth::Stale);
+        assert_eq!(tracker.note(&Ok(Event::<()>::InitDone)), WatchHealth::Fresh);
+    }
 }

@@ -585,3 +585,60 @@ async fn a_grant_that_is_not_a_quantity_is_reported_and_never_reaches_the_virtua
     )
     .await;
 }
+
+/// A provider whose controller may list NetworkParameters but not watch them (a ClusterRole
+/// trimmed by hand, say) still negotiates the network: once its watch has kept failing, the
+/// provider's sweep reads them from the API instead of the listing the watch began with, which
+/// holds no consumer's parameters.
+#[tokio::test]
+async fn a_provider_that_cannot_watch_network_parameters_still_negotiates() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+    let consumer = Cluster::start("rome", "eu-west", 1).await;
+    let mut provider = Cluster::start("milan", "eu-south", 1).await;
+    let roles: Api<ClusterRole> = Api::all(provider.client.clone());
+    let mut role = roles.get(names::CONTROLLER_NAME).await.unwrap();
+    let rules = role.rules.get_or_insert_default();
+    let mut trimmed = false;
+    for rule in rules.iter_mut() {
+        let resources = rule.resources.get_or_insert_default();
+        if rule.verbs.iter().any(|v| v == "watch")
+            && resources.iter().any(|r| r == "networkparameters")
+        {
+            resources.retain(|r| r != "networkparameters");
+            trimmed = true;
+        }
+    }
+    assert!(
+        trimmed,
+        "the controller's role lets it watch NetworkParameters"
+    );
+    rules.push(PolicyRule {
+        api_groups: Some(vec![tandem_api::GROUP.into()]),
+        resources: Some(vec!["networkparameters".into()]),
+        verbs: vec!["get".into(), "list".into()],
+        ..Default::default()
+    });
+    roles
+        .replace(names::CONTROLLER_NAME, &Default::default(), &role)
+        .await
+        .unwrap();
+    // Its watches start again, under the trimmed role.
+    provider.restart_controller().await;
+
+    // Established: the consumer has the provider's remap of its network.
+    support::peer(&consumer, &provider).await;
+    let theirs: Api<NetworkParameters> = Api::namespaced(
+        provider.client.clone(),
+        &names::tenant_namespace(&consumer.id),
+    );
+    let status = theirs
+        .get(tandem_controller::rbac::CONSUMER_NETWORK_PARAMETERS)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    assert!(
+        status.remapped_pod_cidr.is_some(),
+        "the provider remapped the consumer's pod CIDR: {status:?}"
+    );
+}

@@ -3,6 +3,7 @@
 //! `NetworkParameters`). Also the cluster's persisted IPAM, shared with the consumer side.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -230,8 +231,13 @@ async fn publish(
 /// Both sides' parameters are read from a cache the watch keeps (a peering's negotiation
 /// writes them several times, each write an event), and an event sweeps only the tenant
 /// namespace it came from, unless the sweep's own write caused it; the one-second sweep goes
-/// over every Tenant.
+/// over every Tenant. While the watch keeps failing (see [`WatchHealth`]) the one-second sweep
+/// reads them from the API instead: a cache that stopped at its last listing would never see
+/// a new consumer's parameters.
+///
+/// [`WatchHealth`]: crate::runtime::WatchHealth
 pub async fn run(ctx: Ctx) {
+    use crate::runtime::{WatchHealth, WatchTracker};
     use futures::{FutureExt as _, StreamExt as _};
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -246,7 +252,8 @@ pub async fn run(ctx: Ctx) {
     .default_backoff()
     .boxed();
     // The cache is complete once the first listing is: no sweep before.
-    let mut listed = false;
+    let mut tracker = WatchTracker::new("NetworkParameters");
+    let mut health = WatchHealth::Listing;
     // (namespace, name, resourceVersion) of the sweeps' own writes, until their events come
     // (bounded: a relist replaces events).
     let mut own: Vec<(String, String, String)> = Vec::new();
@@ -264,6 +271,7 @@ pub async fn run(ctx: Ctx) {
                 let mut changed = std::collections::BTreeSet::new();
                 let mut relisted = false;
                 let mut note = |event: Result<watcher::Event<NetworkParameters>, _>| {
+                    health = tracker.note(&event);
                     match event {
                         Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
                             let ns = p.namespace().unwrap_or_default();
@@ -278,8 +286,7 @@ pub async fn run(ctx: Ctx) {
                             }
                         }
                         Ok(watcher::Event::InitDone) => relisted = true,
-                        Ok(_) => {}
-                        Err(e) => tracing::debug!(error = %e, "watching NetworkParameters"),
+                        Ok(_) | Err(_) => {}
                     }
                 };
                 note(event);
@@ -289,7 +296,6 @@ pub async fn run(ctx: Ctx) {
                 while let Some(Some(event)) = events.next().now_or_never() {
                     note(event);
                 }
-                listed |= relisted;
                 match (relisted, changed.is_empty()) {
                     (true, _) => None,
                     (false, true) => continue,
@@ -297,25 +303,61 @@ pub async fn run(ctx: Ctx) {
                 }
             }
         };
-        if !listed {
-            continue;
-        }
         if own.len() > 256 {
             own.clear();
         }
-        if let Err(e) = sweep(&ctx, &parameters, only.as_ref(), &mut own).await {
+        let swept = match health {
+            WatchHealth::Listing => continue,
+            WatchHealth::Fresh => {
+                let cached = |ns: &str, name: &str| {
+                    parameters.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+                };
+                sweep(&ctx, &cached, only.as_ref(), &mut own).await
+            }
+            WatchHealth::Stale => match listed_from_api(&ctx).await {
+                Ok(listed) => {
+                    let read =
+                        |ns: &str, name: &str| listed.get(&(ns.into(), name.into())).cloned();
+                    sweep(&ctx, &read, None, &mut own).await
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "network negotiation (provider side): listing NetworkParameters while their watch fails");
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = swept {
             tracing::warn!(error = %crate::error::chain(&e), "network negotiation (provider side)");
         }
     }
 }
 
+/// Every NetworkParameters, read from the API (for a sweep while the watch is stale).
+async fn listed_from_api(
+    ctx: &Ctx,
+) -> kube::Result<std::collections::HashMap<(String, String), Arc<NetworkParameters>>> {
+    let listed = Api::<NetworkParameters>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(listed
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                (p.namespace().unwrap_or_default(), p.name_any()),
+                Arc::new(p),
+            )
+        })
+        .collect())
+}
+
+/// `parameters(namespace, name)`: the NetworkParameters as the sweep reads them.
 async fn sweep(
     ctx: &Ctx,
-    parameters: &kube::runtime::reflector::Store<NetworkParameters>,
+    parameters: &(dyn Fn(&str, &str) -> Option<Arc<NetworkParameters>> + Sync),
     only: Option<&std::collections::BTreeSet<String>>,
     own: &mut Vec<(String, String, String)>,
 ) -> Result<(), IpamError> {
-    use kube::runtime::reflector::ObjectRef;
     let settings = ctx.settings().await?;
     let tenants = Api::<Tenant>::all(ctx.client.clone())
         .list(&ListParams::default())
@@ -329,7 +371,7 @@ async fn sweep(
             continue;
         }
         let consumer = tenant.spec.cluster_id.clone();
-        let parameters_of = |name: &str| parameters.get(&ObjectRef::new(name).within(&ns));
+        let parameters_of = |name: &str| parameters(&ns, name);
         let public_key = crate::fabric::gateway_key(ctx, &consumer).await?.public_key;
         let endpoint = crate::fabric::gateway::local_endpoint(ctx, &consumer).await?;
         let wanted = ours(ctx, &settings, &public_key, endpoint.as_deref());
