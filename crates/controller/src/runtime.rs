@@ -284,9 +284,12 @@ fn run_reconcilers(
     tasks.spawn(watch_settings);
     let (gateways, watch_gateways) = crate::context::GatewayCache::watch(&client);
     tasks.spawn(watch_gateways);
+    let (offloadings, watch_offloadings) = crate::consumer::vk::watch_offloadings(&client);
+    tasks.spawn(watch_offloadings);
     let ctx = Arc::new(Context {
         settings,
         gateways,
+        offloadings,
         client,
         identity,
         options,

@@ -809,25 +809,90 @@ async fn watch_local(client: Client, node: String, tx: mpsc::Sender<Msg>) {
     }
 }
 
-async fn watch_offloadings(client: Client, tx: mpsc::Sender<Msg>) {
-    let stream = watch_events(
-        "virtual kubelet",
-        Api::<NamespaceOffloading>::all(client),
-        watcher::Config::default(),
-    );
-    futures::pin_mut!(stream);
-    while let Some(ev) = stream.next().await {
-        let msg = match ev {
-            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
-                if n.name_any() != names::OFFLOADING_NAME {
-                    continue;
-                }
-                Msg::Offloading(Box::new(n))
-            }
-            watcher::Event::Delete(n) => Msg::OffloadingGone(n.namespace().unwrap_or_default()),
-            _ => continue,
+/// Each namespace's NamespaceOffloading (the one named [`names::OFFLOADING_NAME`]), as one
+/// watch keeps them for every virtual kubelet of the cluster. (Each virtual kubelet watched
+/// them all itself: a listing, a watch and, over HTTP/1.1, a connection per provider, each
+/// carrying every change.)
+pub type OffloadingMap = Arc<std::collections::BTreeMap<String, Arc<NamespaceOffloading>>>;
+
+/// The watch behind [`OffloadingMap`]: the receiver the virtual kubelets read, and the future
+/// that runs the watch (for as long as the controller runs). Empty until the first listing; a
+/// relisting replaces the whole map, so that what went while the watch was down goes too.
+pub fn watch_offloadings(
+    client: &Client,
+) -> (
+    tokio::sync::watch::Receiver<OffloadingMap>,
+    impl std::future::Future<Output = ()> + use<>,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(OffloadingMap::default());
+    let api = Api::<NamespaceOffloading>::all(client.clone());
+    let run = async move {
+        let stream = watch_events("NamespaceOffloadings", api, watcher::Config::default());
+        futures::pin_mut!(stream);
+        let mut listing = None;
+        let ours = |o: &NamespaceOffloading| {
+            let ns = o.namespace().unwrap_or_default();
+            (o.name_any() == names::OFFLOADING_NAME).then_some(ns)
         };
-        if tx.send(msg).await.is_err() {
+        while let Some(ev) = stream.next().await {
+            match ev {
+                watcher::Event::Init => listing = Some(std::collections::BTreeMap::new()),
+                watcher::Event::InitApply(o) => {
+                    if let (Some(listing), Some(ns)) = (listing.as_mut(), ours(&o)) {
+                        listing.insert(ns, Arc::new(o));
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(listing) = listing.take() {
+                        tx.send_replace(Arc::new(listing));
+                    }
+                }
+                watcher::Event::Apply(o) => {
+                    if let Some(ns) = ours(&o) {
+                        tx.send_modify(|map| {
+                            Arc::make_mut(map).insert(ns, Arc::new(o));
+                        });
+                    }
+                }
+                watcher::Event::Delete(o) => {
+                    if let Some(ns) = ours(&o) {
+                        tx.send_modify(|map| {
+                            Arc::make_mut(map).remove(&ns);
+                        });
+                    }
+                }
+            }
+        }
+    };
+    (rx, run)
+}
+
+/// Feeds this virtual kubelet the changes of the shared [`OffloadingMap`]: each new or changed
+/// NamespaceOffloading, and each namespace whose NamespaceOffloading went.
+async fn follow_offloadings(
+    mut offloadings: tokio::sync::watch::Receiver<OffloadingMap>,
+    tx: mpsc::Sender<Msg>,
+) {
+    let mut seen = OffloadingMap::default();
+    loop {
+        let now = offloadings.borrow_and_update().clone();
+        let mut msgs = Vec::new();
+        for (ns, o) in now.iter() {
+            // An entry the map did not replace is the same Arc.
+            if seen.get(ns).is_none_or(|before| !Arc::ptr_eq(before, o)) {
+                msgs.push(Msg::Offloading(Box::new(NamespaceOffloading::clone(o))));
+            }
+        }
+        for ns in seen.keys().filter(|ns| !now.contains_key(*ns)) {
+            msgs.push(Msg::OffloadingGone(ns.clone()));
+        }
+        for msg in msgs {
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+        seen = now;
+        if offloadings.changed().await.is_err() {
             return;
         }
     }
@@ -1005,7 +1070,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             tx.clone(),
         ))
         .abort_handle(),
-        tokio::spawn(watch_offloadings(ctx.client.clone(), tx.clone())).abort_handle(),
+        tokio::spawn(follow_offloadings(ctx.offloadings.clone(), tx.clone())).abort_handle(),
         tokio::spawn(watch_node(
             ctx.client.clone(),
             l.virtual_node.clone(),
