@@ -110,8 +110,8 @@ pub struct Context {
     pub settings: SettingsCache,
     /// This cluster's gateway key Secrets and gateway Services as a watch keeps them.
     pub gateways: GatewayCache,
-    /// Every namespace's NamespaceOffloading as one watch keeps them for the virtual kubelets.
-    pub offloadings: tokio::sync::watch::Receiver<crate::consumer::vk::OffloadingMap>,
+    /// What the virtual kubelets watch together.
+    pub shared: crate::consumer::vk::SharedWatches,
 }
 
 pub type Ctx = Arc<Context>;

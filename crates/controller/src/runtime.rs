@@ -284,12 +284,12 @@ fn run_reconcilers(
     tasks.spawn(watch_settings);
     let (gateways, watch_gateways) = crate::context::GatewayCache::watch(&client);
     tasks.spawn(watch_gateways);
-    let (offloadings, watch_offloadings) = crate::consumer::vk::watch_offloadings(&client);
-    tasks.spawn(watch_offloadings);
+    let (shared, watch_shared) = crate::consumer::vk::SharedWatches::watch(&client);
+    tasks.spawn(watch_shared);
     let ctx = Arc::new(Context {
         settings,
         gateways,
-        offloadings,
+        shared,
         client,
         identity,
         options,

@@ -809,37 +809,76 @@ async fn watch_local(client: Client, node: String, tx: mpsc::Sender<Msg>) {
     }
 }
 
-/// Each namespace's NamespaceOffloading (the one named [`names::OFFLOADING_NAME`]), as one
-/// watch keeps them for every virtual kubelet of the cluster. (Each virtual kubelet watched
-/// them all itself: a listing, a watch and, over HTTP/1.1, a connection per provider, each
-/// carrying every change.)
-pub type OffloadingMap = Arc<std::collections::BTreeMap<String, Arc<NamespaceOffloading>>>;
+/// Objects of one kind by key, as one watch keeps them for every virtual kubelet of the
+/// cluster. (Each virtual kubelet watched them itself: a listing, a watch and, over HTTP/1.1, a
+/// connection per provider, each carrying every change.)
+pub type SharedMap<K> = Arc<std::collections::BTreeMap<String, Arc<K>>>;
 
-/// The watch behind [`OffloadingMap`]: the receiver the virtual kubelets read, and the future
-/// that runs the watch (for as long as the controller runs). Empty until the first listing; a
-/// relisting replaces the whole map, so that what went while the watch was down goes too.
-pub fn watch_offloadings(
-    client: &Client,
+/// What the virtual kubelets watch together (see [`SharedMap`]).
+#[derive(Clone)]
+pub struct SharedWatches {
+    /// Each namespace's NamespaceOffloading (the one named [`names::OFFLOADING_NAME`]).
+    offloadings: tokio::sync::watch::Receiver<SharedMap<NamespaceOffloading>>,
+    /// The virtual nodes, by name.
+    nodes: tokio::sync::watch::Receiver<SharedMap<Node>>,
+}
+
+impl SharedWatches {
+    /// The shared maps, and the future that runs their watches (for as long as the controller
+    /// runs).
+    pub fn watch(
+        client: &Client,
+    ) -> (SharedWatches, impl std::future::Future<Output = ()> + use<>) {
+        let (offloadings, watch_offloadings) = shared_watch(
+            "NamespaceOffloadings",
+            Api::<NamespaceOffloading>::all(client.clone()),
+            watcher::Config::default(),
+            |o| (o.name_any() == names::OFFLOADING_NAME).then(|| o.namespace().unwrap_or_default()),
+        );
+        let (nodes, watch_nodes) = shared_watch(
+            "virtual nodes",
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                names::NODE_TYPE_LABEL,
+                names::VIRTUAL_NODE_TYPE
+            )),
+            |n| Some(n.name_any()),
+        );
+        let run = async move {
+            futures::join!(watch_offloadings, watch_nodes);
+        };
+        (SharedWatches { offloadings, nodes }, run)
+    }
+}
+
+/// A [`SharedMap`] of the objects `api` and `config` watch, under `key_of` (None: left out),
+/// and the future that runs the watch. Empty until the first listing; a relisting replaces the
+/// whole map, so that what went while the watch was down goes too.
+fn shared_watch<K>(
+    what: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    key_of: fn(&K) -> Option<String>,
 ) -> (
-    tokio::sync::watch::Receiver<OffloadingMap>,
-    impl std::future::Future<Output = ()> + use<>,
-) {
-    let (tx, rx) = tokio::sync::watch::channel(OffloadingMap::default());
-    let api = Api::<NamespaceOffloading>::all(client.clone());
+    tokio::sync::watch::Receiver<SharedMap<K>>,
+    impl std::future::Future<Output = ()> + use<K>,
+)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync,
+    K: 'static,
+{
+    let (tx, rx) = tokio::sync::watch::channel(SharedMap::default());
     let run = async move {
-        let stream = watch_events("NamespaceOffloadings", api, watcher::Config::default());
+        let stream = watch_events(what, api, config);
         futures::pin_mut!(stream);
         let mut listing = None;
-        let ours = |o: &NamespaceOffloading| {
-            let ns = o.namespace().unwrap_or_default();
-            (o.name_any() == names::OFFLOADING_NAME).then_some(ns)
-        };
         while let Some(ev) = stream.next().await {
             match ev {
                 watcher::Event::Init => listing = Some(std::collections::BTreeMap::new()),
                 watcher::Event::InitApply(o) => {
-                    if let (Some(listing), Some(ns)) = (listing.as_mut(), ours(&o)) {
-                        listing.insert(ns, Arc::new(o));
+                    if let (Some(listing), Some(key)) = (listing.as_mut(), key_of(&o)) {
+                        listing.insert(key, Arc::new(o));
                     }
                 }
                 watcher::Event::InitDone => {
@@ -848,16 +887,16 @@ pub fn watch_offloadings(
                     }
                 }
                 watcher::Event::Apply(o) => {
-                    if let Some(ns) = ours(&o) {
+                    if let Some(key) = key_of(&o) {
                         tx.send_modify(|map| {
-                            Arc::make_mut(map).insert(ns, Arc::new(o));
+                            Arc::make_mut(map).insert(key, Arc::new(o));
                         });
                     }
                 }
                 watcher::Event::Delete(o) => {
-                    if let Some(ns) = ours(&o) {
+                    if let Some(key) = key_of(&o) {
                         tx.send_modify(|map| {
-                            Arc::make_mut(map).remove(&ns);
+                            Arc::make_mut(map).remove(&key);
                         });
                     }
                 }
@@ -867,24 +906,30 @@ pub fn watch_offloadings(
     (rx, run)
 }
 
-/// Feeds this virtual kubelet the changes of the shared [`OffloadingMap`]: each new or changed
-/// NamespaceOffloading, and each namespace whose NamespaceOffloading went.
-async fn follow_offloadings(
-    mut offloadings: tokio::sync::watch::Receiver<OffloadingMap>,
+/// Feeds this virtual kubelet the changes of a [`SharedMap`] for the keys it `wants`: `changed`
+/// for each new or changed object, `gone` for each key whose object went.
+async fn follow<K>(
+    mut map: tokio::sync::watch::Receiver<SharedMap<K>>,
     tx: mpsc::Sender<Msg>,
+    wants: impl Fn(&str) -> bool,
+    changed: impl Fn(&str, &K) -> Msg,
+    gone: impl Fn(&str) -> Msg,
 ) {
-    let mut seen = OffloadingMap::default();
+    let mut seen = SharedMap::<K>::default();
     loop {
-        let now = offloadings.borrow_and_update().clone();
+        let now = map.borrow_and_update().clone();
         let mut msgs = Vec::new();
-        for (ns, o) in now.iter() {
+        for (key, o) in now.iter().filter(|(key, _)| wants(key)) {
             // An entry the map did not replace is the same Arc.
-            if seen.get(ns).is_none_or(|before| !Arc::ptr_eq(before, o)) {
-                msgs.push(Msg::Offloading(Box::new(NamespaceOffloading::clone(o))));
+            if seen.get(key).is_none_or(|before| !Arc::ptr_eq(before, o)) {
+                msgs.push(changed(key, o));
             }
         }
-        for ns in seen.keys().filter(|ns| !now.contains_key(*ns)) {
-            msgs.push(Msg::OffloadingGone(ns.clone()));
+        for key in seen
+            .keys()
+            .filter(|key| !now.contains_key(*key) && wants(key))
+        {
+            msgs.push(gone(key));
         }
         for msg in msgs {
             if tx.send(msg).await.is_err() {
@@ -892,31 +937,19 @@ async fn follow_offloadings(
             }
         }
         seen = now;
-        if offloadings.changed().await.is_err() {
+        if map.changed().await.is_err() {
             return;
         }
     }
 }
 
-async fn watch_node(client: Client, node: String, tx: mpsc::Sender<Msg>) {
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let stream = watch_events("virtual kubelet", Api::<Node>::all(client), cfg);
-    futures::pin_mut!(stream);
-    while let Some(ev) = stream.next().await {
-        let ready = match ev {
-            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => n
-                .status
-                .and_then(|s| s.conditions)
-                .into_iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True"),
-            watcher::Event::Delete(_) => false,
-            _ => continue,
-        };
-        if tx.send(Msg::NodeReady(ready)).await.is_err() {
-            return;
-        }
-    }
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The messages one kind of twin-namespace object becomes.
@@ -1070,12 +1103,24 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             tx.clone(),
         ))
         .abort_handle(),
-        tokio::spawn(follow_offloadings(ctx.offloadings.clone(), tx.clone())).abort_handle(),
-        tokio::spawn(watch_node(
-            ctx.client.clone(),
-            l.virtual_node.clone(),
+        tokio::spawn(follow(
+            ctx.shared.offloadings.clone(),
             tx.clone(),
+            |_| true,
+            |_, o| Msg::Offloading(Box::new(o.clone())),
+            |ns| Msg::OffloadingGone(ns.to_string()),
         ))
+        .abort_handle(),
+        tokio::spawn({
+            let node = l.virtual_node.clone();
+            follow(
+                ctx.shared.nodes.clone(),
+                tx.clone(),
+                move |name| name == node,
+                |_, n| Msg::NodeReady(node_ready(n)),
+                |_| Msg::NodeReady(false),
+            )
+        })
         .abort_handle(),
     ];
     let ticker = tx.clone();
