@@ -131,7 +131,7 @@ impl Context {
 #[derive(Clone)]
 pub struct SettingsCache {
     store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
-    fresh: Arc<std::sync::atomic::AtomicBool>,
+    health: Health,
 }
 
 impl SettingsCache {
@@ -146,8 +146,8 @@ impl SettingsCache {
             kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
         let config = kube::runtime::watcher::Config::default()
             .fields(&format!("metadata.name={}", tandem_api::names::CONFIG_MAP));
-        let (store, fresh, run) = tracked_reflector(api, config, "the cluster's settings");
-        (SettingsCache { store, fresh }, run)
+        let (store, health, run) = tracked_reflector(api, config, "the cluster's settings");
+        (SettingsCache { store, health }, run)
     }
 
     /// The settings as watched, or read through `client` until the watch has listed them.
@@ -167,7 +167,7 @@ impl SettingsCache {
         &self,
     ) -> Option<Result<crate::install::ClusterSettings, crate::install::InstallError>> {
         use kube::runtime::reflector::ObjectRef;
-        if !self.fresh.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.health.fresh() {
             return None;
         }
         let map = self.store.get(
@@ -178,15 +178,26 @@ impl SettingsCache {
     }
 }
 
-/// A reflector over `api` that keeps a flag of whether its store is fresh (true only while
-/// [`WatchHealth::Fresh`](crate::runtime::WatchHealth)); the future runs the watch.
+/// A watch's health as its readers see it (see [`WatchTracker`](crate::runtime::WatchTracker)).
+#[derive(Clone)]
+struct Health(Arc<std::sync::Mutex<crate::runtime::WatchTracker>>);
+
+impl Health {
+    fn fresh(&self) -> bool {
+        // (A panic elsewhere while holding the lock leaves the tracker itself whole.)
+        let tracker = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        tracker.health() == crate::runtime::WatchHealth::Fresh
+    }
+}
+
+/// A reflector over `api` with its [`Health`]; the future runs the watch.
 fn tracked_reflector<K>(
     api: kube::Api<K>,
     config: kube::runtime::watcher::Config,
     what: &'static str,
 ) -> (
     kube::runtime::reflector::Store<K>,
-    Arc<std::sync::atomic::AtomicBool>,
+    Health,
     impl std::future::Future<Output = ()> + use<K>,
 )
 where
@@ -201,20 +212,20 @@ where
     use futures::StreamExt as _;
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};
     let (store, writer) = reflector::store();
-    let fresh = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = fresh.clone();
-    let mut tracker = crate::runtime::WatchTracker::new(what);
+    let health = Health(Arc::new(std::sync::Mutex::new(
+        crate::runtime::WatchTracker::new(what),
+    )));
+    let tracker = health.0.clone();
     let run = reflector(writer, watcher(api, config))
         .default_backoff()
         .for_each(move |event| {
-            let health = tracker.note(&event);
-            flag.store(
-                health == crate::runtime::WatchHealth::Fresh,
-                std::sync::atomic::Ordering::Release,
-            );
+            tracker
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .note(&event);
             async {}
         });
-    (store, fresh, run)
+    (store, health, run)
 }
 
 /// One kind of object in `tandem-system` labelled with its peer, kept by a watch; `None` until
@@ -222,7 +233,7 @@ where
 #[derive(Clone)]
 pub struct Watched<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
     store: kube::runtime::reflector::Store<K>,
-    listed: Arc<std::sync::atomic::AtomicBool>,
+    health: Health,
 }
 
 impl<K> Watched<K>
@@ -243,15 +254,15 @@ where
             kube::Api::namespaced(client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
         let config = kube::runtime::watcher::Config::default()
             .labels(tandem_api::names::REMOTE_CLUSTER_LABEL);
-        let (store, listed, run) = tracked_reflector(api, config, what);
-        (Watched { store, listed }, run)
+        let (store, health, run) = tracked_reflector(api, config, what);
+        (Watched { store, health }, run)
     }
 
     /// `tandem-system/name` as watched (`Some(None)`: it does not exist, or lacks the peer
     /// label); `None` until the watch has listed.
     pub fn get(&self, name: &str) -> Option<Option<Arc<K>>> {
         use kube::runtime::reflector::ObjectRef;
-        if !self.listed.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.health.fresh() {
             return None;
         }
         Some(

@@ -2,6 +2,7 @@
 //! consumer-side reconcilers until shut down.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kube::Client;
 use tokio::sync::oneshot;
@@ -84,6 +85,12 @@ where
 /// cache is taken for stale, until the watch delivers again.
 pub(crate) const STALE_AFTER_FAILURES: u32 = 3;
 
+/// How long after its last failure a watch stays stale without delivering anything. kube's
+/// watcher reports no event when a retried watch succeeds, so a quiet watch back after a blip
+/// shows only as failures that stop; one that keeps failing fails at least every minute (its
+/// backoff stops growing at 30 s, jitter added).
+pub(crate) const STALE_FOR: Duration = Duration::from_secs(90);
+
 /// Whether what a watch has delivered can still be read as the cluster's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WatchHealth {
@@ -91,8 +98,8 @@ pub(crate) enum WatchHealth {
     Listing,
     /// Listed, and the watch has not kept failing since.
     Fresh,
-    /// [`STALE_AFTER_FAILURES`] failures since the watch last delivered anything: its cache
-    /// is a snapshot of the past. Readers go to the API until it delivers again.
+    /// [`STALE_AFTER_FAILURES`] failures since the watch last delivered anything, the last
+    /// within [`STALE_FOR`]: its cache may be a snapshot of the past. Readers go to the API.
     Stale,
 }
 
@@ -101,11 +108,11 @@ pub(crate) enum WatchHealth {
 /// answering from its first snapshot, and say so only at debug level.
 pub(crate) struct WatchTracker {
     what: &'static str,
-    /// Failures since the watch last delivered something (kube's watcher reports no event
-    /// when a retried watch succeeds).
+    /// Failures since the watch last delivered something, counted afresh after a quiet
+    /// [`STALE_FOR`].
     failures: u32,
+    last_failure: Option<Instant>,
     ever_listed: bool,
-    health: WatchHealth,
 }
 
 impl WatchTracker {
@@ -113,8 +120,8 @@ impl WatchTracker {
         WatchTracker {
             what,
             failures: 0,
+            last_failure: None,
             ever_listed: false,
-            health: WatchHealth::Listing,
         }
     }
 
@@ -124,31 +131,66 @@ impl WatchTracker {
         &mut self,
         event: &Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>,
     ) -> WatchHealth {
+        self.note_at(event, Instant::now())
+    }
+
+    fn note_at<K>(
+        &mut self,
+        event: &Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>,
+        now: Instant,
+    ) -> WatchHealth {
         use kube::runtime::watcher::Event;
         match event {
-            Ok(Event::InitDone) => {
-                (self.failures, self.ever_listed) = (0, true);
-                self.health = WatchHealth::Fresh;
-            }
-            // A watch that resumes after failing delivers what it missed: its cache is whole
-            // again. (During a new listing a reflector's store keeps its last snapshot until
-            // InitDone.)
+            // A new listing, or (once listed) a resumed watch delivering what it missed: the
+            // cache is whole again. (During a new listing a reflector's store keeps its last
+            // snapshot until InitDone.)
+            Ok(Event::InitDone) => self.delivered(true, now),
             Ok(Event::Apply(_) | Event::Delete(_)) if self.ever_listed => {
-                self.failures = 0;
-                self.health = WatchHealth::Fresh;
+                self.delivered(false, now)
             }
             Ok(_) => {}
             Err(e) => {
+                if self
+                    .last_failure
+                    .is_some_and(|t| now.duration_since(t) >= STALE_FOR)
+                {
+                    self.failures = 0;
+                }
                 self.failures += 1;
+                self.last_failure = Some(now);
                 if self.failures == STALE_AFTER_FAILURES {
                     tracing::warn!(error = %e, "watching {} keeps failing: reading them from the API until it recovers", self.what);
-                    self.health = WatchHealth::Stale;
                 } else {
                     tracing::debug!(error = %e, "watching {}", self.what);
                 }
             }
         }
-        self.health
+        self.health_at(now)
+    }
+
+    fn delivered(&mut self, listing: bool, now: Instant) {
+        if self.health_at(now) == WatchHealth::Stale {
+            tracing::info!("watching {} works again", self.what);
+        }
+        self.failures = 0;
+        self.ever_listed |= listing;
+    }
+
+    /// The watch's health now.
+    pub(crate) fn health(&self) -> WatchHealth {
+        self.health_at(Instant::now())
+    }
+
+    fn health_at(&self, now: Instant) -> WatchHealth {
+        let failing = self.failures >= STALE_AFTER_FAILURES
+            && self
+                .last_failure
+                .is_some_and(|t| now.duration_since(t) < STALE_FOR);
+        match (failing, self.ever_listed) {
+            (true, _) => WatchHealth::Stale,
+            (false, true) => WatchHealth::Fresh,
+            (false, false) => WatchHealth::Listing,
+        }
     }
 }
 
@@ -312,31 +354,70 @@ mod tests {
     #[test]
     fn a_watch_is_stale_after_failing_repeatedly_and_fresh_when_it_delivers_again() {
         let mut tracker = WatchTracker::new("test objects");
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
         let fail = || Err::<Event<()>, _>(Error::NoResourceVersion);
         // Failures before the first listing never make it fresh, and an event is no listing.
-        assert_eq!(tracker.note(&fail()), WatchHealth::Listing);
-        assert_eq!(tracker.note(&Ok(Event::Apply(()))), WatchHealth::Listing);
-        assert_eq!(tracker.note(&Ok(Event::<()>::Init)), WatchHealth::Listing);
-        assert_eq!(tracker.note(&Ok(Event::<()>::InitDone)), WatchHealth::Fresh);
+        assert_eq!(tracker.note_at(&fail(), at(0)), WatchHealth::Listing);
+        assert_eq!(
+            tracker.note_at(&Ok(Event::Apply(())), at(0)),
+            WatchHealth::Listing
+        );
+        assert_eq!(
+            tracker.note_at(&Ok(Event::<()>::Init), at(0)),
+            WatchHealth::Listing
+        );
+        assert_eq!(
+            tracker.note_at(&Ok(Event::<()>::InitDone), at(0)),
+            WatchHealth::Fresh
+        );
         for _ in 1..STALE_AFTER_FAILURES {
-            assert_eq!(tracker.note(&fail()), WatchHealth::Fresh);
+            assert_eq!(tracker.note_at(&fail(), at(1)), WatchHealth::Fresh);
         }
-        assert_eq!(tracker.note(&fail()), WatchHealth::Stale);
-        assert_eq!(tracker.note(&fail()), WatchHealth::Stale);
+        assert_eq!(tracker.note_at(&fail(), at(2)), WatchHealth::Stale);
+        assert_eq!(tracker.note_at(&fail(), at(3)), WatchHealth::Stale);
         // A resumed watch's event: whole again.
-        assert_eq!(tracker.note(&Ok(Event::Delete(()))), WatchHealth::Fresh);
+        assert_eq!(
+            tracker.note_at(&Ok(Event::Delete(())), at(4)),
+            WatchHealth::Fresh
+        );
         // Delivering resets the count: it takes as many failures again.
         for _ in 1..STALE_AFTER_FAILURES {
-            assert_eq!(tracker.note(&fail()), WatchHealth::Fresh);
+            assert_eq!(tracker.note_at(&fail(), at(5)), WatchHealth::Fresh);
         }
-        assert_eq!(tracker.note(&Ok(Event::Apply(()))), WatchHealth::Fresh);
-        assert_eq!(tracker.note(&fail()), WatchHealth::Fresh);
+        assert_eq!(
+            tracker.note_at(&Ok(Event::Apply(())), at(5)),
+            WatchHealth::Fresh
+        );
         // A new listing after going stale: fresh at its end, not before.
-        for _ in 1..STALE_AFTER_FAILURES {
-            tracker.note(&fail());
+        for _ in 0..STALE_AFTER_FAILURES {
+            tracker.note_at(&fail(), at(6));
         }
-        assert_eq!(tracker.note(&Ok(Event::<()>::Init)), WatchHealth::Stale);
-        assert_eq!(tracker.note(&Ok(Event::InitApply(()))), WatchHealth::Stale);
-        assert_eq!(tracker.note(&Ok(Event::<()>::InitDone)), WatchHealth::Fresh);
+        assert_eq!(
+            tracker.note_at(&Ok(Event::<()>::Init), at(6)),
+            WatchHealth::Stale
+        );
+        assert_eq!(
+            tracker.note_at(&Ok(Event::InitApply(())), at(6)),
+            WatchHealth::Stale
+        );
+        assert_eq!(
+            tracker.note_at(&Ok(Event::<()>::InitDone), at(6)),
+            WatchHealth::Fresh
+        );
+        // A quiet watch back after a blip (it resumes without an event): fresh once the
+        // failures stop for long enough, and a later failure starts the count again.
+        for _ in 0..STALE_AFTER_FAILURES {
+            tracker.note_at(&fail(), at(10));
+        }
+        assert_eq!(
+            tracker.health_at(at(10) + STALE_FOR / 2),
+            WatchHealth::Stale
+        );
+        assert_eq!(tracker.health_at(at(10) + STALE_FOR), WatchHealth::Fresh);
+        assert_eq!(
+            tracker.note_at(&fail(), at(10) + STALE_FOR * 2),
+            WatchHealth::Fresh
+        );
     }
 }

@@ -600,8 +600,9 @@ async fn a_provider_that_cannot_watch_network_parameters_still_negotiates() {
     let rules = role.rules.get_or_insert_default();
     let mut trimmed = false;
     for rule in rules.iter_mut() {
-        let resources = rule.resources.get_or_insert_default();
-        if rule.verbs.iter().any(|v| v == "watch")
+        let watches = rule.verbs.iter().any(|v| v == "watch");
+        if let Some(resources) = rule.resources.as_mut()
+            && watches
             && resources.iter().any(|r| r == "networkparameters")
         {
             resources.retain(|r| r != "networkparameters");
@@ -622,6 +623,19 @@ async fn a_provider_that_cannot_watch_network_parameters_still_negotiates() {
         .replace(names::CONTROLLER_NAME, &Default::default(), &role)
         .await
         .unwrap();
+    // The trimmed role holds: listing is allowed, watching is refused.
+    let as_controller: Api<NetworkParameters> = Api::all(provider.controller_client.clone());
+    as_controller.list(&ListParams::default()).await.unwrap();
+    let refused = as_controller
+        .watch(&Default::default(), "0")
+        .await
+        .err()
+        .expect("watching NetworkParameters is refused");
+    assert_eq!(
+        tandem_api::client::status_code(&refused),
+        Some(403),
+        "{refused}"
+    );
     // Its watches start again, under the trimmed role.
     provider.restart_controller().await;
 

@@ -835,6 +835,8 @@ impl SharedWatches {
             watcher::Config::default(),
             |o| (o.name_any() == names::OFFLOADING_NAME).then(|| o.namespace().unwrap_or_default()),
         );
+        // By the label every virtual node is applied with (a node stripped of it by hand reads
+        // as gone to its virtual kubelet, until the node is applied again).
         let (nodes, watch_nodes) = shared_watch(
             "virtual nodes",
             Api::<Node>::all(client.clone()),
@@ -868,12 +870,17 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
+    use kube::runtime::WatchStreamExt as _;
     let (tx, rx) = tokio::sync::watch::channel(SharedMap::default());
     let run = async move {
-        let stream = watch_events(what, api, config);
+        let stream = watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
         let mut listing = None;
+        // Only to say so when the watch keeps failing: the map keeps what it last saw.
+        let mut tracker = crate::runtime::WatchTracker::new(what);
         while let Some(ev) = stream.next().await {
+            tracker.note(&ev);
+            let Ok(ev) = ev else { continue };
             match ev {
                 watcher::Event::Init => listing = Some(std::collections::BTreeMap::new()),
                 watcher::Event::InitApply(o) => {
@@ -906,30 +913,32 @@ where
     (rx, run)
 }
 
-/// Feeds this virtual kubelet the changes of a [`SharedMap`] for the keys it `wants`: `changed`
-/// for each new or changed object, `gone` for each key whose object went.
+/// Feeds this virtual kubelet the changes of a [`SharedMap`] for the keys it `wants`: `gone`
+/// for each key whose object went, then `changed` for each new or changed object (with the one
+/// it replaces). Changes that come faster than the virtual kubelet reads them arrive merged.
 async fn follow<K>(
     mut map: tokio::sync::watch::Receiver<SharedMap<K>>,
     tx: mpsc::Sender<Msg>,
     wants: impl Fn(&str) -> bool,
-    changed: impl Fn(&str, &K) -> Msg,
+    changed: impl Fn(Option<&K>, &K) -> Vec<Msg>,
     gone: impl Fn(&str) -> Msg,
 ) {
     let mut seen = SharedMap::<K>::default();
     loop {
         let now = map.borrow_and_update().clone();
-        let mut msgs = Vec::new();
-        for (key, o) in now.iter().filter(|(key, _)| wants(key)) {
-            // An entry the map did not replace is the same Arc.
-            if seen.get(key).is_none_or(|before| !Arc::ptr_eq(before, o)) {
-                msgs.push(changed(key, o));
-            }
-        }
-        for key in seen
+        // What went first: an object taking over what another held (a twin namespace, say)
+        // must not be undone by the other's going.
+        let mut msgs: Vec<Msg> = seen
             .keys()
             .filter(|key| !now.contains_key(*key) && wants(key))
-        {
-            msgs.push(gone(key));
+            .map(|key| gone(key))
+            .collect();
+        for (key, o) in now.iter().filter(|(key, _)| wants(key)) {
+            // An entry the map did not replace is the same Arc.
+            let before = seen.get(key);
+            if before.is_none_or(|before| !Arc::ptr_eq(before, o)) {
+                msgs.extend(changed(before.map(|b| &**b), o));
+            }
         }
         for msg in msgs {
             if tx.send(msg).await.is_err() {
@@ -943,13 +952,35 @@ async fn follow<K>(
     }
 }
 
-fn node_ready(node: &Node) -> bool {
+/// The node's Ready condition: whether it is True, and since when.
+fn node_ready(
+    node: &Node,
+) -> (
+    bool,
+    Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
+        .find(|c| c.type_ == "Ready")
+        .map_or((false, None), |c| {
+            (c.status == "True", c.last_transition_time.as_ref())
+        })
+}
+
+/// What a change of the virtual node means to its virtual kubelet. A node Ready before and
+/// after, but since a later time, went NotReady and back in between (merged into one change):
+/// the virtual kubelet sees both, so that it relists the provider as after any outage.
+fn readiness_msgs(before: Option<&Node>, now: &Node) -> Vec<Msg> {
+    let (ready, since) = node_ready(now);
+    match before.map(node_ready) {
+        Some((true, before_since)) if ready && before_since != since => {
+            vec![Msg::NodeReady(false), Msg::NodeReady(true)]
+        }
+        _ => vec![Msg::NodeReady(ready)],
+    }
 }
 
 /// The messages one kind of twin-namespace object becomes.
@@ -1107,7 +1138,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             ctx.shared.offloadings.clone(),
             tx.clone(),
             |_| true,
-            |_, o| Msg::Offloading(Box::new(o.clone())),
+            |_, o| vec![Msg::Offloading(Box::new(o.clone()))],
             |ns| Msg::OffloadingGone(ns.to_string()),
         ))
         .abort_handle(),
@@ -1117,7 +1148,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                 ctx.shared.nodes.clone(),
                 tx.clone(),
                 move |name| name == node,
-                |_, n| Msg::NodeReady(node_ready(n)),
+                readiness_msgs,
                 |_| Msg::NodeReady(false),
             )
         })
@@ -1589,5 +1620,92 @@ mod tests {
         );
         s.dirty.insert(key());
         assert_eq!(s.decide("milan", start + RETRY_AFTER).len(), 1, "retried");
+    }
+
+    /// What `follow` sends, as text: `gone:KEY`, `changed:VALUE(was BEFORE)`, `ready:BOOL`.
+    fn said(msg: Msg) -> String {
+        match msg {
+            Msg::OffloadingGone(s) => s,
+            Msg::NodeReady(r) => format!("ready:{r}"),
+            _ => "other".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_follower_sees_what_went_before_what_changed_and_only_its_keys() {
+        let map = |entries: &[(&str, &Arc<String>)]| -> SharedMap<String> {
+            Arc::new(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Arc::clone(v)))
+                    .collect(),
+            )
+        };
+        let (a, b, b2, other) = (
+            Arc::new("a1".to_string()),
+            Arc::new("b1".to_string()),
+            Arc::new("b2".to_string()),
+            Arc::new("x".to_string()),
+        );
+        let (shared, rx) =
+            tokio::sync::watch::channel(map(&[("a", &a), ("b", &b), ("skip", &other)]));
+        let (tx, mut msgs) = mpsc::channel(16);
+        let task = tokio::spawn(follow(
+            rx,
+            tx,
+            |key| key != "skip",
+            |before, now| {
+                vec![Msg::OffloadingGone(format!(
+                    "changed:{now}(was {})",
+                    before.map_or("-", |b| b.as_str())
+                ))]
+            },
+            |key| Msg::OffloadingGone(format!("gone:{key}")),
+        ));
+        let mut next = async || said(msgs.recv().await.expect("a message"));
+        assert_eq!(next().await, "changed:a1(was -)");
+        assert_eq!(next().await, "changed:b1(was -)");
+        // A relisting (or changes merged): `a` went and `b` changed; `a` is said first. The
+        // unwanted key, changed too, is never said.
+        shared.send_replace(map(&[("b", &b2), ("skip", &a)]));
+        assert_eq!(next().await, "gone:a");
+        assert_eq!(next().await, "changed:b2(was b1)");
+        // An entry the map kept (the same Arc) is not said again.
+        shared.send_modify(|m| {
+            Arc::make_mut(m).insert("c".into(), Arc::new("c1".into()));
+        });
+        assert_eq!(next().await, "changed:c1(was -)");
+        assert!(msgs.try_recv().is_err(), "nothing else");
+        task.abort();
+    }
+
+    #[test]
+    fn a_node_ready_again_since_a_later_time_reads_as_an_outage_and_its_end() {
+        let node = |ready: bool, since: i64| -> Node {
+            serde_json::from_value(json!({"status": {"conditions": [{
+                "type": "Ready", "status": if ready { "True" } else { "False" },
+                "lastTransitionTime": k8s_openapi::jiff::Timestamp::from_second(since)
+                    .unwrap().to_string(),
+            }]}}))
+            .unwrap()
+        };
+        let says = |before: Option<&Node>, now: &Node| -> Vec<String> {
+            readiness_msgs(before, now).into_iter().map(said).collect()
+        };
+        assert_eq!(says(None, &node(true, 10)), ["ready:true"]);
+        assert_eq!(says(Some(&node(true, 10)), &node(true, 10)), ["ready:true"]);
+        assert_eq!(
+            says(Some(&node(true, 10)), &node(false, 20)),
+            ["ready:false"]
+        );
+        assert_eq!(
+            says(Some(&node(false, 20)), &node(true, 30)),
+            ["ready:true"]
+        );
+        assert_eq!(
+            says(Some(&node(true, 10)), &node(true, 30)),
+            ["ready:false", "ready:true"],
+            "NotReady and back, merged"
+        );
     }
 }

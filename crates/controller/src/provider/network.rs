@@ -251,9 +251,11 @@ pub async fn run(ctx: Ctx) {
     )
     .default_backoff()
     .boxed();
-    // The cache is complete once the first listing is: no sweep before.
+    // The cache is complete once the first listing is: no sweep from it before (from the
+    // API only if the watch fails before it lists).
     let mut tracker = WatchTracker::new("NetworkParameters");
-    let mut health = WatchHealth::Listing;
+    // The last error listing them from the API, warned about once.
+    let mut list_error: Option<String> = None;
     // (namespace, name, resourceVersion) of the sweeps' own writes, until their events come
     // (bounded: a relist replaces events).
     let mut own: Vec<(String, String, String)> = Vec::new();
@@ -271,7 +273,7 @@ pub async fn run(ctx: Ctx) {
                 let mut changed = std::collections::BTreeSet::new();
                 let mut relisted = false;
                 let mut note = |event: Result<watcher::Event<NetworkParameters>, _>| {
-                    health = tracker.note(&event);
+                    tracker.note(&event);
                     match event {
                         Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
                             let ns = p.namespace().unwrap_or_default();
@@ -306,7 +308,7 @@ pub async fn run(ctx: Ctx) {
         if own.len() > 256 {
             own.clear();
         }
-        let swept = match health {
+        let swept = match tracker.health() {
             WatchHealth::Listing => continue,
             WatchHealth::Fresh => {
                 let cached = |ns: &str, name: &str| {
@@ -316,12 +318,17 @@ pub async fn run(ctx: Ctx) {
             }
             WatchHealth::Stale => match listed_from_api(&ctx).await {
                 Ok(listed) => {
+                    list_error = None;
                     let read =
                         |ns: &str, name: &str| listed.get(&(ns.into(), name.into())).cloned();
                     sweep(&ctx, &read, None, &mut own).await
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "network negotiation (provider side): listing NetworkParameters while their watch fails");
+                    let e = e.to_string();
+                    if list_error.as_ref() != Some(&e) {
+                        tracing::warn!(error = %e, "network negotiation (provider side): listing NetworkParameters while their watch fails");
+                    }
+                    list_error = Some(e);
                     continue;
                 }
             },
