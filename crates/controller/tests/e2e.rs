@@ -174,6 +174,60 @@ async fn virtual_node_ready_within_5s_of_peering() {
     }
 }
 
+/// An administrator who strips the virtual node of its type label and its NoExecute taint (by
+/// mistake, or with a tool that rewrites labels) gets them back: the virtual kubelet finds its
+/// node by the label, and the taint keeps pods that do not tolerate it off the provider.
+#[tokio::test]
+async fn a_virtual_node_stripped_of_its_marks_by_hand_gets_them_back() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-west", 1).await;
+    peer_with(&consumer, &provider, grant(), None).await;
+    let nodes: Api<Node> = Api::all(consumer.client.clone());
+    let vn = names::virtual_node_name("milan");
+    until("virtual node tandem-milan Ready", WAIT, || async {
+        nodes.get_opt(&vn).await.ok().flatten().filter(node_ready)
+    })
+    .await;
+    let marked = |n: &Node| {
+        let labelled = n.labels().get(names::NODE_TYPE_LABEL).map(String::as_str)
+            == Some(names::VIRTUAL_NODE_TYPE);
+        let tainted = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key == names::VIRTUAL_NODE_TAINT && t.effect == "NoExecute")
+            });
+        labelled && tainted
+    };
+    let stripped = nodes
+        .patch(
+            &vn,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {names::NODE_TYPE_LABEL: null}},
+                                 "spec": {"taints": null}}),
+            ),
+        )
+        .await
+        .expect("stripping the virtual node's label and taint");
+    assert!(!marked(&stripped), "the premise: both are gone");
+    until(
+        "the label and the taint back, the node Ready",
+        WAIT,
+        || async {
+            nodes
+                .get_opt(&vn)
+                .await
+                .ok()
+                .flatten()
+                .filter(|n| marked(n) && node_ready(n))
+        },
+    )
+    .await;
+}
+
 /// The virtual node's NetworkUnavailable condition, as (status, reason, message).
 fn network_condition(n: &Node) -> Option<(String, String, String)> {
     n.status

@@ -53,6 +53,33 @@ pub fn desired_node(link: &ProviderLink) -> Value {
     })
 }
 
+/// Whether `node` lost a label or the taint of `desired` ([`desired_node`]).
+fn drifted(desired: &Value, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let label_lost = desired["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .any(|(k, v)| labels.get(k).map(String::as_str) != v.as_str());
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let taint_lost = desired["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|want| {
+            !taints.iter().any(|t| {
+                Some(t.key.as_str()) == want["key"].as_str()
+                    && t.value.as_deref() == want["value"].as_str()
+                    && Some(t.effect.as_str()) == want["effect"].as_str()
+            })
+        });
+    label_lost || taint_lost
+}
+
 /// Capacity (= allocatable) of the virtual node: the grant, with `pods` defaulted; the storage
 /// part of the grant (`requests.storage`, `persistentvolumeclaims`) is a quota on claims in the
 /// provider, not a node resource.
@@ -280,7 +307,14 @@ pub async fn run(
                 )
                 .await
             {
-                Ok(_) => {
+                Ok(node) => {
+                    // Labels or the taint changed by hand since they were applied (the virtual
+                    // kubelets find their node by its type label, and the scheduler keeps pods
+                    // off it by the taint): applied again on the next pass.
+                    if applied.as_ref().is_some_and(|a| drifted(a, &node)) {
+                        tracing::warn!(node = %l.virtual_node, "the virtual node's labels or taint were changed; applying them again");
+                        applied = None;
+                    }
                     // The tunnel's figures for `tandem status`, with the status they go with.
                     let tunnel = report.as_ref().map(|r| json!(r).to_string());
                     if tunnel != annotated {

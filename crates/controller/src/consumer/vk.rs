@@ -836,7 +836,8 @@ impl SharedWatches {
             |o| (o.name_any() == names::OFFLOADING_NAME).then(|| o.namespace().unwrap_or_default()),
         );
         // By the label every virtual node is applied with (a node stripped of it by hand reads
-        // as gone to its virtual kubelet, until the node is applied again).
+        // as gone, so not Ready, to its virtual kubelet until its virtual node task applies the
+        // label again, at its next status post).
         let (nodes, watch_nodes) = shared_watch(
             "virtual nodes",
             Api::<Node>::all(client.clone()),
