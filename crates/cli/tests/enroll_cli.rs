@@ -324,6 +324,48 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     assert_eq!(code, 401, "{answer}");
 }
 
+/// A consumer that gives up before its request is decided (it unpeers while waiting) never
+/// collects the identity an approval issues, and its unpeering cannot reach the provider
+/// without it. The approval's Tenant (with its namespace and pod range) goes with the unused
+/// request, after the request TTL.
+#[test]
+fn a_request_approved_after_its_consumer_left_leaves_no_tenant() {
+    let c = Clusters::new(&["milan", "rome"]);
+    let (endpoint, fingerprint) = c.advertise(&["--request-ttl", "20s"]);
+    c.request("lab-2", &endpoint, &fingerprint);
+    let pending = until("rome's request listed", Duration::from_secs(30), || {
+        c.requests()
+            .into_iter()
+            .find(|r| r["consumerClusterID"] == "rome" && r["phase"] == "Pending")
+    });
+    ok(c.on("lab-2", &["unpeer", "milan"]), "unpeer milan");
+    assert!(c.names("lab-2", &["get", "peerings"]).is_empty());
+    let name = pending["name"].as_str().unwrap();
+    ok(c.on("lab-1", &["approve", name]), "approve");
+    until("the approval's Tenant", Duration::from_secs(30), || {
+        c.kubectl(
+            "lab-1",
+            &["get", "tenant", "rome", "-n", "tandem-tenant-rome"],
+        )
+        .status
+        .success()
+        .then_some(())
+    });
+    until(
+        "the unused request, its Tenant and tenant namespace gone",
+        Duration::from_secs(90),
+        || {
+            let request_gone = !c.requests().iter().any(|r| r["name"] == name);
+            let tenant_gone = c.names("lab-1", &["get", "tenants", "-A"]).is_empty();
+            let namespace_gone = !c
+                .kubectl("lab-1", &["get", "namespace", "tandem-tenant-rome"])
+                .status
+                .success();
+            (request_gone && tenant_gone && namespace_gone).then_some(())
+        },
+    );
+}
+
 /// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
 fn consumer_csr(cluster: &str) -> (String, String) {
     let key = rcgen::KeyPair::generate().unwrap();

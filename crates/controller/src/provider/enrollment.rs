@@ -29,7 +29,8 @@ use crate::provider::peering_request::{
 
 /// How long a denied request stays for the consumer to read the reason.
 const DENIED_GRACE_SECS: i64 = 30;
-/// An approved request not used within this is removed anyway.
+/// An approved request not used within this (or within the request TTL, if shorter) is
+/// removed anyway, with the Tenant its approval made.
 const APPROVED_GRACE_SECS: i64 = 600;
 /// How often a pending request is checked against the policies again.
 const POLICY_RECHECK: Duration = Duration::from_secs(2);
@@ -303,6 +304,11 @@ async fn janitor(ctx: Ctx) {
 
 /// Removes pending requests past their TTL, denied ones after their grace, approved ones once
 /// their consumer authenticated (it published its network parameters) or after a while.
+///
+/// An approved request its consumer never used (it unpeered while waiting, or went) takes the
+/// Tenant its approval made with it: nobody would ever remove that Tenant, its namespace, its
+/// RoleBindings and the pod range reserved for it otherwise (the consumer's unpeering cannot
+/// reach this cluster without the identity it never collected).
 async fn sweep(client: &Client) -> Result<(), kube::Error> {
     let Some(namespace) = Api::<Namespace>::all(client.clone()).get_opt(ns()).await? else {
         return Ok(());
@@ -327,20 +333,24 @@ async fn sweep(client: &Client) -> Result<(), kube::Error> {
             .and_then(|s| s.decided_at.as_deref())
             .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
             .map_or(age, |t| now - t.as_second());
+        let tenant_ns = names::tenant_namespace(&r.spec.cluster_id);
+        let mut unused = false;
         let remove = match r.status.as_ref().and_then(|s| s.phase.as_deref()) {
             Some("Denied") => since_decided > DENIED_GRACE_SECS,
             Some("Approved") => {
-                since_decided > APPROVED_GRACE_SECS
-                    || Api::<NetworkParameters>::namespaced(
-                        client.clone(),
-                        &names::tenant_namespace(&r.spec.cluster_id),
-                    )
+                let used = Api::<NetworkParameters>::namespaced(client.clone(), &tenant_ns)
                     .get_opt(crate::rbac::CONSUMER_NETWORK_PARAMETERS)
                     .await?
-                    .is_some()
+                    .is_some();
+                unused = !used && since_decided > APPROVED_GRACE_SECS.min(ttl);
+                used || unused
             }
             _ => age > ttl,
         };
+        if unused {
+            let key = r.status.as_ref().and_then(|s| s.key_fingerprint.as_deref());
+            remove_unused_tenant(client, &r, key).await?;
+        }
         if remove {
             tracing::info!(request = %r.name_any(), consumer = %r.spec.cluster_id, age, "enrollment request removed");
             client::ok_if_not_found(
@@ -351,4 +361,30 @@ async fn sweep(client: &Client) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+/// Removes the Tenant that approving `request` made, if it is still that approval's (it carries
+/// the request's key) and its consumer never authenticated: the Tenant's finalizer then undoes
+/// the rest (namespace, RoleBindings, pod range).
+async fn remove_unused_tenant(
+    client: &Client,
+    request: &PeeringRequest,
+    key: Option<&str>,
+) -> Result<(), kube::Error> {
+    let consumer = &request.spec.cluster_id;
+    let tenants = Api::<Tenant>::namespaced(client.clone(), &names::tenant_namespace(consumer));
+    let Some(tenant) = tenants.get_opt(consumer).await? else {
+        return Ok(());
+    };
+    let ours = key.is_some()
+        && tenant
+            .annotations()
+            .get(names::KEY_FINGERPRINT_ANNOTATION)
+            .map(String::as_str)
+            == key;
+    if !ours || tenant.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    tracing::info!(request = %request.name_any(), %consumer, "approved enrollment never used: removing the Tenant its approval made");
+    client::delete_if_exists(&tenants, consumer, &DeleteParams::default()).await
 }
