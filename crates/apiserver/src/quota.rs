@@ -3,7 +3,8 @@
 //! group, or one of the core resources' legacy names such as `configmaps`) and the namespace
 //! already holds that many.
 //!
-//! Only object counts are enforced, and only on create. kube's quota controller, which fills
+//! Only object counts are enforced, and only on create (a server-side dry run of a create is
+//! refused alike, counting nothing). kube's quota controller, which fills
 //! `status.hard` and `status.used`, is not reproduced: usage is counted from the store at each
 //! create instead, against `spec.hard`, so `status` stays as clients wrote it. Compute-resource
 //! keys (`requests.cpu`, `services.loadbalancers` …) and scoped quotas (`spec.scopes`,
@@ -43,24 +44,59 @@ pub fn create_within_quota(
     name: &str,
     obj: &mut Value,
 ) -> ApiResult<Arc<Doc>> {
-    if !res.namespaced || ns.is_empty() {
+    let quotas = quotas_limiting(state, res, ns);
+    if quotas.is_empty() {
         return state.create_object(res, ns, name, obj);
     }
+    let _counting = state.quota_lock.lock();
+    refuse_over(state, res, ns, name, obj, &quotas)?;
+    state.create_object(res, ns, name, obj)
+}
+
+/// What [`create_within_quota`] would refuse, without storing anything: a server-side dry run
+/// of a create is refused as the create would be (kube-apiserver's quota admission runs on
+/// dry runs too, and only leaves the quota's usage alone).
+pub fn check_create(
+    state: &State,
+    res: &ResourceInfo,
+    ns: &str,
+    name: &str,
+    obj: &Value,
+) -> ApiResult<()> {
+    let quotas = quotas_limiting(state, res, ns);
+    if quotas.is_empty() {
+        return Ok(());
+    }
+    refuse_over(state, res, ns, name, obj, &quotas)
+}
+
+/// The ResourceQuotas of `ns` that limit a count of `res` objects.
+fn quotas_limiting(state: &State, res: &ResourceInfo, ns: &str) -> Vec<Value> {
+    if !res.namespaced || ns.is_empty() {
+        return Vec::new();
+    }
     let keys = object_count_keys(&res.group, &res.resource);
-    let quotas: Vec<Value> = state
+    state
         .store
         .list(QUOTAS, Some(ns), None)
         .1
         .iter()
         .map(|doc| doc.value())
         .filter(|quota| limits_any(quota, &keys))
-        .collect();
-    if quotas.is_empty() {
-        return state.create_object(res, ns, name, obj);
-    }
-    let _counting = state.quota_lock.lock();
+        .collect()
+}
+
+/// Refuses `obj` if one more of it would exceed one of `quotas`.
+fn refuse_over(
+    state: &State,
+    res: &ResourceInfo,
+    ns: &str,
+    name: &str,
+    obj: &Value,
+    quotas: &[Value],
+) -> ApiResult<()> {
     let (_, existing) = state.store.list(&res.storage_key(), Some(ns), None);
-    let usage: Vec<KeyUsage> = keys
+    let usage: Vec<KeyUsage> = object_count_keys(&res.group, &res.resource)
         .into_iter()
         .map(|key| KeyUsage {
             used: used(&key, &existing),
@@ -68,12 +104,12 @@ pub fn create_within_quota(
             key,
         })
         .collect();
-    for quota in &quotas {
+    for quota in quotas {
         if let Some(why) = refusal(quota, &usage) {
             return Err(ApiError::forbidden(&res.group, &res.resource, name, &why));
         }
     }
-    state.create_object(res, ns, name, obj)
+    Ok(())
 }
 
 /// The quota keys that count objects of `group`/`resource`: `count/<resource>.<group>`

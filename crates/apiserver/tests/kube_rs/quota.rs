@@ -85,6 +85,25 @@ async fn a_flood_of_creates_leaves_exactly_the_quota_and_other_namespaces_are_fr
             .await,
     );
     assert_eq!(full.code, 403, "{full:?}");
+    // A server-side dry run (`kubectl create --dry-run=server`) is refused as the create
+    // would be, and a dry run that fits stores nothing either.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let dry_full = api_status(cms.create(&dry, &config_map("dry-too-many")).await);
+    assert_eq!(dry_full.code, 403, "{dry_full:?}");
+    assert!(
+        dry_full.message.contains("exceeded quota: small"),
+        "{dry_full:?}"
+    );
+    cms.delete("after-delete", &DeleteParams::default())
+        .await
+        .unwrap();
+    cms.create(&dry, &config_map("dry-fits"))
+        .await
+        .expect("a dry run within the quota");
+    assert_eq!(cms.list(&Default::default()).await.unwrap().items.len(), 2);
 
     let elsewhere: Api<ConfigMap> = Api::namespaced(admin, "other");
     for i in 0..5 {
