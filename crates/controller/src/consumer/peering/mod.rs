@@ -255,15 +255,7 @@ async fn reconcile(peering: Arc<Peering>, pctx: Arc<PeeringContext>) -> Result<A
         Step::Negotiate => negotiate(ctx, &peering, &mut status).await,
         Step::Authenticate => {
             let now = k8s_openapi::jiff::Timestamp::now().as_second();
-            let action = authenticate(ctx, &peering, &mut status, now).await;
-            // Authenticated just now: the negotiation goes on in the same pass, so that the
-            // status is written once for both (each write wakes this reconciler again, which
-            // reads the provider's Tenant and network parameters again).
-            if conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
-                negotiate(ctx, &peering, &mut status).await
-            } else {
-                action
-            }
+            authenticate(ctx, &peering, &mut status, now).await
         }
     };
     if status != old {
