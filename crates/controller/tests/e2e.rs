@@ -184,10 +184,17 @@ async fn a_virtual_node_stripped_of_its_marks_by_hand_gets_them_back() {
     peer_with(&consumer, &provider, grant(), None).await;
     let nodes: Api<Node> = Api::all(consumer.client.clone());
     let vn = names::virtual_node_name("milan");
-    until("virtual node tandem-milan Ready", WAIT, || async {
+    let ready = until("virtual node tandem-milan Ready", WAIT, || async {
         nodes.get_opt(&vn).await.ok().flatten().filter(node_ready)
     })
     .await;
+    let ready_since = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.last_transition_time.clone())
+    };
     let marked = |n: &Node| {
         let labelled = n.labels().get(names::NODE_TYPE_LABEL).map(String::as_str)
             == Some(names::VIRTUAL_NODE_TYPE);
@@ -213,7 +220,7 @@ async fn a_virtual_node_stripped_of_its_marks_by_hand_gets_them_back() {
         .await
         .expect("stripping the virtual node's label and taint");
     assert!(!marked(&stripped), "the premise: both are gone");
-    until(
+    let restored = until(
         "the label and the taint back, the node Ready",
         WAIT,
         || async {
@@ -226,6 +233,9 @@ async fn a_virtual_node_stripped_of_its_marks_by_hand_gets_them_back() {
         },
     )
     .await;
+    // Put back, not made anew: Ready since the same time (a later one would read as an outage
+    // to the virtual kubelet).
+    assert_eq!(ready_since(&restored), ready_since(&ready));
 }
 
 /// The virtual node's NetworkUnavailable condition, as (status, reason, message).

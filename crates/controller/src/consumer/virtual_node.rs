@@ -53,31 +53,28 @@ pub fn desired_node(link: &ProviderLink) -> Value {
     })
 }
 
-/// Whether `node` lost a label or the taint of `desired` ([`desired_node`]).
-fn drifted(desired: &Value, node: &Node) -> bool {
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let label_lost = desired["metadata"]["labels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .any(|(k, v)| labels.get(k).map(String::as_str) != v.as_str());
-    let taints = node
+/// Whether `node` lost what marks it as virtual ([`MARKS`]: the type label and the NoExecute
+/// taint). Only those: its other labels (a zone, say) are the admin's to override.
+fn lost_marks(node: &Node) -> bool {
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MARKS.type_label))
+        .map(String::as_str)
+        == Some(MARKS.type_value);
+    let tainted = node
         .spec
         .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default();
-    let taint_lost = desired["spec"]["taints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|want| {
-            !taints.iter().any(|t| {
-                Some(t.key.as_str()) == want["key"].as_str()
-                    && t.value.as_deref() == want["value"].as_str()
-                    && Some(t.effect.as_str()) == want["effect"].as_str()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.key == MARKS.taint_key
+                    && t.effect == "NoExecute"
+                    && t.value.as_deref() == Some("true")
             })
         });
-    label_lost || taint_lost
+    !(labelled && tainted)
 }
 
 /// Capacity (= allocatable) of the virtual node: the grant, with `pods` defaulted; the storage
@@ -137,6 +134,8 @@ pub async fn run(
     let mut last_error = String::from("not probed yet");
     // What was last written, to write only changes (plus a periodic heartbeat).
     let mut applied: Option<Value> = None;
+    // The node's type label or taint found removed (by its last status post).
+    let mut marks_lost = false;
     let mut posted: Option<Posted> = None;
     let mut node_uid: Option<String> = None;
     // Where the gateway's status API is (None: no gateway to follow), from the last heartbeat.
@@ -160,7 +159,8 @@ pub async fn run(
         let nodes: Api<Node> = Api::all(ctx.client.clone());
 
         let desired = desired_node(&l);
-        if applied.as_ref() != Some(&desired) {
+        let changed = applied.as_ref() != Some(&desired);
+        if changed || marks_lost {
             match nodes
                 .patch(
                     &l.virtual_node,
@@ -172,8 +172,13 @@ pub async fn run(
                 Ok(node) => {
                     node_uid = node.metadata.uid;
                     applied = Some(desired);
-                    posted = None;
-                    annotated = None;
+                    marks_lost = false;
+                    // Only a new node (or a changed one) needs its status and annotation again:
+                    // marks put back leave the status alone, Ready since the same time.
+                    if changed {
+                        posted = None;
+                        annotated = None;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(node = %l.virtual_node, "applying virtual node: {e}");
@@ -308,12 +313,12 @@ pub async fn run(
                 .await
             {
                 Ok(node) => {
-                    // Labels or the taint changed by hand since they were applied (the virtual
-                    // kubelets find their node by its type label, and the scheduler keeps pods
-                    // off it by the taint): applied again on the next pass.
-                    if applied.as_ref().is_some_and(|a| drifted(a, &node)) {
-                        tracing::warn!(node = %l.virtual_node, "the virtual node's labels or taint were changed; applying them again");
-                        applied = None;
+                    // The type label or the taint removed by hand (the virtual kubelets find
+                    // their node by the label, and the taint keeps pods that do not tolerate
+                    // it off the provider): applied again on the next pass.
+                    if lost_marks(&node) && !marks_lost {
+                        tracing::warn!(node = %l.virtual_node, "the virtual node lost its type label or taint; applying them again");
+                        marks_lost = true;
                     }
                     // The tunnel's figures for `tandem status`, with the status they go with.
                     let tunnel = report.as_ref().map(|r| json!(r).to_string());
