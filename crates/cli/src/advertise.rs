@@ -53,9 +53,10 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = tandem_controller::enroll::DEFAULT_MAX_PENDING,
           value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "off")]
     max_pending: u32,
-    /// How long such a request waits for approval before it is removed; approved but never
-    /// collected by its consumer (it gave up), it is removed after this or 10 minutes, whichever
-    /// is shorter, with the Tenant the approval made.
+    /// How long such a request waits for approval before it is removed. Approved, but its
+    /// consumer never used it (it gave up, or cannot reach this cluster: it published no network
+    /// parameters), it is removed after this or 10 minutes, whichever is shorter, with the
+    /// Tenant the approval made.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::flags::duration,
           conflicts_with = "off")]
     request_ttl: std::time::Duration,

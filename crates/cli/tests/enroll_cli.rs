@@ -331,7 +331,8 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
 #[test]
 fn a_request_approved_after_its_consumer_left_leaves_no_tenant() {
     let c = Clusters::new(&["milan", "rome"]);
-    let (endpoint, fingerprint) = c.advertise(&["--request-ttl", "20s"]);
+    // Long enough to file, list, unpeer and approve on a loaded machine before it expires.
+    let (endpoint, fingerprint) = c.advertise(&["--request-ttl", "40s"]);
     c.request("lab-2", &endpoint, &fingerprint);
     let pending = until("rome's request listed", Duration::from_secs(30), || {
         c.requests()
@@ -353,7 +354,7 @@ fn a_request_approved_after_its_consumer_left_leaves_no_tenant() {
     });
     until(
         "the unused request, its Tenant and tenant namespace gone",
-        Duration::from_secs(90),
+        Duration::from_secs(120),
         || {
             let request_gone = !c.requests().iter().any(|r| r["name"] == name);
             let tenant_gone = c.names("lab-1", &["get", "tenants", "-A"]).is_empty();

@@ -385,6 +385,27 @@ async fn remove_unused_tenant(
     if !ours || tenant.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
+    // Looked at again just before: a consumer that publishes now keeps its Tenant.
+    let published =
+        Api::<NetworkParameters>::namespaced(client.clone(), &names::tenant_namespace(consumer))
+            .get_opt(crate::rbac::CONSUMER_NETWORK_PARAMETERS)
+            .await?
+            .is_some();
+    if published {
+        return Ok(());
+    }
     tracing::info!(request = %request.name_any(), %consumer, "approved enrollment never used: removing the Tenant its approval made");
-    client::delete_if_exists(&tenants, consumer, &DeleteParams::default()).await
+    // This Tenant, not one made again since under the same name.
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: tenant.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match tenants.delete(consumer, &params).await {
+        Ok(_) => Ok(()),
+        Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
