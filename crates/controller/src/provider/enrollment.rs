@@ -364,8 +364,8 @@ async fn sweep(client: &Client) -> Result<(), kube::Error> {
 }
 
 /// Removes the Tenant that approving `request` made, if it is still that approval's (it carries
-/// the request's key) and its consumer never authenticated: the Tenant's finalizer then undoes
-/// the rest (namespace, RoleBindings, pod range).
+/// the request's key) and its consumer never published its network parameters with the
+/// identity: the Tenant's finalizer then undoes the rest (namespace, RoleBindings, pod range).
 async fn remove_unused_tenant(
     client: &Client,
     request: &PeeringRequest,
