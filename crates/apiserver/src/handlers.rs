@@ -279,6 +279,7 @@ async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResul
         .unwrap_or_default()
         .to_string();
     if is_dry_run(call) {
+        state.check_create(res, &ns, &name)?;
         crate::quota::check_create(state, res, &ns, &name, &obj)?;
         return Ok(json_response(201, &obj));
     }
@@ -468,6 +469,7 @@ async fn write_loop(
                 objects::prepare_create(res, &mut obj);
                 admit(state, call, res, None, &mut obj, "CREATE").await?;
                 if is_dry_run(call) {
+                    state.check_create(res, &ns, &name)?;
                     crate::quota::check_create(state, res, &ns, &name, &obj)?;
                     return Ok(json_response(201, &obj));
                 }

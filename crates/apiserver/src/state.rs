@@ -96,6 +96,19 @@ impl State {
         Ok(doc)
     }
 
+    /// What [`State::create_object`] would refuse before storing anything: a namespace that
+    /// is missing or terminating, a name already taken. A server-side dry run of a create
+    /// answers as the create would (kube's dry-run storage looks the key up too).
+    pub fn check_create(&self, res: &ResourceInfo, ns: &str, name: &str) -> ApiResult<()> {
+        if res.namespaced {
+            self.check_namespace_open(ns)?;
+        }
+        if self.store.get(&res.storage_key(), ns, name).is_some() {
+            return Err(store_error(res, name, StoreError::AlreadyExists));
+        }
+        Ok(())
+    }
+
     /// Replaces an object at `expected_rv`.
     pub fn update_object(
         &self,

@@ -167,6 +167,29 @@ async fn create_apply_get_and_diff() {
         "{}",
         again.stderr
     );
+    // A server-side dry run answers as the create would: the name is taken, and a namespace
+    // that does not exist is refused.
+    refused(
+        &c,
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(DEPLOYMENT),
+        "AlreadyExists",
+    )
+    .await;
+    refused(
+        &c,
+        &[
+            "create",
+            "configmap",
+            "cm",
+            "--dry-run=server",
+            "-n",
+            "nowhere",
+        ],
+        None,
+        "namespaces \"nowhere\" not found",
+    )
+    .await;
 
     // Client-side apply: a changed image and a removed env var reach the object.
     let changed = DEPLOYMENT
