@@ -602,6 +602,16 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
         c.established("lab-2"),
         "an expiry touched the approved peering"
     );
+    // Rome's approval was used (its network parameters published): the janitor, which removes
+    // an unused approval's Tenant after the TTL, leaves this one alone.
+    let tenant = c.json(
+        "lab-1",
+        &["get", "tenant", "rome", "-n", "tandem-tenant-rome"],
+    );
+    assert!(
+        tenant["metadata"]["deletionTimestamp"].is_null(),
+        "a used approval's Tenant is being removed: {tenant}"
+    );
 }
 
 fn apply(c: &Clusters, ctx: &str, json: &str) {

@@ -19,7 +19,7 @@ use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
-use tandem_api::{NetworkParameters, PeeringPolicy, PeeringRequest, Tenant, names};
+use tandem_api::{PeeringPolicy, PeeringRequest, Tenant, names};
 
 use crate::context::Ctx;
 use crate::enroll;
@@ -333,15 +333,11 @@ async fn sweep(client: &Client) -> Result<(), kube::Error> {
             .and_then(|s| s.decided_at.as_deref())
             .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
             .map_or(age, |t| now - t.as_second());
-        let tenant_ns = names::tenant_namespace(&r.spec.cluster_id);
         let mut unused = false;
         let remove = match r.status.as_ref().and_then(|s| s.phase.as_deref()) {
             Some("Denied") => since_decided > DENIED_GRACE_SECS,
             Some("Approved") => {
-                let used = Api::<NetworkParameters>::namespaced(client.clone(), &tenant_ns)
-                    .get_opt(crate::rbac::CONSUMER_NETWORK_PARAMETERS)
-                    .await?
-                    .is_some();
+                let used = super::network::consumer_published(client, &r.spec.cluster_id).await?;
                 unused = !used && since_decided > APPROVED_GRACE_SECS.min(ttl);
                 used || unused
             }
@@ -386,12 +382,7 @@ async fn remove_unused_tenant(
         return Ok(());
     }
     // Looked at again just before: a consumer that publishes now keeps its Tenant.
-    let published =
-        Api::<NetworkParameters>::namespaced(client.clone(), &names::tenant_namespace(consumer))
-            .get_opt(crate::rbac::CONSUMER_NETWORK_PARAMETERS)
-            .await?
-            .is_some();
-    if published {
+    if super::network::consumer_published(client, consumer).await? {
         return Ok(());
     }
     tracing::info!(request = %request.name_any(), %consumer, "approved enrollment never used: removing the Tenant its approval made");

@@ -170,6 +170,20 @@ pub async fn release_peer(ctx: &Ctx, peer: &str) -> Result<(), IpamError> {
     .await
 }
 
+/// Whether `consumer` has published its `NetworkParameters` in its tenant namespace: it does so
+/// with the identity an approval issued, so this is how the provider knows the identity is in use.
+pub async fn consumer_published(
+    client: &kube::Client,
+    consumer: &str,
+) -> Result<bool, kube::Error> {
+    Ok(
+        Api::<NetworkParameters>::namespaced(client.clone(), &names::tenant_namespace(consumer))
+            .get_opt(CONSUMER_NETWORK_PARAMETERS)
+            .await?
+            .is_some(),
+    )
+}
+
 /// Publishes (server-side apply) the provider's `NetworkParameters` in `consumer`'s tenant namespace.
 pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), IpamError> {
     let settings = ctx.settings().await?;

@@ -19,7 +19,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
-use tandem_api::{NetworkParameters, PeeringRequest, Tenant, names};
+use tandem_api::{PeeringRequest, Tenant, names};
 
 use crate::context::Ctx;
 use crate::invite::{INVITE_USED_ANNOTATION, invite_role_name, invite_rules, token_secret_name};
@@ -622,15 +622,9 @@ async fn sweep(ctx: &Ctx) -> Result<(), crate::invite::InviteError> {
                 if r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Approved") =>
             {
                 // The consumer publishes its network parameters with its new identity.
-                Api::<NetworkParameters>::namespaced(
-                    client.clone(),
-                    &names::tenant_namespace(consumer),
-                )
-                .get_opt(rbac::CONSUMER_NETWORK_PARAMETERS)
-                .await
-                .ok()
-                .flatten()
-                .is_some()
+                super::network::consumer_published(client, consumer)
+                    .await
+                    .unwrap_or(false)
             }
             _ => false,
         };
