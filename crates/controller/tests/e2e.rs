@@ -13,7 +13,9 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::{Cluster, peer_with, remote_pod_cidrs, tandem_owned, translate, until, until_owned};
@@ -176,9 +178,10 @@ async fn virtual_node_ready_within_5s_of_peering() {
 
 /// An administrator who strips the virtual node of its type label and its NoExecute taint (by
 /// mistake, or with a tool that rewrites labels) gets them back: the virtual kubelet finds its
-/// node by the label, and the taint keeps pods that do not tolerate it off the provider.
+/// node by the label, and the taint keeps pods that do not tolerate it off the provider. One who
+/// deletes it gets it registered again, as a kubelet's node is.
 #[tokio::test]
-async fn a_virtual_node_stripped_of_its_marks_by_hand_gets_them_back() {
+async fn a_virtual_node_stripped_or_deleted_by_hand_comes_back() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
     let provider = Cluster::start("milan", "eu-west", 1).await;
     peer_with(&consumer, &provider, grant(), None).await;
@@ -236,6 +239,23 @@ async fn a_virtual_node_stripped_of_its_marks_by_hand_gets_them_back() {
     // Put back, not made anew: Ready since the same time (a later one would read as an outage
     // to the virtual kubelet).
     assert_eq!(ready_since(&restored), ready_since(&ready));
+
+    // Deleted by hand (`kubectl delete node`), it is registered again while the Peering stays.
+    nodes
+        .delete(&vn, &DeleteParams::default())
+        .await
+        .expect("deleting the virtual node");
+    let old_uid = restored.metadata.uid.clone();
+    let again = until("the virtual node registered again, Ready", WAIT, || async {
+        nodes
+            .get_opt(&vn)
+            .await
+            .ok()
+            .flatten()
+            .filter(|n| n.metadata.uid != old_uid && marked(n) && node_ready(n))
+    })
+    .await;
+    assert!(again.metadata.deletion_timestamp.is_none());
 }
 
 /// The virtual node's NetworkUnavailable condition, as (status, reason, message).

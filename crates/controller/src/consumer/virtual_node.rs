@@ -136,6 +136,8 @@ pub async fn run(
     let mut applied: Option<Value> = None;
     // The node's type label or taint found removed (by its last status post).
     let mut marks_lost = false;
+    // The node found deleted (by its last status post) while its Peering stays: made again.
+    let mut deleted = false;
     let mut posted: Option<Posted> = None;
     let mut node_uid: Option<String> = None;
     // Where the gateway's status API is (None: no gateway to follow), from the last heartbeat.
@@ -170,6 +172,28 @@ pub async fn run(
                 .await
             {
                 Ok(node) => {
+                    // Made again after a deletion: unless unpeering began meanwhile (it deletes
+                    // the node, perhaps before this apply), in which case it goes again.
+                    if std::mem::take(&mut deleted) && !peering_live(&ctx, &l.provider_id).await {
+                        let gone = nodes
+                            .delete(
+                                &l.virtual_node,
+                                &kube::api::DeleteParams {
+                                    preconditions: Some(kube::api::Preconditions {
+                                        uid: node.metadata.uid.clone(),
+                                        resource_version: None,
+                                    }),
+                                    ..Default::default()
+                                },
+                            )
+                            .await;
+                        if let Err(e) = client::ok_if_not_found(gone) {
+                            tracing::warn!(node = %l.virtual_node, "removing the virtual node made again as its Peering went: {e}");
+                        }
+                        // Not applied again: the task stops with the link.
+                        applied = Some(desired);
+                        continue;
+                    }
                     node_uid = node.metadata.uid;
                     applied = Some(desired);
                     marks_lost = false;
@@ -349,6 +373,16 @@ pub async fn run(
                         network_since,
                     })
                 }
+                // Deleted by hand (`kubectl delete node`): registered again on the next pass,
+                // as virtual-kubelet's node controller does, unless its Peering is going
+                // (unpeering deletes the node first).
+                Err(e) if client::is_not_found(&e) => {
+                    if peering_live(&ctx, &l.provider_id).await {
+                        tracing::warn!(node = %l.virtual_node, "the virtual node was deleted while its Peering stays; registering it again");
+                        applied = None;
+                        deleted = true;
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(node = %l.virtual_node, "posting virtual node status: {e}")
                 }
@@ -360,6 +394,24 @@ pub async fn run(
         }
         if let Err(e) = renew_lease(&ctx, &l.virtual_node, node_uid.as_deref()).await {
             tracing::warn!(node = %l.virtual_node, "renewing virtual node lease: {e}");
+        }
+    }
+}
+
+/// Whether a Peering with `provider` is there and not being deleted (read from the API server,
+/// not a cache: it decides whether a deleted virtual node is made again). An error reads as no.
+async fn peering_live(ctx: &Ctx, provider: &str) -> bool {
+    match Api::<Peering>::all(ctx.client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+    {
+        Ok(list) => list
+            .items
+            .iter()
+            .any(|p| p.spec.cluster_id == provider && p.metadata.deletion_timestamp.is_none()),
+        Err(e) => {
+            tracing::warn!(%provider, "reading the Peerings: {e}");
+            false
         }
     }
 }

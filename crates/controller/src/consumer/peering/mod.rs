@@ -1018,6 +1018,14 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
         )
         .map_err(unpeer_step(UnpeerStep::DeleteTenant))?;
     }
+    // Once more: a virtual node task that saw the node deleted by hand just before unpeering
+    // began may have made it again (its tasks stop with the link, by now).
+    ignore_missing(
+        Api::<Node>::all(ctx.client.clone())
+            .delete(&node, &DeleteParams::default())
+            .await,
+    )
+    .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?;
     crate::provider::network::release_peer(ctx, &provider)
         .await
         .map_err(unpeer_step(UnpeerStep::ReleaseIpam))?;
