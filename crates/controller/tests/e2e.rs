@@ -256,6 +256,39 @@ async fn a_virtual_node_stripped_or_deleted_by_hand_comes_back() {
     })
     .await;
     assert!(again.metadata.deletion_timestamp.is_none());
+
+    // Deleted by hand with its Peering deleted right after: the unpeering wins, and neither the
+    // node nor its lease comes back.
+    nodes
+        .delete(&vn, &DeleteParams::default())
+        .await
+        .expect("deleting the virtual node again");
+    let peerings: Api<Peering> = Api::all(consumer.client.clone());
+    peerings
+        .delete("milan", &DeleteParams::default())
+        .await
+        .expect("deleting the Peering");
+    until("the Peering gone", WAIT, || async {
+        peerings
+            .get_opt("milan")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(consumer.client.clone(), "kube-node-lease");
+    until("the virtual node's lease gone", WAIT, || async {
+        leases.get_opt(&vn).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    // A task that made it again would do so within its next pass (the probe period, 0.5 s here).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        nodes.get_opt(&vn).await.unwrap().is_none(),
+        "the virtual node came back after unpeering"
+    );
 }
 
 /// The virtual node's NetworkUnavailable condition, as (status, reason, message).

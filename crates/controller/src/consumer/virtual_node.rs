@@ -172,9 +172,12 @@ pub async fn run(
                 .await
             {
                 Ok(node) => {
-                    // Made again after a deletion: unless unpeering began meanwhile (it deletes
-                    // the node, perhaps before this apply), in which case it goes again.
-                    if std::mem::take(&mut deleted) && !peering_live(&ctx, &l.provider_id).await {
+                    // Made again after a deletion (seen by a status post, or by a new UID): unless
+                    // unpeering began meanwhile (it deletes the node, perhaps before this apply),
+                    // in which case it goes again.
+                    let made_again = std::mem::take(&mut deleted)
+                        || (node_uid.is_some() && node.metadata.uid != node_uid);
+                    if made_again && !peering_live(&ctx, &l.provider_id).await {
                         let gone = nodes
                             .delete(
                                 &l.virtual_node,
@@ -398,8 +401,10 @@ pub async fn run(
     }
 }
 
-/// Whether a Peering with `provider` is there and not being deleted (read from the API server,
-/// not a cache: it decides whether a deleted virtual node is made again). An error reads as no.
+/// Whether a Peering with `provider` is there and not being deleted, read from the API server,
+/// not a cache: it decides whether a deleted virtual node is made again. Listed, as a Peering
+/// need not be named after its provider; asked only when the node was found gone. An error
+/// reads as no (the next status post asks again).
 async fn peering_live(ctx: &Ctx, provider: &str) -> bool {
     match Api::<Peering>::all(ctx.client.clone())
         .list(&kube::api::ListParams::default())
@@ -586,7 +591,13 @@ async fn endpoint(ctx: &Ctx, link: &ProviderLink) -> String {
 async fn renew_lease(ctx: &Ctx, node: &str, node_uid: Option<&str>) -> Result<(), kube::Error> {
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), LEASE_NAMESPACE);
     let now = micro_now();
-    let patch = json!({"spec": {"holderIdentity": node, "renewTime": now}});
+    let mut patch = json!({"spec": {"holderIdentity": node, "renewTime": now}});
+    // Owned by the node as it is now: a node made again (deleted by hand) has a new UID, and a
+    // lease still naming the old one would be collected as an orphan.
+    if let Some(uid) = node_uid {
+        patch["metadata"] = json!({"ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]});
+    }
     match leases
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await

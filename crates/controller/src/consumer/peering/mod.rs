@@ -1019,13 +1019,24 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
         .map_err(unpeer_step(UnpeerStep::DeleteTenant))?;
     }
     // Once more: a virtual node task that saw the node deleted by hand just before unpeering
-    // began may have made it again (its tasks stop with the link, by now).
-    ignore_missing(
-        Api::<Node>::all(ctx.client.clone())
-            .delete(&node, &DeleteParams::default())
-            .await,
-    )
-    .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?;
+    // began may have made it again (its tasks stop with the link, by now). If it had, its
+    // lease and any pod bound to it meanwhile go too.
+    let made_again = Api::<Node>::all(ctx.client.clone())
+        .delete(&node, &DeleteParams::default())
+        .await;
+    if client::ok_if_not_found(made_again)
+        .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?
+        .is_some()
+    {
+        tracing::warn!(%provider, %node, "the virtual node was made again while unpeering; deleted again");
+        ignore_missing(
+            Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
+                .delete(&node, &DeleteParams::default())
+                .await,
+        )
+        .map_err(unpeer_step(UnpeerStep::DeleteLease))?;
+        drain(ctx, &provider, &node).await?;
+    }
     crate::provider::network::release_peer(ctx, &provider)
         .await
         .map_err(unpeer_step(UnpeerStep::ReleaseIpam))?;
