@@ -122,10 +122,21 @@ fn records_advertise_prints_make_discover_list_the_cluster_until_their_ttl_passe
         "advertise",
     );
     let mut lines: Vec<&str> = printed.lines().filter(|l| !l.starts_with(';')).collect();
-    // A second instance under the domain whose TXT is not an advertisement.
+    // A second instance under the domain whose TXT is not an advertisement; a third that
+    // carries milan's TXT under another instance label; a fourth named outside the service.
+    let decoy_txt = lines
+        .iter()
+        .find(|l| l.starts_with("milan._tandem._tcp.example.org.") && l.contains(" IN TXT "))
+        .expect("advertise prints milan's TXT")
+        .replacen("milan.", "decoy.", 1);
+    let outside_txt = decoy_txt.replacen("decoy._tandem._tcp.", "milan.elsewhere.", 1);
     lines.extend([
         "_tandem._tcp.example.org. 5 IN PTR broken._tandem._tcp.example.org.",
         "broken._tandem._tcp.example.org. 5 IN TXT \"id=broken\"",
+        "_tandem._tcp.example.org. 5 IN PTR decoy._tandem._tcp.example.org.",
+        decoy_txt.as_str(),
+        "_tandem._tcp.example.org. 5 IN PTR milan.elsewhere.example.org.",
+        outside_txt.as_str(),
     ]);
     let records = parse_zone(&lines);
     let milan_txt: Vec<String> = records
@@ -157,6 +168,16 @@ fn records_advertise_prints_make_discover_list_the_cluster_until_their_ttl_passe
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         said.contains("skipped broken._tandem._tcp.example.org.: TXT record has no \"v\""),
+        "{said}"
+    );
+    assert!(
+        said.contains("skipped decoy._tandem._tcp.example.org.: its TXT names cluster \"milan\""),
+        "{said}"
+    );
+    assert!(
+        said.contains(
+            "skipped milan.elsewhere.example.org.: not an instance of _tandem._tcp.example.org."
+        ),
         "{said}"
     );
     let row = table

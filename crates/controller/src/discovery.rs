@@ -109,8 +109,10 @@ pub enum BrowseError {
 
 /// Browses `domain` for advertising clusters (DNS-SD, RFC 6763 §4): the PTR records of
 /// `_tandem._tcp.<domain>` name the instances, and each instance's TXT record carries its
-/// advertisement. An instance whose TXT is missing or unreadable is skipped and reported by
-/// name (one bad record does not hide the others).
+/// advertisement. An instance whose TXT is missing or unreadable, that is not named under the
+/// service, or whose TXT names another cluster than its instance label (as `tandem advertise`
+/// prints them, `<cluster ID>._tandem._tcp.<domain>`; the mDNS browse holds the same rule) is
+/// skipped and reported by name: one bad record does not hide the others.
 pub async fn browse_domain(
     domain: &str,
     servers: &[std::net::SocketAddr],
@@ -140,6 +142,12 @@ pub async fn browse_domain(
         .collect();
     let mut found = Browsed::default();
     for (instance, ptr_ttl) in instances {
+        if instance.base_name() != service {
+            found
+                .skipped
+                .push(format!("{instance}: not an instance of {service}"));
+            continue;
+        }
         let txt = match tandem_dns::client::lookup(servers, &instance, RecordType::TXT).await {
             Ok(m) => m,
             Err(e) => {
@@ -159,11 +167,23 @@ pub async fn browse_domain(
             found.skipped.push(format!("{instance}: no TXT record"));
             continue;
         };
+        // The instance label, as the advertisement's cluster ID is compared with it.
+        let label = instance
+            .iter()
+            .next()
+            .map(|l| String::from_utf8_lossy(l).to_ascii_lowercase())
+            .unwrap_or_default();
         match Advertisement::from_txt(&txt_strings(strings)) {
-            Ok(advertisement) => found.sightings.push(Sighting {
-                advertisement,
-                ttl: ptr_ttl.min(txt_ttl),
-            }),
+            Ok(advertisement) if advertisement.cluster_id == label => {
+                found.sightings.push(Sighting {
+                    advertisement,
+                    ttl: ptr_ttl.min(txt_ttl),
+                })
+            }
+            Ok(advertisement) => found.skipped.push(format!(
+                "{instance}: its TXT names cluster {:?}",
+                advertisement.cluster_id
+            )),
             Err(e) => found.skipped.push(format!("{instance}: {e}")),
         }
     }
