@@ -138,14 +138,16 @@ fn asks_for_service(m: &Message) -> bool {
 
 /// What a response tells about advertising clusters: each instance named by a PTR of the
 /// service, with its TXT from the same message. An instance whose TXT is missing, unreadable
-/// or names another cluster ID than its instance label is skipped (with why, for the log).
+/// or names another cluster ID than its instance label, or that is not named under the service,
+/// is skipped (with why, for the log).
 pub fn heard(m: &Message) -> (Vec<Event>, Vec<String>) {
     let mut events = Vec::new();
     let mut skipped = Vec::new();
     if m.message_type() != MessageType::Response {
         return (events, skipped);
     }
-    let service = service().to_ascii().to_ascii_lowercase();
+    let service_name = service();
+    let service = service_name.to_ascii().to_ascii_lowercase();
     let all: Vec<&Record> = m.answers().iter().chain(m.additionals()).collect();
     let mut txts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &all {
@@ -164,6 +166,10 @@ pub fn heard(m: &Message) -> (Vec<Event>, Vec<String>) {
             continue;
         }
         let instance_name = instance.to_ascii().to_ascii_lowercase();
+        if instance.base_name() != service_name {
+            skipped.push(format!("{instance_name}: not an instance of {service}"));
+            continue;
+        }
         let label = instance_name
             .split('.')
             .next()
@@ -384,6 +390,24 @@ mod tests {
         let (events, skipped) = heard(&wire(response(recs)));
         assert!(events.is_empty(), "{events:?}");
         assert!(skipped[0].contains("names cluster \"rome\""), "{skipped:?}");
+        // An instance named outside the service (its announcement or its goodbye) is neither.
+        let outside = Name::from_ascii("milan.elsewhere.local.").unwrap();
+        for ttl in [120, 0] {
+            let mut recs = records(&milan("https://198.18.1.2:6443"), ttl);
+            for r in &mut recs {
+                if matches!(r.data(), RData::PTR(_)) {
+                    r.set_data(RData::PTR(PTR(outside.clone())));
+                } else if matches!(r.data(), RData::TXT(_) | RData::SRV(_)) {
+                    r.set_name(outside.clone());
+                }
+            }
+            let (events, skipped) = heard(&wire(response(recs)));
+            assert!(events.is_empty(), "{events:?}");
+            assert!(
+                skipped[0].contains("not an instance of _tandem._tcp.local."),
+                "{skipped:?}"
+            );
+        }
         // A question is not an answer.
         assert_eq!(heard(&wire(question())).0, vec![]);
     }

@@ -200,9 +200,10 @@ pub async fn run(
                     node_uid = node.metadata.uid;
                     applied = Some(desired);
                     marks_lost = false;
-                    // Only a new node (or a changed one) needs its status and annotation again:
-                    // marks put back leave the status alone, Ready since the same time.
-                    if changed {
+                    // Only a new node (or a changed one, or one made again) needs its status and
+                    // annotation again: marks put back leave the status alone, Ready since the
+                    // same time.
+                    if changed || made_again {
                         posted = None;
                         annotated = None;
                     }
