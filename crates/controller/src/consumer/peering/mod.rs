@@ -933,6 +933,33 @@ async fn drain(ctx: &Ctx, provider: &str, node: &str) -> Result<(), UnpeerError>
     Ok(())
 }
 
+/// Deletes the virtual node, then its lease, and drains the pods bound to it; with `always`
+/// false, the lease and the pods only if the node was there. Whether it was.
+async fn remove_virtual_node(
+    ctx: &Ctx,
+    provider: &str,
+    node: &str,
+    always: bool,
+) -> Result<bool, UnpeerError> {
+    let deleted = client::ok_if_not_found(
+        Api::<Node>::all(ctx.client.clone())
+            .delete(node, &DeleteParams::default())
+            .await,
+    )
+    .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?
+    .is_some();
+    if always || deleted {
+        ignore_missing(
+            Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
+                .delete(node, &DeleteParams::default())
+                .await,
+        )
+        .map_err(unpeer_step(UnpeerStep::DeleteLease))?;
+        drain(ctx, provider, node).await?;
+    }
+    Ok(deleted)
+}
+
 /// Undoes a peering: the virtual node and its pods here, the twin namespaces and the Tenant on
 /// the provider (unless forced), the IPAM grant and the tenant namespace here.
 async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
@@ -947,19 +974,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     tracing::info!(%provider, force, "unpeering");
     // The node goes first, so that the scheduler stops placing the replacements of the pods
     // drained below on it (a pod bound to a node that is gone would stay bound forever).
-    ignore_missing(
-        Api::<Node>::all(ctx.client.clone())
-            .delete(&node, &DeleteParams::default())
-            .await,
-    )
-    .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?;
-    ignore_missing(
-        Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
-            .delete(&node, &DeleteParams::default())
-            .await,
-    )
-    .map_err(unpeer_step(UnpeerStep::DeleteLease))?;
-    drain(ctx, &provider, &node).await?;
+    remove_virtual_node(ctx, &provider, &node, true).await?;
     if !force && conditions::is_true(&status.conditions, conditions::AUTHENTICATED) {
         let identity = status
             .identity_secret
@@ -1021,21 +1036,8 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
     // Once more: a virtual node task that saw the node deleted by hand just before unpeering
     // began may have made it again (its tasks stop with the link, by now). If it had, its
     // lease and any pod bound to it meanwhile go too.
-    let made_again = Api::<Node>::all(ctx.client.clone())
-        .delete(&node, &DeleteParams::default())
-        .await;
-    if client::ok_if_not_found(made_again)
-        .map_err(unpeer_step(UnpeerStep::DeleteVirtualNode))?
-        .is_some()
-    {
+    if remove_virtual_node(ctx, &provider, &node, false).await? {
         tracing::warn!(%provider, %node, "the virtual node was made again while unpeering; deleted again");
-        ignore_missing(
-            Api::<Lease>::namespaced(ctx.client.clone(), crate::rbac::LEASE_NAMESPACE)
-                .delete(&node, &DeleteParams::default())
-                .await,
-        )
-        .map_err(unpeer_step(UnpeerStep::DeleteLease))?;
-        drain(ctx, &provider, &node).await?;
     }
     crate::provider::network::release_peer(ctx, &provider)
         .await
