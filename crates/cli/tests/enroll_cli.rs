@@ -517,6 +517,53 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
             .success()
     );
 
+    // Cluster IDs are self-asserted: a request claiming rome's with another key is refused at
+    // once, saying why, and rome's Tenant keeps its key and terms.
+    let (csr, name) = consumer_csr("rome");
+    let proof = tandem_core::invite::token_proof(secret, "rome", id, &csr);
+    let impostor = serde_json::json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+        "metadata": {"name": name},
+        "spec": {"clusterID": "rome", "tokenID": id, "tokenProof": proof, "csr": csr},
+    });
+    let (code, answer) = call(
+        &c,
+        &endpoint,
+        &token,
+        "POST",
+        "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
+        Some(&impostor.to_string()),
+    );
+    assert_eq!(code, 201, "{answer}");
+    let refused = until(
+        "the impostor's request refused",
+        Duration::from_secs(30),
+        || {
+            let r = c.json(
+                "lab-1",
+                &["get", "peeringrequest", &name, "-n", "tandem-enroll"],
+            );
+            (r["status"]["phase"] == "Denied").then_some(r)
+        },
+    );
+    let why = refused["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("cluster ID rome already peers with this cluster")
+            && why.contains("under another key"),
+        "{refused}"
+    );
+    let kept = c.json(
+        "lab-1",
+        &["get", "tenant", "rome", "-n", "tandem-tenant-rome"],
+    );
+    assert_eq!(
+        kept["metadata"]["annotations"]["tandem.dev/key-fingerprint"],
+        tenant["metadata"]["annotations"]["tandem.dev/key-fingerprint"],
+        "{kept}"
+    );
+    assert_eq!(kept["spec"]["grant"], tenant["spec"]["grant"], "{kept}");
+    assert!(c.established("lab-2"));
+
     // A flood of 1,000 requests with the credential: at most 5 pending, nothing else created.
     let before = census(&c);
     let waiting = c
