@@ -368,6 +368,36 @@ fn a_request_approved_after_its_consumer_left_leaves_no_tenant() {
 }
 
 /// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
+/// Files, with the enrollment credential `token` and as a consumer would (its token proof), a
+/// PeeringRequest for `cluster` under a fresh key, with `extra`'s objects merged into the
+/// request's (what a crafted request adds); asserts it was created, and returns its name.
+fn file_request(c: &Clusters, endpoint: &str, token: &str, cluster: &str, extra: Value) -> String {
+    let (id, secret) = token.split_once('.').unwrap();
+    let (csr, name) = consumer_csr(cluster);
+    let proof = tandem_core::invite::token_proof(secret, cluster, id, &csr);
+    let mut request = serde_json::json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+        "metadata": {"name": name},
+        "spec": {"clusterID": cluster, "tokenID": id, "tokenProof": proof, "csr": csr},
+    });
+    for (key, value) in extra.as_object().expect("an object") {
+        match (request.get_mut(key), value) {
+            (Some(Value::Object(ours)), Value::Object(theirs)) => ours.extend(theirs.clone()),
+            _ => request[key] = value.clone(),
+        }
+    }
+    let (code, answer) = call(
+        c,
+        endpoint,
+        token,
+        "POST",
+        "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
+        Some(&request.to_string()),
+    );
+    assert_eq!(code, 201, "{answer}");
+    name
+}
+
 fn consumer_csr(cluster: &str) -> (String, String) {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -485,24 +515,16 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
         &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
     );
     let token = published["data"]["token"].as_str().unwrap().to_string();
-    let (id, secret) = token.split_once('.').unwrap();
-    let (csr, name) = consumer_csr("mallory");
-    let proof = tandem_core::invite::token_proof(secret, "mallory", id, &csr);
-    let crafted = serde_json::json!({
-        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
-        "metadata": {"name": name, "finalizers": ["example.com/keep"]},
-        "spec": {"clusterID": "mallory", "tokenID": id, "tokenProof": proof, "csr": csr},
-        "status": {"phase": "Approved", "decision": "Approve"},
-    });
-    let (code, answer) = call(
+    let name = file_request(
         &c,
         &endpoint,
         &token,
-        "POST",
-        "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
-        Some(&crafted.to_string()),
+        "mallory",
+        serde_json::json!({
+            "metadata": {"finalizers": ["example.com/keep"]},
+            "status": {"phase": "Approved", "decision": "Approve"},
+        }),
     );
-    assert_eq!(code, 201, "{answer}");
     let mallory = until("mallory's request checked", Duration::from_secs(30), || {
         let r = c.json(
             "lab-1",
@@ -519,22 +541,7 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
 
     // Cluster IDs are self-asserted: a request claiming rome's with another key is refused at
     // once, saying why, and rome's Tenant keeps its key and terms.
-    let (csr, name) = consumer_csr("rome");
-    let proof = tandem_core::invite::token_proof(secret, "rome", id, &csr);
-    let impostor = serde_json::json!({
-        "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
-        "metadata": {"name": name},
-        "spec": {"clusterID": "rome", "tokenID": id, "tokenProof": proof, "csr": csr},
-    });
-    let (code, answer) = call(
-        &c,
-        &endpoint,
-        &token,
-        "POST",
-        "/apis/tandem.dev/v1alpha1/namespaces/tandem-enroll/peeringrequests",
-        Some(&impostor.to_string()),
-    );
-    assert_eq!(code, 201, "{answer}");
+    let name = file_request(&c, &endpoint, &token, "rome", serde_json::json!({}));
     let refused = until(
         "the impostor's request refused",
         Duration::from_secs(30),
