@@ -149,7 +149,12 @@ fn system_call(res: &ResourceInfo, ns: &str, name: &str, verb: &str) -> Call {
     }
 }
 
-async fn delete(state: &State, at: &ObjectRef, propagation: &str) {
+/// Deletes the object at `at`, only if it is still `doc` as the collector decided on it: its
+/// UID (not a namesake made since) and, with `unchanged`, its resourceVersion too (not since
+/// given another owner). kube-controller-manager's collector deletes with a UID precondition
+/// too. A refused precondition is no failure: the change that made the object differ comes
+/// through the feed, and the object is looked at again then.
+async fn delete(state: &State, at: &ObjectRef, doc: &Doc, unchanged: bool, propagation: &str) {
     let (key, ns, name) = at;
     let Some(res) = resource_for(state, key) else {
         return;
@@ -157,13 +162,60 @@ async fn delete(state: &State, at: &ObjectRef, propagation: &str) {
     let call = system_call(&res, ns, name, "delete");
     let opts = DeleteOptions {
         propagation: Some(propagation.into()),
+        uid: Some(doc.uid.to_string()),
+        rv: unchanged.then_some(doc.rv),
         ..Default::default()
     };
-    if let Err(e) = delete_one(state, &call, &res, ns, name, &opts).await
-        && e.code != 404
-    {
-        tracing::warn!(resource = %res.resource, namespace = %ns, %name, "garbage collector: delete failed: {e}");
+    match delete_one(state, &call, &res, ns, name, &opts).await {
+        Ok(_) => {}
+        Err(e) if e.code == 404 => {}
+        Err(e) if e.code == 409 => {
+            tracing::debug!(resource = %res.resource, namespace = %ns, %name, "garbage collector: changed since examined, not deleted: {e}");
+        }
+        Err(e) => {
+            tracing::warn!(resource = %res.resource, namespace = %ns, %name, "garbage collector: delete failed: {e}");
+        }
     }
+}
+
+/// Whether `doc` (in namespace `ns`) has an owner other than `gone_uid` that exists. The
+/// index answers first; an owner it does not know is looked up in the store by its reference
+/// (kind, name, UID), as kube-controller-manager's collector looks an owner up before calling
+/// a dependent garbage: the index follows the change feed, which may not yet have reached an
+/// owner made a moment ago that the dependent was just given (a node made again, its lease
+/// handed to it).
+fn has_live_owner(state: &State, index: &Index, ns: &str, doc: &Doc, gone_uid: &str) -> bool {
+    if doc
+        .owners
+        .iter()
+        .any(|u| **u != *gone_uid && index.objects.contains_key(&**u))
+    {
+        return true;
+    }
+    let obj = doc.value();
+    let Some(refs) = obj["metadata"]["ownerReferences"].as_array() else {
+        return false;
+    };
+    refs.iter().any(|r| {
+        let (Some(uid), Some(kind), Some(name)) =
+            (r["uid"].as_str(), r["kind"].as_str(), r["name"].as_str())
+        else {
+            return false;
+        };
+        if uid == gone_uid {
+            return false;
+        }
+        let api_version = r["apiVersion"].as_str().unwrap_or_default();
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let Some(res) = state.registry.read().by_kind(group, kind) else {
+            return false;
+        };
+        let owner_ns = if res.namespaced { ns } else { "" };
+        state
+            .store
+            .get(&res.storage_key(), owner_ns, name)
+            .is_some_and(|owner| *owner.uid == *uid)
+    })
 }
 
 /// Read-modify-write of one object as the collector, retried on conflicts.
@@ -233,11 +285,7 @@ async fn owner_gone(state: &State, index: &mut Index, owner: &Doc) {
         let Some(doc) = state.store.get(&at.0, &at.1, &at.2) else {
             continue;
         };
-        let live_owner = doc
-            .owners
-            .iter()
-            .any(|u| **u != *owner_uid && index.objects.contains_key(&**u));
-        if live_owner {
+        if has_live_owner(state, index, &at.1, &doc, &owner_uid) {
             modify(state, &at, |obj| {
                 let Some(refs) = obj["metadata"]["ownerReferences"].as_array_mut() else {
                     return false;
@@ -247,7 +295,7 @@ async fn owner_gone(state: &State, index: &mut Index, owner: &Doc) {
                 before != refs.len()
             });
         } else {
-            delete(state, &at, "Background").await;
+            delete(state, &at, &doc, true, "Background").await;
         }
     }
     // Owners waiting in foreground deletion may now be free to go.
@@ -271,9 +319,10 @@ async fn examine(state: &State, index: &mut Index, key: &str, doc: &Doc) {
         doc.namespace.to_string(),
         doc.name.to_string(),
     );
-    // A dependent whose owners all are gone is garbage.
-    if !doc.owners.is_empty() && !doc.owners.iter().any(|u| index.objects.contains_key(&**u)) {
-        delete(state, &at, "Background").await;
+    // A dependent whose owners all are gone is garbage. `doc` may be older than the stored
+    // object (the feed lags): the delete holds only if the object is still this version.
+    if !doc.owners.is_empty() && !has_live_owner(state, index, &doc.namespace, doc, "") {
+        delete(state, &at, doc, true, "Background").await;
         return;
     }
     if !doc.deleting {
@@ -304,12 +353,10 @@ async fn examine(state: &State, index: &mut Index, key: &str, doc: &Doc) {
             remove_finalizer(state, &at, "foregroundDeletion");
         } else {
             for dep in &dependents {
-                let deleting = state
-                    .store
-                    .get(&dep.0, &dep.1, &dep.2)
-                    .is_some_and(|d| d.deleting);
-                if !deleting {
-                    delete(state, dep, "Foreground").await;
+                if let Some(d) = state.store.get(&dep.0, &dep.1, &dep.2)
+                    && !d.deleting
+                {
+                    delete(state, dep, &d, false, "Foreground").await;
                 }
             }
             index.pending.insert(at);
@@ -351,12 +398,8 @@ async fn terminate_namespace(state: &State, index: &mut Index, ns: &str, obj: &V
         for doc in docs {
             remaining += 1;
             if !doc.deleting {
-                delete(
-                    state,
-                    &(res.storage_key(), ns.to_string(), doc.name.to_string()),
-                    "Background",
-                )
-                .await;
+                let at = (res.storage_key(), ns.to_string(), doc.name.to_string());
+                delete(state, &at, &doc, false, "Background").await;
             }
         }
     }
@@ -372,4 +415,65 @@ async fn terminate_namespace(state: &State, index: &mut Index, ns: &str, obj: &V
         f.retain(|x| x != "kubernetes");
         true
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configmap(name: &str, uid: &str, owner: Option<(&str, &str)>) -> Value {
+        let owners: Vec<Value> = owner
+            .iter()
+            .map(|(name, uid)| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": uid}))
+            .collect();
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "default", "uid": uid,
+                            "ownerReferences": owners}})
+    }
+
+    /// The collector's index follows the change feed, which can lag the store. A dependent
+    /// whose owner went, and that was handed meanwhile to an owner the index has not seen yet
+    /// (a virtual node made again, and its lease given to it), is kept; so is one an older
+    /// event still shows with the gone owner.
+    #[tokio::test]
+    async fn a_dependent_handed_to_an_owner_the_feed_has_not_reached_is_kept() {
+        let server = crate::ApiServer::start(crate::Config::default())
+            .await
+            .unwrap();
+        let state = server.state();
+        let res = state.registry.read().preferred("", "configmaps").unwrap();
+        let key = res.storage_key();
+        let create = |name: &str, uid: &str, owner| {
+            state
+                .create_object(&res, "default", name, &mut configmap(name, uid, owner))
+                .unwrap()
+        };
+        let old = create("old-owner", "uid-old", None);
+        let dependent = create("dependent", "uid-dep", Some(("old-owner", "uid-old")));
+        // What the collector knew so far: the old owner and its dependent.
+        let mut index = Index::default();
+        index.put(&key, &old);
+        index.put(&key, &dependent);
+        // Past the index's reach: a new owner, the dependent handed to it, the old owner gone.
+        create("new-owner", "uid-new", None);
+        let mut handed = configmap("dependent", "uid-dep", Some(("new-owner", "uid-new")));
+        state
+            .update_object(&res, "default", "dependent", dependent.rv, &mut handed)
+            .unwrap();
+        let gone = state
+            .remove_object(&res, "default", "old-owner", None)
+            .unwrap();
+        index.remove(&key, &gone);
+        owner_gone(state, &mut index, &gone).await;
+        assert!(
+            state.store.get(&key, "default", "dependent").is_some(),
+            "the dependent of a gone owner was deleted though it has another owner now"
+        );
+        // The dependent's first event, as the feed delivers it late: owned by the gone owner.
+        examine(state, &mut index, &key, &dependent).await;
+        assert!(
+            state.store.get(&key, "default", "dependent").is_some(),
+            "a stale event of the dependent deleted it though it has another owner now"
+        );
+    }
 }
