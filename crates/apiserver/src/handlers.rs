@@ -256,6 +256,26 @@ fn record_update(call: &Call, res: &ResourceInfo, old: Option<&Value>, obj: &mut
     managed::record_update(old, obj, &ownership.context(&objects::now()));
 }
 
+/// The end of a create (a POST, or an apply that creates): stores the admitted object within
+/// its namespace's quota, or under `dryRun=All` refuses what the create would refuse (a
+/// missing or terminating namespace, a taken name, an exceeded quota) and stores nothing.
+fn store_created(
+    state: &State,
+    call: &Call,
+    res: &Arc<ResourceInfo>,
+    ns: &str,
+    name: &str,
+    obj: &mut Value,
+) -> ApiResult<Response<Body>> {
+    if is_dry_run(call) {
+        state.check_create(res, ns, name)?;
+        crate::quota::check_create(state, res, ns, name, obj)?;
+        return Ok(json_response(201, obj));
+    }
+    let doc = crate::quota::create_within_quota(state, res, ns, name, obj)?;
+    Ok(bytes_response(201, for_version(res, &doc)))
+}
+
 async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResult<Response<Body>> {
     let content_type = call.content_type().to_string();
     let mut obj = objects::parse_body(&call.body, &content_type)?;
@@ -278,13 +298,7 @@ async fn create(state: &State, call: &Call, res: &Arc<ResourceInfo>) -> ApiResul
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if is_dry_run(call) {
-        state.check_create(res, &ns, &name)?;
-        crate::quota::check_create(state, res, &ns, &name, &obj)?;
-        return Ok(json_response(201, &obj));
-    }
-    let doc = crate::quota::create_within_quota(state, res, &ns, &name, &mut obj)?;
-    Ok(bytes_response(201, for_version(res, &doc)))
+    store_created(state, call, res, &ns, &name, &mut obj)
 }
 
 /// Fills metadata.name (from generateName) and metadata.namespace, and checks them.
@@ -468,13 +482,7 @@ async fn write_loop(
                 set_name_and_namespace(res, &ns, &mut obj)?;
                 objects::prepare_create(res, &mut obj);
                 admit(state, call, res, None, &mut obj, "CREATE").await?;
-                if is_dry_run(call) {
-                    state.check_create(res, &ns, &name)?;
-                    crate::quota::check_create(state, res, &ns, &name, &obj)?;
-                    return Ok(json_response(201, &obj));
-                }
-                let doc = crate::quota::create_within_quota(state, res, &ns, &name, &mut obj)?;
-                return Ok(bytes_response(201, for_version(res, &doc)));
+                return store_created(state, call, res, &ns, &name, &mut obj);
             }
             return Err(ApiError::not_found(&res.group, &res.resource, &name));
         };
