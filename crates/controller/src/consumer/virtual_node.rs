@@ -177,7 +177,7 @@ pub async fn run(
                     // in which case it goes again.
                     let made_again = std::mem::take(&mut deleted)
                         || (node_uid.is_some() && node.metadata.uid != node_uid);
-                    if made_again && !peering_live(&ctx, &l.provider_id).await {
+                    if made_again && peering_live(&ctx, &l.provider_id).await == Some(false) {
                         let gone = nodes
                             .delete(
                                 &l.virtual_node,
@@ -381,7 +381,7 @@ pub async fn run(
                 // as virtual-kubelet's node controller does, unless its Peering is going
                 // (unpeering deletes the node first).
                 Err(e) if client::is_not_found(&e) => {
-                    if peering_live(&ctx, &l.provider_id).await {
+                    if peering_live(&ctx, &l.provider_id).await == Some(true) {
                         tracing::warn!(node = %l.virtual_node, "the virtual node was deleted while its Peering stays; registering it again");
                         applied = None;
                         deleted = true;
@@ -403,21 +403,24 @@ pub async fn run(
 }
 
 /// Whether a Peering with `provider` is there and not being deleted, read from the API server,
-/// not a cache: it decides whether a deleted virtual node is made again. Listed, as a Peering
-/// need not be named after its provider; asked only when the node was found gone. An error
-/// reads as no (the next status post asks again).
-async fn peering_live(ctx: &Ctx, provider: &str) -> bool {
+/// not a cache: it decides whether a deleted virtual node is made again, and whether one made
+/// again stays. Listed, as a Peering need not be named after its provider; asked only when the
+/// node was found gone or made again. None when the list failed: a gone node is then not made
+/// again yet (the next status post asks again), and one made again is kept (unpeering deletes
+/// the node once more after its provider-side steps).
+async fn peering_live(ctx: &Ctx, provider: &str) -> Option<bool> {
     match Api::<Peering>::all(ctx.client.clone())
         .list(&kube::api::ListParams::default())
         .await
     {
-        Ok(list) => list
-            .items
-            .iter()
-            .any(|p| p.spec.cluster_id == provider && p.metadata.deletion_timestamp.is_none()),
+        Ok(list) => Some(
+            list.items
+                .iter()
+                .any(|p| p.spec.cluster_id == provider && p.metadata.deletion_timestamp.is_none()),
+        ),
         Err(e) => {
             tracing::warn!(%provider, "reading the Peerings: {e}");
-            false
+            None
         }
     }
 }
