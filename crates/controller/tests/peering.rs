@@ -656,3 +656,67 @@ async fn a_provider_that_cannot_watch_network_parameters_still_negotiates() {
         "the provider remapped the consumer's pod CIDR: {status:?}"
     );
 }
+
+/// The remaps a provider gave its consumers survive its IPAM ConfigMap being deleted by hand:
+/// the controller, restarted without it, rebuilds it from the remaps its NetworkParameters
+/// record instead of handing prefixes out afresh (which would swap two consumers' remaps, as
+/// a fresh allocation goes in another order).
+#[tokio::test]
+async fn a_deleted_ipam_config_map_is_rebuilt_from_the_recorded_remaps() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use tandem_controller::provider::network::IPAM_CONFIG_MAP;
+    let mut provider = Cluster::start("milan", "eu-south", 1).await;
+    // Peered in the order opposite to a sweep's (which goes by tenant name).
+    let turin = Cluster::start("turin", "eu-west", 1).await;
+    let rome = Cluster::start("rome", "eu-west", 1).await;
+    support::peer(&turin, &provider).await;
+    support::peer(&rome, &provider).await;
+    let admin = provider.client.clone();
+    let remap = |consumer: &'static str| {
+        let params: Api<NetworkParameters> =
+            Api::namespaced(admin.clone(), &names::tenant_namespace(consumer));
+        async move {
+            params
+                .get(tandem_controller::rbac::CONSUMER_NETWORK_PARAMETERS)
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.remapped_pod_cidr)
+                .unwrap_or_else(|| panic!("{consumer}'s pod CIDR remapped"))
+        }
+    };
+    let before = (remap("turin").await, remap("rome").await);
+    assert_ne!(before.0, before.1);
+
+    let maps: Api<ConfigMap> = Api::namespaced(provider.client.clone(), names::SYSTEM_NAMESPACE);
+    maps.delete(IPAM_CONFIG_MAP, &Default::default())
+        .await
+        .unwrap();
+    provider.restart_controller().await;
+    // Back, with both consumers' grants as they were.
+    let granted = |state: &serde_json::Value, peer: &str| {
+        state["peers"][peer][0]["granted"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let state = until(
+        "the IPAM ConfigMap to hold both consumers again",
+        OBJECTS_WAIT,
+        || async {
+            let map = maps.get_opt(IPAM_CONFIG_MAP).await.unwrap()?;
+            let state: serde_json::Value =
+                serde_json::from_str(map.data?.get("state.json")?).ok()?;
+            (granted(&state, "turin").is_some() && granted(&state, "rome").is_some())
+                .then_some(state)
+        },
+    )
+    .await;
+    assert_eq!(
+        (granted(&state, "turin"), granted(&state, "rome")),
+        (Some(before.0.clone()), Some(before.1.clone())),
+        "the rebuilt IPAM keeps each consumer's remap"
+    );
+    // A sweep since then left the remaps in place.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((remap("turin").await, remap("rome").await), before);
+}

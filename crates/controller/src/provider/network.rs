@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_api::client;
-use tandem_api::{NetworkParameters, Tenant, names};
+use tandem_api::{NetworkParameters, Peering, Tenant, names};
 use tandem_core::ipam::{Grant, Ipam, IpamConfig, IpamState};
 
 use crate::context::Ctx;
@@ -41,6 +41,8 @@ pub enum IpamError {
     },
     #[error("IPAM ConfigMap {ns}/{IPAM_CONFIG_MAP}: too many concurrent updates", ns = names::SYSTEM_NAMESPACE)]
     Contended,
+    #[error("IPAM ConfigMap {ns}/{IPAM_CONFIG_MAP} is missing: reading the remaps the Peerings and NetworkParameters record", ns = names::SYSTEM_NAMESPACE)]
+    Records(#[source] kube::Error),
     #[error("this cluster's gateway key for the peer")]
     GatewayKey(#[from] crate::fabric::KeyError),
 }
@@ -78,18 +80,32 @@ async fn with_ipam<T>(
     let mut cache = ctx.ipam.0.lock().await;
     for _ in 0..10 {
         // Taken out: an error or a conflict below leaves the cache empty, read again next.
-        let current = match cache.take() {
-            Some(known) => known,
-            None => maps.get_opt(IPAM_CONFIG_MAP).await?,
+        let (current, start) = match cache.take() {
+            Some(known) => {
+                let state = stored_state(known.as_ref());
+                (known, state)
+            }
+            None => match maps.get_opt(IPAM_CONFIG_MAP).await? {
+                Some(map) => {
+                    let state = stored_state(Some(&map));
+                    (Some(map), state)
+                }
+                // Missing (deleted by hand, say) while peerings may remain: a fresh state
+                // would remap live peers anew and hand their prefixes out again.
+                None => (
+                    None,
+                    recorded_state(ctx, &config)
+                        .await
+                        .map_err(IpamError::Records)?,
+                ),
+            },
         };
-        let state: IpamState = current
-            .as_ref()
-            .and_then(|m| m.data.as_ref()?.get(IPAM_KEY))
-            .and_then(|s| serde_json::from_str(s).ok())
-            .unwrap_or_default();
-        let mut ipam = Ipam::with_state(config.clone(), state.clone())?;
+        // What is stored: a state rebuilt from the records is written even if `f` changes
+        // nothing.
+        let stored = stored_state(current.as_ref());
+        let mut ipam = Ipam::with_state(config.clone(), start)?;
         let out = f(&mut ipam)?;
-        if ipam.state() == &state {
+        if ipam.state() == &stored {
             *cache = Some(current);
             return Ok(out);
         }
@@ -138,11 +154,118 @@ async fn with_ipam<T>(
                 *cache = Some(Some(stored));
                 return Ok(out);
             }
-            Err(e) if client::is_conflict(&e) => continue,
+            // Changed, or deleted since read (the next round reads it, or rebuilds it).
+            Err(e) if client::is_conflict(&e) || client::is_not_found(&e) => continue,
             Err(e) => return Err(e.into()),
         }
     }
     Err(IpamError::Contended)
+}
+
+/// The IPAM state a ConfigMap holds (none: empty).
+fn stored_state(map: Option<&ConfigMap>) -> IpamState {
+    map.and_then(|m| m.data.as_ref()?.get(IPAM_KEY))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default()
+}
+
+/// The grants this cluster's own objects record, for when the IPAM ConfigMap is missing (see
+/// [`rebuild_state`]).
+async fn recorded_state(ctx: &Ctx, config: &IpamConfig) -> kube::Result<IpamState> {
+    let peerings = Api::<Peering>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let parameters = Api::<NetworkParameters>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let tenants = Api::<Tenant>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let state = rebuild_state(config, &peerings.items, &tenants.items, &parameters.items);
+    if !state.peers.is_empty() {
+        tracing::warn!(
+            peers = state.peers.len(),
+            "IPAM ConfigMap {}/{IPAM_CONFIG_MAP} was missing: rebuilt from the remaps Peerings and NetworkParameters record",
+            names::SYSTEM_NAMESPACE
+        );
+    }
+    Ok(state)
+}
+
+/// The IPAM state the remaps in these objects record: each live Peering's `status.network`
+/// (how this cluster, as consumer, maps its provider's prefixes) and each live tenant's
+/// NetworkParameters `consumer` (how it, as provider, maps its consumer's). Both relations
+/// with one peer share its grants; the first found is kept. A peer whose grants would overlap
+/// another's kept so far is left out (it is mapped anew when it negotiates next).
+fn rebuild_state(
+    config: &IpamConfig,
+    peerings: &[Peering],
+    tenants: &[Tenant],
+    parameters: &[NetworkParameters],
+) -> IpamState {
+    let grants = |pairs: [(Option<&str>, Option<&str>); 2]| -> Vec<Grant> {
+        pairs
+            .into_iter()
+            .map_while(|(requested, granted)| {
+                Some(Grant {
+                    requested: requested?.parse().ok()?,
+                    granted: granted?.parse().ok()?,
+                })
+            })
+            .collect()
+    };
+    let as_consumer = peerings
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let net = p.status.as_ref()?.network.as_ref()?;
+            let recorded = grants([
+                (
+                    Some(net.remote_pod_cidr.as_str()),
+                    Some(net.remapped_remote_pod_cidr.as_str()),
+                ),
+                (
+                    net.remote_external_cidr.as_deref(),
+                    net.remapped_remote_external_cidr.as_deref(),
+                ),
+            ]);
+            Some((p.spec.cluster_id.clone(), recorded))
+        });
+    let as_provider = tenants
+        .iter()
+        .filter(|t| t.metadata.deletion_timestamp.is_none())
+        .filter_map(|t| {
+            let theirs = parameters.iter().find(|p| {
+                p.namespace() == t.namespace() && p.name_any() == CONSUMER_NETWORK_PARAMETERS
+            })?;
+            let status = theirs.status.clone().unwrap_or_default();
+            let recorded = grants([
+                (
+                    Some(theirs.spec.pod_cidr.as_str()),
+                    status.remapped_pod_cidr.as_deref(),
+                ),
+                (
+                    theirs.spec.external_cidr.as_deref(),
+                    status.remapped_external_cidr.as_deref(),
+                ),
+            ]);
+            Some((t.spec.cluster_id.clone(), recorded))
+        });
+    let mut state = IpamState::default();
+    for (peer, grants) in as_consumer.chain(as_provider) {
+        if grants.is_empty() || state.peers.contains_key(&peer) {
+            continue;
+        }
+        let mut with = state.clone();
+        with.peers.insert(peer.clone(), grants);
+        match Ipam::with_state(config.clone(), with) {
+            Ok(ipam) => state = ipam.state().clone(),
+            Err(e) => {
+                tracing::warn!(%peer, "IPAM ConfigMap missing: a recorded remap is left out: {e}")
+            }
+        }
+    }
+    state
 }
 
 /// Maps `peer`'s prefixes into this cluster (same prefix when free, else remapped).
@@ -456,4 +579,106 @@ async fn sweep(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_api::peering::PeeringNetwork;
+    use tandem_api::{NetworkParametersStatus, PeeringStatus};
+
+    fn peering(provider: &str, pod: (&str, &str), ext: Option<(&str, &str)>) -> Peering {
+        let spec = serde_json::from_value(
+            json!({"clusterID": provider, "endpoint": "https://x:6443", "caData": ""}),
+        )
+        .unwrap();
+        let mut p = Peering::new(provider, spec);
+        p.status = Some(PeeringStatus {
+            network: Some(PeeringNetwork {
+                remote_pod_cidr: pod.0.into(),
+                remapped_remote_pod_cidr: pod.1.into(),
+                remote_external_cidr: ext.map(|e| e.0.into()),
+                remapped_remote_external_cidr: ext.map(|e| e.1.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p
+    }
+
+    /// A tenant and its consumer's NetworkParameters, remapped as `pod` says.
+    fn tenant(consumer: &str, pod: (&str, Option<&str>)) -> (Tenant, NetworkParameters) {
+        let ns = names::tenant_namespace(consumer);
+        let mut t = Tenant::new(
+            consumer,
+            serde_json::from_value(json!({"clusterID": consumer})).unwrap(),
+        );
+        t.metadata.namespace = Some(ns.clone());
+        let mut np = NetworkParameters::new(
+            CONSUMER_NETWORK_PARAMETERS,
+            serde_json::from_value(json!({"clusterID": consumer, "podCIDR": pod.0})).unwrap(),
+        );
+        np.metadata.namespace = Some(ns);
+        np.status = Some(NetworkParametersStatus {
+            remapped_pod_cidr: pod.1.map(str::to_string),
+            ..Default::default()
+        });
+        (t, np)
+    }
+
+    fn grant(requested: &str, granted: &str) -> Grant {
+        Grant {
+            requested: requested.parse().unwrap(),
+            granted: granted.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_ipam_state_is_rebuilt_from_the_remaps_peerings_and_tenants_record() {
+        let config = IpamConfig {
+            reserved: vec!["10.244.0.0/16".parse().unwrap()],
+            pools: POOLS.iter().map(|p| p.parse().unwrap()).collect(),
+        };
+        let mut leaving = peering("naples", ("10.250.0.0/16", "10.9.0.0/16"), None);
+        leaving.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let peerings = [
+            peering(
+                "milan",
+                ("10.244.0.0/16", "10.0.0.0/16"),
+                Some(("10.245.0.0/16", "10.1.0.0/16")),
+            ),
+            leaving,
+        ];
+        let (rome, rome_np) = tenant("rome", ("10.244.0.0/16", Some("10.2.0.0/16")));
+        // Milan peers both ways: the two relations share the grants.
+        let (milan, milan_np) = tenant("milan", ("10.244.0.0/16", Some("10.0.0.0/16")));
+        // Overlapping milan's grant: left out.
+        let (turin, turin_np) = tenant("turin", ("10.244.0.0/16", Some("10.0.0.0/24")));
+        // Not remapped yet: nothing recorded.
+        let (bari, bari_np) = tenant("bari", ("10.244.0.0/16", None));
+        let state = rebuild_state(
+            &config,
+            &peerings,
+            &[rome, milan, turin, bari],
+            &[rome_np, milan_np, turin_np, bari_np],
+        );
+        let expected: BTreeMap<String, Vec<Grant>> = [
+            (
+                "milan".to_string(),
+                vec![
+                    grant("10.244.0.0/16", "10.0.0.0/16"),
+                    grant("10.245.0.0/16", "10.1.0.0/16"),
+                ],
+            ),
+            (
+                "rome".to_string(),
+                vec![grant("10.244.0.0/16", "10.2.0.0/16")],
+            ),
+        ]
+        .into();
+        assert_eq!(state.peers, expected);
+    }
 }
