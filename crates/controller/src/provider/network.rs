@@ -133,29 +133,37 @@ async fn with_ipam<T>(
             serde_json::to_string(ipam.state()).expect("state serializes"),
         )]
         .into();
+        let fresh = |data: BTreeMap<String, String>| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": {"name": IPAM_CONFIG_MAP, "namespace": names::SYSTEM_NAMESPACE,
+                             "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                "data": data,
+            }))
+            .expect("static manifest")
+        };
         let result = match current {
             Some(mut map) => {
-                map.data = Some(data);
-                maps.replace(IPAM_CONFIG_MAP, &PostParams::default(), &map)
+                map.data = Some(data.clone());
+                match maps
+                    .replace(IPAM_CONFIG_MAP, &PostParams::default(), &map)
                     .await
+                {
+                    // Deleted since read (by hand): made again with the whole state this
+                    // process knew, which the records may not all show yet.
+                    Err(e) if client::is_not_found(&e) => {
+                        maps.create(&PostParams::default(), &fresh(data)).await
+                    }
+                    replaced => replaced,
+                }
             }
-            None => {
-                let map: ConfigMap = serde_json::from_value(json!({
-                    "metadata": {"name": IPAM_CONFIG_MAP, "namespace": names::SYSTEM_NAMESPACE,
-                                 "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-                    "data": data,
-                }))
-                .expect("static manifest");
-                maps.create(&PostParams::default(), &map).await
-            }
+            None => maps.create(&PostParams::default(), &fresh(data)).await,
         };
         match result {
             Ok(stored) => {
                 *cache = Some(Some(stored));
                 return Ok(out);
             }
-            // Changed, or deleted since read (the next round reads it, or rebuilds it).
-            Err(e) if client::is_conflict(&e) || client::is_not_found(&e) => continue,
+            Err(e) if client::is_conflict(&e) => continue,
             Err(e) => return Err(e.into()),
         }
     }
@@ -207,10 +215,13 @@ fn rebuild_state(
         pairs
             .into_iter()
             .map_while(|(requested, granted)| {
-                Some(Grant {
-                    requested: requested?.parse().ok()?,
-                    granted: granted?.parse().ok()?,
-                })
+                let requested: IpNet = requested?.parse().ok()?;
+                let granted: IpNet = granted?.parse().ok()?;
+                // A spec changed since its remap was written pairs the new prefix with the
+                // old remap: not a mapping (the peer is mapped anew when it negotiates).
+                let same_shape = requested.prefix_len() == granted.prefix_len()
+                    && requested.addr().is_ipv4() == granted.addr().is_ipv4();
+                same_shape.then_some(Grant { requested, granted })
             })
             .collect()
     };
@@ -656,14 +667,16 @@ mod tests {
         // Milan peers both ways: the two relations share the grants.
         let (milan, milan_np) = tenant("milan", ("10.244.0.0/16", Some("10.0.0.0/16")));
         // Overlapping milan's grant: left out.
-        let (turin, turin_np) = tenant("turin", ("10.244.0.0/16", Some("10.0.0.0/24")));
+        let (turin, turin_np) = tenant("turin", ("10.244.0.0/16", Some("10.0.0.0/16")));
+        // A spec changed since its remap (a /16 remapped as a /24): left out.
+        let (genoa, genoa_np) = tenant("genoa", ("10.244.0.0/16", Some("10.5.0.0/24")));
         // Not remapped yet: nothing recorded.
         let (bari, bari_np) = tenant("bari", ("10.244.0.0/16", None));
         let state = rebuild_state(
             &config,
             &peerings,
-            &[rome, milan, turin, bari],
-            &[rome_np, milan_np, turin_np, bari_np],
+            &[rome, milan, turin, genoa, bari],
+            &[rome_np, milan_np, turin_np, genoa_np, bari_np],
         );
         let expected: BTreeMap<String, Vec<Grant>> = [
             (
