@@ -180,15 +180,18 @@ fn stored_state(map: Option<&ConfigMap>) -> IpamState {
 /// The grants this cluster's own objects record, for when the IPAM ConfigMap is missing (see
 /// [`rebuild_state`]).
 async fn recorded_state(ctx: &Ctx, config: &IpamConfig) -> kube::Result<IpamState> {
-    let peerings = Api::<Peering>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let parameters = Api::<NetworkParameters>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let tenants = Api::<Tenant>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?;
+    // At once: a cluster's first IPAM change (no ConfigMap yet) waits on these.
+    let all = ListParams::default();
+    let (peerings, parameters, tenants) = (
+        Api::<Peering>::all(ctx.client.clone()),
+        Api::<NetworkParameters>::all(ctx.client.clone()),
+        Api::<Tenant>::all(ctx.client.clone()),
+    );
+    let (peerings, parameters, tenants) = tokio::try_join!(
+        peerings.list(&all),
+        parameters.list(&all),
+        tenants.list(&all)
+    )?;
     let state = rebuild_state(config, &peerings.items, &tenants.items, &parameters.items);
     if !state.peers.is_empty() {
         tracing::warn!(
@@ -388,6 +391,15 @@ pub async fn run(ctx: Ctx) {
     use crate::runtime::{WatchHealth, WatchTracker};
     use futures::{FutureExt as _, StreamExt as _};
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+    // The IPAM read now (and rebuilt, if its ConfigMap is missing), not by the first
+    // negotiation: every negotiation waits on it. A failure is met again by that negotiation.
+    let warmed = match ctx.settings().await {
+        Ok(settings) => with_ipam(&ctx, &settings, |_| Ok(())).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = warmed {
+        tracing::debug!(error = %crate::error::chain(&e), "reading the IPAM at start");
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let (parameters, writer) = reflector::store();
     let mut events = reflector(
