@@ -452,7 +452,7 @@ async fn try_authenticate(
             let f = AuthFailure::permanent(
                 AuthFailureReason::Denied,
                 format!(
-                    "{provider} removed peering request {request_name} before approving it (denied, or expired unapproved)"
+                    "{provider} removed peering request {request_name} before this cluster read an approval: denied, expired unapproved, or approved and left unused past the provider's grace (its request TTL, at most 10 minutes; this cluster may have been cut off from it); run tandem peer again"
                 ),
             );
             give_up_enrollment(ctx, peering, &f.message).await;
