@@ -69,17 +69,18 @@ async fn run() -> anyhow::Result<()> {
     let (single, single_established) = (rows[0].0.ready, rows[0].0.established);
     println!();
     println!(
-        "| providers | all virtual nodes Ready (median of {runs}, range) | vs one peering | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) | idle load before |"
+        "| providers | all virtual nodes Ready (median of {runs}, range) | vs one peering | per peering (Ready / providers) | all Peerings Established | vs one peering | consumer controller RSS | CPU until all Ready (busy, core-seconds) | idle load before |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (row, range) in &rows {
         println!(
-            "| {} | {:.2} s ({:.2}–{:.2}) | {:.2}x | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s | {:.0}% |",
+            "| {} | {:.2} s ({:.2}–{:.2}) | {:.2}x | {:.3} s | {:.2} s | {:.2}x | {:.0} MiB | {:.0}%, {:.2} core-s | {:.0}% |",
             row.n,
             row.ready.as_secs_f64(),
             range.0.as_secs_f64(),
             range.1.as_secs_f64(),
             row.ready.as_secs_f64() / single.as_secs_f64(),
+            row.ready.as_secs_f64() / row.n as f64,
             row.established.as_secs_f64(),
             row.established.as_secs_f64() / single_established.as_secs_f64(),
             row.rss as f64 / (1024.0 * 1024.0),
