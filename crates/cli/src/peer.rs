@@ -216,16 +216,24 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
     let deadline = tokio::time::Instant::now() + args.timeout;
     let peerings = kube::Api::<tandem_api::Peering>::all(client.clone());
     let mut told = String::new();
+    // The Peering's UID once seen: its Event, not one of an earlier peering with `id`.
+    let mut uid: Option<String> = None;
     loop {
         let Some(peering) = peerings
             .get_opt(&id)
             .await
             .map_err(|e| anyhow!("reading Peering {id}: {e}"))?
         else {
+            let why = match &uid {
+                Some(uid) => why_given_up(&client, &id, uid).await,
+                None => None,
+            };
             return Err(anyhow!(
-                "{id} refused the peering request; the controller removed the Peering (see `kubectl get events --field-selector involvedObject.name={id}`)"
+                "{}; the controller removed the Peering (see `kubectl get events --field-selector involvedObject.name={id}`)",
+                why.unwrap_or_else(|| format!("{id} refused the peering request"))
             ));
         };
+        uid = peering.metadata.uid.clone();
         if tandem_controller::invite::is_established(&peering) {
             let node = peering
                 .status
@@ -266,6 +274,28 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
     }
 }
 
+/// What the controller's Event says about the peering through discovery with `id` (the
+/// Peering `uid`) it gave up: denied, or its request removed by the provider.
+async fn why_given_up(client: &kube::Client, id: &str, uid: &str) -> Option<String> {
+    use k8s_openapi::api::core::v1::Event;
+    let events = kube::Api::<Event>::namespaced(client.clone(), "default")
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={id}")))
+        .await
+        .ok()?;
+    events
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some("Peering")
+                && e.involved_object.uid.as_deref() == Some(uid)
+                && matches!(
+                    e.reason.as_deref(),
+                    Some("PeeringDenied" | "PeeringRequestRemoved")
+                )
+        })
+        .max_by_key(|e| e.last_timestamp.clone().map(|t| t.0))
+        .and_then(|e| e.message)
+}
 /// On a terminal, asks the admin to confirm the advertised fingerprint; elsewhere refuses.
 fn confirm(advertised: &str) -> anyhow::Result<String> {
     use std::io::{BufRead, IsTerminal, Write};

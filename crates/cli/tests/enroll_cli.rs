@@ -286,6 +286,88 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     let csrs = ok(c.kubectl("lab-1", &["get", "csr", "-o", "name"]), "csr");
     assert!(!csrs.contains("turin"), "{csrs}");
 
+    // A request the provider removes before this cluster read an answer (by hand here; in
+    // life also one approved and left unused past the provider's grace): turin cannot tell
+    // which, so it does not call it a denial, and `tandem peer --wait` says what happened.
+    let (said, request) = std::thread::scope(|s| {
+        let peer = s.spawn(|| {
+            c.on(
+                "lab-3",
+                &[
+                    "peer",
+                    "--endpoint",
+                    &endpoint,
+                    "--ca-fingerprint",
+                    &fingerprint,
+                    "--wait",
+                    "--timeout",
+                    "2m",
+                ],
+            )
+        });
+        let request = until(
+            "turin's second request listed",
+            Duration::from_secs(60),
+            || {
+                c.requests()
+                    .into_iter()
+                    .find(|r| r["consumerClusterID"] == "turin" && r["phase"] == "Pending")
+            },
+        );
+        // Once turin has seen it waiting (its Peering says so), so the request is known filed.
+        until("turin awaiting approval", Duration::from_secs(60), || {
+            let p = c.json("lab-3", &["get", "peering", "milan"]);
+            (p["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["reason"] == "AwaitingApproval"))
+            .then_some(())
+        });
+        let name = request["name"].as_str().unwrap().to_string();
+        ok(
+            c.kubectl(
+                "lab-1",
+                &["delete", "peeringrequest", &name, "-n", "tandem-enroll"],
+            ),
+            "deleting turin's request",
+        );
+        let out = peer.join().unwrap();
+        assert!(!out.status.success(), "peer --wait succeeded");
+        (String::from_utf8_lossy(&out.stderr).into_owned(), name)
+    });
+    assert!(
+        said.contains(&format!("milan removed peering request {request}"))
+            && said.contains("before this cluster read an answer")
+            && !said.contains("refused the peering request"),
+        "{said}"
+    );
+    until(
+        "turin's second Peering and tenant namespace gone",
+        Duration::from_secs(60),
+        || {
+            (c.names("lab-3", &["get", "peerings"]).is_empty()
+                && !c
+                    .kubectl("lab-3", &["get", "namespace", "tandem-tenant-milan"])
+                    .status
+                    .success())
+            .then_some(())
+        },
+    );
+    let events = c.json("lab-3", &["get", "events", "-n", "default"]);
+    let removed = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "PeeringRequestRemoved")
+        .unwrap_or_else(|| panic!("no PeeringRequestRemoved Event: {events}"));
+    assert!(
+        removed["message"]
+            .as_str()
+            .unwrap()
+            .contains("denied, expired unapproved, or approved and left unused"),
+        "{removed}"
+    );
+
     // Advertising off withdraws the credential: published objects and the namespace go, and
     // the token no longer authenticates.
     let published = c.json(

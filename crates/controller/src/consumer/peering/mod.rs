@@ -450,12 +450,12 @@ async fn try_authenticate(
         // Filed, and gone before an answer reached us: denied and removed, or expired.
         None if enrolling && filed.is_some() => {
             let f = AuthFailure::permanent(
-                AuthFailureReason::Denied,
+                AuthFailureReason::RequestRemoved,
                 format!(
-                    "{provider} removed peering request {request_name} before this cluster read an approval: denied, expired unapproved, or approved and left unused past the provider's grace (its request TTL, at most 10 minutes; this cluster may have been cut off from it); run tandem peer again"
+                    "{provider} removed peering request {request_name} before this cluster read an answer: denied, expired unapproved, or approved and left unused past the provider's grace (its request TTL, at most 10 minutes; this cluster may have been cut off from it); run tandem peer again"
                 ),
             );
-            give_up_enrollment(ctx, peering, &f.message).await;
+            give_up_enrollment(ctx, peering, &f).await;
             return Err(f);
         }
         None => {
@@ -510,7 +510,7 @@ async fn try_authenticate(
     match plan::request_verdict(&answer, &provider) {
         Verdict::Refused(f) => {
             if enrolling && f.reason == AuthFailureReason::Denied {
-                give_up_enrollment(ctx, peering, &f.message).await;
+                give_up_enrollment(ctx, peering, &f).await;
             }
             Err(f)
         }
@@ -594,14 +594,15 @@ async fn try_authenticate(
 /// A peering through discovery that the provider refused leaves nothing behind: the reason
 /// goes into an Event (`kubectl get events`), and the Peering is deleted without any step on
 /// the provider, which holds nothing for it. Best effort: a failure leaves it Failed.
-async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, message: &str) {
+async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, failure: &AuthFailure) {
     let provider = peering.name_any();
+    let message = &failure.message;
     crate::events::record(
         &ctx.client,
         "default",
         json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "Peering", "name": provider,
                "uid": peering.metadata.uid}),
-        "PeeringDenied",
+        give_up_event_reason(failure.reason),
         message,
         true,
     )
@@ -618,6 +619,15 @@ async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, message: &str) {
         let _ = api.delete(&provider, &DeleteParams::default()).await;
     }
     tracing::info!(%provider, %message, "peering through discovery refused; removed");
+}
+
+/// The Event reason of a peering through discovery given up for `reason`: `PeeringDenied` only
+/// when the provider's answer said Denied, since a request found gone may have been approved.
+fn give_up_event_reason(reason: AuthFailureReason) -> &'static str {
+    match reason {
+        AuthFailureReason::Denied => "PeeringDenied",
+        _ => "PeeringRequestRemoved",
+    }
 }
 
 /// A PKCS#10 request for the peer user, signed with this cluster's key.

@@ -79,10 +79,14 @@ pub enum AuthFailureReason {
     IdentityMissing,
     /// The provider's queue of pending requests (filed without an invite) is full (transient).
     QueueFull,
+    /// The provider removed the filed request before this cluster read an answer: denied,
+    /// expired unapproved, or approved and left unused past the provider's grace. Which of
+    /// them, this cluster cannot tell.
+    RequestRemoved,
 }
 
 impl AuthFailureReason {
-    const ALL: [AuthFailureReason; 13] = [
+    const ALL: [AuthFailureReason; 14] = [
         AuthFailureReason::LocalError,
         AuthFailureReason::InviteMissing,
         AuthFailureReason::InviteInvalid,
@@ -96,6 +100,7 @@ impl AuthFailureReason {
         AuthFailureReason::WrongProvider,
         AuthFailureReason::IdentityMissing,
         AuthFailureReason::QueueFull,
+        AuthFailureReason::RequestRemoved,
     ];
 
     /// The condition reason.
@@ -114,6 +119,7 @@ impl AuthFailureReason {
             AuthFailureReason::WrongProvider => "WrongProvider",
             AuthFailureReason::IdentityMissing => "IdentityMissing",
             AuthFailureReason::QueueFull => "QueueFull",
+            AuthFailureReason::RequestRemoved => "RequestRemoved",
         }
     }
 
