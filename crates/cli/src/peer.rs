@@ -296,6 +296,7 @@ async fn why_given_up(client: &kube::Client, id: &str, uid: &str) -> Option<Stri
         .max_by_key(|e| e.last_timestamp.clone().map(|t| t.0))
         .and_then(|e| e.message)
 }
+
 /// On a terminal, asks the admin to confirm the advertised fingerprint; elsewhere refuses.
 fn confirm(advertised: &str) -> anyhow::Result<String> {
     use std::io::{BufRead, IsTerminal, Write};
