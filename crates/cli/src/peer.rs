@@ -228,10 +228,13 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
                 Some(uid) => why_given_up(&client, &id, uid).await,
                 None => None,
             };
-            return Err(anyhow!(
-                "{}; the controller removed the Peering (see `kubectl get events --field-selector involvedObject.name={id}`)",
-                why.unwrap_or_else(|| format!("{id} refused the peering request"))
-            ));
+            return Err(match why {
+                Some(why) => anyhow!("{why}; the controller removed the Peering"),
+                // No Event of its own: removed by someone else, or the Event was lost.
+                None => anyhow!(
+                    "the Peering with {id} was removed before it was established (see `kubectl get events -n default --field-selector involvedObject.name={id}`)"
+                ),
+            });
         };
         uid = peering.metadata.uid.clone();
         if tandem_controller::invite::is_established(&peering) {

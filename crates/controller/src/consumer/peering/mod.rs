@@ -446,16 +446,23 @@ async fn try_authenticate(
                 ),
             ));
         }
-        Some(r) => r,
-        // Filed, and gone before an answer reached us: denied and removed, or expired.
+        Some(r) => {
+            if enrolling && filed.is_none() {
+                // Filed by an earlier pass that could not record it (its create met a conflict,
+                // or the record failed): recorded now, so that its removal is told as such.
+                record_filed(&secrets, &secret_name, &r).await?;
+            }
+            r
+        }
+        // Filed, and gone before an answer reached us: denied, expired, or approved unused.
         None if enrolling && filed.is_some() => {
             let f = AuthFailure::permanent(
                 AuthFailureReason::RequestRemoved,
                 format!(
-                    "{provider} removed peering request {request_name} before this cluster read an answer: denied, expired unapproved, or approved and left unused past the provider's grace (its request TTL, at most 10 minutes; this cluster may have been cut off from it); run tandem peer again"
+                    "{provider} removed peering request {request_name} before this cluster read an answer: denied, expired unapproved, or approved and left unused past the provider's grace (its request TTL, at most 10 minutes; this cluster may have been cut off from it); run `tandem peer` again"
                 ),
             );
-            give_up_enrollment(ctx, peering, &f).await;
+            give_up_enrollment(ctx, peering, "PeeringRequestRemoved", &f.message).await;
             return Err(f);
         }
         None => {
@@ -479,22 +486,7 @@ async fn try_authenticate(
                 Err(e) => return Err(refused(&e, "filing", "token already used")),
             };
             if enrolling {
-                // Remembered where a restart or a transient failure cannot erase it: a
-                // request found gone afterwards was removed by the provider, not yet filed.
-                secrets
-                    .patch(
-                        &secret_name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"annotations": {
-                            crate::enroll::FILED_ANNOTATION: filed.uid().unwrap_or_default()}}})),
-                    )
-                    .await
-                    .map_err(|e| {
-                        AuthFailure::transient(
-                            AuthFailureReason::LocalError,
-                            format!("recording the filed request on Secret {tenant_ns}/{secret_name}: {e}"),
-                        )
-                    })?;
+                record_filed(&secrets, &secret_name, &filed).await?;
             }
             filed
         }
@@ -510,7 +502,7 @@ async fn try_authenticate(
     match plan::request_verdict(&answer, &provider) {
         Verdict::Refused(f) => {
             if enrolling && f.reason == AuthFailureReason::Denied {
-                give_up_enrollment(ctx, peering, &f).await;
+                give_up_enrollment(ctx, peering, "PeeringDenied", &f.message).await;
             }
             Err(f)
         }
@@ -591,18 +583,46 @@ async fn try_authenticate(
     }
 }
 
-/// A peering through discovery that the provider refused leaves nothing behind: the reason
-/// goes into an Event (`kubectl get events`), and the Peering is deleted without any step on
-/// the provider, which holds nothing for it. Best effort: a failure leaves it Failed.
-async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, failure: &AuthFailure) {
+/// Records on the token Secret that `request` was filed, where a restart or a transient
+/// failure cannot erase it: a request found gone afterwards was removed by the provider, not
+/// yet filed.
+async fn record_filed(
+    secrets: &Api<Secret>,
+    secret_name: &str,
+    request: &PeeringRequest,
+) -> Result<(), AuthFailure> {
+    secrets
+        .patch(
+            secret_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                crate::enroll::FILED_ANNOTATION: request.uid().unwrap_or_default()}}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            AuthFailure::transient(
+                AuthFailureReason::LocalError,
+                format!(
+                    "recording the filed request on Secret {}/{secret_name}: {e}",
+                    secrets.namespace().unwrap_or_default()
+                ),
+            )
+        })
+}
+
+/// A peering through discovery that the provider denied, or whose request it removed, leaves
+/// nothing behind: why goes into an Event with `reason` (`kubectl get events`), and the
+/// Peering is deleted without any step on the provider, which holds nothing for it any more.
+/// Best effort: a failure leaves it Failed.
+async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, reason: &str, message: &str) {
     let provider = peering.name_any();
-    let message = &failure.message;
     crate::events::record(
         &ctx.client,
         "default",
         json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "Peering", "name": provider,
                "uid": peering.metadata.uid}),
-        give_up_event_reason(failure.reason),
+        reason,
         message,
         true,
     )
@@ -618,16 +638,7 @@ async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, failure: &AuthFailure)
     if marked.is_ok() {
         let _ = api.delete(&provider, &DeleteParams::default()).await;
     }
-    tracing::info!(%provider, %message, "peering through discovery refused; removed");
-}
-
-/// The Event reason of a peering through discovery given up for `reason`: `PeeringDenied` only
-/// when the provider's answer said Denied, since a request found gone may have been approved.
-fn give_up_event_reason(reason: AuthFailureReason) -> &'static str {
-    match reason {
-        AuthFailureReason::Denied => "PeeringDenied",
-        _ => "PeeringRequestRemoved",
-    }
+    tracing::info!(%provider, %reason, %message, "peering through discovery given up; removed");
 }
 
 /// A PKCS#10 request for the peer user, signed with this cluster's key.
