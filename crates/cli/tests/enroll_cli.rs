@@ -109,6 +109,18 @@ impl Clusters {
         serde_json::from_str::<Vec<Value>>(&out).unwrap()
     }
 
+    /// Waits until `ctx` has no Peering and no tenant namespace for milan left.
+    fn wait_nothing_left_on(&self, ctx: &str, what: &str) {
+        until(what, Duration::from_secs(60), || {
+            (self.names(ctx, &["get", "peerings"]).is_empty()
+                && !self
+                    .kubectl(ctx, &["get", "namespace", "tandem-tenant-milan"])
+                    .status
+                    .success())
+            .then_some(())
+        });
+    }
+
     fn established(&self, ctx: &str) -> bool {
         let out = self.kubectl(ctx, &["get", "peering", "milan", "-o", "json"]);
         out.status.success()
@@ -247,18 +259,7 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     );
 
     // The denied turin: nothing left on either side.
-    until(
-        "turin's Peering and tenant namespace gone",
-        Duration::from_secs(60),
-        || {
-            (c.names("lab-3", &["get", "peerings"]).is_empty()
-                && !c
-                    .kubectl("lab-3", &["get", "namespace", "tandem-tenant-milan"])
-                    .status
-                    .success())
-            .then_some(())
-        },
-    );
+    c.wait_nothing_left_on("lab-3", "turin's Peering and tenant namespace gone");
     let events = ok(
         c.kubectl("lab-3", &["get", "events", "-n", "default", "-o", "json"]),
         "events",
@@ -342,18 +343,7 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
             && said.contains("the controller removed the Peering"),
         "{said}"
     );
-    until(
-        "turin's second Peering and tenant namespace gone",
-        Duration::from_secs(60),
-        || {
-            (c.names("lab-3", &["get", "peerings"]).is_empty()
-                && !c
-                    .kubectl("lab-3", &["get", "namespace", "tandem-tenant-milan"])
-                    .status
-                    .success())
-            .then_some(())
-        },
-    );
+    c.wait_nothing_left_on("lab-3", "turin's second Peering and tenant namespace gone");
     let events = c.json("lab-3", &["get", "events", "-n", "default"]);
     let removed = events["items"]
         .as_array()
