@@ -80,29 +80,26 @@ async fn with_ipam<T>(
     let mut cache = ctx.ipam.0.lock().await;
     for _ in 0..10 {
         // Taken out: an error or a conflict below leaves the cache empty, read again next.
-        let (current, start) = match cache.take() {
-            Some(known) => {
-                let state = stored_state(known.as_ref());
-                (known, state)
-            }
+        let (current, rebuilt) = match cache.take() {
+            Some(known) => (known, None),
             None => match maps.get_opt(IPAM_CONFIG_MAP).await? {
-                Some(map) => {
-                    let state = stored_state(Some(&map));
-                    (Some(map), state)
-                }
+                Some(map) => (Some(map), None),
                 // Missing (deleted by hand, say) while peerings may remain: a fresh state
                 // would remap live peers anew and hand their prefixes out again.
                 None => (
                     None,
-                    recorded_state(ctx, &config)
-                        .await
-                        .map_err(IpamError::Records)?,
+                    Some(
+                        recorded_state(ctx, &config)
+                            .await
+                            .map_err(IpamError::Records)?,
+                    ),
                 ),
             },
         };
         // What is stored: a state rebuilt from the records is written even if `f` changes
         // nothing.
         let stored = stored_state(current.as_ref());
+        let start = rebuilt.unwrap_or_else(|| stored.clone());
         let mut ipam = Ipam::with_state(config.clone(), start)?;
         let out = f(&mut ipam)?;
         if ipam.state() == &stored {
