@@ -100,12 +100,16 @@ impl Elector {
 
     /// Renews the Lease until a renewal has failed for `renew_deadline` (or another replica
     /// holds it); then returns: this replica must stop writing.
+    ///
+    /// As in client-go, one attempt may take until the deadline: on a loaded API server a
+    /// renewal slower than `retry_period` still keeps the Lease, which a per-attempt limit of
+    /// `retry_period` would give up after a few slow answers.
     pub async fn keep(&mut self) {
         let mut renewed = Instant::now();
         loop {
             tokio::time::sleep(self.config.retry_period).await;
-            match tokio::time::timeout(self.config.retry_period, self.try_acquire_or_renew()).await
-            {
+            let left = self.config.renew_deadline.saturating_sub(renewed.elapsed());
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
                 Ok(Ok(true)) => renewed = Instant::now(),
                 Ok(Ok(false)) => {
                     tracing::error!(leader = %self.holder().unwrap_or_default(), "leader Lease taken by another replica; stopping");
