@@ -167,6 +167,26 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
         "a tenant namespace was created on rome"
     );
 
+    // A holder of the public enrollment credential files first, under the name rome's key
+    // owns (a request's name is derived from its key), to block rome's own filing: milan
+    // removes that request (the request TTL here is an hour), and rome files after it.
+    let rome_name = tandem_controller::enroll::request_name(
+        &tandem_controller::enroll::own_key_fingerprint(&private_key(&c, "lab-2")).unwrap(),
+    );
+    let published = c.json(
+        "lab-1",
+        &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
+    );
+    let token = published["data"]["token"].as_str().unwrap().to_string();
+    let squatter = file_request(
+        &c,
+        &endpoint,
+        &token,
+        "eve",
+        serde_json::json!({"metadata": {"name": rome_name}}),
+    );
+    assert_eq!(squatter, rome_name);
+
     // Rome asks; the request waits, and no virtual node appears until milan approves.
     let rome_key = c.request("lab-2", &endpoint, &fingerprint);
     let pending = until("rome's request listed", Duration::from_secs(30), || {
@@ -176,6 +196,8 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     });
     assert_eq!(pending["phase"], "Pending", "{pending}");
     assert_eq!(pending["keyFingerprint"], rome_key.as_str(), "{pending}");
+    // (Under the squatter's name: so that request is gone.)
+    assert_eq!(pending["name"], rome_name.as_str(), "{pending}");
     assert_eq!(pending["source"], "endpoint", "{pending}");
     let table = ok(c.on("lab-1", &["requests"]), "requests");
     assert!(
@@ -440,10 +462,10 @@ fn a_request_approved_after_its_consumer_left_leaves_no_tenant() {
     );
 }
 
-/// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
 /// Files, with the enrollment credential `token` and as a consumer would (its token proof), a
 /// PeeringRequest for `cluster` under a fresh key, with `extra`'s objects merged into the
-/// request's (what a crafted request adds); asserts it was created, and returns its name.
+/// request's (what a crafted request adds, a name included); asserts it was created, and
+/// returns its name.
 fn file_request(c: &Clusters, endpoint: &str, token: &str, cluster: &str, extra: Value) -> String {
     let (id, secret) = token.split_once('.').unwrap();
     let (csr, name) = consumer_csr(cluster);
@@ -468,9 +490,13 @@ fn file_request(c: &Clusters, endpoint: &str, token: &str, cluster: &str, extra:
         Some(&request.to_string()),
     );
     assert_eq!(code, 201, "{answer}");
-    name
+    request["metadata"]["name"]
+        .as_str()
+        .expect("a name")
+        .to_string()
 }
 
+/// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
 fn consumer_csr(cluster: &str) -> (String, String) {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -781,6 +807,35 @@ fn ca_pem(c: &Clusters) -> String {
             ],
         ),
         "kubectl config view",
+    );
+    use base64::Engine;
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(out.trim())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The private key (PEM) of the cluster of context `ctx`, from its identity Secret.
+fn private_key(c: &Clusters, ctx: &str) -> String {
+    let out = ok(
+        c.kubectl(
+            ctx,
+            &[
+                "get",
+                "secret",
+                tandem_api::names::IDENTITY_SECRET,
+                "-n",
+                tandem_api::names::SYSTEM_NAMESPACE,
+                "-o",
+                &format!(
+                    "jsonpath={{.data.{}}}",
+                    tandem_api::names::IDENTITY_KEY_PRIVATE_KEY.replace('.', "\\.")
+                ),
+            ],
+        ),
+        "kubectl get the identity Secret",
     );
     use base64::Engine;
     String::from_utf8(

@@ -36,7 +36,7 @@ mod plan;
 use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 pub use plan::AuthFailureReason;
-use plan::{AuthFailure, Step, TenantAnswer, Verdict, set};
+use plan::{AuthFailure, Existing, Step, TenantAnswer, Verdict, set};
 
 /// How often an established peering re-reads the grant and the network parameters.
 const RESYNC: Duration = Duration::from_secs(2);
@@ -431,29 +431,28 @@ async fn try_authenticate(
             ));
         }
     };
+    let own_name = enrolling.then_some(request_name.as_str());
     let request = match existing {
-        Some(r) if r.spec.cluster_id != consumer => return Err(plan::used_by_another_cluster()),
-        // Under this cluster's key's name, but for another key: a decoy the provider removes.
-        Some(r)
-            if enrolling
-                && crate::enroll::csr_key_fingerprint(&r.spec.csr)
-                    .is_none_or(|fp| crate::enroll::request_name(&fp) != request_name) =>
-        {
-            return Err(AuthFailure::transient(
-                AuthFailureReason::RequestFailed,
-                format!(
-                    "a peering request {request_name} for another key is on {provider}; waiting for it to be removed"
-                ),
-            ));
-        }
-        Some(r) => {
-            if enrolling && filed.is_none() {
-                // Filed by an earlier pass that could not record it (its create met a conflict,
-                // or the record failed): recorded now, so that its removal is told as such.
-                record_filed(&secrets, &secret_name, &r).await?;
+        Some(r) => match plan::existing_request(&r, &consumer, own_name) {
+            Existing::Decoy => {
+                return Err(AuthFailure::transient(
+                    AuthFailureReason::RequestFailed,
+                    format!(
+                        "a peering request {request_name} for another key is on {provider}; waiting for it to be removed"
+                    ),
+                ));
             }
-            r
-        }
+            Existing::OtherCluster => return Err(plan::used_by_another_cluster()),
+            Existing::Ours => {
+                if enrolling && filed.is_none() {
+                    // Filed by an earlier pass that could not record it (its create met a
+                    // conflict, or the record failed): recorded now, so that its removal is
+                    // told as such.
+                    record_filed(&secrets, &secret_name, &r).await?;
+                }
+                r
+            }
+        },
         // Filed, and gone before an answer reached us: denied, expired, or approved unused.
         None if enrolling && filed.is_some() => {
             let f = AuthFailure::permanent(

@@ -4,7 +4,7 @@
 
 use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::provider::PeeringRequestStatus;
-use tandem_api::{Peering, PeeringStatus, Tenant, names};
+use tandem_api::{Peering, PeeringRequest, PeeringStatus, Tenant, names};
 use tandem_core::invite::human_duration;
 
 /// The reconciler's next step for a Peering.
@@ -247,6 +247,40 @@ pub(super) fn used_by_another_cluster() -> AuthFailure {
         AuthFailureReason::TokenUsed,
         "provider rejected the token: token already used by another cluster; ask the provider for a new invite",
     )
+}
+
+/// What the peering request found under this cluster's request name is.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Existing {
+    /// This cluster's.
+    Ours,
+    /// Under the name this cluster's key owns, but for another key: filed by another holder of
+    /// the public enrollment credential, to be removed by the provider.
+    Decoy,
+    /// The invite's request, filed by another cluster: the token is used.
+    OtherCluster,
+}
+
+/// Classifies `request`, found on the provider under this cluster's request name;
+/// `own_name` is the name this cluster's key owns when peering through discovery.
+pub(super) fn existing_request(
+    request: &PeeringRequest,
+    consumer: &str,
+    own_name: Option<&str>,
+) -> Existing {
+    // The key before the cluster ID it claims (anyone's to claim): a decoy read before the
+    // provider removed it must not fail this peering for good as "used by another cluster".
+    if let Some(own) = own_name
+        && crate::enroll::csr_key_fingerprint(&request.spec.csr)
+            .is_none_or(|fp| crate::enroll::request_name(&fp) != own)
+    {
+        return Existing::Decoy;
+    }
+    if request.spec.cluster_id == consumer {
+        Existing::Ours
+    } else {
+        Existing::OtherCluster
+    }
 }
 
 /// What the provider's answer to the peering request means.
@@ -634,6 +668,47 @@ mod tests {
                 && f.message.ends_with("not on Sundays")),
             "{denied:?}"
         );
+    }
+
+    #[test]
+    fn a_decoy_under_our_name_is_waited_out_whatever_cluster_it_claims() {
+        // A request as a filer makes it: `cluster`'s peer CSR under a fresh key; with the name
+        // that key owns.
+        let filed = |cluster: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, names::peer_user(cluster));
+            let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+            let name = crate::enroll::request_name(
+                &crate::enroll::csr_key_fingerprint(&csr).expect("a P-256 CSR"),
+            );
+            let request: PeeringRequest = serde_json::from_value(serde_json::json!({
+                "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
+                "metadata": {"name": name, "namespace": names::ENROLL_NAMESPACE},
+                "spec": {"clusterID": cluster, "tokenID": "abcdef", "tokenProof": "x", "csr": csr},
+            }))
+            .unwrap();
+            (request, name)
+        };
+        let (ours, our_name) = filed("rome");
+        let (eves, _) = filed("eve");
+        let (romes_other_key, _) = filed("rome");
+        let own = Some(our_name.as_str());
+        assert_eq!(existing_request(&ours, "rome", own), Existing::Ours);
+        // Another key under our name: waited out, whichever cluster it claims.
+        assert_eq!(existing_request(&eves, "rome", own), Existing::Decoy);
+        assert_eq!(
+            existing_request(&romes_other_key, "rome", own),
+            Existing::Decoy
+        );
+        // An invite's request (its name is the token's ID): another cluster's means used.
+        assert_eq!(
+            existing_request(&eves, "rome", None),
+            Existing::OtherCluster
+        );
+        assert_eq!(existing_request(&ours, "rome", None), Existing::Ours);
     }
 
     fn tenant(grant: &[(&str, &str)]) -> Tenant {
