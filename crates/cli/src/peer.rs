@@ -252,13 +252,16 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
             let why = auth.map(|c| c.message.clone()).unwrap_or_default();
             return Err(anyhow!("peering with {id}: {why}"));
         }
+        // Each new word of the controller while it is not authenticated (waiting for an
+        // approval, a decoy's removal, an unreachable provider): progress, and the cause when
+        // it does not end.
         if let Some(c) = auth
-            && c.reason == "AwaitingApproval"
+            && c.status != "True"
             && c.message != told
         {
             told = c.message.clone();
             eprintln!("… {told}");
-            if !args.wait {
+            if c.reason == "AwaitingApproval" && !args.wait {
                 println!(
                     "Peering request filed with {id}; the peering completes when {id} approves it \
                      (`tandem approve` there, or a PeeringPolicy naming {key}). Follow it with \
@@ -268,8 +271,13 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
             }
         }
         if tokio::time::Instant::now() > deadline {
+            // Why it is still not authenticated, when that is where it stands.
+            let last = auth
+                .filter(|c| c.status != "True")
+                .map(|c| format!(" ({})", c.message))
+                .unwrap_or_default();
             return Err(anyhow!(
-                "peering with {id}: not established after {}; it stays requested (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here, and the request on {id} expires unapproved",
+                "peering with {id}: not established after {}{last}; it stays requested (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here, and the request on {id} expires unapproved",
                 tandem_core::invite::human_duration(args.timeout.as_secs() as i64)
             ));
         }
