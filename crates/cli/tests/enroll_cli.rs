@@ -78,6 +78,15 @@ impl Clusters {
         (endpoint, fingerprint)
     }
 
+    /// The enrollment credential milan publishes (for anyone to read).
+    fn enrollment_token(&self) -> String {
+        let published = self.json(
+            "lab-1",
+            &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
+        );
+        published["data"]["token"].as_str().unwrap().to_string()
+    }
+
     /// `tandem peer --endpoint` on `ctx`; returns the key fingerprint it printed.
     fn request(&self, ctx: &str, endpoint: &str, fingerprint: &str) -> String {
         let out = self.on(
@@ -173,11 +182,7 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     let rome_name = tandem_controller::enroll::request_name(
         &tandem_controller::enroll::own_key_fingerprint(&private_key(&c, "lab-2")).unwrap(),
     );
-    let published = c.json(
-        "lab-1",
-        &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
-    );
-    let token = published["data"]["token"].as_str().unwrap().to_string();
+    let token = c.enrollment_token();
     let squatter = file_request(
         &c,
         &endpoint,
@@ -383,11 +388,7 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
 
     // Advertising off withdraws the credential: published objects and the namespace go, and
     // the token no longer authenticates.
-    let published = c.json(
-        "lab-1",
-        &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
-    );
-    let token = published["data"]["token"].as_str().unwrap().to_string();
+    let token = c.enrollment_token();
     ok(c.on("lab-1", &["advertise", "--off"]), "advertise --off");
     for args in [
         ["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
@@ -609,11 +610,7 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
 
     // A filer cannot approve itself (status is not taken on create) nor pin its request with
     // finalizers.
-    let published = c.json(
-        "lab-1",
-        &["get", "configmap", "tandem-enrollment", "-n", "kube-public"],
-    );
-    let token = published["data"]["token"].as_str().unwrap().to_string();
+    let token = c.enrollment_token();
     let name = file_request(
         &c,
         &endpoint,
@@ -794,49 +791,41 @@ fn census(c: &Clusters) -> Vec<usize> {
 
 /// The CA of lab-1, from the lab's kubeconfig.
 fn ca_pem(c: &Clusters) -> String {
-    let out = ok(
-        c.kubectl(
-            "lab-1",
-            &[
-                "config",
-                "view",
-                "--raw",
-                "--minify",
-                "-o",
-                "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-            ],
-        ),
-        "kubectl config view",
-    );
-    use base64::Engine;
-    String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(out.trim())
-            .unwrap(),
+    decoded(
+        c,
+        "lab-1",
+        &[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+        ],
     )
-    .unwrap()
 }
 
 /// The private key (PEM) of the cluster of context `ctx`, from its identity Secret.
 fn private_key(c: &Clusters, ctx: &str) -> String {
-    let out = ok(
-        c.kubectl(
-            ctx,
-            &[
-                "get",
-                "secret",
-                tandem_api::names::IDENTITY_SECRET,
-                "-n",
-                tandem_api::names::SYSTEM_NAMESPACE,
-                "-o",
-                &format!(
-                    "jsonpath={{.data.{}}}",
-                    tandem_api::names::IDENTITY_KEY_PRIVATE_KEY.replace('.', "\\.")
-                ),
-            ],
-        ),
-        "kubectl get the identity Secret",
-    );
+    let key = tandem_api::names::IDENTITY_KEY_PRIVATE_KEY.replace('.', "\\.");
+    decoded(
+        c,
+        ctx,
+        &[
+            "get",
+            "secret",
+            tandem_api::names::IDENTITY_SECRET,
+            "-n",
+            tandem_api::names::SYSTEM_NAMESPACE,
+            "-o",
+            &format!("jsonpath={{.data.{key}}}"),
+        ],
+    )
+}
+
+/// What `kubectl args` on `ctx` prints, base64-decoded (a Secret's or kubeconfig's data).
+fn decoded(c: &Clusters, ctx: &str, args: &[&str]) -> String {
+    let out = ok(c.kubectl(ctx, args), &format!("kubectl {}", args.join(" ")));
     use base64::Engine;
     String::from_utf8(
         base64::engine::general_purpose::STANDARD
