@@ -63,12 +63,15 @@ pub fn key_fingerprint_der(spki: &[u8]) -> String {
     tandem_core::discovery::fingerprint(spki)
 }
 
-/// The fingerprint of the key a PEM CSR was made for.
+/// The fingerprint of the key a PEM CSR was made for, if the CSR proves it: signed with that
+/// key. (A public key is no secret: a CSR naming someone else's, with a signature that does not
+/// verify, could otherwise take the request name that key owns.)
 pub fn csr_key_fingerprint(pem: &str) -> Option<String> {
     use x509_parser::certification_request::X509CertificationRequest;
     use x509_parser::prelude::FromDer;
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
     let (_, csr) = X509CertificationRequest::from_der(&pem.contents).ok()?;
+    csr.verify_signature().ok()?;
     Some(key_fingerprint_der(
         csr.certification_request_info.subject_pki.raw,
     ))
@@ -860,6 +863,36 @@ mod tests {
             let got = matching_policy(&policies, key, "rome", NOW).map(|p| p.name_any());
             assert_eq!(got.as_deref().map_err(String::as_str), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_csr_gives_its_key_only_when_signed_with_it() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap();
+        let der = csr.der().to_vec();
+        let pem = |der: &[u8]| {
+            use base64::Engine;
+            format!(
+                "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+                base64::engine::general_purpose::STANDARD.encode(der)
+            )
+        };
+        {
+            use rcgen::PublicKeyData;
+            assert_eq!(
+                csr_key_fingerprint(&pem(&der)),
+                Some(key_fingerprint_der(&key.subject_public_key_info()))
+            );
+        }
+        // The same request with its signature's last byte changed: it names the key, but does
+        // not prove it.
+        let mut forged = der;
+        *forged.last_mut().unwrap() ^= 1;
+        assert_eq!(csr_key_fingerprint(&pem(&forged)), None);
+        assert_eq!(csr_key_fingerprint("not a CSR"), None);
     }
 
     #[test]

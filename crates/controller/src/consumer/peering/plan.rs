@@ -254,8 +254,10 @@ pub(super) fn used_by_another_cluster() -> AuthFailure {
 pub(super) enum Existing {
     /// This cluster's.
     Ours,
-    /// Under the name this cluster's key owns, but for another key: filed by another holder of
-    /// the public enrollment credential, to be removed by the provider.
+    /// Under the name this cluster's key owns, but not this cluster's: for another key (or one
+    /// its CSR does not prove), or claiming another cluster ID. Filed by another holder of the
+    /// public enrollment credential; the provider removes it (at once when the key does not
+    /// match its name, after denying it otherwise).
     Decoy,
     /// The invite's request, filed by another cluster: the token is used.
     OtherCluster,
@@ -268,13 +270,17 @@ pub(super) fn existing_request(
     consumer: &str,
     own_name: Option<&str>,
 ) -> Existing {
-    // The key before the cluster ID it claims (anyone's to claim): a decoy read before the
-    // provider removed it must not fail this peering for good as "used by another cluster".
-    if let Some(own) = own_name
-        && crate::enroll::csr_key_fingerprint(&request.spec.csr)
-            .is_none_or(|fp| crate::enroll::request_name(&fp) != own)
-    {
-        return Existing::Decoy;
+    // Through discovery every request under this name that is not ours is a decoy, whatever
+    // cluster it claims (anyone's to claim): one read before the provider removed it must not
+    // fail this peering for good as "used by another cluster".
+    if let Some(own) = own_name {
+        let our_key = crate::enroll::csr_key_fingerprint(&request.spec.csr)
+            .is_some_and(|fp| crate::enroll::request_name(&fp) == own);
+        return if our_key && request.spec.cluster_id == consumer {
+            Existing::Ours
+        } else {
+            Existing::Decoy
+        };
     }
     if request.spec.cluster_id == consumer {
         Existing::Ours
@@ -703,6 +709,14 @@ mod tests {
             existing_request(&romes_other_key, "rome", own),
             Existing::Decoy
         );
+        // Our CSR (it is readable under our name) filed again claiming another cluster.
+        let mut replayed = ours.clone();
+        replayed.spec.cluster_id = "eve".into();
+        assert_eq!(existing_request(&replayed, "rome", own), Existing::Decoy);
+        // A CSR that proves no key.
+        let mut unreadable = ours.clone();
+        unreadable.spec.csr = "not a CSR".into();
+        assert_eq!(existing_request(&unreadable, "rome", own), Existing::Decoy);
         // An invite's request (its name is the token's ID): another cluster's means used.
         assert_eq!(
             existing_request(&eves, "rome", None),
