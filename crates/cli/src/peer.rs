@@ -271,15 +271,21 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
             }
         }
         if tokio::time::Instant::now() > deadline {
-            // Why it is still not authenticated, when that is where it stands.
-            let last = auth
-                .filter(|c| c.status != "True")
-                .map(|c| format!(" ({})", c.message))
-                .unwrap_or_default();
-            return Err(anyhow!(
-                "peering with {id}: not established after {}{last}; it stays requested (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here, and the request on {id} expires unapproved",
-                tandem_core::invite::human_duration(args.timeout.as_secs() as i64)
-            ));
+            let after = tandem_core::invite::human_duration(args.timeout.as_secs() as i64);
+            return Err(match auth.filter(|c| c.status != "True") {
+                Some(c) if c.reason == "AwaitingApproval" => anyhow!(
+                    "peering with {id}: not established after {after} ({}); it stays requested (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here, and the request on {id} expires unapproved",
+                    c.message
+                ),
+                // Not filed, or not answered yet: say why.
+                Some(c) => anyhow!(
+                    "peering with {id}: not established after {after} ({}); the controller keeps trying (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here",
+                    c.message
+                ),
+                None => anyhow!(
+                    "peering with {id}: not established after {after}; the controller keeps trying (`kubectl get peering {id}`); `tandem unpeer {id}` removes it here"
+                ),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

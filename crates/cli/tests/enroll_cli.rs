@@ -178,7 +178,8 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
 
     // A holder of the public enrollment credential files first, under the name rome's key
     // owns (a request's name is derived from its key), to block rome's own filing: milan
-    // removes that request (the request TTL here is an hour), and rome files after it.
+    // removes that request (the request TTL here is an hour), and rome files after it. (How
+    // rome takes such a request when it reads one first: `plan::existing_request`'s test.)
     let rome_name = tandem_controller::enroll::request_name(
         &tandem_controller::enroll::own_key_fingerprint(&private_key(&c, "lab-2")).unwrap(),
     );
@@ -201,7 +202,7 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     });
     assert_eq!(pending["phase"], "Pending", "{pending}");
     assert_eq!(pending["keyFingerprint"], rome_key.as_str(), "{pending}");
-    // (Under the squatter's name: so that request is gone.)
+    // (Under the name the squatter took: so its request is gone.)
     assert_eq!(pending["name"], rome_name.as_str(), "{pending}");
     assert_eq!(pending["source"], "endpoint", "{pending}");
     let table = ok(c.on("lab-1", &["requests"]), "requests");
