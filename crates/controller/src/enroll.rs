@@ -783,6 +783,28 @@ pub fn matching_policy<'a>(
     Err(notes.join("; "))
 }
 
+/// `pem`, a CSR, with its signature's last byte changed: still a well-formed CSR for the same
+/// key (asserted), whose signature no longer verifies.
+#[cfg(test)]
+pub(crate) fn with_broken_signature(pem: &str) -> String {
+    use base64::Engine;
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::prelude::FromDer;
+    let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("a PEM CSR");
+    let mut der = parsed.contents;
+    // The last byte is the end of the ECDSA signature's `s`, inside an opaque BIT STRING.
+    *der.last_mut().expect("not empty") ^= 1;
+    let (_, csr) = X509CertificationRequest::from_der(&der).expect("still a CSR");
+    assert!(
+        csr.verify_signature().is_err(),
+        "the signature still verifies"
+    );
+    format!(
+        "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+        base64::engine::general_purpose::STANDARD.encode(&der)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -871,27 +893,19 @@ mod tests {
         let csr = rcgen::CertificateParams::new(Vec::<String>::new())
             .unwrap()
             .serialize_request(&key)
+            .unwrap()
+            .pem()
             .unwrap();
-        let der = csr.der().to_vec();
-        let pem = |der: &[u8]| {
-            use base64::Engine;
-            format!(
-                "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
-                base64::engine::general_purpose::STANDARD.encode(der)
-            )
-        };
         {
             use rcgen::PublicKeyData;
             assert_eq!(
-                csr_key_fingerprint(&pem(&der)),
+                csr_key_fingerprint(&csr),
                 Some(key_fingerprint_der(&key.subject_public_key_info()))
             );
         }
-        // The same request with its signature's last byte changed: it names the key, but does
+        // The same request with a signature that does not verify: it names the key, but does
         // not prove it.
-        let mut forged = der;
-        *forged.last_mut().unwrap() ^= 1;
-        assert_eq!(csr_key_fingerprint(&pem(&forged)), None);
+        assert_eq!(csr_key_fingerprint(&with_broken_signature(&csr)), None);
         assert_eq!(csr_key_fingerprint("not a CSR"), None);
     }
 

@@ -91,9 +91,10 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         },
     })?;
     let fingerprint = enroll::csr_key_fingerprint(&req.spec.csr);
-    // A request not named after its own key takes a name another consumer's key owns: gone.
+    // A request not named after the key its CSR proves (signed with it) takes a name another
+    // consumer's key owns: gone.
     if fingerprint.as_deref().map(enroll::request_name) != Some(name.clone()) {
-        tracing::info!(request = %name, "enrollment request not named after its key removed");
+        tracing::info!(request = %name, "enrollment request not named after a key its CSR proves removed");
         Api::<PeeringRequest>::namespaced(client.clone(), ns())
             .delete(&name, &DeleteParams::default())
             .await

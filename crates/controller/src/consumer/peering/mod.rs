@@ -431,14 +431,19 @@ async fn try_authenticate(
             ));
         }
     };
-    let own_name = enrolling.then_some(request_name.as_str());
+    let enrolled = plan::Enrolled {
+        name: &request_name,
+        token_id,
+        token_secret: token_secret_part,
+        filed: filed.as_deref(),
+    };
     let request = match existing {
-        Some(r) => match plan::existing_request(&r, &consumer, own_name) {
+        Some(r) => match plan::existing_request(&r, &consumer, enrolling.then_some(&enrolled)) {
             Existing::Decoy => {
                 return Err(AuthFailure::transient(
                     AuthFailureReason::RequestFailed,
                     format!(
-                        "a peering request {request_name} for another key is on {provider}; waiting for it to be removed"
+                        "a peering request {request_name} on {provider} is not this cluster's (another key, a CSR that does not prove it, or this cluster's CSR filed again by someone else); waiting for {provider} to remove it"
                     ),
                 ));
             }

@@ -255,28 +255,53 @@ pub(super) enum Existing {
     /// This cluster's.
     Ours,
     /// Under the name this cluster's key owns, but not this cluster's: for another key (or one
-    /// its CSR does not prove), or claiming another cluster ID. Filed by another holder of the
-    /// public enrollment credential; the provider removes it (at once when the key does not
-    /// match its name, after denying it otherwise).
+    /// its CSR does not prove), or our CSR filed again with another claim or a bad proof. Filed
+    /// by another holder of the public enrollment credential; the provider removes it (at once
+    /// when the key does not match its name, after denying it otherwise).
     Decoy,
     /// The invite's request, filed by another cluster: the token is used.
     OtherCluster,
 }
 
-/// Classifies `request`, found on the provider under this cluster's request name;
-/// `own_name` is the name this cluster's key owns when peering through discovery.
+/// This cluster's filing through discovery: the name its key owns, the enrollment credential
+/// it files with, and the UID of the request it recorded as filed.
+pub(super) struct Enrolled<'a> {
+    pub name: &'a str,
+    pub token_id: &'a str,
+    pub token_secret: &'a str,
+    pub filed: Option<&'a str>,
+}
+
+/// Classifies `request`, found on the provider under this cluster's request name; `enrolled`
+/// when peering through discovery.
 pub(super) fn existing_request(
     request: &PeeringRequest,
     consumer: &str,
-    own_name: Option<&str>,
+    enrolled: Option<&Enrolled<'_>>,
 ) -> Existing {
-    // Through discovery every request under this name that is not ours is a decoy, whatever
-    // cluster it claims (anyone's to claim): one read before the provider removed it must not
-    // fail this peering for good as "used by another cluster".
-    if let Some(own) = own_name {
-        let our_key = crate::enroll::csr_key_fingerprint(&request.spec.csr)
-            .is_some_and(|fp| crate::enroll::request_name(&fp) == own);
-        return if our_key && request.spec.cluster_id == consumer {
+    // Through discovery every request under this name that is not ours is a decoy, whatever it
+    // claims: one read before the provider removed or denied it must not fail this peering for
+    // good. Ours is the one recorded as filed, or one as this cluster files it: its key (the CSR
+    // proves it), its cluster ID, and a token and protocol the provider takes from it — not our
+    // CSR, readable under our name, filed again with a claim or a proof the provider denies.
+    if let Some(own) = enrolled {
+        let spec = &request.spec;
+        let recorded = own
+            .filed
+            .is_some_and(|uid| request.metadata.uid.as_deref() == Some(uid));
+        let as_filed = crate::enroll::csr_key_fingerprint(&spec.csr)
+            .is_some_and(|fp| crate::enroll::request_name(&fp) == own.name)
+            && spec.cluster_id == consumer
+            && spec.token_id == own.token_id
+            && tandem_core::invite::verify_token_proof(
+                own.token_secret,
+                consumer,
+                own.token_id,
+                &spec.csr,
+                &spec.token_proof,
+            )
+            && spec.protocol_version == Some(tandem_core::protocol::VERSION);
+        return if recorded || as_filed {
             Existing::Ours
         } else {
             Existing::Decoy
@@ -677,9 +702,11 @@ mod tests {
     }
 
     #[test]
-    fn a_decoy_under_our_name_is_waited_out_whatever_cluster_it_claims() {
-        // A request as a filer makes it: `cluster`'s peer CSR under a fresh key; with the name
-        // that key owns.
+    fn a_decoy_under_our_name_is_waited_out_whatever_it_claims() {
+        const TOKEN_ID: &str = "abcdef";
+        const SECRET: &str = "0123456789abcdef";
+        // A request as `cluster` files it (its CSR, under a fresh key; the proof; the protocol
+        // version), with the name that key owns.
         let filed = |cluster: &str| {
             let key = rcgen::KeyPair::generate().unwrap();
             let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -690,10 +717,12 @@ mod tests {
             let name = crate::enroll::request_name(
                 &crate::enroll::csr_key_fingerprint(&csr).expect("a P-256 CSR"),
             );
+            let proof = tandem_core::invite::token_proof(SECRET, cluster, TOKEN_ID, &csr);
             let request: PeeringRequest = serde_json::from_value(serde_json::json!({
                 "apiVersion": "tandem.dev/v1alpha1", "kind": "PeeringRequest",
-                "metadata": {"name": name, "namespace": names::ENROLL_NAMESPACE},
-                "spec": {"clusterID": cluster, "tokenID": "abcdef", "tokenProof": "x", "csr": csr},
+                "metadata": {"name": name, "namespace": names::ENROLL_NAMESPACE, "uid": "u-1"},
+                "spec": {"clusterID": cluster, "tokenID": TOKEN_ID, "tokenProof": proof,
+                         "csr": csr, "protocolVersion": tandem_core::protocol::VERSION},
             }))
             .unwrap();
             (request, name)
@@ -701,7 +730,17 @@ mod tests {
         let (ours, our_name) = filed("rome");
         let (eves, _) = filed("eve");
         let (romes_other_key, _) = filed("rome");
-        let own = Some(our_name.as_str());
+        let enrolled = |filed: Option<&'static str>| Enrolled {
+            name: "",
+            token_id: TOKEN_ID,
+            token_secret: SECRET,
+            filed,
+        };
+        let own = Enrolled {
+            name: &our_name,
+            ..enrolled(None)
+        };
+        let own = Some(&own);
         assert_eq!(existing_request(&ours, "rome", own), Existing::Ours);
         // Another key under our name: waited out, whichever cluster it claims.
         assert_eq!(existing_request(&eves, "rome", own), Existing::Decoy);
@@ -709,14 +748,45 @@ mod tests {
             existing_request(&romes_other_key, "rome", own),
             Existing::Decoy
         );
-        // Our CSR (it is readable under our name) filed again claiming another cluster.
-        let mut replayed = ours.clone();
-        replayed.spec.cluster_id = "eve".into();
-        assert_eq!(existing_request(&replayed, "rome", own), Existing::Decoy);
-        // A CSR that proves no key.
-        let mut unreadable = ours.clone();
-        unreadable.spec.csr = "not a CSR".into();
-        assert_eq!(existing_request(&unreadable, "rome", own), Existing::Decoy);
+        // Our CSR (readable under our name) filed again: claiming another cluster, with a proof
+        // or a protocol version the provider denies, or with a signature that does not verify.
+        let changed = |change: &dyn Fn(&mut PeeringRequest)| {
+            let mut r = ours.clone();
+            change(&mut r);
+            existing_request(&r, "rome", own)
+        };
+        assert_eq!(
+            changed(&|r| r.spec.cluster_id = "eve".into()),
+            Existing::Decoy
+        );
+        assert_eq!(
+            changed(&|r| r.spec.token_proof = "00".repeat(32)),
+            Existing::Decoy
+        );
+        assert_eq!(
+            changed(&|r| r.spec.protocol_version = Some(999)),
+            Existing::Decoy
+        );
+        assert_eq!(
+            changed(&|r| r.spec.csr = crate::enroll::with_broken_signature(&r.spec.csr)),
+            Existing::Decoy
+        );
+        assert_eq!(
+            changed(&|r| r.spec.csr = "not a CSR".into()),
+            Existing::Decoy
+        );
+        // The request recorded as filed is ours, whatever it says (filed by an older build).
+        let recorded = Enrolled {
+            name: &our_name,
+            ..enrolled(Some("u-1"))
+        };
+        let mut older = ours.clone();
+        older.spec.protocol_version = None;
+        assert_eq!(
+            existing_request(&older, "rome", Some(&recorded)),
+            Existing::Ours
+        );
+        assert_eq!(existing_request(&older, "rome", own), Existing::Decoy);
         // An invite's request (its name is the token's ID): another cluster's means used.
         assert_eq!(
             existing_request(&eves, "rome", None),
