@@ -95,11 +95,12 @@ fn refuse_over(
     obj: &Value,
     quotas: &[Value],
 ) -> ApiResult<()> {
-    let (_, existing) = state.store.list(&res.storage_key(), Some(ns), None);
+    let storage_key = res.storage_key();
+    let (_, existing) = state.store.list(&storage_key, Some(ns), None);
     let usage: Vec<KeyUsage> = object_count_keys(&res.group, &res.resource)
         .into_iter()
         .map(|key| KeyUsage {
-            used: used(&key, &existing),
+            used: used(&key, &storage_key, &existing),
             requested: u64::from(counts_under(&key, obj)),
             key,
         })
@@ -143,18 +144,22 @@ fn limits_any(quota: &Value, keys: &[String]) -> bool {
 /// Whether `obj` counts under `key`: every stored object does, except that the legacy `pods`
 /// key counts only pods that have not finished (kube's `count/pods` counts them all).
 fn counts_under(key: &str, obj: &Value) -> bool {
-    key != "pods"
-        || !matches!(
-            obj["status"]["phase"].as_str(),
-            Some("Succeeded" | "Failed")
-        )
+    counts_in_phase(key, obj["status"]["phase"].as_str())
 }
 
-fn used(key: &str, existing: &[Arc<Doc>]) -> u64 {
+/// [`counts_under`] for an object in `phase`.
+fn counts_in_phase(key: &str, phase: Option<&str>) -> bool {
+    key != "pods" || !matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// How many of the `existing` objects (stored under `storage_key`) count under `key`. A pod's
+/// phase is read from what the store extracted (`status.phase` is a selectable field), not
+/// by parsing each pod: this runs on every create in a namespace with such a quota.
+fn used(key: &str, storage_key: &str, existing: &[Arc<Doc>]) -> u64 {
     let n = if key == "pods" {
         existing
             .iter()
-            .filter(|doc| counts_under(key, &doc.value()))
+            .filter(|doc| counts_in_phase(key, doc.field(storage_key, "status.phase")))
             .count()
     } else {
         existing.len()
@@ -302,6 +307,28 @@ mod tests {
         assert!(counts_under("pods", &running));
         assert!(counts_under("count/pods", &finished));
         assert!(counts_under("configmaps", &finished));
+    }
+
+    #[test]
+    fn stored_pods_count_under_the_legacy_key_by_their_phase() {
+        let store = crate::store::Store::open(None, 100).unwrap();
+        for (name, status) in [
+            ("running", json!({"phase": "Running"})),
+            ("pending", json!({})),
+            ("done", json!({"phase": "Succeeded"})),
+            ("failed", json!({"phase": "Failed"})),
+        ] {
+            let mut pod =
+                json!({"metadata": {"name": name, "namespace": "team"}, "status": status});
+            store.create("/pods", "team", name, &mut pod).unwrap();
+        }
+        let (_, pods) = store.list("/pods", Some("team"), None);
+        assert_eq!(
+            used("pods", "/pods", &pods),
+            2,
+            "finished pods are not counted"
+        );
+        assert_eq!(used("count/pods", "/pods", &pods), 4);
     }
 
     #[test]
