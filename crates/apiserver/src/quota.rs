@@ -95,12 +95,11 @@ fn refuse_over(
     obj: &Value,
     quotas: &[Value],
 ) -> ApiResult<()> {
-    let storage_key = res.storage_key();
-    let (_, existing) = state.store.list(&storage_key, Some(ns), None);
+    let (_, existing) = state.store.list(&res.storage_key(), Some(ns), None);
     let usage: Vec<KeyUsage> = object_count_keys(&res.group, &res.resource)
         .into_iter()
         .map(|key| KeyUsage {
-            used: used(&key, &storage_key, &existing),
+            used: used(&key, &existing),
             requested: u64::from(counts_under(&key, obj)),
             key,
         })
@@ -152,14 +151,14 @@ fn counts_in_phase(key: &str, phase: Option<&str>) -> bool {
     key != "pods" || !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// How many of the `existing` objects (stored under `storage_key`) count under `key`. A pod's
-/// phase is read from what the store extracted (`status.phase` is a selectable field), not
-/// by parsing each pod: this runs on every create in a namespace with such a quota.
-fn used(key: &str, storage_key: &str, existing: &[Arc<Doc>]) -> u64 {
+/// How many of the `existing` objects count under `key`. Only core pods count under `pods`,
+/// and their phase is read from what the store extracted (`status.phase` is a selectable
+/// field), not by parsing each pod: this runs on every create in a namespace with such a quota.
+fn used(key: &str, existing: &[Arc<Doc>]) -> u64 {
     let n = if key == "pods" {
         existing
             .iter()
-            .filter(|doc| counts_in_phase(key, doc.field(storage_key, "status.phase")))
+            .filter(|doc| counts_in_phase(key, doc.field("/pods", "status.phase")))
             .count()
     } else {
         existing.len()
@@ -323,12 +322,8 @@ mod tests {
             store.create("/pods", "team", name, &mut pod).unwrap();
         }
         let (_, pods) = store.list("/pods", Some("team"), None);
-        assert_eq!(
-            used("pods", "/pods", &pods),
-            2,
-            "finished pods are not counted"
-        );
-        assert_eq!(used("count/pods", "/pods", &pods), 4);
+        assert_eq!(used("pods", &pods), 2, "finished pods are not counted");
+        assert_eq!(used("count/pods", &pods), 4);
     }
 
     #[test]
