@@ -289,19 +289,23 @@ pub(super) fn existing_request(
         let recorded = own
             .filed
             .is_some_and(|uid| request.metadata.uid.as_deref() == Some(uid));
-        let as_filed = crate::enroll::csr_key_fingerprint(&spec.csr)
-            .is_some_and(|fp| crate::enroll::request_name(&fp) == own.name)
-            && spec.cluster_id == consumer
-            && spec.token_id == own.token_id
-            && tandem_core::invite::verify_token_proof(
-                own.token_secret,
-                consumer,
-                own.token_id,
-                &spec.csr,
-                &spec.token_proof,
-            )
-            && spec.protocol_version == Some(tandem_core::protocol::VERSION);
-        return if recorded || as_filed {
+        // Only when not recorded: it verifies the CSR's signature and the proof, and the
+        // recorded request is read on every poll for the provider's answer.
+        let as_filed = || {
+            crate::enroll::csr_key_fingerprint(&spec.csr)
+                .is_some_and(|fp| crate::enroll::request_name(&fp) == own.name)
+                && spec.cluster_id == consumer
+                && spec.token_id == own.token_id
+                && tandem_core::invite::verify_token_proof(
+                    own.token_secret,
+                    consumer,
+                    own.token_id,
+                    &spec.csr,
+                    &spec.token_proof,
+                )
+                && spec.protocol_version == Some(tandem_core::protocol::VERSION)
+        };
+        return if recorded || as_filed() {
             Existing::Ours
         } else {
             Existing::Decoy
