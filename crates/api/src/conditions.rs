@@ -36,6 +36,9 @@ pub const AUTHENTICATED: &str = "Authenticated";
 pub const RESOURCES_GRANTED: &str = "ResourcesGranted";
 /// Peering: pod/external CIDRs and gateway parameters exchanged and remapped.
 pub const NETWORK_NEGOTIATED: &str = "NetworkNegotiated";
+/// NetworkParameters (the consumer's, on the provider): the provider granted the prefixes it
+/// declares. False names the refused prefix and its class (loopback, public, ...).
+pub const PREFIXES_GRANTED: &str = "PrefixesGranted";
 /// Peering: the provider's API answered recently.
 pub const PROVIDER_REACHABLE: &str = "ProviderReachable";
 /// Peering: the virtual node exists and is Ready.

@@ -148,6 +148,24 @@ pub struct TenantSpec {
     /// approved it). Absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_pod_offloading_strategies: Option<Vec<crate::PodOffloadingStrategy>>,
+    /// The Pod Security Standards level the consumer's pods are held to here, enforced where
+    /// the real pods are made and labelled on its twin namespaces
+    /// (`pod-security.kubernetes.io/enforce`). Absent: `baseline`. A peering is never
+    /// `privileged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurity>,
+}
+
+/// The Pod Security Standards levels a provider may hold a consumer's pods to.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSecurity {
+    /// No known privilege escalation (no host namespaces, privileged containers, added
+    /// capabilities beyond the runtime's defaults, host paths or ports).
+    #[default]
+    Baseline,
+    /// Hardened: also non-root, every capability dropped but NET_BIND_SERVICE.
+    Restricted,
 }
 
 /// The interactive access a provider gives a consumer to the real pods of its twin namespaces,

@@ -21,6 +21,84 @@ pub struct IpamConfig {
     pub reserved: Vec<IpNet>,
     /// Pools remapped prefixes are carved from, tried in order.
     pub pools: Vec<IpNet>,
+    /// Public prefixes a peer may nevertheless be granted (the administrator's widening of
+    /// [`PrefixClass::Public`]); none by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_public: Vec<IpNet>,
+}
+
+/// A class of prefixes never granted to a peer: each becomes a route on every node of this
+/// cluster into the peer's tunnel, so a peer that declared one would capture this cluster's
+/// own traffic (loopback, a cloud's metadata service, multicast) or the Internet's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PrefixClass {
+    /// 0.0.0.0/8, ::/128: "this network".
+    Unspecified,
+    /// 127.0.0.0/8, ::1/128.
+    Loopback,
+    /// 169.254.0.0/16 (cloud metadata services), fe80::/10.
+    LinkLocal,
+    /// 224.0.0.0/4, ff00::/8.
+    Multicast,
+    /// 240.0.0.0/4 and the broadcast address.
+    Reserved,
+    /// Anything outside the private ranges (RFC 1918, 100.64.0.0/10, fc00::/7), unless the
+    /// administrator allows it.
+    Public,
+}
+
+impl std::fmt::Display for PrefixClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefixClass::Unspecified => "unspecified (0.0.0.0/8, ::/128)",
+            PrefixClass::Loopback => "loopback (127.0.0.0/8, ::1)",
+            PrefixClass::LinkLocal => "link-local (169.254.0.0/16, fe80::/10)",
+            PrefixClass::Multicast => "multicast (224.0.0.0/4, ff00::/8)",
+            PrefixClass::Reserved => "reserved (240.0.0.0/4)",
+            PrefixClass::Public => {
+                "public (outside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, fc00::/7)"
+            }
+        })
+    }
+}
+
+/// The class that keeps `prefix` from being granted, if one does: any overlap with a special
+/// range, or any part outside the private ranges and `allowed_public`.
+pub fn refused_class(prefix: &IpNet, allowed_public: &[IpNet]) -> Option<PrefixClass> {
+    const SPECIAL: [(&str, PrefixClass); 9] = [
+        ("0.0.0.0/8", PrefixClass::Unspecified),
+        ("::/128", PrefixClass::Unspecified),
+        ("127.0.0.0/8", PrefixClass::Loopback),
+        ("::1/128", PrefixClass::Loopback),
+        ("169.254.0.0/16", PrefixClass::LinkLocal),
+        ("fe80::/10", PrefixClass::LinkLocal),
+        ("224.0.0.0/4", PrefixClass::Multicast),
+        ("ff00::/8", PrefixClass::Multicast),
+        ("240.0.0.0/4", PrefixClass::Reserved),
+    ];
+    const PRIVATE: [&str; 5] = [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+    ];
+    let parse = |s: &str| s.parse::<IpNet>().expect("a static prefix");
+    for (range, class) in SPECIAL {
+        if overlaps(&parse(range), prefix) {
+            return Some(class);
+        }
+    }
+    let inside = |range: &IpNet| {
+        Family::of(range) == Family::of(prefix)
+            && range.prefix_len() <= prefix.prefix_len()
+            && range.contains(&prefix.network())
+    };
+    if PRIVATE.iter().map(|r| parse(r)).any(|r| inside(&r)) || allowed_public.iter().any(inside) {
+        None
+    } else {
+        Some(PrefixClass::Public)
+    }
 }
 
 /// One decision of the IPAM: the peer's real prefix and the prefix it is known by locally.
@@ -85,6 +163,16 @@ pub enum IpamError {
         family: Family,
         /// Its length.
         len: u8,
+    },
+    /// A prefix of a class never granted to a peer.
+    #[error("peer `{peer}`: prefix {prefix} is {class}: never granted to a peer")]
+    Refused {
+        /// The peer.
+        peer: String,
+        /// The refused prefix.
+        prefix: IpNet,
+        /// Why.
+        class: PrefixClass,
     },
     /// Persisted state contradicts itself or the configuration.
     #[error("stored state: peer `{peer}`: granted {granted} overlaps {other}")]
@@ -164,6 +252,13 @@ impl Ipam {
         }
         for (i, p) in prefixes.iter().enumerate() {
             check_canonical("peer prefixes", p)?;
+            if let Some(class) = refused_class(p, &self.config.allowed_public) {
+                return Err(IpamError::Refused {
+                    peer: peer.to_string(),
+                    prefix: *p,
+                    class,
+                });
+            }
             if let Some(q) = prefixes[..i].iter().find(|q| overlaps(p, q)) {
                 return Err(IpamError::OverlappingRequest {
                     peer: peer.to_string(),
@@ -289,6 +384,61 @@ fn check_canonical(field: &'static str, prefix: &IpNet) -> Result<(), IpamError>
 mod tests {
     use super::*;
 
+    #[test]
+    fn special_and_public_prefixes_are_never_granted() {
+        let cases: Vec<(&str, Option<PrefixClass>)> = vec![
+            ("10.244.0.0/16", None),
+            ("172.20.0.0/16", None),
+            ("192.168.4.0/24", None),
+            ("100.64.0.0/16", None),
+            ("fd00:10::/64", None),
+            ("0.0.0.0/0", Some(PrefixClass::Unspecified)),
+            ("0.0.0.0/8", Some(PrefixClass::Unspecified)),
+            ("127.0.0.0/8", Some(PrefixClass::Loopback)),
+            ("127.0.0.1/32", Some(PrefixClass::Loopback)),
+            ("::1/128", Some(PrefixClass::Loopback)),
+            ("64.0.0.0/2", Some(PrefixClass::Loopback)),
+            ("169.254.169.254/32", Some(PrefixClass::LinkLocal)),
+            ("169.254.0.0/16", Some(PrefixClass::LinkLocal)),
+            ("fe80::/64", Some(PrefixClass::LinkLocal)),
+            ("224.0.0.0/24", Some(PrefixClass::Multicast)),
+            ("ff02::/16", Some(PrefixClass::Multicast)),
+            ("255.255.255.255/32", Some(PrefixClass::Reserved)),
+            ("8.8.8.0/24", Some(PrefixClass::Public)),
+            ("192.0.2.0/24", Some(PrefixClass::Public)),
+            ("172.0.0.0/8", Some(PrefixClass::Public)),
+            ("2001:db8::/32", Some(PrefixClass::Public)),
+        ];
+        for (prefix, want) in cases {
+            assert_eq!(refused_class(&net(prefix), &[]), want, "{prefix}");
+        }
+        // The administrator may widen Public, never the special classes.
+        let widened = nets(&["198.18.0.0/15", "0.0.0.0/0"]);
+        assert_eq!(refused_class(&net("198.18.4.0/24"), &widened), None);
+        assert_eq!(
+            refused_class(&net("127.0.0.0/8"), &widened),
+            Some(PrefixClass::Loopback)
+        );
+        let mut ipam = Ipam::new(cluster()).unwrap();
+        let err = ipam
+            .map_peer("rome", &nets(&["10.9.0.0/16", "169.254.0.0/16"]))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                IpamError::Refused {
+                    class: PrefixClass::LinkLocal,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            ipam.grants("rome").is_none(),
+            "nothing granted on a refusal"
+        );
+    }
+
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
     }
@@ -302,6 +452,7 @@ mod tests {
         IpamConfig {
             reserved: nets(&["10.244.0.0/16", "10.96.0.0/12", "10.70.0.0/16"]),
             pools: nets(&["10.0.0.0/8"]),
+            allowed_public: Vec::new(),
         }
     }
 
@@ -355,6 +506,7 @@ mod tests {
                 config: IpamConfig {
                     reserved: nets(&["10.244.0.0/16", "10.0.0.0/15"]),
                     pools: nets(&["10.0.0.0/8"]),
+                    allowed_public: Vec::new(),
                 },
                 request: vec!["10.244.0.0/16"],
                 want: Ok(vec!["10.2.0.0/16"]),
@@ -364,6 +516,7 @@ mod tests {
                 config: IpamConfig {
                     reserved: nets(&["10.244.0.0/16", "172.16.0.0/16"]),
                     pools: nets(&["172.16.0.0/15", "192.168.0.0/16"]),
+                    allowed_public: Vec::new(),
                 },
                 request: vec!["10.244.0.0/16"],
                 want: Ok(vec!["172.17.0.0/16"]),
@@ -373,6 +526,7 @@ mod tests {
                 config: IpamConfig {
                     reserved: nets(&["10.244.0.0/16"]),
                     pools: nets(&["192.168.0.0/24"]),
+                    allowed_public: Vec::new(),
                 },
                 request: vec!["10.244.0.0/16"],
                 want: Err(
@@ -384,6 +538,7 @@ mod tests {
                 config: IpamConfig {
                     reserved: nets(&["10.244.0.0/16", "192.168.0.0/16"]),
                     pools: nets(&["192.168.0.0/16"]),
+                    allowed_public: Vec::new(),
                 },
                 request: vec!["10.244.0.0/16"],
                 want: Err(
@@ -395,6 +550,7 @@ mod tests {
                 config: IpamConfig {
                     reserved: nets(&["fd00::/48"]),
                     pools: nets(&["10.0.0.0/8"]),
+                    allowed_public: Vec::new(),
                 },
                 request: vec!["fd00::/48"],
                 want: Err(
@@ -406,6 +562,7 @@ mod tests {
                 config: IpamConfig {
                     reserved: nets(&["fd00::/48"]),
                     pools: nets(&["fd00::/40"]),
+                    allowed_public: Vec::new(),
                 },
                 request: vec!["fd00::/48"],
                 want: Ok(vec!["fd00:0:1::/48"]),
@@ -511,6 +668,7 @@ mod tests {
         let config = IpamConfig {
             reserved: nets(&["10.244.0.0/16"]),
             pools: nets(&["10.0.0.0/15"]),
+            allowed_public: Vec::new(),
         };
         let mut ipam = Ipam::new(config).unwrap();
         for peer in ["a", "b"] {
@@ -529,6 +687,7 @@ mod tests {
         let bad_pool = IpamConfig {
             reserved: vec![],
             pools: nets(&["10.0.0.1/8"]),
+            allowed_public: Vec::new(),
         };
         assert_eq!(
             Ipam::new(bad_pool).unwrap_err().to_string(),

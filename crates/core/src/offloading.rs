@@ -72,7 +72,7 @@ pub struct Requirement {
 }
 
 impl Requirement {
-    fn new(key: &str, operator: &str, values: &[&str]) -> Requirement {
+    pub(crate) fn new(key: &str, operator: &str, values: &[&str]) -> Requirement {
         Requirement {
             key: key.to_string(),
             operator: operator.to_string(),

@@ -1,6 +1,6 @@
 //! Offloaded pods, pure: the translation of a consumer pod into the spec of its shadow pod, the
-//! translation of the real pod's status back into the consumer's view (pod IPs remapped), the
-//! provider's admission policy for shadow pods and the resource accounting of its quota.
+//! translation of the real pod's status back into the consumer's view (pod IPs remapped) and the
+//! resource accounting of the provider's quota (its pod admission is `pod_admission`).
 //!
 //! Pods are `serde_json::Value`s in their Kubernetes JSON form, so this module needs no kube.
 
@@ -199,7 +199,25 @@ pub fn remap_ip(ip: &str, remap: Option<IpRemap>) -> String {
     }
 }
 
-/// The consumer pod's `status` mirroring the real pod's `status`, pod IPs remapped.
+/// Condition type on a consumer pod whose provider reported pod IPs outside the range granted
+/// to it (its pod CIDR): those IPs are ignored, so that a hostile provider cannot point the
+/// consumer's Services at the consumer's own nodes or anything else outside the peering.
+pub const IPS_IN_GRANT_CONDITION: &str = "tandem.dev/PodIPsInGrant";
+
+/// The provider-view IP `ip` as the consumer sees it, or None when it must be ignored: with a
+/// remap, only addresses inside the provider's pod CIDR (`from`) are its pods' (unparsable
+/// ones are never); without one (no network negotiated), the address is passed as reported.
+fn granted_ip(ip: &str, remap: Option<IpRemap>) -> Option<String> {
+    let Some(r) = remap else {
+        return Some(ip.to_string());
+    };
+    let addr = ip.parse::<IpAddr>().ok()?;
+    crate::prefix::translate(addr, &r.from, &r.to).map(|a| a.to_string())
+}
+
+/// The consumer pod's `status` mirroring the real pod's `status`, pod IPs remapped; pod IPs
+/// outside the provider's granted range are dropped and said in an
+/// [`IPS_IN_GRANT_CONDITION`] condition.
 /// `hostIP`s are dropped: they are provider node addresses, meaningless in the consumer.
 /// Takes the real status by value: its fields move over rather than being copied (the virtual
 /// kubelet calls this for every event of every real pod).
@@ -222,16 +240,39 @@ pub fn consumer_status(real_status: Value, remap: Option<IpRemap>) -> Value {
             out.insert(field.into(), v);
         }
     }
-    if let Some(ip) = real.get("podIP").and_then(Value::as_str) {
-        out.insert("podIP".into(), Value::String(remap_ip(ip, remap)));
+    let mut outside: Vec<String> = Vec::new();
+    let mut granted = |ip: &str| {
+        let g = granted_ip(ip, remap);
+        if g.is_none() && !outside.iter().any(|o| o == ip) {
+            outside.push(ip.to_string());
+        }
+        g
+    };
+    if let Some(ip) = real.get("podIP").and_then(Value::as_str)
+        && let Some(ip) = granted(ip)
+    {
+        out.insert("podIP".into(), Value::String(ip));
     }
     if let Some(ips) = real.get("podIPs").and_then(Value::as_array) {
         let ips: Vec<Value> = ips
             .iter()
             .filter_map(|i| i["ip"].as_str())
-            .map(|ip| json!({"ip": remap_ip(ip, remap)}))
+            .filter_map(&mut granted)
+            .map(|ip| json!({"ip": ip}))
             .collect();
         out.insert("podIPs".into(), Value::Array(ips));
+    }
+    if let (false, Some(r)) = (outside.is_empty(), remap) {
+        let condition = json!({"type": IPS_IN_GRANT_CONDITION, "status": "False",
+            "reason": "PodIPOutsideGrant",
+            "message": format!("the provider reported pod IP {} outside its pod CIDR {}: ignored",
+                               outside.join(", "), r.from)});
+        match out.get_mut("conditions") {
+            Some(Value::Array(cs)) => cs.push(condition),
+            _ => {
+                out.insert("conditions".into(), json!([condition]));
+            }
+        }
     }
     Value::Object(out)
 }
@@ -261,35 +302,6 @@ pub fn unreachable_conditions(message: &str, now: &str) -> Value {
                "message": message, "lastTransitionTime": now})
     };
     Value::Array(vec![cond("Ready"), cond("ContainersReady")])
-}
-
-/// Why the provider refuses a pod spec, if it does: host namespaces, privileged containers
-/// and hostPath volumes would give a consumer's code power over the provider's nodes.
-pub fn policy_violation(spec: &Value) -> Option<String> {
-    for field in ["hostNetwork", "hostPID", "hostIPC"] {
-        if spec[field].as_bool() == Some(true) {
-            return Some(format!("{field} is not allowed for offloaded pods"));
-        }
-    }
-    for v in spec["volumes"].as_array().into_iter().flatten() {
-        if v.get("hostPath").is_some() {
-            return Some(format!(
-                "volume {:?}: hostPath volumes are not allowed for offloaded pods",
-                v["name"].as_str().unwrap_or_default()
-            ));
-        }
-    }
-    for field in ["containers", "initContainers", "ephemeralContainers"] {
-        for c in spec[field].as_array().into_iter().flatten() {
-            if c["securityContext"]["privileged"].as_bool() == Some(true) {
-                return Some(format!(
-                    "container {:?}: privileged containers are not allowed for offloaded pods",
-                    c["name"].as_str().unwrap_or_default()
-                ));
-            }
-        }
-    }
-    None
 }
 
 /// Resource amounts in thousandths of a unit (millicores, millibytes, millipods).
@@ -488,38 +500,32 @@ mod tests {
     }
 
     #[test]
-    fn policy() {
-        let cases = vec![
-            (json!({"containers": [{"name": "c"}]}), None),
-            (
-                json!({"containers": [{"name": "c"}],
-                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}]}),
-                None,
-            ),
-            (json!({"hostNetwork": true}), Some("hostNetwork")),
-            (json!({"hostPID": true}), Some("hostPID")),
-            (json!({"hostIPC": true}), Some("hostIPC")),
-            (json!({"hostNetwork": false}), None),
-            (
-                json!({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
-                Some("hostPath"),
-            ),
-            (
-                json!({"containers": [{"name": "c", "securityContext": {"privileged": true}}]}),
-                Some("privileged"),
-            ),
-            (
-                json!({"initContainers": [{"name": "i", "securityContext": {"privileged": true}}]}),
-                Some("privileged"),
-            ),
-        ];
-        for (spec, want) in cases {
-            let got = policy_violation(&spec);
-            match want {
-                None => assert_eq!(got, None, "{spec}"),
-                Some(w) => assert!(got.as_deref().unwrap_or("").contains(w), "{spec}: {got:?}"),
-            }
+    fn a_provider_cannot_report_addresses_outside_its_grant() {
+        let remap = Some(IpRemap {
+            from: "10.244.0.0/16".parse().unwrap(),
+            to: "10.245.0.0/16".parse().unwrap(),
+        });
+        // The consumer's own node, its API server's loopback, a metadata service, garbage.
+        for bad in ["172.18.0.2", "127.0.0.1", "169.254.169.254", "not-an-ip"] {
+            let real = json!({"phase": "Running", "podIP": bad,
+                "podIPs": [{"ip": bad}, {"ip": "10.244.3.4"}],
+                "conditions": [{"type": "Ready", "status": "True"}]});
+            let got = consumer_status(real, remap);
+            assert!(got.get("podIP").is_none(), "{bad}: {got}");
+            assert_eq!(got["podIPs"], json!([{"ip": "10.245.3.4"}]), "{bad}");
+            let cond = &got["conditions"][1];
+            assert_eq!(cond["type"], IPS_IN_GRANT_CONDITION, "{bad}");
+            assert_eq!(cond["status"], "False");
+            assert!(
+                cond["message"].as_str().unwrap().contains(bad),
+                "{bad}: {cond}"
+            );
+            assert_eq!(got["conditions"][0]["type"], "Ready");
         }
+        // Inside the grant: no condition.
+        let got = consumer_status(json!({"podIP": "10.244.0.9"}), remap);
+        assert_eq!(got["podIP"], "10.245.0.9");
+        assert!(got.get("conditions").is_none(), "{got}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tandem_api::{PeeringPolicy, PeeringRequest, Tenant, names};
 use crate::context::Ctx;
 use crate::enroll;
 use crate::provider::peering_request::{
-    Error, TenantStep, approve, check_csr, csr_name, ensure_tenant_with, set_status_in,
+    Error, approve, check_csr, csr_name, ensure_tenant_with, set_status_in,
 };
 
 /// How long a denied request stays for the consumer to read the reason.
@@ -248,7 +248,6 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         ns(),
         json!({"keyFingerprint": fingerprint, "approvedBy": approved_by,
                "decidedAt": now_rfc3339()}),
-        TenantStep::Ensured,
     )
     .await
 }

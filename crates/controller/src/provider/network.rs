@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_api::client;
 use tandem_api::{NetworkParameters, Peering, Tenant, names};
+use tandem_api::{client, conditions};
 use tandem_core::ipam::{Grant, Ipam, IpamConfig, IpamState};
 
 use crate::context::Ctx;
@@ -57,6 +57,7 @@ fn ipam_config(settings: &crate::install::ClusterSettings) -> Result<IpamConfig,
     Ok(IpamConfig {
         reserved: vec![parse(&settings.pod_cidr)?, parse(&settings.external_cidr)?],
         pools: POOLS.iter().map(|p| parse(p)).collect::<Result<_, _>>()?,
+        allowed_public: Vec::new(),
     })
 }
 
@@ -564,14 +565,38 @@ async fn sweep(
         {
             prefixes.push(ext);
         }
-        let grants = map_peer(ctx, &settings, &consumer, &prefixes).await?;
-        let status = json!({
-            "remappedPodCIDR": grants[0].granted.to_string(),
-            "remappedExternalCIDR": grants.get(1).map(|g| g.granted.to_string()),
-        });
         let current = theirs.status.clone().unwrap_or_default();
-        if current.remapped_pod_cidr.as_deref() != Some(&grants[0].granted.to_string())
-            || current.remapped_external_cidr != grants.get(1).map(|g| g.granted.to_string())
+        let refused_before = conditions::find(&current.conditions, conditions::PREFIXES_GRANTED)
+            .filter(|c| c.status == "False")
+            .map(|c| c.message.clone());
+        let status = match map_peer(ctx, &settings, &consumer, &prefixes).await {
+            Ok(grants) => {
+                let remapped_pod = grants[0].granted.to_string();
+                let remapped_ext = grants.get(1).map(|g| g.granted.to_string());
+                if current.remapped_pod_cidr.as_deref() == Some(&remapped_pod)
+                    && current.remapped_external_cidr == remapped_ext
+                    && refused_before.is_none()
+                {
+                    continue;
+                }
+                json!({"remappedPodCIDR": remapped_pod, "remappedExternalCIDR": remapped_ext,
+                       "conditions": []})
+            }
+            // A prefix no peer is granted: said to this consumer, and the other Tenants'
+            // sweeps go on.
+            Err(IpamError::Ipam(refused @ tandem_core::ipam::IpamError::Refused { .. })) => {
+                let message = format!("consumer {consumer}: {refused}");
+                if refused_before.as_deref() == Some(message.as_str()) {
+                    continue;
+                }
+                tracing::warn!(%consumer, "{message}");
+                json!({"remappedPodCIDR": null, "remappedExternalCIDR": null,
+                       "conditions": [{"type": conditions::PREFIXES_GRANTED, "status": "False",
+                                       "reason": "PrefixRefused", "message": message,
+                                       "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]})
+            }
+            Err(e) => return Err(e),
+        };
         {
             // Guarded by the version the cache holds: against a newer one (a consumer's
             // change whose event is still on its way) the write is refused, and that event
@@ -658,6 +683,7 @@ mod tests {
         let config = IpamConfig {
             reserved: vec!["10.244.0.0/16".parse().unwrap()],
             pools: POOLS.iter().map(|p| p.parse().unwrap()).collect(),
+            allowed_public: Vec::new(),
         };
         let mut leaving = peering("naples", ("10.250.0.0/16", "10.9.0.0/16"), None);
         leaving.metadata.deletion_timestamp =

@@ -151,36 +151,75 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         return Ok(Action::await_change());
     }
     let consumer = req.spec.cluster_id.clone();
+    // An identity is bound to the key it was first issued for: an invite names no key, so
+    // whoever holds one could otherwise claim a peered consumer's cluster ID and inherit its
+    // Tenant, twins, tunnel and fence lease.
+    let fingerprint = crate::enroll::csr_key_fingerprint(&req.spec.csr).unwrap_or_default();
+    let tenants = Api::<Tenant>::namespaced(client.clone(), &names::tenant_namespace(&consumer));
+    let existing = tenants
+        .get_opt(&consumer)
+        .await
+        .map_err(step("reading the consumer's Tenant"))?;
+    if let Some(why) = key_refusal(existing.as_ref(), &consumer, &fingerprint) {
+        tracing::info!(request = %name, %consumer, message = %why, "peering request denied");
+        set_status(client, &name, json!({"phase": "Denied", "message": why}))
+            .await
+            .map_err(step("writing status"))?;
+        return Ok(Action::await_change());
+    }
     // Single use: from now on this token may only read its request back.
     mark_used(client, &name, &consumer)
         .await
         .map_err(step("marking the invite used"))?;
-    approve(
+    ensure_tenant_with(
         &ctx,
-        &req,
-        names::SYSTEM_NAMESPACE,
-        json!({}),
-        TenantStep::Ensure,
+        &consumer,
+        json!({names::KEY_FINGERPRINT_ANNOTATION: fingerprint}),
     )
     .await
+    .map_err(step("creating the tenant"))?;
+    // Two requests for one ID at once: the Tenant's first key wins, read back as stored.
+    let stored = tenants
+        .get_opt(&consumer)
+        .await
+        .map_err(step("reading the consumer's Tenant"))?;
+    if let Some(why) = key_refusal(stored.as_ref(), &consumer, &fingerprint) {
+        tracing::info!(request = %name, %consumer, message = %why, "peering request denied");
+        set_status(client, &name, json!({"phase": "Denied", "message": why}))
+            .await
+            .map_err(step("writing status"))?;
+        return Ok(Action::await_change());
+    }
+    approve(&ctx, &req, names::SYSTEM_NAMESPACE, json!({})).await
 }
 
-/// Whether [`approve`] makes sure of the consumer's tenant first.
-pub(crate) enum TenantStep {
-    /// It does ([`ensure_tenant`]).
-    Ensure,
-    /// The caller just did, with terms of its own on it.
-    Ensured,
+/// Why a request for `consumer`'s identity with the key `fingerprint` is refused, if it is: a
+/// Tenant of that cluster ID records another key, or none (a Tenant made before keys were
+/// recorded: its key cannot be learned from a request, which an impostor could race).
+fn key_refusal(tenant: Option<&Tenant>, consumer: &str, fingerprint: &str) -> Option<String> {
+    let tenant = tenant?;
+    let tenant_ns = names::tenant_namespace(consumer);
+    match tenant.annotations().get(names::KEY_FINGERPRINT_ANNOTATION) {
+        Some(key) if key == fingerprint => None,
+        Some(key) => Some(format!(
+            "cluster ID {consumer} already peers with this cluster under key {key} (Tenant {tenant_ns}/{consumer}); this request's key is {fingerprint}. Cluster IDs are self-asserted, so it is refused; if the consumer really changed its key, its identity is re-keyed by this cluster's admin: `kubectl -n {tenant_ns} annotate tenant {consumer} --overwrite {}={fingerprint}`",
+            names::KEY_FINGERPRINT_ANNOTATION
+        )),
+        None => Some(format!(
+            "cluster ID {consumer} already peers with this cluster (Tenant {tenant_ns}/{consumer}) and no key is recorded for it; this request's key is {fingerprint}. The key is an admin's to record: `kubectl -n {tenant_ns} annotate tenant {consumer} {}={fingerprint}`",
+            names::KEY_FINGERPRINT_ANNOTATION
+        )),
+    }
 }
 
-/// Approves a checked request (in namespace `ns`): the consumer's tenant, its identity signed
-/// through the CSR API, and the answer (with `extra` status fields).
+/// Approves a checked request (in namespace `ns`) whose consumer's tenant the caller made sure
+/// of (recording the key): its identity signed through the CSR API, and the answer (with
+/// `extra` status fields).
 pub(crate) async fn approve(
     ctx: &Ctx,
     req: &PeeringRequest,
     ns: &str,
     extra: serde_json::Value,
-    tenant: TenantStep,
 ) -> Result<Action, Error> {
     let client = &ctx.client;
     let name = req.name_any();
@@ -209,11 +248,6 @@ pub(crate) async fn approve(
         return Ok(Action::await_change());
     }
     let consumer = req.spec.cluster_id.clone();
-    if let TenantStep::Ensure = tenant {
-        ensure_tenant(ctx, &consumer)
-            .await
-            .map_err(step("creating the tenant"))?;
-    }
     let Some(cert) = signed_certificate(client, req, ctx.options.peer_certificate_lifetime)
         .await
         .map_err(step("getting the CSR signed"))?
@@ -400,14 +434,9 @@ pub(crate) fn ignore_missing<K: Default>(e: kube::Error) -> Result<K, kube::Erro
 }
 
 /// Creates (or converges) the consumer's tenant namespace, `Tenant`, RoleBinding and the
-/// provider's `NetworkParameters`. The grant is only set when the Tenant is new: afterwards it
-/// belongs to the provider's admin.
-pub async fn ensure_tenant(ctx: &Ctx, consumer: &str) -> Result<(), kube::Error> {
-    ensure_tenant_with(ctx, consumer, json!({})).await
-}
-
-/// [`ensure_tenant`], with `annotations` on the Tenant if this call creates it (an
-/// approval through discovery records the consumer's key from the first moment).
+/// provider's `NetworkParameters`. The grant and `annotations` (the consumer's key, which
+/// binds its identity) are only set when the Tenant is new: afterwards the grant belongs to
+/// the provider's admin, and the key is never taken from a later request.
 pub async fn ensure_tenant_with(
     ctx: &Ctx,
     consumer: &str,
@@ -669,6 +698,38 @@ mod tests {
         }
         params.distinguished_name = dn;
         params.serialize_request(&key).unwrap().pem().unwrap()
+    }
+
+    #[test]
+    fn an_identity_is_bound_to_its_first_key() {
+        let tenant = |key: Option<&str>| {
+            let mut t = Tenant::new(
+                "rome",
+                serde_json::from_value(json!({"clusterID": "rome"})).unwrap(),
+            );
+            if let Some(k) = key {
+                t.metadata.annotations =
+                    Some([(names::KEY_FINGERPRINT_ANNOTATION.to_string(), k.to_string())].into());
+            }
+            t
+        };
+        assert_eq!(
+            key_refusal(None, "rome", "sha256:aa"),
+            None,
+            "first peering"
+        );
+        assert_eq!(
+            key_refusal(Some(&tenant(Some("sha256:aa"))), "rome", "sha256:aa"),
+            None,
+            "the same key again (a re-peer)"
+        );
+        let other = key_refusal(Some(&tenant(Some("sha256:aa"))), "rome", "sha256:bb").unwrap();
+        assert!(
+            other.contains("under key sha256:aa") && other.contains("request's key is sha256:bb"),
+            "{other}"
+        );
+        let unrecorded = key_refusal(Some(&tenant(None)), "rome", "sha256:bb").unwrap();
+        assert!(unrecorded.contains("no key is recorded"), "{unrecorded}");
     }
 
     #[test]

@@ -105,6 +105,11 @@ fn error_policy(_rn: Arc<RemoteNamespace>, error: &Error, _ctx: Arc<Context>) ->
     Action::requeue(Duration::from_secs(1))
 }
 
+/// The Pod Security admission label of a namespace: the level its pods are held to.
+pub const POD_SECURITY_ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
+/// The version of the Pod Security Standards the level is read at.
+const POD_SECURITY_ENFORCE_VERSION_LABEL: &str = "pod-security.kubernetes.io/enforce-version";
+
 fn key(rn: &RemoteNamespace) -> String {
     format!("{}/{}", rn.namespace().unwrap_or_default(), rn.name_any())
 }
@@ -319,6 +324,11 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
     if let Some(pods) = rn.spec.pod_offloading_strategy {
         labels[names::POD_OFFLOADING_LABEL] = json!(pods);
     }
+    // What the shadow pod controller enforces where it makes the real pods, said again to the
+    // API server: a real kube-apiserver's Pod Security admission then refuses anything that
+    // would reach the twin by another path.
+    labels[POD_SECURITY_ENFORCE_LABEL] = json!(tenant.spec.pod_security.unwrap_or_default());
+    labels[POD_SECURITY_ENFORCE_VERSION_LABEL] = json!("latest");
     let ns: Namespace = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": twin, "labels": labels},

@@ -1,7 +1,9 @@
 //! Provider side of offloaded pods: for every ShadowPod a consumer creates in one of its twin
 //! namespaces, create and keep the real Pod (same namespace and name, owned by the ShadowPod so
-//! garbage collection removes it), under the consumer's quota (its Tenant's grant) and a policy
-//! that refuses host namespaces, privileged containers and hostPath volumes.
+//! garbage collection removes it), under the consumer's quota (its Tenant's grant) and the
+//! provider's pod admission (`tandem_core::pod_admission`: Pod Security at the Tenant's level,
+//! and the ServiceAccount, node, placement, tolerations and priority decided here, never taken
+//! from the peer).
 //!
 //! The real pods live on without the consumer: that is what makes offloading survive a
 //! partition. One task watches ShadowPods, the pods they own, twin namespaces and Tenants, keeps
@@ -19,6 +21,7 @@ use serde_json::{Value, json};
 use tandem_api::client;
 use tandem_api::{ShadowPod, Tenant, names};
 use tandem_core::offloading::keep_off_virtual_nodes;
+use tandem_core::pod_admission::{self, PodSecurityLevel, ProviderPodPolicy};
 use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
@@ -75,6 +78,8 @@ struct State {
     pod_limits: HashMap<String, (Vec<String>, String)>,
     /// Consumer → granted resources.
     grants: HashMap<String, Resources>,
+    /// Consumer → what its Tenant says of its pods (absent: the defaults, `baseline`).
+    pod_policies: HashMap<String, ProviderPodPolicy>,
     dirty: HashSet<Key>,
     /// The watches (by [`Ev::kind`]) listing now: until each has listed, its store does not
     /// speak for the cluster — a shadow pod whose real pod is not listed yet would be created
@@ -345,6 +350,8 @@ impl State {
                                 self.pod_limits.remove(&consumer);
                             }
                         }
+                        self.pod_policies
+                            .insert(consumer.clone(), pod_policy_of(&t.spec));
                         // Rejected shadow pods may be allowed now, and admitted ones are
                         // checked again at their next pass.
                         self.free_quota_of(&consumer);
@@ -353,10 +360,12 @@ impl State {
                 watcher::Event::Delete(t) => {
                     self.grants.remove(&t.spec.cluster_id);
                     self.pod_limits.remove(&t.spec.cluster_id);
+                    self.pod_policies.remove(&t.spec.cluster_id);
                 }
                 watcher::Event::Init => {
                     self.grants.clear();
                     self.pod_limits.clear();
+                    self.pod_policies.clear();
                 }
                 watcher::Event::InitDone => self.dirty.extend(self.shadows.keys().cloned()),
             },
@@ -484,11 +493,27 @@ impl State {
                 );
                 continue;
             }
-            let spec = sp.pod_value();
-            if let Some(why) = shadow::policy_violation(&spec) {
-                set_status(PHASE_REJECTED, why);
-                continue;
-            }
+            let policy = self.pod_policies.get(&consumer);
+            let admitted = pod_admission::check_annotations(&sp.spec.annotations).and_then(|()| {
+                pod_admission::admit(
+                    sp.pod_value(),
+                    policy.unwrap_or(&ProviderPodPolicy::default()),
+                )
+            });
+            let spec = match admitted {
+                Ok(spec) => spec,
+                Err(refusal) => {
+                    set_status(
+                        PHASE_REJECTED,
+                        format!(
+                            "{refusal} (Pod Security {} of Tenant {}/{consumer})",
+                            policy.map(|p| p.level).unwrap_or_default().as_str(),
+                            names::tenant_namespace(&consumer)
+                        ),
+                    );
+                    continue;
+                }
+            };
             let requests = shadow::pod_requests(&spec);
             let grant = self.grants.get(&consumer).cloned().unwrap_or_default();
             if grant.is_empty() {
@@ -522,7 +547,19 @@ impl State {
     }
 }
 
-/// The real Pod of a shadow pod, whose spec (as JSON) is `spec`.
+/// What a Tenant says of its consumer's pods.
+fn pod_policy_of(spec: &tandem_api::TenantSpec) -> ProviderPodPolicy {
+    ProviderPodPolicy {
+        level: match spec.pod_security.unwrap_or_default() {
+            tandem_api::PodSecurity::Baseline => PodSecurityLevel::Baseline,
+            tandem_api::PodSecurity::Restricted => PodSecurityLevel::Restricted,
+        },
+        ..Default::default()
+    }
+}
+
+/// The real Pod of a shadow pod, whose spec (as JSON) is `spec` (admitted by the provider's
+/// pod admission).
 fn real_pod(sp: &LeanShadowPod, spec: Value, consumer: &str) -> Value {
     let mut labels = sp.spec.labels.clone();
     labels.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer.into());
@@ -532,11 +569,15 @@ fn real_pod(sp: &LeanShadowPod, spec: Value, consumer: &str) -> Value {
     if let Some(bound) = sp.labels().get(names::FENCE_AFTER) {
         labels.insert(names::FENCE_AFTER.into(), bound.clone());
     }
+    let annotations: serde_json::Map<String, Value> =
+        pod_admission::kept_annotations(&sp.spec.annotations)
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": sp.name_any(), "namespace": sp.namespace(),
-            "labels": labels, "annotations": sp.spec.annotations,
+            "labels": labels, "annotations": annotations,
             "ownerReferences": [{"apiVersion": "tandem.dev/v1alpha1", "kind": "ShadowPod",
                 "name": sp.name_any(), "uid": sp.uid(), "controller": true, "blockOwnerDeletion": true}],
         },
@@ -935,7 +976,25 @@ mod tests {
                         shadow_pod("web", "s1", "1", json!({"hostNetwork": true})),
                     );
                 },
-                &["Rejected web: hostNetwork is not allowed for offloaded pods"],
+                &[
+                    "Rejected web: refused by rule host-namespaces: hostNetwork is true (Pod Security baseline of Tenant tandem-tenant-rome/rome)",
+                ],
+            ),
+            (
+                "a Tenant held to restricted: a pod that may run as root is refused",
+                |s| {
+                    s.pod_policies.insert(
+                        "rome".into(),
+                        ProviderPodPolicy {
+                            level: PodSecurityLevel::Restricted,
+                            ..Default::default()
+                        },
+                    );
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &[
+                    "Rejected web: refused by rule run-as-non-root: container \"c\" does not set runAsNonRoot: true (restricted) (Pod Security restricted of Tenant tandem-tenant-rome/rome)",
+                ],
             ),
             (
                 "its own pod: nothing to do",
@@ -994,6 +1053,35 @@ mod tests {
             let got: Vec<String> = s.decide().iter().map(summary).collect();
             assert_eq!(got, want.to_vec(), "{name}");
         }
+    }
+
+    #[test]
+    fn the_real_pod_is_what_admission_made_of_the_shadow_pod() {
+        let mut s = world();
+        let doc = json!({"metadata": {"name": "web", "namespace": TWIN, "uid": "s1"},
+            "spec": {"labels": {"app": "web"},
+                     "annotations": {"tandem.dev/origin-uid": "u-1", "sidecar.istio.io/inject": "true"},
+                     "pod": {"containers": [{"name": "c", "image": "nginx",
+                                              "resources": {"requests": {"cpu": "1"}}}],
+                             "nodeName": "cp-1", "priorityClassName": "system-node-critical",
+                             "tolerations": [{"operator": "Exists"}]}}});
+        add(
+            &mut s,
+            Arc::new(serde_json::from_str(&doc.to_string()).unwrap()),
+        );
+        let actions = s.decide();
+        let [Action::CreatePod { pod, .. }] = actions.as_slice() else {
+            panic!("{:?}", actions.iter().map(summary).collect::<Vec<_>>());
+        };
+        assert_eq!(
+            pod["metadata"]["annotations"],
+            json!({"tandem.dev/origin-uid": "u-1"})
+        );
+        assert_eq!(pod["metadata"]["labels"]["app"], "web");
+        for field in ["nodeName", "priorityClassName", "tolerations"] {
+            assert!(pod["spec"].get(field).is_none(), "{field}: {pod}");
+        }
+        assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
     }
 
     #[test]

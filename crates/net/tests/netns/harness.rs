@@ -147,6 +147,7 @@ impl Pair {
             let mut ipam = Ipam::new(IpamConfig {
                 reserved: reserved.clone(),
                 pools: vec![net(pool)],
+                allowed_public: Vec::new(),
             })
             .unwrap();
             let grants = ipam

@@ -844,6 +844,14 @@ async fn negotiate_network(
             "writing our remap into NetworkParameters {remote_ns}/provider"
         )))?;
     }
+    // The provider refused a prefix this cluster declares (loopback, public, ...): said as
+    // the negotiation's failure, which the admin fixes in this cluster's settings.
+    if let Some(refused) = published.status.as_ref().and_then(|s| {
+        conditions::find(&s.conditions, conditions::PREFIXES_GRANTED)
+            .filter(|c| c.status == "False")
+    }) {
+        return Err(NegotiationError::Refused(refused.message.clone()));
+    }
     let local_external_there = published
         .status
         .as_ref()
@@ -915,6 +923,8 @@ pub enum NegotiationError {
     },
     #[error("remapping the provider's prefixes")]
     Ipam(#[from] crate::provider::network::IpamError),
+    #[error("the provider refused this cluster's prefixes: {0}")]
+    Refused(String),
     #[error("this cluster's gateway key for the provider")]
     GatewayKey(#[from] crate::fabric::KeyError),
 }

@@ -813,6 +813,7 @@ mod tests {
                 service_import_namespaces: None,
                 allowed_namespace_mapping_strategies: None,
                 allowed_pod_offloading_strategies: None,
+                pod_security: None,
             },
         )
     }
