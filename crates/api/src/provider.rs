@@ -141,7 +141,9 @@ pub struct TenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_import_namespaces: Option<Vec<String>>,
     /// The namespace mapping strategies the consumer may use for its twin namespaces (set from
-    /// the PeeringPolicy that approved it). Absent: all.
+    /// the PeeringPolicy that approved it). Absent: `DefaultName` only, whose twins
+    /// (`<namespace>-<consumer>`) can never be a namespace this cluster's admin creates later;
+    /// same or selected names must be allowed here, and never reach a reserved name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_namespace_mapping_strategies: Option<Vec<crate::NamespaceMappingStrategy>>,
     /// The pod offloading strategies the consumer may use (set from the PeeringPolicy that
@@ -154,6 +156,14 @@ pub struct TenantSpec {
     /// `privileged`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurity>,
+    /// The most twin namespaces the consumer may have here. Absent: 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_twin_namespaces: Option<u32>,
+}
+
+impl TenantSpec {
+    /// Twin namespaces a consumer may have when its Tenant does not say.
+    pub const DEFAULT_MAX_TWIN_NAMESPACES: u32 = 100;
 }
 
 /// The Pod Security Standards levels a provider may hold a consumer's pods to.

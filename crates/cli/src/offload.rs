@@ -24,7 +24,7 @@ pub struct OffloadArgs {
 enum OffloadCommand {
     /// Offload a namespace: twin namespaces on the selected providers, pods placed per strategy.
     #[command(
-        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n  tandem offload namespace shop --evict-after 30s   replace pods of a lost provider after 30 s\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>.\n\nStatefulSets: their pods keep their names on providers, but their stable DNS names\n(<pod>.<service>.<namespace>.svc) resolve there only if the twin namespace has the same name\n(--namespace-mapping-strategy EnforceSameName). With another mapping, offload warns when the\nnamespace has StatefulSets.\n\nVolumes: PersistentVolumeClaims of StorageClass `tandem` are provisioned on the provider\nwhere their first pod is scheduled, and later pods using them are kept there."
+        after_help = "Examples:\n  tandem offload namespace shop\n  tandem offload namespace shop --pod-offloading-strategy Remote --selector region=eu\n  tandem offload namespace shop --remote-namespace-name shop-eu\n  tandem offload namespace shop --evict-after 30s   replace pods of a lost provider after 30 s\n\nSelector keys `region` and `zone` stand for topology.kubernetes.io/region and /zone;\nthe virtual node of each provider carries tandem.dev/remote-cluster-id=<provider ID>.\n\nStatefulSets: their pods keep their names on providers, but their stable DNS names\n(<pod>.<service>.<namespace>.svc) resolve there only if the twin namespace has the same name\n(--namespace-mapping-strategy EnforceSameName, which each provider's admin allows per\nconsumer: Tenant spec.allowedNamespaceMappingStrategies). With another mapping, offload warns when the\nnamespace has StatefulSets.\n\nVolumes: PersistentVolumeClaims of StorageClass `tandem` are provisioned on the provider\nwhere their first pod is scheduled, and later pods using them are kept there."
     )]
     Namespace(OffloadNamespace),
 }
@@ -246,7 +246,7 @@ async fn stateful_set_warning(client: &kube::Client, ns: &str, mapping: &str) ->
     let names: Vec<String> = sets.items.iter().map(kube::ResourceExt::name_any).collect();
     (!names.is_empty()).then(|| {
         format!(
-            "warning: namespace {ns} has StatefulSets ({}): with {mapping} their pods' stable DNS names (<pod>.<service>.{ns}.svc) do not resolve on providers; use --namespace-mapping-strategy EnforceSameName",
+            "warning: namespace {ns} has StatefulSets ({}): with {mapping} their pods' stable DNS names (<pod>.<service>.{ns}.svc) do not resolve on providers; use --namespace-mapping-strategy EnforceSameName (each provider's admin must allow it for this cluster: Tenant spec.allowedNamespaceMappingStrategies)",
             names.join(", ")
         )
     })

@@ -141,9 +141,11 @@ async fn namespace(client: &kube::Client, name: &str) {
 
 #[tokio::test]
 async fn offload_warns_when_the_mapping_breaks_stateful_set_dns_names() {
-    let (consumer, _provider, _dir, kubeconfig) = peered(json!({"cpu": "2", "pods": "10"})).await;
+    let (consumer, provider, _dir, kubeconfig) = peered(json!({"cpu": "2", "pods": "10"})).await;
     namespace(&consumer.client, "web").await;
     namespace(&consumer.client, "shop").await;
+    // Same names on the provider are its admin's to allow (the default is `<ns>-<consumer>`).
+    support::allow_namespace_mappings(&provider, &consumer.id).await;
     let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "db"},
         "spec": {"serviceName": "db", "replicas": 0,

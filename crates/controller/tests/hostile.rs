@@ -472,3 +472,116 @@ async fn an_invite_cannot_take_over_a_peered_consumers_identity() {
     .await;
     assert!(real.is_ok(), "{real:?}");
 }
+
+/// Files a RemoteNamespace `name` for twin `twin` of origin `origin` as the peer, and returns
+/// the provider's verdict: Ok(()) when Ready, Err(message) when Failed.
+async fn twin_verdict(
+    peer: &Client,
+    consumer: &str,
+    name: &str,
+    twin: &str,
+    origin: &str,
+) -> Result<(), String> {
+    let rns: Api<tandem_api::RemoteNamespace> =
+        Api::namespaced(peer.clone(), &names::tenant_namespace(consumer));
+    let rn: tandem_api::RemoteNamespace = serde_json::from_value(json!({
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "RemoteNamespace",
+        "metadata": {"name": name},
+        "spec": {"namespace": twin, "originNamespace": origin, "podOffloadingStrategy": "Remote"},
+    }))
+    .unwrap();
+    rns.create(&PostParams::default(), &rn).await.unwrap();
+    until(
+        &format!("a verdict on twin namespace {twin}"),
+        Duration::from_secs(30),
+        || async {
+            let s = rns.get(name).await.ok()?.status?;
+            match s.phase.as_deref() {
+                Some("Ready") => Some(Ok(())),
+                Some("Failed") => Some(Err(s.message.unwrap_or_default())),
+                _ => None,
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_consumer_cannot_squat_the_providers_namespaces() {
+    let provider = Cluster::start("sion", "eu-central", 1).await;
+    let mut consumer = Cluster::start("aarau", "eu-central", 1).await;
+    support::peer(&consumer, &provider).await;
+    let peer = support::peer_client(&consumer, &provider).await;
+    consumer.kill_controller();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(provider.client.clone());
+
+    // By default a twin is `<namespace>-<consumer>`: a name the provider's admin would only
+    // ever create for this consumer.
+    let refused = twin_verdict(&peer, "aarau", "same", "payments", "payments").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("EnforceSameName") && m.contains("the default of Tenant")),
+        "{refused:?}"
+    );
+    let refused = twin_verdict(&peer, "aarau", "selected", "billing", "shop").await;
+    assert!(
+        refused.as_ref().is_err_and(|m| m.contains("SelectedName")),
+        "{refused:?}"
+    );
+    for squatted in ["payments", "billing"] {
+        assert!(
+            namespaces.get_opt(squatted).await.unwrap().is_none(),
+            "{squatted} was created"
+        );
+    }
+    twin_verdict(&peer, "aarau", "shop", "shop-aarau", "shop")
+        .await
+        .expect("the default name");
+
+    // Allowed every mapping, a consumer still never names an add-on's namespace before the
+    // admin installs it, nor one that exists.
+    support::allow_namespace_mappings(&provider, "aarau").await;
+    let refused = twin_verdict(&peer, "aarau", "monitoring", "monitoring", "monitoring").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("reserved for an add-on")),
+        "{refused:?}"
+    );
+    assert!(namespaces.get_opt("monitoring").await.unwrap().is_none());
+    let refused = twin_verdict(&peer, "aarau", "tandem", "tandem-evil", "x").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("reserved for Tandem")),
+        "{refused:?}"
+    );
+
+    // A cap on twins: the second one past it is refused, the first ones are kept.
+    Api::<Tenant>::namespaced(provider.client.clone(), &names::tenant_namespace("aarau"))
+        .patch(
+            "aarau",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxTwinNamespaces": 1}})),
+        )
+        .await
+        .unwrap();
+    let refused = twin_verdict(&peer, "aarau", "web", "web-aarau", "web").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|m| m.contains("maxTwinNamespaces: 1")),
+        "{refused:?}"
+    );
+    assert!(namespaces.get_opt("web-aarau").await.unwrap().is_none());
+    let shop = namespaces.get("shop-aarau").await.unwrap();
+    assert!(shop.metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        shop.labels()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("baseline"),
+        "a twin says its Pod Security level to the API server"
+    );
+}

@@ -155,7 +155,8 @@ async fn offloading_creates_twin_namespaces_and_unoffload_removes_them() {
     })
     .await;
 
-    // Switching to EnforceSameName moves the twin to `app`.
+    // Switching to EnforceSameName (which the provider's admin allows) moves the twin to `app`.
+    support::allow_namespace_mappings(&provider, "rome").await;
     nso.patch(
         names::OFFLOADING_NAME,
         &PatchParams::default(),

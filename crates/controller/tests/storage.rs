@@ -640,7 +640,9 @@ async fn a_stateful_set_offloaded_remote_keeps_names_and_claims_on_the_provider(
         )
         .await
         .unwrap();
-    // EnforceSameName: `db-0.db.shop.svc` means the same on both sides.
+    // EnforceSameName (allowed by the provider's admin): `db-0.db.shop.svc` means the same on
+    // both sides.
+    support::allow_namespace_mappings(&provider, "rome").await;
     let nsos: Api<NamespaceOffloading> = Api::namespaced(consumer.client.clone(), "shop");
     nsos.patch(
         names::OFFLOADING_NAME,

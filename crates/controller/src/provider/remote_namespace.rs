@@ -147,15 +147,44 @@ async fn consumer_of(client: &Client, rn: &RemoteNamespace) -> Result<Option<Str
     }))
 }
 
+/// Namespaces that well-known add-ons install into: a consumer that named one before this
+/// cluster's admin installed the add-on would read (and could delete) what the admin puts there.
+pub const RESERVED_NAMESPACES: [&str; 22] = [
+    "monitoring",
+    "observability",
+    "logging",
+    "cert-manager",
+    "ingress-nginx",
+    "istio-system",
+    "istio-ingress",
+    "linkerd",
+    "linkerd-viz",
+    "cilium",
+    "calico-system",
+    "calico-apiserver",
+    "tigera-operator",
+    "metallb-system",
+    "flux-system",
+    "argocd",
+    "gatekeeper-system",
+    "kyverno",
+    "velero",
+    "vault",
+    "external-secrets",
+    "local-path-storage",
+];
+
 /// Why `name` can never be a twin namespace, if it cannot: invalid, or reserved for the
-/// system or for Tandem (even when it does not exist yet).
+/// system, for Tandem or for well-known add-ons (even when it does not exist yet).
 fn reserved(name: &str) -> Option<&'static str> {
     if !tandem_apimachinery::validation::is_dns1123_label(name) {
         Some("not a valid namespace name")
-    } else if name == "default" || name.starts_with("kube-") {
+    } else if name == "default" || name.starts_with("kube-") || name.starts_with("openshift") {
         Some("reserved for the system")
-    } else if name.starts_with("tandem-tenant-") || name == names::SYSTEM_NAMESPACE {
+    } else if name.starts_with("tandem-") || name == names::SYSTEM_NAMESPACE {
         Some("reserved for Tandem")
+    } else if RESERVED_NAMESPACES.contains(&name) {
+        Some("reserved for an add-on this cluster's admin may install")
     } else {
         None
     }
@@ -199,14 +228,27 @@ fn strategy_refusal(tenant: &Tenant, rn: &RemoteNamespace, consumer: &str) -> Op
         None => format!("Tenant {}/{consumer}", names::tenant_namespace(consumer)),
     };
     let mapping = mapping_of(&rn.spec.namespace, &rn.spec.origin_namespace, consumer);
-    if let Some(allowed) = &tenant.spec.allowed_namespace_mapping_strategies
-        && !allowed.contains(&mapping)
-        // A selected name that happens to be the consumer's is allowed as a selection.
-        && !(mapping == NamespaceMappingStrategy::EnforceSameName
-            && allowed.contains(&NamespaceMappingStrategy::SelectedName))
+    // Absent: DefaultName alone (see TenantSpec::allowed_namespace_mapping_strategies).
+    let default_only = [NamespaceMappingStrategy::DefaultName];
+    let (allowed, mapping_by): (&[NamespaceMappingStrategy], String) = match &tenant
+        .spec
+        .allowed_namespace_mapping_strategies
     {
+        Some(allowed) => (allowed, by.clone()),
+        None => (
+            &default_only,
+            format!(
+                "the default of Tenant {}/{consumer} (the admin may allow more: spec.allowedNamespaceMappingStrategies)",
+                names::tenant_namespace(consumer)
+            ),
+        ),
+    };
+    // A selected name that happens to be the consumer's is allowed as a selection.
+    let selected_same = mapping == NamespaceMappingStrategy::EnforceSameName
+        && allowed.contains(&NamespaceMappingStrategy::SelectedName);
+    if !(allowed.contains(&mapping) || selected_same) {
         return Some(format!(
-            "namespace mapping strategy {mapping:?} (twin namespace {}) is not allowed for consumer {consumer} by {by} (allowed: {allowed:?})",
+            "namespace mapping strategy {mapping:?} (twin namespace {}) is not allowed for consumer {consumer} by {mapping_by} (allowed: {allowed:?})",
             rn.spec.namespace
         ));
     }
@@ -289,6 +331,34 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
     if let Some(why) = strategy_refusal(&tenant, rn, &consumer) {
         set_status(client, rn, "Failed", &why).await?;
         return Ok(Action::await_change());
+    }
+    if existing.is_none() {
+        let cap = tenant
+            .spec
+            .max_twin_namespaces
+            .unwrap_or(tandem_api::TenantSpec::DEFAULT_MAX_TWIN_NAMESPACES);
+        let twins = namespaces
+            .list(&ListParams::default().labels(&format!(
+                "{}={consumer},{}",
+                names::ORIGIN_CLUSTER_LABEL,
+                names::TWIN_NAMESPACE_LABEL
+            )))
+            .await
+            .map_err(|e| Error::Kube(k.clone(), "counting the consumer's twin namespaces", e))?;
+        let held = twins.items.iter().filter(|n| n.name_any() != twin).count();
+        if held >= cap as usize {
+            set_status(
+                client,
+                rn,
+                "Failed",
+                &format!(
+                    "consumer {consumer} already has {held} twin namespaces, the most Tenant {}/{consumer} allows (spec.maxTwinNamespaces: {cap})",
+                    names::tenant_namespace(&consumer)
+                ),
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
     }
     if let Some(existing) = &existing {
         if existing.labels().contains_key(names::RETAINED_DATA_LABEL) {

@@ -367,6 +367,20 @@ async fn accept(
     .expect("peering established")
 }
 
+/// Lets `consumer` name its twin namespaces on `provider` as it likes (same or selected names),
+/// as the provider's admin would: by default only `<namespace>-<consumer>` is allowed.
+pub async fn allow_namespace_mappings(provider: &Cluster, consumer: &str) {
+    Api::<Tenant>::namespaced(provider.client.clone(), &names::tenant_namespace(consumer))
+        .patch(
+            consumer,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedNamespaceMappingStrategies":
+                ["DefaultName", "EnforceSameName", "SelectedName"]}})),
+        )
+        .await
+        .expect("allow the namespace mapping strategies");
+}
+
 /// Creates an invite on `provider` valid for `ttl`.
 pub async fn invite(provider: &Cluster, ttl: Duration) -> tandem_core::invite::PeeringInvite {
     invite_at(provider, &provider.lab.server.url(), ttl).await

@@ -814,6 +814,7 @@ mod tests {
                 allowed_namespace_mapping_strategies: None,
                 allowed_pod_offloading_strategies: None,
                 pod_security: None,
+                max_twin_namespaces: None,
             },
         )
     }
