@@ -10,6 +10,7 @@ pub mod jsonpath;
 pub mod managed;
 pub mod patch;
 pub mod patchmeta;
+pub mod pod_security;
 pub mod quantity;
 pub mod rbac;
 pub mod schema;

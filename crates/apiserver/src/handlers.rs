@@ -214,6 +214,7 @@ pub async fn admit(
     crate::admission::mutate(state, call, res, old, obj, operation).await?;
     crate::defaults::apply(state, res, obj, old)?;
     crate::validation::validate(state, call, res, old, obj)?;
+    crate::pod_security::admit(state, res, obj, operation)?;
     crate::admission::validate(state, call, res, old, obj, operation).await?;
     Ok(())
 }

@@ -31,6 +31,7 @@ mod metrics_api;
 mod objects;
 mod openapi;
 pub mod pki;
+mod pod_security;
 mod protobuf;
 mod quota;
 pub mod registry;

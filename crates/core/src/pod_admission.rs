@@ -10,40 +10,13 @@
 //! tolerations, priority, runtime class and scheduler.
 
 use serde_json::{Map, Value, json};
+use tandem_apimachinery::pod_security;
 
 use crate::offloading::{Requirement, SelectorTerm, and_terms};
 
-/// The Pod Security Standards level a provider holds a consumer's pods to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum PodSecurityLevel {
-    /// No known privilege escalation: what `pod-security.kubernetes.io/enforce: baseline`
-    /// admits, with `allowPrivilegeEscalation: false` and seccomp `RuntimeDefault` forced on.
-    #[default]
-    Baseline,
-    /// Hardened: also non-root, every capability dropped but NET_BIND_SERVICE, and only the
-    /// volume types `restricted` lists.
-    Restricted,
-}
-
-impl PodSecurityLevel {
-    /// The level's name, as the `pod-security.kubernetes.io/enforce` label writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PodSecurityLevel::Baseline => "baseline",
-            PodSecurityLevel::Restricted => "restricted",
-        }
-    }
-
-    /// The level a `pod-security.kubernetes.io/enforce` value names (`privileged` is not one
-    /// a peering may have: None).
-    pub fn parse(s: &str) -> Option<PodSecurityLevel> {
-        match s {
-            "baseline" => Some(PodSecurityLevel::Baseline),
-            "restricted" => Some(PodSecurityLevel::Restricted),
-            _ => None,
-        }
-    }
-}
+/// The Pod Security Standards level a provider holds a consumer's pods to (`baseline` by
+/// default; a peering is never `privileged`).
+pub use tandem_apimachinery::pod_security::Level as PodSecurityLevel;
 
 /// What the provider decides for every pod of a consumer.
 #[derive(Clone, Debug, Default)]
@@ -55,16 +28,29 @@ pub struct ProviderPodPolicy {
     pub runtime_class: Option<String>,
 }
 
-/// A refused pod: the rule (a short, stable name) and what in the spec broke it.
+/// A refused pod: the rule (a Pod Security Standards check, as kube names it, or one of
+/// Tandem's own) and what in the spec broke it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     pub rule: &'static str,
     pub detail: String,
+    /// The level whose check refused it (None: a rule of Tandem's own).
+    pub pod_security: Option<PodSecurityLevel>,
 }
 
 impl std::fmt::Display for Refusal {
+    /// As kube-apiserver's Pod Security admission says it, for the standards' checks.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "refused by rule {}: {}", self.rule, self.detail)
+        match self.pod_security {
+            Some(level) => write!(
+                f,
+                "violates PodSecurity \"{}:latest\": {} ({})",
+                level.as_str(),
+                self.rule,
+                self.detail
+            ),
+            None => write!(f, "refused by rule {}: {}", self.rule, self.detail),
+        }
     }
 }
 
@@ -97,45 +83,6 @@ pub const KEPT_ANNOTATIONS: [&str; 4] = [
     "lab.tandem.dev/",
     "kubectl.kubernetes.io/default-container",
     "kubectl.kubernetes.io/restartedAt",
-];
-
-/// Capabilities `baseline` allows a container to add (Pod Security Standards).
-const BASELINE_CAPABILITIES: [&str; 13] = [
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "MKNOD",
-    "NET_BIND_SERVICE",
-    "SETFCAP",
-    "SETGID",
-    "SETPCAP",
-    "SETUID",
-    "SYS_CHROOT",
-];
-
-/// Sysctls `baseline` allows (namespaced and isolated from the node).
-const SAFE_SYSCTLS: [&str; 10] = [
-    "kernel.shm_rmid_forced",
-    "net.ipv4.ip_local_port_range",
-    "net.ipv4.ip_unprivileged_port_start",
-    "net.ipv4.tcp_syncookies",
-    "net.ipv4.ping_group_range",
-    "net.ipv4.ip_local_reserved_ports",
-    "net.ipv4.tcp_keepalive_time",
-    "net.ipv4.tcp_fin_timeout",
-    "net.ipv4.tcp_keepalive_intvl",
-    "net.ipv4.tcp_keepalive_probes",
-];
-
-/// SELinux types `baseline` allows.
-const SELINUX_TYPES: [&str; 4] = [
-    "container_t",
-    "container_init_t",
-    "container_kvm_t",
-    "container_engine_t",
 ];
 
 /// Volume types a peer's pod may use. No token projection, no host or network storage, no
@@ -171,19 +118,25 @@ const PROVIDER_FIELDS: [&str; 11] = [
 const CONTAINER_FIELDS: [&str; 2] = ["containers", "initContainers"];
 
 fn refuse<T>(rule: &'static str, detail: String) -> Result<T, Refusal> {
-    Err(Refusal { rule, detail })
+    Err(Refusal {
+        rule,
+        detail,
+        pod_security: None,
+    })
 }
 
 fn name_of(v: &Value) -> &str {
     v["name"].as_str().unwrap_or_default()
 }
 
-/// Checks a pod spec a peer asks for and rewrites it into the real pod's spec.
+/// Checks a pod spec a peer asks for and rewrites it into the real pod's spec: what only the
+/// provider decides is replaced, the hardening forced, and the result checked against the
+/// Pod Security Standards at the policy's level (what a real kube-apiserver would check of
+/// the twin namespace's label) and Tandem's own rules.
 pub fn admit(spec: Value, policy: &ProviderPodPolicy) -> Result<Value, Refusal> {
     let Value::Object(mut spec) = spec else {
         return refuse("pod-spec", "the pod spec is not an object".into());
     };
-    check(&spec, policy.level)?;
     for field in PROVIDER_FIELDS {
         spec.remove(field);
     }
@@ -197,7 +150,14 @@ pub fn admit(spec: Value, policy: &ProviderPodPolicy) -> Result<Value, Refusal> 
     keep_tolerations(&mut spec);
     keep_off_control_plane(&mut spec);
     harden(&mut spec, policy.level);
-    Ok(Value::Object(spec))
+    let spec = Value::Object(spec);
+    pod_security::check(&Value::Null, &spec, policy.level).map_err(|v| Refusal {
+        rule: v.check,
+        detail: v.detail,
+        pod_security: Some(policy.level),
+    })?;
+    check_tandem_rules(&spec)?;
+    Ok(spec)
 }
 
 /// The annotations a real pod keeps of those a peer asks for (see [`KEPT_ANNOTATIONS`]).
@@ -221,125 +181,33 @@ pub fn kept_annotations<'a>(
 pub fn check_annotations<'a>(
     annotations: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Result<(), Refusal> {
-    for (k, v) in annotations {
-        if let Some(container) = k.strip_prefix("container.apparmor.security.beta.kubernetes.io/")
-            && v != "runtime/default"
-            && !v.starts_with("localhost/")
-        {
-            return refuse(
-                "apparmor",
-                format!(
-                    "container {container:?}: AppArmor profile {v:?} (baseline allows runtime/default and localhost/*)"
-                ),
-            );
-        }
-    }
-    Ok(())
+    let annotations: serde_json::Map<String, Value> = annotations
+        .into_iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    pod_security::check(
+        &Value::Object(annotations),
+        &json!({}),
+        PodSecurityLevel::Baseline,
+    )
+    .map_err(|v| Refusal {
+        rule: v.check,
+        detail: v.detail,
+        pod_security: Some(PodSecurityLevel::Baseline),
+    })
 }
 
-fn check(spec: &Map<String, Value>, level: PodSecurityLevel) -> Result<(), Refusal> {
-    for field in ["hostNetwork", "hostPID", "hostIPC"] {
-        if spec.get(field).and_then(Value::as_bool) == Some(true) {
-            return refuse("host-namespaces", format!("{field} is true"));
-        }
-    }
+/// What Tandem refuses beyond the Pod Security Standards: volumes outside its allow-list (no
+/// host or network storage, no inline CSI or generic ephemeral volume, no token projection)
+/// and claims on the provider's devices.
+fn check_tandem_rules(spec: &Value) -> Result<(), Refusal> {
     if spec.get("resourceClaims").is_some_and(|c| !is_empty(c)) {
         return refuse(
             "resource-claims",
             "resourceClaims (dynamic resource allocation) claim the provider's devices".into(),
         );
     }
-    check_volumes(spec)?;
-    let pod_sc = spec.get("securityContext").unwrap_or(&Value::Null);
-    check_security_context(pod_sc, "the pod", level)?;
-    for sysctl in pod_sc["sysctls"].as_array().into_iter().flatten() {
-        let name = sysctl["name"].as_str().unwrap_or_default();
-        if !SAFE_SYSCTLS.contains(&name) {
-            return refuse(
-                "sysctls",
-                format!("sysctl {name:?} is not one of baseline's safe sysctls"),
-            );
-        }
-    }
-    let pod_non_root = pod_sc["runAsNonRoot"].as_bool();
-    for field in CONTAINER_FIELDS {
-        for c in spec
-            .get(field)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let who = format!("container {:?}", name_of(c));
-            let sc = &c["securityContext"];
-            check_security_context(sc, &who, level)?;
-            if sc["privileged"].as_bool() == Some(true) {
-                return refuse("privileged", format!("{who} is privileged"));
-            }
-            for cap in sc["capabilities"]["add"].as_array().into_iter().flatten() {
-                let cap = cap.as_str().unwrap_or_default();
-                let bare = cap.strip_prefix("CAP_").unwrap_or(cap);
-                let allowed = match level {
-                    PodSecurityLevel::Baseline => BASELINE_CAPABILITIES.contains(&bare),
-                    PodSecurityLevel::Restricted => bare == "NET_BIND_SERVICE",
-                };
-                if !allowed {
-                    return refuse(
-                        "capabilities",
-                        format!(
-                            "{who} adds capability {cap} ({} allows {})",
-                            level.as_str(),
-                            match level {
-                                PodSecurityLevel::Baseline => "only the runtime's defaults",
-                                PodSecurityLevel::Restricted => "only NET_BIND_SERVICE",
-                            }
-                        ),
-                    );
-                }
-            }
-            if let Some(mount) = sc["procMount"].as_str()
-                && mount != "Default"
-            {
-                return refuse("proc-mount", format!("{who} asks for procMount {mount}"));
-            }
-            for port in c["ports"].as_array().into_iter().flatten() {
-                if port["hostPort"].as_i64().is_some_and(|p| p != 0) {
-                    return refuse(
-                        "host-ports",
-                        format!("{who} asks for hostPort {}", port["hostPort"]),
-                    );
-                }
-            }
-            if level == PodSecurityLevel::Restricted {
-                let non_root = sc["runAsNonRoot"].as_bool().or(pod_non_root);
-                if non_root != Some(true) {
-                    return refuse(
-                        "run-as-non-root",
-                        format!("{who} does not set runAsNonRoot: true (restricted)"),
-                    );
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        _ => false,
-    }
-}
-
-/// Volumes: the same list for both levels (`restricted` lists these types too).
-fn check_volumes(spec: &Map<String, Value>) -> Result<(), Refusal> {
-    for v in spec
-        .get("volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for v in spec["volumes"].as_array().into_iter().flatten() {
         let name = name_of(v);
         let Some(source) = v.as_object() else {
             return refuse("volumes", format!("volume {name:?} is not an object"));
@@ -347,9 +215,6 @@ fn check_volumes(spec: &Map<String, Value>) -> Result<(), Refusal> {
         for (kind, def) in source {
             if kind == "name" {
                 continue;
-            }
-            if kind == "hostPath" {
-                return refuse("host-path", format!("volume {name:?} is a hostPath"));
             }
             if !VOLUME_TYPES.contains(&kind.as_str()) {
                 return refuse(
@@ -379,36 +244,13 @@ fn check_volumes(spec: &Map<String, Value>) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Checks a pod's or a container's securityContext (the fields both have).
-fn check_security_context(sc: &Value, who: &str, level: PodSecurityLevel) -> Result<(), Refusal> {
-    if sc["windowsOptions"]["hostProcess"].as_bool() == Some(true) {
-        return refuse(
-            "host-process",
-            format!("{who} asks for a Windows host process"),
-        );
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
     }
-    let se = &sc["seLinuxOptions"];
-    if let Some(t) = se["type"].as_str()
-        && !t.is_empty()
-        && !SELINUX_TYPES.contains(&t)
-    {
-        return refuse("selinux", format!("{who} asks for SELinux type {t:?}"));
-    }
-    for field in ["user", "role"] {
-        if se[field].as_str().is_some_and(|s| !s.is_empty()) {
-            return refuse("selinux", format!("{who} sets SELinux {field}"));
-        }
-    }
-    if sc["seccompProfile"]["type"] == "Unconfined" {
-        return refuse("seccomp", format!("{who} asks for seccomp Unconfined"));
-    }
-    if sc["appArmorProfile"]["type"] == "Unconfined" {
-        return refuse("apparmor", format!("{who} asks for AppArmor Unconfined"));
-    }
-    if level == PodSecurityLevel::Restricted && sc["runAsUser"].as_i64() == Some(0) {
-        return refuse("run-as-non-root", format!("{who} runs as user 0"));
-    }
-    Ok(())
 }
 
 fn keep_tolerations(spec: &mut Map<String, Value>) {
@@ -509,19 +351,19 @@ mod tests {
                 "hostNetwork",
                 pod(json!({"hostNetwork": true})),
                 baseline(),
-                "host-namespaces",
+                "host namespaces",
             ),
             (
                 "hostPID",
                 pod(json!({"hostPID": true})),
                 baseline(),
-                "host-namespaces",
+                "host namespaces",
             ),
             (
                 "hostIPC",
                 pod(json!({"hostIPC": true})),
                 baseline(),
-                "host-namespaces",
+                "host namespaces",
             ),
             (
                 "privileged",
@@ -551,49 +393,49 @@ mod tests {
                 "CHOWN under restricted",
                 sc(json!({"runAsNonRoot": true, "capabilities": {"add": ["CHOWN"]}})),
                 restricted(),
-                "capabilities",
+                "unrestricted capabilities",
             ),
             (
                 "seccomp Unconfined (container)",
                 sc(json!({"seccompProfile": {"type": "Unconfined"}})),
                 baseline(),
-                "seccomp",
+                "seccompProfile",
             ),
             (
                 "seccomp Unconfined (pod)",
                 pod(json!({"securityContext": {"seccompProfile": {"type": "Unconfined"}}})),
                 baseline(),
-                "seccomp",
+                "seccompProfile",
             ),
             (
                 "AppArmor Unconfined",
                 sc(json!({"appArmorProfile": {"type": "Unconfined"}})),
                 baseline(),
-                "apparmor",
+                "AppArmor",
             ),
             (
                 "procMount Unmasked",
                 sc(json!({"procMount": "Unmasked"})),
                 baseline(),
-                "proc-mount",
+                "procMount",
             ),
             (
                 "SELinux spc_t",
                 sc(json!({"seLinuxOptions": {"type": "spc_t"}})),
                 baseline(),
-                "selinux",
+                "seLinuxOptions",
             ),
             (
                 "SELinux user",
                 pod(json!({"securityContext": {"seLinuxOptions": {"user": "system_u"}}})),
                 baseline(),
-                "selinux",
+                "seLinuxOptions",
             ),
             (
                 "Windows host process",
                 sc(json!({"windowsOptions": {"hostProcess": true}})),
                 baseline(),
-                "host-process",
+                "hostProcess",
             ),
             (
                 "unsafe sysctl",
@@ -601,19 +443,19 @@ mod tests {
                     json!({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}),
                 ),
                 baseline(),
-                "sysctls",
+                "forbidden sysctls",
             ),
             (
                 "hostPort",
                 container(json!({"ports": [{"containerPort": 80, "hostPort": 80}]})),
                 baseline(),
-                "host-ports",
+                "hostPort",
             ),
             (
                 "hostPath",
                 pod(json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]})),
                 baseline(),
-                "host-path",
+                "hostPath volumes",
             ),
             (
                 "nfs",
@@ -665,13 +507,13 @@ mod tests {
                 "root under restricted",
                 pod(json!({})),
                 restricted(),
-                "run-as-non-root",
+                "runAsNonRoot != true",
             ),
             (
                 "uid 0 under restricted",
                 sc(json!({"runAsNonRoot": true, "runAsUser": 0})),
                 restricted(),
-                "run-as-non-root",
+                "runAsUser=0",
             ),
         ];
         for (name, spec, policy, rule) in cases {
@@ -829,14 +671,6 @@ mod tests {
             "unconfined".to_string(),
         )]
         .into();
-        assert_eq!(check_annotations(&unconfined).unwrap_err().rule, "apparmor");
-    }
-
-    #[test]
-    fn levels_parse_and_privileged_is_not_one() {
-        for level in [PodSecurityLevel::Baseline, PodSecurityLevel::Restricted] {
-            assert_eq!(PodSecurityLevel::parse(level.as_str()), Some(level));
-        }
-        assert_eq!(PodSecurityLevel::parse("privileged"), None);
+        assert_eq!(check_annotations(&unconfined).unwrap_err().rule, "AppArmor");
     }
 }

@@ -589,3 +589,73 @@ async fn protobuf_fields_the_server_cannot_map_are_refused_by_name() {
         Api::namespaced(cluster.client.clone(), "default");
     assert_eq!(code_of(deployments.get("web").await), 404, "nothing stored");
 }
+
+#[tokio::test]
+async fn pod_security_admission_enforces_the_namespace_label() {
+    use k8s_openapi::api::core::v1::Pod;
+    let cluster = Cluster::start().await;
+    let admin = cluster.client.clone();
+    let pp = PostParams::default();
+    for (ns, level) in [
+        ("open", None),
+        ("guarded", Some("baseline")),
+        ("hardened", Some("restricted")),
+    ] {
+        let mut labels = json!({});
+        if let Some(level) = level {
+            labels["pod-security.kubernetes.io/enforce"] = json!(level);
+        }
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns, "labels": labels}})).unwrap();
+        Api::<Namespace>::all(admin.clone())
+            .create(&pp, &namespace)
+            .await
+            .unwrap();
+    }
+    let pod = |name: &str, spec: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    };
+    let privileged = json!({"containers": [{"name": "app", "image": "nginx",
+        "securityContext": {"privileged": true}}]});
+    let plain = json!({"containers": [{"name": "app", "image": "nginx"}]});
+    let hardened = json!({"securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "app", "image": "nginx", "securityContext": {
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]});
+
+    // No label: anything goes, as on a cluster without Pod Security admission configured.
+    Api::<Pod>::namespaced(admin.clone(), "open")
+        .create(&pp, &pod("p", privileged.clone()))
+        .await
+        .expect("no level, no check");
+    let guarded: Api<Pod> = Api::namespaced(admin.clone(), "guarded");
+    let status = api_status(guarded.create(&pp, &pod("p", privileged.clone())).await);
+    assert_eq!(status.code, 403, "{status:?}");
+    assert!(
+        status
+            .message
+            .contains("violates PodSecurity \"baseline:latest\": privileged")
+            && status.message.contains("container \"app\""),
+        "{}",
+        status.message
+    );
+    guarded
+        .create(&pp, &pod("plain", plain.clone()))
+        .await
+        .expect("baseline admits a plain pod");
+    let restricted: Api<Pod> = Api::namespaced(admin.clone(), "hardened");
+    let status = api_status(restricted.create(&pp, &pod("plain", plain)).await);
+    assert_eq!(status.code, 403, "{status:?}");
+    assert!(
+        status.message.contains("restricted:latest"),
+        "{}",
+        status.message
+    );
+    restricted
+        .create(&pp, &pod("hardened", hardened))
+        .await
+        .expect("restricted admits a hardened pod");
+    assert!(
+        guarded.get_opt("p").await.unwrap().is_none(),
+        "a refused pod is not stored"
+    );
+}

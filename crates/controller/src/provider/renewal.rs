@@ -42,7 +42,12 @@ pub enum Judgement {
     },
 }
 
-/// Judges `csr` (see the module documentation).
+/// The longest certificate a renewal may ask for when this cluster sets no peer certificate
+/// lifetime: kube-controller-manager's default signing duration (one year).
+pub const DEFAULT_MAX_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Judges `csr` (see the module documentation) by the request alone; [`judge_for`] then
+/// holds an approvable one to its consumer's Tenant.
 pub fn judge(csr: &CertificateSigningRequest) -> Judgement {
     let name = csr.name_any();
     if !name.starts_with(RENEWAL_CSR_PREFIX) || csr.spec.signer_name != PEER_CSR_SIGNER {
@@ -71,6 +76,53 @@ pub fn judge(csr: &CertificateSigningRequest) -> Judgement {
     if let Err(e) = crate::provider::peering_request::check_csr(&pem, consumer) {
         return Judgement::Deny {
             reason: format!("the request does not name the requester's own identity: {e}"),
+        };
+    }
+    Judgement::Approve {
+        consumer: consumer.to_string(),
+    }
+}
+
+/// Holds a request [`judge`] would approve to what the consumer's Tenant records: the key its
+/// identity is bound to (a renewal never moves an identity to another key, which a stolen
+/// certificate could otherwise do for good) and, at most, the lifetime this cluster issues.
+pub fn judge_for(
+    csr: &CertificateSigningRequest,
+    consumer: &str,
+    recorded_key: Option<&str>,
+    max_lifetime: Duration,
+) -> Judgement {
+    let pem = String::from_utf8_lossy(&csr.spec.request.0);
+    let key = crate::enroll::csr_key_fingerprint(&pem).unwrap_or_default();
+    match recorded_key {
+        Some(recorded) if recorded == key => {}
+        Some(recorded) => {
+            return Judgement::Deny {
+                reason: format!(
+                    "the request is for key {key}, but the identity of {consumer} is bound to key {recorded}"
+                ),
+            };
+        }
+        None => {
+            return Judgement::Deny {
+                reason: format!(
+                    "no key is recorded for {consumer} (Tenant {}/{consumer}, annotation {}): its identity is renewed only for the key on record",
+                    names::tenant_namespace(consumer),
+                    names::KEY_FINGERPRINT_ANNOTATION
+                ),
+            };
+        }
+    }
+    let asked = csr.spec.expiration_seconds.map(|s| s.max(0) as u64);
+    if asked.is_none_or(|s| s > max_lifetime.as_secs()) {
+        return Judgement::Deny {
+            reason: format!(
+                "the request asks for a certificate of {}, more than this cluster issues ({}s)",
+                asked.map_or("the signer's longest lifetime".to_string(), |s| format!(
+                    "{s}s"
+                )),
+                max_lifetime.as_secs()
+            ),
         };
     }
     Judgement::Approve {
@@ -137,19 +189,28 @@ async fn pass(ctx: &Ctx) -> Result<(), kube::Error> {
         let (condition, message) = match judge(&csr) {
             Judgement::Skip => continue,
             Judgement::Approve { consumer } => {
-                // Only a consumer this cluster serves.
+                // Only a consumer this cluster serves, under the key on record.
                 let tenants: Api<Tenant> =
                     Api::namespaced(ctx.client.clone(), &names::tenant_namespace(&consumer));
-                if tenants.get_opt(&consumer).await?.is_some() {
-                    (
-                        "Approved",
-                        format!("renews the peer identity of {consumer}"),
-                    )
-                } else {
-                    (
+                match tenants.get_opt(&consumer).await? {
+                    Some(t) if t.metadata.deletion_timestamp.is_none() => {
+                        let max = ctx
+                            .options
+                            .peer_certificate_lifetime
+                            .unwrap_or(DEFAULT_MAX_LIFETIME);
+                        let recorded = t.annotations().get(names::KEY_FINGERPRINT_ANNOTATION);
+                        match judge_for(&csr, &consumer, recorded.map(String::as_str), max) {
+                            Judgement::Deny { reason } => ("Denied", reason),
+                            _ => (
+                                "Approved",
+                                format!("renews the peer identity of {consumer}"),
+                            ),
+                        }
+                    }
+                    _ => (
                         "Denied",
                         format!("{consumer} is not a consumer of this cluster"),
-                    )
+                    ),
                 }
             }
             Judgement::Deny { reason } => ("Denied", reason),
@@ -169,4 +230,74 @@ async fn pass(ctx: &Ctx) -> Result<(), kube::Error> {
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal request of `consumer` made with `key`, asking for `seconds`.
+    fn request(
+        consumer: &str,
+        key: &rcgen::KeyPair,
+        seconds: Option<i32>,
+    ) -> CertificateSigningRequest {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(rcgen::DnType::CommonName, names::peer_user(consumer));
+        dn.push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
+        params.distinguished_name = dn;
+        let pem = params.serialize_request(key).unwrap().pem().unwrap();
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{RENEWAL_CSR_PREFIX}{consumer}-1")},
+            "spec": {"request": k8s_openapi::ByteString(pem.into_bytes()), "signerName": PEER_CSR_SIGNER,
+                     "usages": ["client auth"], "username": names::peer_user(consumer),
+                     "expirationSeconds": seconds},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_renewal_keeps_the_key_on_record_and_the_lifetime_issued() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        let recorded = crate::enroll::key_fingerprint_der(
+            &rcgen::PublicKeyData::subject_public_key_info(&key),
+        );
+        let day = Duration::from_secs(86400);
+        let approve = |j: Judgement| matches!(j, Judgement::Approve { .. });
+        let reason = |j: Judgement| match j {
+            Judgement::Deny { reason } => reason,
+            other => panic!("{other:?}"),
+        };
+        let ok = request("rome", &key, Some(3600));
+        assert!(approve(judge(&ok)));
+        assert!(approve(judge_for(&ok, "rome", Some(&recorded), day)));
+        let rekeyed = request("rome", &other, Some(3600));
+        assert!(
+            approve(judge(&rekeyed)),
+            "well-formed: only the Tenant tells"
+        );
+        let why = reason(judge_for(&rekeyed, "rome", Some(&recorded), day));
+        assert!(
+            why.contains("bound to key") && why.contains(&recorded),
+            "{why}"
+        );
+        let why = reason(judge_for(&ok, "rome", None, day));
+        assert!(why.contains("no key is recorded"), "{why}");
+        let why = reason(judge_for(
+            &request("rome", &key, Some(2 * 86400)),
+            "rome",
+            Some(&recorded),
+            day,
+        ));
+        assert!(why.contains("172800s") && why.contains("86400s"), "{why}");
+        let why = reason(judge_for(
+            &request("rome", &key, None),
+            "rome",
+            Some(&recorded),
+            day,
+        ));
+        assert!(why.contains("longest lifetime"), "{why}");
+    }
 }

@@ -506,8 +506,7 @@ impl State {
                     set_status(
                         PHASE_REJECTED,
                         format!(
-                            "{refusal} (Pod Security {} of Tenant {}/{consumer})",
-                            policy.map(|p| p.level).unwrap_or_default().as_str(),
+                            "{refusal} (Tenant {}/{consumer})",
                             names::tenant_namespace(&consumer)
                         ),
                     );
@@ -977,7 +976,7 @@ mod tests {
                     );
                 },
                 &[
-                    "Rejected web: refused by rule host-namespaces: hostNetwork is true (Pod Security baseline of Tenant tandem-tenant-rome/rome)",
+                    "Rejected web: violates PodSecurity \"baseline:latest\": host namespaces (hostNetwork=true) (Tenant tandem-tenant-rome/rome)",
                 ],
             ),
             (
@@ -993,7 +992,7 @@ mod tests {
                     add(s, shadow_pod("web", "s1", "1", json!({})));
                 },
                 &[
-                    "Rejected web: refused by rule run-as-non-root: container \"c\" does not set runAsNonRoot: true (restricted) (Pod Security restricted of Tenant tandem-tenant-rome/rome)",
+                    "Rejected web: violates PodSecurity \"restricted:latest\": runAsNonRoot != true (container \"c\" must set securityContext.runAsNonRoot=true) (Tenant tandem-tenant-rome/rome)",
                 ],
             ),
             (
