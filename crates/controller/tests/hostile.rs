@@ -595,3 +595,59 @@ async fn a_consumer_cannot_squat_the_providers_namespaces() {
         "a twin says its Pod Security level to the API server"
     );
 }
+
+#[tokio::test]
+async fn a_consumer_cannot_route_the_providers_special_or_public_ranges_into_its_tunnel() {
+    let provider = Cluster::start("zug", "eu-central", 1).await;
+    let mut consumer = Cluster::start("olten", "eu-central", 1).await;
+    support::peer(&consumer, &provider).await;
+    let peer = support::peer_client(&consumer, &provider).await;
+    consumer.kill_controller();
+    let tenant_ns = names::tenant_namespace("olten");
+    let parameters: Api<tandem_api::NetworkParameters> = Api::namespaced(peer.clone(), &tenant_ns);
+    let consumer_parameters = tandem_controller::rbac::CONSUMER_NETWORK_PARAMETERS;
+    let ipam: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(provider.client.clone(), names::SYSTEM_NAMESPACE);
+    // (declared pod CIDR, the class the refusal names)
+    for (cidr, class) in [
+        ("127.0.0.0/8", "loopback"),
+        ("169.254.0.0/16", "link-local"),
+        ("224.0.0.0/4", "multicast"),
+        ("8.8.8.0/24", "public"),
+    ] {
+        parameters
+            .patch(
+                consumer_parameters,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"podCIDR": cidr}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the peer may change its own parameters: {e}"));
+        let message = until(
+            &format!("the provider to refuse {cidr}"),
+            Duration::from_secs(30),
+            || async {
+                let status = parameters.get(consumer_parameters).await.ok()?.status?;
+                let c = tandem_api::conditions::find(
+                    &status.conditions,
+                    tandem_api::conditions::PREFIXES_GRANTED,
+                )?;
+                (c.status == "False" && c.message.contains(cidr)).then(|| c.message.clone())
+            },
+        )
+        .await;
+        assert!(
+            message.contains(class) && message.contains("never granted"),
+            "{cidr}: {message}"
+        );
+        let state = ipam
+            .get(tandem_controller::provider::network::IPAM_CONFIG_MAP)
+            .await
+            .unwrap();
+        let recorded = serde_json::to_string(&state.data).unwrap();
+        assert!(
+            !recorded.contains(cidr),
+            "{cidr} is in the provider's IPAM: {recorded}"
+        );
+    }
+}
