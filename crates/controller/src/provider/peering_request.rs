@@ -156,39 +156,33 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
     // Tenant, twins, tunnel and fence lease.
     let fingerprint = crate::enroll::csr_key_fingerprint(&req.spec.csr).unwrap_or_default();
     let tenants = Api::<Tenant>::namespaced(client.clone(), &names::tenant_namespace(&consumer));
-    let existing = tenants
-        .get_opt(&consumer)
-        .await
-        .map_err(step("reading the consumer's Tenant"))?;
-    if let Some(why) = key_refusal(existing.as_ref(), &consumer, &fingerprint) {
-        tracing::info!(request = %name, %consumer, message = %why, "peering request denied");
-        set_status(client, &name, json!({"phase": "Denied", "message": why}))
+    // Checked before the invite is spent, and again as stored once the Tenant exists: of two
+    // requests for one ID at once, the Tenant's first key wins.
+    for ensured in [false, true] {
+        let tenant = tenants
+            .get_opt(&consumer)
             .await
-            .map_err(step("writing status"))?;
-        return Ok(Action::await_change());
-    }
-    // Single use: from now on this token may only read its request back.
-    mark_used(client, &name, &consumer)
-        .await
-        .map_err(step("marking the invite used"))?;
-    ensure_tenant_with(
-        &ctx,
-        &consumer,
-        json!({names::KEY_FINGERPRINT_ANNOTATION: fingerprint}),
-    )
-    .await
-    .map_err(step("creating the tenant"))?;
-    // Two requests for one ID at once: the Tenant's first key wins, read back as stored.
-    let stored = tenants
-        .get_opt(&consumer)
-        .await
-        .map_err(step("reading the consumer's Tenant"))?;
-    if let Some(why) = key_refusal(stored.as_ref(), &consumer, &fingerprint) {
-        tracing::info!(request = %name, %consumer, message = %why, "peering request denied");
-        set_status(client, &name, json!({"phase": "Denied", "message": why}))
+            .map_err(step("reading the consumer's Tenant"))?;
+        if let Some(why) = key_refusal(tenant.as_ref(), &consumer, &fingerprint) {
+            tracing::info!(request = %name, %consumer, message = %why, "peering request denied");
+            set_status(client, &name, json!({"phase": "Denied", "message": why}))
+                .await
+                .map_err(step("writing status"))?;
+            return Ok(Action::await_change());
+        }
+        if !ensured {
+            // Single use: from now on this token may only read its request back.
+            mark_used(client, &name, &consumer)
+                .await
+                .map_err(step("marking the invite used"))?;
+            ensure_tenant_with(
+                &ctx,
+                &consumer,
+                json!({names::KEY_FINGERPRINT_ANNOTATION: fingerprint}),
+            )
             .await
-            .map_err(step("writing status"))?;
-        return Ok(Action::await_change());
+            .map_err(step("creating the tenant"))?;
+        }
     }
     approve(&ctx, &req, names::SYSTEM_NAMESPACE, json!({})).await
 }
