@@ -175,16 +175,25 @@ pub fn kept_annotations<'a>(
     })
 }
 
+/// The annotation key prefix of a container's AppArmor profile (the pre-1.30 form).
+const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
+
 /// Refuses an AppArmor annotation that unconfines a container (the annotation form of
 /// `appArmorProfile`, still honoured by kubelets): checked before annotations are dropped,
 /// so that the refusal is said rather than the pod run differently than asked.
 pub fn check_annotations<'a>(
     annotations: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Result<(), Refusal> {
+    // Only the AppArmor annotations matter to the standards: the rest is not copied (this
+    // runs for every real pod made).
     let annotations: serde_json::Map<String, Value> = annotations
         .into_iter()
+        .filter(|(k, _)| k.starts_with(APPARMOR_ANNOTATION_PREFIX))
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
+    if annotations.is_empty() {
+        return Ok(());
+    }
     pod_security::check(
         &Value::Object(annotations),
         &json!({}),
