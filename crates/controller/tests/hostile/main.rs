@@ -3,7 +3,10 @@
 //! an honest one never would. Every attack must be refused by the side it could harm, with a
 //! message naming the rule, and leave the provider's own workloads as they were.
 
+#[path = "../support/mod.rs"]
 mod support;
+
+// One module per attack surface; the pod, identity, namespace and route attacks are here.
 
 use std::time::Duration;
 
