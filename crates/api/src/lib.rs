@@ -30,9 +30,10 @@ pub use offloading::{
 pub use peering::{NodeHealth, Peering, PeeringSpec, PeeringStatus};
 pub use policy::{PeeringPolicy, PeeringPolicySpec, PolicyConsumer};
 pub use provider::{
-    FenceStatus, NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
-    PeeringRequestSpec, PeeringRequestStatus, PodAccess, PodSecurity, RemoteNamespace,
-    RemoteNamespaceSpec, RemoteNamespaceStatusFields, Tenant, TenantSpec, TenantStatus,
+    FenceStatus, GrantableServiceType, NetworkParameters, NetworkParametersSpec,
+    NetworkParametersStatus, PeeringRequest, PeeringRequestSpec, PeeringRequestStatus, PodAccess,
+    PodSecurity, RemoteNamespace, RemoteNamespaceSpec, RemoteNamespaceStatusFields, Tenant,
+    TenantSpec, TenantStatus,
 };
 pub use shadowpod::{ShadowPod, ShadowPodSpec, ShadowPodStatus};
 

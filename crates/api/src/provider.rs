@@ -159,6 +159,37 @@ pub struct TenantSpec {
     /// The most twin namespaces the consumer may have here. Absent: 100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_twin_namespaces: Option<u32>,
+    /// The Service types the consumer may create in its twin namespaces besides ClusterIP
+    /// (headless included). Absent: none — a NodePort or LoadBalancer Service with a
+    /// hand-written EndpointSlice would open this cluster's ports to any address inside it,
+    /// and an ExternalName one answers any name in the twin. `externalIPs` are never allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_service_types: Option<Vec<GrantableServiceType>>,
+    /// The StorageClasses of this cluster the consumer's claims may name. Absent: none, so its
+    /// claims get this cluster's default StorageClass. A claim never names a volume, a selector
+    /// or a data source, and the storage grant (`requests.storage`, `persistentvolumeclaims`)
+    /// bounds the claims of all of its twin namespaces together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_classes: Option<Vec<String>>,
+}
+
+/// The Service types a Tenant may allow besides ClusterIP.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum GrantableServiceType {
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+impl GrantableServiceType {
+    /// As a Service's `spec.type` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrantableServiceType::NodePort => "NodePort",
+            GrantableServiceType::LoadBalancer => "LoadBalancer",
+            GrantableServiceType::ExternalName => "ExternalName",
+        }
+    }
 }
 
 impl TenantSpec {

@@ -23,15 +23,10 @@ pub const PEER_ATTACH_ROLE: &str = "tandem:peer-attach";
 pub const PEER_PORTFORWARD_ROLE: &str = "tandem:peer-portforward";
 
 const READ: &[&str] = &["get", "list", "watch"];
-const ALL: &[&str] = &[
-    "get",
-    "list",
-    "watch",
-    "create",
-    "update",
-    "patch",
-    "delete",
-    "deletecollection",
+/// What reflection does to the objects it owns in a twin namespace: one at a time, never
+/// `deletecollection` (which would also reach objects of the twin it did not make).
+const REFLECT: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
 ];
 
 fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
@@ -144,10 +139,12 @@ pub fn peer_twin_role() -> ClusterRole {
     cluster_role(
         PEER_TWIN_ROLE,
         vec![
-            rule(tandem_api::GROUP, &["shadowpods"], ALL),
+            rule(tandem_api::GROUP, &["shadowpods"], REFLECT),
             rule(tandem_api::GROUP, &["shadowpods/status"], READ),
-            rule("", &["configmaps", "secrets", "services"], ALL),
-            rule("discovery.k8s.io", &["endpointslices"], ALL),
+            // What it writes here beyond RBAC's reach (Service types, slice addresses, claims)
+            // is checked by `provider::peer_writes`.
+            rule("", &["configmaps", "secrets", "services"], REFLECT),
+            rule("discovery.k8s.io", &["endpointslices"], REFLECT),
             rule("", &["pods", "events"], READ),
             // `kubectl logs` on the consumer, carried here by its virtual kubelet.
             rule("", &["pods/log"], &["get"]),
@@ -443,6 +440,17 @@ pub fn controller_role() -> ClusterRole {
                     // get/list/watch by name: the webhook watches its own configuration
                     // for rotation requests.
                     &["create", "patch", "get", "list", "watch"],
+                )
+            },
+            // The check of what peers write in twin namespaces, served with it.
+            PolicyRule {
+                resource_names: Some(vec![
+                    crate::provider::peer_writes::WEBHOOK_CONFIGURATION.into(),
+                ]),
+                ..rule(
+                    "admissionregistration.k8s.io",
+                    &["validatingwebhookconfigurations"],
+                    &["create", "patch", "get"],
                 )
             },
             // Tandem's own resources: read everything, write what each controller owns.

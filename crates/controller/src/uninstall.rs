@@ -15,7 +15,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -145,6 +147,12 @@ pub async fn uninstall(
     }
 
     delete_labelled(client, &erase::<MutatingWebhookConfiguration>(), "webhooks").await?;
+    delete_labelled(
+        client,
+        &erase::<ValidatingWebhookConfiguration>(),
+        "webhooks",
+    )
+    .await?;
     progress("admission webhooks removed: pod creation no longer calls Tandem");
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
@@ -172,6 +180,12 @@ pub async fn uninstall(
     )
     .await?;
     delete_labelled(client, &erase::<MutatingWebhookConfiguration>(), "webhooks").await?;
+    delete_labelled(
+        client,
+        &erase::<ValidatingWebhookConfiguration>(),
+        "webhooks",
+    )
+    .await?;
     progress("controller stopped");
 
     // Finalizers first: nothing Tandem put on an object may outlive the controller that

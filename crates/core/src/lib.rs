@@ -8,6 +8,7 @@ pub mod ipam;
 pub mod mcs;
 pub mod nat;
 pub mod offloading;
+pub mod peer_writes;
 pub mod pod_admission;
 pub mod prefix;
 pub mod protocol;

@@ -416,7 +416,7 @@ async fn converge<K, F>(
     rewrite: bool,
 ) -> Result<(), RequestError>
 where
-    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
     F: Fn(&K) -> Option<Value>,
 {
     let sources = local
@@ -463,14 +463,35 @@ where
         metadata["labels"][names::REFLECTED_LABEL] = json!(kind.label());
         metadata["labels"][names::MANAGED_BY_LABEL] = json!(names::MANAGED_BY);
         metadata["annotations"][SOURCE_VERSION_ANNOTATION] = json!(version);
-        remote
+        match remote
             .patch(
                 &name,
                 &PatchParams::apply(MANAGER).force(),
                 &Patch::Apply(&object),
             )
             .await
-            .map_err(request(format!("reflecting {} {name}", kind.label())))?;
+        {
+            Ok(_) => {}
+            // The provider decides what a peer may write there (an ExternalName Service, say,
+            // only if its Tenant allows it): said on the source, and the others go on.
+            Err(kube::Error::Api(ae)) if refused_by_provider(&ae) => {
+                let namespace = source.namespace().unwrap_or_default();
+                crate::events::record(
+                    &local.clone().into_client(),
+                    &namespace,
+                    json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+                           "namespace": namespace, "name": name, "uid": source.uid()}),
+                    "NotReflected",
+                    &format!(
+                        "not reflected to the provider, which refuses it: {}",
+                        ae.message
+                    ),
+                    true,
+                )
+                .await;
+            }
+            Err(e) => return Err(request(format!("reflecting {} {name}", kind.label()))(e)),
+        }
     }
     for (name, (ours, _)) in there {
         if ours && !wanted.contains(&name) {
@@ -487,6 +508,12 @@ where
         }
     }
     Ok(())
+}
+
+/// Whether the provider's check of what peers write (`provider::peer_writes`, its validating
+/// webhook) refused a write.
+fn refused_by_provider(e: &kube::core::Status) -> bool {
+    e.code == 403 && e.message.contains("\"peer-writes.tandem.dev\"")
 }
 
 /// What the source-version annotation records: the source's resourceVersion, and a digest of

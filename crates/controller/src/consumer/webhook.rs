@@ -19,7 +19,9 @@ use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -38,6 +40,7 @@ use crate::consumer::offloading::{
 use crate::consumer::virtual_node::MARKS;
 use crate::context::Ctx;
 use crate::install::apply;
+use crate::provider::peer_writes;
 
 /// Name of the MutatingWebhookConfiguration.
 pub const WEBHOOK_CONFIGURATION: &str = "tandem-pod-placement";
@@ -84,6 +87,11 @@ pub enum WebhookError {
     LocalAddr(#[source] std::io::Error),
     #[error("applying MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION}")]
     Configuration(#[source] kube::Error),
+    #[error(
+        "applying ValidatingWebhookConfiguration {}",
+        peer_writes::WEBHOOK_CONFIGURATION
+    )]
+    ValidatingConfiguration(#[source] kube::Error),
 }
 
 /// Where the API server calls the webhook.
@@ -246,16 +254,13 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
             None
         }
     };
-    apply(
+    apply_configurations(
         &hooks,
-        &configuration(
-            &target,
-            &issued.ca_pem,
-            &certificate_annotations(&issued, fulfilled.as_deref()),
-        ),
+        &target,
+        &issued.ca_pem,
+        &certificate_annotations(&issued, fulfilled.as_deref()),
     )
-    .await
-    .map_err(WebhookError::Configuration)?;
+    .await?;
     tracing::info!(%addr, ?target, not_after = %issued.not_after, "pod-placement webhook serving");
     let rotation = tokio::spawn(rotate(
         hooks,
@@ -428,25 +433,20 @@ async fn rotate_once(
 ) -> Result<Issued, WebhookError> {
     let new = issue(target, lifetime)?;
     let both = format!("{}{}", new.ca_pem, old.ca_pem);
-    apply(
+    apply_configurations(
         hooks,
-        &configuration(
-            target,
-            &both,
-            &certificate_annotations(old, fulfilled.before),
-        ),
+        target,
+        &both,
+        &certificate_annotations(old, fulfilled.before),
     )
-    .await
-    .map_err(WebhookError::Configuration)?;
+    .await?;
     tokio::time::sleep(propagation).await;
     *current.0.write().unwrap_or_else(|e| e.into_inner()) = new.key.clone();
-    if let Err(e) = apply(
+    if let Err(e) = apply_configurations(
         hooks,
-        &configuration(
-            target,
-            &new.ca_pem,
-            &certificate_annotations(&new, fulfilled.after),
-        ),
+        target,
+        &new.ca_pem,
+        &certificate_annotations(&new, fulfilled.after),
     )
     .await
     {
@@ -454,6 +454,29 @@ async fn rotate_once(
             (both stay trusted until the next rotation)");
     }
     Ok(new)
+}
+
+/// Points both webhooks this server serves at `target`, trusting the CAs of `ca_pem`: the
+/// pod-placement one (a MutatingWebhookConfiguration, carrying the certificate's annotations)
+/// and the provider's check of what peers write in twin namespaces (a validating one, see
+/// `provider::peer_writes`), so that a rotation moves both.
+async fn apply_configurations(
+    hooks: &Api<MutatingWebhookConfiguration>,
+    target: &WebhookTarget,
+    ca_pem: &str,
+    annotations: &Value,
+) -> Result<(), WebhookError> {
+    apply(hooks, &configuration(target, ca_pem, annotations))
+        .await
+        .map_err(WebhookError::Configuration)?;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(hooks.clone().into_client());
+    apply(
+        &validating,
+        &peer_writes::configuration(target.client_config(peer_writes::PATH, ca_pem)),
+    )
+    .await
+    .map(drop)
+    .map_err(WebhookError::ValidatingConfiguration)
 }
 
 /// The MutatingWebhookConfiguration pointing at `target`, trusting the CAs of `ca_pem`.
@@ -557,7 +580,19 @@ async fn handle(
 ) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
     let arrived = std::time::Instant::now();
     let local_only = req.uri().path().ends_with(LOCAL_ONLY_SUFFIX);
+    let peer_writes = req.uri().path() == peer_writes::PATH;
     let body = req.into_body().collect().await?.to_bytes();
+    if peer_writes {
+        let answer = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": peer_writes::review(&ctx, &body).await,
+        });
+        return Ok(http::Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(answer.to_string())))
+            .expect("static response"));
+    }
     // An unreadable review has no uid to answer; the API server rejects the answer.
     let review: Review = serde_json::from_slice(&body).unwrap_or_default();
     let response = if review.request.kind.kind == "DaemonSet" {

@@ -7,6 +7,7 @@ use crate::context::Ctx;
 pub mod enrollment;
 pub mod fence;
 pub mod network;
+pub mod peer_writes;
 pub mod peering_request;
 pub mod remote_namespace;
 pub mod renewal;

@@ -3,6 +3,8 @@
 //! an honest one never would. Every attack must be refused by the side it could harm, with a
 //! message naming the rule, and leave the provider's own workloads as they were.
 
+mod services;
+
 #[path = "../support/mod.rs"]
 mod support;
 

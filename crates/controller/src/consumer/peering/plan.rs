@@ -815,6 +815,8 @@ mod tests {
                 allowed_pod_offloading_strategies: None,
                 pod_security: None,
                 max_twin_namespaces: None,
+                allowed_service_types: None,
+                storage_classes: None,
             },
         )
     }
