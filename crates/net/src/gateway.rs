@@ -83,7 +83,10 @@ pub async fn run_gateway_until(
     let removed =
         crate::legacy::remove(&config.legacy_interfaces, &config.legacy_nft_tables).await?;
     if !removed.is_empty() {
-        tracing::info!(?removed, "removed what an earlier version left under older names");
+        tracing::info!(
+            ?removed,
+            "removed what an earlier version left under older names"
+        );
     }
     let tun_err = |source| GatewayError::Tun {
         interface: config.interface.clone(),

@@ -481,9 +481,13 @@ fn gateway_under_new_names_removes_only_its_own_old_interface_and_table() {
     let has_link = |name: &str| links.contains(&format!(": {name}:"));
     assert!(!has_link(&old), "old interface left:\n{links}");
     assert!(has_link(&new), "{links}");
-    assert!(has_link(&other), "another peer's interface removed:\n{links}");
     assert!(
-        pair.log(Side::A).contains("removed what an earlier version left"),
+        has_link(&other),
+        "another peer's interface removed:\n{links}"
+    );
+    assert!(
+        pair.log(Side::A)
+            .contains("removed what an earlier version left"),
         "{}",
         pair.log(Side::A)
     );
