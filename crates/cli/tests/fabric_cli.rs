@@ -61,7 +61,9 @@ fn instance_prefix(lab_pid: u32) -> Option<String> {
     Some(format!("{}-", prefix.rsplit_once('-')?.0))
 }
 
-/// What the fabric left in the lab's node namespaces: agent routes, TUN links, gateway tables.
+/// What the fabric left in the lab's node namespaces: agent routes, TUN links, gateway tables
+/// (the gateways to the peers these tests name, under the names Tandem gives them, and any
+/// left under the names of earlier versions).
 fn fabric_leftovers(prefix: &str) -> Vec<String> {
     let run = |args: &[&str]| {
         let out = std::process::Command::new("ip")
@@ -70,6 +72,16 @@ fn fabric_leftovers(prefix: &str) -> Vec<String> {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let interfaces: Vec<String> = ["milan", "rome", "turin"]
+        .into_iter()
+        .map(tandem_core::names::gateway_interface)
+        .chain(["tdm-".to_string()])
+        .collect();
+    let ours = |line: &str| interfaces.iter().any(|i| line.contains(i.as_str()));
+    let tables: Vec<String> = interfaces
+        .iter()
+        .map(|i| tandem_net::config::default_nft_table(i))
+        .collect();
     let mut left = Vec::new();
     for ns in run(&["netns", "list"]).lines() {
         let ns = ns.split_whitespace().next().unwrap_or_default();
@@ -77,17 +89,17 @@ fn fabric_leftovers(prefix: &str) -> Vec<String> {
             continue;
         }
         for line in run(&["-n", ns, "route"]).lines() {
-            if line.contains("proto 173") || line.contains("tdm-") {
+            if line.contains("proto 173") || ours(line) {
                 left.push(format!("{ns}: route {line}"));
             }
         }
         for line in run(&["-n", ns, "link"]).lines() {
-            if line.contains("tdm-") {
+            if ours(line) {
                 left.push(format!("{ns}: link {line}"));
             }
         }
         for line in run(&["netns", "exec", ns, "nft", "list", "tables"]).lines() {
-            if line.contains("tandem_tdm") {
+            if tables.iter().any(|t| line.contains(t.as_str())) {
                 left.push(format!("{ns}: {line}"));
             }
         }
@@ -733,7 +745,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
     // node, the agent's routes on the other.
     let prefix = instance_prefix(lab.child.id()).expect("a gateway process of this lab");
     let during = fabric_leftovers(&prefix);
-    for want in ["proto 173", "link", "tandem_tdm"] {
+    for want in ["proto 173", "link", "table inet tandem_t"] {
         assert!(
             during.iter().any(|l| l.contains(want)),
             "{want} while peered: {during:#?}"
@@ -800,7 +812,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
         .into_iter()
         .filter(|l| l.starts_with(&format!("{node_ns}:")))
         .collect();
-    for want in [": link", "table inet tandem_tdm"] {
+    for want in [": link", "table inet tandem_t"] {
         assert_eq!(
             on_node.iter().filter(|l| l.contains(want)).count(),
             1,

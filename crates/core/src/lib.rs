@@ -6,6 +6,7 @@ pub mod grant;
 pub mod invite;
 pub mod ipam;
 pub mod mcs;
+pub mod names;
 pub mod nat;
 pub mod offloading;
 pub mod peer_writes;
@@ -14,13 +15,3 @@ pub mod prefix;
 pub mod protocol;
 pub mod shadow;
 pub mod storage;
-
-/// A short, stable hash of `s` (32-bit FNV-1a, eight hex digits) for names derived from
-/// longer ones: the same on every build and platform, unlike std's hasher, which matters
-/// because two controllers (or two versions of one) must derive the same name.
-pub fn short_hash(s: &str) -> String {
-    let hash = s.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    format!("{hash:08x}")
-}

@@ -53,6 +53,15 @@ pub struct GatewayArgs {
     /// lets the peer reach everything its routes lead to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_destinations: Option<Vec<ipnet::IpNet>>,
+    /// Interfaces an earlier version named this same gateway by. A hostNetwork gateway killed
+    /// during an upgrade leaves its device and table on the node, so the gateway removes them
+    /// when it starts; never the current names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub legacy_interfaces: Vec<String>,
+    /// nftables tables (family inet) an earlier version named this same gateway's table by,
+    /// removed at start like [`Self::legacy_interfaces`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub legacy_nft_tables: Vec<String>,
 }
 
 fn default_keepalive() -> u16 {
@@ -97,6 +106,10 @@ pub struct GatewayConfig {
     pub nft_table: String,
     /// What the peer may open connections to (None: everything).
     pub allowed_destinations: Option<Vec<ipnet::IpNet>>,
+    /// Interfaces left by earlier versions, removed at start.
+    pub legacy_interfaces: Vec<String>,
+    /// nftables tables left by earlier versions, removed at start.
+    pub legacy_nft_tables: Vec<String>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -165,7 +178,27 @@ impl GatewayArgs {
         })?;
         let nft_table = self
             .nft_table
-            .unwrap_or_else(|| format!("tandem_{}", self.interface.replace('-', "_")));
+            .unwrap_or_else(|| default_nft_table(&self.interface));
+        for legacy in &self.legacy_interfaces {
+            if legacy.is_empty() || legacy.len() > 15 || *legacy == self.interface {
+                return Err(GatewayError::Config {
+                    field: "legacyInterfaces",
+                    reason: format!(
+                        "{legacy:?} must be 1 to 15 bytes and not the interface itself"
+                    ),
+                });
+            }
+        }
+        for legacy in &self.legacy_nft_tables {
+            if !is_nft_identifier(legacy) || *legacy == nft_table {
+                return Err(GatewayError::Config {
+                    field: "legacyNftTables",
+                    reason: format!(
+                        "{legacy:?} must be an nftables identifier and not the table itself"
+                    ),
+                });
+            }
+        }
         Ok(GatewayConfig {
             interface: self.interface,
             listen: self.listen,
@@ -181,8 +214,25 @@ impl GatewayArgs {
             probe_timeout: Duration::from_millis(self.probe_timeout_ms),
             nft_table,
             allowed_destinations: self.allowed_destinations,
+            legacy_interfaces: self.legacy_interfaces,
+            legacy_nft_tables: self.legacy_nft_tables,
         })
     }
+}
+
+/// The nftables table a gateway owns unless told otherwise: `tandem_` and its interface
+/// (`-` becomes `_`, which nftables identifiers do not allow).
+pub fn default_nft_table(interface: &str) -> String {
+    format!("tandem_{}", interface.replace('-', "_"))
+}
+
+/// A letter, then letters, digits, `_` or `.` (what `nft` accepts unquoted), at most 255 bytes.
+fn is_nft_identifier(name: &str) -> bool {
+    name.len() < 256
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
 }
 
 fn decode_key(field: &'static str, text: &str) -> Result<[u8; 32], GatewayError> {
@@ -247,6 +297,7 @@ externalCidr = "10.3.0.0/16"
         assert_eq!(cfg.persistent_keepalive, Some(25));
         assert_eq!(cfg.nft_table, "tandem_tdm_a");
         assert_eq!(cfg.plan.snat_to_tunnel.len(), 1);
+        assert!(cfg.legacy_interfaces.is_empty() && cfg.legacy_nft_tables.is_empty());
         let debug = format!("{cfg:?}");
         assert!(
             !debug.contains(&args().private_key),
@@ -257,7 +308,7 @@ externalCidr = "10.3.0.0/16"
     #[test]
     fn invalid_args_table() {
         type Edit = fn(&mut GatewayArgs);
-        let cases: [(&str, Edit, &str); 5] = [
+        let cases: [(&str, Edit, &str); 8] = [
             ("long name", |a| a.interface = "x".repeat(16), "interface"),
             (
                 "tiny mtu",
@@ -278,6 +329,22 @@ externalCidr = "10.3.0.0/16"
                 "bad plan",
                 |a| a.nat.local.pod_cidr = "10.244.0.1/16".parse().unwrap(),
                 "nat: local.podCIDR: prefix 10.244.0.1/16 has host bits set",
+            ),
+            // A legacy name equal to the current one would remove the gateway's own state.
+            (
+                "legacy interface is the interface",
+                |a| a.legacy_interfaces = vec!["tdm-a".into()],
+                "legacyInterfaces: \"tdm-a\" must be 1 to 15 bytes and not the interface",
+            ),
+            (
+                "legacy table is the table",
+                |a| a.legacy_nft_tables = vec!["tandem_tdm_a".into()],
+                "legacyNftTables: \"tandem_tdm_a\" must be an nftables identifier and not",
+            ),
+            (
+                "legacy table is no identifier",
+                |a| a.legacy_nft_tables = vec!["x; flush ruleset".into()],
+                "legacyNftTables: \"x; flush ruleset\" must be an nftables identifier",
             ),
         ];
         for (name, edit, want) in cases {

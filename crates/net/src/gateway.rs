@@ -79,6 +79,15 @@ pub async fn run_gateway_until(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     ensure_ip_forward()?;
+    // Before this gateway's own state: the old table may translate the same prefixes.
+    let removed =
+        crate::legacy::remove(&config.legacy_interfaces, &config.legacy_nft_tables).await?;
+    if !removed.is_empty() {
+        tracing::info!(
+            ?removed,
+            "removed what an earlier version left under older names"
+        );
+    }
     let tun_err = |source| GatewayError::Tun {
         interface: config.interface.clone(),
         source,

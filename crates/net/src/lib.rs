@@ -14,6 +14,7 @@
 pub mod config;
 pub mod gateway;
 pub mod health;
+pub mod legacy;
 pub mod nft;
 pub mod packet;
 pub mod route;
@@ -71,6 +72,9 @@ pub enum GatewayError {
     /// A data-path task stopped (it only does on a bug).
     #[error("gateway task ended unexpectedly: {0}")]
     TaskEnded(String),
+    /// What an earlier version left under other names could not be removed.
+    #[error(transparent)]
+    Legacy(#[from] legacy::LegacyError),
     /// A sysctl could not be written.
     #[error("sysctl {name}: {source}")]
     Sysctl {

@@ -54,9 +54,10 @@ const NAME_LABEL: &str = "app.kubernetes.io/name";
 /// written again on every sweep.
 const APPLIED_HASH: &str = "tandem.dev/applied-hash";
 
-/// The TUN interface of the gateway to `peer` (at most 15 bytes, whatever the peer's name).
+/// The TUN interface of the gateway to `peer` (15 bytes, whatever the peer's name; its
+/// nftables table is named after it).
 pub fn interface(peer: &str) -> String {
-    format!("tdm-{}", tandem_core::short_hash(peer))
+    tandem_core::names::gateway_interface(peer)
 }
 
 /// What this cluster knows of the network of its relation with one peer.
@@ -201,6 +202,12 @@ pub fn gateway_args(
         probe_timeout_ms: 1500,
         nft_table: None,
         allowed_destinations: Some(allowed),
+        // A gateway of an earlier version, killed by the upgrade on this gateway's node
+        // (hostNetwork), left its table under the old name of this same peer.
+        legacy_interfaces: vec![tandem_core::names::legacy_gateway_interface(&view.peer)],
+        legacy_nft_tables: vec![tandem_net::config::default_nft_table(
+            &tandem_core::names::legacy_gateway_interface(&view.peer),
+        )],
     })
 }
 

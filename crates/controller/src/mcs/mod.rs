@@ -1105,8 +1105,7 @@ impl Pass<'_> {
             let mut result = Ok(());
             for source in sources {
                 for (i, slice) in source.slices.iter().enumerate() {
-                    let slice_name =
-                        format!("{derived}-{}-{i}", tandem_core::short_hash(&source.cluster));
+                    let slice_name = tandem_core::names::import_slice(&derived, &source.cluster, i);
                     wanted.insert(slice_name.clone());
                     let want =
                         endpoint_slice(&slice_name, ns, name, &derived, &owner, source, slice);

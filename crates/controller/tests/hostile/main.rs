@@ -9,6 +9,9 @@ mod services;
 mod support;
 
 // One module per attack surface; the pod, identity, namespace and route attacks are here.
+// `names` is taken by `tandem_api::names` below.
+#[path = "names.rs"]
+mod colliding_names;
 
 use std::time::Duration;
 

@@ -187,6 +187,8 @@ impl Pair {
                         probe_timeout_ms: 1200,
                         nft_table: None,
                         allowed_destinations: None,
+                        legacy_interfaces: Vec::new(),
+                        legacy_nft_tables: Vec::new(),
                     },
                     config_path: dir.path().join(format!("gw{i}.json")),
                     log_path: dir.path().join(format!("gw{i}.log")),

@@ -412,3 +412,83 @@ fn side_without_endpoint_learns_it_from_the_handshake() {
     .expect("B to A after learning the endpoint");
     assert_eq!(seen, pair.pod_ip_seen_by(Side::A, 2));
 }
+
+#[test]
+fn gateway_under_new_names_removes_only_its_own_old_interface_and_table() {
+    if !require_root() {
+        return;
+    }
+    use tandem_core::names::{gateway_interface, legacy_gateway_interface};
+    use tandem_net::config::default_nft_table;
+    // A's gateway is the one to peer `milan`; `turin` is another peer whose gateway (of the
+    // earlier version too) runs on the same node.
+    let (old, new) = (
+        legacy_gateway_interface("milan"),
+        gateway_interface("milan"),
+    );
+    let (old_table, new_table) = (default_nft_table(&old), default_nft_table(&new));
+    let (other, other_table) = (
+        legacy_gateway_interface("turin"),
+        default_nft_table(&legacy_gateway_interface("turin")),
+    );
+    let mut pair = Pair::new();
+    let gw = pair.gw(Side::A);
+    // The earlier version runs under the old name, then is killed by the upgrade: its
+    // table stays on the node (hostNetwork), with its rules.
+    pair.args_mut(Side::A).interface = old.clone();
+    pair.start(Side::A);
+    pair.start(Side::B);
+    pair.wait_connected(Side::A, CONNECT);
+    pair.kill(Side::A);
+    let left = pair.ruleset(Side::A);
+    assert!(left.contains(&format!("table inet {old_table}")), "{left}");
+    assert!(left.contains("snat ip prefix to"), "{left}");
+    // The killed process's TUN went with it; a device still held open elsewhere (or made
+    // persistent) would not: one stands for it. And what is not this gateway's: the other
+    // peer's interface and table of the earlier version, and a table that is not Tandem's.
+    for cmd in [
+        vec!["ip", "tuntap", "add", "dev", old.as_str(), "mode", "tun"],
+        vec!["ip", "tuntap", "add", "dev", other.as_str(), "mode", "tun"],
+        vec!["nft", "add", "table", "inet", other_table.as_str()],
+        vec!["nft", "add", "table", "inet", "admins_own"],
+    ] {
+        let (ok, out) = exec(&gw, &cmd);
+        assert!(ok, "{cmd:?}: {out}");
+    }
+
+    // The new version: new names, and the old ones of the same peer to remove.
+    std::thread::sleep(Duration::from_secs(1));
+    let args = pair.args_mut(Side::A);
+    args.interface = new.clone();
+    args.legacy_interfaces = vec![old.clone()];
+    args.legacy_nft_tables = vec![old_table.clone()];
+    pair.start(Side::A);
+    pair.wait_connected(Side::A, CONNECT);
+    assert!(
+        ping(&pair.pod(Side::A, 1), &pair.pod_ip_seen_by(Side::A, 2)),
+        "no traffic under the new names"
+    );
+
+    let tables = pair.ruleset(Side::A);
+    assert!(!tables.contains(&old_table), "old table left:\n{tables}");
+    for kept in [new_table.as_str(), other_table.as_str(), "admins_own"] {
+        assert!(
+            tables.contains(&format!("table inet {kept}")),
+            "{kept} missing:\n{tables}"
+        );
+    }
+    let (_, links) = exec(&gw, &["ip", "-o", "link", "show"]);
+    let has_link = |name: &str| links.contains(&format!(": {name}:"));
+    assert!(!has_link(&old), "old interface left:\n{links}");
+    assert!(has_link(&new), "{links}");
+    assert!(
+        has_link(&other),
+        "another peer's interface removed:\n{links}"
+    );
+    assert!(
+        pair.log(Side::A)
+            .contains("removed what an earlier version left"),
+        "{}",
+        pair.log(Side::A)
+    );
+}
