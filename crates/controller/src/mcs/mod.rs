@@ -47,7 +47,10 @@ use tandem_api::mcs::{
     ServiceImportSpec, ServicePort, export_condition, exported_service_name,
 };
 use tandem_api::{ConditionStatus, NetworkParameters, Peering, Tenant, client, conditions, names};
-use tandem_core::mcs::{ExportProperties, ExportedPort, ImportType, Merged};
+use tandem_core::mcs::{
+    ExportProperties, ExportedPort, IMPORT_FROM_ANNOTATION, ImportNamespace, ImportScope,
+    ImportType, Merged, NotImported,
+};
 use tokio::sync::Notify;
 
 use crate::consumer::{Links, ProviderLink};
@@ -74,6 +77,10 @@ const MAX_ENDPOINTS_PER_PEER: usize = 10_000;
 /// gateway's status may take to answer.
 const TUNNEL_CHECK: Duration = Duration::from_secs(2);
 const TUNNEL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// At most this many Events about peers' exports not imported are written in one pass (the
+/// rest in the next ones): a peer cannot make this cluster write without bound.
+const MAX_REFUSAL_EVENTS_PER_PASS: usize = 20;
 
 /// Whether the tunnel to each peer that consumes from us is connected: such a peer has no
 /// virtual node here, and our gateway's probes through the tunnel are what says it is there.
@@ -286,6 +293,7 @@ pub async fn run(ctx: Ctx, links: Links) {
     }
     publish_cluster_id(&ctx).await;
     let mut remotes: BTreeMap<String, RemoteRecords> = BTreeMap::new();
+    let mut reported: BTreeSet<Refusal> = BTreeSet::new();
     let mut pod_cidr: Option<IpNet> = None;
     let mut last_settings = None::<tokio::time::Instant>;
     loop {
@@ -335,11 +343,17 @@ pub async fn run(ctx: Ctx, links: Links) {
             remotes: &remotes,
             pod_cidr,
             tunnels: &tunnel_health,
+            refused: Default::default(),
         };
         if let Err(e) = sync.run().await {
             tracing::warn!("multi-cluster services: {e}");
             failed = true;
         }
+        let refused = sync
+            .refused
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        report_refusals(&ctx, &mut reported, refused).await;
         let wait = if failed {
             Duration::from_secs(1)
         } else {
@@ -433,6 +447,45 @@ struct Pass<'a> {
     pod_cidr: Option<IpNet>,
     /// Whether the tunnel to each consumer of ours is up (absent: not checked yet).
     tunnels: &'a BTreeMap<String, bool>,
+    /// The peers' exports this pass did not import, and why.
+    refused: std::sync::Mutex<Vec<Refusal>>,
+}
+
+/// A peer's export this cluster does not import, and why: reported as an Event (once while
+/// it lasts) in the peer's tenant namespace, about the peer's record of the export.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Refusal {
+    peer: String,
+    namespace: String,
+    service: String,
+    reason: &'static str,
+    warning: bool,
+    message: String,
+}
+
+/// Writes an Event for each refusal not reported yet (at most
+/// [`MAX_REFUSAL_EVENTS_PER_PASS`]); `reported` becomes what is reported and still holds, so
+/// a refusal that ends and comes back is reported again.
+async fn report_refusals(ctx: &Ctx, reported: &mut BTreeSet<Refusal>, now: Vec<Refusal>) {
+    let now: BTreeSet<Refusal> = now.into_iter().collect();
+    reported.retain(|r| now.contains(r));
+    let fresh: Vec<&Refusal> = now.iter().filter(|r| !reported.contains(*r)).collect();
+    for r in fresh.into_iter().take(MAX_REFUSAL_EVENTS_PER_PASS) {
+        let tenant_ns = names::tenant_namespace(&r.peer);
+        tracing::info!("multi-cluster services: {}", r.message);
+        crate::events::record(
+            &ctx.client,
+            &tenant_ns,
+            json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "ExportedService",
+                   "namespace": tenant_ns,
+                   "name": exported_service_name(&r.peer, &r.namespace, &r.service)}),
+            r.reason,
+            &r.message,
+            r.warning,
+        )
+        .await;
+        reported.insert(r.clone());
+    }
 }
 
 fn label<'a, K: Resource>(obj: &'a K, key: &str) -> Option<&'a str> {
@@ -481,9 +534,9 @@ impl Pass<'_> {
             });
         }
         for peer in &peers {
-            let from_peer = match self.peer_sources(peer) {
+            let from_peer = match self.peer_sources(peer, &own) {
                 Some(fresh) => fresh,
-                None => self.carried_sources(peer),
+                None => self.carried_sources(peer, &own),
             };
             for (key, source) in from_peer {
                 sources.entry(key).or_default().push(source);
@@ -624,6 +677,26 @@ impl Pass<'_> {
         peers.into_values().collect()
     }
 
+    /// Notes that `peer`'s export of `key` is not imported (a missing namespace is no news:
+    /// peers export in namespaces this cluster never has).
+    fn refuse(&self, peer: &Peer, (namespace, service): &(String, String), why: NotImported) {
+        if why == NotImported::NoNamespace {
+            return;
+        }
+        let refusal = Refusal {
+            peer: peer.id.clone(),
+            namespace: namespace.clone(),
+            service: service.clone(),
+            reason: why.reason(),
+            warning: why.is_warning(),
+            message: why.message(&peer.id, namespace, service),
+        };
+        self.refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(refusal);
+    }
+
     /// Whether a virtual node is Ready and its network available.
     fn virtual_node_ready(&self, node: &str) -> bool {
         let Some(node) = self.caches.nodes.get(&ObjectRef::new(node)) else {
@@ -682,7 +755,11 @@ impl Pass<'_> {
     /// The peer's exports this cluster imports: from records it wrote in our tenant namespace
     /// for it and in its tenant namespace for us, in namespaces we allow and have, with its
     /// addresses moved into our view of its pod CIDR. None while its records cannot be read.
-    fn peer_sources(&self, peer: &Peer) -> Option<Vec<((String, String), Source)>> {
+    fn peer_sources(
+        &self,
+        peer: &Peer,
+        own: &Records,
+    ) -> Option<Vec<((String, String), Source)>> {
         if !peer.readable {
             return None;
         }
@@ -730,7 +807,8 @@ impl Pass<'_> {
         let (mut endpoints, mut over_budget) = (0usize, false);
         for r in records {
             let key = (r.spec.namespace.clone(), r.spec.service.clone());
-            if !self.may_import(peer, &key.0) {
+            if let Err(why) = self.may_import(peer, &key, own) {
+                self.refuse(peer, &key, why);
                 continue;
             }
             let mut spec = match sanitize::sanitize(&r.spec) {
@@ -793,18 +871,43 @@ impl Pass<'_> {
         Some(out)
     }
 
-    /// Whether `peer`'s export may become an import in `namespace`: allowed by each side's
-    /// list (by default neither a system, tenant nor twin namespace), and there.
-    fn may_import(&self, peer: &Peer, namespace: &str) -> bool {
-        let Some(ns) = self.caches.namespaces.get(&ObjectRef::new(namespace)) else {
-            return false;
-        };
-        let twin = label(ns.as_ref(), names::TWIN_NAMESPACE_LABEL).is_some();
-        ns.metadata.deletion_timestamp.is_none()
-            && peer.allowed.iter().all(|a| match a {
-                None => !twin && tandem_core::mcs::import_allowed(namespace, None),
-                Some(list) => tandem_core::mcs::import_allowed(namespace, Some(list)),
-            })
+    /// Whether `peer`'s export of `namespace/service` may become (part of) an import here,
+    /// as [`tandem_core::mcs::import_scope`] decides from the namespace as it is now, the
+    /// peer's lists and whether this cluster exports that Service itself.
+    fn may_import(
+        &self,
+        peer: &Peer,
+        (namespace, service): &(String, String),
+        own: &Records,
+    ) -> Result<ImportScope, NotImported> {
+        let ns = self
+            .caches
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .filter(|ns| ns.metadata.deletion_timestamp.is_none());
+        let here = ns.as_ref().map(|ns| ImportNamespace {
+            name: namespace,
+            twin_of: label(ns.as_ref(), names::TWIN_NAMESPACE_LABEL).and_then(|_| {
+                Some((
+                    label(ns.as_ref(), names::ORIGIN_CLUSTER_LABEL)?,
+                    label(ns.as_ref(), names::ORIGIN_NAMESPACE_LABEL)?,
+                ))
+            }),
+            opted_in: ns
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(IMPORT_FROM_ANNOTATION))
+                .map(String::as_str),
+        });
+        let own_export = own.contains_key(&(namespace.clone(), service.clone()));
+        tandem_core::mcs::import_scope(
+            &peer.id,
+            namespace,
+            here.as_ref(),
+            &peer.allowed,
+            own_export,
+        )
     }
 
     /// The exports (properties) an import of ours was last written from.
@@ -825,7 +928,7 @@ impl Pass<'_> {
     /// each import (properties from the import, endpoints from its slices), so that a restart
     /// or a link not yet up neither removes imports (and their IPs) nor changes their merge.
     /// Its endpoints are ready only while its virtual node is.
-    fn carried_sources(&self, peer: &Peer) -> Vec<((String, String), Source)> {
+    fn carried_sources(&self, peer: &Peer, own: &Records) -> Vec<((String, String), Source)> {
         let mut out = Vec::new();
         for import in self.caches.imports.state() {
             let key = key_of(import.as_ref());
@@ -835,7 +938,7 @@ impl Pass<'_> {
             else {
                 continue;
             };
-            if !self.may_import(peer, &key.0) {
+            if self.may_import(peer, &key, own).is_err() {
                 continue;
             }
             let mut slices: Vec<(u32, ExportedSlice)> = self
@@ -1168,6 +1271,26 @@ impl Pass<'_> {
             &format!("imported from {}", merged.clusters.join(", ")),
             None,
         );
+        // The exports' conflicts, here too: two clusters that do not peer with each other
+        // never see each other's export, so only an importer of both can say they clash.
+        match merged.conflict_summary() {
+            Some((reason, message)) => conditions::set_condition(
+                &mut conds,
+                export_condition::CONFLICT,
+                ConditionStatus::True,
+                &reason,
+                &message,
+                None,
+            ),
+            None => conditions::set_condition(
+                &mut conds,
+                export_condition::CONFLICT,
+                ConditionStatus::False,
+                "NoConflicts",
+                &format!("the exports of {ns}/{name} agree"),
+                None,
+            ),
+        };
         if status.clusters != clusters || !same_conditions(&conds, &status.conditions) {
             status.clusters = clusters;
             status.conditions = conds;
