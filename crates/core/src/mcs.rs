@@ -310,7 +310,10 @@ impl NotImported {
     /// peer's export in a namespace not shared with it is a choice of this cluster's
     /// administrator to make, the others are refusals.
     pub fn is_warning(&self) -> bool {
-        !matches!(self, NotImported::NoNamespace | NotImported::NotShared { .. })
+        !matches!(
+            self,
+            NotImported::NoNamespace | NotImported::NotShared { .. }
+        )
     }
 
     /// What an administrator reads: the rule, the export, and how to opt in where that is
@@ -329,7 +332,9 @@ impl NotImported {
                 "{what} is not imported: {namespace} is a system or tenant namespace, which \
                  receives no peer's imports unless opted in (tenant namespaces never)"
             ),
-            NotImported::NotShared { twin_of: Some(owner) } => format!(
+            NotImported::NotShared {
+                twin_of: Some(owner),
+            } => format!(
                 "{what} is not imported: namespace {namespace} is the twin namespace of cluster \
                  {owner}, not shared with {peer}; {opt_in}"
             ),
@@ -649,7 +654,9 @@ mod tests {
         assert!(refused.is_warning());
         let msg = refused.message("basel", "shop", "api");
         assert!(
-            msg.contains("shop/api") && msg.contains("basel") && msg.contains(IMPORT_FROM_ANNOTATION),
+            msg.contains("shop/api")
+                && msg.contains("basel")
+                && msg.contains(IMPORT_FROM_ANNOTATION),
             "{msg}"
         );
         twin.opted_in = Some("basel");

@@ -9,12 +9,17 @@
 //! namespace; the records are data, never instructions.
 //!
 //! **Import.** Each cluster decides alone what it imports: a peer's record becomes part of a
-//! `ServiceImport` only in a namespace that exists here and that this cluster allows for that
-//! peer (`serviceImportNamespaces` of its Peering / Tenant; default every namespace but the
-//! system ones), and the peer's endpoint addresses are moved into this cluster's view of the
-//! peer's pod CIDR — an address outside that CIDR is dropped, so an export can never aim
+//! `ServiceImport` only in a namespace that exists here and where the relation applies — the
+//! peer's own twin of that namespace, or a namespace this cluster's admin opted in for that
+//! peer (`serviceImportNamespaces` of its Peering / Tenant, or the namespace's annotation
+//! `mcs.tandem.dev/import-from`); it joins this cluster's own export of the same Service only
+//! in an opted-in namespace ([`tandem_core::mcs::import_scope`]). What is not imported is said
+//! once as an Event in the peer's tenant namespace. The peer's endpoint addresses are moved
+//! into this cluster's view of the peer's pod CIDR — an address outside that CIDR is dropped, so an export can never aim
 //! traffic at this cluster's own addresses or at a third cluster. The exports of one Service by
-//! several clusters (this one included) merge as the KEP says ([`tandem_core::mcs::merge`]).
+//! several clusters (this one included) merge as the KEP says ([`tandem_core::mcs::merge`]);
+//! their conflicts show on the ServiceImport too (the `Conflict` condition of ServiceExports),
+//! since two exporters that do not peer with each other never see each other's export.
 //! A ClusterSetIP import is backed by a selector-less Service `derived-<hash>` whose ClusterIP
 //! is the import's IP, and EndpointSlices per source cluster that any kube-proxy follows.
 //! A peer whose virtual node is not Ready (or whose tunnel is down) has its endpoints marked
@@ -430,7 +435,7 @@ struct Peer {
     tenant_namespace: Option<String>,
     /// Its pod CIDR, and our name for it.
     pod_cidr: Option<(IpNet, IpNet)>,
-    /// The namespaces we allow its imports into (each side's list; None: the default).
+    /// The namespaces this cluster's admin opted in for its exports (each side's list).
     allowed: Vec<Option<Vec<String>>>,
     healthy: bool,
     /// Whether its records can be read now: through our tenant namespace for it, or through
@@ -456,8 +461,8 @@ struct Pass<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Refusal {
     peer: String,
-    namespace: String,
-    service: String,
+    /// The name of the peer's record (an ExportedService in the tenant namespaces).
+    record: String,
     reason: &'static str,
     warning: bool,
     message: String,
@@ -478,7 +483,7 @@ async fn report_refusals(ctx: &Ctx, reported: &mut BTreeSet<Refusal>, now: Vec<R
             &tenant_ns,
             json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "ExportedService",
                    "namespace": tenant_ns,
-                   "name": exported_service_name(&r.peer, &r.namespace, &r.service)}),
+                   "name": r.record}),
             r.reason,
             &r.message,
             r.warning,
@@ -685,8 +690,7 @@ impl Pass<'_> {
         }
         let refusal = Refusal {
             peer: peer.id.clone(),
-            namespace: namespace.clone(),
-            service: service.clone(),
+            record: exported_service_name(&peer.id, namespace, service),
             reason: why.reason(),
             warning: why.is_warning(),
             message: why.message(&peer.id, namespace, service),
@@ -755,11 +759,7 @@ impl Pass<'_> {
     /// The peer's exports this cluster imports: from records it wrote in our tenant namespace
     /// for it and in its tenant namespace for us, in namespaces we allow and have, with its
     /// addresses moved into our view of its pod CIDR. None while its records cannot be read.
-    fn peer_sources(
-        &self,
-        peer: &Peer,
-        own: &Records,
-    ) -> Option<Vec<((String, String), Source)>> {
+    fn peer_sources(&self, peer: &Peer, own: &Records) -> Option<Vec<((String, String), Source)>> {
         if !peer.readable {
             return None;
         }
@@ -782,15 +782,31 @@ impl Pass<'_> {
                     .filter(|r| r.metadata.namespace.as_deref() == Some(ns)),
             );
         }
-        // Only what the peer says of itself, under the name it must have.
+        // Only what the peer says of itself, under the name it must have (our own records
+        // beside them are no news).
+        let me = &self.ctx.identity.cluster_id;
         records.retain(|r| {
-            r.spec.cluster_id == peer.id
-                && r.metadata.name.as_deref()
-                    == Some(&exported_service_name(
-                        &peer.id,
-                        &r.spec.namespace,
-                        &r.spec.service,
-                    ))
+            let name = r.metadata.name.clone().unwrap_or_default();
+            let its_own = r.spec.cluster_id == peer.id
+                && name == exported_service_name(&peer.id, &r.spec.namespace, &r.spec.service);
+            if !its_own && r.spec.cluster_id != *me {
+                self.refused
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(Refusal {
+                        peer: peer.id.clone(),
+                        message: format!(
+                            "ExportedService {name} of cluster {} is not imported: a peer's record \
+                             must carry its own cluster ID ({}) and be named \
+                             <cluster>.<namespace>.<service>",
+                            peer.id, peer.id
+                        ),
+                        record: name,
+                        reason: "NotThePeersOwnExport",
+                        warning: true,
+                    });
+            }
+            its_own
         });
         records.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         records.dedup_by(|a, b| a.metadata.name == b.metadata.name);
