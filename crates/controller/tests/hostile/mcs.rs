@@ -74,14 +74,12 @@ async fn export(c: &Cluster, ns: &str, name: &str, port: i32) {
     .await;
 }
 
+/// What a forged record claims: (cluster, namespace, service, exportedAt, port, endpoint).
+type Claims<'a> = (&'a str, &'a str, &'a str, &'a str, i32, &'a str);
+
 /// Writes, with the peer identity, the ExportedService `name` saying `cluster` exports
 /// `ns/svc` (created at `at`) on port `port` with endpoint `address`.
-async fn forge(
-    peer: &Client,
-    consumer: &str,
-    name: &str,
-    spec: (&str, &str, &str, &str, i32, &str),
-) {
+async fn forge(peer: &Client, consumer: &str, name: &str, spec: Claims<'_>) {
     let (cluster, ns, svc, at, port, address) = spec;
     let record: ExportedService = serde_json::from_value(json!({
         "apiVersion": "tandem.dev/v1alpha1", "kind": "ExportedService",
@@ -99,7 +97,7 @@ async fn forge(
         .unwrap_or_else(|e| panic!("the peer may write its records ({name}): {e}"));
 }
 
-/// The `Conflict` condition of `c`'s import `ns/name`, once it has `clusters`.
+/// `c`'s ServiceImport `ns/name`, if there is one.
 async fn import_of(c: &Cluster, ns: &str, name: &str) -> Option<ServiceImport> {
     Api::<ServiceImport>::namespaced(c.client.clone(), ns)
         .get_opt(name)
@@ -196,7 +194,7 @@ async fn a_consumers_exports_reach_only_what_the_provider_shared_with_it() {
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     // (record name, its claims, the rule that refuses it)
-    let attacks: Vec<(String, (&str, &str, &str, &str, i32, &str), &str)> = vec![
+    let attacks: Vec<(String, Claims, &str)> = vec![
         (
             exported_service_name("chur", "payments", "api"),
             ("chur", "payments", "api", old, 8080, &chur_pod),
