@@ -133,11 +133,13 @@ pub struct TenantSpec {
     /// allowed unless set to false; absent, all are allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_access: Option<PodAccess>,
-    /// The namespaces of this cluster in which this peer's exported Services may be imported
-    /// (as ServiceImports; the namespace must exist). Absent: every namespace but the system
-    /// ones (kube-system, kube-public, kube-node-lease, tandem-system, tenant namespaces);
-    /// empty: none. When this cluster both consumes from and provides to the peer, a
-    /// namespace must be allowed by its Peering and its Tenant.
+    /// The namespaces of this cluster its admin opts in for this peer's exported Services:
+    /// there they become ServiceImports (the namespace must exist) and may join this
+    /// cluster's own export of the same name. Besides these, a peer's exports are imported
+    /// only in its own twin namespace of the same name (never joining an own export there),
+    /// and in namespaces annotated `mcs.tandem.dev/import-from` with its cluster ID (or `*`).
+    /// Tenant namespaces never receive imports. When this cluster both consumes from and
+    /// provides to the peer, a namespace listed by its Peering or its Tenant is opted in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_import_namespaces: Option<Vec<String>>,
     /// The namespace mapping strategies the consumer may use for its twin namespaces (set from

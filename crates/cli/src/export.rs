@@ -20,13 +20,15 @@ pub struct ExportArgs {
 #[derive(clap::Subcommand)]
 enum ExportCommand {
     /// Export a Service to every peer (a ServiceExport of the same name): each peer that
-    /// allows the namespace imports it as `<name>.<namespace>.svc.clusterset.local`.
+    /// shares the namespace with this cluster imports it as `<name>.<namespace>.svc.clusterset.local`.
     #[command(
         after_help = "Examples:\n  tandem export service demo/hello\n  tandem export service hello -n demo\n\n\
-Peers import it in the namespace of the same name, if they have it and allow it (their\n\
-Peering's or Tenant's spec.serviceImportNamespaces; by default every namespace but the\n\
-system ones). The exports of one Service by several clusters merge: ports are the union, and\n\
-a clash is resolved by the oldest export, with the Conflict condition on every export."
+Peers import it in the namespace of the same name if they have it and it is shared with\n\
+this cluster: a provider's twin namespace of it, or a namespace the peer's admin opted in\n\
+(the annotation mcs.tandem.dev/import-from, or its Peering's or Tenant's\n\
+spec.serviceImportNamespaces). The exports of one Service by several clusters merge: ports\n\
+are the union, and a clash is resolved by the oldest export, with the Conflict condition on\n\
+every export and on the imports."
     )]
     Service(ServiceRef),
 }

@@ -3,7 +3,8 @@
 //! exported from milan (not offloaded: no virtual node involved) is reached from a pod in rome
 //! as `hello.demo.svc.clusterset.local` and at its ServiceImport's IP; exported from turin too,
 //! both answer; unexported from turin, only milan does. A headless export resolves each pod as
-//! `<hostname>.<cluster>.<svc>.<ns>.svc.clusterset.local`. Nothing derived is left after.
+//! `<hostname>.<cluster>.<svc>.<ns>.svc.clusterset.local`. rome's admin opts its namespace demo
+//! in for the providers' exports. Nothing derived is left after.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -89,6 +90,21 @@ fn exported_services_are_reached_by_clusterset_names_from_a_peer() {
             "namespace",
         );
     }
+    // rome's admin shares its demo with the providers' exports (a peer's export is imported
+    // only in its own twin namespace or where the admin opts in).
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "annotate",
+                "namespace",
+                "demo",
+                "mcs.tandem.dev/import-from=milan,turin",
+            ],
+        ),
+        "opt demo in for milan's and turin's exports",
+    );
     // hello: an echo Deployment behind a Service, in milan and in turin.
     for ctx in ["lab-2", "lab-3"] {
         ok(
@@ -311,6 +327,20 @@ fn exported_services_are_reached_by_clusterset_names_from_a_peer() {
             ],
         ),
         "service back in rome",
+    );
+    // The reverse direction is milan's admin's choice to make: demo is not a twin of rome's.
+    ok(
+        kubectl(
+            &lab,
+            "lab-2",
+            &[
+                "annotate",
+                "namespace",
+                "demo",
+                "mcs.tandem.dev/import-from=rome",
+            ],
+        ),
+        "opt milan's demo in for rome's exports",
     );
     tandem_on(
         home.path(),

@@ -1,7 +1,8 @@
 //! Multi-cluster services on lab clusters (control plane; traffic is asserted in the CLI's
 //! network tests): ServiceExports become ServiceImports in every peer, merged as KEP-1645
 //! says, with derived Services and EndpointSlices in the importer's view of the exporter's
-//! pods; conflicts show on the exports; nothing derived is left after unexport, namespace
+//! pods, in the namespaces the importer's admin opted in; conflicts show on the exports and
+//! on the imports (where only the importer sees both exporters); nothing derived is left after unexport, namespace
 //! deletion or unpeer.
 
 mod support;
@@ -11,11 +12,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use support::{Cluster, until};
 use tandem_api::mcs::{SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABEL, ServiceExport, ServiceImport};
+use tandem_api::names;
 use tandem_controller::mcs::derived_service_name;
 
 /// How long an export may take to show (generous: the benchmark measures the real time).
@@ -131,10 +133,13 @@ async fn exports_of_two_providers_merge_into_one_import_that_follows_them() {
     let rome = Cluster::start("rome", "eu-central", 1).await;
     let to_milan = support::peer(&rome, &milan).await;
     let to_turin = support::peer(&rome, &turin).await;
+    // rome's admin opts its namespace demo in for its providers' exports: a peer's export is
+    // imported only where the admin says so (or in the peer's own twin namespace).
     create(
         &rome.client,
         "",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo",
+               "annotations": {tandem_core::mcs::IMPORT_FROM_ANNOTATION: "*"}}}),
     )
     .await;
 
@@ -221,18 +226,68 @@ async fn exports_of_two_providers_merge_into_one_import_that_follows_them() {
             .is_none()
     );
     // The exports say so.
-    let export = Api::<ServiceExport>::namespaced(milan.client.clone(), "demo")
+    let hello_export = Api::<ServiceExport>::namespaced(milan.client.clone(), "demo")
         .get("hello")
         .await
         .unwrap();
     assert_eq!(
-        condition(&export, "Valid").map(|c| c.status.as_str()),
+        condition(&hello_export, "Valid").map(|c| c.status.as_str()),
         Some("True")
     );
     assert_eq!(
-        condition(&export, "Conflict").map(|c| c.reason.as_str()),
+        condition(&hello_export, "Conflict").map(|c| c.reason.as_str()),
         Some("NoConflicts")
     );
+
+    // A clash only rome can see: milan and turin do not peer, so neither export knows of the
+    // other; rome's import says so, naming both.
+    export(&milan, "demo", "clash", 1, &[("http", 80, 8080)]).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    export(&turin, "demo", "clash", 1, &[("http", 81, 8080)]).await;
+    let conflict = until("the Conflict condition on rome's import", WAIT, || async {
+        let i = imports.get_opt("clash").await.ok()??;
+        let c = i
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Conflict")?;
+        (c.status == "True").then_some(c)
+    })
+    .await;
+    assert_eq!(conflict.reason, "PortConflict");
+    assert!(
+        conflict
+            .message
+            .contains("cluster turin: port \"http\" (TCP 81)")
+            && conflict
+                .message
+                .contains("port \"http\" (TCP 80) of the older export of cluster milan"),
+        "{}",
+        conflict.message
+    );
+    let milan_export = Api::<ServiceExport>::namespaced(milan.client.clone(), "demo");
+    until("milan's export of clash valid", WAIT, || async {
+        let e = milan_export.get("clash").await.ok()?;
+        (condition(&e, "Conflict")?.reason == "NoConflicts").then_some(())
+    })
+    .await;
+    // The first import agrees on everything: no conflict there.
+    let hello = imports.get("hello").await.unwrap().status.unwrap();
+    let c = hello
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Conflict")
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NoConflicts")
+    );
+    for c in [&milan, &turin] {
+        Api::<ServiceExport>::namespaced(c.client.clone(), "demo")
+            .delete("clash", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
 
     // The exported Service scales: the import follows.
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
@@ -286,6 +341,24 @@ async fn clashing_ports_conflict_on_every_export_and_unpeering_removes_the_peers
     let rome = Cluster::start("rome", "eu-central", 1).await;
     let rome_before = support::tandem_owned(&rome.client).await;
     support::peer(&rome, &milan).await;
+    // Each admin lets the other's exports join its own in demo, with the lists of the
+    // peering's two ends (without them neither side merges a peer's export into its own).
+    Api::<tandem_api::Tenant>::namespaced(milan.client.clone(), &names::tenant_namespace("rome"))
+        .patch(
+            "rome",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"serviceImportNamespaces": ["demo"]}})),
+        )
+        .await
+        .unwrap();
+    Api::<tandem_api::Peering>::all(rome.client.clone())
+        .patch(
+            "milan",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"serviceImportNamespaces": ["demo"]}})),
+        )
+        .await
+        .unwrap();
     export(&milan, "demo", "hello", 1, &[("http", 80, 8080)]).await;
     // Creation times have a resolution of a second: rome's export is younger.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -332,6 +405,22 @@ async fn clashing_ports_conflict_on_every_export_and_unpeering_removes_the_peers
         assert_eq!(
             ports,
             [("grpc".to_string(), 9090), ("http".to_string(), 80)]
+        );
+        let on_import = until(&format!("Conflict on {}'s import", c.id), WAIT, || async {
+            let i = imports.get("hello").await.ok()?;
+            let c = i
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Conflict")?;
+            (c.status == "True").then_some(c)
+        })
+        .await;
+        assert_eq!(on_import.reason, "PortConflict");
+        assert!(
+            on_import.message.contains("rome") && on_import.message.contains("milan"),
+            "{}",
+            on_import.message
         );
     }
 
@@ -402,10 +491,13 @@ async fn a_lost_provider_s_endpoints_turn_not_ready_and_come_back() {
         Some(gate.url()),
     )
     .await;
+    // rome's admin opts its namespace demo in for its providers' exports: a peer's export is
+    // imported only where the admin says so (or in the peer's own twin namespace).
     create(
         &rome.client,
         "",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo",
+               "annotations": {tandem_core::mcs::IMPORT_FROM_ANNOTATION: "*"}}}),
     )
     .await;
     export(&milan, "demo", "hello", 2, &[("http", 80, 8080)]).await;

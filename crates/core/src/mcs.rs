@@ -250,7 +250,7 @@ pub fn import_address(ip: &str, remote: IpNet, here: IpNet) -> Option<String> {
     translate(ip, &remote, &here).map(|ip| ip.to_string())
 }
 
-/// Namespaces no peer's export is imported into unless its administrator lists them.
+/// Namespaces no peer's export is imported into unless its administrator opts them in.
 pub const SYSTEM_NAMESPACES: &[&str] = &[
     "kube-system",
     "kube-public",
@@ -258,12 +258,145 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
     "tandem-system",
 ];
 
-/// Whether a peer's export may become an import in `namespace`: `allowed` lists the namespaces
-/// (None: every namespace but the system ones and tenant namespaces).
-pub fn import_allowed(namespace: &str, allowed: Option<&[String]>) -> bool {
-    match allowed {
-        Some(list) => list.iter().any(|n| n == namespace),
-        None => !SYSTEM_NAMESPACES.contains(&namespace) && !namespace.starts_with("tandem-tenant-"),
+/// What the importing cluster knows of the namespace of its own that a peer's export names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportNamespace<'a> {
+    pub name: &'a str,
+    /// When it is a twin namespace: the consumer it belongs to and that consumer's namespace
+    /// it mirrors (its labels, set by this cluster when it made the twin).
+    pub twin_of: Option<(&'a str, &'a str)>,
+    /// Its administrator's opt-in annotation (`mcs.tandem.dev/import-from`): peers' cluster
+    /// IDs, comma-separated, or `*` for every peer.
+    pub opted_in: Option<&'a str>,
+}
+
+/// Why a peer's export may become (part of) an import in a namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportScope {
+    /// The namespace is the peer's own twin of the namespace it exports from: the relation
+    /// of the peering already shares it with that peer.
+    Twin,
+    /// This cluster's administrator opted the namespace in for that peer.
+    OptedIn,
+}
+
+/// Why a peer's export is not imported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotImported {
+    /// No such namespace here (or it is going): nothing is ever created for a peer.
+    NoNamespace,
+    /// A tenant namespace (never), or a system namespace not opted in.
+    Reserved,
+    /// Neither the peer's twin of that namespace nor opted in for it (another consumer's
+    /// twin included).
+    NotShared { twin_of: Option<String> },
+    /// The peer's own twin, but this cluster exports a Service of that name there itself: a
+    /// peer's export joins this cluster's own only where the administrator opted in.
+    OwnExport,
+}
+
+impl NotImported {
+    /// The rule, as an Event's reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotImported::NoNamespace => "NoNamespace",
+            NotImported::Reserved => "ReservedNamespace",
+            NotImported::NotShared { .. } => "NamespaceNotShared",
+            NotImported::OwnExport => "OwnServiceNotMerged",
+        }
+    }
+
+    /// Whether it may only come from a peer writing what an honest one would not: an honest
+    /// peer's export in a namespace not shared with it is a choice of this cluster's
+    /// administrator to make, the others are refusals.
+    pub fn is_warning(&self) -> bool {
+        !matches!(
+            self,
+            NotImported::NoNamespace | NotImported::NotShared { .. }
+        )
+    }
+
+    /// What an administrator reads: the rule, the export, and how to opt in where that is
+    /// possible.
+    pub fn message(&self, peer: &str, namespace: &str, service: &str) -> String {
+        let what = format!("the export of Service {namespace}/{service} by cluster {peer}");
+        let opt_in = format!(
+            "opt in with the annotation {IMPORT_FROM_ANNOTATION}={peer} on namespace {namespace}, \
+             or spec.serviceImportNamespaces of the peer's Tenant or Peering"
+        );
+        match self {
+            NotImported::NoNamespace => {
+                format!("{what} is not imported: there is no namespace {namespace} here")
+            }
+            NotImported::Reserved => format!(
+                "{what} is not imported: {namespace} is a system or tenant namespace, which \
+                 receives no peer's imports unless opted in (tenant namespaces never)"
+            ),
+            NotImported::NotShared {
+                twin_of: Some(owner),
+            } => format!(
+                "{what} is not imported: namespace {namespace} is the twin namespace of cluster \
+                 {owner}, not shared with {peer}; {opt_in}"
+            ),
+            NotImported::NotShared { twin_of: None } => format!(
+                "{what} is not imported: namespace {namespace} is not shared with {peer} (not its \
+                 twin namespace, not opted in); {opt_in}"
+            ),
+            NotImported::OwnExport => format!(
+                "{what} is not merged with this cluster's own export of {namespace}/{service}: a \
+                 peer's export joins this cluster's own only where the administrator opted in; \
+                 {opt_in}"
+            ),
+        }
+    }
+}
+
+/// On a namespace: the peers (cluster IDs, comma-separated, or `*`) whose exports its
+/// administrator lets become imports there.
+pub const IMPORT_FROM_ANNOTATION: &str = "mcs.tandem.dev/import-from";
+
+/// Whether `peer`'s export of a Service in its namespace `exported_from` may become an import
+/// in this cluster's namespace of the same name (`here`, None when there is none), and why.
+///
+/// A peer's export is imported only where the relation applies: the peer's own twin of that
+/// namespace (this cluster provides to it and made the twin for it), or a namespace this
+/// cluster's administrator opted in for it — listed in `lists` (the peer's Tenant's and
+/// Peering's `serviceImportNamespaces`, whichever exist) or annotated
+/// ([`IMPORT_FROM_ANNOTATION`]). Tenant namespaces never, system namespaces only opted in.
+/// Where this cluster exports a Service of the same name itself (`own_export`), the peer's
+/// export joins it only in an opted-in namespace: never by the twin relation alone.
+pub fn import_scope(
+    peer: &str,
+    exported_from: &str,
+    here: Option<&ImportNamespace>,
+    lists: &[Option<Vec<String>>],
+    own_export: bool,
+) -> Result<ImportScope, NotImported> {
+    let Some(ns) = here else {
+        return Err(NotImported::NoNamespace);
+    };
+    if ns.name.starts_with("tandem-tenant-") {
+        return Err(NotImported::Reserved);
+    }
+    let listed = lists.iter().flatten().flatten().any(|n| n == ns.name);
+    let annotated = ns
+        .opted_in
+        .is_some_and(|v| v.split(',').map(str::trim).any(|p| p == "*" || p == peer));
+    if listed || annotated {
+        return Ok(ImportScope::OptedIn);
+    }
+    match ns.twin_of {
+        Some((owner, origin)) if owner == peer && origin == exported_from => {
+            if own_export {
+                Err(NotImported::OwnExport)
+            } else {
+                Ok(ImportScope::Twin)
+            }
+        }
+        _ if SYSTEM_NAMESPACES.contains(&ns.name) => Err(NotImported::Reserved),
+        twin => Err(NotImported::NotShared {
+            twin_of: twin.map(|(owner, _)| owner.to_string()),
+        }),
     }
 }
 
@@ -427,14 +560,113 @@ mod tests {
         assert_eq!(import_address("not-an-ip", remote, here), None);
     }
 
-    #[test]
-    fn system_namespaces_receive_no_imports_unless_listed() {
-        assert!(import_allowed("demo", None));
-        for ns in ["kube-system", "tandem-system", "tandem-tenant-rome"] {
-            assert!(!import_allowed(ns, None), "{ns}");
+    fn ns<'a>(name: &'a str) -> ImportNamespace<'a> {
+        ImportNamespace {
+            name,
+            ..Default::default()
         }
-        let list = vec!["kube-system".to_string()];
-        assert!(import_allowed("kube-system", Some(&list)));
-        assert!(!import_allowed("demo", Some(&list)));
+    }
+
+    #[test]
+    fn a_peers_export_is_imported_only_where_the_relation_applies() {
+        // A plain namespace of this cluster's: never by default, nor a missing one.
+        assert_eq!(
+            import_scope("basel", "payments", Some(&ns("payments")), &[None], false),
+            Err(NotImported::NotShared { twin_of: None })
+        );
+        assert_eq!(
+            import_scope("basel", "payments", None, &[None], false),
+            Err(NotImported::NoNamespace)
+        );
+        // The peer's own twin of the namespace it exports from.
+        let mut twin = ns("shop");
+        twin.twin_of = Some(("basel", "shop"));
+        assert_eq!(
+            import_scope("basel", "shop", Some(&twin), &[None], false),
+            Ok(ImportScope::Twin)
+        );
+        // Another consumer's twin, or the peer's twin of another of its namespaces: not its.
+        assert_eq!(
+            import_scope("geneva", "shop", Some(&twin), &[None], false),
+            Err(NotImported::NotShared {
+                twin_of: Some("basel".into())
+            })
+        );
+        twin.twin_of = Some(("basel", "web"));
+        assert!(import_scope("basel", "shop", Some(&twin), &[None], false).is_err());
+        // System and tenant namespaces.
+        for name in ["kube-system", "tandem-system", "tandem-tenant-rome"] {
+            assert_eq!(
+                import_scope("basel", name, Some(&ns(name)), &[None], false),
+                Err(NotImported::Reserved),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_administrator_opts_namespaces_in_by_list_or_annotation() {
+        let list = Some(vec!["demo".to_string(), "kube-system".to_string()]);
+        for name in ["demo", "kube-system"] {
+            assert_eq!(
+                import_scope("basel", name, Some(&ns(name)), &[None, list.clone()], false),
+                Ok(ImportScope::OptedIn)
+            );
+        }
+        // An empty list opts nothing in; a listed tenant namespace stays closed.
+        assert!(import_scope("basel", "demo", Some(&ns("demo")), &[Some(vec![])], false).is_err());
+        let tenant = Some(vec!["tandem-tenant-rome".to_string()]);
+        assert_eq!(
+            import_scope(
+                "basel",
+                "tandem-tenant-rome",
+                Some(&ns("tandem-tenant-rome")),
+                &[tenant],
+                false
+            ),
+            Err(NotImported::Reserved)
+        );
+        // The annotation names peers, or every peer.
+        for (value, basel) in [
+            ("basel", true),
+            ("geneva, basel", true),
+            ("*", true),
+            ("geneva", false),
+            ("basel-2", false),
+            ("", false),
+        ] {
+            let mut demo = ns("demo");
+            demo.opted_in = Some(value);
+            assert_eq!(
+                import_scope("basel", "demo", Some(&demo), &[None], true).is_ok(),
+                basel,
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_peers_export_joins_this_clusters_own_only_where_opted_in() {
+        let mut twin = ns("shop");
+        twin.twin_of = Some(("basel", "shop"));
+        let refused = import_scope("basel", "shop", Some(&twin), &[None], true).unwrap_err();
+        assert_eq!(refused, NotImported::OwnExport);
+        assert!(refused.is_warning());
+        let msg = refused.message("basel", "shop", "api");
+        assert!(
+            msg.contains("shop/api")
+                && msg.contains("basel")
+                && msg.contains(IMPORT_FROM_ANNOTATION),
+            "{msg}"
+        );
+        twin.opted_in = Some("basel");
+        assert_eq!(
+            import_scope("basel", "shop", Some(&twin), &[None], true),
+            Ok(ImportScope::OptedIn)
+        );
+        let mut plain = ns("payments");
+        assert!(import_scope("basel", "payments", Some(&plain), &[None], true).is_err());
+        plain.opted_in = Some("*");
+        assert!(import_scope("basel", "payments", Some(&plain), &[None], true).is_ok());
     }
 }

@@ -9,12 +9,17 @@
 //! namespace; the records are data, never instructions.
 //!
 //! **Import.** Each cluster decides alone what it imports: a peer's record becomes part of a
-//! `ServiceImport` only in a namespace that exists here and that this cluster allows for that
-//! peer (`serviceImportNamespaces` of its Peering / Tenant; default every namespace but the
-//! system ones), and the peer's endpoint addresses are moved into this cluster's view of the
-//! peer's pod CIDR — an address outside that CIDR is dropped, so an export can never aim
+//! `ServiceImport` only in a namespace that exists here and where the relation applies — the
+//! peer's own twin of that namespace, or a namespace this cluster's admin opted in for that
+//! peer (`serviceImportNamespaces` of its Peering / Tenant, or the namespace's annotation
+//! `mcs.tandem.dev/import-from`); it joins this cluster's own export of the same Service only
+//! in an opted-in namespace ([`tandem_core::mcs::import_scope`]). What is not imported is said
+//! once as an Event in the peer's tenant namespace. The peer's endpoint addresses are moved
+//! into this cluster's view of the peer's pod CIDR — an address outside that CIDR is dropped, so an export can never aim
 //! traffic at this cluster's own addresses or at a third cluster. The exports of one Service by
-//! several clusters (this one included) merge as the KEP says ([`tandem_core::mcs::merge`]).
+//! several clusters (this one included) merge as the KEP says ([`tandem_core::mcs::merge`]);
+//! their conflicts show on the ServiceImport too (the `Conflict` condition of ServiceExports),
+//! since two exporters that do not peer with each other never see each other's export.
 //! A ClusterSetIP import is backed by a selector-less Service `derived-<hash>` whose ClusterIP
 //! is the import's IP, and EndpointSlices per source cluster that any kube-proxy follows.
 //! A peer whose virtual node is not Ready (or whose tunnel is down) has its endpoints marked
@@ -47,7 +52,10 @@ use tandem_api::mcs::{
     ServiceImportSpec, ServicePort, export_condition, exported_service_name,
 };
 use tandem_api::{ConditionStatus, NetworkParameters, Peering, Tenant, client, conditions, names};
-use tandem_core::mcs::{ExportProperties, ExportedPort, ImportType, Merged};
+use tandem_core::mcs::{
+    ExportProperties, ExportedPort, IMPORT_FROM_ANNOTATION, ImportNamespace, ImportScope,
+    ImportType, Merged, NotImported,
+};
 use tokio::sync::Notify;
 
 use crate::consumer::{Links, ProviderLink};
@@ -74,6 +82,10 @@ const MAX_ENDPOINTS_PER_PEER: usize = 10_000;
 /// gateway's status may take to answer.
 const TUNNEL_CHECK: Duration = Duration::from_secs(2);
 const TUNNEL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// At most this many Events about peers' exports not imported are written in one pass (the
+/// rest in the next ones): a peer cannot make this cluster write without bound.
+const MAX_REFUSAL_EVENTS_PER_PASS: usize = 20;
 
 /// Whether the tunnel to each peer that consumes from us is connected: such a peer has no
 /// virtual node here, and our gateway's probes through the tunnel are what says it is there.
@@ -286,6 +298,7 @@ pub async fn run(ctx: Ctx, links: Links) {
     }
     publish_cluster_id(&ctx).await;
     let mut remotes: BTreeMap<String, RemoteRecords> = BTreeMap::new();
+    let mut reported: BTreeSet<Refusal> = BTreeSet::new();
     let mut pod_cidr: Option<IpNet> = None;
     let mut last_settings = None::<tokio::time::Instant>;
     loop {
@@ -335,11 +348,17 @@ pub async fn run(ctx: Ctx, links: Links) {
             remotes: &remotes,
             pod_cidr,
             tunnels: &tunnel_health,
+            refused: Default::default(),
         };
         if let Err(e) = sync.run().await {
             tracing::warn!("multi-cluster services: {e}");
             failed = true;
         }
+        let refused = sync
+            .refused
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        report_refusals(&ctx, &mut reported, refused).await;
         let wait = if failed {
             Duration::from_secs(1)
         } else {
@@ -416,7 +435,7 @@ struct Peer {
     tenant_namespace: Option<String>,
     /// Its pod CIDR, and our name for it.
     pod_cidr: Option<(IpNet, IpNet)>,
-    /// The namespaces we allow its imports into (each side's list; None: the default).
+    /// The namespaces this cluster's admin opted in for its exports (each side's list).
     allowed: Vec<Option<Vec<String>>>,
     healthy: bool,
     /// Whether its records can be read now: through our tenant namespace for it, or through
@@ -433,6 +452,45 @@ struct Pass<'a> {
     pod_cidr: Option<IpNet>,
     /// Whether the tunnel to each consumer of ours is up (absent: not checked yet).
     tunnels: &'a BTreeMap<String, bool>,
+    /// The peers' exports this pass did not import, and why.
+    refused: std::sync::Mutex<Vec<Refusal>>,
+}
+
+/// A peer's export this cluster does not import, and why: reported as an Event (once while
+/// it lasts) in the peer's tenant namespace, about the peer's record of the export.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Refusal {
+    peer: String,
+    /// The name of the peer's record (an ExportedService in the tenant namespaces).
+    record: String,
+    reason: &'static str,
+    warning: bool,
+    message: String,
+}
+
+/// Writes an Event for each refusal not reported yet (at most
+/// [`MAX_REFUSAL_EVENTS_PER_PASS`]); `reported` becomes what is reported and still holds, so
+/// a refusal that ends and comes back is reported again.
+async fn report_refusals(ctx: &Ctx, reported: &mut BTreeSet<Refusal>, now: Vec<Refusal>) {
+    let now: BTreeSet<Refusal> = now.into_iter().collect();
+    reported.retain(|r| now.contains(r));
+    let fresh: Vec<&Refusal> = now.iter().filter(|r| !reported.contains(*r)).collect();
+    for r in fresh.into_iter().take(MAX_REFUSAL_EVENTS_PER_PASS) {
+        let tenant_ns = names::tenant_namespace(&r.peer);
+        tracing::info!("multi-cluster services: {}", r.message);
+        crate::events::record(
+            &ctx.client,
+            &tenant_ns,
+            json!({"apiVersion": "tandem.dev/v1alpha1", "kind": "ExportedService",
+                   "namespace": tenant_ns,
+                   "name": r.record}),
+            r.reason,
+            &r.message,
+            r.warning,
+        )
+        .await;
+        reported.insert(r.clone());
+    }
 }
 
 fn label<'a, K: Resource>(obj: &'a K, key: &str) -> Option<&'a str> {
@@ -481,9 +539,9 @@ impl Pass<'_> {
             });
         }
         for peer in &peers {
-            let from_peer = match self.peer_sources(peer) {
+            let from_peer = match self.peer_sources(peer, &own) {
                 Some(fresh) => fresh,
-                None => self.carried_sources(peer),
+                None => self.carried_sources(peer, &own),
             };
             for (key, source) in from_peer {
                 sources.entry(key).or_default().push(source);
@@ -624,6 +682,25 @@ impl Pass<'_> {
         peers.into_values().collect()
     }
 
+    /// Notes that `peer`'s export of `key` is not imported (a missing namespace is no news:
+    /// peers export in namespaces this cluster never has).
+    fn refuse(&self, peer: &Peer, (namespace, service): &(String, String), why: NotImported) {
+        if why == NotImported::NoNamespace {
+            return;
+        }
+        let refusal = Refusal {
+            peer: peer.id.clone(),
+            record: exported_service_name(&peer.id, namespace, service),
+            reason: why.reason(),
+            warning: why.is_warning(),
+            message: why.message(&peer.id, namespace, service),
+        };
+        self.refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(refusal);
+    }
+
     /// Whether a virtual node is Ready and its network available.
     fn virtual_node_ready(&self, node: &str) -> bool {
         let Some(node) = self.caches.nodes.get(&ObjectRef::new(node)) else {
@@ -682,7 +759,7 @@ impl Pass<'_> {
     /// The peer's exports this cluster imports: from records it wrote in our tenant namespace
     /// for it and in its tenant namespace for us, in namespaces we allow and have, with its
     /// addresses moved into our view of its pod CIDR. None while its records cannot be read.
-    fn peer_sources(&self, peer: &Peer) -> Option<Vec<((String, String), Source)>> {
+    fn peer_sources(&self, peer: &Peer, own: &Records) -> Option<Vec<((String, String), Source)>> {
         if !peer.readable {
             return None;
         }
@@ -705,15 +782,31 @@ impl Pass<'_> {
                     .filter(|r| r.metadata.namespace.as_deref() == Some(ns)),
             );
         }
-        // Only what the peer says of itself, under the name it must have.
+        // Only what the peer says of itself, under the name it must have (our own records
+        // beside them are no news).
+        let me = &self.ctx.identity.cluster_id;
         records.retain(|r| {
-            r.spec.cluster_id == peer.id
-                && r.metadata.name.as_deref()
-                    == Some(&exported_service_name(
-                        &peer.id,
-                        &r.spec.namespace,
-                        &r.spec.service,
-                    ))
+            let name = r.metadata.name.clone().unwrap_or_default();
+            let its_own = r.spec.cluster_id == peer.id
+                && name == exported_service_name(&peer.id, &r.spec.namespace, &r.spec.service);
+            if !its_own && r.spec.cluster_id != *me {
+                self.refused
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(Refusal {
+                        peer: peer.id.clone(),
+                        message: format!(
+                            "ExportedService {name} of cluster {} is not imported: a peer's record \
+                             must carry its own cluster ID ({}) and be named \
+                             <cluster>.<namespace>.<service>",
+                            peer.id, peer.id
+                        ),
+                        record: name,
+                        reason: "NotThePeersOwnExport",
+                        warning: true,
+                    });
+            }
+            its_own
         });
         records.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         records.dedup_by(|a, b| a.metadata.name == b.metadata.name);
@@ -730,7 +823,8 @@ impl Pass<'_> {
         let (mut endpoints, mut over_budget) = (0usize, false);
         for r in records {
             let key = (r.spec.namespace.clone(), r.spec.service.clone());
-            if !self.may_import(peer, &key.0) {
+            if let Err(why) = self.may_import(peer, &key, own) {
+                self.refuse(peer, &key, why);
                 continue;
             }
             let mut spec = match sanitize::sanitize(&r.spec) {
@@ -793,18 +887,43 @@ impl Pass<'_> {
         Some(out)
     }
 
-    /// Whether `peer`'s export may become an import in `namespace`: allowed by each side's
-    /// list (by default neither a system, tenant nor twin namespace), and there.
-    fn may_import(&self, peer: &Peer, namespace: &str) -> bool {
-        let Some(ns) = self.caches.namespaces.get(&ObjectRef::new(namespace)) else {
-            return false;
-        };
-        let twin = label(ns.as_ref(), names::TWIN_NAMESPACE_LABEL).is_some();
-        ns.metadata.deletion_timestamp.is_none()
-            && peer.allowed.iter().all(|a| match a {
-                None => !twin && tandem_core::mcs::import_allowed(namespace, None),
-                Some(list) => tandem_core::mcs::import_allowed(namespace, Some(list)),
-            })
+    /// Whether `peer`'s export of `namespace/service` may become (part of) an import here,
+    /// as [`tandem_core::mcs::import_scope`] decides from the namespace as it is now, the
+    /// peer's lists and whether this cluster exports that Service itself.
+    fn may_import(
+        &self,
+        peer: &Peer,
+        (namespace, service): &(String, String),
+        own: &Records,
+    ) -> Result<ImportScope, NotImported> {
+        let ns = self
+            .caches
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .filter(|ns| ns.metadata.deletion_timestamp.is_none());
+        let here = ns.as_ref().map(|ns| ImportNamespace {
+            name: namespace,
+            twin_of: label(ns.as_ref(), names::TWIN_NAMESPACE_LABEL).and_then(|_| {
+                Some((
+                    label(ns.as_ref(), names::ORIGIN_CLUSTER_LABEL)?,
+                    label(ns.as_ref(), names::ORIGIN_NAMESPACE_LABEL)?,
+                ))
+            }),
+            opted_in: ns
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(IMPORT_FROM_ANNOTATION))
+                .map(String::as_str),
+        });
+        let own_export = own.contains_key(&(namespace.clone(), service.clone()));
+        tandem_core::mcs::import_scope(
+            &peer.id,
+            namespace,
+            here.as_ref(),
+            &peer.allowed,
+            own_export,
+        )
     }
 
     /// The exports (properties) an import of ours was last written from.
@@ -825,7 +944,7 @@ impl Pass<'_> {
     /// each import (properties from the import, endpoints from its slices), so that a restart
     /// or a link not yet up neither removes imports (and their IPs) nor changes their merge.
     /// Its endpoints are ready only while its virtual node is.
-    fn carried_sources(&self, peer: &Peer) -> Vec<((String, String), Source)> {
+    fn carried_sources(&self, peer: &Peer, own: &Records) -> Vec<((String, String), Source)> {
         let mut out = Vec::new();
         for import in self.caches.imports.state() {
             let key = key_of(import.as_ref());
@@ -835,7 +954,7 @@ impl Pass<'_> {
             else {
                 continue;
             };
-            if !self.may_import(peer, &key.0) {
+            if self.may_import(peer, &key, own).is_err() {
                 continue;
             }
             let mut slices: Vec<(u32, ExportedSlice)> = self
@@ -1167,6 +1286,26 @@ impl Pass<'_> {
             &format!("imported from {}", merged.clusters.join(", ")),
             None,
         );
+        // The exports' conflicts, here too: two clusters that do not peer with each other
+        // never see each other's export, so only an importer of both can say they clash.
+        match merged.conflict_summary() {
+            Some((reason, message)) => conditions::set_condition(
+                &mut conds,
+                export_condition::CONFLICT,
+                ConditionStatus::True,
+                &reason,
+                &message,
+                None,
+            ),
+            None => conditions::set_condition(
+                &mut conds,
+                export_condition::CONFLICT,
+                ConditionStatus::False,
+                "NoConflicts",
+                &format!("the exports of {ns}/{name} agree"),
+                None,
+            ),
+        };
         if status.clusters != clusters || !same_conditions(&conds, &status.conditions) {
             status.clusters = clusters;
             status.conditions = conds;
