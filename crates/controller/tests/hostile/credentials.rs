@@ -388,7 +388,7 @@ async fn a_former_peer_certificate_reaches_nothing_and_renews_nothing() {
     assert_eq!(tenant(former.clone(), "tromso").await, 200);
     assert_eq!(
         files(former.clone(), "tromso", "1").await,
-        201,
+        200,
         "a peer files its renewal"
     );
 
@@ -436,5 +436,5 @@ async fn a_former_peer_certificate_reaches_nothing_and_renews_nothing() {
     // The other consumer is untouched.
     assert_eq!(reads(still.clone(), other_twin.clone()).await, 200);
     assert_eq!(tenant(still.clone(), "narvik").await, 200);
-    assert_eq!(files(still.clone(), "narvik", "1").await, 201);
+    assert_eq!(files(still.clone(), "narvik", "1").await, 200);
 }
