@@ -23,7 +23,11 @@ band.\n\nThe advertisement also carries the enrollment credential (unless --no-e
 bootstrap token that can do nothing but file a peering request, which waits until you approve \
 it (`tandem requests`, `tandem approve`, `tandem deny`) or a PeeringPolicy names the \
 consumer's key. At most --max-pending requests wait at once (a ResourceQuota), each for \
---request-ttl: a flood can delay honest requests, never create anything else. The credential \
+--request-ttl: a flood can delay honest requests, never create anything else. A bootstrap token \
+is in groups system:bootstrappers and system:authenticated: advertising is refused while a \
+binding gives either (beyond Kubernetes' own discovery bindings) any rights, and while advertised \
+the controller switches the credential off, with a Warning Event and the condition `tandem \
+status` shows, as long as such a binding exists. The credential \
 and this cluster's CA are also readable without credentials in kube-public (ConfigMaps \
 tandem-enrollment and cluster-info, as kubeadm publishes it), for `tandem peer --endpoint`. \
 --off withdraws both.\n\nExamples:\n  tandem advertise --mdns\n  tandem advertise --off\n  tandem \
@@ -105,7 +109,8 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         .context("setting up the enrollment credential")?;
         eprintln!(
             "peering requests without an invite: at most {} waiting, each for {}; see them with \
-             `tandem requests`",
+             `tandem requests`. The controller withdraws the credential while any binding gives \
+             it more than filing requests (`tandem status` names it)",
             enrollment.max_pending,
             tandem_core::invite::human_duration(enrollment.request_ttl.as_secs() as i64)
         );

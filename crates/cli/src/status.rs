@@ -35,6 +35,18 @@ pub struct Status {
     pub exported_services: Vec<ExportedServiceStatus>,
     /// Services imported here (ServiceImports), with the clusters they come from.
     pub imported_services: Vec<ImportedServiceStatus>,
+    /// The enrollment credential (`tandem advertise`), when there is one.
+    pub enrollment: Option<EnrollmentStatus>,
+}
+
+/// Whether the published enrollment credential works, as the controller judged its reach.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollmentStatus {
+    /// `Active` (files peering requests only), `Withdrawn` (a binding reaches further), or
+    /// `Pending` (the controller has not judged it yet).
+    pub state: String,
+    pub message: String,
 }
 
 #[derive(Serialize)]
@@ -254,6 +266,25 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .collect(),
         });
     }
+    status.enrollment = tandem_controller::enroll::token_secret(client)
+        .await
+        .context("reading the enrollment credential")?
+        .map(
+            |secret| match tandem_controller::enroll::condition_of(&secret) {
+                Some(c) if c.status == "True" => EnrollmentStatus {
+                    state: "Active".into(),
+                    message: c.message,
+                },
+                Some(c) => EnrollmentStatus {
+                    state: "Withdrawn".into(),
+                    message: c.message,
+                },
+                None => EnrollmentStatus {
+                    state: "Pending".into(),
+                    message: "the controller has not judged the credential's reach yet".into(),
+                },
+            },
+        );
     Ok(status)
 }
 
@@ -370,6 +401,10 @@ fn table(s: &Status) -> String {
             ]);
         }
         out.push_str(&table::render(t, 2));
+    }
+    if let Some(e) = &s.enrollment {
+        out.push_str("\nENROLLMENT (peering requests without an invite)\n");
+        out.push_str(&format!("  {}: {}\n", e.state, e.message));
     }
     out.push_str("\nOFFLOADED NAMESPACES\n");
     if s.offloaded_namespaces.is_empty() {

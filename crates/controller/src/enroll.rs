@@ -53,6 +53,20 @@ pub const DEFAULT_MAX_PENDING: u32 = 16;
 /// How long a pending request lives, by default.
 pub const DEFAULT_REQUEST_TTL: Duration = Duration::from_secs(3600);
 
+/// Annotation on the enrollment credential's token Secret: the controller's judgement of its
+/// reach, a condition of type [`CONFINED`] as JSON (see `provider::enrollment_guard`).
+pub const CONDITION_ANNOTATION: &str = "tandem.dev/enrollment-condition";
+/// The condition's type: True while the credential can do nothing but file peering requests;
+/// False (and the token switched off) while a binding gives it more, named in the message.
+pub const CONFINED: &str = "CredentialConfined";
+
+/// The controller's [`CONFINED`] condition on the credential's token Secret, if it has judged.
+pub fn condition_of(
+    secret: &Secret,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    serde_json::from_str(secret.annotations().get(CONDITION_ANNOTATION)?).ok()
+}
+
 /// The quota key counting peering requests (kube's object-count syntax).
 pub fn quota_key() -> String {
     format!("count/peeringrequests.{}", tandem_api::GROUP)
@@ -130,7 +144,15 @@ pub async fn enable(
     request_ttl: Duration,
 ) -> Result<Enrollment, InviteError> {
     let identity = crate::identity::ClusterIdentity::load(client).await?;
-    refuse_if_bootstrappers_are_trusted(client).await?;
+    let existing = token_secret(client).await?.as_ref().and_then(bearer_of);
+    refuse_if_the_credential_reaches_further(
+        client,
+        existing
+            .as_deref()
+            .and_then(|t| t.split_once('.'))
+            .map(|(id, _)| id),
+    )
+    .await?;
     let ns = names::ENROLL_NAMESPACE;
     apply(client, json!({
         "apiVersion": "v1", "kind": "Namespace",
@@ -167,7 +189,7 @@ pub async fn enable(
                       "name": names::ENROLL_GROUP}],
     }))
     .await?;
-    let token = match token_secret(client).await?.as_ref().and_then(bearer_of) {
+    let token = match existing {
         Some(token) => token,
         None => create_token(client).await?,
     };
@@ -179,16 +201,30 @@ pub async fn enable(
     })
 }
 
-/// Every bootstrap token is in group `system:bootstrappers`, and kubelet TLS bootstrapping is
-/// commonly set up by binding that group (node CSRs, their auto-approval). A public bootstrap
-/// token must not get that: enrollment is refused on such a cluster, naming the binding.
-async fn refuse_if_bootstrappers_are_trusted(client: &Client) -> Result<(), InviteError> {
-    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Subject};
-    let trusts = |subjects: &Option<Vec<Subject>>| {
-        subjects
+/// What the enrollment credential (token `token_id`, once there is one) reaches beyond filing
+/// peering requests, one binding a line (see [`tandem_core::enrollment::reach_beyond_filing`]).
+/// Every bootstrap token is in `system:bootstrappers` and `system:authenticated`: what an
+/// administrator binds to either (kubelet TLS bootstrapping, a "read-only for everyone" grant)
+/// the public credential gets too.
+pub async fn credential_reach(
+    client: &Client,
+    token_id: Option<&str>,
+) -> Result<Vec<String>, InviteError> {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+    use tandem_core::enrollment::{Binding, Credential, reach_beyond_filing};
+    let binding = |namespace: Option<String>,
+                   name: String,
+                   role: &RoleRef,
+                   subjects: &Option<Vec<Subject>>| Binding {
+        namespace,
+        name,
+        role_kind: role.kind.clone(),
+        role_name: role.name.clone(),
+        subjects: subjects
             .iter()
             .flatten()
-            .any(|s| s.kind == "Group" && s.name == "system:bootstrappers")
+            .map(|s| (s.kind.clone(), s.name.clone()))
+            .collect(),
     };
     let cluster = Api::<ClusterRoleBinding>::all(client.clone())
         .list(&ListParams::default())
@@ -198,30 +234,41 @@ async fn refuse_if_bootstrappers_are_trusted(client: &Client) -> Result<(), Invi
         .list(&ListParams::default())
         .await
         .map_err(api("listing RoleBindings"))?;
-    let found = cluster
+    let bindings: Vec<Binding> = cluster
         .items
         .iter()
-        .filter(|b| trusts(&b.subjects))
-        .map(|b| format!("ClusterRoleBinding {}", b.name_any()))
+        .map(|b| binding(None, b.name_any(), &b.role_ref, &b.subjects))
         .chain(
             namespaced
                 .items
                 .iter()
-                .filter(|b| trusts(&b.subjects))
-                .map(|b| {
-                    format!(
-                        "RoleBinding {}/{}",
-                        b.namespace().unwrap_or_default(),
-                        b.name_any()
-                    )
-                }),
+                .map(|b| binding(b.namespace(), b.name_any(), &b.role_ref, &b.subjects)),
         )
-        .collect::<Vec<_>>();
+        .collect();
+    let user = token_id.map(|id| format!("system:bootstrap:{id}"));
+    Ok(reach_beyond_filing(
+        &bindings,
+        &Credential {
+            user: user.as_deref().unwrap_or_default(),
+            enroll_group: names::ENROLL_GROUP,
+            own_binding: (names::ENROLL_NAMESPACE, ENROLL_OBJECTS, ENROLL_OBJECTS),
+        },
+    ))
+}
+
+/// Enrollment is refused on a cluster where the credential would reach further than filing
+/// requests, naming the bindings; the controller keeps checking while it is advertised
+/// (`provider::enrollment_guard`).
+async fn refuse_if_the_credential_reaches_further(
+    client: &Client,
+    token_id: Option<&str>,
+) -> Result<(), InviteError> {
+    let found = credential_reach(client, token_id).await?;
     if found.is_empty() {
         return Ok(());
     }
     Err(InviteError::Refused(
-        crate::invite::Refusal::BootstrappersTrusted { bindings: found },
+        crate::invite::Refusal::CredentialReachesFurther { bindings: found },
     ))
 }
 

@@ -250,15 +250,8 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
             .chain([rbac::peer_renewal_role()])
             .map(|r| to_value(&r)),
     );
-    // Every peer may file the request renewing its own certificate (and nothing else).
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": rbac::PEER_RENEWAL_ROLE, "labels": labels()},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": rbac::PEER_RENEWAL_ROLE},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                      "name": names::PEERS_GROUP}],
-    }));
+    // The right to renew is bound per consumer, with its Tenant (`rbac::peer_renewal_binding`):
+    // no binding to every peer certificate, which would outlive a peering.
     for role in rbac::controller_namespaced_roles() {
         let namespace = role.metadata.namespace.clone().unwrap_or_default();
         out.push(to_value(&role));
@@ -567,6 +560,17 @@ pub async fn install(
             _ => {}
         }
     }
+    // Before per-consumer renewal bindings, one ClusterRoleBinding let every certificate in
+    // group tandem:peers file renewals, a former peer's included: an upgrade removes it.
+    tandem_api::client::delete_if_exists(
+        &Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone()),
+        rbac::PEER_RENEWAL_ROLE,
+        &Default::default(),
+    )
+    .await
+    .map_err(step(
+        "removing the renewal binding of every peer certificate",
+    ))?;
     let dns_ip = dns_ip.ok_or_else(|| {
         InstallError::Settings(format!(
             "Service {}/{DNS_SERVICE} has no ClusterIP",

@@ -118,9 +118,10 @@ pub enum Refusal {
     RequestDecided { name: String, phase: String },
     /// `tandem approve` was given a cluster ID, which anyone may claim.
     ApproveByName { id: String, names: Vec<String> },
-    /// Something grants group system:bootstrappers rights, which the public enrollment
-    /// credential (a bootstrap token) would get.
-    BootstrappersTrusted { bindings: Vec<String> },
+    /// Something grants rights to a group every bootstrap token is in (system:bootstrappers,
+    /// system:authenticated, Tandem's enroll group), which the public enrollment credential
+    /// would get.
+    CredentialReachesFurther { bindings: Vec<String> },
     /// The controller could not authenticate with the provider (the Peering Failed).
     Authentication {
         /// The `Authenticated` condition's reason, when it is one the controller sets.
@@ -185,10 +186,10 @@ impl std::fmt::Display for Refusal {
                 names.len(),
                 names.join(", ")
             ),
-            Refusal::BootstrappersTrusted { bindings } => write!(
+            Refusal::CredentialReachesFurther { bindings } => write!(
                 f,
-                "{} grant(s) group system:bootstrappers rights (kubelet TLS bootstrapping?), which the public enrollment credential, a bootstrap token, would get: bind a narrower group (system:bootstrappers:kubeadm:default-node-token), or advertise with --no-enroll",
-                bindings.join(", ")
+                "the public enrollment credential, a bootstrap token, must do nothing but file peering requests, but {}: bind narrower subjects (kubelet TLS bootstrapping: group system:bootstrappers:kubeadm:default-node-token), or advertise with --no-enroll",
+                bindings.join("; ")
             ),
             Refusal::ApproveByName { id, names } => write!(
                 f,

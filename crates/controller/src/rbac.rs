@@ -8,8 +8,14 @@ use tandem_api::{PodAccess, names};
 
 /// ClusterRole bound (by RoleBinding) in a consumer's tenant namespace on the provider.
 pub const PEER_TENANT_ROLE: &str = "tandem:peer-tenant";
-/// ClusterRole (bound to every peer, by group) to file the CSR renewing its own certificate.
+/// ClusterRole to file the CSR renewing its own certificate, bound to each consumer's peer
+/// user by its own ClusterRoleBinding ([`peer_renewal_binding`]) for as long as its Tenant
+/// lives: a certificate outlives its peering, its right to renew must not.
 pub const PEER_RENEWAL_ROLE: &str = "tandem:peer-renewal";
+/// The ClusterRoleBinding of [`PEER_RENEWAL_ROLE`] to `consumer`'s peer user.
+pub fn peer_renewal_binding(consumer: &str) -> String {
+    format!("{PEER_RENEWAL_ROLE}:{consumer}")
+}
 /// The name prefix of a renewal CSR (`<prefix><consumer>-<unix seconds>`).
 pub const RENEWAL_CSR_PREFIX: &str = "tandem-peer-renewal-";
 /// ClusterRole bound (by RoleBinding) in each twin namespace on the provider.
@@ -387,11 +393,26 @@ pub fn controller_role() -> ClusterRole {
                 &["rolebindings"],
                 &["create", "patch", "delete"],
             ),
+            // Each peer's right to renew its certificate, bound with its Tenant and removed
+            // at unpeering (`bind` limited to the peer roles, below).
+            rule(
+                "rbac.authorization.k8s.io",
+                &["clusterrolebindings"],
+                &["create", "patch", "delete"],
+            ),
+            // Every binding read, never written, while the enrollment credential is advertised:
+            // whatever binds a group every bootstrap token is in reaches the public credential
+            // (see `provider::enrollment_guard`).
+            rule(
+                "rbac.authorization.k8s.io",
+                &["rolebindings", "clusterrolebindings"],
+                &["list"],
+            ),
             PolicyRule {
                 resource_names: Some(
                     peer_roles()
                         .into_iter()
-                        .chain(std::iter::once(controller_tenant_role()))
+                        .chain([controller_tenant_role(), peer_renewal_role()])
                         .filter_map(|r| r.metadata.name)
                         .collect(),
                 ),

@@ -1,6 +1,7 @@
 //! Pure domain logic of Tandem: no I/O, no kube. Callers persist the state these types return.
 
 pub mod discovery;
+pub mod enrollment;
 pub mod fence;
 pub mod grant;
 pub mod invite;

@@ -5,6 +5,7 @@ use tokio::task::JoinSet;
 use crate::context::Ctx;
 
 pub mod enrollment;
+pub mod enrollment_guard;
 pub mod fence;
 pub mod network;
 pub mod peer_writes;
@@ -18,6 +19,7 @@ pub mod tenant;
 pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(peering_request::run(ctx.clone()));
     tasks.spawn(enrollment::run(ctx.clone()));
+    tasks.spawn(enrollment_guard::run(ctx.clone()));
     tasks.spawn(tenant::run(ctx.clone()));
     tasks.spawn(network::run(ctx.clone()));
     tasks.spawn(remote_namespace::run(ctx.clone()));

@@ -485,6 +485,22 @@ pub async fn ensure_tenant_with(
             })),
         )
         .await?;
+    // Its right to renew its certificate, for as long as this Tenant lives.
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+        .patch(
+            &rbac::peer_renewal_binding(consumer),
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": rbac::peer_renewal_binding(consumer), "labels": {
+                    names::MANAGED_BY_LABEL: names::MANAGED_BY, names::ORIGIN_CLUSTER_LABEL: consumer}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": rbac::PEER_RENEWAL_ROLE},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": names::peer_user(consumer)}],
+            })),
+        )
+        .await?;
     // The controller's own rights here (its fence nonce Lease).
     Api::<RoleBinding>::namespaced(client.clone(), &ns)
         .patch(

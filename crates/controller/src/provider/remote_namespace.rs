@@ -49,7 +49,7 @@ pub fn pod_access_binding(capability: PodCapability) -> &'static str {
 }
 
 /// Every RoleBinding of the peer identity that the provider may put in a twin namespace.
-fn peer_bindings() -> impl Iterator<Item = &'static str> {
+pub(crate) fn peer_bindings() -> impl Iterator<Item = &'static str> {
     std::iter::once(TWIN_ROLE_BINDING).chain(PodCapability::ALL.map(pod_access_binding))
 }
 

@@ -93,6 +93,9 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
     tracing::info!(%consumer, "tenant deleted: removing everything of the consumer");
     let selector = format!("{}={consumer}", names::ORIGIN_CLUSTER_LABEL);
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    revoke_peer_access(&ctx, &consumer, &ns, &namespaces, &selector)
+        .await
+        .map_err(err("revoking the peer identity's rights"))?;
     for twin in namespaces
         .list(&ListParams::default().labels(&selector))
         .await
@@ -208,6 +211,48 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
         Err(e) => return Err(err("deleting the tenant namespace")(e)),
     }
     Ok(Action::await_change())
+}
+
+/// Removes, first thing at unpeering, every right the consumer's certificate has here: its
+/// right to renew (so a former peer files no more requests), its RoleBinding in the tenant
+/// namespace and in every twin namespace. The certificate itself lives on until it expires;
+/// the namespaces' deletion, which takes a while (or never comes, for a twin kept for its
+/// data), must not be what ends its access.
+async fn revoke_peer_access(
+    ctx: &Ctx,
+    consumer: &str,
+    tenant_ns: &str,
+    namespaces: &Api<Namespace>,
+    selector: &str,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+    client::delete_if_exists(
+        &Api::<ClusterRoleBinding>::all(ctx.client.clone()),
+        &crate::rbac::peer_renewal_binding(consumer),
+        &DeleteParams::default(),
+    )
+    .await?;
+    client::delete_if_exists(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), tenant_ns),
+        crate::provider::peering_request::PEER_ROLE_BINDING,
+        &DeleteParams::default(),
+    )
+    .await?;
+    for twin in namespaces
+        .list(&ListParams::default().labels(selector))
+        .await?
+        .items
+    {
+        let twin = twin.name_any();
+        if twin == tenant_ns {
+            continue;
+        }
+        let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &twin);
+        for name in crate::provider::remote_namespace::peer_bindings() {
+            client::delete_if_exists(&bindings, name, &DeleteParams::default()).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Says in the Tenant's `Ready` condition whether its grant is usable: an edit the API server

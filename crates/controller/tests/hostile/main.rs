@@ -12,6 +12,7 @@ mod support;
 // `names` is taken by `tandem_api::names` below.
 #[path = "names.rs"]
 mod colliding_names;
+mod credentials;
 mod mcs;
 
 use std::time::Duration;
