@@ -146,7 +146,14 @@ async fn colliding_providers_keep_their_own_import_slices() {
     let to_first = support::peer(&rome, &first).await;
     let to_second = support::peer(&rome, &second).await;
     let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}});
-    create(&rome.client, None, namespace.clone()).await;
+    // rome's admin opts `demo` in to its providers' exports (MCS imports only where shared).
+    create(
+        &rome.client,
+        None,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo",
+               "annotations": {tandem_core::mcs::IMPORT_FROM_ANNOTATION: "*"}}}),
+    )
+    .await;
     for (provider, replicas) in [(&first, 2), (&second, 1)] {
         let c = &provider.client;
         create(c, None, namespace.clone()).await;
