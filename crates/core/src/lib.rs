@@ -9,6 +9,7 @@ pub mod mcs;
 pub mod nat;
 pub mod offloading;
 pub mod pod_admission;
+pub mod pod_resources;
 pub mod prefix;
 pub mod protocol;
 pub mod shadow;
