@@ -31,8 +31,9 @@ pub use peering::{NodeHealth, Peering, PeeringSpec, PeeringStatus};
 pub use policy::{PeeringPolicy, PeeringPolicySpec, PolicyConsumer};
 pub use provider::{
     FenceStatus, NetworkParameters, NetworkParametersSpec, NetworkParametersStatus, PeeringRequest,
-    PeeringRequestSpec, PeeringRequestStatus, PodAccess, PodSecurity, RemoteNamespace,
-    RemoteNamespaceSpec, RemoteNamespaceStatusFields, Tenant, TenantSpec, TenantStatus,
+    PeeringRequestSpec, PeeringRequestStatus, PodAccess, PodResources, PodSecurity,
+    RemoteNamespace, RemoteNamespaceSpec, RemoteNamespaceStatusFields, Tenant, TenantSpec,
+    TenantStatus, WithoutRequests,
 };
 pub use shadowpod::{ShadowPod, ShadowPodSpec, ShadowPodStatus};
 

@@ -8,7 +8,7 @@
 //! is charged is what the provider's scheduler reserves and what the real pod's own requests
 //! say when it is read back (after a restart, say).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
@@ -62,7 +62,8 @@ pub struct ChargePolicy {
     /// Resource → what a container requesting none (or zero) of it is charged.
     pub default_requests: BTreeMap<String, Amount>,
     pub without_requests: WithoutRequests,
-    /// Resource → the most its limit may be of its request, in thousandths (4000: four times).
+    /// Resource → the most its limit may be of its request, in thousandths (4000: four times;
+    /// at least 1000).
     /// A container without a limit for one of these gets request × ratio as its limit.
     pub max_limit_request_ratio: BTreeMap<String, i128>,
 }
@@ -109,7 +110,8 @@ impl ChargePolicy {
             max_limit_request_ratio: match max_limit_request_ratio {
                 Some(m) => m
                     .into_iter()
-                    .filter_map(|(k, v)| Some((k.clone(), parse_quantity(v)?)))
+                    // Below 1, a defaulted limit would be under its request.
+                    .filter_map(|(k, v)| Some((k.clone(), parse_quantity(v)?.max(1000))))
                     .collect(),
                 None => base.max_limit_request_ratio,
             },
@@ -139,11 +141,13 @@ fn amounts(list: &Value) -> Resources {
         .collect()
 }
 
-/// Fills in and bounds one container's requests and limits; returns its requests.
+/// Fills in and bounds one container's requests and limits; returns its requests, and adds
+/// the resources it was charged the default for to `defaulted`.
 fn charge_container(
     c: &mut Value,
     policy: &ChargePolicy,
     kind: &str,
+    defaulted: &mut BTreeSet<String>,
 ) -> Result<Resources, Refusal> {
     let name = c["name"].as_str().unwrap_or_default().to_string();
     let mut requests = amounts(&c["resources"]["requests"]);
@@ -172,6 +176,7 @@ fn charge_container(
         }
         requests.insert(k.clone(), d.milli);
         written_requests.push((k.clone(), d.written.clone()));
+        defaulted.insert(k.clone());
     }
     let mut written_limits: Vec<(String, String)> = Vec::new();
     for (k, ratio) in &policy.max_limit_request_ratio {
@@ -218,24 +223,37 @@ fn charge_container(
     Ok(requests)
 }
 
+/// A pod's charge against its grant.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Charge {
+    /// Its effective requests (see [`effective_requests`]).
+    pub requests: Resources,
+    /// The resources some container of it was charged the default for.
+    pub defaulted: BTreeSet<String>,
+}
+
 /// Fills in the defaults and bounds of `policy` on the containers and init containers of an
-/// admitted pod spec, and returns the pod's effective requests (see [`effective_requests`]);
-/// Err names the rule and the container that breaks it.
-pub fn charge(spec: &mut Value, policy: &ChargePolicy) -> Result<Resources, Refusal> {
+/// admitted pod spec, and returns what the pod is charged; Err names the rule and the
+/// container that breaks it.
+pub fn charge(spec: &mut Value, policy: &ChargePolicy) -> Result<Charge, Refusal> {
     let mut containers = Vec::new();
     let mut inits = Vec::new();
+    let mut defaulted = BTreeSet::new();
     for (field, kind, out) in [
         ("containers", "container", &mut containers),
         ("initContainers", "init container", &mut inits),
     ] {
         if let Some(Value::Array(cs)) = spec.get_mut(field) {
             for c in cs {
-                let requests = charge_container(c, policy, kind)?;
+                let requests = charge_container(c, policy, kind, &mut defaulted)?;
                 out.push((requests, is_sidecar(c)));
             }
         }
     }
-    Ok(total(&containers, &inits, &amounts(&spec["overhead"])))
+    Ok(Charge {
+        requests: total(&containers, &inits, &amounts(&spec["overhead"])),
+        defaulted,
+    })
 }
 
 /// An init container that keeps running beside the containers (a sidecar).
@@ -491,7 +509,7 @@ mod tests {
             }
             let got = charge(&mut spec, &policy);
             match (got, want) {
-                (Ok(r), Ok((cpu, memory))) => {
+                (Ok(Charge { requests: r, .. }), Ok((cpu, memory))) => {
                     let got = (
                         r.get("cpu").copied().unwrap_or(0),
                         r.get("memory").copied().unwrap_or(0),

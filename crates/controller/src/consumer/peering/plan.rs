@@ -815,6 +815,7 @@ mod tests {
                 allowed_pod_offloading_strategies: None,
                 pod_security: None,
                 max_twin_namespaces: None,
+                pod_resources: None,
             },
         )
     }
