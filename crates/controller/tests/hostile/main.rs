@@ -7,6 +7,7 @@
 mod support;
 
 // One module per attack surface; the pod, identity, namespace and route attacks are here.
+mod grants;
 
 use std::time::Duration;
 
