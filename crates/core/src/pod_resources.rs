@@ -182,21 +182,20 @@ fn charge_container(
     for (k, ratio) in &policy.max_limit_request_ratio {
         let request = requests.get(k).copied().unwrap_or(0);
         match limits.get(k) {
-            Some(&limit) if limit > 0 => {
-                // limit / request > ratio / 1000, without division.
-                if limit * 1000 > request * ratio {
-                    return Err(Refusal {
-                        rule: RULE_RATIO,
-                        detail: format!(
-                            "{kind} {name:?} has a {k} limit of {} for a request of {}: a limit may be at most {} times its request",
-                            quantity(limit),
-                            quantity(request),
-                            quantity(*ratio)
-                        ),
-                        pod_security: None,
-                    });
-                }
+            // limit / request > ratio / 1000, without division.
+            Some(&limit) if limit > 0 && limit * 1000 > request * ratio => {
+                return Err(Refusal {
+                    rule: RULE_RATIO,
+                    detail: format!(
+                        "{kind} {name:?} has a {k} limit of {} for a request of {}: a limit may be at most {} times its request",
+                        quantity(limit),
+                        quantity(request),
+                        quantity(*ratio)
+                    ),
+                    pod_security: None,
+                });
             }
+            Some(&limit) if limit > 0 => {}
             // No limit: what the container can use is bounded all the same.
             _ if request > 0 => {
                 written_limits.push((k.clone(), quantity(request * ratio / 1000)));
@@ -591,6 +590,13 @@ mod tests {
             ("cpu".into(), "x".into()),
         ]
         .into();
+        // A ratio below 1 would default a limit under its request.
+        let half: BTreeMap<String, String> = [("cpu".to_string(), "500m".to_string())].into();
+        let p = ChargePolicy::from_settings(none_given, WithoutRequests::Charge, Some(&half));
+        assert_eq!(
+            p.max_limit_request_ratio,
+            [("cpu".to_string(), 1000)].into()
+        );
         let p = ChargePolicy::from_settings(Some(&storage), WithoutRequests::Charge, none_given);
         assert_eq!(
             p.default_requests.keys().collect::<Vec<_>>(),
