@@ -32,8 +32,8 @@ pub use policy::{PeeringPolicy, PeeringPolicySpec, PolicyConsumer};
 pub use provider::{
     FenceStatus, GrantableServiceType, NetworkParameters, NetworkParametersSpec,
     NetworkParametersStatus, PeeringRequest, PeeringRequestSpec, PeeringRequestStatus, PodAccess,
-    PodSecurity, RemoteNamespace, RemoteNamespaceSpec, RemoteNamespaceStatusFields, Tenant,
-    TenantSpec, TenantStatus,
+    PodResources, PodSecurity, RemoteNamespace, RemoteNamespaceSpec, RemoteNamespaceStatusFields,
+    Tenant, TenantSpec, TenantStatus, WithoutRequests,
 };
 pub use shadowpod::{ShadowPod, ShadowPodSpec, ShadowPodStatus};
 

@@ -41,6 +41,10 @@ pub struct PeeringPolicySpec {
     /// The pod offloading strategies the consumer may use. Absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_offloading_strategies: Option<Vec<PodOffloadingStrategy>>,
+    /// How an approved consumer's pods are charged against its grant (copied to its Tenant's
+    /// `podResources`). Absent: the Tenant's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_resources: Option<crate::PodResources>,
     /// When the policy stops approving (RFC 3339). Peerings it approved stay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,

@@ -173,6 +173,54 @@ pub struct TenantSpec {
     /// bounds the claims of all of its twin namespaces together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_classes: Option<Vec<String>>,
+    /// How the consumer's pods are charged against `grant`, and how far their limits may reach
+    /// beyond what they are charged. Absent: the defaults of each field (containers that
+    /// request nothing are charged 100m cpu and 128Mi memory; limits at most 10 times the cpu
+    /// request and 4 times the memory request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_resources: Option<PodResources>,
+}
+
+/// How a provider charges a consumer's pods against its grant (a LimitRange for all of the
+/// consumer's twin namespaces, enforced where the real pods are made). Requests are counted as
+/// kube's ResourceQuota counts them: the containers' sum (sidecars included), at least the
+/// largest init container, plus the pod's overhead; `ephemeral-storage` requests count when
+/// the grant names `ephemeral-storage`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResources {
+    /// What a container (or init container) requesting none, or zero, of a resource is
+    /// charged for it; the amount is written on the real pod as its request, so the
+    /// provider's scheduler reserves what the grant is charged. A limit without a request
+    /// stands for its request, as in Kubernetes. Absent: `cpu: 100m, memory: 128Mi`; empty:
+    /// nothing is charged for a container that requests nothing (only its `pods`). Add
+    /// `ephemeral-storage` to charge scratch space too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::resource_quantities")]
+    pub default_requests: Option<BTreeMap<String, Quantity>>,
+    /// What becomes of a container that requests none of a resource named in
+    /// `defaultRequests`: `Charge` (the default) charges it that amount, `Refuse` refuses the
+    /// pod, naming the container and the resource.
+    #[serde(default)]
+    pub without_requests: WithoutRequests,
+    /// The most a container's limit may be of its request, per resource (as a LimitRange's
+    /// `maxLimitRequestRatio`): a pod whose limit exceeds it is refused, naming the rule, and
+    /// a container without a limit gets its request times the ratio as its limit, so that
+    /// what a pod can use stays bounded by what it is charged. Ratios below 1 count as 1.
+    /// Absent: `cpu: 10, memory: 4`; empty: limits are not bounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::resource_quantities")]
+    pub max_limit_request_ratio: Option<BTreeMap<String, Quantity>>,
+}
+
+/// What becomes of a container without a request for a resource the provider charges.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum WithoutRequests {
+    /// Charged the provider's default request.
+    #[default]
+    Charge,
+    /// The pod is refused.
+    Refuse,
 }
 
 /// The Service types a Tenant may allow besides ClusterIP.

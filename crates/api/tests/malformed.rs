@@ -363,6 +363,21 @@ fn refusals() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "Tenant",
+            json!({"spec": {"podResources": {"defaultRequests": {"cpu": "lots"}}}}),
+            "spec.podResources.defaultRequests.cpu",
+        ),
+        (
+            "Tenant",
+            json!({"spec": {"podResources": {"withoutRequests": "Sometimes"}}}),
+            "spec.podResources.withoutRequests",
+        ),
+        (
+            "Tenant",
+            json!({"spec": {"podResources": {"maxLimitRequestRatio": {"memory": "-2"}}}}),
+            "spec.podResources.maxLimitRequestRatio.memory",
+        ),
+        (
+            "Tenant",
             json!({"status": {"used": {"cpu": "lots"}}}),
             "status.used.cpu",
         ),
@@ -542,6 +557,15 @@ fn acceptances() -> Vec<(&'static str, Value)> {
         ("Tenant", json!({"spec": {"podAccess": {"exec": false}}})),
         ("Tenant", json!({"spec": {"podAccess": {}}})),
         ("Tenant", json!({"spec": {"podAccess": null}})),
+        (
+            "Tenant",
+            json!({"spec": {"podResources": {"defaultRequests": {"cpu": "50m", "ephemeral-storage": "1Gi"},
+                "withoutRequests": "Refuse", "maxLimitRequestRatio": {"cpu": "2.5"}}}}),
+        ),
+        (
+            "Tenant",
+            json!({"spec": {"podResources": {"defaultRequests": {}}}}),
+        ),
         (
             "Peering",
             json!({"spec": {"endpoint": "https://api.milan.example.com", "gatewayStatus": "[::1]:9100"}}),

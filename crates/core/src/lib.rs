@@ -12,6 +12,7 @@ pub mod nat;
 pub mod offloading;
 pub mod peer_writes;
 pub mod pod_admission;
+pub mod pod_resources;
 pub mod prefix;
 pub mod protocol;
 pub mod shadow;

@@ -26,6 +26,8 @@ pub struct ProviderPodPolicy {
     pub priority_class: Option<String>,
     /// The RuntimeClass of every real pod (None: the node's default runtime).
     pub runtime_class: Option<String>,
+    /// How its pods are charged against its grant (see `pod_resources`).
+    pub charge: crate::pod_resources::ChargePolicy,
 }
 
 /// A refused pod: the rule (a Pod Security Standards check, as kube names it, or one of

@@ -316,31 +316,10 @@ pub fn parse_quantity(s: &str) -> Option<i128> {
         .map(|q| q.milli_value())
 }
 
-/// A pod's effective requests: the sum over containers, at least the largest init container,
-/// plus one `pods`.
+/// A pod's effective requests, as kube's quota computes them (see
+/// [`crate::pod_resources::effective_requests`]).
 pub fn pod_requests(spec: &Value) -> Resources {
-    let requests = |c: &Value| -> Resources {
-        c["resources"]["requests"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), parse_quantity(v.as_str()?)?)))
-            .collect()
-    };
-    let mut sum = Resources::new();
-    for c in spec["containers"].as_array().into_iter().flatten() {
-        for (k, v) in requests(c) {
-            *sum.entry(k).or_default() += v;
-        }
-    }
-    for c in spec["initContainers"].as_array().into_iter().flatten() {
-        for (k, v) in requests(c) {
-            let e = sum.entry(k).or_default();
-            *e = (*e).max(v);
-        }
-    }
-    *sum.entry("pods".into()).or_default() += 1000;
-    sum
+    crate::pod_resources::effective_requests(spec)
 }
 
 /// Adds `b` into `a`.

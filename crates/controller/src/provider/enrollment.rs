@@ -231,6 +231,7 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
                 "allowedPodOffloadingStrategies".into(),
                 json!(p.spec.pod_offloading_strategies),
             );
+            spec.insert("podResources".into(), json!(p.spec.pod_resources));
         }
         tenants
             .patch(

@@ -22,6 +22,7 @@ use tandem_api::client;
 use tandem_api::{ShadowPod, Tenant, names};
 use tandem_core::offloading::keep_off_virtual_nodes;
 use tandem_core::pod_admission::{self, PodSecurityLevel, ProviderPodPolicy};
+use tandem_core::pod_resources::{self, ChargePolicy, WithoutRequests};
 use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
@@ -493,15 +494,19 @@ impl State {
                 );
                 continue;
             }
-            let policy = self.pod_policies.get(&consumer);
-            let admitted = pod_admission::check_annotations(&sp.spec.annotations).and_then(|()| {
-                pod_admission::admit(
-                    sp.pod_value(),
-                    policy.unwrap_or(&ProviderPodPolicy::default()),
-                )
-            });
-            let spec = match admitted {
-                Ok(spec) => spec,
+            let policy = self
+                .pod_policies
+                .get(&consumer)
+                .unwrap_or(&DEFAULT_POD_POLICY);
+            // Admitted, then charged: the defaults and bounded limits go on the real pod.
+            let admitted = pod_admission::check_annotations(&sp.spec.annotations)
+                .and_then(|()| pod_admission::admit(sp.pod_value(), policy))
+                .and_then(|mut spec| {
+                    let charge = pod_resources::charge(&mut spec, &policy.charge)?;
+                    Ok((spec, charge))
+                });
+            let (spec, charge) = match admitted {
+                Ok(admitted) => admitted,
                 Err(refusal) => {
                     set_status(
                         PHASE_REJECTED,
@@ -513,7 +518,7 @@ impl State {
                     continue;
                 }
             };
-            let requests = shadow::pod_requests(&spec);
+            let requests = charge.requests;
             let grant = self.grants.get(&consumer).cloned().unwrap_or_default();
             if grant.is_empty() {
                 set_status(
@@ -527,10 +532,22 @@ impl State {
             }
             let consumer_used = self.used.get(&consumer).cloned().unwrap_or_default();
             if let Err(why) = shadow::fits(&consumer_used, &requests, &grant) {
+                // A pod that asked for none of the resource it exceeds is told what it was
+                // charged, and by which rule.
+                let defaulted = match charge
+                    .defaulted
+                    .iter()
+                    .find(|k| why.starts_with(&format!("quota exceeded for {k}:")))
+                {
+                    Some(k) => format!(
+                        "; containers requesting no {k} are charged the provider's default (podResources.defaultRequests)"
+                    ),
+                    None => String::new(),
+                };
                 set_status(
                     PHASE_REJECTED,
                     format!(
-                        "{why} (grant of Tenant {}/{consumer})",
+                        "{why} (grant of Tenant {}/{consumer}{defaulted})",
                         names::tenant_namespace(&consumer)
                     ),
                 );
@@ -546,13 +563,38 @@ impl State {
     }
 }
 
-/// What a Tenant says of its consumer's pods.
+/// The policy of a consumer whose Tenant is not known (parsed once, not per pod).
+static DEFAULT_POD_POLICY: std::sync::LazyLock<ProviderPodPolicy> =
+    std::sync::LazyLock::new(ProviderPodPolicy::default);
+
+/// What a Tenant says of its consumer's pods (its quantities parsed here, once per Tenant
+/// event, never per pod).
 fn pod_policy_of(spec: &tandem_api::TenantSpec) -> ProviderPodPolicy {
+    let resources = spec.pod_resources.clone().unwrap_or_default();
+    let strings = |m: Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        m.map(|m| {
+            m.into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect::<std::collections::BTreeMap<String, String>>()
+        })
+    };
+    let defaults = strings(resources.default_requests);
+    let ratios = strings(resources.max_limit_request_ratio);
     ProviderPodPolicy {
         level: match spec.pod_security.unwrap_or_default() {
             tandem_api::PodSecurity::Baseline => PodSecurityLevel::Baseline,
             tandem_api::PodSecurity::Restricted => PodSecurityLevel::Restricted,
         },
+        charge: ChargePolicy::from_settings(
+            defaults.as_ref(),
+            match resources.without_requests {
+                tandem_api::WithoutRequests::Charge => WithoutRequests::Charge,
+                tandem_api::WithoutRequests::Refuse => WithoutRequests::Refuse,
+            },
+            ratios.as_ref(),
+        ),
         ..Default::default()
     }
 }
@@ -847,10 +889,13 @@ mod tests {
 
     const TWIN: &str = "app-rome";
 
-    /// A shadow pod `TWIN/name` with UID `uid`, asking for `cpu` and (unless None) a status.
+    /// A shadow pod `TWIN/name` with UID `uid`, requesting `cpu` (nothing when empty), with
+    /// `extra` pod fields.
     fn shadow_pod(name: &str, uid: &str, cpu: &str, extra: Value) -> Arc<LeanShadowPod> {
-        let mut pod = json!({"containers": [{"name": "c", "image": "nginx",
-            "resources": {"requests": {"cpu": cpu}}}]});
+        let mut pod = json!({"containers": [{"name": "c", "image": "nginx"}]});
+        if !cpu.is_empty() {
+            pod["containers"][0]["resources"] = json!({"requests": {"cpu": cpu}});
+        }
         if let (Some(p), Some(e)) = (pod.as_object_mut(), extra.as_object()) {
             p.extend(e.clone());
         }
@@ -947,6 +992,56 @@ mod tests {
                 &[
                     "create a",
                     "Rejected b: quota exceeded for cpu: requested 1000m, used 1500m of 2000m (grant of Tenant tandem-tenant-rome/rome)",
+                ],
+            ),
+            (
+                "containers requesting nothing are charged the provider's default",
+                |s| {
+                    s.grants
+                        .insert("rome".into(), [("cpu".to_string(), 150)].into());
+                    add(s, shadow_pod("a", "s1", "", json!({})));
+                    add(s, shadow_pod("b", "s2", "", json!({})));
+                },
+                &[
+                    "create a",
+                    "Rejected b: quota exceeded for cpu: requested 100m, used 100m of 150m (grant of Tenant tandem-tenant-rome/rome; containers requesting no cpu are charged the provider's default (podResources.defaultRequests))",
+                ],
+            ),
+            (
+                "a Tenant that refuses pods without requests",
+                |s| {
+                    s.pod_policies.insert(
+                        "rome".into(),
+                        ProviderPodPolicy {
+                            charge: ChargePolicy {
+                                without_requests: WithoutRequests::Refuse,
+                                ..Default::default()
+                            },
+                            ..Default::default()
+                        },
+                    );
+                    add(s, shadow_pod("web", "s1", "1", json!({})));
+                },
+                &[
+                    "Rejected web: refused by rule pod-requests: container \"c\" requests no memory, and this provider charges every container for memory: set resources.requests.memory (Tenant tandem-tenant-rome/rome)",
+                ],
+            ),
+            (
+                "a limit beyond the ratio to its request",
+                |s| {
+                    add(
+                        s,
+                        shadow_pod(
+                            "web",
+                            "s1",
+                            "",
+                            json!({"containers": [{"name": "c", "image": "nginx",
+                                "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "2"}}}]}),
+                        ),
+                    );
+                },
+                &[
+                    "Rejected web: refused by rule limit-request-ratio: container \"c\" has a cpu limit of 2 for a request of 100m: a limit may be at most 10 times its request (Tenant tandem-tenant-rome/rome)",
                 ],
             ),
             (
@@ -1081,6 +1176,18 @@ mod tests {
             assert!(pod["spec"].get(field).is_none(), "{field}: {pod}");
         }
         assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+        // The charge and the bound are on the real pod, where the provider's scheduler and
+        // a restarted controller read them.
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"],
+            json!({"requests": {"cpu": "1", "memory": "128Mi"},
+                   "limits": {"cpu": "10", "memory": "512Mi"}})
+        );
+        assert_eq!(
+            shadow::pod_requests(&pod["spec"]),
+            s.pending[&key("web")].1,
+            "what the grant is charged is what the real pod requests"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod support;
 #[path = "names.rs"]
 mod colliding_names;
 mod credentials;
+mod grants;
 mod mcs;
 
 use std::time::Duration;

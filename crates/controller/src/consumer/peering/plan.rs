@@ -817,6 +817,7 @@ mod tests {
                 max_twin_namespaces: None,
                 allowed_service_types: None,
                 storage_classes: None,
+                pod_resources: None,
             },
         )
     }
