@@ -248,10 +248,14 @@ pub fn consumer_status(real_status: Value, remap: Option<IpRemap>) -> Value {
         }
         g
     };
-    if let Some(ip) = real.get("podIP").and_then(Value::as_str)
-        && let Some(ip) = granted(ip)
-    {
-        out.insert("podIP".into(), Value::String(ip));
+    // An ignored IP is written as null, not left out: the status is merged into the consumer
+    // pod's, where leaving it out would keep the address reported before (and a pod IP
+    // that the pod's `podIPs` no longer lists).
+    if let Some(ip) = real.get("podIP").and_then(Value::as_str) {
+        out.insert(
+            "podIP".into(),
+            granted(ip).map_or(Value::Null, Value::String),
+        );
     }
     if let Some(ips) = real.get("podIPs").and_then(Value::as_array) {
         let ips: Vec<Value> = ips
@@ -260,7 +264,19 @@ pub fn consumer_status(real_status: Value, remap: Option<IpRemap>) -> Value {
             .filter_map(&mut granted)
             .map(|ip| json!({"ip": ip}))
             .collect();
-        out.insert("podIPs".into(), Value::Array(ips));
+        // `podIP` is `podIPs[0]`, as kubelet writes them: an ignored first one is replaced by
+        // the first one kept.
+        if out.get("podIP").is_some_and(Value::is_null)
+            && let Some(first) = ips.first()
+        {
+            out.insert("podIP".into(), first["ip"].clone());
+        }
+        let ips = if ips.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(ips)
+        };
+        out.insert("podIPs".into(), ips);
     }
     if let (false, Some(r)) = (outside.is_empty(), remap) {
         let condition = json!({"type": IPS_IN_GRANT_CONDITION, "status": "False",
@@ -490,7 +506,7 @@ mod tests {
                 "podIPs": [{"ip": bad}, {"ip": "10.244.3.4"}],
                 "conditions": [{"type": "Ready", "status": "True"}]});
             let got = consumer_status(real, remap);
-            assert!(got.get("podIP").is_none(), "{bad}: {got}");
+            assert_eq!(got["podIP"], "10.245.3.4", "{bad}: the first IP kept");
             assert_eq!(got["podIPs"], json!([{"ip": "10.245.3.4"}]), "{bad}");
             let cond = &got["conditions"][1];
             assert_eq!(cond["type"], IPS_IN_GRANT_CONDITION, "{bad}");
@@ -501,6 +517,17 @@ mod tests {
             );
             assert_eq!(got["conditions"][0]["type"], "Ready");
         }
+        // Nothing inside the grant: null, so that merging it removes what was reported before.
+        let got = consumer_status(
+            json!({"podIP": "172.18.0.2", "podIPs": [{"ip": "172.18.0.2"}]}),
+            remap,
+        );
+        assert_eq!(
+            (got.get("podIP"), got.get("podIPs")),
+            (Some(&Value::Null), Some(&Value::Null)),
+            "{got}"
+        );
+        assert_eq!(got["conditions"][0]["type"], IPS_IN_GRANT_CONDITION);
         // Inside the grant: no condition.
         let got = consumer_status(json!({"podIP": "10.244.0.9"}), remap);
         assert_eq!(got["podIP"], "10.245.0.9");

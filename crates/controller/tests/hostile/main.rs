@@ -15,6 +15,7 @@ mod colliding_names;
 mod credentials;
 mod grants;
 mod mcs;
+mod provider;
 
 use std::time::Duration;
 
