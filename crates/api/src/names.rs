@@ -44,8 +44,9 @@ pub const REFLECTED_LABEL: &str = "tandem.dev/reflected";
 pub const INVITE_ANNOTATION: &str = "tandem.dev/invite";
 /// Bootstrap-token group prefix of invite tokens (one group per token).
 pub const INVITE_GROUP_PREFIX: &str = "system:bootstrappers:tandem:invite-";
-/// Group every peer identity belongs to.
-pub const PEERS_GROUP: &str = "tandem:peers";
+/// Prefix of the group a peer certificate carries (its only organization): see
+/// [`peer_key_group`].
+pub const PEER_KEY_GROUP_PREFIX: &str = "tandem:peer-key:";
 /// Namespace (on a provider) where consumers that found it through discovery file their
 /// peering requests with the enrollment credential, and nothing else lives.
 pub const ENROLL_NAMESPACE: &str = "tandem-enroll";
@@ -57,6 +58,14 @@ pub const ENROLL_TOKEN_PURPOSE: &str = "enrollment";
 pub const POLICY_ANNOTATION: &str = "tandem.dev/peering-policy";
 /// Annotation on a Tenant: the consumer key fingerprint its request was approved for.
 pub const KEY_FINGERPRINT_ANNOTATION: &str = "tandem.dev/key-fingerprint";
+/// Annotation on a Tenant whose roles are bound to its key's group
+/// ([`peer_key_group`]): set on the Tenants made since, and on older ones once their key is
+/// taken from the certificate issued to them.
+pub const KEY_BOUND_ANNOTATION: &str = "tandem.dev/key-bound";
+/// Annotation on a Tenant made before its certificates carried their key's group: until this
+/// time (RFC 3339, the expiry of the certificate issued then) its roles stay bound to its user
+/// name as well, so that the consumer can renew to a certificate that carries the group.
+pub const USER_BOUND_UNTIL_ANNOTATION: &str = "tandem.dev/user-bound-until";
 /// Finalizer of every Tandem reconciler that must undo state before deletion.
 pub const FINALIZER: &str = "tandem.dev/finalizer";
 /// On a pod of a namespace offloaded with `partitionPolicy: Fence` (set at admission), and as a
@@ -118,6 +127,18 @@ pub fn tenant_namespace(peer_cluster_id: &str) -> String {
 /// User name of a consumer's peer identity in a provider.
 pub fn peer_user(consumer_cluster_id: &str) -> String {
     format!("tandem:peer:{consumer_cluster_id}")
+}
+
+/// The group of a peer certificate issued for the key `key_fingerprint` (`sha256:<hex>`, as
+/// [`KEY_FINGERPRINT_ANNOTATION`] records it). A provider binds a consumer's roles to the group
+/// of the key its Tenant records, not to the user name, which is only the self-asserted cluster
+/// ID: a certificate from an earlier peering under the same ID, for another key, reaches
+/// nothing once the ID peers again.
+pub fn peer_key_group(key_fingerprint: &str) -> String {
+    let hex = key_fingerprint
+        .strip_prefix("sha256:")
+        .unwrap_or(key_fingerprint);
+    format!("{PEER_KEY_GROUP_PREFIX}{hex}")
 }
 
 /// Name of the virtual node standing for a provider in a consumer.

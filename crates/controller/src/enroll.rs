@@ -91,6 +91,31 @@ pub fn csr_key_fingerprint(pem: &str) -> Option<String> {
     ))
 }
 
+/// What a peer certificate says of its key: the key's fingerprint, the groups (organizations)
+/// it carries and its expiry (Unix seconds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateKey {
+    pub fingerprint: String,
+    pub groups: Vec<String>,
+    pub not_after: i64,
+}
+
+/// Reads [`CertificateKey`] off a PEM certificate (None if it is not one).
+pub fn certificate_key(pem: &str) -> Option<CertificateKey> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    Some(CertificateKey {
+        fingerprint: key_fingerprint_der(cert.public_key().raw),
+        groups: cert
+            .subject()
+            .iter_organization()
+            .filter_map(|o| o.as_str().ok())
+            .map(str::to_string)
+            .collect(),
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
 /// The fingerprint of this cluster's key (what a provider's PeeringPolicy names).
 pub fn own_key_fingerprint(private_key_pem: &str) -> Result<String, rcgen::Error> {
     use rcgen::PublicKeyData;

@@ -28,6 +28,32 @@ pub const PEER_ATTACH_ROLE: &str = "tandem:peer-attach";
 /// (pods/portforward).
 pub const PEER_PORTFORWARD_ROLE: &str = "tandem:peer-portforward";
 
+/// The RBAC subjects a consumer's peer roles are bound to, from its Tenant: the group of the
+/// key the Tenant records ([`names::peer_key_group`]), so that a certificate for another key
+/// (an earlier peering under the same self-asserted cluster ID) reaches nothing. Its user name
+/// instead when no key is recorded (a Tenant made before keys were, until the provider's admin
+/// records one), and as well while [`names::USER_BOUND_UNTIL_ANNOTATION`] lasts.
+pub fn peer_subjects(tenant: &tandem_api::Tenant) -> serde_json::Value {
+    use kube::ResourceExt;
+    let user = serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                  "name": names::peer_user(&tenant.spec.cluster_id)});
+    let annotations = tenant.annotations();
+    let Some(key) = annotations.get(names::KEY_FINGERPRINT_ANNOTATION) else {
+        return serde_json::json!([user]);
+    };
+    let group = serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                   "name": names::peer_key_group(key)});
+    let user_bound = annotations
+        .get(names::USER_BOUND_UNTIL_ANNOTATION)
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .is_some_and(|until| until > k8s_openapi::jiff::Timestamp::now());
+    if user_bound {
+        serde_json::json!([group, user])
+    } else {
+        serde_json::json!([group])
+    }
+}
+
 const READ: &[&str] = &["get", "list", "watch"];
 /// What reflection does to the objects it owns in a twin namespace: one at a time, never
 /// `deletecollection` (which would also reach objects of the twin it did not make).
@@ -663,7 +689,7 @@ mod tests {
     fn peer() -> UserInfo {
         user(
             &names::peer_user("rome"),
-            &[names::PEERS_GROUP, "system:authenticated"],
+            &[&names::peer_key_group("sha256:aa"), "system:authenticated"],
         )
     }
 

@@ -68,12 +68,24 @@ async fn namespace_gone(client: &Client, name: &str) {
     .await
 }
 
-/// The provider, as the consumer's peer identity.
+/// The provider, as the consumer's peer identity (in the group of the key its Tenant records).
 async fn peer_client(consumer: &Cluster, provider: &Cluster) -> Client {
+    let tenant = Api::<tandem_api::Tenant>::namespaced(
+        provider.client.clone(),
+        &names::tenant_namespace(&consumer.id),
+    )
+    .get(&consumer.id)
+    .await
+    .expect("the consumer's Tenant");
+    let key =
+        tenant.metadata.annotations.unwrap_or_default()[names::KEY_FINGERPRINT_ANNOTATION].clone();
     let kubeconfig = provider
         .lab
         .server
-        .kubeconfig_for(&names::peer_user(&consumer.id), &[names::PEERS_GROUP])
+        .kubeconfig_for(
+            &names::peer_user(&consumer.id),
+            &[names::peer_key_group(&key).as_str()],
+        )
         .unwrap();
     tandem_controller::consumer::link::client_from_kubeconfig(&kubeconfig)
         .await

@@ -150,9 +150,10 @@ async fn a_peer_identity_is_renewed_before_it_expires_without_the_virtual_node_l
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, names::peer_user("turin"));
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
+    params.distinguished_name.push(
+        rcgen::DnType::OrganizationName,
+        names::peer_key_group("sha256:00"),
+    );
     let pem = params.serialize_request(&key).unwrap().pem().unwrap();
     let forged: CertificateSigningRequest = serde_json::from_value(json!({
         "metadata": {"name": "tandem-peer-renewal-rome-1"},

@@ -120,13 +120,23 @@ async fn renew(
         .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
         .map(|v| String::from_utf8_lossy(&v.0).into_owned())
         .unwrap_or_default();
-    let Some((not_before, not_after)) = client_certificate(&kubeconfig).and_then(|c| validity(&c))
-    else {
+    let Some(cert) = client_certificate(&kubeconfig) else {
         return Ok(());
     };
+    let Some((not_before, not_after)) = validity(&cert) else {
+        return Ok(());
+    };
+    // A certificate issued before peer certificates carried their key's group is renewed at
+    // once: the provider binds this identity's roles to that group.
+    let keyless = crate::enroll::certificate_key(&cert).is_some_and(|c| {
+        !c.groups
+            .iter()
+            .any(|g| g.starts_with(names::PEER_KEY_GROUP_PREFIX))
+    });
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let filed = pending.get(&provider).cloned();
     if filed.is_none()
+        && !keyless
         && now < renewal_due(not_before, not_after, ctx.options.identity_renewal_after)
     {
         return Ok(());

@@ -334,17 +334,18 @@ pub enum CsrError {
     #[error("bad signature: {0}")]
     BadSignature(String),
     #[error(
-        "subject must be CN={user}, O={group} (got CN={common_names:?}, O={organizations:?})",
-        group = names::PEERS_GROUP
+        "subject must be CN={user}, O={group}, the group of the key the request is signed with (got CN={common_names:?}, O={organizations:?}; a consumer older than this provider files no key group: upgrade it)"
     )]
     WrongSubject {
         user: String,
+        group: String,
         common_names: Vec<String>,
         organizations: Vec<String>,
     },
 }
 
-/// The CSR must be validly self-signed and ask for exactly the peer user in the peers group.
+/// The CSR must be validly self-signed and ask for exactly the peer user in the group of the
+/// key it is signed with ([`names::peer_key_group`]).
 pub fn check_csr(pem: &str, consumer: &str) -> Result<(), CsrError> {
     use x509_parser::certification_request::X509CertificationRequest;
     use x509_parser::prelude::FromDer;
@@ -364,9 +365,13 @@ pub fn check_csr(pem: &str, consumer: &str) -> Result<(), CsrError> {
         .filter_map(|a| a.as_str().ok())
         .collect();
     let user = names::peer_user(consumer);
-    if cns != [user.as_str()] || orgs != [names::PEERS_GROUP] {
+    let group = names::peer_key_group(&crate::enroll::key_fingerprint_der(
+        csr.certification_request_info.subject_pki.raw,
+    ));
+    if cns != [user.as_str()] || orgs != [group.as_str()] {
         return Err(CsrError::WrongSubject {
             user,
+            group,
             common_names: cns.iter().map(|s| s.to_string()).collect(),
             organizations: orgs.iter().map(|s| s.to_string()).collect(),
         });
@@ -455,9 +460,13 @@ pub async fn ensure_tenant_with(
         )
         .await?;
     let tenants: Api<Tenant> = Api::namespaced(client.clone(), &ns);
-    if tenants.get_opt(consumer).await?.is_none() {
+    let mut tenant = tenants.get_opt(consumer).await?;
+    if tenant.is_none() {
         let (grant, node_labels) = offer(ctx).await?;
-        let tenant: Tenant = serde_json::from_value(json!({
+        // Made now, its certificates carry their key's group.
+        let mut annotations = annotations;
+        annotations[names::KEY_BOUND_ANNOTATION] = json!("true");
+        let new: Tenant = serde_json::from_value(json!({
             "apiVersion": "tandem.dev/v1alpha1", "kind": "Tenant",
             "metadata": {"name": consumer, "namespace": ns, "labels": {
                 names::MANAGED_BY_LABEL: names::MANAGED_BY, names::ORIGIN_CLUSTER_LABEL: consumer},
@@ -465,42 +474,15 @@ pub async fn ensure_tenant_with(
             "spec": {"clusterID": consumer, "grant": grant, "nodeLabels": node_labels},
         }))
         .expect("static manifest");
-        match tenants.create(&PostParams::default(), &tenant).await {
-            Ok(_) => {}
-            Err(e) if client::is_conflict(&e) => {}
+        tenant = Some(match tenants.create(&PostParams::default(), &new).await {
+            Ok(t) => t,
+            Err(e) if client::is_conflict(&e) => tenants.get(consumer).await?,
             Err(e) => return Err(e),
-        }
+        });
     }
-    Api::<RoleBinding>::namespaced(client.clone(), &ns)
-        .patch(
-            PEER_ROLE_BINDING,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": PEER_ROLE_BINDING, "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": rbac::PEER_TENANT_ROLE},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                              "name": names::peer_user(consumer)}],
-            })),
-        )
-        .await?;
-    // Its right to renew its certificate, for as long as this Tenant lives.
-    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
-        .patch(
-            &rbac::peer_renewal_binding(consumer),
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": rbac::peer_renewal_binding(consumer), "labels": {
-                    names::MANAGED_BY_LABEL: names::MANAGED_BY, names::ORIGIN_CLUSTER_LABEL: consumer}},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": rbac::PEER_RENEWAL_ROLE},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                              "name": names::peer_user(consumer)}],
-            })),
-        )
-        .await?;
+    if let Some(tenant) = &tenant {
+        bind_peer(client, tenant).await?;
+    }
     // The controller's own rights here (its fence nonce Lease).
     Api::<RoleBinding>::namespaced(client.clone(), &ns)
         .patch(
@@ -519,6 +501,45 @@ pub async fn ensure_tenant_with(
     crate::provider::network::ensure_provider_parameters(ctx, consumer)
         .await
         .map_err(|e| kube::Error::Service(crate::error::chain(&e).into()))?;
+    Ok(())
+}
+
+/// Binds `tenant`'s consumer to its roles in its tenant namespace and to renewing its
+/// certificate, for the subjects its Tenant says ([`rbac::peer_subjects`]): converged when the
+/// Tenant changes (an admin re-keying it moves the bindings to the new key).
+pub(crate) async fn bind_peer(client: &Client, tenant: &Tenant) -> Result<(), kube::Error> {
+    let consumer = tenant.spec.cluster_id.as_str();
+    let ns = names::tenant_namespace(consumer);
+    let pp = PatchParams::apply(names::FIELD_MANAGER).force();
+    let subjects = rbac::peer_subjects(tenant);
+    Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .patch(
+            PEER_ROLE_BINDING,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": PEER_ROLE_BINDING, "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": rbac::PEER_TENANT_ROLE},
+                "subjects": subjects,
+            })),
+        )
+        .await?;
+    // Its right to renew its certificate, for as long as this Tenant lives.
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+        .patch(
+            &rbac::peer_renewal_binding(consumer),
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": rbac::peer_renewal_binding(consumer), "labels": {
+                    names::MANAGED_BY_LABEL: names::MANAGED_BY, names::ORIGIN_CLUSTER_LABEL: consumer}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": rbac::PEER_RENEWAL_ROLE},
+                "subjects": subjects,
+            })),
+        )
+        .await?;
     Ok(())
 }
 
@@ -698,14 +719,20 @@ async fn sweep(ctx: &Ctx) -> Result<(), crate::invite::InviteError> {
 mod tests {
     use super::*;
 
-    fn csr(cn: &str, orgs: &[&str]) -> String {
+    /// A CSR for `cn` in group `org`; `KEY` stands for the group of the key it is signed with.
+    fn csr(cn: &str, org: &str) -> String {
+        use rcgen::PublicKeyData;
         let key = rcgen::KeyPair::generate().unwrap();
+        let own = names::peer_key_group(&crate::enroll::key_fingerprint_der(
+            &key.subject_public_key_info(),
+        ));
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         let mut dn = rcgen::DistinguishedName::new();
         dn.push(rcgen::DnType::CommonName, cn);
-        for o in orgs {
-            dn.push(rcgen::DnType::OrganizationName, *o);
-        }
+        dn.push(
+            rcgen::DnType::OrganizationName,
+            if org == "KEY" { own } else { org.to_string() },
+        );
         params.distinguished_name = dn;
         params.serialize_request(&key).unwrap().pem().unwrap()
     }
@@ -744,7 +771,9 @@ mod tests {
 
     #[test]
     fn csr_checks() {
-        let good = csr("tandem:peer:rome", &["tandem:peers"]);
+        let good = csr("tandem:peer:rome", "KEY");
+        // The group of another key: a request cannot ask for the roles bound to another key.
+        let other_key = names::peer_key_group(&crate::enroll::csr_key_fingerprint(&good).unwrap());
         // Flip a byte inside the base64 body: the signature no longer verifies (or the DER breaks).
         let mut tampered = good.clone().into_bytes();
         let i = tampered.len() / 2;
@@ -760,19 +789,25 @@ mod tests {
             ),
             (
                 "wrong group",
-                csr("tandem:peer:rome", &["system:masters"]),
+                csr("tandem:peer:rome", "system:masters"),
                 "rome",
                 Some("subject must be"),
             ),
             (
-                "extra group",
-                csr("tandem:peer:rome", &["tandem:peers", "system:masters"]),
+                "another key's group",
+                csr("tandem:peer:rome", &other_key),
                 "rome",
                 Some("subject must be"),
+            ),
+            (
+                "the group of an older consumer",
+                csr("tandem:peer:rome", "tandem:peers"),
+                "rome",
+                Some("upgrade it"),
             ),
             (
                 "admin name",
-                csr("admin", &["tandem:peers"]),
+                csr("admin", "KEY"),
                 "rome",
                 Some("subject must be"),
             ),

@@ -362,6 +362,28 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
     }
     if let Some(existing) = &existing {
         if existing.labels().contains_key(names::RETAINED_DATA_LABEL) {
+            // Kept from a peering under another key: the cluster ID alone is self-asserted,
+            // so the data is not handed to whoever claims it next.
+            let kept_for = existing
+                .annotations()
+                .get(names::KEY_FINGERPRINT_ANNOTATION);
+            let key = tenant.annotations().get(names::KEY_FINGERPRINT_ANNOTATION);
+            if let Some(kept_for) = kept_for
+                && key != Some(kept_for)
+            {
+                set_status(
+                    client,
+                    rn,
+                    "Failed",
+                    &format!(
+                        "namespace {twin} holds data kept from an earlier peering of {consumer} under key {kept_for}, and this peering's key is {}: it is not re-adopted; the provider's admin deletes the namespace, or re-keys Tenant {}/{consumer} if the consumer really changed its key",
+                        key.map_or("not recorded", String::as_str),
+                        names::tenant_namespace(&consumer)
+                    ),
+                )
+                .await?;
+                return Ok(Action::requeue(Duration::from_secs(60)));
+            }
             // Offloaded again: the retained claims are the consumer's to adopt.
             namespaces
                 .patch(
@@ -410,7 +432,7 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &twin);
     apply(
         &bindings,
-        &peer_binding(&twin, TWIN_ROLE_BINDING, PEER_TWIN_ROLE, &consumer),
+        &peer_binding(&twin, TWIN_ROLE_BINDING, PEER_TWIN_ROLE, &tenant),
     )
     .await
     .map_err(|e| {
@@ -424,7 +446,7 @@ async fn ensure(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error> 
     for capability in PodCapability::ALL {
         let name = pod_access_binding(capability);
         if capability.allowed_by(&access) {
-            let binding = peer_binding(&twin, name, capability.role_name(), &consumer);
+            let binding = peer_binding(&twin, name, capability.role_name(), &tenant);
             apply(&bindings, &binding)
                 .await
                 .map_err(|e| Error::Kube(k.clone(), "granting pod access the Tenant allows", e))?;
@@ -458,8 +480,17 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
     }
     if existing.metadata.deletion_timestamp.is_none() {
         // Data is never deleted unless asked: a twin holding claims is kept, without its pods.
+        let key = Api::<Tenant>::namespaced(client.clone(), &names::tenant_namespace(&consumer))
+            .get_opt(&consumer)
+            .await
+            .map_err(|e| Error::Kube(k.clone(), "reading the consumer's Tenant", e))?
+            .and_then(|t| {
+                t.annotations()
+                    .get(names::KEY_FINGERPRINT_ANNOTATION)
+                    .cloned()
+            });
         if !rn.annotations().contains_key(names::DELETE_DATA_ANNOTATION)
-            && retain_if_holding_data(client, twin, &consumer, false)
+            && retain_if_holding_data(client, twin, &consumer, key.as_deref(), false)
                 .await
                 .map_err(|e| Error::Kube(k.clone(), "retaining the twin namespace's claims", e))?
         {
@@ -474,14 +505,15 @@ async fn cleanup(client: &Client, rn: &RemoteNamespace) -> Result<Action, Error>
     Err(Error::Terminating(k, twin.clone()))
 }
 
-/// The RoleBinding `name` of `consumer`'s peer identity to ClusterRole `role` in `twin`.
-fn peer_binding(twin: &str, name: &str, role: &str, consumer: &str) -> RoleBinding {
+/// The RoleBinding `name` of `tenant`'s consumer to ClusterRole `role` in `twin` (bound to
+/// the subjects its Tenant says: the group of its key).
+fn peer_binding(twin: &str, name: &str, role: &str, tenant: &Tenant) -> RoleBinding {
     serde_json::from_value(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": name, "namespace": twin,
                      "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": names::peer_user(consumer)}],
+        "subjects": crate::rbac::peer_subjects(tenant),
     }))
     .expect("static manifest")
 }
@@ -524,6 +556,7 @@ pub async fn retain_if_holding_data(
     client: &Client,
     twin: &str,
     consumer: &str,
+    key: Option<&str>,
     revoke: bool,
 ) -> Result<bool, kube::Error> {
     let claims: Vec<String> = Api::<PersistentVolumeClaim>::namespaced(client.clone(), twin)
@@ -549,7 +582,10 @@ pub async fn retain_if_holding_data(
         .patch(
             twin,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {names::RETAINED_DATA_LABEL: "true"}}})),
+            // The key it is kept for: only a peering under that key adopts it again.
+            &Patch::Merge(json!({"metadata": {
+                "labels": {names::RETAINED_DATA_LABEL: "true"},
+                "annotations": {names::KEY_FINGERPRINT_ANNOTATION: key}}})),
         )
         .await?;
     let message = format!(
@@ -605,7 +641,18 @@ mod tests {
     fn each_capability_has_its_own_binding_to_its_own_role() {
         for capability in PodCapability::ALL {
             let name = pod_access_binding(capability);
-            let binding = peer_binding("app-rome", name, capability.role_name(), "rome");
+            let mut tenant = Tenant::new(
+                "rome",
+                serde_json::from_value(json!({"clusterID": "rome"})).unwrap(),
+            );
+            tenant.metadata.annotations = Some(
+                [(
+                    names::KEY_FINGERPRINT_ANNOTATION.to_string(),
+                    "sha256:ab12".to_string(),
+                )]
+                .into(),
+            );
+            let binding = peer_binding("app-rome", name, capability.role_name(), &tenant);
             assert_eq!(binding.metadata.name.as_deref(), Some(name));
             assert_eq!(binding.metadata.namespace.as_deref(), Some("app-rome"));
             assert_eq!(binding.role_ref.kind, "ClusterRole");
@@ -614,7 +661,8 @@ mod tests {
             assert_eq!(subjects.len(), 1);
             assert_eq!(
                 (subjects[0].kind.as_str(), subjects[0].name.as_str()),
-                ("User", names::peer_user("rome").as_str())
+                ("Group", "tandem:peer-key:ab12"),
+                "bound to the key's group, not to the self-asserted name"
             );
         }
         let all: std::collections::BTreeSet<_> = peer_bindings().collect();

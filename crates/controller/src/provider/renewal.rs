@@ -245,7 +245,12 @@ mod tests {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         let mut dn = rcgen::DistinguishedName::new();
         dn.push(rcgen::DnType::CommonName, names::peer_user(consumer));
-        dn.push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
+        dn.push(
+            rcgen::DnType::OrganizationName,
+            names::peer_key_group(&crate::enroll::key_fingerprint_der(
+                &rcgen::PublicKeyData::subject_public_key_info(key),
+            )),
+        );
         params.distinguished_name = dn;
         let pem = params.serialize_request(key).unwrap().pem().unwrap();
         serde_json::from_value(json!({

@@ -81,10 +81,31 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
             // status follows from the next reconcile, which the write itself brings.
             return Ok(Action::await_change());
         }
+        if !tenant
+            .annotations()
+            .contains_key(names::KEY_BOUND_ANNOTATION)
+        {
+            // Its next reconcile, brought by the write, binds it.
+            return bind_to_issued_key(&ctx, &api, &tenant)
+                .await
+                .map_err(err("binding the identity to the key of its certificate"));
+        }
+        crate::provider::peering_request::bind_peer(&ctx.client, &tenant)
+            .await
+            .map_err(err("binding the peer identity"))?;
         report_grant(&api, &tenant)
             .await
             .map_err(err("writing status"))?;
-        return Ok(Action::await_change());
+        // Its roles lose the user name when the grace of a Tenant made before keys ends.
+        let grace = tenant
+            .annotations()
+            .get(names::USER_BOUND_UNTIL_ANNOTATION)
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(|until| until.as_second() - k8s_openapi::jiff::Timestamp::now().as_second())
+            .filter(|left| *left > 0);
+        return Ok(grace.map_or_else(Action::await_change, |left| {
+            Action::requeue(Duration::from_secs(left as u64 + 1))
+        }));
     }
     if !has_finalizer {
         return Ok(Action::await_change());
@@ -111,6 +132,10 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
                     &ctx.client,
                     &twin.name_any(),
                     &consumer,
+                    tenant
+                        .annotations()
+                        .get(names::KEY_FINGERPRINT_ANNOTATION)
+                        .map(String::as_str),
                     true,
                 )
                 .await
@@ -218,6 +243,69 @@ async fn reconcile(tenant: Arc<Tenant>, ctx: Ctx) -> Result<Action, Error> {
 /// namespace and in every twin namespace. The certificate itself lives on until it expires;
 /// the namespaces' deletion, which takes a while (or never comes, for a twin kept for its
 /// data), must not be what ends its access.
+/// Moves a Tenant made before peer certificates carried their key's group to binding by key:
+/// its key is taken from the newest certificate already issued to it (never from a later
+/// request, which an impostor could race), and since that certificate carries no key group,
+/// its user name stays bound until the certificate expires, long enough for the consumer to
+/// renew to one that does. A Tenant with no certificate on record keeps its user-name bindings
+/// until the provider's admin records a key.
+async fn bind_to_issued_key(
+    ctx: &Ctx,
+    api: &Api<Tenant>,
+    tenant: &Tenant,
+) -> Result<Action, kube::Error> {
+    let consumer = tenant.spec.cluster_id.as_str();
+    let mut issued: Vec<String> = tenant
+        .status
+        .as_ref()
+        .and_then(|s| s.renewed_identity.as_ref())
+        .map(|r| r.certificate.clone())
+        .into_iter()
+        .collect();
+    for ns in [names::SYSTEM_NAMESPACE, names::ENROLL_NAMESPACE] {
+        let requests = Api::<tandem_api::PeeringRequest>::namespaced(ctx.client.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        issued.extend(
+            requests
+                .items
+                .into_iter()
+                .filter(|r| r.spec.cluster_id == consumer)
+                .filter_map(|r| r.status?.certificate),
+        );
+    }
+    let newest = issued
+        .iter()
+        .filter_map(|pem| crate::enroll::certificate_key(pem))
+        .max_by_key(|c| c.not_after);
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(names::KEY_BOUND_ANNOTATION.into(), json!("true"));
+    if let Some(cert) = newest {
+        let recorded = tenant.annotations().get(names::KEY_FINGERPRINT_ANNOTATION);
+        if recorded.is_none() {
+            annotations.insert(
+                names::KEY_FINGERPRINT_ANNOTATION.into(),
+                json!(cert.fingerprint),
+            );
+        }
+        let key = recorded.unwrap_or(&cert.fingerprint);
+        if !cert.groups.contains(&names::peer_key_group(key)) {
+            let until = k8s_openapi::jiff::Timestamp::from_second(cert.not_after)
+                .map(|t| t.to_string())
+                .unwrap_or_default();
+            annotations.insert(names::USER_BOUND_UNTIL_ANNOTATION.into(), json!(until));
+        }
+        tracing::info!(%consumer, key = %key, "identity bound to the key of its issued certificate");
+    }
+    api.patch(
+        &tenant.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
 async fn revoke_peer_access(
     ctx: &Ctx,
     consumer: &str,

@@ -305,9 +305,12 @@ fn renewal_request(consumer: &str, suffix: &str) -> CertificateSigningRequest {
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, names::peer_user(consumer));
+    let own = tandem_controller::enroll::key_fingerprint_der(
+        &rcgen::PublicKeyData::subject_public_key_info(&key),
+    );
     params
         .distinguished_name
-        .push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
+        .push(rcgen::DnType::OrganizationName, names::peer_key_group(&own));
     let pem = params.serialize_request(&key).unwrap().pem().unwrap();
     serde_json::from_value(json!({
         "metadata": {"name": format!("tandem-peer-renewal-{consumer}-{suffix}")},
@@ -437,4 +440,131 @@ async fn a_former_peer_certificate_reaches_nothing_and_renews_nothing() {
     assert_eq!(reads(still.clone(), other_twin.clone()).await, 200);
     assert_eq!(tenant(still.clone(), "narvik").await, 200);
     assert_eq!(files(still.clone(), "narvik", "1").await, 200);
+}
+
+/// A cluster ID is only a name: once a peering has ended and the ID peers again under another
+/// key (another cluster claiming the name, or the same one given a new key), the certificate
+/// of the earlier peering reaches nothing, though its user name is the same. 4 attacks with
+/// it: reading the new Tenant, reading a new twin namespace, filing a renewal, and the data
+/// kept from the earlier peering, which the new peering under another key does not adopt.
+#[tokio::test]
+async fn a_certificate_of_an_earlier_peering_reaches_nothing_after_a_re_peer() {
+    let provider = Cluster::start("visby", "eu-north", 1).await;
+    let mut first = Cluster::start("lund", "eu-north", 1).await;
+    support::peer(&first, &provider).await;
+    let kept = support::offload_remote(&first, &provider, "data").await;
+    let admin = provider.client.clone();
+    let earlier = support::peer_client(&first, &provider).await;
+    first.kill_controller();
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(admin.clone(), &kept)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let tenant_of = |client: Client| async move {
+        code(
+            Api::<Tenant>::namespaced(client, &names::tenant_namespace("lund"))
+                .get("lund")
+                .await,
+        )
+    };
+    let reads = |client: Client, ns: String| async move {
+        code(
+            Api::<ConfigMap>::namespaced(client, &ns)
+                .list(&Default::default())
+                .await,
+        )
+    };
+    assert_eq!(tenant_of(earlier.clone()).await, 200, "while it peers");
+    tandem_controller::invite::unpeer(&admin, "lund", false, Duration::from_secs(30), &mut |_| {})
+        .await
+        .unwrap();
+    drop(first);
+
+    // Another cluster claims the name, with a key of its own, through a new invite.
+    let second = Cluster::start("lund", "eu-north", 1).await;
+    support::peer(&second, &provider).await;
+    let now = support::peer_client(&second, &provider).await;
+    assert_eq!(tenant_of(now.clone()).await, 200, "the new peering works");
+    let fresh = support::offload_remote(&second, &provider, "web").await;
+    assert_eq!(reads(now.clone(), fresh.clone()).await, 200);
+
+    assert_eq!(
+        tenant_of(earlier.clone()).await,
+        403,
+        "attack 1: the earlier certificate reading the new Tenant"
+    );
+    assert_eq!(
+        reads(earlier.clone(), fresh.clone()).await,
+        403,
+        "attack 2: the earlier certificate reading the new twin"
+    );
+    assert_eq!(
+        code(
+            Api::<CertificateSigningRequest>::all(earlier.clone())
+                .create(&PostParams::default(), &renewal_request("lund", "9"))
+                .await
+        ),
+        403,
+        "attack 3: the earlier certificate filing a renewal"
+    );
+
+    // Attack 4: the new peering offloads the namespace whose data was kept: not adopted.
+    let nsos: Api<tandem_api::NamespaceOffloading> = Api::namespaced(second.client.clone(), "data");
+    let pp = kube::api::PatchParams::apply("test").force();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(second.client.clone())
+        .patch(
+            "data",
+            &pp,
+            &kube::api::Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "data"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    nsos.patch(
+        names::OFFLOADING_NAME,
+        &pp,
+        &kube::api::Patch::Apply(json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "NamespaceOffloading",
+            "metadata": {"name": names::OFFLOADING_NAME},
+            "spec": {"podOffloadingStrategy": "Remote"},
+        })),
+    )
+    .await
+    .unwrap();
+    let requests: Api<tandem_api::RemoteNamespace> =
+        Api::namespaced(admin.clone(), &names::tenant_namespace("lund"));
+    let message = until(
+        "the kept twin refused to the new key",
+        Duration::from_secs(60),
+        || async {
+            let list = requests.list(&Default::default()).await.ok()?;
+            let rn = list.items.into_iter().find(|r| r.spec.namespace == kept)?;
+            let st = rn.status?;
+            (st.phase.as_deref() == Some("Failed")).then(|| st.message.unwrap_or_default())
+        },
+    )
+    .await;
+    assert!(
+        message.contains("under key sha256:") && message.contains("not re-adopted"),
+        "{message}"
+    );
+    let ns = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .get(&kept)
+        .await
+        .unwrap();
+    assert!(
+        ns.labels().contains_key(names::RETAINED_DATA_LABEL),
+        "the data stays kept"
+    );
+    assert_eq!(
+        reads(now.clone(), kept.clone()).await,
+        403,
+        "the new peering got no rights in the kept twin"
+    );
 }

@@ -645,16 +645,20 @@ async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, reason: &str, message:
     tracing::info!(%provider, %reason, %message, "peering through discovery given up; removed");
 }
 
-/// A PKCS#10 request for the peer user, signed with this cluster's key.
+/// A PKCS#10 request for the peer user in the group of this cluster's key, signed with it.
 pub(crate) fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
     let key = rcgen::KeyPair::from_pem(&ctx.identity.private_key_pem)?;
+    let fingerprint = crate::enroll::own_key_fingerprint(&ctx.identity.private_key_pem)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(
         rcgen::DnType::CommonName,
         names::peer_user(&ctx.identity.cluster_id),
     );
-    dn.push(rcgen::DnType::OrganizationName, names::PEERS_GROUP);
+    dn.push(
+        rcgen::DnType::OrganizationName,
+        names::peer_key_group(&fingerprint),
+    );
     params.distinguished_name = dn;
     params.serialize_request(&key)?.pem()
 }
