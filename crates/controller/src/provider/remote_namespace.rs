@@ -578,14 +578,17 @@ pub async fn retain_if_holding_data(
             client::ok_if_not_found(bindings.delete(name, &DeleteParams::default()).await)?;
         }
     }
+    let mut metadata = json!({"labels": {names::RETAINED_DATA_LABEL: "true"}});
+    // The key it is kept for: only a peering under that key adopts it again. (Retained a second
+    // time once the Tenant is gone, with no key to hand, the one recorded stays.)
+    if let Some(key) = key {
+        metadata["annotations"] = json!({names::KEY_FINGERPRINT_ANNOTATION: key});
+    }
     Api::<Namespace>::all(client.clone())
         .patch(
             twin,
             &PatchParams::default(),
-            // The key it is kept for: only a peering under that key adopts it again.
-            &Patch::Merge(json!({"metadata": {
-                "labels": {names::RETAINED_DATA_LABEL: "true"},
-                "annotations": {names::KEY_FINGERPRINT_ANNOTATION: key}}})),
+            &Patch::Merge(json!({ "metadata": metadata })),
         )
         .await?;
     let message = format!(
