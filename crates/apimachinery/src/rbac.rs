@@ -508,6 +508,23 @@ impl RbacIndex {
         missing.iter().map(PolicyRule::to_json).collect()
     }
 
+    /// The rules a binding in `namespace` ("" for a ClusterRoleBinding) of `role_kind`
+    /// `role_name` grants, as rbac/v1 PolicyRule JSON (`GetRoleReferenceRules`): empty for a
+    /// role that does not exist.
+    pub fn bound_rules(&self, namespace: &str, role_kind: &str, role_name: &str) -> Vec<Value> {
+        let binding = Binding {
+            name: String::new(),
+            namespace: namespace.to_string(),
+            role_kind: role_kind.to_string(),
+            role_name: role_name.to_string(),
+            subjects: Vec::new(),
+        };
+        self.role_ref_rules(&binding, namespace)
+            .into_iter()
+            .map(PolicyRule::to_json)
+            .collect()
+    }
+
     /// `DefaultRuleResolver.VisitRulesFor`: calls `visit` with each rule granted to `user` in
     /// `namespace` until it returns false. Bindings to missing roles grant nothing.
     fn visit_rules_for(

@@ -215,6 +215,7 @@ pub async fn admit(
     crate::defaults::apply(state, res, obj, old)?;
     crate::validation::validate(state, call, res, old, obj)?;
     crate::pod_security::admit(state, res, obj, operation)?;
+    crate::rbac_escalation::admit(state, call, res, obj)?;
     crate::admission::validate(state, call, res, old, obj, operation).await?;
     Ok(())
 }

@@ -34,6 +34,7 @@ pub mod pki;
 mod pod_security;
 mod protobuf;
 mod quota;
+mod rbac_escalation;
 pub mod registry;
 mod request;
 mod resource_metrics;

@@ -234,3 +234,89 @@ async fn a_restarted_server_publishes_its_new_kubelet_client_ca_in_place() {
         .unwrap();
     assert_eq!(roles.items.len(), 1);
 }
+
+/// RBAC's escalation check: a user allowed to write bindings may bind only a role it may
+/// `bind`, or one granting nothing it does not hold itself — never `cluster-admin`.
+#[tokio::test]
+async fn writing_bindings_does_not_grant_more_than_the_writer_holds() {
+    let cluster = Cluster::start().await;
+    let admin = cluster.client.clone();
+    let role = |name: &str, rules: serde_json::Value| -> ClusterRole {
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap()
+    };
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let cm = json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]);
+    for r in [
+        role(
+            "binder",
+            json!([
+                {"apiGroups": ["rbac.authorization.k8s.io"],
+                 "resources": ["rolebindings", "clusterrolebindings"], "verbs": ["create", "update", "patch"]},
+                {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                 "verbs": ["bind"], "resourceNames": ["bindable"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]},
+            ]),
+        ),
+        role("held", cm.clone()),
+        role(
+            "bindable",
+            json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+        ),
+        role(
+            "more",
+            json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["delete"]}]),
+        ),
+    ] {
+        roles.create(&PostParams::default(), &r).await.unwrap();
+    }
+    cluster
+        .bind_cluster_role("dana-binds", "binder", "User", "dana")
+        .await;
+    let dana = cluster.client_for("dana", &[]).await;
+    let binding = |role: &str| -> RoleBinding {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("to-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "eve"}],
+        }))
+        .unwrap()
+    };
+    let bindings: Api<RoleBinding> = Api::namespaced(dana.clone(), "default");
+    for (role, want) in [
+        ("cluster-admin", 403),
+        ("more", 403),
+        ("held", 201),
+        ("bindable", 201),
+    ] {
+        let got = match bindings
+            .create(&PostParams::default(), &binding(role))
+            .await
+        {
+            Ok(_) => 201,
+            Err(kube::Error::Api(e)) => {
+                if want == 403 {
+                    assert!(
+                        e.message.contains("not currently held"),
+                        "{role}: {}",
+                        e.message
+                    );
+                }
+                e.code
+            }
+            Err(e) => panic!("{role}: {e}"),
+        };
+        assert_eq!(got, want, "dana binding {role}");
+    }
+    // Cluster-wide too, and by changing the role a binding names (a new binding: roleRef
+    // cannot change).
+    let crb: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "eve-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "dana"}],
+    }))
+    .unwrap();
+    let refused = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(dana)
+        .create(&PostParams::default(), &crb)
+        .await;
+    assert_eq!(code_of(refused), 403, "dana binding herself cluster-admin");
+}
