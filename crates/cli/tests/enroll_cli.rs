@@ -498,17 +498,21 @@ fn file_request(c: &Clusters, endpoint: &str, token: &str, cluster: &str, extra:
         .to_string()
 }
 
-/// A P-256 key's CSR for the peer user of `cluster`, and the request name its key gives.
+/// A P-256 key's CSR for the peer user of `cluster` in its key's group, and the request name
+/// its key gives.
 fn consumer_csr(cluster: &str) -> (String, String) {
     let key = rcgen::KeyPair::generate().unwrap();
+    let fp =
+        tandem_core::discovery::fingerprint(&rcgen::PublicKeyData::subject_public_key_info(&key));
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::CommonName, format!("tandem:peer:{cluster}"));
-    dn.push(rcgen::DnType::OrganizationName, "tandem:peers");
+    dn.push(
+        rcgen::DnType::OrganizationName,
+        tandem_api::names::peer_key_group(&fp),
+    );
     params.distinguished_name = dn;
     let csr = params.serialize_request(&key).unwrap().pem().unwrap();
-    let fp =
-        tandem_core::discovery::fingerprint(&rcgen::PublicKeyData::subject_public_key_info(&key));
     let hex = fp.strip_prefix("sha256:").unwrap();
     (csr, format!("enroll-{}", &hex[..32]))
 }

@@ -155,6 +155,8 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
         .and_then(|s| s.node_name.clone())
         .unwrap();
     provider.lab.power.power_off(&real_node);
+    // The kubelet notices between two of its steps: let a step under way end.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let forge = |ips: Vec<&str>| {
         json!({"status": {"podIP": ips[0], "podIPs": ips.iter().map(|ip| json!({"ip": ip}))
                                                           .collect::<Vec<_>>()}})
@@ -175,17 +177,20 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
             )
             .await
             .unwrap();
-        let message = until(
+        // The condition and the addresses are written together: one snapshot shows both.
+        let (message, p) = until(
             &format!("the consumer ignoring a pod IP at {what}"),
             WAIT,
-            || async { outside_grant(&pods.get("web-remote").await.ok()?) },
+            || async {
+                let p = pods.get("web-remote").await.ok()?;
+                outside_grant(&p).map(|m| (m, p))
+            },
         )
         .await;
         assert!(
             message.contains(forged) && message.contains(&real_cidr.to_string()),
             "the condition names the forged IP and the granted range ({what}): {message}"
         );
-        let p = pods.get("web-remote").await.unwrap();
         assert_eq!(
             pod_ip(&p),
             None,
