@@ -960,6 +960,31 @@ mod tests {
     }
 
     #[test]
+    fn a_certificate_tells_its_key_groups_and_expiry() {
+        use rcgen::PublicKeyData;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "tandem:peer:rome");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "tandem:peers");
+        params.not_after = rcgen::date_time_ymd(2030, 1, 2);
+        let cert = params.self_signed(&key).unwrap().pem();
+        let got = certificate_key(&cert).expect("a certificate");
+        assert_eq!(
+            got,
+            CertificateKey {
+                fingerprint: key_fingerprint_der(&key.subject_public_key_info()),
+                groups: vec!["tandem:peers".into()],
+                not_after: 1_893_542_400,
+            }
+        );
+        assert_eq!(certificate_key("not a certificate"), None);
+    }
+
+    #[test]
     fn a_csr_gives_its_key_only_when_signed_with_it() {
         let key = rcgen::KeyPair::generate().unwrap();
         let csr = rcgen::CertificateParams::new(Vec::<String>::new())

@@ -919,4 +919,61 @@ mod tests {
         };
         assert!(!index.authorize(&controller, &bind_other).is_allowed());
     }
+
+    #[test]
+    fn a_peer_is_bound_by_its_key_and_by_name_only_without_one_or_in_its_grace() {
+        let tenant = |annotations: &[(&str, String)]| {
+            let mut t = tandem_api::Tenant::new(
+                "rome",
+                serde_json::from_value(json!({"clusterID": "rome"})).unwrap(),
+            );
+            t.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect(),
+            );
+            t
+        };
+        let kinds = |v: Value| -> Vec<(String, String)> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    (
+                        s["kind"].as_str().unwrap().to_string(),
+                        s["name"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        };
+        let key = (names::KEY_FINGERPRINT_ANNOTATION, "sha256:ab".to_string());
+        let group = ("Group".to_string(), "tandem:peer-key:ab".to_string());
+        let user = ("User".to_string(), "tandem:peer:rome".to_string());
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let later = (now + std::time::Duration::from_secs(3600)).to_string();
+        let earlier = (now - std::time::Duration::from_secs(3600)).to_string();
+        let cases = [
+            ("no key recorded", vec![], vec![user.clone()]),
+            ("a key", vec![key.clone()], vec![group.clone()]),
+            (
+                "a Tenant from before, its old certificate still valid",
+                vec![key.clone(), (names::USER_BOUND_UNTIL_ANNOTATION, later)],
+                vec![group.clone(), user.clone()],
+            ),
+            (
+                "a Tenant from before, its old certificate expired",
+                vec![key.clone(), (names::USER_BOUND_UNTIL_ANNOTATION, earlier)],
+                vec![group.clone()],
+            ),
+            (
+                "an unreadable grace",
+                vec![key, (names::USER_BOUND_UNTIL_ANNOTATION, "soon".into())],
+                vec![group],
+            ),
+        ];
+        for (what, annotations, want) in cases {
+            assert_eq!(kinds(peer_subjects(&tenant(&annotations))), want, "{what}");
+        }
+    }
 }
