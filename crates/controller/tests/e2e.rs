@@ -12,7 +12,6 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -586,20 +585,6 @@ async fn placement_per_strategy() {
     assert_eq!(per_ns, want, "pods on the provider by namespace");
 }
 
-/// The endpoint addresses of the EndpointSlices of Service `svc` in `ns` (ready ones only).
-async fn endpoint_addresses(client: &Client, ns: &str, svc: &str) -> BTreeSet<String> {
-    Api::<EndpointSlice>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-        .flat_map(|e| e.addresses.iter().cloned())
-        .collect()
-}
-
 #[tokio::test]
 async fn service_has_endpoints_in_both_clusters() {
     let consumer = Cluster::start("rome", "eu-south", 1).await;
@@ -683,7 +668,8 @@ async fn service_has_endpoints_in_both_clusters() {
         "the consumer's EndpointSlices list all 6 pods",
         WAIT,
         || async {
-            (endpoint_addresses(&consumer.client, "shop", "web").await == want_here).then_some(())
+            (support::endpoint_addresses(&consumer.client, "shop", "web").await == want_here)
+                .then_some(())
         },
     )
     .await;
@@ -708,7 +694,7 @@ async fn service_has_endpoints_in_both_clusters() {
                 .get_opt("web")
                 .await
                 .ok()??;
-            let got = endpoint_addresses(&provider.client, &twin, &svc.name_any()).await;
+            let got = support::endpoint_addresses(&provider.client, &twin, &svc.name_any()).await;
             (got == want_there).then_some(())
         },
     )
@@ -882,7 +868,7 @@ async fn unpeer_leaves_nothing_tandem_owned() {
                     .await
                     .ok()?
                     .is_some()
-                && !endpoint_addresses(&provider.client, &twin, "web")
+                && !support::endpoint_addresses(&provider.client, &twin, "web")
                     .await
                     .is_empty();
             ok.then_some(())

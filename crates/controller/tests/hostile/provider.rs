@@ -7,8 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tandem_api::names;
@@ -39,20 +38,6 @@ fn outside_grant(p: &Pod) -> Option<String> {
         .iter()
         .find(|c| c.type_ == CONDITION && c.status == "False")
         .map(|c| c.message.clone().unwrap_or_default())
-}
-
-/// The ready addresses of Service `svc`'s EndpointSlices.
-async fn endpoint_addresses(client: &Client, ns: &str, svc: &str) -> BTreeSet<String> {
-    Api::<EndpointSlice>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-        .flat_map(|e| e.addresses.iter().cloned())
-        .collect()
 }
 
 async fn create_pod(client: &Client, doc: Value) {
@@ -140,7 +125,7 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
     .await;
     let honest: BTreeSet<String> = [local_ip.clone(), remote_ip.clone()].into();
     until("the Service lists both pods", WAIT, || async {
-        (endpoint_addresses(&consumer.client, "shop", "web").await == honest).then_some(())
+        (support::endpoint_addresses(&consumer.client, "shop", "web").await == honest).then_some(())
     })
     .await;
 
@@ -200,7 +185,8 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
         // The Service keeps the consumer's own pod and drops the one without an address.
         let want: BTreeSet<String> = [local_ip.clone()].into();
         until(&format!("the Service without {what}"), WAIT, || async {
-            (endpoint_addresses(&consumer.client, "shop", "web").await == want).then_some(())
+            (support::endpoint_addresses(&consumer.client, "shop", "web").await == want)
+                .then_some(())
         })
         .await;
         let own = pods.get("web-local").await.unwrap();
@@ -257,7 +243,8 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
         "the Service with the translated address, not the own pod's twice",
         WAIT,
         || async {
-            (endpoint_addresses(&consumer.client, "shop", "web").await == want).then_some(())
+            (support::endpoint_addresses(&consumer.client, "shop", "web").await == want)
+                .then_some(())
         },
     )
     .await;
@@ -279,7 +266,7 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
     assert_eq!(pod_ip(&p).as_deref(), Some(remote_ip.as_str()));
     assert_eq!(pod_ips(&p), vec![remote_ip.clone()]);
     until("the Service with the honest address only", WAIT, || async {
-        (endpoint_addresses(&consumer.client, "shop", "web").await == honest).then_some(())
+        (support::endpoint_addresses(&consumer.client, "shop", "web").await == honest).then_some(())
     })
     .await;
     provider.lab.power.power_on(&real_node);

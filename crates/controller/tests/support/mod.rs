@@ -598,3 +598,17 @@ pub async fn peer_client(consumer: &Cluster, provider: &Cluster) -> Client {
         .await
         .unwrap()
 }
+
+/// The ready addresses of Service `svc`'s EndpointSlices in `ns`.
+pub async fn endpoint_addresses(client: &Client, ns: &str, svc: &str) -> BTreeSet<String> {
+    Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .flat_map(|e| e.addresses.iter().cloned())
+        .collect()
+}
