@@ -342,31 +342,67 @@ async fn soak_under_faults_keeps_every_invariant() {
 }
 
 /// Moves the StatefulSet's ordinals onto `provider` (every other node cordoned while they are
-/// placed) and returns their names and UIDs once they are Ready there.
+/// placed) and returns their names and UIDs once they are Ready there. On timeout it names what
+/// it saw last: each ordinal on the consumer, and the ShadowPods in the provider's twin.
 async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)> {
     let target = names::virtual_node_name(&provider.id);
     support::cordon_all_but(hub, &target, true).await;
     let pods_api: Api<Pod> = Api::namespaced(hub.client.clone(), LEDGER);
+    let shadows: Api<ShadowPod> = Api::namespaced(provider.client.clone(), &twin(LEDGER));
     let on_target =
         |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(target.as_str());
-    let placed = until(
-        &format!("the ordinals Ready on {}", provider.id),
-        Duration::from_secs(90),
-        || async {
-            let mut placed = Vec::new();
-            for ordinal in ORDINALS {
-                let p = pods_api.get(ordinal).await.ok()?;
-                if !on_target(&p) && p.metadata.deletion_timestamp.is_none() {
-                    let _ = pods_api.delete(ordinal, &Default::default()).await;
-                }
-                (ready(&p) && on_target(&p) && p.metadata.deletion_timestamp.is_none())
-                    .then_some(())?;
-                placed.push((ordinal.to_string(), p.uid()?));
+    let seen = Arc::new(Mutex::new(String::new()));
+    let what = format!("the ordinals Ready on {}", provider.id);
+    let placing = until(&what, Duration::from_secs(3600), || async {
+        let mut placed = Vec::new();
+        let mut state = Vec::new();
+        for ordinal in ORDINALS {
+            let p = pods_api.get(ordinal).await;
+            state.push(match &p {
+                Ok(p) => format!(
+                    "{ordinal}: uid {:?} node {:?} phase {:?} ready {} deleting {}",
+                    p.uid(),
+                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                    p.status.as_ref().and_then(|s| s.phase.clone()),
+                    ready(p),
+                    p.metadata.deletion_timestamp.is_some()
+                ),
+                Err(e) => format!("{ordinal}: {e}"),
+            });
+            let Ok(p) = p else { continue };
+            if !on_target(&p) && p.metadata.deletion_timestamp.is_none() {
+                let _ = pods_api.delete(ordinal, &Default::default()).await;
             }
-            Some(placed)
-        },
-    )
-    .await;
+            if ready(&p) && on_target(&p) && p.metadata.deletion_timestamp.is_none() {
+                placed.push((ordinal.to_string(), p.uid().unwrap_or_default()));
+            }
+        }
+        for sp in shadows
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            state.push(format!(
+                "ShadowPod {}/{}: deleting {} finalizers {:?} status {:?}",
+                provider.id,
+                sp.name_any(),
+                sp.metadata.deletion_timestamp.is_some(),
+                sp.metadata.finalizers,
+                sp.status
+            ));
+        }
+        *seen.lock().unwrap() = state.join("\n");
+        (placed.len() == ORDINALS.len()).then_some(placed)
+    });
+    let placed = match tokio::time::timeout(Duration::from_secs(90), placing).await {
+        Ok(placed) => placed,
+        Err(_) => panic!(
+            "timed out after 90s waiting for the ordinals Ready on {}; last seen:\n{}",
+            provider.id,
+            seen.lock().unwrap()
+        ),
+    };
     support::cordon_all_but(hub, &target, false).await;
     placed
 }
