@@ -370,7 +370,15 @@ async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)>
                 Err(e) => format!("{ordinal}: {e}"),
             });
             let Ok(p) = p else { continue };
-            if !on_target(&p) && p.metadata.deletion_timestamp.is_none() {
+            // Only an ordinal bound elsewhere is moved: one not bound yet is the scheduler's to
+            // place (every other node is cordoned), and deleting it too would starve a
+            // scheduler slower than this loop (its watch backing off after an API restart).
+            let bound_elsewhere = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| n != target);
+            if bound_elsewhere && p.metadata.deletion_timestamp.is_none() {
                 let _ = pods_api.delete(ordinal, &Default::default()).await;
             }
             if ready(&p) && on_target(&p) && p.metadata.deletion_timestamp.is_none() {
