@@ -328,6 +328,36 @@ async fn services_endpoints_and_events() {
     .await;
     assert_eq!(event.involved_object.uid, remote_uid);
     assert_eq!(event.involved_object.namespace.as_deref(), Some("app"));
+    // Events naming the provider's pod by UID too (as kubelet writes them): each lands on the
+    // consumer's pod, its UID read once.
+    for (name, reason) in [
+        ("web-remote.17a1", "Created"),
+        ("web-remote.17a2", "Started"),
+    ] {
+        let _: Event = create(
+            &provider.client,
+            "app-rome",
+            json!({"metadata": {"name": name},
+                   "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "web-remote",
+                                      "namespace": "app-rome", "uid": "uid-of-the-provider-pod"},
+                   "reason": reason, "message": "container main", "type": "Normal",
+                   "count": 1, "source": {"component": "kubelet"}}),
+        )
+        .await;
+    }
+    for reason in ["Created", "Started"] {
+        let event = until(&format!("Event {reason} reflected"), WAIT, || async {
+            events
+                .list(&ListParams::default().fields("involvedObject.name=web-remote"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+        })
+        .await;
+        assert_eq!(event.involved_object.uid, remote_uid, "{reason}");
+    }
 
     // Deleting the Service removes its reflection and slices.
     Api::<Service>::namespaced(consumer.client.clone(), "app")

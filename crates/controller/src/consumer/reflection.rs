@@ -8,12 +8,12 @@
 //! Nothing is cached between syncs; watches only say which kind to resync, and a periodic
 //! resync (30 s) rewrites every reflection, undoing edits made in the twin namespace.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, stream::BoxStream};
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -29,6 +29,7 @@ use crate::consumer::ProviderLink;
 use crate::consumer::link::LinkWatch;
 use crate::context::Ctx;
 use crate::error::{RequestError, request};
+use crate::lean::PodStatusRef;
 
 /// Annotation on reflected objects: the source's resourceVersion they were made from.
 pub const SOURCE_VERSION_ANNOTATION: &str = "tandem.dev/source-resource-version";
@@ -136,6 +137,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                 namespace: ns.clone(),
                 twin: twin.clone(),
                 view: view.clone(),
+                pod_uids: HashMap::new(),
             };
             running.insert(
                 ns.clone(),
@@ -198,7 +200,14 @@ struct NamespaceReflector {
     namespace: String,
     twin: String,
     view: EndpointView,
+    /// The consumer pod each provider pod's Events were reflected onto, by the provider pod's
+    /// UID: a pod's later Events (a burst brings several per pod) need no read of the pod.
+    /// Cleared when it reaches [`POD_UIDS_KEPT`].
+    pod_uids: HashMap<String, String>,
 }
+
+/// Entries of [`NamespaceReflector::pod_uids`] kept at most.
+const POD_UIDS_KEPT: usize = 4096;
 
 fn kind_stream<K>(api: Api<K>, kind: Kind) -> BoxStream<'static, Trigger>
 where
@@ -217,9 +226,10 @@ where
 }
 
 impl NamespaceReflector {
-    async fn run(self) {
+    async fn run(mut self) {
         let local = self.ctx.client.clone();
-        let ns = self.namespace.as_str();
+        let namespace = self.namespace.clone();
+        let ns = namespace.as_str();
         let remote_events: Api<CoreEvent> = Api::namespaced(self.link.client.clone(), &self.twin);
         let events = watcher(remote_events, watcher::Config::default())
             .default_backoff()
@@ -341,20 +351,36 @@ impl NamespaceReflector {
     }
 
     /// Copies an Event of a provider pod onto the consumer's pod of the same name.
-    async fn reflect_event(&self, e: &CoreEvent) -> Result<(), RequestError> {
+    async fn reflect_event(&mut self, e: &CoreEvent) -> Result<(), RequestError> {
         if e.involved_object.kind.as_deref() != Some("Pod") {
             return Ok(());
         }
         let Some(pod_name) = e.involved_object.name.as_deref() else {
             return Ok(());
         };
-        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        let Some(pod) = pods.get_opt(pod_name).await.map_err(request(format!(
-            "reading pod {}/{pod_name}",
-            self.namespace
-        )))?
-        else {
-            return Ok(());
+        let provider_uid = e.involved_object.uid.clone().unwrap_or_default();
+        let uid = match self.pod_uids.get(&provider_uid) {
+            Some(uid) if !provider_uid.is_empty() => uid.clone(),
+            _ => {
+                // Read lean: the metadata without managedFields, the spec skipped.
+                let pods: Api<PodStatusRef> =
+                    Api::namespaced(self.ctx.client.clone(), &self.namespace);
+                let Some(pod) = pods.get_opt(pod_name).await.map_err(request(format!(
+                    "reading pod {}/{pod_name}",
+                    self.namespace
+                )))?
+                else {
+                    return Ok(());
+                };
+                let uid = pod.uid().unwrap_or_default();
+                if !provider_uid.is_empty() {
+                    if self.pod_uids.len() >= POD_UIDS_KEPT {
+                        self.pod_uids.clear();
+                    }
+                    self.pod_uids.insert(provider_uid, uid.clone());
+                }
+                uid
+            }
         };
         let name = e.name_any();
         let mut event = json!({
@@ -365,7 +391,7 @@ impl NamespaceReflector {
                 names::REMOTE_CLUSTER_LABEL: self.link.provider_id,
             }},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                               "namespace": self.namespace, "uid": pod.uid(),
+                               "namespace": self.namespace, "uid": uid,
                                "fieldPath": e.involved_object.field_path},
             "reason": e.reason, "message": e.message, "type": e.type_,
             "count": e.count, "firstTimestamp": e.first_timestamp, "lastTimestamp": e.last_timestamp,
@@ -379,15 +405,17 @@ impl NamespaceReflector {
                        "host": self.link.virtual_node},
         });
         strip_nulls(&mut event);
-        let api: Api<CoreEvent> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        api.patch(
+        // The Event written is not read back (a burst brings several Events per pod).
+        let events =
+            kube::core::Request::new(CoreEvent::url_path(&(), Some(self.namespace.as_str())));
+        let write = events.patch(
             &name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&event),
-        )
-        .await
-        .map_err(request(format!("writing Event {}/{name}", self.namespace)))?;
-        Ok(())
+        );
+        crate::runtime::send_unread(&self.ctx.client, write)
+            .await
+            .map_err(request(format!("writing Event {}/{name}", self.namespace)))
     }
 }
 
