@@ -39,6 +39,16 @@ pub struct RequestLabels {
     pub method: String,
 }
 
+/// Requests to one cluster with one HTTP method on one resource (`pods`, `pods/status`, …):
+/// counted for the request budget of a burst (issue 54's guard), not exported (the exported
+/// series stay by cluster and method).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct ResourceRequest {
+    cluster: String,
+    method: String,
+    resource: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     pub controller: String,
@@ -73,6 +83,7 @@ fn seconds_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     api_requests: Family<RequestLabels, Counter>,
+    by_resource: Arc<std::sync::Mutex<std::collections::HashMap<ResourceRequest, u64>>>,
     reconciles: Family<ControllerLabels, Counter>,
     reconcile_errors: Family<ControllerLabels, Counter>,
     reconcile_seconds: Family<ControllerLabels, Histogram, fn() -> Histogram>,
@@ -178,6 +189,7 @@ impl Metrics {
         Metrics {
             registry,
             api_requests,
+            by_resource: Default::default(),
             reconciles,
             reconcile_errors,
             reconcile_seconds,
@@ -196,6 +208,7 @@ impl Metrics {
     pub fn counted(self: &Arc<Self>, client: Client, cluster: &str) -> Client {
         let namespace = client.default_namespace().to_string();
         let requests = self.api_requests.clone();
+        let by_resource = self.by_resource.clone();
         let cluster = cluster.to_string();
         let service = tower::service_fn(move |request: Request<kube::client::Body>| {
             requests
@@ -204,6 +217,15 @@ impl Metrics {
                     method: request.method().as_str().to_string(),
                 })
                 .inc();
+            *by_resource
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(ResourceRequest {
+                    cluster: cluster.clone(),
+                    method: request.method().as_str().to_string(),
+                    resource: resource_of(request.uri().path()),
+                })
+                .or_default() += 1;
             let client = client.clone();
             async move { client.send(request).await }
         });
@@ -218,6 +240,35 @@ impl Metrics {
                 method: method.to_string(),
             })
             .map_or(0, |c| c.get())
+    }
+
+    /// Requests sent to `cluster` with `method` on `resource` (`pods`, `pods/status`,
+    /// `shadowpods`, …) so far.
+    pub fn requests_on(&self, cluster: &str, method: &str, resource: &str) -> u64 {
+        let key = ResourceRequest {
+            cluster: cluster.to_string(),
+            method: method.to_string(),
+            resource: resource.to_string(),
+        };
+        self.by_resource
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every (cluster, method, resource) requests were sent for, with how many so far.
+    pub fn requests_by_resource(&self) -> Vec<(String, String, String, u64)> {
+        let mut all: Vec<_> = self
+            .by_resource
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, n)| (k.cluster.clone(), k.method.clone(), k.resource.clone(), *n))
+            .collect();
+        all.sort();
+        all
     }
 
     /// Writes (every method but GET) sent to this cluster so far.
@@ -403,4 +454,57 @@ async fn route(path: &str, metrics: &Metrics, client: &Client) -> Response<Full<
         .header(http::header::CONTENT_TYPE, content_type)
         .body(Full::new(Bytes::from(body)))
         .expect("static response")
+}
+
+/// The resource (and subresource) an API path names: `pods` for
+/// `/api/v1/namespaces/ns/pods/web`, `pods/status` for its status, `shadowpods` for
+/// `/apis/tandem.dev/v1alpha1/namespaces/ns/shadowpods`, `nodes` for `/api/v1/nodes/n`;
+/// empty for anything else (discovery, `/version`).
+fn resource_of(path: &str) -> String {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segments.as_slice() {
+        ["api", _version, rest @ ..] | ["apis", _, _version, rest @ ..] => rest,
+        _ => return String::new(),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] if !matches!(rest, [] | ["status" | "finalize"]) => rest,
+        rest => rest,
+    };
+    match rest {
+        [resource] | [resource, _] => (*resource).to_string(),
+        [resource, _, sub, ..] => format!("{resource}/{sub}"),
+        [] => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_of;
+
+    #[test]
+    fn the_resource_a_path_names() {
+        for (path, want) in [
+            ("/api/v1/namespaces/shop/pods/web-1", "pods"),
+            ("/api/v1/namespaces/shop/pods", "pods"),
+            ("/api/v1/namespaces/shop/pods/web-1/status", "pods/status"),
+            (
+                "/apis/tandem.dev/v1alpha1/namespaces/shop-rome/shadowpods",
+                "shadowpods",
+            ),
+            (
+                "/apis/coordination.k8s.io/v1/namespaces/t/leases/l",
+                "leases",
+            ),
+            ("/api/v1/nodes/tandem-milan/status", "nodes/status"),
+            ("/api/v1/namespaces/shop", "namespaces"),
+            ("/api/v1/namespaces", "namespaces"),
+            ("/api/v1/namespaces/shop/finalize", "namespaces/finalize"),
+            ("/api/v1/pods", "pods"),
+            ("/apis/tandem.dev/v1alpha1/tenants", "tenants"),
+            ("/version", ""),
+            ("/apis", ""),
+        ] {
+            assert_eq!(resource_of(path), want, "{path}");
+        }
+    }
 }

@@ -326,3 +326,134 @@ async fn provider_rejects_shadow_pods_over_quota_or_policy() {
     assert_eq!(phase, "Rejected");
     assert!(real.get_opt("no-image").await.unwrap().is_none());
 }
+
+/// What each controller may send per offloaded pod while [`BURST`] pods start (issue 54's
+/// guard: a count, not a timing, so that it holds on any machine), by controller, cluster,
+/// method and resource. Measured, then rounded up by less than one request per pod, so that a
+/// change adding one request per pod fails here. Any other request sent more than
+/// [`UNBUDGETED`] times per pod fails too. Raise a budget only with the reason in the commit
+/// message and the burst's CPU figures in `benches/README.md` beside it.
+const REQUEST_BUDGET: &[(&str, &str, &str, f64)] = &[
+    // The pod's status, written back (Running and Ready arrive together here).
+    ("consumer", "local", "PATCH pods/status", 1.5),
+    // The provider's Events reflected: the consumer pod read once per provider pod with any
+    // (an Event apply each is not counted: see NOT_COUNTED).
+    ("consumer", "local", "GET pods", 1.5),
+    // The ShadowPod, created (its answer unread).
+    ("consumer", "milan", "POST shadowpods", 1.5),
+    // The real pod, created.
+    ("provider", "local", "POST pods", 1.5),
+];
+
+/// Per pod, the most any request not in [`REQUEST_BUDGET`] may be sent.
+const UNBUDGETED: f64 = 0.5;
+
+/// Resources not counted: those the controllers write on their own clock (leases,
+/// heartbeats, status posts, grant and enrollment polls), whose count depends on how long the
+/// burst takes, and the provider's Events reflected (one apply per Event), whose number
+/// depends on how many the provider's kubelets write and drop.
+const NOT_COUNTED: &[&str] = &[
+    "leases",
+    "events",
+    "nodes/status",
+    "tenants",
+    "secrets",
+    "certificatesigningrequests",
+    "peeringrequests",
+    "peerings/status",
+    "networkparameters",
+    "namespaces",
+];
+
+/// Pods in the burst of [`REQUEST_BUDGET`].
+const BURST: usize = 200;
+
+#[tokio::test]
+async fn a_burst_costs_each_controller_no_more_requests_per_pod_than_its_budget() {
+    let consumer = Cluster::start("rome", "eu-south", 1).await;
+    let provider = Cluster::start("milan", "eu-north", 2).await;
+    let grant = json!({"cpu": "16", "memory": "64Gi", "pods": "500"});
+    peer_with(&consumer, &provider, grant, None).await;
+    let twin = offload_remote(&consumer, &provider, "shop").await;
+    let metrics = [
+        (
+            "consumer",
+            consumer.controller.as_ref().unwrap().metrics().clone(),
+        ),
+        (
+            "provider",
+            provider.controller.as_ref().unwrap().metrics().clone(),
+        ),
+    ];
+    let counts = || -> std::collections::BTreeMap<(String, String, String), u64> {
+        metrics
+            .iter()
+            .flat_map(|(side, m)| {
+                m.requests_by_resource()
+                    .into_iter()
+                    .filter(|(_, _, resource, _)| !NOT_COUNTED.contains(&resource.as_str()))
+                    .map(|(cluster, method, resource, n)| {
+                        (
+                            (side.to_string(), cluster, format!("{method} {resource}")),
+                            n,
+                        )
+                    })
+            })
+            .collect()
+    };
+
+    let before = counts();
+    Api::<Deployment>::namespaced(consumer.client.clone(), "shop")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(offloaded_deployment("web", BURST as i32)).unwrap(),
+        )
+        .await
+        .unwrap();
+    until(
+        &format!("{BURST} consumer pods Running and Ready"),
+        Duration::from_secs(240),
+        || async {
+            let p = live(pods(&consumer.client, "shop", "app=web").await);
+            (p.len() == BURST && p.iter().all(|p| is_running(p) && is_ready(p))).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        live(pods(&provider.client, &twin, "app=web").await).len(),
+        BURST
+    );
+    // The last statuses written, and what they set off.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = counts();
+
+    let mut over = Vec::new();
+    let mut report = Vec::new();
+    for ((side, cluster, request), n) in &after {
+        let sent = n - before
+            .get(&(side.clone(), cluster.clone(), request.clone()))
+            .unwrap_or(&0);
+        let per_pod = sent as f64 / BURST as f64;
+        let budget = REQUEST_BUDGET
+            .iter()
+            .find(|(s, c, r, _)| s == side && c == cluster && r == request)
+            .map(|b| b.3);
+        let line = format!(
+            "{side} controller → {cluster}: {request}: {per_pod:.2} per pod (budget {})",
+            budget.map_or(format!("{UNBUDGETED}, unbudgeted"), |b| b.to_string())
+        );
+        if per_pod > budget.unwrap_or(UNBUDGETED) {
+            over.push(line.clone());
+        }
+        if sent > 0 {
+            report.push(line);
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+    assert!(
+        over.is_empty(),
+        "over budget:\n{}\n\nall sent during the burst:\n{}",
+        over.join("\n"),
+        report.join("\n")
+    );
+}
