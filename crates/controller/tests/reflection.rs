@@ -316,16 +316,7 @@ async fn services_endpoints_and_events() {
     .await;
     let remote_uid = pods.get("web-remote").await.unwrap().uid();
     let events: Api<Event> = Api::namespaced(consumer.client.clone(), "app");
-    let event = until("Event reflected", WAIT, || async {
-        events
-            .list(&ListParams::default().fields("involvedObject.name=web-remote"))
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("Pulled"))
-    })
-    .await;
+    let event = reflected_event(&events, "web-remote", "Pulled").await;
     assert_eq!(event.involved_object.uid, remote_uid);
     assert_eq!(event.involved_object.namespace.as_deref(), Some("app"));
     // Events naming the provider's pod by UID too (as kubelet writes them): each lands on the
@@ -346,16 +337,7 @@ async fn services_endpoints_and_events() {
         .await;
     }
     for reason in ["Created", "Started"] {
-        let event = until(&format!("Event {reason} reflected"), WAIT, || async {
-            events
-                .list(&ListParams::default().fields("involvedObject.name=web-remote"))
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some(reason))
-        })
-        .await;
+        let event = reflected_event(&events, "web-remote", reason).await;
         assert_eq!(event.involved_object.uid, remote_uid, "{reason}");
     }
 
@@ -372,4 +354,22 @@ async fn services_endpoints_and_events() {
         (twin_svc.get_opt("web").await.ok()?.is_none() && slices.items.is_empty()).then_some(())
     })
     .await;
+}
+
+/// The Event with `reason` of pod `pod` in `events`, once it is there.
+async fn reflected_event(events: &Api<Event>, pod: &str, reason: &str) -> Event {
+    until(
+        &format!("Event {reason} of {pod} reflected"),
+        WAIT,
+        || async {
+            events
+                .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+        },
+    )
+    .await
 }
