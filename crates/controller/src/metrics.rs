@@ -242,22 +242,6 @@ impl Metrics {
             .map_or(0, |c| c.get())
     }
 
-    /// Requests sent to `cluster` with `method` on `resource` (`pods`, `pods/status`,
-    /// `shadowpods`, …) so far.
-    pub fn requests_on(&self, cluster: &str, method: &str, resource: &str) -> u64 {
-        let key = ResourceRequest {
-            cluster: cluster.to_string(),
-            method: method.to_string(),
-            resource: resource.to_string(),
-        };
-        self.by_resource
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied()
-            .unwrap_or(0)
-    }
-
     /// Every (cluster, method, resource) requests were sent for, with how many so far.
     pub fn requests_by_resource(&self) -> Vec<(String, String, String, u64)> {
         let mut all: Vec<_> = self

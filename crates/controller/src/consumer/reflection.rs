@@ -359,9 +359,10 @@ impl NamespaceReflector {
             return Ok(());
         };
         let provider_uid = e.involved_object.uid.clone().unwrap_or_default();
+        // (An Event naming no UID is never cached: the empty key is never stored.)
         let uid = match self.pod_uids.get(&provider_uid) {
-            Some(uid) if !provider_uid.is_empty() => uid.clone(),
-            _ => {
+            Some(uid) => uid.clone(),
+            None => {
                 // Read lean: the metadata without managedFields, the spec skipped.
                 let pods: Api<PodStatusRef> =
                     Api::namespaced(self.ctx.client.clone(), &self.namespace);
