@@ -1,8 +1,8 @@
 //! The README's main command, run the way the README writes it (`cargo run … -- demo` from the
 //! workspace root, read from README.md itself), with a fresh HOME: it prints the demo's table,
 //! keeps the clusters running, and stops cleanly on Ctrl-C (SIGINT to its process group, as a
-//! terminal sends it). CI builds the release binary before the suite (`.ci/run`), so `cargo run`
-//! here only reuses it; on a cold target directory it builds it first, hence the long bound.
+//! terminal sends it). CI builds that binary before the suite (`.ci/run`), so `cargo run` here
+//! only reuses it; on a cold target directory it builds it first, hence the long bound.
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -69,7 +69,7 @@ fn the_readmes_main_command_prints_the_demo_and_stops_cleanly_on_ctrl_c() {
     let home = tempfile::tempdir().unwrap();
     let mut command = Command::new(words[0]);
     // Run it as a user's shell would: without the variables cargo and nextest set for this test
-    // (a build script that watches CARGO_MANIFEST_DIR would otherwise rebuild the release tree).
+    // (a build script that watches CARGO_MANIFEST_DIR would otherwise rebuild the tree).
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
         if test_harness_variable(&name) {
