@@ -7,7 +7,7 @@ use std::process::Command;
 
 use tandem_core::discovery::{Advertisement, parse_fingerprint};
 
-mod netlab;
+use crate::netlab;
 use netlab::{hollow_lab, ok, tandem};
 
 /// The strings of a zone-file TXT line (`"a" "b"`, no escapes in what Tandem writes).

@@ -2,8 +2,7 @@
 //! burst and started again: exactly one shadow pod per consumer pod, no orphans, every pod
 //! Ready.
 
-#[path = "../../controller/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

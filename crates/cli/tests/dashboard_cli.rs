@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{hollow_lab, kubectl, ok, rome_offloads_shop_to_milan, until};
 
 struct Background(Child);

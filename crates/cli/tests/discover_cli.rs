@@ -12,7 +12,7 @@ use tandem_dns::hickory_proto::op::{Message, MessageType, ResponseCode};
 use tandem_dns::hickory_proto::rr::rdata::{A, PTR, SRV, TXT};
 use tandem_dns::hickory_proto::rr::{Name, RData, Record, RecordType};
 
-mod netlab;
+use crate::netlab;
 use netlab::{hollow_lab, ok, tandem, until};
 
 /// The records of zone-file lines as `tandem advertise` prints them (`NAME TTL IN TYPE DATA`),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{Lab, hollow_lab, kubectl, ok, tandem, until};
 
 struct Clusters {

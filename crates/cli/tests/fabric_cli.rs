@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{
     install_with_fabric, invite_and_peer, json, kubectl, lab_up_with_nodes, offload_hello, ok,
     peer_with, probe_fetch, probe_fetch_in, rome_consumes_from_milan_and_turin, run_pod, tandem,

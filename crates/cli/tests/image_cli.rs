@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-mod netlab;
+use crate::netlab;
 use netlab::{hollow_lab, ok, tandem};
 
 /// The uid and gid of the image's user (distroless's `nonroot`), which the manifests' pods

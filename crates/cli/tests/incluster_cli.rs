@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{
     install_overlay, invite_and_peer, json, kubectl, lab_up, offload_hello, ok, tandem, until,
 };

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{hollow_lab, kubectl, ok, tandem, until};
 
 fn deploy_dir() -> PathBuf {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{json, kubectl, ok, rome_consumes_from_milan_and_turin, run_pod, tandem, until};
 
 /// How long an import may take to carry traffic (generous: the benchmark measures it).

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{Lab, json, kubectl, lab_up, ok, tandem, until};
 
 const IDS: [&str; 3] = ["milan", "rome", "turin"];

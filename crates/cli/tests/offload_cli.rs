@@ -1,8 +1,7 @@
 //! `tandem offload namespace` / `tandem unoffload namespace` as a user runs them against the
 //! consumer's kubeconfig: twin namespace on the selected provider, errors that name the step.
 
-#[path = "../../controller/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-mod netlab;
+use crate::netlab;
 use netlab::{json, kubectl, lab_up, offload_hello, ok, tandem, until};
 use tandem_lab::testing::{http, port_forward};
 

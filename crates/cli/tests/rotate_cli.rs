@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod netlab;
+use crate::netlab;
 use netlab::{hollow_lab, kubectl, ok, rome_offloads_shop_to_milan, tandem, until};
 
 fn json_of(out: std::process::Output) -> Value {

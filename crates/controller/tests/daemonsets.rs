@@ -2,7 +2,7 @@
 //! faithful to kube and would put a pod tolerating everything on the virtual node too; Tandem
 //! keeps it off unless the DaemonSet opts in, and then the pod runs once in the provider.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

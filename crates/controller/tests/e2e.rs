@@ -3,7 +3,7 @@
 //! namespace's offloading strategy and cluster selector say; a Service has endpoints in both
 //! clusters, each in its own address view; unpeer leaves nothing Tandem-owned behind.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

@@ -1,7 +1,7 @@
 //! Least privilege: what the real peer identity (issued through the invite flow) may and may
 //! not do in its provider. Each forbidden operation must get 403 from the provider's RBAC.
 
-mod support;
+use crate::support;
 
 use kube::Client;
 use kube::api::Api;

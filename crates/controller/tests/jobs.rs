@@ -2,7 +2,7 @@
 //! the virtual node, its pods run to completion in the provider, and every completion is
 //! counted once in the consumer's Job.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! without a client certificate gets 401, one whose user may not `nodes/proxy` gets 403 — so
 //! nobody reaches an offloaded pod around the consumer's RBAC.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

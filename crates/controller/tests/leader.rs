@@ -17,7 +17,7 @@ use tandem_controller::Controller;
 use tandem_controller::leader::{Elector, LeaderElection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod support;
+use crate::support;
 use support::{Cluster, offload_remote, offloaded_deployment, peer, test_options};
 
 /// `GET path` on `addr`: the status code and the body.

@@ -5,7 +5,7 @@
 //! on the imports (where only the importer sees both exporters); nothing derived is left after unexport, namespace
 //! deletion or unpeer.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

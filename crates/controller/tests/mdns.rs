@@ -150,7 +150,7 @@ async fn three_clusters_hear_each_other_and_a_goodbye_over_mdns() {
     }
 }
 
-mod support;
+use crate::support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controllers_record_each_other_as_discovered_clusters() {

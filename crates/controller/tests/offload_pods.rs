@@ -2,7 +2,7 @@
 //! a Deployment scheduled on it runs on the provider, statuses come back with consumer-view IPs,
 //! deletions flow both ways, and the provider enforces its quota and policy.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

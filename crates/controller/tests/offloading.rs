@@ -2,7 +2,7 @@
 //! the peer identity's RoleBinding), their removal on unoffload, the provider's refusal to take
 //! over namespaces, and the pod-placement webhook.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! Offloaded pods keep running on the provider; the consumer shows the virtual node NotReady
 //! and the pods not Ready; after the heal everything re-converges without duplicates.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! the network remap; refused tokens leave nothing behind; the grant follows the provider;
 //! unpeer removes everything Tandem-owned of the peering on both sides.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! cluster IPs or selectors, EndpointSlices with addresses in the provider's view, and Events of
 //! the provider's pods back onto the consumer's pods; a restart resyncs with no orphans.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

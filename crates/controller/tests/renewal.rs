@@ -14,7 +14,7 @@ use serde_json::json;
 use tandem_api::names;
 use tandem_controller::consumer::renewal::{client_certificate, issued_lifetime, validity};
 
-mod support;
+use crate::support;
 use support::{Cluster, offload_remote, peer, test_options};
 
 /// The client certificate (PEM) in rome's identity Secret for milan.

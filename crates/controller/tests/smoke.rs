@@ -1,6 +1,6 @@
 //! Install and start: the controller runs against a fresh lab cluster with Tandem installed.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;

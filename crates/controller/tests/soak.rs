@@ -15,7 +15,7 @@
 //! tandem-controller --test soak` runs N rounds (the longer run: `benches/README.md`). Gateway
 //! restarts need network-mode clusters and are not part of this soak.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

@@ -6,7 +6,7 @@
 //! for a `WaitForFirstConsumer` claim, so they hold against any scheduler; the end-to-end ones
 //! need the lab's PV binder, StatefulSet controller and volume-aware scheduler.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

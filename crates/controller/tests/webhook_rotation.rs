@@ -6,7 +6,7 @@
 //! every step a new TLS connection is also made, trusting what the caBundle holds then: a
 //! server that presented a certificate the bundle does not yet trust would fail it.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

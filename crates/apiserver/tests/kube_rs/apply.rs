@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Cluster, Widget, WidgetStatus, api_status};
+use super::common::{Cluster, Widget, WidgetStatus, api_status};
 
 fn applied(data: serde_json::Value) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": data})
@@ -305,7 +305,7 @@ async fn apply_that_creates_needs_the_create_permission() {
     assert_eq!(admin.get("old").await.unwrap().data.unwrap()["k"], "2");
 
     grant(&["patch", "create"]).await;
-    crate::common::eventually("apply creates with patch and create", || async {
+    super::common::eventually("apply creates with patch and create", || async {
         apply("new", "3").await.ok()
     })
     .await;

@@ -12,7 +12,7 @@ use kube::runtime::watcher;
 use parking_lot::Mutex;
 use serde_json::json;
 
-use crate::common::{Cluster, Widget, eventually, widget};
+use super::common::{Cluster, Widget, eventually, widget};
 
 const FINALIZER: &str = "widgets.tandem.test/teardown";
 

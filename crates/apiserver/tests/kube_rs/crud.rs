@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, Widget, WidgetStatus, api_status, widget};
+use super::common::{Cluster, Widget, WidgetStatus, api_status, widget};
 
 fn config_map(name: &str, app: &str, data: &[(&str, &str)]) -> ConfigMap {
     ConfigMap {

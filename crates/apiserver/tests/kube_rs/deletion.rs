@@ -5,7 +5,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, api_status, eventually};
+use super::common::{Cluster, api_status, eventually};
 
 const HOLD: &str = "tandem.test/hold";
 

@@ -6,7 +6,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, api_status};
+use super::common::{Cluster, api_status};
 
 async fn running_pod(pods: &Api<Pod>, name: &str) {
     let pod: Pod = serde_json::from_value(json!({

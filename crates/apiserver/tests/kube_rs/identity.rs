@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_apiserver::{ApiServer, Config};
 
-use crate::common::{Cluster, code_of, eventually};
+use super::common::{Cluster, code_of, eventually};
 
 #[tokio::test]
 async fn a_certificate_with_several_groups_authenticates_in_all_of_them() {

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, Widget, api_status, widget};
+use super::common::{Cluster, Widget, api_status, widget};
 
 async fn create_namespace(client: &kube::Client, name: &str) {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();

@@ -10,7 +10,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, Widget, api_status, code_of, eventually, widget};
+use super::common::{Cluster, Widget, api_status, code_of, eventually, widget};
 
 #[tokio::test]
 async fn replace_with_a_stale_resource_version_is_a_conflict() {

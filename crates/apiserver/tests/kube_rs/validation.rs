@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::common::{Cluster, api_status, code_of};
+use super::common::{Cluster, api_status, code_of};
 
 /// A pod whose first container is `container` merged over a valid one.
 fn pod(name: &str, container: Value, spec: Value) -> Value {

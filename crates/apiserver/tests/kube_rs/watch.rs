@@ -19,7 +19,7 @@ use tandem_apiserver::Config;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch as signal;
 
-use crate::common::Cluster;
+use super::common::Cluster;
 
 fn labelled(name: &str, set: &str) -> ConfigMap {
     ConfigMap {
@@ -55,7 +55,7 @@ fn cached(store: &Store<ConfigMap>) -> BTreeMap<String, String> {
 /// Polls until the reflector's store holds exactly the live objects at their live versions.
 async fn converge(api: &Api<ConfigMap>, store: &Store<ConfigMap>, set: &str, what: &str) {
     let mut last = (BTreeMap::new(), BTreeMap::new());
-    let ok = tokio::time::timeout(crate::common::DEADLINE, async {
+    let ok = tokio::time::timeout(super::common::DEADLINE, async {
         loop {
             let (want, have) = (live(api, set).await, cached(store));
             if want == have {
@@ -300,7 +300,7 @@ async fn watch_from_a_compacted_version_yields_a_410_event() {
         .await
         .expect("the watch request itself is accepted; the 410 comes as an event");
     let mut stream = std::pin::pin!(stream);
-    let first_event = tokio::time::timeout(crate::common::DEADLINE, stream.try_next())
+    let first_event = tokio::time::timeout(super::common::DEADLINE, stream.try_next())
         .await
         .expect("an event before the deadline")
         .expect("a decodable event")
@@ -327,7 +327,7 @@ async fn watch_from_a_compacted_version_yields_a_410_event() {
     .await
     .unwrap();
     let mut stream = std::pin::pin!(stream);
-    let event = tokio::time::timeout(crate::common::DEADLINE, async {
+    let event = tokio::time::timeout(super::common::DEADLINE, async {
         loop {
             match stream.try_next().await {
                 Ok(Some(WatchEvent::Modified(cm))) => return cm,
@@ -361,7 +361,7 @@ async fn watch_from_the_list_version_of_an_empty_resource_sees_the_first_create(
         .await
         .unwrap();
     let mut stream = std::pin::pin!(stream);
-    let event = tokio::time::timeout(crate::common::DEADLINE, stream.try_next())
+    let event = tokio::time::timeout(super::common::DEADLINE, stream.try_next())
         .await
         .expect("an event before the deadline")
         .expect("a decodable event")
@@ -395,7 +395,7 @@ async fn reflector_recovers_from_a_burst_between_list_and_watch() {
     );
     let mut stream = Box::pin(stream);
     // The watcher is a lazy stream: after InitDone it starts watching only when polled again.
-    tokio::time::timeout(crate::common::DEADLINE, async {
+    tokio::time::timeout(super::common::DEADLINE, async {
         while let Some(event) = stream.next().await {
             if matches!(event, Ok(watcher::Event::InitDone)) {
                 return;
@@ -479,13 +479,13 @@ async fn a_stalled_watcher_blocks_neither_writers_nor_other_watchers() {
         writer.create(&PostParams::default(), &cm).await.unwrap();
     }
     let write_time = started.elapsed();
-    let seen = tokio::time::timeout(crate::common::DEADLINE, live_count)
+    let seen = tokio::time::timeout(super::common::DEADLINE, live_count)
         .await
         .expect("the live watcher is not held up by the stalled one")
         .unwrap();
     assert_eq!(seen, N, "the live watcher saw every create");
     // The stalled watcher, once it reads, still gets every event: nothing was dropped for it.
-    let late = tokio::time::timeout(crate::common::DEADLINE, count_added(stalled, N))
+    let late = tokio::time::timeout(super::common::DEADLINE, count_added(stalled, N))
         .await
         .expect("the stalled watcher drains");
     assert_eq!(late, N, "writes took {write_time:?}");

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::{Value, json};
 
-use crate::common::{Cluster, api_status};
+use super::common::{Cluster, api_status};
 
 /// A mutating webhook configuration for ConfigMap creates, calling `url`.
 fn hook_config(

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually};
+use super::common::{Cluster, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_minute_cronjob_creates_a_job_records_it_and_prunes_history() {

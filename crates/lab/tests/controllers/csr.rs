@@ -8,7 +8,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, kubectl};
+use super::common::{Cluster, eventually, kubectl};
 
 /// A PEM CSR for `cn` in groups `orgs`, and its private key. Built with x509-cert: rcgen
 /// keeps one value per attribute type in a DistinguishedName, so it cannot ask for two groups.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tandem_lab::{LabCluster, LabConfig};
 
-use crate::common::DEADLINE;
+use super::common::DEADLINE;
 
 struct Lab {
     cluster: LabCluster,

@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
-use crate::common::{
+use super::common::{
     Cluster, DEADLINE, eventually, kubectl, next_ip, ready_and_active, set_pod_status,
 };
 

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, next_ip, set_pod_status};
+use super::common::{Cluster, eventually, next_ip, set_pod_status};
 
 async fn status_where(
     api: &Api<PodDisruptionBudget>,

@@ -8,7 +8,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, set_pod_status};
+use super::common::{Cluster, eventually, set_pod_status};
 
 async fn pod(client: &kube::Client, name: &str, app: &str, node: Option<&str>) {
     let pod: Pod = serde_json::from_value(json!({

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::common::{Cluster, eventually};
+use super::common::{Cluster, eventually};
 
 const TRACKING: &str = "batch.kubernetes.io/job-tracking";
 

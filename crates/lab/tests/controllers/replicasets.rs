@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, next_ip, set_pod_status};
+use super::common::{Cluster, eventually, next_ip, set_pod_status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicaset_adopts_orphans_replaces_deleted_pods_and_waits_min_ready_seconds() {

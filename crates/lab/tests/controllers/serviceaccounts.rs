@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, DeleteParams};
 
-use crate::common::{Cluster, eventually};
+use super::common::{Cluster, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_namespace_gets_a_default_serviceaccount_back_after_deletion() {

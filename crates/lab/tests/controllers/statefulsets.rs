@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, next_ip, set_pod_status};
+use super::common::{Cluster, eventually, next_ip, set_pod_status};
 
 const NS: &str = "sts";
 

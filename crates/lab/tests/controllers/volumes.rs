@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::common::{Cluster, eventually};
+use super::common::{Cluster, eventually};
 
 async fn create<K>(api: &Api<K>, manifest: Value) -> K
 where

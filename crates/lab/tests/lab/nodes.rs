@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::support::{cluster, create, node_of, pod, pods, running, until};
+use super::support::{cluster, create, node_of, pod, pods, running, until};
 
 fn ready(node: &Node) -> Option<String> {
     node.status
@@ -205,7 +205,7 @@ async fn powered_off_node_goes_unreachable_evicts_pods_and_recovers() {
             let api = api.clone();
             async move {
                 let p = api.get("patient").await.ok()?;
-                (crate::support::condition(&p, "Ready").as_deref() == Some("False")).then_some(p)
+                (super::support::condition(&p, "Ready").as_deref() == Some("False")).then_some(p)
             }
         },
     )
@@ -257,7 +257,7 @@ async fn powered_off_node_goes_unreachable_evicts_pods_and_recovers() {
             let api = api.clone();
             async move {
                 let p = api.get("patient").await.ok()?;
-                (crate::support::condition(&p, "Ready").as_deref() == Some("True")).then_some(())
+                (super::support::condition(&p, "Ready").as_deref() == Some("True")).then_some(())
             }
         },
     )

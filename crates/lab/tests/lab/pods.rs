@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{cluster, condition, create, pod, pods, running, until};
+use super::support::{cluster, condition, create, pod, pods, running, until};
 
 /// Runs kubectl with `args` against the cluster; returns (success, stdout, stderr).
 async fn kubectl(lab: &tandem_lab::LabCluster, args: &[&str]) -> (bool, String, String) {
@@ -179,7 +179,7 @@ async fn a_pods_events_tell_its_scheduling_start_and_stop() {
     use k8s_openapi::api::core::v1::Event;
     let lab = cluster().await;
     let started = create(&lab.client, &pod("told", json!({}))).await;
-    let node = crate::support::node_of(&running(&lab.client, "told").await);
+    let node = super::support::node_of(&running(&lab.client, "told").await);
     let events = kube::Api::<Event>::namespaced(lab.client.clone(), "default");
     let reasons = |want: &'static [&'static str]| {
         let events = events.clone();
@@ -225,7 +225,7 @@ async fn a_pods_events_tell_its_scheduling_start_and_stop() {
         "kubelet events name their node"
     );
 
-    let described = crate::support::kubectl_ok(&lab, &["describe", "pod", "told"], None).await;
+    let described = super::support::kubectl_ok(&lab, &["describe", "pod", "told"], None).await;
     for line in [
         "Successfully assigned default/told to",
         "Created container: app",

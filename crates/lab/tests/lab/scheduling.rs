@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::support::{cluster, condition, create, node_of, pod, pods, running, until};
+use super::support::{cluster, condition, create, node_of, pod, pods, running, until};
 
 fn in_cidr(ip: &str, cidr: &str) -> bool {
     let (net, len) = cidr.split_once('/').expect("CIDR");

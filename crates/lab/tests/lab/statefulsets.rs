@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tandem_lab::LabCluster;
 
-use crate::support::{cluster, condition, kubectl_ok, node_of, until};
+use super::support::{cluster, condition, kubectl_ok, node_of, until};
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolume
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
-use crate::support::{cluster, create, node_of, pod, running, until};
+use super::support::{cluster, create, node_of, pod, running, until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_waits_for_its_claim_then_follows_its_volume_to_its_node() {

@@ -1,0 +1,26 @@
+//! The CLI's tests, in one test binary (one link instead of one per file): each file below is
+//! a module and keeps its tests' names. They run the built `tandem` binary as a user would.
+
+mod netlab;
+#[path = "../../controller/tests/support/mod.rs"]
+mod support;
+mod advertise_cli;
+mod apiserver_crash;
+mod controller_sigkill;
+mod dashboard_cli;
+mod discover_cli;
+mod enroll_cli;
+mod fabric_cli;
+mod image_cli;
+mod incluster_cli;
+mod lab_cli;
+mod lab_network_cli;
+mod manifests_cli;
+mod mcs_cli;
+mod mdns_cli;
+mod offload_cli;
+mod offloaded_pods_cli;
+mod peering_cli;
+mod readme;
+mod rotate_cli;
+mod uninstall_cli;
