@@ -12,7 +12,7 @@
 //!   ShadowPod, nothing stays Fenced, and no Tenant says Fenced.
 //!
 //! One round of faults runs in CI (about 2.5 minutes); `TANDEM_SOAK_ROUNDS=N cargo test -p
-//! tandem-controller --test soak` runs N rounds (the longer run: `benches/README.md`). Gateway
+//! tandem-controller --test integration soak::` runs N rounds (the longer run: `benches/README.md`). Gateway
 //! restarts need network-mode clusters and are not part of this soak.
 
 use crate::support;
