@@ -1,9 +1,6 @@
 //! The CLI's tests, in one test binary (one link instead of one per file): each file below is
 //! a module and keeps its tests' names. They run the built `tandem` binary as a user would.
 
-mod netlab;
-#[path = "../../controller/tests/support/mod.rs"]
-mod support;
 mod advertise_cli;
 mod apiserver_crash;
 mod controller_sigkill;
@@ -18,9 +15,12 @@ mod lab_network_cli;
 mod manifests_cli;
 mod mcs_cli;
 mod mdns_cli;
+mod netlab;
 mod offload_cli;
 mod offloaded_pods_cli;
 mod peering_cli;
 mod readme;
 mod rotate_cli;
+#[path = "../../controller/tests/support/mod.rs"]
+mod support;
 mod uninstall_cli;

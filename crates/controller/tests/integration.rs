@@ -2,7 +2,6 @@
 //! kube, the API server and the lab instead of one per file): each file below is a module and
 //! keeps its tests' names. The hostile-peer suite is its own binary (`tests/hostile`).
 
-mod support;
 mod daemonsets;
 mod e2e;
 mod forbidden;
@@ -20,4 +19,5 @@ mod renewal;
 mod smoke;
 mod soak;
 mod storage;
+mod support;
 mod webhook_rotation;
