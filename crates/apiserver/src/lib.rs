@@ -22,7 +22,7 @@ mod defaults;
 mod deletion;
 mod discovery;
 pub mod error;
-mod fsutil;
+pub mod fsutil;
 mod gc;
 mod handlers;
 pub mod kubelet_access;

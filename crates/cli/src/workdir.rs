@@ -94,9 +94,7 @@ pub fn claim(dir: &Path, default: &Path, usage: Use) -> Result<(), Error> {
 /// never sees half a file) and returns its path.
 pub fn write_kubeconfig(dir: &Path, yaml: &str) -> Result<PathBuf, Error> {
     let path = dir.join("kubeconfig");
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, yaml).map_err(io("writing", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io("writing", &path))?;
+    tandem_apiserver::fsutil::write_atomic(&path, yaml.as_bytes()).map_err(io("writing", &path))?;
     Ok(path)
 }
 

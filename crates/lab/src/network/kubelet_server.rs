@@ -347,6 +347,7 @@ fn port_forward(
         pod: pod.to_string(),
         uid,
         dial: super::port_forward::dial_in_netns(who.netns),
+        pair_timeout: super::port_forward::STREAM_CREATION_TIMEOUT,
     };
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
