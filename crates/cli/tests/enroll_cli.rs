@@ -674,9 +674,8 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
 
     // A flood of 1,000 requests with the credential: at most 5 pending, nothing else created.
     let before = census(&c);
-    let waiting = c
-        .names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"])
-        .len();
+    let waiting_before = c.names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"]);
+    let waiting = waiting_before.len();
     let answers = flood(&c, &endpoint, &token, 1000);
     let created = answers.iter().filter(|(code, _)| *code == 201).count();
     let over_quota = answers
@@ -691,7 +690,18 @@ fn a_policy_approves_by_key_with_its_terms_and_a_flood_stays_bounded() {
     );
     let pending = c.names("lab-1", &["get", "peeringrequests", "-n", "tandem-enroll"]);
     assert!(pending.len() <= 5, "{pending:?}");
-    assert_eq!(pending.len(), 5, "{pending:?}");
+    // Every request the flood created is still pending; of those waiting before it, one may
+    // have expired (25 s) while a loaded machine answered the 1,000 (seen with 6 tests at
+    // once on 2 cores), so they are counted, not assumed.
+    let still_waiting = pending
+        .iter()
+        .filter(|name| waiting_before.contains(name))
+        .count();
+    assert_eq!(
+        pending.len(),
+        created + still_waiting,
+        "{pending:?}, before the flood {waiting_before:?}"
+    );
     assert_eq!(
         census(&c),
         before,
