@@ -131,10 +131,9 @@ fn running(lab: &netlab::Lab, ctx: &str, app: &str) -> Vec<Value> {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "2", "2");
     let kc = lab.kubeconfig.clone();
@@ -869,10 +868,9 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
 /// transit through rome); rome's pods reach nothing of a provider outside the twin namespaces
 /// (kube-system, tandem-system), whichever address they try.
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn three_clusters_pairs_connect_and_nothing_transits() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = rome_consumes_from_milan_and_turin(home.path());
     let kc = lab.kubeconfig.clone();
@@ -1032,10 +1030,9 @@ fn three_clusters_pairs_connect_and_nothing_transits() {
 /// clusters both ways — the consumer's probe answered by the provider's pods too, the
 /// offloaded probe by the consumer's — and the lab leaves no namespace behind on exit.
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn demo_network_shows_requests_crossing_clusters() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let dir = home.path().join("demo");
     let out = ok(
@@ -1076,10 +1073,9 @@ fn demo_network_shows_requests_crossing_clusters() {
 /// relations, each side's offloaded pod is reached from the other, and unpeering one direction
 /// leaves the other's traffic, gateway and key in place.
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peered_both_ways_one_tunnel_serves_both_and_survives_unpeering_one() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "2", "1");
     let kc = lab.kubeconfig.clone();

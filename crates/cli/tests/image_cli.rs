@@ -36,19 +36,6 @@ fn has_interpreter(path: &str) -> bool {
     })
 }
 
-/// Skips (saying so) outside root, where chroot is not allowed; never in CI.
-fn root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "the image test needs root (chroot) and CI runs as root"
-    );
-    eprintln!("SKIPPED: running the binary in an empty root needs root (chroot)");
-    false
-}
-
 #[test]
 fn the_binary_is_static() {
     let binary = env!("CARGO_BIN_EXE_tandem");
@@ -62,10 +49,9 @@ fn the_binary_is_static() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn alone_in_an_empty_root_as_the_images_user_it_talks_to_a_cluster() {
-    if !root() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = hollow_lab(home.path(), "1");
     // The root: the binary, the kubeconfig, and the /etc/hosts a kubelet would mount.

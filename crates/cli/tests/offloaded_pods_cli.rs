@@ -16,10 +16,9 @@ fn stderr_of(out: &std::process::Output) -> String {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up(home.path(), "lab", "2");
     let kc = lab.kubeconfig.clone();

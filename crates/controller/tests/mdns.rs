@@ -75,10 +75,9 @@ async fn listen(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn three_clusters_hear_each_other_and_a_goodbye_over_mdns() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let lan = isolated_lan();
     let config = Config {
         interface: None,
@@ -153,6 +152,7 @@ async fn three_clusters_hear_each_other_and_a_goodbye_over_mdns() {
 use crate::support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn controllers_record_each_other_as_discovered_clusters() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -161,9 +161,7 @@ async fn controllers_record_each_other_as_discovered_clusters() {
     use tandem_controller::context::MdnsSocket;
     use tandem_controller::discovery::{ADVERTISE_KEY, BROWSE_KEY, SETTINGS};
 
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let lan = isolated_lan();
     let regions = [
         ("milan", "eu-south"),

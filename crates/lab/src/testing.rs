@@ -88,18 +88,15 @@ pub async fn kubectl(
     (out.status.success(), text)
 }
 
-/// Whether a network-mode test can run: true as root; otherwise it skips with a message,
-/// except under `CI=true`, where a missing root fails the test instead of skipping it.
-pub fn network_tests_can_run() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
+/// The guard of a test that needs root (network namespaces, TUN, nftables), which also carries
+/// `#[cfg_attr(not(tandem_root), ignore = "needs root")]`: a build without root lists it as
+/// ignored. It panics, naming the fix, when a build made as root runs without it.
+pub fn needs_root() {
     assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "network-mode tests need root and CI=true: refusing to skip"
+        nix::unistd::geteuid().is_root(),
+        "this test needs root: it was built as root (cfg tandem_root) and runs without it; \
+         run it as root, or rebuild as this user to list it as ignored"
     );
-    eprintln!("skipped: network-mode tests need root");
-    false
 }
 
 /// One HTTP/1.1 request to 127.0.0.1:`port` with `body` (a connection of its own, closed after

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
-use tandem_lab::testing::{kubectl, network_tests_can_run, until, until_every};
+use tandem_lab::testing::{kubectl, needs_root, until, until_every};
 use tandem_lab::{LabCluster, LabConfig};
 
 async fn create(cluster: &LabCluster, objects: Value) {
@@ -36,10 +36,9 @@ async fn create(cluster: &LabCluster, objects: Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn kubectl_top_shows_nodes_and_pods_from_the_kubelets_resource_metrics() {
-    if !network_tests_can_run() {
-        return;
-    }
+    needs_root();
     let cluster = LabCluster::start(LabConfig {
         network: true,
         nodes: 2,

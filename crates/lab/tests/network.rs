@@ -147,10 +147,9 @@ async fn try_answerers(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_own() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let _ = tracing_subscriber::fmt()
         .with_env_filter("tandem_lab=info")
         .with_test_writer()
@@ -477,10 +476,9 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
 /// Nothing a pod spec says makes the lab run a host command: a built-in image with another
 /// command fails to start as runc fails it, and any other image stays hollow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let marker = std::env::temp_dir().join(format!("tandem-allow-list-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let cluster = LabCluster::start(tandem_lab::LabConfig {
@@ -548,10 +546,9 @@ async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
 /// A lab instance whose process died (SIGKILL: no cleanup ran) is removed by the next start;
 /// one whose process lives is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn the_next_start_removes_instances_of_dead_processes_only() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     use tandem_lab::network::topology::{REGISTRY, cleanup_stale, namespaces};
     let mut dead = Command::new("true").spawn().expect("spawn true");
     let dead_pid = dead.id();
@@ -597,10 +594,9 @@ async fn the_next_start_removes_instances_of_dead_processes_only() {
 /// node's kubelet endpoint; RBAC on `pods/log` and `pods/exec` decides who may; a pod calling
 /// the kubelet endpoint directly is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decides() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     let cluster = LabCluster::start(tandem_lab::LabConfig {
         network: true,
         nodes: 1,
@@ -759,10 +755,9 @@ async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decide
 /// — each request the echo server logs shows on attach's stdout, its earlier lines do not —
 /// and ends cleanly when the container stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn kubectl_attach_streams_new_output_until_the_container_stops() {
-    if !tandem_lab::testing::network_tests_can_run() {
-        return;
-    }
+    tandem_lab::testing::needs_root();
     use tokio::io::AsyncBufReadExt;
     let cluster = LabCluster::start(tandem_lab::LabConfig {
         network: true,

@@ -6,7 +6,7 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::{Pair, Side, exec, ping, ping_until, require_root, tcp_exchange, udp_exchange};
+use harness::{Pair, Side, exec, needs_root, ping, ping_until, tcp_exchange, udp_exchange};
 
 const CONNECT: Duration = Duration::from_secs(10);
 
@@ -20,10 +20,9 @@ fn started_pair() -> Pair {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn pods_reach_each_other_through_double_nat() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let pair = started_pair();
     for (from, to) in [(Side::A, Side::B), (Side::B, Side::A)] {
         let client = pair.pod(from, 1);
@@ -59,10 +58,9 @@ fn pods_reach_each_other_through_double_nat() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn host_source_becomes_first_external_address() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let pair = started_pair();
     let dst = pair.pod_ip_seen_by(Side::A, 1);
     for client in [pair.node(Side::A, 2), pair.gw(Side::A)] {
@@ -75,10 +73,9 @@ fn host_source_becomes_first_external_address() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn unmapped_prefixes_never_enter_the_tunnel() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let pair = started_pair();
     let pod = pair.pod(Side::A, 1);
     let tx = || pair.metric(Side::A, "tandem_gateway_tx_bytes_total");
@@ -107,10 +104,9 @@ fn unmapped_prefixes_never_enter_the_tunnel() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn restart_restores_connectivity_without_stray_rules() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = started_pair();
     let pod = pair.pod(Side::A, 1);
     let dst = pair.pod_ip_seen_by(Side::A, 2);
@@ -182,10 +178,9 @@ fn restart_restores_connectivity_without_stray_rules() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peer_roaming_keeps_the_tunnel_up() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = started_pair();
     let gw_b = pair.gw(Side::B);
     // B's gateway moves to a new WAN address: everything it sends now comes from there.
@@ -228,10 +223,9 @@ fn peer_roaming_keeps_the_tunnel_up() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peer_with_wrong_key_never_gets_a_packet_through() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = Pair::new();
     // B runs with a key A does not know (A still expects the original public key).
     pair.args_mut(Side::B).private_key = tandem_net::generate_private_key();
@@ -262,10 +256,9 @@ fn peer_with_wrong_key_never_gets_a_packet_through() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn tunnel_loss_is_reported_within_3s() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = started_pair();
     let rtt = pair.status(Side::A).unwrap()["rttMs"]
         .as_f64()
@@ -316,10 +309,9 @@ fn rules_with_handles(pair: &Pair, side: Side) -> Vec<(String, u64)> {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn changed_plan_replaces_only_the_rules_that_differ() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = started_pair();
     let before = rules_with_handles(&pair, Side::A);
     pair.kill(Side::A);
@@ -360,10 +352,9 @@ fn changed_plan_replaces_only_the_rules_that_differ() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn orderly_stop_removes_rules_routes_and_device() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = started_pair();
     let gw = pair.gw(Side::A);
     assert!(pair.ruleset(Side::A).contains("tandem_tandem0"));
@@ -390,10 +381,9 @@ fn orderly_stop_removes_rules_routes_and_device() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn side_without_endpoint_learns_it_from_the_handshake() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     let mut pair = Pair::new();
     // B only listens (e.g. behind a load balancer); A knows where to find it.
     pair.args_mut(Side::B).peer_endpoint = None;
@@ -414,10 +404,9 @@ fn side_without_endpoint_learns_it_from_the_handshake() {
 }
 
 #[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn gateway_under_new_names_removes_only_its_own_old_interface_and_table() {
-    if !require_root() {
-        return;
-    }
+    needs_root();
     use tandem_core::names::{gateway_interface, legacy_gateway_interface};
     use tandem_net::config::default_nft_table;
     // A's gateway is the one to peer `milan`; `turin` is another peer whose gateway (of the
