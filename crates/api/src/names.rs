@@ -165,6 +165,53 @@ pub fn validate_cluster_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `app.kubernetes.io/name` of the fabric's gateway pods.
+pub const GATEWAY_APP: &str = "tandem-gateway";
+/// The fabric's node agent: its DaemonSet, ServiceAccount, Role and RoleBinding.
+pub const AGENT: &str = "tandem-agent";
+/// ConfigMap (tandem-system) with each peer's prefixes for the node agent (`routes.json`:
+/// peer → prefixes).
+pub const ROUTES_CONFIG_MAP: &str = "tandem-routes";
+/// The key of the routes in [`ROUTES_CONFIG_MAP`].
+pub const ROUTES_KEY: &str = "routes.json";
+/// The key of the private key (base64 X25519, as `wg genkey` prints it) in a gateway's Secret
+/// ([`gateway_secret`]).
+pub const GATEWAY_PRIVATE_KEY: &str = "privateKey";
+/// The key of the gateway's whole configuration (`tandem_netspec::GatewayArgs`, JSON) in its
+/// Secret, once both sides' parameters are known; the gateway pod reads it.
+pub const GATEWAY_CONFIG: &str = "gateway.json";
+
+/// The Secret (tandem-system) holding this cluster's WireGuard key for `peer`, and the
+/// configuration of the gateway to it; also the name of that gateway's Deployment.
+pub fn gateway_secret(peer: &str) -> String {
+    format!("tandem-gateway-{peer}")
+}
+
+/// The signer of kubelet serving certificates (kube-controller-manager's name).
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+/// Where kube-apiserver publishes the CAs of the client certificates it accepts.
+pub const CLIENT_CA_NAMESPACE: &str = "kube-system";
+/// The Role kube-apiserver bootstraps for reading the client CAs in [`CLIENT_CA_NAMESPACE`].
+pub const CLIENT_CA_READER_ROLE: &str = "extension-apiserver-authentication-reader";
+/// The MutatingWebhookConfiguration that places pods of offloaded namespaces.
+pub const PLACEMENT_WEBHOOK: &str = "tandem-pod-placement";
+/// The ValidatingWebhookConfiguration that checks what a peer writes in its tenant namespace.
+pub const PEER_WRITES_WEBHOOK: &str = "tandem-peer-writes";
+/// The ConfigMap (in `tandem-system`) that turns mDNS discovery on (absent: no multicast).
+pub const DISCOVERY_SETTINGS: &str = "tandem-discovery";
+/// The PriorityClass of the controller and the gateways.
+pub const PRIORITY_CLASS: &str = "tandem-critical";
+/// `endpointslice.kubernetes.io/managed-by`: which controller manages an EndpointSlice.
+pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// `endpointslice.kubernetes.io/managed-by` of the EndpointSlices Tandem writes for imports.
+pub const MCS_SLICE_MANAGER: &str = "mcs-controller.tandem.dev";
+/// The EndpointSlices Kubernetes derives from a Service's selector, and no others: the only
+/// source of a Service's exported endpoints (a slice labelled by hand, reflected or imported
+/// would let anyone with write access to a namespace export, and open the fabric to, any
+/// address).
+pub const SOURCE_SLICES_SELECTOR: &str =
+    "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,16 @@ pub enum PartitionPolicy {
     Fence,
 }
 
+/// The twin namespace on `provider` of an offloaded namespace, once Ready.
+pub fn twin_of(nso: &NamespaceOffloading, provider: &str) -> Option<String> {
+    nso.status
+        .as_ref()?
+        .remote_namespaces
+        .iter()
+        .find(|r| r.cluster_id == provider && r.phase == "Ready")
+        .map(|r| r.namespace.clone())
+}
+
 impl NamespaceOffloadingSpec {
     /// The `fenceAfter` of a `Fence` offloading (None with `Keep`).
     pub fn fence_after(&self) -> Option<&str> {

@@ -163,26 +163,6 @@ pub fn main() -> std::process::ExitCode {
     }
 }
 
-/// Makes the capabilities this process was given (a gateway's or node agent's NET_ADMIN)
-/// effective, and makes them pass to the `nft` it runs. In a cluster the non-root process gets
-/// them from the file capability on Tandem's binary (`cap_net_admin+p`: permitted only, so that
-/// a pod without the capability in its bounding set, like the controller's, still executes
-/// it), and a runtime sets no ambient capabilities: raising them into the ambient set is what
-/// lets them survive the exec of `nft`. Best effort: without them `nft` fails, naming it.
-fn keep_capabilities_across_exec() {
-    let Ok(permitted) = caps::read(None, caps::CapSet::Permitted) else {
-        return;
-    };
-    for cap in permitted {
-        let raised = caps::raise(None, caps::CapSet::Effective, cap)
-            .and_then(|()| caps::raise(None, caps::CapSet::Inheritable, cap))
-            .and_then(|()| caps::raise(None, caps::CapSet::Ambient, cap));
-        if let Err(e) = raised {
-            eprintln!("warning: keeping {cap} for the programs this process runs: {e}");
-        }
-    }
-}
-
 fn run() -> anyhow::Result<()> {
     // As a kubectl plugin, usage lines read `kubectl tandem …`.
     let plugin = std::env::args()
@@ -233,7 +213,7 @@ fn run() -> anyhow::Result<()> {
     }
     if matches!(cli.command, Command::Gateway(_) | Command::Agent(_)) {
         // Before the runtime starts its threads: capabilities belong to threads.
-        keep_capabilities_across_exec();
+        tandem_node::keep_capabilities_across_exec();
     }
     let global = cli.global;
     let runtime = tokio::runtime::Runtime::new()?;

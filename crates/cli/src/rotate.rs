@@ -150,7 +150,7 @@ async fn keyed_peers(api: &Api<Secret>) -> anyhow::Result<BTreeMap<String, Secre
 /// The private key the gateway's configuration in `secret` runs with, if it has one.
 fn configured_key(secret: &Secret) -> Option<String> {
     let config = secret.data.as_ref()?.get(GATEWAY_CONFIG)?;
-    serde_json::from_slice::<tandem_net::GatewayArgs>(&config.0)
+    serde_json::from_slice::<tandem_netspec::GatewayArgs>(&config.0)
         .ok()
         .map(|a| a.private_key)
 }

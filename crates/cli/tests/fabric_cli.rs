@@ -80,7 +80,7 @@ fn fabric_leftovers(prefix: &str) -> Vec<String> {
     let ours = |line: &str| interfaces.iter().any(|i| line.contains(i.as_str()));
     let tables: Vec<String> = interfaces
         .iter()
-        .map(|i| tandem_net::config::default_nft_table(i))
+        .map(|i| tandem_netspec::default_nft_table(i))
         .collect();
     let mut left = Vec::new();
     for ns in run(&["netns", "list"]).lines() {

@@ -103,15 +103,15 @@ pub struct Context {
     /// What `/metrics` reports; `client` and every provider's client count their requests here.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Clients to providers, kept while their credentials stay the same.
-    pub peer_clients: crate::consumer::link::PeerClients,
+    pub peer_clients: crate::clients::PeerClients,
     /// The IPAM ConfigMap as last seen, and the lock this process's IPAM changes take.
-    pub ipam: crate::provider::network::IpamCache,
+    pub ipam: crate::ipam_cache::IpamCache,
     /// The `tandem-config` ConfigMap as a watch keeps it (see [`Context::settings`]).
     pub settings: SettingsCache,
     /// This cluster's gateway key Secrets and gateway Services as a watch keeps them.
     pub gateways: GatewayCache,
     /// What the virtual kubelets watch together.
-    pub shared: crate::consumer::vk::SharedWatches,
+    pub shared: crate::shared_watches::SharedWatches,
 }
 
 pub type Ctx = Arc<Context>;
@@ -121,13 +121,13 @@ impl Context {
     /// sweep): from the watched ConfigMap, or from the API until the watch has listed it.
     pub async fn settings(
         &self,
-    ) -> Result<crate::install::ClusterSettings, crate::install::InstallError> {
+    ) -> Result<crate::settings::ClusterSettings, crate::settings::InstallError> {
         self.settings.get(&self.client).await
     }
 }
 
 /// The `tandem-config` ConfigMap, kept by [`SettingsCache::watch`]; with whether the watch is
-/// fresh (see [`WatchHealth`](crate::runtime::WatchHealth)).
+/// fresh (see [`WatchHealth`](crate::watches::WatchHealth)).
 #[derive(Clone)]
 pub struct SettingsCache {
     store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
@@ -154,10 +154,10 @@ impl SettingsCache {
     pub async fn get(
         &self,
         client: &Client,
-    ) -> Result<crate::install::ClusterSettings, crate::install::InstallError> {
+    ) -> Result<crate::settings::ClusterSettings, crate::settings::InstallError> {
         match self.watched() {
             Some(settings) => settings,
-            None => crate::install::load_settings(client).await,
+            None => crate::settings::load_settings(client).await,
         }
     }
 
@@ -165,7 +165,7 @@ impl SettingsCache {
     /// keeps failing.
     pub fn watched(
         &self,
-    ) -> Option<Result<crate::install::ClusterSettings, crate::install::InstallError>> {
+    ) -> Option<Result<crate::settings::ClusterSettings, crate::settings::InstallError>> {
         use kube::runtime::reflector::ObjectRef;
         if !self.health.fresh() {
             return None;
@@ -174,19 +174,19 @@ impl SettingsCache {
             &ObjectRef::new(tandem_api::names::CONFIG_MAP)
                 .within(tandem_api::names::SYSTEM_NAMESPACE),
         )?;
-        Some(crate::install::settings_from(&map))
+        Some(crate::settings::settings_from(&map))
     }
 }
 
-/// A watch's health as its readers see it (see [`WatchTracker`](crate::runtime::WatchTracker)).
+/// A watch's health as its readers see it (see [`WatchTracker`](crate::watches::WatchTracker)).
 #[derive(Clone)]
-struct Health(Arc<std::sync::Mutex<crate::runtime::WatchTracker>>);
+struct Health(Arc<std::sync::Mutex<crate::watches::WatchTracker>>);
 
 impl Health {
     fn fresh(&self) -> bool {
         // (A panic elsewhere while holding the lock leaves the tracker itself whole.)
         let tracker = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        tracker.health() == crate::runtime::WatchHealth::Fresh
+        tracker.health() == crate::watches::WatchHealth::Fresh
     }
 }
 
@@ -213,7 +213,7 @@ where
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};
     let (store, writer) = reflector::store();
     let health = Health(Arc::new(std::sync::Mutex::new(
-        crate::runtime::WatchTracker::new(what),
+        crate::watches::WatchTracker::new(what),
     )));
     let tracker = health.0.clone();
     let run = reflector(writer, watcher(api, config))

@@ -10,6 +10,7 @@ use rustls::pki_types::pem::PemObject as _;
 use tandem_core::discovery::{Advertisement, fingerprint};
 
 use crate::identity::ClusterIdentity;
+pub use crate::mdns::{Sighting, txt_strings};
 
 /// The node labels a cluster's region and zone come from.
 pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
@@ -76,13 +77,6 @@ pub async fn advertisement(
         zone: shared_label(&nodes, ZONE_LABEL),
         enroll: None,
     })
-}
-
-/// One cluster found advertising, and for how long the sighting holds (its records' TTL).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sighting {
-    pub advertisement: Advertisement,
-    pub ttl: u32,
 }
 
 /// What browsing a domain found: the clusters, and the instances skipped with why.
@@ -188,13 +182,6 @@ pub async fn browse_domain(
         }
     }
     Ok(found)
-}
-
-/// The strings of a TXT record, as text (bytes that are not UTF-8 replaced).
-pub fn txt_strings(txt: &tandem_dns::hickory_proto::rr::rdata::TXT) -> Vec<String> {
-    txt.iter()
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect()
 }
 
 /// What [`record`] did with a browse's sightings.
@@ -386,7 +373,7 @@ pub async fn record(
 /// The ConfigMap (in `tandem-system`) that turns mDNS on: `tandem advertise --mdns` writes
 /// [`ADVERTISE_KEY`], `tandem discover --mdns` writes [`BROWSE_KEY`]. Absent: no multicast at
 /// all (discovery is opt-in).
-pub const SETTINGS: &str = "tandem-discovery";
+pub use tandem_api::names::DISCOVERY_SETTINGS as SETTINGS;
 /// The advertisement to announce on the LAN: its TXT strings, one per line.
 pub const ADVERTISE_KEY: &str = "mdns-advertise";
 /// `"true"`: browse the LAN and record what answers as DiscoveredClusters.
@@ -441,7 +428,7 @@ pub async fn run(ctx: crate::context::Ctx) {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::watcher;
     let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), tandem_api::names::SYSTEM_NAMESPACE);
-    let stream = crate::runtime::watch_events(
+    let stream = crate::watches::watch_events(
         "discovery settings",
         api,
         watcher::Config::default().fields(&format!("metadata.name={SETTINGS}")),

@@ -1,21 +1,6 @@
 //! Shared handling of errors: how a cause chain reads in a log line or a condition's message.
 
-/// `e` and its causes, outermost first, joined by ": " — the text a condition's message or a
-/// log line shows. A cause whose text the message before it already ends with is said once
-/// (some foreign errors, kube's and hyper's among them, repeat their source).
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
+pub use tandem_core::errors::chain;
 
 /// A request to a cluster that failed: the step (naming the object) and the API's answer.
 #[derive(Debug, thiserror::Error)]

@@ -8,15 +8,19 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use tandem_api::names;
 
-use crate::consumer::kubelet_api;
 use crate::identity::{ClusterIdentity, IdentityError};
+pub use crate::objects::{add_finalizer, apply, remove_finalizer};
 use crate::rbac;
+use crate::settings::step;
+pub use crate::settings::{
+    ClusterSettings, DEFAULT_EXTERNAL_CIDR, DEFAULT_SHARE_PERCENT, InstallError, NetworkExposure,
+    default_image, load_settings, settings_from,
+};
 
 /// Settings of `tandem install`.
 #[derive(Clone, Debug, Default)]
@@ -39,138 +43,10 @@ pub struct InstallOptions {
     pub network_exposure: Option<NetworkExposure>,
 }
 
-/// What a peer may open connections to through the tunnel (filtered at this cluster's
-/// gateway; replies to what this side opened always pass).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NetworkExposure {
-    /// Least exposure: a consumer reaches its offloaded pods, offloaded pods reach the pods of
-    /// the namespaces offloaded to their provider; nothing else.
-    #[default]
-    Peering,
-    /// Every pod of this cluster (its whole pod CIDR), as Liqo does; never the nodes.
-    PodCidr,
-}
-
-impl NetworkExposure {
-    /// The value in the `tandem-config` ConfigMap and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NetworkExposure::Peering => "peering",
-            NetworkExposure::PodCidr => "pod-cidr",
-        }
-    }
-}
-
-impl std::str::FromStr for NetworkExposure {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "peering" => Ok(NetworkExposure::Peering),
-            "pod-cidr" => Ok(NetworkExposure::PodCidr),
-            other => Err(format!(
-                "network exposure {other:?} is neither \"peering\" nor \"pod-cidr\""
-            )),
-        }
-    }
-}
-
-/// Settings the controller reads from the `tandem-config` ConfigMap.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ClusterSettings {
-    pub pod_cidr: String,
-    pub external_cidr: String,
-    pub share_percent: u32,
-    /// Whether peerings get a gateway and the node agent routes to it.
-    pub network_fabric: bool,
-    /// Tandem's image, for the pods the controller creates (gateways).
-    pub image: String,
-    /// What peers may open connections to through the tunnel.
-    pub network_exposure: NetworkExposure,
-}
-
-pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
-
-/// Tandem's image of this build's version.
-pub fn default_image() -> String {
-    format!("ghcr.io/tandem-dev/tandem:{}", env!("CARGO_PKG_VERSION"))
-}
 /// Port of the pod-placement webhook in the controller's pod.
 pub const WEBHOOK_PORT: u16 = 9443;
 /// The controller's RoleBinding to the Role reading the API server's client CAs (kube-system).
 pub const CLIENT_CA_READER_BINDING: &str = "tandem-controller:client-ca-reader";
-pub const DEFAULT_SHARE_PERCENT: u32 = 50;
-
-#[derive(Debug, thiserror::Error)]
-pub enum InstallError {
-    #[error("install step {step:?}")]
-    Step {
-        step: &'static str,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("install step \"CRDs\": CustomResourceDefinition {0} not Established after 30s")]
-    CrdNotEstablished(String),
-    #[error("install step \"settings\": {0}")]
-    Settings(String),
-    #[error("install step \"cluster identity\"")]
-    Identity(#[from] IdentityError),
-}
-
-fn step(step: &'static str) -> impl FnOnce(kube::Error) -> InstallError {
-    move |source| InstallError::Step { step, source }
-}
-
-/// Adds Tandem's finalizer to `obj`; the write carries `obj`'s resourceVersion, so it fails
-/// (and the reconcile runs again) if the object changed meanwhile.
-pub async fn add_finalizer<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let mut finalizers = obj.finalizers().to_vec();
-    finalizers.push(names::FINALIZER.to_string());
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": finalizers,
-            "resourceVersion": obj.resource_version()}})),
-    )
-    .await?;
-    Ok(())
-}
-
-/// Removes Tandem's finalizer from `obj` (other finalizers stay).
-pub async fn remove_finalizer<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let finalizers: Vec<&String> = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != names::FINALIZER)
-        .collect();
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
-    )
-    .await?;
-    Ok(())
-}
-
-/// Server-side applies `obj` with Tandem's field manager.
-pub async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, kube::Error>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(
-        &name,
-        &PatchParams::apply(names::FIELD_MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await
-}
-
 /// The `tandem` StorageClass: claims of it are provisioned in the provider whose virtual node
 /// the scheduler picks for their first pod (`WaitForFirstConsumer`); `allowedTopologies` keeps
 /// the scheduler from picking a local node for such a claim. Not the default class. Set the
@@ -277,9 +153,9 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": CLIENT_CA_READER_BINDING,
-                     "namespace": kubelet_api::CLIENT_CA_NAMESPACE, "labels": labels()},
+                     "namespace": names::CLIENT_CA_NAMESPACE, "labels": labels()},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": kubelet_api::CLIENT_CA_READER_ROLE},
+                    "name": names::CLIENT_CA_READER_ROLE},
         "subjects": sa_subject,
     }));
     out.push(storage_class());
@@ -400,8 +276,7 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
     out
 }
 
-/// The PriorityClass of the controller and the gateways.
-pub const PRIORITY_CLASS: &str = "tandem-critical";
+pub use tandem_api::names::PRIORITY_CLASS;
 
 /// The Service in front of the controllers' `/metrics`.
 pub const METRICS_SERVICE: &str = "tandem-controller-metrics";
@@ -869,51 +744,6 @@ async fn detect_pod_cidr(client: &Client) -> Result<String, InstallError> {
         })?;
     }
     Ok(cover.trunc().to_string())
-}
-
-/// Reads the `tandem-config` ConfigMap.
-pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallError> {
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
-    let map = maps
-        .get(names::CONFIG_MAP)
-        .await
-        .map_err(step("settings"))?;
-    settings_from(&map)
-}
-
-/// The settings the `tandem-config` ConfigMap `map` holds.
-pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
-    let empty = BTreeMap::new();
-    let data = map.data.as_ref().unwrap_or(&empty);
-    let get = |k: &str| {
-        data.get(k).cloned().ok_or_else(|| {
-            InstallError::Settings(format!(
-                "ConfigMap {}/{} lacks {k:?}; re-run `tandem install`",
-                names::SYSTEM_NAMESPACE,
-                names::CONFIG_MAP
-            ))
-        })
-    };
-    Ok(ClusterSettings {
-        pod_cidr: get("podCIDR")?,
-        external_cidr: get("externalCIDR")?,
-        share_percent: get("sharePercent")?
-            .parse()
-            .unwrap_or(DEFAULT_SHARE_PERCENT),
-        // Settings written before these keys existed: no fabric, this build's image.
-        network_fabric: data.get("networkFabric").is_some_and(|v| v == "true"),
-        image: data.get("image").cloned().unwrap_or_else(default_image),
-        network_exposure: match data.get("networkExposure") {
-            None => NetworkExposure::default(),
-            Some(v) => v.parse().map_err(|e: String| {
-                InstallError::Settings(format!(
-                    "ConfigMap {}/{}: {e}",
-                    names::SYSTEM_NAMESPACE,
-                    names::CONFIG_MAP
-                ))
-            })?,
-        },
-    })
 }
 
 #[cfg(test)]

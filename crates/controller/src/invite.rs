@@ -20,29 +20,10 @@ use tandem_core::invite::{PeeringInvite, human_duration};
 use crate::consumer::peering::{AuthFailureReason, UnpeerStep};
 use crate::identity::ClusterIdentity;
 
-/// Key of the consumer's token Secret holding `<id>.<secret>`.
-pub const TOKEN_KEY: &str = "token";
-/// Key of the consumer's token Secret holding the invite's expiry (Unix seconds).
-pub const EXPIRES_KEY: &str = "expires";
-/// Annotation (on a Peering) asking the deletion to skip every step on the provider.
-pub const FORCE_UNPEER_ANNOTATION: &str = "tandem.dev/force-unpeer";
-/// Annotation on an invite's token Secret once a consumer filed its request.
-pub const INVITE_USED_ANNOTATION: &str = "tandem.dev/invite-used-by";
-
-/// Name of the Role and RoleBinding (in tandem-system) that let one invite file its request.
-pub fn invite_role_name(token_id: &str) -> String {
-    format!("tandem:invite-{token_id}")
-}
-
-/// Name of the bootstrap-token Secret of an invite (in kube-system).
-pub fn token_secret_name(token_id: &str) -> String {
-    format!("bootstrap-token-{token_id}")
-}
-
-/// Name of the consumer's Secret holding an invite's token (in `tandem-tenant-<provider>`).
-pub fn consumer_token_secret_name(provider_id: &str) -> String {
-    format!("tandem-invite-{provider_id}")
-}
+pub use crate::credentials::{
+    EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, INVITE_USED_ANNOTATION, TOKEN_KEY,
+    consumer_token_secret_name, invite_role_name, token_secret_name,
+};
 
 /// What went wrong in an admin-side step of peering.
 #[derive(Debug, thiserror::Error)]

@@ -10,8 +10,10 @@
 //!
 //! Every cluster — the local one and each provider — is reached only through `kube::Client`.
 
+pub mod clients;
 pub mod consumer;
 pub mod context;
+pub mod credentials;
 pub mod discovery;
 pub mod enroll;
 pub mod error;
@@ -21,15 +23,22 @@ pub mod identity;
 pub mod input;
 pub mod install;
 pub mod invite;
+pub mod ipam_cache;
 pub mod leader;
 pub mod lean;
 pub mod mcs;
 pub mod mdns;
 pub mod metrics;
+pub mod node_marks;
+pub mod objects;
 pub mod provider;
 pub mod rbac;
+pub mod requests;
 pub mod runtime;
+pub mod settings;
+pub mod shared_watches;
 pub mod uninstall;
+pub mod watches;
 
 pub use context::{Context, Options};
 pub use runtime::Controller;

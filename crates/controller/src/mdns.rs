@@ -25,7 +25,19 @@ use tandem_dns::hickory_proto::rr::rdata::{A, PTR, SRV, TXT};
 use tandem_dns::hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::sync::{mpsc, watch};
 
-use crate::discovery::Sighting;
+/// One cluster found advertising, and for how long the sighting holds (its records' TTL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sighting {
+    pub advertisement: Advertisement,
+    pub ttl: u32,
+}
+
+/// The strings of a TXT record, as text (bytes that are not UTF-8 replaced).
+pub fn txt_strings(txt: &tandem_dns::hickory_proto::rr::rdata::TXT) -> Vec<String> {
+    txt.iter()
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
 
 /// The mDNS group and port.
 pub const GROUP: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 251);
@@ -152,10 +164,7 @@ pub fn heard(m: &Message) -> (Vec<Event>, Vec<String>) {
     let mut txts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &all {
         if let RData::TXT(t) = r.data() {
-            txts.insert(
-                r.name().to_ascii().to_ascii_lowercase(),
-                crate::discovery::txt_strings(t),
-            );
+            txts.insert(r.name().to_ascii().to_ascii_lowercase(), txt_strings(t));
         }
     }
     for r in &all {

@@ -468,7 +468,7 @@ pub fn controller_role() -> ClusterRole {
             PolicyRule {
                 resource_names: Some(vec![
                     PEER_CSR_SIGNER.into(),
-                    crate::consumer::kubelet_api::KUBELET_SERVING_SIGNER.into(),
+                    names::KUBELET_SERVING_SIGNER.into(),
                 ]),
                 ..rule("certificates.k8s.io", &["signers"], &["approve"])
             },
@@ -480,7 +480,7 @@ pub fn controller_role() -> ClusterRole {
             ),
             // Its own placement webhook, by name.
             PolicyRule {
-                resource_names: Some(vec![crate::consumer::webhook::WEBHOOK_CONFIGURATION.into()]),
+                resource_names: Some(vec![names::PLACEMENT_WEBHOOK.into()]),
                 ..rule(
                     "admissionregistration.k8s.io",
                     &["mutatingwebhookconfigurations"],
@@ -491,9 +491,7 @@ pub fn controller_role() -> ClusterRole {
             },
             // The check of what peers write in twin namespaces, served with it.
             PolicyRule {
-                resource_names: Some(vec![
-                    crate::provider::peer_writes::WEBHOOK_CONFIGURATION.into(),
-                ]),
+                resource_names: Some(vec![names::PEER_WRITES_WEBHOOK.into()]),
                 ..rule(
                     "admissionregistration.k8s.io",
                     &["validatingwebhookconfigurations"],
@@ -605,7 +603,7 @@ pub fn controller_namespaced_roles() -> Vec<Role> {
                 // Its discovery settings, watched by name.
                 named(
                     rule("", &["configmaps"], &["list", "watch"]),
-                    crate::discovery::SETTINGS,
+                    names::DISCOVERY_SETTINGS,
                 ),
                 // The leader Lease among its replicas.
                 rule(

@@ -2,6 +2,7 @@
 
 pub mod discovery;
 pub mod enrollment;
+pub mod errors;
 pub mod fence;
 pub mod grant;
 pub mod invite;

@@ -4,31 +4,9 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::time::Instant;
 
-/// What a controller needs to know about the tunnel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TunnelState {
-    /// No probe answered yet since start.
-    Connecting,
-    /// A probe was answered within the timeout.
-    Connected,
-    /// The tunnel answered before but has not within the timeout.
-    Error,
-}
-
-impl TunnelState {
-    /// Lower-case name, as in the status API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TunnelState::Connecting => "connecting",
-            TunnelState::Connected => "connected",
-            TunnelState::Error => "error",
-        }
-    }
-}
+pub use tandem_netspec::status::TunnelState;
 
 /// Probe bookkeeping.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! routes over rtnetlink, and tunnel health. Never depends on kube.
 //!
 //! Entry point: [`run_gateway`] with a [`GatewayConfig`], usually from
-//! [`GatewayArgs::from_file`] (see `gateway.example.toml`); the `tandem-gateway` binary does
+//! `GatewayArgs::from_file` (see `gateway.example.toml`); the `tandem-gateway` binary does
 //! exactly that. Needs CAP_NET_ADMIN, `/dev/net/tun` and the `nft` binary.
 //!
 //! Why boringtun 0.7 (crates.io) and not a fork: its `noise` module is sans-IO and stable,
@@ -22,18 +22,14 @@ pub mod status;
 
 pub use config::{GatewayArgs, GatewayConfig, generate_private_key, public_key};
 pub use gateway::{run_gateway, run_gateway_until};
+pub use tandem_netspec::SpecError;
 
 /// Why the gateway could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     /// A configuration field is invalid.
-    #[error("gateway config: {field}: {reason}")]
-    Config {
-        /// Which field.
-        field: &'static str,
-        /// What is wrong.
-        reason: String,
-    },
+    #[error(transparent)]
+    Config(#[from] SpecError),
     /// Creating or configuring the TUN device failed.
     #[error("TUN device `{interface}`: {source}")]
     Tun {

@@ -1,7 +1,6 @@
 //! Tunnel counters, Prometheus metrics and the small HTTP status API a controller reads.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -15,10 +14,9 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
 use tokio::net::TcpListener;
 
-use crate::health::TunnelState;
+pub use tandem_netspec::status::GatewayStatus;
 
 /// Counters the data path updates and the status API reads.
 #[derive(Debug, Default, Clone)]
@@ -108,26 +106,6 @@ impl Metrics {
         );
         r
     }
-}
-
-/// What `/status` returns.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct GatewayStatus {
-    /// TUN interface.
-    pub interface: String,
-    /// Tunnel state from probes.
-    pub state: TunnelState,
-    /// RTT of the last probe while connected, milliseconds.
-    pub rtt_ms: Option<f64>,
-    /// Seconds since the last handshake.
-    pub last_handshake_seconds_ago: Option<f64>,
-    /// The peer's current UDP endpoint.
-    pub peer_endpoint: Option<SocketAddr>,
-    /// Bytes received through the tunnel.
-    pub rx_bytes: u64,
-    /// Bytes sent through the tunnel.
-    pub tx_bytes: u64,
 }
 
 /// Serves `/status` (JSON) and `/metrics` (Prometheus text) until the task is dropped.

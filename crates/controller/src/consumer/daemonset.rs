@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tandem_api::names;
 use tandem_core::offloading::tolerates_virtual_nodes;
 
-use crate::consumer::virtual_node::MARKS;
+use crate::node_marks::MARKS;
 
 /// Reason in the status of a DaemonSet pod the virtual kubelet will not offload.
 pub const REFUSED_REASON: &str = "DaemonSetNotOptedIn";

@@ -101,7 +101,7 @@ async fn hand_back(link: &ProviderLink, nonce: &str) -> Result<(), kube::Error> 
     });
     let params = PatchParams::apply(names::FIELD_MANAGER).force();
     let patch = Patch::Apply(&lease);
-    crate::runtime::within(
+    crate::requests::within(
         io_timeout(link),
         leases.patch(names::FENCE_LEASE, &params, &patch),
     )

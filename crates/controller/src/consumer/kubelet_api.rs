@@ -67,13 +67,8 @@ use crate::consumer::kubelet_metrics::ResourceMetrics;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 
-/// The signer of kubelet serving certificates.
-pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
-/// Where kube-apiserver publishes the CAs of the client certificates it accepts.
-pub const CLIENT_CA_NAMESPACE: &str = "kube-system";
+pub use tandem_api::names::{CLIENT_CA_NAMESPACE, CLIENT_CA_READER_ROLE, KUBELET_SERVING_SIGNER};
 pub const CLIENT_CA_CONFIGMAP: &str = "extension-apiserver-authentication";
-/// The Role kube-apiserver bootstraps for reading it.
-pub const CLIENT_CA_READER_ROLE: &str = "extension-apiserver-authentication-reader";
 const CLIENT_CA_KEY: &str = "client-ca-file";
 /// Lifetime asked for the serving certificate; renewed at 80% of what the signer gave.
 const CERT_SECONDS: i32 = 24 * 3600;
@@ -632,7 +627,7 @@ async fn twin_namespace(
     offloadings
         .items
         .iter()
-        .find_map(|nso| crate::consumer::vk::twin_of(nso, &link.provider_id))
+        .find_map(|nso| tandem_api::offloading::twin_of(nso, &link.provider_id))
         .ok_or_else(|| {
             text(
                 StatusCode::SERVICE_UNAVAILABLE,

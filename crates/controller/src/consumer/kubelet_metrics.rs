@@ -213,7 +213,7 @@ async fn usages(
         .filter_map(|nso| {
             Some((
                 nso.metadata.namespace.clone()?,
-                crate::consumer::vk::twin_of(nso, &link.provider_id)?,
+                tandem_api::offloading::twin_of(nso, &link.provider_id)?,
             ))
         })
         .collect();

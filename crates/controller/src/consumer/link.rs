@@ -3,23 +3,21 @@
 //! `Peering` objects' status, and the supervisor running the per-provider tasks (virtual node,
 //! virtual kubelet, reflection) while a link exists.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tandem_api::{Peering, conditions, names};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
+pub use crate::clients::{
+    ClientError, PeerClients, client_from_kubeconfig, streaming_client_from_kubeconfig,
+};
 use crate::context::Ctx;
 
 /// Key of the identity Secret holding the kubeconfig for the provider.
@@ -119,7 +117,7 @@ impl Links {
             seen: std::sync::Mutex::new(seen),
         }
     }
-    fn set(&self, links: BTreeMap<String, ProviderLink>) {
+    pub(crate) fn set(&self, links: BTreeMap<String, ProviderLink>) {
         self.0.send_if_modified(|current| {
             let same = current.len() == links.len()
                 && current
@@ -203,74 +201,6 @@ impl LinkWatch {
 
 /// Clients to providers, kept while the credential each was built from stays the same.
 ///
-/// kube's Client speaks HTTP/1.1 and owns its connection pool, so a Client built afresh for
-/// each reconcile opened a new TLS connection each time: a handshake with certificates on both
-/// sides, which with many providers peering at once was most of the CPU of both controllers
-/// and the API servers. A kept Client reuses its idle connections.
-#[derive(Default)]
-pub struct PeerClients(std::sync::Mutex<KeptClients>);
-
-/// By provider and purpose: the kubeconfig each client was built from, and the client.
-type KeptClients = HashMap<(String, &'static str), (String, Client)>;
-
-impl PeerClients {
-    /// The client kept for `provider` and `purpose` if it was built from `kubeconfig`; else
-    /// the one `build` makes, kept from now on.
-    pub async fn get<F, Fut>(
-        &self,
-        provider: &str,
-        purpose: &'static str,
-        kubeconfig: &str,
-        build: F,
-    ) -> Result<Client, ClientError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Client, ClientError>>,
-    {
-        let key = (provider.to_string(), purpose);
-        if let Some((from, client)) = self.lock().get(&key)
-            && from == kubeconfig
-        {
-            return Ok(client.clone());
-        }
-        let client = build().await?;
-        self.lock()
-            .insert(key, (kubeconfig.to_string(), client.clone()));
-        Ok(client)
-    }
-
-    /// Drops every client kept for `provider` (its Peering is gone).
-    pub fn forget(&self, provider: &str) {
-        self.lock().retain(|(p, _), _| p != provider);
-    }
-
-    /// Drops the client kept for `provider` and `purpose` (no longer needed).
-    pub fn forget_one(&self, provider: &str, purpose: &'static str) {
-        self.lock().remove(&(provider.to_string(), purpose));
-    }
-
-    /// Drops the clients of providers not in `live` (Peerings gone without unpeering).
-    pub fn keep_only(&self, live: &std::collections::BTreeSet<String>) {
-        self.lock().retain(|(p, _), _| live.contains(p));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, KeptClients> {
-        // Nothing panics while holding it; a poisoned map is still a valid cache.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Why a client for a provider could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("invalid kubeconfig")]
-    Kubeconfig(#[source] kube::config::KubeconfigError),
-    #[error("building a client")]
-    Build(#[source] kube::Error),
-}
-
 /// Why the peer identity (the kubeconfig Secret the provider's answer became) is not usable.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -419,207 +349,6 @@ fn setting(value: Option<&str>, default: Duration) -> Duration {
     value
         .and_then(|v| humantime::parse_duration(v).ok())
         .unwrap_or(default)
-}
-
-/// A client from a kubeconfig document (its current context).
-pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
-    let mut config = config_from_kubeconfig(yaml).await?;
-    // Fail fast on an unreachable provider instead of hanging reconcilers.
-    config.connect_timeout = Some(Duration::from_secs(3));
-    config.read_timeout = Some(Duration::from_secs(30));
-    Client::try_from(config).map_err(ClientError::Build)
-}
-
-/// A client from a kubeconfig document whose responses may idle as long as they like: a
-/// followed log or an exec session is silent for minutes (its connect timeout stays short).
-///
-/// Its connections set TCP_NODELAY (kube's own connector does not): a port-forward or exec
-/// carries small writes each way, which Nagle's algorithm would hold until the last is
-/// acknowledged — tens of milliseconds per exchange against a delayed ACK.
-pub async fn streaming_client_from_kubeconfig(yaml: &str) -> Result<Client, ClientError> {
-    use kube::client::ConfigExt;
-    let config = config_from_kubeconfig(yaml).await?;
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_secs(3)));
-    let https = config
-        .rustls_https_connector_with_connector(http)
-        .map_err(ClientError::Build)?;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build(https);
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer().map_err(ClientError::Build)?)
-        .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
-        .service(client);
-    Ok(Client::new(service, config.default_namespace))
-}
-
-async fn config_from_kubeconfig(yaml: &str) -> Result<kube::Config, ClientError> {
-    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(ClientError::Kubeconfig)?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(ClientError::Kubeconfig)
-}
-
-/// Keeps `links` equal to the authenticated Peerings, and runs the per-provider tasks of each
-/// link (restarting them when its identity changes, stopping them when it goes).
-pub async fn supervise(ctx: Ctx, links: Links) {
-    let publisher = tokio::spawn(publish(ctx.clone(), links.clone()));
-    let mut rx = links.subscribe();
-    let mut running: BTreeMap<String, (String, JoinSet<()>)> = BTreeMap::new();
-    // The kubelet API of each virtual node outlives restarts of the other tasks: its address
-    // (in the node's status) stays the one the API server dials. It reads the link per request.
-    let mut kubelets: BTreeMap<String, (JoinSet<()>, watch::Receiver<Option<SocketAddr>>)> =
-        BTreeMap::new();
-    loop {
-        let current = rx.borrow_and_update().clone();
-        running.retain(|id, (key, _)| current.get(id).is_some_and(|l| &restart_key(l) == key));
-        kubelets.retain(|id, _| current.contains_key(id));
-        for (id, link) in &current {
-            if running.contains_key(id) {
-                continue;
-            }
-            tracing::info!(provider = %id, "starting virtual node, virtual kubelet, fence and reflection");
-            let (_, kubelet_endpoint) = kubelets.entry(id.clone()).or_insert_with(|| {
-                let (endpoint, published) = watch::channel(None);
-                let mut task = JoinSet::new();
-                task.spawn(crate::consumer::kubelet_api::run(
-                    ctx.clone(),
-                    links.watch(id),
-                    endpoint,
-                ));
-                (task, published)
-            });
-            let mut tasks = JoinSet::new();
-            tasks.spawn(crate::consumer::virtual_node::run(
-                ctx.clone(),
-                links.watch(id),
-                kubelet_endpoint.clone(),
-            ));
-            tasks.spawn(crate::consumer::vk::run(ctx.clone(), links.watch(id)));
-            tasks.spawn(crate::consumer::fence::run(ctx.clone(), links.watch(id)));
-            tasks.spawn(crate::consumer::reflection::run(
-                ctx.clone(),
-                links.watch(id),
-            ));
-            running.insert(id.clone(), (restart_key(link), tasks));
-        }
-        if rx.changed().await.is_err() {
-            break;
-        }
-    }
-    publisher.abort();
-}
-
-/// What the per-provider tasks of a link depend on without re-reading it: the identity (their
-/// clients). The rest (grant, labels, the network once negotiated) they follow on the link.
-fn restart_key(link: &ProviderLink) -> String {
-    link.identity_version.clone()
-}
-
-/// Watches Peerings and publishes the link of each authenticated one.
-///
-/// A link is worked out again only for a Peering that changed since (or at the resync, every
-/// 30 s, when an identity renewed in its Secret is picked up): working one out reads the
-/// identity Secret and builds two clients, and redoing that for every Peering on every event
-/// made peering with many providers at once quadratic (32 at once spent about a second here).
-async fn publish(ctx: Ctx, links: Links) {
-    use futures::FutureExt as _;
-    let api: Api<Peering> = Api::all(ctx.client.clone());
-    let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut peerings: BTreeMap<String, Peering> = BTreeMap::new();
-    let mut relisted: Option<BTreeMap<String, Peering>> = None;
-    // Per Peering: the resourceVersion its link was worked out from, and the link.
-    let mut worked_out: BTreeMap<String, (String, Option<ProviderLink>)> = BTreeMap::new();
-    let mut resync = tokio::time::interval(Duration::from_secs(30));
-    loop {
-        let mut event = tokio::select! {
-            event = stream.next() => Some(event),
-            _ = resync.tick() => {
-                worked_out.clear();
-                None
-            }
-        };
-        // Every event already here, then one look at the result.
-        while let Some(next) = event {
-            match next {
-                Some(Ok(watcher::Event::Apply(p))) => {
-                    peerings.insert(p.name_any(), p);
-                }
-                Some(Ok(watcher::Event::Delete(p))) => {
-                    peerings.remove(&p.name_any());
-                }
-                // A (re)list: what was known stands until it is complete, so that no link
-                // (and no task of it) goes for a Peering not listed again yet.
-                Some(Ok(watcher::Event::Init)) => relisted = Some(BTreeMap::new()),
-                Some(Ok(watcher::Event::InitApply(p))) => {
-                    if let Some(relisted) = relisted.as_mut() {
-                        relisted.insert(p.name_any(), p);
-                    }
-                }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    if let Some(relisted) = relisted.take() {
-                        peerings = relisted;
-                    }
-                }
-                Some(Err(e)) => tracing::warn!(error = %e, "watching Peerings"),
-                None => return,
-            }
-            event = stream.next().now_or_never();
-        }
-        let live: Vec<&Peering> = peerings
-            .values()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        worked_out.retain(|name, _| {
-            peerings
-                .get(name)
-                .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
-        });
-        // Clients of providers with no Peering left (one removed without unpeering). A
-        // Peering being deleted keeps them: its unpeering still reaches the provider.
-        ctx.peer_clients.keep_only(
-            &peerings
-                .values()
-                .map(|p| p.spec.cluster_id.clone())
-                .collect(),
-        );
-        let changed: Vec<&Peering> = live
-            .iter()
-            .copied()
-            .filter(|p| {
-                worked_out.get(&p.name_any()).map(|(v, _)| v.as_str())
-                    != Some(p.resource_version().unwrap_or_default().as_str())
-            })
-            .collect();
-        // Side by side: each waits on the API server for its Secret.
-        let results = futures::future::join_all(changed.iter().map(|p| link_for(&ctx, p))).await;
-        for (peering, result) in changed.iter().zip(results) {
-            let name = peering.name_any();
-            match result {
-                Ok(link) => {
-                    let version = peering.resource_version().unwrap_or_default();
-                    worked_out.insert(name, (version, link));
-                }
-                Err(e) => {
-                    // Not remembered: tried again at the next event or resync.
-                    worked_out.remove(&name);
-                    tracing::warn!(peering = %name, error = %crate::error::chain(&e), "no link");
-                }
-            }
-        }
-        // The clients are the kept ones (`PeerClients`) while the identity is the same.
-        let next: BTreeMap<String, ProviderLink> = worked_out
-            .values()
-            .filter_map(|(_, link)| link.clone())
-            .map(|link| (link.provider_id.clone(), link))
-            .collect();
-        links.set(next);
-    }
 }
 
 #[cfg(test)]

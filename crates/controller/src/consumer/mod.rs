@@ -14,6 +14,7 @@ pub mod peering;
 pub mod reflection;
 pub mod renewal;
 pub mod storage;
+pub mod supervisor;
 pub mod virtual_node;
 pub mod vk;
 pub mod webhook;
@@ -31,5 +32,5 @@ pub fn spawn(ctx: &Ctx, tasks: &mut JoinSet<()>) {
     tasks.spawn(webhook::run(ctx.clone()));
     tasks.spawn(crate::mcs::run(ctx.clone(), links.clone()));
     tasks.spawn(renewal::run(ctx.clone()));
-    tasks.spawn(link::supervise(ctx.clone(), links));
+    tasks.spawn(supervisor::supervise(ctx.clone(), links));
 }

@@ -23,7 +23,7 @@ use tandem_api::{
 };
 use tandem_core::offloading::{self as rules, NamespaceMapping, PodPlacement, SelectorTerm};
 
-use crate::consumer::{Links, ProviderLink};
+use crate::consumer::link::{Links, ProviderLink};
 use crate::context::Ctx;
 use crate::install::apply;
 

@@ -25,8 +25,8 @@ use tandem_api::client;
 use tandem_api::{NamespaceOffloading, names};
 use tandem_core::offloading::{EndpointView, endpoint_address_there};
 
-use crate::consumer::ProviderLink;
 use crate::consumer::link::LinkWatch;
+use crate::consumer::link::ProviderLink;
 use crate::context::Ctx;
 use crate::error::{RequestError, request};
 use crate::lean::PodStatusRef;
@@ -414,7 +414,7 @@ impl NamespaceReflector {
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&event),
         );
-        crate::runtime::send_unread(&self.ctx.client, write)
+        crate::requests::send_unread(&self.ctx.client, write)
             .await
             .map_err(request(format!("writing Event {}/{name}", self.namespace)))
     }

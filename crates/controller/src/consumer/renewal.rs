@@ -128,7 +128,7 @@ async fn renew(
     };
     // A certificate issued before peer certificates carried their key's group is renewed at
     // once: the provider binds this identity's roles to that group.
-    let keyless = crate::enroll::certificate_key(&cert).is_some_and(|c| {
+    let keyless = crate::credentials::certificate_key(&cert).is_some_and(|c| {
         !c.groups
             .iter()
             .any(|g| g.starts_with(names::PEER_KEY_GROUP_PREFIX))

@@ -31,7 +31,7 @@ use tandem_api::{NamespaceOffloading, client, names};
 use tandem_core::shadow::ORIGIN_UID_ANNOTATION;
 use tandem_core::storage::{self as plan, Claim, Placement, Remote, RemoteClaim, Step};
 
-use crate::consumer::{Links, ProviderLink};
+use crate::consumer::link::{Links, ProviderLink};
 use crate::context::Ctx;
 
 /// Finalizer the PV protection of kube-controller-manager puts on claims used by pods.

@@ -11,7 +11,6 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tandem_api::client;
 use tandem_api::{Peering, Tenant, names};
-use tandem_core::offloading::VirtualNodeMarks;
 use tokio::time::Instant;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
@@ -24,13 +23,7 @@ const DEFAULT_PODS: &str = "110";
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
 /// How often the gateway's tunnel report is read between heartbeats.
 const TUNNEL_POLL: Duration = Duration::from_secs(1);
-/// What marks a node as virtual (label and NoExecute taint, as `desired_node` sets them), for
-/// the placement rules that keep pods on or off virtual nodes.
-pub const MARKS: VirtualNodeMarks<'static> = VirtualNodeMarks {
-    type_label: names::NODE_TYPE_LABEL,
-    type_value: names::VIRTUAL_NODE_TYPE,
-    taint_key: names::VIRTUAL_NODE_TAINT,
-};
+pub use crate::node_marks::MARKS;
 
 /// Reason of Ready=False when the provider does not answer.
 pub const REASON_UNREACHABLE: &str = "ProviderUnreachable";
@@ -425,7 +418,7 @@ async fn peering_live(ctx: &Ctx, provider: &str) -> Option<bool> {
     }
 }
 
-/// What the gateway's `/status` says of the tunnel (see `tandem_net::status::GatewayStatus`).
+/// What the gateway's `/status` says of the tunnel (see `tandem_netspec::GatewayStatus`).
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayReport {

@@ -37,13 +37,12 @@ use crate::consumer::daemonset;
 use crate::consumer::offloading::{
     OFFLOADING_ENABLED, OFFLOADING_LABEL, placement, selector_terms,
 };
-use crate::consumer::virtual_node::MARKS;
 use crate::context::Ctx;
 use crate::install::apply;
+use crate::node_marks::MARKS;
 use crate::provider::peer_writes;
 
-/// Name of the MutatingWebhookConfiguration.
-pub const WEBHOOK_CONFIGURATION: &str = "tandem-pod-placement";
+pub use tandem_api::names::PLACEMENT_WEBHOOK as WEBHOOK_CONFIGURATION;
 /// Annotation of the MutatingWebhookConfiguration asking for a new serving certificate: any
 /// new value (`tandem rotate webhook-certificate` writes the time) is one request.
 pub const ROTATE_ANNOTATION: &str = "tandem.dev/rotate-certificate";

@@ -36,17 +36,9 @@ use crate::context::Ctx;
 use crate::install::ClusterSettings;
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 
-use super::{GATEWAY_CONFIG, gateway_secret};
+use super::keys::{GATEWAY_CONFIG, gateway_secret};
 
-/// `app.kubernetes.io/name` of gateway pods.
-pub const GATEWAY_APP: &str = "tandem-gateway";
-/// The node agent's DaemonSet, ServiceAccount, Role and RoleBinding.
-pub const AGENT: &str = "tandem-agent";
-/// ConfigMap (tandem-system) with each peer's prefixes for the node agent (`routes.json`:
-/// peer → prefixes).
-pub const ROUTES_CONFIG_MAP: &str = "tandem-routes";
-/// The key of the routes in [`ROUTES_CONFIG_MAP`].
-pub const ROUTES_KEY: &str = "routes.json";
+pub use tandem_api::names::{AGENT, GATEWAY_APP, ROUTES_CONFIG_MAP, ROUTES_KEY};
 /// The first gateway port.
 pub const PORT_BASE: u16 = 51820;
 const NAME_LABEL: &str = "app.kubernetes.io/name";
@@ -183,10 +175,10 @@ pub fn gateway_args(
     private_key: &str,
     port: u16,
     allowed: Vec<IpNet>,
-) -> Option<tandem_net::GatewayArgs> {
+) -> Option<tandem_netspec::GatewayArgs> {
     let peer_public_key = view.peer_public_key.clone()?;
     let nat = view.nat?;
-    Some(tandem_net::GatewayArgs {
+    Some(tandem_netspec::GatewayArgs {
         interface: interface(&view.peer),
         listen: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
         private_key: private_key.to_string(),
@@ -205,7 +197,7 @@ pub fn gateway_args(
         // A gateway of an earlier version, killed by the upgrade on this gateway's node
         // (hostNetwork), left its table under the old name of this same peer.
         legacy_interfaces: vec![tandem_core::names::legacy_gateway_interface(&view.peer)],
-        legacy_nft_tables: vec![tandem_net::config::default_nft_table(
+        legacy_nft_tables: vec![tandem_netspec::default_nft_table(
             &tandem_core::names::legacy_gateway_interface(&view.peer),
         )],
     })
@@ -270,7 +262,7 @@ pub async fn allowed_destinations(
             };
             // Only namespaces offloaded to this provider: another provider's pods never reach
             // what was offloaded elsewhere.
-            if crate::consumer::vk::twin_of(&offloading, &view.peer).is_none() {
+            if tandem_api::offloading::twin_of(&offloading, &view.peer).is_none() {
                 continue;
             }
             pods.extend(
@@ -301,7 +293,7 @@ pub async fn allowed_destinations(
         // with write access to the namespace could label would otherwise open the fabric.
         .list(&ListParams::default().labels(&format!(
             "kubernetes.io/service-name={name},{}",
-            crate::mcs::SOURCE_SLICES_SELECTOR
+            tandem_api::names::SOURCE_SLICES_SELECTOR
         )))
         .await?;
         exported.extend(
@@ -342,7 +334,7 @@ pub enum FabricError {
         source: kube::Error,
     },
     #[error(transparent)]
-    Key(#[from] super::KeyError),
+    Key(#[from] super::keys::KeyError),
     #[error("reading the cluster's settings")]
     Settings(#[from] crate::install::InstallError),
     #[error("no free gateway port from {PORT_BASE} up")]
@@ -496,7 +488,7 @@ pub async fn reconcile(
 ) -> Result<(), FabricError> {
     let peer = view.peer.as_str();
     let name = gateway_secret(peer);
-    let key = super::gateway_key(ctx, peer).await?;
+    let key = super::keys::gateway_key(ctx, peer).await?;
     let port = port_of(ctx, peer).await?;
     let ns = names::SYSTEM_NAMESPACE;
     let client = &ctx.client;
@@ -550,7 +542,7 @@ pub async fn reconcile(
                 "spec": {
                     "serviceAccountName": name,
                     // Offloaded pods' traffic crosses it: evicted last under node pressure.
-                    "priorityClassName": crate::install::PRIORITY_CLASS,
+                    "priorityClassName": tandem_api::names::PRIORITY_CLASS,
                     "hostNetwork": true,
                     "dnsPolicy": "ClusterFirstWithHostNet",
                     "affinity": not_on_virtual_nodes(),
@@ -682,7 +674,7 @@ pub async fn reconcile_agent(
                 "metadata": {"labels": agent_labels},
                 "spec": {
                     "serviceAccountName": AGENT,
-                    "priorityClassName": crate::install::PRIORITY_CLASS,
+                    "priorityClassName": tandem_api::names::PRIORITY_CLASS,
                     "hostNetwork": true,
                     "dnsPolicy": "ClusterFirstWithHostNet",
                     "affinity": not_on_virtual_nodes(),
@@ -803,7 +795,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), FabricError> {
             .cloned()
             .unwrap_or_default();
         if !views.iter().any(|v| v.peer == peer) {
-            super::forget_peer(&ctx.client, &peer)
+            forget_peer(&ctx.client, &peer)
                 .await
                 .map_err(api_err(format!("removing the gateway to {peer}")))?;
         }
@@ -817,4 +809,23 @@ async fn sweep(ctx: &Ctx) -> Result<(), FabricError> {
         }
     }
     reconcile_agent(ctx, &settings, &views).await
+}
+
+/// Removes this cluster's gateway to `peer` (its objects and its key) unless a peering with
+/// it is left in either direction, and the node agent when no peering at all is left.
+pub async fn forget_peer(client: &kube::Client, peer: &str) -> Result<(), kube::Error> {
+    if super::keys::live_relation(client, Some(peer)).await? {
+        return Ok(());
+    }
+    remove(client, peer).await?;
+    client::delete_if_exists(
+        &Api::<Secret>::namespaced(client.clone(), names::SYSTEM_NAMESPACE),
+        &gateway_secret(peer),
+        &DeleteParams::default(),
+    )
+    .await?;
+    if !super::keys::live_relation(client, None).await? {
+        remove_agent(client).await?;
+    }
+    Ok(())
 }

@@ -19,7 +19,7 @@ use tandem_api::mcs::{CLUSTERSET_DOMAIN, SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABE
 use tandem_dns::Answer;
 use tandem_dns::hickory_proto::rr::RecordType;
 
-use super::{SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
+use tandem_api::names::{MCS_SLICE_MANAGER as SLICE_MANAGER, SLICE_MANAGED_BY_LABEL};
 
 /// TTL of answers: as short as CoreDNS's multicluster plugin's default, so that a moved
 /// import is followed quickly.

@@ -58,18 +58,13 @@ use tandem_core::mcs::{
 };
 use tokio::sync::Notify;
 
-use crate::consumer::{Links, ProviderLink};
+use crate::consumer::link::{Links, ProviderLink};
 use crate::context::Ctx;
 use crate::rbac::CONSUMER_NETWORK_PARAMETERS;
 
-/// `endpointslice.kubernetes.io/managed-by` of the EndpointSlices Tandem writes for imports.
-pub const SLICE_MANAGER: &str = "mcs-controller.tandem.dev";
-const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
-/// The exported endpoints of a Service are those of the slices Kubernetes derives from its
-/// selector, and no others: a slice labelled by hand (or reflected, or imported) would let
-/// anyone with write access to a namespace export, and open the fabric to, any address.
-pub const SOURCE_SLICES_SELECTOR: &str =
-    "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io";
+pub use tandem_api::names::{
+    MCS_SLICE_MANAGER as SLICE_MANAGER, SLICE_MANAGED_BY_LABEL, SOURCE_SLICES_SELECTOR,
+};
 const KUBE_SLICE_MANAGER: &str = "endpointslice-controller.k8s.io";
 /// Recomputes this often even without a change (settings, failed writes).
 const RESYNC: Duration = Duration::from_secs(10);

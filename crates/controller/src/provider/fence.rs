@@ -453,7 +453,7 @@ async fn publish(ctx: &Ctx, ns: &str, lease: &ProviderLease) -> Result<(), kube:
     let api = Api::<Lease>::namespaced(ctx.client.clone(), ns);
     let params = PatchParams::apply(names::FIELD_MANAGER).force();
     let patch = Patch::Apply(&object);
-    crate::runtime::within(
+    crate::requests::within(
         WRITE_TIMEOUT,
         api.patch(names::FENCE_NONCE_LEASE, &params, &patch),
     )

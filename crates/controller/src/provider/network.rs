@@ -16,6 +16,7 @@ use tandem_api::{client, conditions};
 use tandem_core::ipam::{Grant, Ipam, IpamConfig, IpamState};
 
 use crate::context::Ctx;
+pub use crate::ipam_cache::IpamCache;
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 
 /// ConfigMap (in tandem-system) persisting the IPAM's decisions.
@@ -60,15 +61,6 @@ fn ipam_config(settings: &crate::install::ClusterSettings) -> Result<IpamConfig,
         allowed_public: Vec::new(),
     })
 }
-
-/// The IPAM ConfigMap as this process last read or wrote it (`Some(None)`: known absent),
-/// behind the lock every IPAM change of this process takes. Negotiations with many peers at
-/// once queue here instead of conflicting on the one ConfigMap, and one whose peer is already
-/// mapped costs no request. Writes are guarded by the cached resourceVersion, so a change made
-/// elsewhere (the ConfigMap is the controller's alone; the leader is the only writer) is read
-/// again on the conflict it causes.
-#[derive(Default)]
-pub struct IpamCache(tokio::sync::Mutex<Option<Option<ConfigMap>>>);
 
 /// Runs `f` on the persisted IPAM and stores the result (optimistic concurrency, retried).
 async fn with_ipam<T>(
@@ -384,9 +376,9 @@ async fn publish(
 /// reads them from the API instead: a cache that stopped at its last listing would never see
 /// a new consumer's parameters.
 ///
-/// [`WatchHealth`]: crate::runtime::WatchHealth
+/// [`WatchHealth`]: crate::watches::WatchHealth
 pub async fn run(ctx: Ctx) {
-    use crate::runtime::{WatchHealth, WatchTracker};
+    use crate::watches::{WatchHealth, WatchTracker};
     use futures::{FutureExt as _, StreamExt as _};
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};
     // The IPAM read now (and rebuilt, if its ConfigMap is missing), not by the first

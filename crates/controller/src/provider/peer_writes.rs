@@ -32,8 +32,7 @@ use tandem_core::pod_admission::Refusal;
 use crate::context::Ctx;
 use crate::rbac::CONSUMER_NETWORK_PARAMETERS;
 
-/// Name of the ValidatingWebhookConfiguration.
-pub const WEBHOOK_CONFIGURATION: &str = "tandem-peer-writes";
+pub use tandem_api::names::PEER_WRITES_WEBHOOK as WEBHOOK_CONFIGURATION;
 /// Path of the webhook on the controller's webhook server.
 pub const PATH: &str = "/validate-peer-writes";
 /// How long an admitted claim counts against its consumer's grant while not yet listed.

@@ -27,7 +27,8 @@ use tandem_core::shadow::{self, Resources};
 
 use crate::context::Ctx;
 use crate::lean::{LeanPod, LeanShadowPod};
-use crate::runtime::{create_unread, watch_events};
+use crate::requests::create_unread;
+use crate::watches::watch_events;
 
 /// Phase of a ShadowPod whose real pod exists.
 pub const PHASE_CREATED: &str = "Created";
@@ -627,7 +628,7 @@ fn real_pod(sp: &LeanShadowPod, spec: Value, consumer: &str) -> Value {
     pod["spec"] = spec;
     // This cluster may have virtual nodes of its own: a real pod must not be offloaded again.
     // (The pod-locality webhook does this for other namespaces; it skips twin namespaces.)
-    keep_off_virtual_nodes(&mut pod, crate::consumer::virtual_node::MARKS);
+    keep_off_virtual_nodes(&mut pod, crate::node_marks::MARKS);
     pod
 }
 

@@ -65,10 +65,11 @@ fn colliding_ids_get_their_own_gateway_interface_and_table() {
     let configs: Vec<tandem_net::GatewayConfig> = [(a, 51820), (b, 51821)]
         .into_iter()
         .map(|(peer, port)| {
-            gateway_args(&view(peer), &key, port, Vec::new())
-                .expect("a negotiated peer has gateway args")
-                .into_config()
-                .unwrap_or_else(|e| panic!("{peer}: {e}"))
+            tandem_net::GatewayConfig::try_from(
+                gateway_args(&view(peer), &key, port, Vec::new())
+                    .expect("a negotiated peer has gateway args"),
+            )
+            .unwrap_or_else(|e| panic!("{peer}: {e}"))
         })
         .collect();
     assert_ne!(configs[0].interface, configs[1].interface);

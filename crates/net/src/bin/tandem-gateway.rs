@@ -2,7 +2,7 @@
 //! or `tandem-gateway genkey` / `tandem-gateway pubkey <private-key>`.
 
 use anyhow::Context as _;
-use tandem_net::{GatewayArgs, generate_private_key, public_key, run_gateway};
+use tandem_net::{GatewayArgs, GatewayConfig, generate_private_key, public_key, run_gateway};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -23,7 +23,7 @@ async fn main() -> anyhow::Result<()> {
         ["genkey"] => println!("{}", generate_private_key()),
         ["pubkey", key] => println!("{}", public_key(key)?),
         [path] => {
-            let config = GatewayArgs::from_file(path.as_ref())?.into_config()?;
+            let config = GatewayConfig::try_from(GatewayArgs::from_file(path.as_ref())?)?;
             run_gateway(config).await.context("gateway")?;
         }
         _ => anyhow::bail!("usage: tandem-gateway <config.toml> | genkey | pubkey <private-key>"),

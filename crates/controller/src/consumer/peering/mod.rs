@@ -23,7 +23,7 @@ use tandem_api::{
     NetworkParameters, Peering, PeeringRequest, PeeringStatus, RemoteNamespace, Tenant, names,
 };
 
-use crate::consumer::Links;
+use crate::consumer::link::Links;
 use crate::consumer::link::{
     IDENTITY_KUBECONFIG_KEY, IdentityError, client_from_kubeconfig, identity_client,
     identity_secret_name,
@@ -33,7 +33,7 @@ use crate::error::{RequestError, request};
 
 mod plan;
 
-use crate::invite::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
+use crate::credentials::{EXPIRES_KEY, FORCE_UNPEER_ANNOTATION, TOKEN_KEY};
 use crate::rbac::{CONSUMER_NETWORK_PARAMETERS, PROVIDER_NETWORK_PARAMETERS};
 pub use plan::AuthFailureReason;
 use plan::{AuthFailure, Existing, Step, TenantAnswer, Verdict, set};
@@ -333,7 +333,7 @@ async fn try_authenticate(
         .spec
         .invite_secret
         .clone()
-        .unwrap_or_else(|| crate::invite::consumer_token_secret_name(&provider));
+        .unwrap_or_else(|| crate::credentials::consumer_token_secret_name(&provider));
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &tenant_ns);
     let token_secret = secrets
         .get_opt(&secret_name)
@@ -348,7 +348,7 @@ async fn try_authenticate(
     // Set once the request is filed with the enrollment credential (see below).
     let filed = token_secret
         .annotations()
-        .get(crate::enroll::FILED_ANNOTATION)
+        .get(crate::credentials::FILED_ANNOTATION)
         .cloned();
     let data = token_secret.data.unwrap_or_default();
     let get = |k: &str| {
@@ -382,16 +382,21 @@ async fn try_authenticate(
         })?;
     // Filed with the enrollment credential (peering through discovery), the request lives in
     // the enrollment namespace under a name derived from this cluster's key.
-    let enrolling = get(crate::enroll::MODE_KEY).as_deref() == Some(crate::enroll::MODE_ENROLL);
+    let enrolling =
+        get(crate::credentials::MODE_KEY).as_deref() == Some(crate::credentials::MODE_ENROLL);
     let (request_ns, request_name) = if enrolling {
-        let fp =
-            crate::enroll::own_key_fingerprint(&ctx.identity.private_key_pem).map_err(|e| {
+        let fp = crate::credentials::own_key_fingerprint(&ctx.identity.private_key_pem).map_err(
+            |e| {
                 AuthFailure::permanent(
                     AuthFailureReason::Csr,
                     format!("reading this cluster's key: {e}"),
                 )
-            })?;
-        (names::ENROLL_NAMESPACE, crate::enroll::request_name(&fp))
+            },
+        )?;
+        (
+            names::ENROLL_NAMESPACE,
+            crate::credentials::request_name(&fp),
+        )
     } else {
         (names::SYSTEM_NAMESPACE, token_id.to_string())
     };
@@ -481,7 +486,7 @@ async fn try_authenticate(
                              "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
                 "spec": {"clusterID": consumer, "tokenID": token_id, "tokenProof": proof, "csr": csr,
                          "protocolVersion": tandem_core::protocol::VERSION,
-                         "source": get(crate::enroll::SOURCE_KEY).filter(|_| enrolling)},
+                         "source": get(crate::credentials::SOURCE_KEY).filter(|_| enrolling)},
             }))
             .expect("static manifest");
             let filed = match requests.create(&PostParams::default(), &req).await {
@@ -600,7 +605,7 @@ async fn record_filed(
             secret_name,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"annotations": {
-                crate::enroll::FILED_ANNOTATION: request.uid().unwrap_or_default()}}})),
+                crate::credentials::FILED_ANNOTATION: request.uid().unwrap_or_default()}}})),
         )
         .await
         .map(|_| ())
@@ -648,7 +653,7 @@ async fn give_up_enrollment(ctx: &Ctx, peering: &Peering, reason: &str, message:
 /// A PKCS#10 request for the peer user in the group of this cluster's key, signed with it.
 pub(crate) fn make_csr(ctx: &Ctx) -> Result<String, rcgen::Error> {
     let key = rcgen::KeyPair::from_pem(&ctx.identity.private_key_pem)?;
-    let fingerprint = crate::enroll::own_key_fingerprint(&ctx.identity.private_key_pem)?;
+    let fingerprint = crate::credentials::own_key_fingerprint(&ctx.identity.private_key_pem)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(
@@ -1096,7 +1101,7 @@ async fn unpeer(ctx: &Ctx, peering: &Peering) -> Result<(), UnpeerError> {
         let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &tenant_ns);
         let mut names: Vec<String> = vec![
             identity_secret_name(&provider),
-            crate::invite::consumer_token_secret_name(&provider),
+            crate::credentials::consumer_token_secret_name(&provider),
         ];
         names.extend(status.identity_secret.clone());
         names.extend(peering.spec.invite_secret.clone());

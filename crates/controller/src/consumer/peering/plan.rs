@@ -292,8 +292,8 @@ pub(super) fn existing_request(
         // Only when not recorded: it verifies the CSR's signature and the proof, and the
         // recorded request is read on every poll for the provider's answer.
         let as_filed = || {
-            crate::enroll::csr_key_fingerprint(&spec.csr)
-                .is_some_and(|fp| crate::enroll::request_name(&fp) == own.name)
+            crate::credentials::csr_key_fingerprint(&spec.csr)
+                .is_some_and(|fp| crate::credentials::request_name(&fp) == own.name)
                 && spec.cluster_id == consumer
                 && spec.token_id == own.token_id
                 && tandem_core::invite::verify_token_proof(
@@ -718,8 +718,8 @@ mod tests {
                 .distinguished_name
                 .push(rcgen::DnType::CommonName, names::peer_user(cluster));
             let csr = params.serialize_request(&key).unwrap().pem().unwrap();
-            let name = crate::enroll::request_name(
-                &crate::enroll::csr_key_fingerprint(&csr).expect("a P-256 CSR"),
+            let name = crate::credentials::request_name(
+                &crate::credentials::csr_key_fingerprint(&csr).expect("a P-256 CSR"),
             );
             let proof = tandem_core::invite::token_proof(SECRET, cluster, TOKEN_ID, &csr);
             let request: PeeringRequest = serde_json::from_value(serde_json::json!({
@@ -772,7 +772,7 @@ mod tests {
             Existing::Decoy
         );
         assert_eq!(
-            changed(&|r| r.spec.csr = crate::enroll::with_broken_signature(&r.spec.csr)),
+            changed(&|r| r.spec.csr = crate::credentials::with_broken_signature(&r.spec.csr)),
             Existing::Decoy
         );
         assert_eq!(

@@ -1,0 +1,134 @@
+//! The cluster's settings (the `tandem-config` ConfigMap `tandem install` writes), as every
+//! reconciler reads them, and the error of reading them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::Api;
+use tandem_api::names;
+
+use crate::identity::IdentityError;
+
+/// What a peer may open connections to through the tunnel (filtered at this cluster's
+/// gateway; replies to what this side opened always pass).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetworkExposure {
+    /// Least exposure: a consumer reaches its offloaded pods, offloaded pods reach the pods of
+    /// the namespaces offloaded to their provider; nothing else.
+    #[default]
+    Peering,
+    /// Every pod of this cluster (its whole pod CIDR), as Liqo does; never the nodes.
+    PodCidr,
+}
+
+impl NetworkExposure {
+    /// The value in the `tandem-config` ConfigMap and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkExposure::Peering => "peering",
+            NetworkExposure::PodCidr => "pod-cidr",
+        }
+    }
+}
+
+impl std::str::FromStr for NetworkExposure {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "peering" => Ok(NetworkExposure::Peering),
+            "pod-cidr" => Ok(NetworkExposure::PodCidr),
+            other => Err(format!(
+                "network exposure {other:?} is neither \"peering\" nor \"pod-cidr\""
+            )),
+        }
+    }
+}
+
+/// Settings the controller reads from the `tandem-config` ConfigMap.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSettings {
+    pub pod_cidr: String,
+    pub external_cidr: String,
+    pub share_percent: u32,
+    /// Whether peerings get a gateway and the node agent routes to it.
+    pub network_fabric: bool,
+    /// Tandem's image, for the pods the controller creates (gateways).
+    pub image: String,
+    /// What peers may open connections to through the tunnel.
+    pub network_exposure: NetworkExposure,
+}
+
+pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
+
+/// Tandem's image of this build's version.
+pub fn default_image() -> String {
+    format!("ghcr.io/tandem-dev/tandem:{}", env!("CARGO_PKG_VERSION"))
+}
+/// The share of its capacity a provider lends when the settings name none.
+pub const DEFAULT_SHARE_PERCENT: u32 = 50;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("install step {step:?}")]
+    Step {
+        step: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("install step \"CRDs\": CustomResourceDefinition {0} not Established after 30s")]
+    CrdNotEstablished(String),
+    #[error("install step \"settings\": {0}")]
+    Settings(String),
+    #[error("install step \"cluster identity\"")]
+    Identity(#[from] IdentityError),
+}
+
+pub(crate) fn step(step: &'static str) -> impl FnOnce(kube::Error) -> InstallError {
+    move |source| InstallError::Step { step, source }
+}
+
+/// Reads the `tandem-config` ConfigMap.
+pub async fn load_settings(client: &Client) -> Result<ClusterSettings, InstallError> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let map = maps
+        .get(names::CONFIG_MAP)
+        .await
+        .map_err(step("settings"))?;
+    settings_from(&map)
+}
+
+/// The settings the `tandem-config` ConfigMap `map` holds.
+pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
+    let empty = BTreeMap::new();
+    let data = map.data.as_ref().unwrap_or(&empty);
+    let get = |k: &str| {
+        data.get(k).cloned().ok_or_else(|| {
+            InstallError::Settings(format!(
+                "ConfigMap {}/{} lacks {k:?}; re-run `tandem install`",
+                names::SYSTEM_NAMESPACE,
+                names::CONFIG_MAP
+            ))
+        })
+    };
+    Ok(ClusterSettings {
+        pod_cidr: get("podCIDR")?,
+        external_cidr: get("externalCIDR")?,
+        share_percent: get("sharePercent")?
+            .parse()
+            .unwrap_or(DEFAULT_SHARE_PERCENT),
+        // Settings written before these keys existed: no fabric, this build's image.
+        network_fabric: data.get("networkFabric").is_some_and(|v| v == "true"),
+        image: data.get("image").cloned().unwrap_or_else(default_image),
+        network_exposure: match data.get("networkExposure") {
+            None => NetworkExposure::default(),
+            Some(v) => v.parse().map_err(|e: String| {
+                InstallError::Settings(format!(
+                    "ConfigMap {}/{}: {e}",
+                    names::SYSTEM_NAMESPACE,
+                    names::CONFIG_MAP
+                ))
+            })?,
+        },
+    })
+}
