@@ -1,14 +1,14 @@
 //! One lab cluster: the API server, its hollow nodes and its controllers, in this process.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
 use tandem_apiserver::{ApiServer, Config};
 use tokio::task::JoinHandle;
 
 use crate::kubelet::HollowNode;
+pub use crate::power::NodePower;
 
 /// How to build a lab cluster.
 #[derive(Clone, Debug)]
@@ -62,27 +62,6 @@ impl Default for LabConfig {
             network: false,
             tandem_binary: None,
         }
-    }
-}
-
-/// Which hollow nodes are switched off (their kubelet stops heartbeating and updating pods).
-#[derive(Clone, Default, Debug)]
-pub struct NodePower(Arc<RwLock<HashSet<String>>>);
-
-impl NodePower {
-    /// Whether `node` is running.
-    pub fn is_on(&self, node: &str) -> bool {
-        !self.0.read().contains(node)
-    }
-
-    /// Stops `node`'s kubelet from doing anything, as if the machine lost power.
-    pub fn power_off(&self, node: &str) {
-        self.0.write().insert(node.to_string());
-    }
-
-    /// Lets `node`'s kubelet resume.
-    pub fn power_on(&self, node: &str) {
-        self.0.write().remove(node);
     }
 }
 

@@ -34,7 +34,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::cluster::NodePower;
+use crate::power::NodePower;
 
 /// Pod annotation that chooses what a hollow container does (see the module documentation).
 pub const BEHAVIOR_ANNOTATION: &str = "lab.tandem.dev/behavior";

@@ -11,6 +11,7 @@ pub mod kubelet;
 pub mod lab;
 pub mod network;
 pub mod nodelifecycle;
+pub mod power;
 pub mod runs;
 pub mod scheduler;
 pub mod testing;

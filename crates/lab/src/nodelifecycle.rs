@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::kubelet::NODE_LEASE_NAMESPACE;
-use crate::scheduler::tolerates;
+use crate::scheduler::matching::tolerates;
 
 /// Taint key of nodes whose kubelet stopped renewing its Lease.
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";

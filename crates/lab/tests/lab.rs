@@ -18,3 +18,6 @@ mod statefulsets;
 
 #[path = "lab/volumes.rs"]
 mod volumes;
+
+#[path = "lab/module_graph.rs"]
+mod module_graph;

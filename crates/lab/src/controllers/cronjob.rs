@@ -22,10 +22,13 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tandem_api::client::{is_conflict, is_not_found};
 
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
 use super::job::plan::Note;
 use super::job::{finished_type, is_finished};
-use super::{Context, Error, StepExt, controller_of, drain, is_not_found, key, retry_after_error};
+use super::owners::controller_of;
 
 /// Annotation on a CronJob's Job: its scheduled time (RFC 3339, in the CronJob's time zone).
 pub const SCHEDULED_TIMESTAMP: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
@@ -566,7 +569,7 @@ async fn reconcile(cj: Arc<CronJob>, cx: Arc<CronContext>) -> Result<Action, Err
                     .await;
                 Some(made)
             }
-            Err(e) if super::is_conflict(&e) => {
+            Err(e) if is_conflict(&e) => {
                 // Created by an earlier sync that did not get to record it: record it now.
                 let existing = job_api.get(&name).await.step(&object, "reading job")?;
                 let ours = controller_of(&existing.metadata)

@@ -17,7 +17,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tandem_apiserver::pki::{CertPair, RequestedAltName, RequestedIdentity, requested_identity};
 
-use super::{Error, StepExt, drain, key, retry_after_error};
+use super::error::{Error, StepExt, drain, key, retry_after_error};
 
 /// The signer of client certificates for the API server.
 pub const KUBE_APISERVER_CLIENT: &str = "kubernetes.io/kube-apiserver-client";

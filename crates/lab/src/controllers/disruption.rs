@@ -23,11 +23,13 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use tandem_api::client::{is_conflict, is_not_found};
 
-use super::deployment::resolve;
-use super::{
-    Context, Error, StepExt, controller_of, drain, is_conflict, is_ready, key, retry_after_error,
-};
+use super::availability::is_ready;
+use super::context::Context;
+use super::deployment::plan::resolve;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
+use super::owners::controller_of;
 
 /// How long a pod the Eviction API admitted stays counted as disrupted while it has no
 /// deletionTimestamp yet (kube's DeletionTimeout).
@@ -484,7 +486,7 @@ async fn scale_of(
                     scale.metadata.uid,
                     scale.spec.and_then(|s| s.replicas),
                 )),
-                Err(e) if super::is_not_found(&e) => Ok(None),
+                Err(e) if is_not_found(&e) => Ok(None),
                 Err(e) => Err(e).step(object, format!("reading the scale of {}", owner.name)),
             }
         }

@@ -16,8 +16,10 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use tandem_api::client::{is_conflict, is_not_found};
 
-use super::{Error, StepExt, drain, is_conflict, is_not_found, is_ready, key, retry_after_error};
+use super::availability::is_ready;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
 
 /// Label naming the Service an EndpointSlice belongs to.
 pub const SERVICE_NAME: &str = "kubernetes.io/service-name";

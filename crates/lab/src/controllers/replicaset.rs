@@ -15,12 +15,12 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tandem_api::client::is_not_found;
 
-use super::{
-    Availability, Context, Error, StepExt, availability, controller_of, drain, is_active,
-    is_not_found, is_ready, key, pod_controllers, pod_from_template, ready_since,
-    retry_after_error, selects,
-};
+use super::availability::{Availability, availability, is_active, is_ready, ready_since};
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
+use super::owners::{controller_of, pod_controllers, pod_from_template, selects};
 
 /// At most this many pods are created or deleted in one reconcile (kube's burstReplicas).
 const BURST: usize = 500;
@@ -314,7 +314,7 @@ fn conditions_key(status: &ReplicaSetStatus) -> Vec<(String, String, Option<Stri
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};

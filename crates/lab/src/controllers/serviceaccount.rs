@@ -9,8 +9,9 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use tandem_api::client::{is_conflict, is_not_found};
 
-use super::{Error, StepExt, drain, is_conflict, is_not_found, retry_after_error};
+use super::error::{Error, StepExt, drain, retry_after_error};
 
 /// Name of the ServiceAccount every namespace gets.
 pub const DEFAULT_SA: &str = "default";

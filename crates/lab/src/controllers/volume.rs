@@ -26,9 +26,11 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tandem_apimachinery::quantity::Quantity;
 
-use crate::scheduler::volume_matches;
+use crate::scheduler::volumes::volume_matches;
+use tandem_api::client::{is_conflict, is_not_found};
 
-use super::{Context, Error, StepExt, drain, is_conflict, is_not_found, key, retry_after_error};
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
 
 /// The provisioner name of the lab's hollow volumes.
 pub const LAB_PROVISIONER: &str = "lab.tandem.dev/hollow";

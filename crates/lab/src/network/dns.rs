@@ -34,7 +34,7 @@ pub struct Zone {
 impl Zone {
     /// The zone of the Services and EndpointSlices `view` watches; forwarded queries leave
     /// from namespace `netns`.
-    pub fn new(view: super::ServiceView, netns: Option<String>) -> Zone {
+    pub fn new(view: super::service_view::ServiceView, netns: Option<String>) -> Zone {
         Zone {
             services: view.services,
             slices: view.slices,

@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
-use super::ClusterNetwork;
+use super::cluster_network::ClusterNetwork;
 use super::programs::Log;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;

@@ -393,7 +393,7 @@ async fn splice(socket: TcpStream, mut from_client: StreamReader, to_client: &mu
 mod tests {
     use super::*;
     use crate::network::spdy::Frame;
-    use crate::network::spdy::tests::TestClient;
+    use crate::network::spdy::test_client::TestClient;
 
     fn headers(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()

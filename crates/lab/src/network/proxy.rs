@@ -242,7 +242,7 @@ pub struct ProxyTarget {
 
 /// Runs the proxy for `targets` until the watches end: on any Service or EndpointSlice
 /// change (let settle for 100 ms), renders each target's table and applies it where changed.
-pub async fn run(view: super::ServiceView, targets: Vec<ProxyTarget>) {
+pub async fn run(view: super::service_view::ServiceView, targets: Vec<ProxyTarget>) {
     let mut changes = view.changes.clone();
     let mut applied: BTreeMap<String, String> = BTreeMap::new();
     loop {

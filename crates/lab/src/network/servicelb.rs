@@ -109,7 +109,7 @@ pub fn plan(services: &[Arc<Service>], wan: Ipv4Addr) -> Vec<Assignment> {
 }
 
 /// Keeps the ingress of LoadBalancer Services in line with [`plan`] until the watches end.
-pub async fn run(view: super::ServiceView, client: kube::Client, wan: Ipv4Addr) {
+pub async fn run(view: super::service_view::ServiceView, client: kube::Client, wan: Ipv4Addr) {
     let mut changes = view.changes.clone();
     // Pending Services already reported, so that each reason is logged once.
     let mut reported = BTreeSet::new();

@@ -19,6 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use serde_json::json;
+use tandem_api::client::{is_conflict, is_not_found};
 use tokio::time::Instant;
 
 pub mod plan;
@@ -30,10 +31,9 @@ pub use plan::{
     status_of, target_node,
 };
 
-use super::{
-    Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key, pod_controllers,
-    pod_from_template, retry_after_error, selects,
-};
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
+use super::owners::{controller_of, pod_controllers, pod_from_template, selects};
 
 /// At most this many pods are created or deleted in one pass (kube's BurstReplicas).
 const BURST: usize = 250;

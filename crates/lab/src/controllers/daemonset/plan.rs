@@ -12,9 +12,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::controllers::deployment::resolve;
-use crate::controllers::{Availability, availability, is_ready};
-use crate::scheduler::{selects_node, tolerates};
+use crate::controllers::availability::{Availability, availability, is_ready};
+use crate::controllers::deployment::plan::resolve;
+use crate::scheduler::matching::{selects_node, tolerates};
 
 /// Label naming the ControllerRevision a daemon pod was made from.
 pub const HASH_LABEL: &str = "controller-revision-hash";

@@ -9,7 +9,7 @@ use kube::Resource;
 use serde_json::{Value, json};
 
 use super::plan::HASH_LABEL;
-use crate::controllers::deployment::template_hash;
+use crate::controllers::deployment::plan::template_hash;
 
 /// kube's getPatch: `{"spec":{"template":{...,"$patch":"replace"}}}`.
 pub fn patch_of(ds: &DaemonSet) -> Value {

@@ -12,24 +12,22 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tandem_api::client::{is_conflict, is_not_found};
 
 pub mod plan;
 pub mod status;
 
 pub use plan::{
-    RsState, ScalingRs, Step, fenceposts, new_rs_size, old_rs_sizes, proportional_sizes,
-    recreate_step, resolve, rolling_step, runs_template, template_hash,
+    HASH_LABEL, RsState, ScalingRs, Step, fenceposts, new_rs_size, old_rs_sizes,
+    proportional_sizes, recreate_step, resolve, rolling_step, runs_template, template_hash,
 };
 pub use status::{Rollout, counters, progressing_condition};
 use status::{condition, write_status};
 
-use super::{
-    Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key,
-    retry_after_error, selects,
-};
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
+use super::owners::{controller_of, selects};
 
-/// Label (and RS name suffix) naming the pod template a ReplicaSet runs.
-pub const HASH_LABEL: &str = "pod-template-hash";
 /// Annotation carrying the rollout revision on Deployments and ReplicaSets.
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
 const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";

@@ -6,7 +6,8 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::HASH_LABEL;
+/// Label (and RS name suffix) naming the pod template a ReplicaSet runs.
+pub const HASH_LABEL: &str = "pod-template-hash";
 
 /// One ReplicaSet of a Deployment, as the planner sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use crate::controllers::{Error, StepExt, key};
+use crate::controllers::error::{Error, StepExt, key};
 
 pub(super) fn condition(
     type_: &str,

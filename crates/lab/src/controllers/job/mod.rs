@@ -19,6 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tandem_api::client::{is_conflict, is_not_found};
 
 pub mod plan;
 
@@ -27,9 +28,10 @@ pub use plan::{
     is_finished,
 };
 
-use super::{
-    Context, Error, StepExt, controller_of, drain, is_not_found, key, retry_after_error, selects,
-};
+use super::availability::is_active;
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
+use super::owners::{controller_of, selects};
 
 /// Runs the Job controller, the orphan-finalizer cleanup and the ttl-after-finished
 /// controller until one of them stops.
@@ -235,7 +237,7 @@ async fn adopt_orphans(
         .step(object, "listing pods for adoption")?;
     for pod in pods.items {
         if controller_of(&pod.metadata).is_some()
-            || !super::is_active(&pod)
+            || !is_active(&pod)
             || !selects(selector, pod.metadata.labels.as_ref())
         {
             continue;
@@ -257,7 +259,7 @@ async fn adopt_orphans(
             .await
         {
             Ok(_) => {}
-            Err(e) if is_not_found(&e) || super::is_conflict(&e) => {}
+            Err(e) if is_not_found(&e) || is_conflict(&e) => {}
             Err(e) => return Err(e).step(object, format!("adopting pod {name}")),
         }
     }
@@ -421,7 +423,7 @@ async fn untrack_one(api: &Api<Pod>, name: &str) -> Result<bool, kube::Error> {
             Ok(_) => return Ok(true),
             Err(e) if is_not_found(&e) => return Ok(true),
             // The finalizer list moved under us: read it again.
-            Err(e) if super::is_conflict(&e) || is_invalid(&e) => continue,
+            Err(e) if is_conflict(&e) || is_invalid(&e) => continue,
             Err(e) => return Err(e),
         }
     }
@@ -619,7 +621,7 @@ async fn reconcile_ttl(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Error
         .await
     {
         Ok(_) => Ok(Action::await_change()),
-        Err(e) if is_not_found(&e) || super::is_conflict(&e) => Ok(Action::await_change()),
+        Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(Action::await_change()),
         Err(e) => Err(e).step(
             &object,
             "deleting the job after its ttlSecondsAfterFinished",

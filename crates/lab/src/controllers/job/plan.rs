@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::controllers::availability::{is_active, is_ready};
 use crate::controllers::replicaset::deletion_rank;
-use crate::controllers::{is_active, is_ready};
 
 /// Finalizer the controller puts on every pod it creates, removed once the pod is counted.
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";

@@ -14,16 +14,16 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
+use tandem_api::client::{is_conflict, is_not_found};
 
 pub mod plan;
 
 pub use plan::{Observed, Plan, Revision, Step, claim_name, claims_of, new_pod, ordinal_of};
 
+use super::context::Context;
+use super::error::{Error, StepExt, drain, key, retry_after_error};
 use super::history;
-use super::{
-    Context, Error, StepExt, controller_of, drain, is_conflict, is_not_found, key,
-    retry_after_error,
-};
+use super::owners::controller_of;
 
 /// Runs the StatefulSet controller until its watches end.
 pub async fn run(client: Client) {

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::controllers::availability::{Availability, availability, is_ready};
 use crate::controllers::history::POD_REVISION_LABEL;
-use crate::controllers::{Availability, availability, is_ready};
 
 /// Label holding a StatefulSet pod's own name.
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
