@@ -10,6 +10,7 @@ mod kubelet_api;
 mod leader;
 mod mcs;
 mod mdns;
+mod module_graph;
 mod offload_pods;
 mod offloading;
 mod partition;

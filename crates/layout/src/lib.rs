@@ -77,9 +77,19 @@ pub fn code_of(source: &str) -> String {
     while i < lines.len() {
         let trimmed = lines[i].trim();
         let test_module = trimmed == "#[cfg(test)]"
-            && lines
-                .get(i + 1)
-                .is_some_and(|next| next.trim_start().starts_with("mod "));
+            && lines.get(i + 1).is_some_and(|next| {
+                let next = next.trim_start();
+                // `mod`, `pub mod`, `pub(crate) mod`, `pub(super) mod`.
+                let after_vis = next
+                    .strip_prefix("pub")
+                    .map(|rest| {
+                        rest.strip_prefix('(')
+                            .and_then(|r| r.split_once(')'))
+                            .map_or(rest, |(_, r)| r)
+                    })
+                    .unwrap_or(next);
+                after_vis.trim_start().starts_with("mod ")
+            });
         if test_module {
             // Skip to the line that closes the module's brace (or its `mod x;`).
             let mut depth = 0i64;
@@ -431,6 +441,7 @@ mod tests {
                 "//! Mentions crate::c in a comment.\npub mod x;\npub mod y;\n\
                  use crate::{b::{self, Item}, c::CONST};\nfn g() { x::go(); tokio::select! { _ = super::c::h() => {} } }\n\
                  #[cfg(test)]\nmod tests {\n    use crate::c;\n    fn t() { if true { } }\n}\n\
+                 #[cfg(test)]\npub(crate) mod helpers {\n    use crate::c;\n}\n\
                  fn after() { y::go(); }\n",
             ),
             ("a/x.rs", "use super::super::b;\nuse self::inner::Z;\n"),
@@ -479,5 +490,53 @@ mod tests {
         assert!(graph.long_files(30).is_empty());
         assert_eq!(graph.long_files(29).len(), 1);
         assert_eq!(graph.long_files(29)[0].1, 30);
+    }
+
+    #[test]
+    fn cycles_are_named_shortest_first_and_a_dag_has_none() {
+        let graph = |edges: &[(&str, &str)]| {
+            let mut g = ModuleGraph::default();
+            for (from, to) in edges {
+                g.edges
+                    .entry(from.to_string())
+                    .or_default()
+                    .insert(to.to_string());
+                g.edges.entry(to.to_string()).or_default();
+            }
+            g
+        };
+        let dag = graph(&[
+            ("server", "state"),
+            ("handlers", "state"),
+            ("server", "handlers"),
+        ]);
+        assert!(dag.knots().is_empty());
+        assert!(dag.mutual_pairs().is_empty());
+
+        let tangled = graph(&[
+            ("handlers", "scale"),
+            ("scale", "handlers"),
+            ("server", "state"),
+            ("state", "crd"),
+            ("crd", "server"),
+        ]);
+        let found = tangled.knots();
+        let named: Vec<String> = found.iter().map(|k| k.cycle.join(" -> ")).collect();
+        assert_eq!(
+            named,
+            [
+                "crd -> server -> state -> crd",
+                "handlers -> scale -> handlers"
+            ]
+        );
+        let members: Vec<Vec<&str>> = found
+            .iter()
+            .map(|k| k.modules.iter().map(String::as_str).collect())
+            .collect();
+        assert_eq!(
+            members,
+            [vec!["crd", "server", "state"], vec!["handlers", "scale"]]
+        );
+        assert_eq!(tangled.mutual_pairs(), ["handlers <-> scale"]);
     }
 }

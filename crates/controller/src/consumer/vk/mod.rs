@@ -19,35 +19,34 @@
 //! Memory: per pod only a small record (UIDs, flags, a hash of the last status written); full
 //! pod specs and statuses are held only until the write they feed is done.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tandem_api::client;
-use tandem_api::{NamespaceOffloading, ShadowPod, ShadowPodSpec, names};
-use tandem_core::shadow::{self, IpRemap, VirtualNodeKeys};
+use tandem_api::{ShadowPod, ShadowPodSpec, names};
+use tandem_core::shadow::{self, IpRemap};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::consumer::daemonset;
+mod pods;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 use crate::lean::{LeanPod, PodStatusRef, ShadowPodRef};
 use crate::requests::{create_unread, send_unread};
 pub use crate::shared_watches::{SharedMap, SharedWatches};
 use crate::watches::watch_events;
+pub use pods::KEYS;
+use pods::*;
 pub(crate) use tandem_api::offloading::twin_of;
 
 /// Writes in flight at once.
@@ -58,166 +57,6 @@ const BATCH: usize = 4000;
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Full re-decision of every pod (catches failed writes).
 const RESYNC: Duration = Duration::from_secs(2);
-
-/// What only makes sense in the consumer and is stripped from shadow pods.
-pub const KEYS: VirtualNodeKeys<'static> = VirtualNodeKeys {
-    label_keys: &[
-        names::NODE_TYPE_LABEL,
-        names::REMOTE_CLUSTER_LABEL,
-        "kubernetes.io/hostname",
-        // A pod on the virtual node can only name that node by `matchFields metadata.name`
-        // (DaemonSet pods are pinned so): no provider node has that name.
-        "metadata.name",
-    ],
-    taint_keys: &[names::VIRTUAL_NODE_TAINT],
-};
-
-/// (namespace, name) of a consumer pod.
-type Key = (String, String);
-
-/// A consumer pod bound to the virtual node.
-#[derive(Default)]
-struct LocalPod {
-    uid: String,
-    deleting: bool,
-    /// The pod ran on the provider once (status.startTime is set).
-    started: bool,
-    /// The translated ShadowPod spec, kept only until the shadow pod shows up.
-    shadow_spec: Option<Arc<Value>>,
-    /// Hash of the status last written.
-    written: u64,
-    /// Marked not Ready for an unreachable provider.
-    unready: bool,
-    /// Why the pod must not be offloaded (a DaemonSet pod without the opt-in), if so.
-    refused: Option<Arc<str>>,
-    /// When the last create or delete was sent (awaiting its watch event).
-    requested: Option<Instant>,
-}
-
-/// A shadow pod on the provider.
-#[derive(Clone, Debug)]
-struct RemoteShadow {
-    uid: String,
-    origin_uid: String,
-    deleting: bool,
-    rejected: Option<String>,
-    /// The provider fenced it (its real pod is stopped and will not be restarted): since when,
-    /// as this task first saw it.
-    fenced: Option<Instant>,
-}
-
-/// A real pod on the provider.
-#[derive(Clone, Debug)]
-struct RemotePod {
-    origin_uid: String,
-    hash: u64,
-    /// The status tells the consumer something (see `shadow::status_is_news`); a real pod that
-    /// is only created or scheduled gets no write.
-    news: bool,
-    /// The consumer-view status to write, until written.
-    status: Option<Arc<Value>>,
-    /// When this status arrived (the reflection lag is counted from here).
-    seen: Instant,
-}
-
-enum Msg {
-    LocalApply(Box<LeanPod>),
-    LocalDelete(Key),
-    LocalRelisted(Vec<LeanPod>),
-    Offloading(Box<NamespaceOffloading>),
-    OffloadingGone(String),
-    NodeReady(bool),
-    ShadowApply(String, String, RemoteShadow),
-    ShadowDelete(String, String),
-    ShadowsRelisted(String, Vec<(String, RemoteShadow)>),
-    RealApply(String, String, RemotePod),
-    RealDelete(String, String),
-    RealRelisted(String, Vec<(String, RemotePod)>),
-    Tick,
-}
-
-fn hash_of(v: &Value) -> u64 {
-    let mut h = DefaultHasher::new();
-    v.to_string().hash(&mut h);
-    h.finish().max(1)
-}
-
-fn remote_shadow(sp: &ShadowPodRef) -> RemoteShadow {
-    let st = sp.status.as_ref();
-    RemoteShadow {
-        uid: sp.uid().unwrap_or_default(),
-        origin_uid: sp
-            .spec
-            .annotations
-            .get(shadow::ORIGIN_UID_ANNOTATION)
-            .cloned()
-            .unwrap_or_default(),
-        deleting: sp.metadata.deletion_timestamp.is_some(),
-        rejected: st
-            .filter(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_REJECTED))
-            .map(|s| s.message.clone().unwrap_or_default()),
-        fenced: st
-            .is_some_and(|s| s.phase.as_deref() == Some(crate::provider::shadowpod::PHASE_FENCED))
-            .then(Instant::now),
-    }
-}
-
-fn remote_pod(pod: &PodStatusRef, remap: Option<IpRemap>) -> RemotePod {
-    // The mirrored status is a function of the real status and the remap alone, so their
-    // hash stands for it without serializing the translated status again.
-    let mut h = DefaultHasher::new();
-    pod.status.as_deref().map(RawValue::get).hash(&mut h);
-    remap.hash(&mut h);
-    let status = shadow::consumer_status(pod.status_value(), remap);
-    RemotePod {
-        origin_uid: pod
-            .annotations()
-            .get(shadow::ORIGIN_UID_ANNOTATION)
-            .cloned()
-            .unwrap_or_default(),
-        hash: h.finish().max(1),
-        news: shadow::status_is_news(&status),
-        status: Some(Arc::new(status)),
-        seen: Instant::now(),
-    }
-}
-
-/// The ShadowPod spec of a consumer pod (see `shadow::shadow_spec`), labelled with the
-/// consumer's cluster ID.
-fn shadow_spec_of(meta: &ObjectMeta, spec: Value, consumer_id: &str) -> Value {
-    let mut pod = json!({"metadata": {"labels": meta.labels, "annotations": meta.annotations,
-                                      "uid": meta.uid}});
-    // Moved in, not through `json!` (which would copy it).
-    pod["spec"] = spec;
-    let mut out = shadow::shadow_spec(pod, &KEYS);
-    if let Some(o) = out.as_object_mut() {
-        let labels = o.entry("labels").or_insert_with(|| json!({}));
-        if let Some(l) = labels.as_object_mut() {
-            l.insert(names::ORIGIN_CLUSTER_LABEL.into(), consumer_id.into());
-        }
-    }
-    out
-}
-
-/// A fenced shadow pod keeps the time it was first seen fenced (`known`: the same shadow pod as
-/// last seen).
-fn keep_fenced_since(shadow: &mut RemoteShadow, known: Option<&RemoteShadow>) {
-    if let (Some(_), Some(k)) = (shadow.fenced, known)
-        && k.uid == shadow.uid
-        && k.fenced.is_some()
-    {
-        shadow.fenced = k.fenced;
-    }
-}
-
-/// Replaces the entries of `twin` in `map` with a fresh listing.
-fn replace_twin<R>(map: &mut HashMap<Key, R>, twin: &str, list: Vec<(String, R)>) {
-    map.retain(|k, _| k.0 != twin);
-    map.extend(
-        list.into_iter()
-            .map(|(name, r)| ((twin.to_string(), name), r)),
-    );
-}
 
 #[derive(Default)]
 struct State {
@@ -1133,6 +972,8 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
     use super::*;
 
     const TWIN: &str = "app-rome";
