@@ -151,18 +151,27 @@ pub const CLUSTER_ID_MAX_LEN: usize = 40;
 
 /// Whether `id` is usable as a cluster ID: a DNS-1123 label of at most [`CLUSTER_ID_MAX_LEN`]
 /// characters.
-pub fn validate_cluster_id(id: &str) -> Result<(), String> {
+pub fn validate_cluster_id(id: &str) -> Result<(), ClusterIdError> {
     if id.is_empty() || id.len() > CLUSTER_ID_MAX_LEN {
-        return Err(format!(
-            "cluster ID {id:?} must be 1 to {CLUSTER_ID_MAX_LEN} characters long"
-        ));
+        return Err(ClusterIdError::Length(id.to_string()));
     }
     if !tandem_apimachinery::validation::is_dns1123_label(id) {
-        return Err(format!(
-            "cluster ID {id:?} must consist of lower-case letters, digits and '-', and start and end with a letter or digit"
-        ));
+        return Err(ClusterIdError::Characters(id.to_string()));
     }
     Ok(())
+}
+
+/// Why a string is not a cluster ID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterIdError {
+    /// Empty, or longer than [`CLUSTER_ID_MAX_LEN`].
+    #[error("cluster ID {0:?} must be 1 to {CLUSTER_ID_MAX_LEN} characters long")]
+    Length(String),
+    /// Not a DNS-1123 label.
+    #[error(
+        "cluster ID {0:?} must consist of lower-case letters, digits and '-', and start and end with a letter or digit"
+    )]
+    Characters(String),
 }
 
 /// `app.kubernetes.io/name` of the fabric's gateway pods.

@@ -391,7 +391,7 @@ pub const ACTED_ANNOTATION: &str = "tandem.dev/mdns-request";
 /// not read back), and whether to browse.
 pub fn settings_of(
     data: Option<&std::collections::BTreeMap<String, String>>,
-) -> (Result<Option<Advertisement>, String>, bool) {
+) -> (Result<Option<Advertisement>, AdvertisementError>, bool) {
     let Some(data) = data else {
         return (Ok(None), false);
     };
@@ -399,14 +399,19 @@ pub fn settings_of(
         None => Ok(None),
         Some(txt) => {
             let lines: Vec<&str> = txt.lines().filter(|l| !l.is_empty()).collect();
-            Advertisement::from_txt(&lines).map(Some).map_err(|e| {
-                format!("{ADVERTISE_KEY} of ConfigMap {SETTINGS} is not an advertisement: {e}")
-            })
+            Advertisement::from_txt(&lines)
+                .map(Some)
+                .map_err(AdvertisementError)
         }
     };
     let browse = data.get(BROWSE_KEY).is_some_and(|v| v == "true");
     (advertisement, browse)
 }
+
+/// The advertisement the discovery settings hold cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{ADVERTISE_KEY} of ConfigMap {SETTINGS} is not an advertisement")]
+pub struct AdvertisementError(#[source] pub tandem_core::discovery::DiscoveryError);
 
 /// The mDNS responder and browse running now, as the settings asked. Dropped, it stops them:
 /// the responder, its advertisement's sender gone, says goodbye and ends, and the recorder
@@ -476,7 +481,7 @@ pub async fn run(ctx: crate::context::Ctx) {
             Ok(ad) => mdns_state(&ctx, &mut running, ad, browse),
             Err(why) => {
                 running = None;
-                format!("failed: {why}")
+                format!("failed: {}", crate::error::chain(&why))
             }
         };
         let Some(cm) = &latest else { continue };

@@ -107,7 +107,8 @@ impl ClusterIdentity {
             Some(id) => id.to_string(),
             None => generated_id(),
         };
-        names::validate_cluster_id(&cluster_id).map_err(IdentityError::InvalidId)?;
+        names::validate_cluster_id(&cluster_id)
+            .map_err(|e| IdentityError::InvalidId(e.to_string()))?;
         let key = rcgen::KeyPair::generate().map_err(IdentityError::Key)?;
         let identity = ClusterIdentity {
             cluster_id,

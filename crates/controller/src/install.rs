@@ -656,7 +656,7 @@ fn check_settings(settings: &ManifestSettings) -> Result<(), InstallError> {
     }
     if let Some(id) = &settings.cluster_id {
         names::validate_cluster_id(id)
-            .map_err(|e| InstallError::Identity(IdentityError::InvalidId(e)))?;
+            .map_err(|e| InstallError::Identity(IdentityError::InvalidId(e.to_string())))?;
     }
     Ok(())
 }

@@ -451,7 +451,7 @@ pub(crate) async fn create_peering(
     names::validate_cluster_id(provider).map_err(|problem| {
         InviteError::Refused(Refusal::InvalidClusterId {
             id: provider.to_string(),
-            problem,
+            problem: problem.to_string(),
         })
     })?;
     if provider == identity.cluster_id {

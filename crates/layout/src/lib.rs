@@ -12,6 +12,8 @@
 //! Written by hand because it reads the sources as text, macro bodies included (`tokio::select!`
 //! arms name modules too), which a syntax tree crate does not look into.
 
+pub mod errors;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 

@@ -250,7 +250,8 @@ pub async fn run(
                 Some(addr) => Some(Ok(addr.clone())),
                 None => crate::fabric::gateway::status_address(&ctx, &l.provider_id)
                     .await
-                    .transpose(),
+                    .transpose()
+                    .map(|r| r.map_err(|e| crate::error::chain(&e))),
             });
         }
         let gateway = gateway_lookup.clone().flatten();

@@ -446,9 +446,9 @@ pub async fn local_endpoint(ctx: &Ctx, peer: &str) -> Result<Option<String>, kub
 /// gateway runs on the node network and serves `/status` on TCP at its UDP port): `Ok(None)`
 /// when the cluster's network fabric is off, `Err` with the reason when it is on but no
 /// gateway to `peer` runs.
-pub async fn status_address(ctx: &Ctx, peer: &str) -> Result<Option<String>, String> {
+pub async fn status_address(ctx: &Ctx, peer: &str) -> Result<Option<String>, StatusAddressError> {
     let client = &ctx.client;
-    let settings = ctx.settings().await.map_err(|e| crate::error::chain(&e))?;
+    let settings = ctx.settings().await?;
     if !settings.network_fabric {
         return Ok(None);
     }
@@ -457,16 +457,22 @@ pub async fn status_address(ctx: &Ctx, peer: &str) -> Result<Option<String>, Str
     let port = Api::<Service>::namespaced(client.clone(), ns)
         .get_opt(&name)
         .await
-        .map_err(|e| format!("reading Service {ns}/{name}: {e}"))?
+        .map_err(|source| StatusAddressError::Service {
+            name: format!("{ns}/{name}"),
+            source,
+        })?
         .and_then(|s| s.spec?.ports?.first().map(|p| p.port))
-        .ok_or_else(|| format!("the gateway Service {ns}/{name} does not exist yet"))?;
+        .ok_or_else(|| StatusAddressError::NoService(format!("{ns}/{name}")))?;
     let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&format!(
             "{NAME_LABEL}={GATEWAY_APP},{}={peer}",
             names::REMOTE_CLUSTER_LABEL
         )))
         .await
-        .map_err(|e| format!("listing the gateway pods in {ns}: {e}"))?;
+        .map_err(|source| StatusAddressError::Pods {
+            namespace: ns.to_string(),
+            source,
+        })?;
     pods.items
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -477,7 +483,35 @@ pub async fn status_address(ctx: &Ctx, peer: &str) -> Result<Option<String>, Str
         })
         .next()
         .map(|ip| Some(format!("{ip}:{port}")))
-        .ok_or_else(|| format!("no pod of the gateway Deployment {ns}/{name} is running"))
+        .ok_or_else(|| StatusAddressError::NotRunning(format!("{ns}/{name}")))
+}
+
+/// Why the address of a peer's gateway status API cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusAddressError {
+    /// The cluster's settings cannot be read.
+    #[error(transparent)]
+    Settings(#[from] crate::settings::InstallError),
+    /// Reading the gateway's Service (`namespace/name`) failed.
+    #[error("reading Service {name}")]
+    Service {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The gateway's Service (`namespace/name`) is not there yet.
+    #[error("the gateway Service {0} does not exist yet")]
+    NoService(String),
+    /// Listing the gateway's pods failed.
+    #[error("listing the gateway pods in {namespace}")]
+    Pods {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// No pod of the gateway's Deployment (`namespace/name`) runs.
+    #[error("no pod of the gateway Deployment {0} is running")]
+    NotRunning(String),
 }
 
 /// Keeps `peer`'s gateway objects and configuration in line with `view`.

@@ -92,7 +92,10 @@ async fn tunnel_states(
                     .is_ok_and(|r| r.state == "connected"),
             ),
             Err(e) => {
-                tracing::debug!("multi-cluster services: tunnel to {id}: {e}");
+                tracing::debug!(
+                    "multi-cluster services: tunnel to {id}: {}",
+                    crate::error::chain(&e)
+                );
                 before.get(id).copied()
             }
         };

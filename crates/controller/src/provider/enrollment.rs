@@ -286,7 +286,7 @@ fn check(ctx: &Ctx, req: &PeeringRequest, token: Option<&Secret>) -> Result<(), 
     ) {
         return Err("spec.tokenProof does not match the enrollment credential".into());
     }
-    names::validate_cluster_id(&spec.cluster_id)?;
+    names::validate_cluster_id(&spec.cluster_id).map_err(|e| e.to_string())?;
     if spec.cluster_id == ctx.identity.cluster_id {
         return Err("a cluster cannot peer with itself".into());
     }

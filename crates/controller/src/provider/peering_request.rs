@@ -312,7 +312,7 @@ fn check(ctx: &Ctx, req: &PeeringRequest, token: &Secret) -> Verdict {
         return Verdict::Deny("spec.tokenProof does not match the invite token".into());
     }
     if let Err(e) = names::validate_cluster_id(&spec.cluster_id) {
-        return Verdict::Deny(e);
+        return Verdict::Deny(e.to_string());
     }
     if spec.cluster_id == ctx.identity.cluster_id {
         return Verdict::Deny("a cluster cannot peer with itself".into());

@@ -1,0 +1,171 @@
+//! Library code carries its errors as types: no function of a library crate returns a text
+//! error (`String`, `&str`, `Box<str>` or an alias of them) and no public function of one
+//! returns `anyhow`. Binaries (`src/bin`, the CLI's command handlers) may use `anyhow`; clap
+//! value parsers are written as `FromStr`, which the rule leaves alone.
+//!
+//! The functions that broke the rule when it was written are listed below, by crate: the
+//! lists may only shrink (a function fixed must leave its list, a new one may not join it).
+
+/// `crate/path-in-src: function` of the text errors left to fix.
+const TEXT_ERRORS_LEFT: &[&str] = &[
+    "apimachinery/managed.rs: Walk::field_set",
+    "apimachinery/managed.rs: Walk::field_set_at",
+    "apimachinery/managed.rs: Walk::item_element",
+    "apimachinery/managed.rs: Walk::item_elements",
+    "apimachinery/quantity.rs: validate_non_negative",
+    "apimachinery/validation.rs: validate_dns1123_label",
+    "apimachinery/validation.rs: validate_label_key",
+    "apimachinery/validation.rs: validate_label_value",
+    "apiserver/admission.rs: call_hook",
+    "apiserver/admission.rs: service_endpoint",
+    "apiserver/cron.rs: check",
+    "apiserver/cron.rs: check_descriptor",
+    "apiserver/cron.rs: int",
+    "apiserver/cron.rs: int_or_name",
+    "apiserver/cron.rs: range",
+    "apiserver/resource_metrics/decode.rs: parse_line",
+    "apiserver/resource_metrics/decode.rs: quoted",
+    "apiserver/webhook.rs: WebhookClient::client",
+    "apiserver/webhook.rs: answer",
+    "apiserver/webhook.rs: https_client",
+    "apiserver/webhook.rs: post",
+    "apiserver/webhook.rs: post_to_service",
+    "apiserver/webhook.rs: tls_config",
+    "cli/controller.rs: service_ref",
+    "controller/enroll.rs: matching_policy",
+    "controller/mcs/sanitize.rs: sanitize",
+    "controller/provider/enrollment.rs: check",
+    "core/shadow.rs: fits",
+    "lab/controllers/cronjob.rs: most_recent",
+    "lab/controllers/daemonset/plan.rs: budget",
+    "lab/controllers/deployment/plan.rs: fenceposts",
+    "lab/controllers/deployment/plan.rs: resolve",
+    "lab/controllers/disruption.rs: expected_and_desired",
+    "lab/network/cluster_network.rs: ClusterNetwork::identity",
+    "lab/network/cluster_network.rs: ClusterNetwork::probe_fetch",
+    "lab/network/cluster_network.rs: ClusterNetwork::probe_resolve",
+    "lab/network/cluster_network.rs: ClusterNetwork::start_tandem",
+    "lab/network/dns.rs: parse_corefile",
+    "lab/network/incluster.rs: enter",
+    "lab/network/incluster.rs: plan",
+    "lab/network/incluster.rs: relay",
+    "lab/network/port_forward.rs: negotiate",
+    "lab/network/programs.rs: fetch",
+    "lab/network/programs.rs: probe_fetch",
+    "lab/network/programs.rs: probe_fetch_many",
+    "lab/network/programs.rs: probe_resolve",
+    "lab/network/programs.rs: resolve_in_pod",
+    "lab/network/supervisor.rs: kubernetes_service_ip",
+    "lab/scheduler/volumes.rs: volume_needs",
+    "lab/testing.rs: port_forward",
+];
+
+/// `crate/path-in-src: function` of the public functions returning anyhow left to fix.
+const ANYHOW_LEFT: &[&str] = &[
+    "apiserver/kubelet_access.rs: KubeletAccess::new",
+    "apiserver/lib.rs: ApiServer::admin_config",
+    "apiserver/lib.rs: ApiServer::admin_kubeconfig",
+    "apiserver/lib.rs: ApiServer::client",
+    "apiserver/lib.rs: ApiServer::kubeconfig_for",
+    "apiserver/lib.rs: ApiServer::start",
+    "apiserver/lib.rs: ApiServer::write_admin_kubeconfig",
+    "apiserver/lib.rs: client_from_kubeconfig",
+    "lab/cluster.rs: LabCluster::restart_api_server",
+    "lab/cluster.rs: LabCluster::start",
+    "lab/controllers/mod.rs: run_all",
+    "lab/kubelet.rs: run",
+    "lab/lab.rs: Lab::kubeconfig",
+    "lab/lab.rs: Lab::start",
+    "lab/network/cluster_network.rs: ClusterNetwork::create",
+    "lab/network/cluster_network.rs: ClusterNetwork::start_pod",
+    "lab/network/kubelet_server.rs: tls_config",
+    "lab/network/mod.rs: ClusterNetwork::start_services",
+    "lab/network/service_view.rs: ServiceView::start",
+    "lab/nodelifecycle.rs: run",
+    "lab/scheduler/mod.rs: run",
+];
+
+use std::path::{Path, PathBuf};
+
+use tandem_layout::errors::{Finding, Rule, findings};
+
+/// `crate/path-in-src: function`.
+fn key(crate_dir: &Path, f: &Finding) -> String {
+    let name = crate_dir.file_name().unwrap().to_string_lossy();
+    let src = crate_dir.join("src");
+    let file = Path::new(&f.file)
+        .strip_prefix(&src)
+        .map_or_else(|_| f.file.clone(), |p| p.display().to_string());
+    format!("{name}/{file}: {}", f.function)
+}
+
+/// Fails naming what is found but not `left` (new), and what is `left` but not found (fixed:
+/// take it off the list).
+fn ratchet(found: Vec<String>, left: &[&str], what: &str) {
+    let new: Vec<&String> = found
+        .iter()
+        .filter(|f| !left.contains(&f.as_str()))
+        .collect();
+    let fixed: Vec<&&str> = left
+        .iter()
+        .filter(|l| !found.iter().any(|f| f == *l))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "{} functions {what}; give each an error type (thiserror) that says what failed and \
+         keeps its cause:\n{}",
+        new.len(),
+        new.iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(fixed.is_empty(), "fixed, take them off the list: {fixed:?}");
+}
+
+/// Every crate of the workspace with library code, by its directory.
+fn library_crates() -> Vec<PathBuf> {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&crates)
+        .expect("crates/ lists")
+        .map(|e| e.expect("entry").path())
+        .filter(|d| d.join("src/lib.rs").exists())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 10, "the crates were not found: {dirs:?}");
+    dirs
+}
+
+#[test]
+fn no_library_function_returns_a_text_error() {
+    let found: Vec<String> = library_crates()
+        .iter()
+        .flat_map(|dir| {
+            findings(&dir.join("src"), Rule::TextErrors)
+                .into_iter()
+                .map(|f| key(dir, &f))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ratchet(found, TEXT_ERRORS_LEFT, "return a text error");
+}
+
+#[test]
+fn no_library_entry_point_returns_anyhow() {
+    let found: Vec<String> = library_crates()
+        .iter()
+        // The CLI is the binary's own code: its command handlers report through anyhow.
+        .filter(|dir| !dir.ends_with("cli"))
+        .flat_map(|dir| {
+            findings(&dir.join("src"), Rule::AnyhowInPublicApi)
+                .into_iter()
+                .map(|f| key(dir, &f))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ratchet(
+        found,
+        ANYHOW_LEFT,
+        "of library crates return anyhow (callers cannot tell what failed)",
+    );
+}
