@@ -354,21 +354,50 @@ pub fn sub(a: &mut Resources, b: &Resources) {
 
 /// Whether `used + pod` stays within `grant`; resources the grant does not name are not limited
 /// (except `requests.` prefixes, treated like their base name). Err names the first excess.
-pub fn fits(used: &Resources, pod: &Resources, grant: &Resources) -> Result<(), String> {
+pub fn fits(used: &Resources, pod: &Resources, grant: &Resources) -> Result<(), QuotaExceeded> {
     for (k, need) in pod {
         let Some(limit) = grant.get(k) else { continue };
         let have = used.get(k).copied().unwrap_or(0);
         if have + need > *limit {
-            return Err(format!(
-                "quota exceeded for {k}: requested {}, used {} of {}",
-                show(k, *need),
-                show(k, have),
-                show(k, *limit)
-            ));
+            return Err(QuotaExceeded {
+                resource: k.clone(),
+                requested: *need,
+                used: have,
+                limit: *limit,
+            });
         }
     }
     Ok(())
 }
+
+/// A pod that does not fit its consumer's grant: the first resource it exceeds (amounts in
+/// thousandths, as [`Resources`] holds them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaExceeded {
+    /// The resource (`cpu`, `memory`, `pods`, …).
+    pub resource: String,
+    /// What the pod asks for.
+    pub requested: i128,
+    /// What the consumer's other pods use.
+    pub used: i128,
+    /// What the grant allows.
+    pub limit: i128,
+}
+
+impl std::fmt::Display for QuotaExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let k = &self.resource;
+        write!(
+            f,
+            "quota exceeded for {k}: requested {}, used {} of {}",
+            show(k, self.requested),
+            show(k, self.used),
+            show(k, self.limit)
+        )
+    }
+}
+
+impl std::error::Error for QuotaExceeded {}
 
 fn show(resource: &str, millis: i128) -> String {
     if resource == "cpu" {
@@ -577,7 +606,7 @@ mod tests {
             assert_eq!(got.is_ok(), ok, "{used:?}: {got:?}");
         }
         let err = fits(&[("pods".to_string(), 2000)].into(), &r, &grant).unwrap_err();
-        assert!(err.contains("pods"), "{err}");
+        assert!(err.to_string().contains("pods"), "{err}");
     }
 
     #[test]

@@ -31,11 +31,7 @@ const TEXT_ERRORS_LEFT: &[&str] = &[
     "apiserver/webhook.rs: post",
     "apiserver/webhook.rs: post_to_service",
     "apiserver/webhook.rs: tls_config",
-    "cli/controller.rs: service_ref",
     "controller/enroll.rs: matching_policy",
-    "controller/mcs/sanitize.rs: sanitize",
-    "controller/provider/enrollment.rs: check",
-    "core/shadow.rs: fits",
     "lab/controllers/cronjob.rs: most_recent",
     "lab/controllers/daemonset/plan.rs: budget",
     "lab/controllers/deployment/plan.rs: fenceposts",
@@ -136,13 +132,39 @@ fn library_crates() -> Vec<PathBuf> {
     dirs
 }
 
+/// The functions a crate's clap arguments name as `value_parser = f` (their error is the text
+/// clap prints).
+fn value_parsers(src: &Path) -> Vec<String> {
+    let mut files = vec![src.to_path_buf()];
+    let mut names = Vec::new();
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (at, _) in text.match_indices("value_parser = ") {
+                let rest = &text[at + "value_parser = ".len()..];
+                let path_end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                    .unwrap_or(rest.len());
+                if let Some(name) = rest[..path_end].rsplit("::").next() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
 #[test]
 fn no_library_function_returns_a_text_error() {
     let found: Vec<String> = library_crates()
         .iter()
         .flat_map(|dir| {
+            let parsers = value_parsers(&dir.join("src"));
             findings(&dir.join("src"), Rule::TextErrors)
                 .into_iter()
+                .filter(|f| !parsers.contains(&f.function))
                 .map(|f| key(dir, &f))
                 .collect::<Vec<_>>()
         })

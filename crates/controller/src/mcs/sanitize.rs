@@ -76,26 +76,40 @@ fn endpoint(e: &ExportedEndpoint) -> Option<ExportedEndpoint> {
     })
 }
 
+/// Why a peer's export cannot be imported at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unimportable {
+    /// Neither `ClusterSetIP` nor `Headless`.
+    #[error("type {0:?} is neither ClusterSetIP nor Headless")]
+    Type(String),
+    /// The Service's name is not a DNS-1035 label.
+    #[error("{0:?} is not a Service name")]
+    ServiceName(String),
+    /// The namespace's name is not a DNS-1123 label.
+    #[error("{0:?} is not a namespace name")]
+    Namespace(String),
+    /// A ClusterSetIP export with no port a Service could hold.
+    #[error("a ClusterSetIP export without a valid port")]
+    NoPort,
+}
+
 /// `spec` as this cluster imports it, or why it cannot be imported at all.
-pub fn sanitize(spec: &ExportedServiceSpec) -> Result<ExportedServiceSpec, String> {
+pub fn sanitize(spec: &ExportedServiceSpec) -> Result<ExportedServiceSpec, Unimportable> {
     if !matches!(spec.type_.as_str(), "ClusterSetIP" | "Headless") {
-        return Err(format!(
-            "type {:?} is neither ClusterSetIP nor Headless",
-            spec.type_
-        ));
+        return Err(Unimportable::Type(spec.type_.clone()));
     }
     // A Service name is a DNS-1035 label; it is also a label value on every derived object.
     if !is_dns1123_label(&spec.service)
         || !spec.service.starts_with(|c: char| c.is_ascii_lowercase())
     {
-        return Err(format!("{:?} is not a Service name", spec.service));
+        return Err(Unimportable::ServiceName(spec.service.clone()));
     }
     if !is_dns1123_label(&spec.namespace) {
-        return Err(format!("{:?} is not a namespace name", spec.namespace));
+        return Err(Unimportable::Namespace(spec.namespace.clone()));
     }
     let service_ports = ports(&spec.ports, Ports::Service);
     if spec.type_ == "ClusterSetIP" && service_ports.is_empty() {
-        return Err("a ClusterSetIP export without a valid port".into());
+        return Err(Unimportable::NoPort);
     }
     let affinity = spec
         .session_affinity
@@ -225,7 +239,12 @@ mod tests {
     fn records_no_import_could_be_written_from_are_refused() {
         let mut s = spec();
         s.type_ = "LoadBalancer".into();
-        assert!(sanitize(&s).unwrap_err().contains("LoadBalancer"));
+        assert!(
+            sanitize(&s)
+                .unwrap_err()
+                .to_string()
+                .contains("LoadBalancer")
+        );
         let mut s = spec();
         s.service = "Hello".into();
         assert!(sanitize(&s).is_err());
@@ -233,7 +252,7 @@ mod tests {
         assert!(sanitize(&s).is_err());
         let mut s = spec();
         s.ports = vec![p(Some("icmp"), Some("ICMP"), 1)];
-        assert!(sanitize(&s).unwrap_err().contains("port"));
+        assert!(sanitize(&s).unwrap_err().to_string().contains("port"));
         // A headless Service may have no port.
         s.type_ = "Headless".into();
         assert!(sanitize(&s).is_ok());

@@ -108,9 +108,9 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         json!({"phase": "Denied", "message": message, "keyFingerprint": fingerprint,
                "decidedAt": now_rfc3339()})
     };
-    if let Err(why) = check(&ctx, &req, token.as_ref()) {
+    if let Err(why) = check(&ctx.identity.cluster_id, &req, token.as_ref()) {
         tracing::info!(request = %name, consumer = %req.spec.cluster_id, %why, "enrollment request denied");
-        set_status_in(client, ns(), &name, deny(why))
+        set_status_in(client, ns(), &name, deny(why.to_string()))
             .await
             .map_err(step("writing status"))?;
         return Ok(Action::await_change());
@@ -259,23 +259,47 @@ fn now_rfc3339() -> String {
         .to_string()
 }
 
-/// Checks a request against the enrollment credential (pure apart from the clock).
-fn check(ctx: &Ctx, req: &PeeringRequest, token: Option<&Secret>) -> Result<(), String> {
+/// Why an enrollment request is denied; its text is the request's status message.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The consumer speaks a protocol version this cluster does not.
+    #[error(transparent)]
+    Protocol(#[from] tandem_core::protocol::Unsupported),
+    /// Enrollment is off: no credential to check against.
+    #[error("this cluster no longer takes peering requests without an invite")]
+    NoCredential,
+    /// The request names another token.
+    #[error("spec.tokenID {0:?} is not this cluster's enrollment credential")]
+    OtherToken(String),
+    /// The proof was not made with the credential's secret.
+    #[error("spec.tokenProof does not match the enrollment credential")]
+    BadProof,
+    /// The claimed cluster ID is not one.
+    #[error(transparent)]
+    ClusterId(#[from] names::ClusterIdError),
+    /// The consumer claims this cluster's own ID.
+    #[error("a cluster cannot peer with itself")]
+    Itself,
+    /// The CSR is not one this cluster signs for the consumer.
+    #[error("spec.csr: {0}")]
+    Csr(crate::provider::peering_request::CsrError),
+}
+
+/// Checks a request against the enrollment credential: `own_id` is this cluster's ID, `token`
+/// the credential's Secret if enrollment is on.
+fn check(own_id: &str, req: &PeeringRequest, token: Option<&Secret>) -> Result<(), Refusal> {
     let spec = &req.spec;
     let version = spec
         .protocol_version
         .unwrap_or_else(tandem_core::protocol::unversioned);
-    tandem_core::protocol::check("consumer", version).map_err(|e| e.to_string())?;
+    tandem_core::protocol::check("consumer", version)?;
     let Some(token) = token else {
-        return Err("this cluster no longer takes peering requests without an invite".into());
+        return Err(Refusal::NoCredential);
     };
     let bearer = enroll::bearer_of(token).unwrap_or_default();
     let (id, secret) = bearer.split_once('.').unwrap_or_default();
     if spec.token_id != id {
-        return Err(format!(
-            "spec.tokenID {:?} is not this cluster's enrollment credential",
-            spec.token_id
-        ));
+        return Err(Refusal::OtherToken(spec.token_id.clone()));
     }
     if !tandem_core::invite::verify_token_proof(
         secret,
@@ -284,13 +308,13 @@ fn check(ctx: &Ctx, req: &PeeringRequest, token: Option<&Secret>) -> Result<(), 
         &spec.csr,
         &spec.token_proof,
     ) {
-        return Err("spec.tokenProof does not match the enrollment credential".into());
+        return Err(Refusal::BadProof);
     }
-    names::validate_cluster_id(&spec.cluster_id).map_err(|e| e.to_string())?;
-    if spec.cluster_id == ctx.identity.cluster_id {
-        return Err("a cluster cannot peer with itself".into());
+    names::validate_cluster_id(&spec.cluster_id)?;
+    if spec.cluster_id == own_id {
+        return Err(Refusal::Itself);
     }
-    check_csr(&spec.csr, &spec.cluster_id).map_err(|e| format!("spec.csr: {e}"))
+    check_csr(&spec.csr, &spec.cluster_id).map_err(Refusal::Csr)
 }
 
 async fn janitor(ctx: Ctx) {
@@ -399,5 +423,146 @@ async fn remove_unused_tenant(
         Ok(_) => Ok(()),
         Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use tandem_api::PeeringRequestSpec;
+
+    use super::*;
+
+    const TOKEN_ID: &str = "abcdef";
+    const SECRET: &str = "0123456789abcdef";
+
+    /// A CSR for `cluster`'s key, with the subject a provider signs (`subject_of` overrides it).
+    fn csr(cluster: &str, subject_of: Option<&str>) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let fingerprint = crate::credentials::own_key_fingerprint(&key.serialize_pem()).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(
+            rcgen::DnType::CommonName,
+            names::peer_user(subject_of.unwrap_or(cluster)),
+        );
+        dn.push(
+            rcgen::DnType::OrganizationName,
+            names::peer_key_group(&fingerprint),
+        );
+        params.distinguished_name = dn;
+        params.serialize_request(&key).unwrap().pem().unwrap()
+    }
+
+    /// A request from `cluster` proving the credential, as a consumer files it.
+    fn request(cluster: &str) -> PeeringRequest {
+        let csr = csr(cluster, None);
+        let proof = tandem_core::invite::token_proof(SECRET, cluster, TOKEN_ID, &csr);
+        PeeringRequest::new(
+            "enroll-x",
+            PeeringRequestSpec {
+                cluster_id: cluster.into(),
+                token_id: TOKEN_ID.into(),
+                token_proof: proof,
+                csr,
+                protocol_version: None,
+                source: None,
+            },
+        )
+    }
+
+    fn credential() -> Secret {
+        Secret {
+            data: Some(BTreeMap::from([
+                ("token-id".into(), ByteString(TOKEN_ID.into())),
+                ("token-secret".into(), ByteString(SECRET.into())),
+            ])),
+            ..Secret::default()
+        }
+    }
+
+    /// Every refusal, each from a request that differs from a good one in one way.
+    #[test]
+    fn enrollment_refusals_table() {
+        type Edit = fn(&mut PeeringRequest, &mut Option<Secret>);
+        let cases: [(&str, Edit, fn(&Refusal) -> bool, &str); 8] = [
+            (
+                "protocol",
+                |r, _| r.spec.protocol_version = Some(999),
+                |e| matches!(e, Refusal::Protocol(_)),
+                "999",
+            ),
+            (
+                "enrollment off",
+                |_, t| *t = None,
+                |e| matches!(e, Refusal::NoCredential),
+                "no longer takes peering requests without an invite",
+            ),
+            (
+                "another token",
+                |r, _| r.spec.token_id = "zzzzzz".into(),
+                |e| matches!(e, Refusal::OtherToken(_)),
+                "spec.tokenID \"zzzzzz\" is not this cluster's enrollment credential",
+            ),
+            (
+                "proof from another secret",
+                |r, _| {
+                    r.spec.token_proof = tandem_core::invite::token_proof(
+                        "another-secret-16",
+                        &r.spec.cluster_id,
+                        TOKEN_ID,
+                        &r.spec.csr,
+                    )
+                },
+                |e| matches!(e, Refusal::BadProof),
+                "spec.tokenProof does not match",
+            ),
+            (
+                "invalid cluster ID",
+                |r, _| *r = request("Not_A_Label"),
+                |e| matches!(e, Refusal::ClusterId(_)),
+                "cluster ID \"Not_A_Label\" must consist of lower-case letters",
+            ),
+            (
+                "itself",
+                |r, _| *r = request("milan"),
+                |e| matches!(e, Refusal::Itself),
+                "a cluster cannot peer with itself",
+            ),
+            (
+                "CSR for another cluster",
+                |r, _| {
+                    r.spec.csr = csr("rome", Some("paris"));
+                    r.spec.token_proof =
+                        tandem_core::invite::token_proof(SECRET, "rome", TOKEN_ID, &r.spec.csr);
+                },
+                |e| matches!(e, Refusal::Csr(_)),
+                "spec.csr: ",
+            ),
+            (
+                "CSR not PEM",
+                |r, _| {
+                    r.spec.csr = "garbage".into();
+                    r.spec.token_proof =
+                        tandem_core::invite::token_proof(SECRET, "rome", TOKEN_ID, "garbage");
+                },
+                |e| matches!(e, Refusal::Csr(_)),
+                "spec.csr: not PEM",
+            ),
+        ];
+        let good = request("rome");
+        assert!(
+            check("milan", &good, Some(&credential())).is_ok(),
+            "the unedited request passes"
+        );
+        for (name, edit, variant, text) in cases {
+            let (mut req, mut token) = (request("rome"), Some(credential()));
+            edit(&mut req, &mut token);
+            let refusal = check("milan", &req, token.as_ref()).expect_err(name);
+            assert!(variant(&refusal), "{name}: {refusal:?}");
+            assert!(refusal.to_string().contains(text), "{name}: {refusal}");
+        }
     }
 }

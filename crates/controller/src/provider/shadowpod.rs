@@ -535,11 +535,7 @@ impl State {
             if let Err(why) = shadow::fits(&consumer_used, &requests, &grant) {
                 // A pod that asked for none of the resource it exceeds is told what it was
                 // charged, and by which rule.
-                let defaulted = match charge
-                    .defaulted
-                    .iter()
-                    .find(|k| why.starts_with(&format!("quota exceeded for {k}:")))
-                {
+                let defaulted = match charge.defaulted.iter().find(|k| **k == why.resource) {
                     Some(k) => format!(
                         "; containers requesting no {k} are charged the provider's default (podResources.defaultRequests)"
                     ),
