@@ -28,8 +28,14 @@ where
     loop {
         // The check itself is bounded too: a request that never answers fails the wait
         // naming what it was for, instead of hanging the test until the harness kills it.
+        let started = tokio::time::Instant::now();
         let Ok(found) = tokio::time::timeout_at(deadline, check()).await else {
-            panic!("timed out after {timeout:?} waiting for {what} (a check did not return)");
+            // A check cut short right after it started is a slow wait, not a hung request.
+            panic!(
+                "timed out after {timeout:?} waiting for {what} (the last check, started {:.1?} \
+                 before the deadline, had not returned)",
+                deadline.duration_since(started)
+            );
         };
         if let Some(v) = found {
             return v;
