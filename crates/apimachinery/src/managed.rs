@@ -532,6 +532,37 @@ pub enum ManagedError {
     Invalid(String),
 }
 
+/// Why an applied configuration has no field set: a list item that cannot be keyed.
+#[derive(Debug, thiserror::Error)]
+enum WalkError {
+    /// An item of an associative list is not an object.
+    #[error("list item {index} is not an object: {item}")]
+    NotAnObject {
+        /// The item's index.
+        index: usize,
+        /// The item.
+        item: Value,
+    },
+    /// An item of an associative list omits a key that has no default.
+    #[error(
+        "associative list with keys has an element that omits key field {key:?} (item {index})"
+    )]
+    MissingKey {
+        /// The key omitted.
+        key: String,
+        /// The item's index.
+        index: usize,
+    },
+    /// Two items of the list at `path` have the same key.
+    #[error(".{path}: duplicate entries for key {element}")]
+    Duplicate {
+        /// The list's path, its field names joined by `.`.
+        path: String,
+        /// The key repeated.
+        element: PathElement,
+    },
+}
+
 /// kube-apiserver's `getConflictMessage`.
 fn conflict_message(conflicts: &[Conflict]) -> String {
     if let [one] = conflicts {
@@ -1019,24 +1050,24 @@ impl<'a> Walk<'a> {
         list: &ListType,
         item: &Value,
         index: usize,
-    ) -> Result<PathElement, String> {
+    ) -> Result<PathElement, WalkError> {
         let keys = match list {
             ListType::Set => return Ok(PathElement::Value(item.clone())),
             ListType::Map(keys) if !keys.is_empty() => keys,
             _ => return Ok(PathElement::Index(index)),
         };
-        let keyed = || -> Result<PathElement, String> {
-            let obj = item
-                .as_object()
-                .ok_or_else(|| format!("list item {index} is not an object: {item}"))?;
+        let keyed = || -> Result<PathElement, WalkError> {
+            let obj = item.as_object().ok_or_else(|| WalkError::NotAnObject {
+                index,
+                item: item.clone(),
+            })?;
             let mut key = Vec::new();
             for k in keys {
                 let v = match obj.get(k).filter(|v| !v.is_null()) {
                     Some(v) => v.clone(),
-                    None => key_default(k).ok_or_else(|| {
-                        format!(
-                            "associative list with keys has an element that omits key field {k:?} (item {index})"
-                        )
+                    None => key_default(k).ok_or_else(|| WalkError::MissingKey {
+                        key: k.clone(),
+                        index,
                     })?,
                 };
                 key.push((k.clone(), v));
@@ -1058,17 +1089,17 @@ impl<'a> Walk<'a> {
         list: &ListType,
         items: &[Value],
         names: &[String],
-    ) -> Result<Vec<PathElement>, String> {
+    ) -> Result<Vec<PathElement>, WalkError> {
         let mut seen = BTreeSet::new();
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let mut pe = self.item_element(list, item, i)?;
             if !seen.insert(pe.clone()) {
                 if !self.lenient {
-                    return Err(format!(
-                        ".{}: duplicate entries for key {pe}",
-                        names.join(".")
-                    ));
+                    return Err(WalkError::Duplicate {
+                        path: names.join("."),
+                        element: pe,
+                    });
                 }
                 pe = PathElement::Index(i);
             }
@@ -1095,11 +1126,11 @@ impl<'a> Walk<'a> {
     }
 
     /// The field set under `v` (structured-merge-diff's `ToFieldSet`), relative to it.
-    fn field_set(&self, v: &Value) -> Result<FieldSet, String> {
+    fn field_set(&self, v: &Value) -> Result<FieldSet, WalkError> {
         self.field_set_at(v, &mut Vec::new())
     }
 
-    fn field_set_at(&self, v: &Value, names: &mut Vec<String>) -> Result<FieldSet, String> {
+    fn field_set_at(&self, v: &Value, names: &mut Vec<String>) -> Result<FieldSet, WalkError> {
         let mut set = FieldSet::default();
         match (self.shape(names, v), v) {
             (Shape::Map, Value::Object(fields)) => {

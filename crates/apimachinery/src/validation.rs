@@ -136,46 +136,84 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
 const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
 const DNS1123_LABEL_ERR: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
 
-/// `validation.IsDNS1123Label` with kube's messages (container names, Service names).
-pub fn validate_dns1123_label(value: &str) -> Result<(), String> {
-    let mut errs = Vec::new();
-    if value.len() > DNS1123_LABEL_MAX {
-        errs.push(format!(
-            "must be no more than {DNS1123_LABEL_MAX} characters"
-        ));
-    }
-    if !is_label_format(value) {
-        errs.push(regex_error(
-            DNS1123_LABEL_ERR,
-            DNS1123_LABEL_FMT,
-            &["my-name", "123-abc"],
-        ));
-    }
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs.join("; "))
+/// A rule of a name or label format that a value breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatRule {
+    /// At most this many characters.
+    MaxLength(usize),
+    /// The characters of a DNS-1123 label.
+    Dns1123Label,
+    /// The characters of a label value.
+    LabelValue,
+}
+
+impl std::fmt::Display for FormatRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormatRule::MaxLength(max) => write!(f, "must be no more than {max} characters"),
+            FormatRule::Dns1123Label => f.write_str(&regex_error(
+                DNS1123_LABEL_ERR,
+                DNS1123_LABEL_FMT,
+                &["my-name", "123-abc"],
+            )),
+            FormatRule::LabelValue => f.write_str(&regex_error(
+                LABEL_VALUE_ERR,
+                &format!("({QUALIFIED_NAME_FMT})?"),
+                &["MyValue", "my_value", "12345"],
+            )),
+        }
     }
 }
 
+/// A value that breaks its format's rules; the message is kube's, one per rule joined by `; `.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", join(.broken))]
+pub struct InvalidFormat {
+    /// The rules broken, in the order kube checks them (never empty).
+    pub broken: Vec<FormatRule>,
+}
+
+fn join(rules: &[FormatRule]) -> String {
+    rules
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl InvalidFormat {
+    /// Ok when no rule is broken.
+    fn check(broken: Vec<FormatRule>) -> Result<(), InvalidFormat> {
+        if broken.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidFormat { broken })
+        }
+    }
+}
+
+/// `validation.IsDNS1123Label` with kube's messages (container names, Service names).
+pub fn validate_dns1123_label(value: &str) -> Result<(), InvalidFormat> {
+    let mut broken = Vec::new();
+    if value.len() > DNS1123_LABEL_MAX {
+        broken.push(FormatRule::MaxLength(DNS1123_LABEL_MAX));
+    }
+    if !is_label_format(value) {
+        broken.push(FormatRule::Dns1123Label);
+    }
+    InvalidFormat::check(broken)
+}
+
 /// `validation.IsValidLabelValue`: empty, or a qualified name part of at most 63 characters.
-pub fn validate_label_value(value: &str) -> Result<(), String> {
-    let mut errs = Vec::new();
-    if value.len() > 63 {
-        errs.push("must be no more than 63 characters".to_string());
+pub fn validate_label_value(value: &str) -> Result<(), InvalidFormat> {
+    let mut broken = Vec::new();
+    if value.len() > LABEL_VALUE_MAX {
+        broken.push(FormatRule::MaxLength(LABEL_VALUE_MAX));
     }
     if !value.is_empty() && !is_qualified_name_part(value) {
-        errs.push(regex_error(
-            LABEL_VALUE_ERR,
-            &format!("({QUALIFIED_NAME_FMT})?"),
-            &["MyValue", "my_value", "12345"],
-        ));
+        broken.push(FormatRule::LabelValue);
     }
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs.join("; "))
-    }
+    InvalidFormat::check(broken)
 }
 
 #[cfg(test)]
@@ -210,11 +248,13 @@ mod tests {
     fn dns1123_label_messages_are_kubes() {
         assert_eq!(validate_dns1123_label("web-1"), Ok(()));
         assert_eq!(
-            validate_dns1123_label("Web_1").unwrap_err(),
+            validate_dns1123_label("Web_1").unwrap_err().to_string(),
             "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
         );
         assert_eq!(
-            validate_dns1123_label(&"a".repeat(64)).unwrap_err(),
+            validate_dns1123_label(&"a".repeat(64))
+                .unwrap_err()
+                .to_string(),
             "must be no more than 63 characters"
         );
     }

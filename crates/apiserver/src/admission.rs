@@ -8,11 +8,11 @@ use base64::Engine;
 use serde_json::{Value, json};
 use tandem_apimachinery::selector::LabelSelector;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, with_causes};
 use crate::registry::ResourceInfo;
 use crate::request::Call;
 use crate::state::State;
-use crate::webhook::{ServiceRef, post, post_to_service};
+use crate::webhook::{ServiceRef, WebhookError, post, post_to_service};
 
 const MUTATING: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";
 const VALIDATING: &str = "admissionregistration.k8s.io/validatingwebhookconfigurations";
@@ -184,12 +184,14 @@ async fn run(
                 Err(e) if ignore => {
                     tracing::warn!(
                         webhook = hook_name,
-                        "failed calling webhook, failing open (failurePolicy Ignore): {e}"
+                        "failed calling webhook, failing open (failurePolicy Ignore): {}",
+                        with_causes(&e)
                     );
                 }
                 Err(e) => {
                     return Err(ApiError::internal(format!(
-                        "failed calling webhook \"{hook_name}\": {e}"
+                        "failed calling webhook \"{hook_name}\": {}",
+                        with_causes(&e)
                     )));
                 }
             }
@@ -267,7 +269,7 @@ async fn call_hook(
     hook: &Value,
     old: Option<&Value>,
     obj: Option<&Value>,
-) -> Result<Value, String> {
+) -> Result<Value, CallError> {
     let cc = &hook["clientConfig"];
     let target = match cc["url"].as_str() {
         Some(url) => HookTarget::Url(url.to_string()),
@@ -299,35 +301,119 @@ async fn call_hook(
             dry_run: req.call.query.get("dryRun").is_some_and(|v| v == "All"),
         },
     };
-    let review = serde_json::to_string(&review).map_err(|e| format!("AdmissionReview: {e}"))?;
+    let review = serde_json::to_string(&review).map_err(CallError::Encode)?;
     let timeout = Duration::from_secs(hook["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30));
     let ca = cc["caBundle"]
         .as_str()
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
     let sent = async {
-        match &target {
-            HookTarget::Url(url) => post(&state.webhooks.client(ca.as_deref())?, url, review).await,
-            HookTarget::Service(svc) => {
-                let addr =
-                    service_endpoint(state, svc).map_err(|e| format!("Post {url:?}: {e}"))?;
-                let dialer = state.kubelets.dialer.read().clone();
-                post_to_service(svc, addr, dialer, ca.as_deref(), review).await
+        let body = match &target {
+            HookTarget::Url(url) => {
+                post(&state.webhooks.client(ca.as_deref())?, url, review).await?
             }
-        }
+            HookTarget::Service(svc) => {
+                let addr = service_endpoint(state, svc).map_err(|source| CallError::Endpoint {
+                    url: url.clone(),
+                    source,
+                })?;
+                let dialer = state.kubelets.dialer.read().clone();
+                post_to_service(svc, addr, dialer, ca.as_deref(), review).await?
+            }
+        };
+        Ok::<_, CallError>(body)
     };
     let response = tokio::time::timeout(timeout, sent)
         .await
-        .map_err(|_| format!("Post {url:?}: context deadline exceeded"))??;
-    let review: Value = serde_json::from_slice(&response)
-        .map_err(|e| format!("Post {url:?}: response is not an AdmissionReview: {e}"))?;
+        .map_err(|_| CallError::Deadline { url: url.clone() })??;
+    let review: Value =
+        serde_json::from_slice(&response).map_err(|source| CallError::NotAReview {
+            url: url.clone(),
+            source,
+        })?;
     let response = review["response"].clone();
     if response["uid"] != uid {
-        return Err(format!(
-            "Post {url:?}: expected response.uid={uid:?}, got {}",
-            response["uid"]
-        ));
+        return Err(CallError::Uid {
+            url,
+            expected: uid,
+            got: response["uid"].clone(),
+        });
     }
     Ok(response)
+}
+
+/// Why calling a webhook failed. Each message reads as kube-apiserver's once its causes are
+/// appended (`error::with_causes`).
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    /// The AdmissionReview could not be serialized.
+    #[error("AdmissionReview")]
+    Encode(#[source] serde_json::Error),
+    /// The POST itself failed.
+    #[error(transparent)]
+    Webhook(#[from] WebhookError),
+    /// The webhook's Service has no endpoint to POST to.
+    #[error("Post {url:?}")]
+    Endpoint {
+        /// The URL the webhook is named by.
+        url: String,
+        /// Why no endpoint was found.
+        #[source]
+        source: EndpointError,
+    },
+    /// The webhook did not answer within its `timeoutSeconds`.
+    #[error("Post {url:?}: context deadline exceeded")]
+    Deadline {
+        /// The URL the webhook is named by.
+        url: String,
+    },
+    /// The answer is not an AdmissionReview.
+    #[error("Post {url:?}: response is not an AdmissionReview")]
+    NotAReview {
+        /// The URL the webhook is named by.
+        url: String,
+        /// Why the answer does not parse.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The answer is for another request.
+    #[error("Post {url:?}: expected response.uid={expected:?}, got {got}")]
+    Uid {
+        /// The URL the webhook is named by.
+        url: String,
+        /// The uid of the request sent.
+        expected: String,
+        /// The `response.uid` answered.
+        got: Value,
+    },
+}
+
+/// Why a webhook Service has no endpoint to call; messages read as kube-apiserver's.
+#[derive(Debug, thiserror::Error)]
+enum EndpointError {
+    /// The Service does not exist.
+    #[error("service \"{namespace}/{name}\" not found")]
+    ServiceNotFound {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+    },
+    /// The Service has no port numbered as the webhook's.
+    #[error("service \"{namespace}/{name}\" has no port {port}")]
+    PortNotFound {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+        /// The webhook's port.
+        port: u16,
+    },
+    /// No EndpointSlice of the Service lists a ready address for the port.
+    #[error("no endpoints available for service \"{name}\"")]
+    NoEndpoints {
+        /// The Service's name.
+        name: String,
+    },
 }
 
 /// An AdmissionReview v1 request, as sent.
@@ -378,10 +464,16 @@ impl HookTarget {
 /// A ready endpoint of Service `svc` for its port, from its EndpointSlices — as
 /// kube-apiserver does with `--enable-aggregator-routing` (a lab's API server is not on a
 /// node, so it does not go through the ClusterIP). Errors read as kube-apiserver's.
-fn service_endpoint(state: &State, svc: &ServiceRef) -> Result<std::net::SocketAddr, String> {
+fn service_endpoint(
+    state: &State,
+    svc: &ServiceRef,
+) -> Result<std::net::SocketAddr, EndpointError> {
     let (ns, name) = (svc.namespace.as_str(), svc.name.as_str());
     let Some(service) = state.store.get("/services", ns, name) else {
-        return Err(format!("service \"{ns}/{name}\" not found"));
+        return Err(EndpointError::ServiceNotFound {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        });
     };
     let port_name = service.value()["spec"]["ports"]
         .as_array()
@@ -389,7 +481,11 @@ fn service_endpoint(state: &State, svc: &ServiceRef) -> Result<std::net::SocketA
         .flatten()
         .find(|p| p["port"].as_u64() == Some(u64::from(svc.port)))
         .map(|p| p["name"].as_str().unwrap_or("").to_string())
-        .ok_or_else(|| format!("service \"{ns}/{name}\" has no port {}", svc.port))?;
+        .ok_or_else(|| EndpointError::PortNotFound {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            port: svc.port,
+        })?;
     let (_, slices) = state
         .store
         .list("discovery.k8s.io/endpointslices", Some(ns), None);
@@ -425,7 +521,9 @@ fn service_endpoint(state: &State, svc: &ServiceRef) -> Result<std::net::SocketA
     ready
         .choose(&mut rand::rng())
         .copied()
-        .ok_or_else(|| format!("no endpoints available for service \"{name}\""))
+        .ok_or_else(|| EndpointError::NoEndpoints {
+            name: name.to_string(),
+        })
 }
 
 #[cfg(test)]

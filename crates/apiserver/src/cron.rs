@@ -7,22 +7,116 @@
 //! accepts extensions robfig's standard parser refuses (such as `L`, `W` and `#`), which
 //! kube-apiserver would reject with a 422.
 
-/// Checks `schedule`; the error is robfig/cron's message.
-pub fn check(schedule: &str) -> Result<(), String> {
+/// Why a schedule is invalid, worded as robfig/cron's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CronError {
+    /// The schedule is blank.
+    #[error("empty spec string")]
+    Empty,
+    /// The schedule has other than five fields.
+    #[error("expected exactly 5 fields, found {}: [{}]", fields.len(), fields.join(" "))]
+    FieldCount {
+        /// The fields found.
+        fields: Vec<String>,
+    },
+    /// `@spec` is no descriptor robfig/cron knows.
+    #[error("unrecognized descriptor: {spec}")]
+    Descriptor {
+        /// The whole schedule.
+        spec: String,
+    },
+    /// `@every` is followed by no Go duration.
+    #[error("failed to parse duration {spec}: time: invalid duration {duration:?}")]
+    Duration {
+        /// The whole schedule.
+        spec: String,
+        /// The text after `@every`.
+        duration: String,
+    },
+    /// A range `expr` has more than one `-`.
+    #[error("too many hyphens: {expr}")]
+    Hyphens {
+        /// The range.
+        expr: String,
+    },
+    /// A range `expr` has more than one `/`.
+    #[error("too many slashes: {expr}")]
+    Slashes {
+        /// The range.
+        expr: String,
+    },
+    /// A range `expr` starts below its field's minimum.
+    #[error("beginning of range ({start}) below minimum ({min}): {expr}")]
+    BelowMinimum {
+        /// The start of the range.
+        start: u32,
+        /// The field's minimum.
+        min: u32,
+        /// The range.
+        expr: String,
+    },
+    /// A range `expr` ends above its field's maximum.
+    #[error("end of range ({end}) above maximum ({max}): {expr}")]
+    AboveMaximum {
+        /// The end of the range.
+        end: u32,
+        /// The field's maximum.
+        max: u32,
+        /// The range.
+        expr: String,
+    },
+    /// A range `expr` starts after it ends.
+    #[error("beginning of range ({start}) beyond end of range ({end}): {expr}")]
+    Reversed {
+        /// The start of the range.
+        start: u32,
+        /// The end of the range.
+        end: u32,
+        /// The range.
+        expr: String,
+    },
+    /// A range `expr` has a step of 0.
+    #[error("step of range should be a positive number: {expr}")]
+    ZeroStep {
+        /// The range.
+        expr: String,
+    },
+    /// A number `expr` is negative.
+    #[error("negative number ({n}) not allowed: {expr}")]
+    Negative {
+        /// Its value.
+        n: i64,
+        /// The number as written.
+        expr: String,
+    },
+    /// A number `expr` does not fit 32 bits.
+    #[error("failed to parse int from {expr}")]
+    TooLarge {
+        /// The number as written.
+        expr: String,
+    },
+    /// `expr` is neither a number nor a name of its field's values.
+    #[error("failed to parse int from {expr}: strconv.Atoi: parsing {expr:?}: invalid syntax")]
+    NotANumber {
+        /// The text as written.
+        expr: String,
+    },
+}
+
+/// Checks `schedule`; the error reads as robfig/cron's message.
+pub fn check(schedule: &str) -> Result<(), CronError> {
     let spec = schedule.trim();
     if spec.is_empty() {
-        return Err("empty spec string".into());
+        return Err(CronError::Empty);
     }
     if let Some(descriptor) = spec.strip_prefix('@') {
         return check_descriptor(descriptor, spec);
     }
     let fields: Vec<&str> = spec.split_whitespace().collect();
     if fields.len() != 5 {
-        return Err(format!(
-            "expected exactly 5 fields, found {}: [{}]",
-            fields.len(),
-            fields.join(" ")
-        ));
+        return Err(CronError::FieldCount {
+            fields: fields.iter().map(|f| f.to_string()).collect(),
+        });
     }
     const BOUNDS: [(u32, u32, &[&str]); 5] = [
         (0, 59, &[]),
@@ -45,16 +139,18 @@ pub fn check(schedule: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_descriptor(descriptor: &str, spec: &str) -> Result<(), String> {
+fn check_descriptor(descriptor: &str, spec: &str) -> Result<(), CronError> {
     match descriptor {
         "yearly" | "annually" | "monthly" | "weekly" | "daily" | "midnight" | "hourly" => Ok(()),
         _ => match descriptor.strip_prefix("every ") {
             Some(duration) if go_duration(duration.trim()) => Ok(()),
-            Some(duration) => Err(format!(
-                "failed to parse duration {spec}: time: invalid duration {:?}",
-                duration.trim()
-            )),
-            None => Err(format!("unrecognized descriptor: {spec}")),
+            Some(duration) => Err(CronError::Duration {
+                spec: spec.to_string(),
+                duration: duration.trim().to_string(),
+            }),
+            None => Err(CronError::Descriptor {
+                spec: spec.to_string(),
+            }),
         },
     }
 }
@@ -88,7 +184,8 @@ fn go_duration(text: &str) -> bool {
 }
 
 /// robfig/cron's `getRange`: `*`, `?`, `n`, `a-b`, each with an optional `/step`.
-fn range(expr: &str, min: u32, max: u32, names: &[&str]) -> Result<(), String> {
+fn range(expr: &str, min: u32, max: u32, names: &[&str]) -> Result<(), CronError> {
+    let expr_owned = || expr.to_string();
     let range_and_step: Vec<&str> = expr.split('/').collect();
     let low_and_high: Vec<&str> = range_and_step[0].split('-').collect();
     let single = low_and_high.len() == 1;
@@ -99,7 +196,7 @@ fn range(expr: &str, min: u32, max: u32, names: &[&str]) -> Result<(), String> {
         let end = match low_and_high.len() {
             1 => start,
             2 => int_or_name(low_and_high[1], names)?,
-            _ => return Err(format!("too many hyphens: {expr}")),
+            _ => return Err(CronError::Hyphens { expr: expr_owned() }),
         };
         (start, end)
     };
@@ -111,30 +208,36 @@ fn range(expr: &str, min: u32, max: u32, names: &[&str]) -> Result<(), String> {
             }
             int(range_and_step[1])?
         }
-        _ => return Err(format!("too many slashes: {expr}")),
+        _ => return Err(CronError::Slashes { expr: expr_owned() }),
     };
     if start < min {
-        return Err(format!(
-            "beginning of range ({start}) below minimum ({min}): {expr}"
-        ));
+        return Err(CronError::BelowMinimum {
+            start,
+            min,
+            expr: expr_owned(),
+        });
     }
     if end > max {
-        return Err(format!(
-            "end of range ({end}) above maximum ({max}): {expr}"
-        ));
+        return Err(CronError::AboveMaximum {
+            end,
+            max,
+            expr: expr_owned(),
+        });
     }
     if start > end {
-        return Err(format!(
-            "beginning of range ({start}) beyond end of range ({end}): {expr}"
-        ));
+        return Err(CronError::Reversed {
+            start,
+            end,
+            expr: expr_owned(),
+        });
     }
     if step == 0 {
-        return Err(format!("step of range should be a positive number: {expr}"));
+        return Err(CronError::ZeroStep { expr: expr_owned() });
     }
     Ok(())
 }
 
-fn int_or_name(expr: &str, names: &[&str]) -> Result<u32, String> {
+fn int_or_name(expr: &str, names: &[&str]) -> Result<u32, CronError> {
     let lower = expr.to_ascii_lowercase();
     if let Some(i) = names.iter().position(|n| *n == lower) {
         // Months count from 1, weekdays from 0 (Sunday).
@@ -144,13 +247,15 @@ fn int_or_name(expr: &str, names: &[&str]) -> Result<u32, String> {
     int(expr)
 }
 
-fn int(expr: &str) -> Result<u32, String> {
+fn int(expr: &str) -> Result<u32, CronError> {
+    let expr_owned = || expr.to_string();
     match expr.parse::<i64>() {
-        Ok(n) if n < 0 => Err(format!("negative number ({n}) not allowed: {expr}")),
-        Ok(n) => u32::try_from(n).map_err(|_| format!("failed to parse int from {expr}")),
-        Err(_) => Err(format!(
-            "failed to parse int from {expr}: strconv.Atoi: parsing {expr:?}: invalid syntax"
-        )),
+        Ok(n) if n < 0 => Err(CronError::Negative {
+            n,
+            expr: expr_owned(),
+        }),
+        Ok(n) => u32::try_from(n).map_err(|_| CronError::TooLarge { expr: expr_owned() }),
+        Err(_) => Err(CronError::NotANumber { expr: expr_owned() }),
     }
 }
 
@@ -202,7 +307,7 @@ mod tests {
         ];
         for (schedule, want) in cases {
             assert_eq!(
-                check(schedule),
+                check(schedule).map_err(|e| e.to_string()),
                 want.map_err(str::to_string),
                 "schedule {schedule:?}"
             );

@@ -261,3 +261,15 @@ pub fn qualified(group: &str, resource: &str) -> String {
         format!("{resource}.{group}")
     }
 }
+
+/// `error` followed by each of its causes, joined by `: ` as Go's wrapped errors read.
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

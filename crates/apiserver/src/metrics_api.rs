@@ -277,7 +277,7 @@ async fn scrape(state: &State, node: &str) -> ApiResult<decode::Batch> {
             text.trim().to_string(),
         ));
     }
-    decode::decode(&text, now_ms()).map_err(|e| failed(e.to_string()))
+    decode::decode(&text, now_ms()).map_err(|e| failed(crate::error::with_causes(&e)))
 }
 
 fn now_ms() -> i64 {

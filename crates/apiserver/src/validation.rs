@@ -305,7 +305,11 @@ fn container(path: &str, c: &Value) -> Vec<Cause> {
     if let Some(name) = c["name"].as_str().filter(|n| !n.is_empty())
         && let Err(message) = validate_dns1123_label(name)
     {
-        causes.push(invalid(&format!("{path}.name"), &c["name"], &message));
+        causes.push(invalid(
+            &format!("{path}.name"),
+            &c["name"],
+            &message.to_string(),
+        ));
     }
     for (i, port) in c["ports"].as_array().into_iter().flatten().enumerate() {
         let at = format!("{path}.ports[{i}]");
@@ -665,7 +669,11 @@ fn stateful_set(obj: &Value, old: Option<&Value>) -> Vec<Cause> {
     if let Some(name) = spec["serviceName"].as_str().filter(|n| !n.is_empty())
         && let Err(message) = validate_dns1123_label(name)
     {
-        causes.push(invalid("spec.serviceName", &spec["serviceName"], &message));
+        causes.push(invalid(
+            "spec.serviceName",
+            &spec["serviceName"],
+            &message.to_string(),
+        ));
     }
     for field in ["revisionHistoryLimit", "minReadySeconds"] {
         causes.extend(non_negative(&format!("spec.{field}"), &spec[field]));
@@ -819,8 +827,8 @@ fn cron_job(obj: &Value) -> Vec<Cause> {
             "cannot use TZ or CRON_TZ in schedule, use timeZone field instead",
         )),
         schedule => {
-            if let Err(message) = crate::cron::check(schedule) {
-                causes.push(invalid("spec.schedule", &spec["schedule"], &message));
+            if let Err(e) = crate::cron::check(schedule) {
+                causes.push(invalid("spec.schedule", &spec["schedule"], &e.to_string()));
             }
         }
     }

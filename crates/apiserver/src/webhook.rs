@@ -9,6 +9,78 @@ use serde_json::Value;
 
 use crate::store::Doc;
 
+/// Why an AdmissionReview could not be sent or answered. Each message reads as
+/// kube-apiserver's once its causes are appended (`error::with_causes`).
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// A certificate of the webhook's caBundle that rustls refuses.
+    #[error("caBundle")]
+    CaBundle(#[source] rustls::Error),
+    /// The crypto provider offers no safe TLS protocol version.
+    #[error(transparent)]
+    TlsVersions(rustls::Error),
+    /// A step of the POST to the webhook at `url` failed.
+    #[error("Post {url:?}")]
+    Post {
+        /// The URL the webhook is named by.
+        url: String,
+        /// The step that failed.
+        #[source]
+        source: PostError,
+    },
+}
+
+/// The step of a POST to a webhook that failed.
+///
+/// hyper's errors print only their own description, without their cause: the messages of
+/// these steps never carried it (only a pooled client's failure lists its causes).
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    /// Dialing the Service endpoint `addr`.
+    #[error("dial tcp {addr}")]
+    Dial {
+        /// The endpoint dialed.
+        addr: std::net::SocketAddr,
+        /// Why it could not be reached.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Service's host name is not a valid TLS server name.
+    #[error(transparent)]
+    ServerName(rustls::pki_types::InvalidDnsNameError),
+    /// The TLS handshake with the endpoint.
+    #[error("tls")]
+    Tls(#[source] std::io::Error),
+    /// The HTTP/1 handshake over the TLS connection.
+    #[error("{0}")]
+    Handshake(hyper::Error),
+    /// Building the POST request.
+    #[error(transparent)]
+    Request(http::Error),
+    /// Sending the request over a Service connection.
+    #[error("{0}")]
+    Send(hyper::Error),
+    /// Sending the request through the pooled client.
+    #[error(transparent)]
+    Client(hyper_util::client::legacy::Error),
+    /// Reading the answer's body.
+    #[error("{0}")]
+    Body(hyper::Error),
+    /// The webhook answered with a status other than 2xx.
+    #[error("HTTP {0}")]
+    Status(http::StatusCode),
+}
+
+impl PostError {
+    /// This failure, named by the webhook's `url`.
+    fn at(self, url: &str) -> WebhookError {
+        WebhookError::Post {
+            url: url.to_string(),
+            source: self,
+        }
+    }
+}
+
 /// An HTTPS client that verifies servers against one caBundle.
 pub type HttpsClient = hyper_util::client::legacy::Client<
     hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
@@ -36,7 +108,7 @@ const MAX_CONFIGS: usize = 256;
 
 impl WebhookClient {
     /// The pooled client that verifies servers against `ca_pem`.
-    pub fn client(&self, ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
+    pub fn client(&self, ca_pem: Option<&[u8]>) -> Result<HttpsClient, WebhookError> {
         let key = ca_pem.map(<[u8]>::to_vec);
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = clients.get(&key) {
@@ -67,7 +139,7 @@ impl WebhookClient {
     }
 }
 
-fn https_client(ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
+fn https_client(ca_pem: Option<&[u8]>) -> Result<HttpsClient, WebhookError> {
     let tls = tls_config(ca_pem)?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
@@ -124,17 +196,17 @@ impl ServiceRef {
 
 /// Verifies webhook servers against `ca_pem` (nothing trusted without one, as kube-apiserver
 /// trusts only the caBundle or its own system roots, which a lab does not have).
-fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, String> {
+fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, WebhookError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     if let Some(pem) = ca_pem {
         for cert in rustls_pemfile::certs(&mut &pem[..]).flatten() {
-            roots.add(cert).map_err(|e| format!("caBundle: {e}"))?;
+            roots.add(cert).map_err(WebhookError::CaBundle)?;
         }
     }
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(WebhookError::TlsVersions)?
         .with_root_certificates(roots)
         .with_no_client_auth())
 }
@@ -149,65 +221,63 @@ pub async fn post_to_service(
     dialer: Option<crate::kubelet_access::Dialer>,
     ca_pem: Option<&[u8]>,
     body: String,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, WebhookError> {
     let (host, url) = (svc.host(), svc.url());
-    let fail = |e: &dyn std::fmt::Display| format!("Post {url:?}: {e}");
     let tcp = match dialer {
         Some(dial) => dial(addr).await,
         None => tokio::net::TcpStream::connect(addr).await,
     }
-    .map_err(|e| fail(&format!("dial tcp {addr}: {e}")))?;
-    let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| fail(&e))?;
+    .map_err(|source| PostError::Dial { addr, source }.at(&url))?;
+    let name = rustls::pki_types::ServerName::try_from(host.clone())
+        .map_err(|e| PostError::ServerName(e).at(&url))?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(tls_config(ca_pem)?))
         .connect(name, tcp)
         .await
-        .map_err(|e| fail(&format!("tls: {e}")))?;
+        .map_err(|e| PostError::Tls(e).at(&url))?;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await
-            .map_err(|e| fail(&e))?;
+            .map_err(|e| PostError::Handshake(e).at(&url))?;
     tokio::spawn(connection);
     let request = http::Request::post(svc.path.as_str())
         .header(http::header::HOST, format!("{host}:{}", svc.port))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| fail(&e))?;
-    let response = sender.send_request(request).await.map_err(|e| fail(&e))?;
+        .map_err(|e| PostError::Request(e).at(&url))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| PostError::Send(e).at(&url))?;
     answer(&url, response).await
 }
 
-/// POSTs a JSON body and returns the body of a 2xx answer; errors start `Post "url": `.
-pub async fn post(client: &HttpsClient, url: &str, body: String) -> Result<Bytes, String> {
+/// POSTs a JSON body and returns the body of a 2xx answer; errors are `Post "url"`.
+pub async fn post(client: &HttpsClient, url: &str, body: String) -> Result<Bytes, WebhookError> {
     let request = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| format!("Post {url:?}: {e}"))?;
-    let response = client.request(request).await.map_err(|e| {
-        let mut msg = format!("Post {url:?}: {e}");
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            msg.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        msg
-    })?;
+        .map_err(|e| PostError::Request(e).at(url))?;
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| PostError::Client(e).at(url))?;
     answer(url, response).await
 }
 
-/// The body of a webhook's 2xx answer to a POST to `url`; errors start `Post "url": `.
+/// The body of a webhook's 2xx answer to a POST to `url`; errors are `Post "url"`.
 async fn answer(
     url: &str,
     response: http::Response<hyper::body::Incoming>,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, WebhookError> {
     let status = response.status();
     let body = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("Post {url:?}: {e}"))?
+        .map_err(|e| PostError::Body(e).at(url))?
         .to_bytes();
     if !status.is_success() {
-        return Err(format!("Post {url:?}: HTTP {status}"));
+        return Err(PostError::Status(status).at(url));
     }
     Ok(body)
 }

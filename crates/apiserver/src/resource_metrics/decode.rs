@@ -13,12 +13,54 @@ use std::collections::BTreeMap;
 
 /// A line of the text format that is not a sample, a comment or blank.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("line {line}: {what}")]
+#[error("line {line}")]
 pub struct DecodeError {
     /// 1-based line number.
     pub line: usize,
     /// What is wrong with it.
-    pub what: &'static str,
+    #[source]
+    pub what: LineError,
+}
+
+/// What makes a line neither a sample, a comment nor blank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// The line starts with no metric name.
+    #[error("no metric name")]
+    NoName,
+    /// A label set has no closing `}`.
+    #[error("unterminated label set")]
+    UnterminatedLabelSet,
+    /// A label in a label set has no name.
+    #[error("no label name")]
+    NoLabelName,
+    /// A label name is not followed by `=`.
+    #[error("no `=` after a label name")]
+    NoEquals,
+    /// A label value does not start with `"`.
+    #[error("label value not quoted")]
+    UnquotedValue,
+    /// A label value has an escape other than `\n`, `\\` or `\"`.
+    #[error("bad escape in a label value")]
+    BadEscape,
+    /// A label value has no closing `"`.
+    #[error("unterminated label value")]
+    UnterminatedValue,
+    /// A label value is followed by neither `,` nor `}`.
+    #[error("no `,` or `}}` after a label value")]
+    NoSeparator,
+    /// The name or label set runs into the value.
+    #[error("no space before the value")]
+    NoSpace,
+    /// The value is not a float.
+    #[error("value is not a number")]
+    BadValue,
+    /// The timestamp is not an integer.
+    #[error("timestamp is not an integer")]
+    BadTimestamp,
+    /// Something follows the timestamp.
+    #[error("text after the timestamp")]
+    TrailingText,
 }
 
 /// One sample line.
@@ -44,7 +86,7 @@ impl Sample<'_> {
 }
 
 /// Reads one line: None for a comment or a blank line.
-pub fn parse_line(text: &str) -> Result<Option<Sample<'_>>, &'static str> {
+pub fn parse_line(text: &str) -> Result<Option<Sample<'_>>, LineError> {
     let text = text.trim();
     if text.is_empty() || text.starts_with('#') {
         return Ok(None);
@@ -54,7 +96,7 @@ pub fn parse_line(text: &str) -> Result<Option<Sample<'_>>, &'static str> {
         .unwrap_or(text.len());
     let (name, mut rest) = text.split_at(name_end);
     if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        return Err("no metric name");
+        return Err(LineError::NoName);
     }
     let mut labels = Vec::new();
     if let Some(after) = rest.strip_prefix('{') {
@@ -67,46 +109,43 @@ pub fn parse_line(text: &str) -> Result<Option<Sample<'_>>, &'static str> {
             }
             let end = rest
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .ok_or("unterminated label set")?;
+                .ok_or(LineError::UnterminatedLabelSet)?;
             let (label, after) = rest.split_at(end);
             if label.is_empty() {
-                return Err("no label name");
+                return Err(LineError::NoLabelName);
             }
             let after = after
                 .trim_start()
                 .strip_prefix('=')
-                .ok_or("no `=` after a label name")?;
+                .ok_or(LineError::NoEquals)?;
             let after = after
                 .trim_start()
                 .strip_prefix('"')
-                .ok_or("label value not quoted")?;
+                .ok_or(LineError::UnquotedValue)?;
             let (value, after) = quoted(after)?;
             labels.push((label, value));
             rest = after.trim_start();
             if let Some(after) = rest.strip_prefix(',') {
                 rest = after;
             } else if !rest.starts_with('}') {
-                return Err("no `,` or `}` after a label value");
+                return Err(LineError::NoSeparator);
             }
         }
     }
     if !rest.starts_with(char::is_whitespace) {
-        return Err("no space before the value");
+        return Err(LineError::NoSpace);
     }
     let mut words = rest.split_whitespace();
     let value = words
         .next()
         .and_then(|v| v.parse::<f64>().ok())
-        .ok_or("value is not a number")?;
+        .ok_or(LineError::BadValue)?;
     let timestamp_ms = match words.next() {
-        Some(t) => Some(
-            t.parse::<i64>()
-                .map_err(|_| "timestamp is not an integer")?,
-        ),
+        Some(t) => Some(t.parse::<i64>().map_err(|_| LineError::BadTimestamp)?),
         None => None,
     };
     if words.next().is_some() {
-        return Err("text after the timestamp");
+        return Err(LineError::TrailingText);
     }
     Ok(Some(Sample {
         name,
@@ -117,7 +156,7 @@ pub fn parse_line(text: &str) -> Result<Option<Sample<'_>>, &'static str> {
 }
 
 /// The value of a quoted label (after its opening quote) and the text after its closing one.
-fn quoted(text: &str) -> Result<(String, &str), &'static str> {
+fn quoted(text: &str) -> Result<(String, &str), LineError> {
     let mut value = String::new();
     let mut chars = text.char_indices();
     while let Some((i, c)) = chars.next() {
@@ -126,12 +165,12 @@ fn quoted(text: &str) -> Result<(String, &str), &'static str> {
             '\\' => match chars.next() {
                 Some((_, 'n')) => value.push('\n'),
                 Some((_, c @ ('\\' | '"'))) => value.push(c),
-                _ => return Err("bad escape in a label value"),
+                _ => return Err(LineError::BadEscape),
             },
             c => value.push(c),
         }
     }
-    Err("unterminated label value")
+    Err(LineError::UnterminatedValue)
 }
 
 /// A cumulative CPU counter and a working set, read at one time.
@@ -349,14 +388,14 @@ scrape_error 0
             ("m{a=\"b\"}1", Err("no space before the value")),
         ];
         for (line, want) in cases {
-            let got = parse_line(line).map(|s| {
+            let got = parse_line(line).map_err(|e| e.to_string()).map(|s| {
                 s.map(|s| {
                     let labels: Vec<String> =
                         s.labels.iter().map(|(n, v)| format!("{n}={v}")).collect();
                     (s.name, labels, s.value, s.timestamp_ms)
                 })
             });
-            let want = want.clone().map(|s| {
+            let want = want.clone().map_err(str::to_string).map(|s| {
                 s.map(|(name, labels, value, at)| {
                     let labels = labels.iter().map(|(n, v)| format!("{n}={v}")).collect();
                     (name, labels, value, at)
@@ -368,8 +407,14 @@ scrape_error 0
             decode("ok 1\nbad{ 1\n", 0),
             Err(DecodeError {
                 line: 2,
-                what: "unterminated label set"
+                what: LineError::UnterminatedLabelSet
             })
+        );
+        let error = decode("ok 1\nbad{ 1\n", 0).unwrap_err();
+        let cause = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(
+            format!("{error}: {}", cause.unwrap_or_default()),
+            "line 2: unterminated label set"
         );
     }
 }
