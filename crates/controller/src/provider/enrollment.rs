@@ -487,7 +487,8 @@ mod tests {
     #[test]
     fn enrollment_refusals_table() {
         type Edit = fn(&mut PeeringRequest, &mut Option<Secret>);
-        let cases: [(&str, Edit, fn(&Refusal) -> bool, &str); 8] = [
+        type Variant = fn(&Refusal) -> bool;
+        let cases: [(&str, Edit, Variant, &str); 8] = [
             (
                 "protocol",
                 |r, _| r.spec.protocol_version = Some(999),

@@ -124,6 +124,11 @@ pub enum Missed {
     Many,
 }
 
+/// A schedule that fires more than once a second (upstream refuses it the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("time difference between two schedules is less than 1 second")]
+pub struct TooFrequent;
+
 /// The latest scheduled time in (earliest, now], with how many were missed, as upstream's
 /// mostRecentScheduleTime: `earliest` is the last schedule (or the creation) time, raised to
 /// now − startingDeadlineSeconds when `with_deadline`.
@@ -132,7 +137,7 @@ pub fn most_recent(
     schedule: &Schedule,
     now: Timestamp,
     with_deadline: bool,
-) -> Result<(Timestamp, Option<Timestamp>, Missed), String> {
+) -> Result<(Timestamp, Option<Timestamp>, Missed), TooFrequent> {
     let mut earliest = cj
         .status
         .as_ref()
@@ -161,7 +166,7 @@ pub fn most_recent(
     }
     let between = t2.duration_since(t1).as_secs();
     if between < 1 {
-        return Err("time difference between two schedules is less than 1 second".into());
+        return Err(TooFrequent);
     }
     let missed = now.duration_since(t1).as_secs() / between + 1;
     // Jump close to now, then let the schedule find the exact latest time (schedules are not

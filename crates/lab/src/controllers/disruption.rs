@@ -27,7 +27,7 @@ use tandem_api::client::{is_conflict, is_not_found};
 
 use super::availability::is_ready;
 use super::context::Context;
-use super::deployment::plan::resolve;
+use super::deployment::plan::{InvalidField, resolve};
 use super::error::{Error, StepExt, drain, key, retry_after_error};
 use super::owners::controller_of;
 
@@ -118,18 +118,18 @@ pub fn expected_and_desired(
     spec: &PodDisruptionBudgetSpec,
     pods: usize,
     scale: i32,
-) -> Result<(i32, i32), String> {
+) -> Result<(i32, i32), InvalidField> {
     let pods = i32::try_from(pods).unwrap_or(i32::MAX);
     if let Some(max) = &spec.max_unavailable {
         let max = resolve(Some(max), "0%", scale, true)
-            .map_err(|e| format!("spec.maxUnavailable: {e}"))?;
+            .map_err(InvalidField::at("spec.maxUnavailable"))?;
         return Ok((scale, (scale - max).max(0)));
     }
     match &spec.min_available {
         Some(IntOrString::Int(min)) => Ok((pods, *min)),
         Some(min) => {
             let min = resolve(Some(min), "0%", scale, true)
-                .map_err(|e| format!("spec.minAvailable: {e}"))?;
+                .map_err(InvalidField::at("spec.minAvailable"))?;
             Ok((scale, min))
         }
         None => Ok((0, 0)),
@@ -356,7 +356,7 @@ async fn compute(
     let (expected, desired) =
         expected_and_desired(&spec, pods.len(), scale).map_err(|reason| Error::Invalid {
             object: object.clone(),
-            reason,
+            reason: reason.to_string(),
         })?;
     let (disrupted, recheck) = pending_disruptions(
         pdb.status.as_ref().and_then(|s| s.disrupted_pods.as_ref()),
@@ -593,6 +593,7 @@ mod tests {
         assert!(
             expected_and_desired(&spec(json!({"maxUnavailable": "half"})), 3, 3)
                 .unwrap_err()
+                .to_string()
                 .contains("maxUnavailable")
         );
     }

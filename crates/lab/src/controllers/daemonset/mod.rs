@@ -227,7 +227,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Erro
         let budget = budget(&ds, i32::try_from(desired).unwrap_or(i32::MAX)).map_err(|reason| {
             Error::Invalid {
                 object: object.clone(),
-                reason,
+                reason: reason.to_string(),
             }
         })?;
         let (events, backing_off) = (std::mem::take(&mut changes.events), changes.backing_off);

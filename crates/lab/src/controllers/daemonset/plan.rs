@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controllers::availability::{Availability, availability, is_ready};
-use crate::controllers::deployment::plan::resolve;
+use crate::controllers::deployment::plan::{InvalidField, resolve};
 use crate::scheduler::matching::{selects_node, tolerates};
 
 /// Label naming the ControllerRevision a daemon pod was made from.
@@ -234,7 +234,7 @@ pub struct Budget {
 /// Resolves the update strategy against `desired` nodes (kube's updatedDesiredNodeCounts),
 /// with the API server's defaults (RollingUpdate, maxUnavailable 1, maxSurge 0) for what is
 /// unset. Zero surge and zero unavailability would never progress: maxUnavailable is 1 then.
-pub fn budget(ds: &DaemonSet, desired: i32) -> Result<Budget, String> {
+pub fn budget(ds: &DaemonSet, desired: i32) -> Result<Budget, InvalidField> {
     let strategy = ds.spec.as_ref().and_then(|s| s.update_strategy.as_ref());
     if strategy.and_then(|s| s.type_.as_deref()) == Some("OnDelete") {
         return Ok(Budget {
@@ -248,15 +248,18 @@ pub fn budget(ds: &DaemonSet, desired: i32) -> Result<Budget, String> {
     let unavailable = rolling
         .and_then(|r| r.max_unavailable.as_ref())
         .unwrap_or(&one);
-    let max_unavailable = resolve(Some(unavailable), "0%", desired, true)
-        .map_err(|e| format!("spec.updateStrategy.rollingUpdate.maxUnavailable: {e}"))?;
+    let max_unavailable = resolve(Some(unavailable), "0%", desired, true).map_err(
+        InvalidField::at("spec.updateStrategy.rollingUpdate.maxUnavailable"),
+    )?;
     let max_surge = resolve(
         rolling.and_then(|r| r.max_surge.as_ref()),
         "0%",
         desired,
         true,
     )
-    .map_err(|e| format!("spec.updateStrategy.rollingUpdate.maxSurge: {e}"))?;
+    .map_err(InvalidField::at(
+        "spec.updateStrategy.rollingUpdate.maxSurge",
+    ))?;
     let max_unavailable = if desired > 0 && max_unavailable == 0 && max_surge == 0 {
         1
     } else {

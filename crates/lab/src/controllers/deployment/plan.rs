@@ -18,6 +18,28 @@ pub struct RsState {
     pub available: i32,
 }
 
+/// An int-or-percent field (maxSurge, maxUnavailable, minAvailable) that is neither.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value {0:?}: must be an integer or a percentage")]
+pub struct NotIntOrPercent(pub String);
+
+/// [`NotIntOrPercent`] in a named field (`spec.minAvailable`), as a controller reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {invalid}")]
+pub struct InvalidField {
+    /// The field's path.
+    pub field: &'static str,
+    /// What is wrong with its value.
+    pub invalid: NotIntOrPercent,
+}
+
+impl InvalidField {
+    /// Names `field` in a [`NotIntOrPercent`] (for `map_err`).
+    pub fn at(field: &'static str) -> impl FnOnce(NotIntOrPercent) -> InvalidField {
+        move |invalid| InvalidField { field, invalid }
+    }
+}
+
 /// Resolves maxSurge/maxUnavailable against `total`: ints as they are, percentages of
 /// `total` rounded up (surge) or down (unavailable), as kube's intstr helper does.
 pub fn resolve(
@@ -25,7 +47,7 @@ pub fn resolve(
     default: &str,
     total: i32,
     round_up: bool,
-) -> Result<i32, String> {
+) -> Result<i32, NotIntOrPercent> {
     let value = value
         .cloned()
         .unwrap_or_else(|| IntOrString::String(default.into()));
@@ -35,9 +57,7 @@ pub fn resolve(
             let percent: i64 = s
                 .strip_suffix('%')
                 .and_then(|p| p.parse().ok())
-                .ok_or_else(|| {
-                    format!("invalid value {s:?}: must be an integer or a percentage")
-                })?;
+                .ok_or_else(|| NotIntOrPercent(s.clone()))?;
             let scaled = percent * i64::from(total);
             let v = if round_up {
                 (scaled + 99).div_euclid(100)
@@ -55,10 +75,10 @@ pub fn fenceposts(
     surge: Option<&IntOrString>,
     unavailable: Option<&IntOrString>,
     desired: i32,
-) -> Result<(i32, i32), String> {
-    let surge = resolve(surge, "25%", desired, true).map_err(|e| format!("maxSurge: {e}"))?;
+) -> Result<(i32, i32), InvalidField> {
+    let surge = resolve(surge, "25%", desired, true).map_err(InvalidField::at("maxSurge"))?;
     let unavailable =
-        resolve(unavailable, "25%", desired, false).map_err(|e| format!("maxUnavailable: {e}"))?;
+        resolve(unavailable, "25%", desired, false).map_err(InvalidField::at("maxUnavailable"))?;
     Ok(if surge == 0 && unavailable == 0 {
         (0, 1)
     } else {
@@ -306,6 +326,7 @@ mod tests {
         assert!(
             fenceposts(Some(&IntOrString::String("lots".into())), None, 3)
                 .unwrap_err()
+                .to_string()
                 .contains("maxSurge")
         );
     }

@@ -477,6 +477,7 @@ fn budgets_round_up_and_never_deadlock() {
     assert!(
         budget(&with(json!({"maxUnavailable": "lots"})), 3)
             .unwrap_err()
+            .to_string()
             .contains("maxUnavailable")
     );
 }
