@@ -3,9 +3,11 @@
 //! carry its cause, and one that returns `anyhow` hides what can fail from its callers.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use syn::visit::Visit;
+
+use crate::rust_files;
 
 /// A function whose error type breaks the rule.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -247,21 +249,6 @@ impl<'ast> Visit<'ast> for Finder<'_> {
             self.check(format!("{owner}::{}", f.sig.ident), public, &f.sig.output);
         }
         syn::visit::visit_impl_item_fn(self, f);
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
-        .map(|e| e.expect("directory entry").path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
     }
 }
 
