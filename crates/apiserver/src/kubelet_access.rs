@@ -26,7 +26,7 @@ pub struct KubeletAccess {
 
 impl KubeletAccess {
     /// A fresh client CA and certificate for cluster `name`.
-    pub fn new(name: &str) -> anyhow::Result<KubeletAccess> {
+    pub fn new(name: &str) -> Result<KubeletAccess, crate::pki::PkiError> {
         let (ca, client) = crate::pki::kubelet_client(name)?;
         Ok(KubeletAccess {
             ca,

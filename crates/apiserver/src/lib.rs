@@ -43,6 +43,7 @@ mod reviews;
 mod scale;
 mod selectors;
 mod server;
+pub mod start_error;
 mod state;
 pub mod store;
 mod strict;
@@ -54,6 +55,7 @@ mod wal;
 mod watch;
 mod webhook;
 
+pub use start_error::{BootstrapError, ClientError, StartError};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -79,9 +81,13 @@ const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "k
 
 impl ApiServer {
     /// Opens the store, bootstraps the cluster's built-in objects and starts serving.
-    pub async fn start(config: Config) -> anyhow::Result<ApiServer> {
-        let store = store::Store::open(config.data_dir.as_deref(), config.watch_window)
-            .map_err(|e| anyhow::anyhow!("opening the store in {:?}: {e}", config.data_dir))?;
+    pub async fn start(config: Config) -> Result<ApiServer, StartError> {
+        let store = store::Store::open(config.data_dir.as_deref(), config.watch_window).map_err(
+            |source| StartError::Store {
+                dir: config.data_dir.clone(),
+                source,
+            },
+        )?;
         let mut sans = vec![first_service_ip(&config.service_cidr)];
         sans.extend(config.extra_sans.iter().cloned());
         let pki = pki::ClusterPki::load_or_create(config.data_dir.as_deref(), &config.name, &sans)?;
@@ -89,9 +95,15 @@ impl ApiServer {
             Some(dir) => load_or_create_token(dir)?,
             None => random_token(),
         };
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port)).await?;
+        let listen = |source| StartError::Listen {
+            port: config.port,
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
+            .await
+            .map_err(listen)?;
         let config_name = config.name.clone();
-        let addr = listener.local_addr()?;
+        let addr = listener.local_addr().map_err(listen)?;
         let mut registry = registry::Registry::builtin();
         metrics_api::register(&mut registry);
         let state = Arc::new(State {
@@ -168,29 +180,38 @@ impl ApiServer {
     }
 
     /// A kubeconfig for the admin (a client certificate in group system:masters).
-    pub fn admin_kubeconfig(&self) -> anyhow::Result<String> {
+    pub fn admin_kubeconfig(&self) -> Result<String, ClientError> {
         self.kubeconfig_for("admin", &["system:masters"])
     }
 
     /// The admin kubeconfig as kube's typed `Kubeconfig`: cluster and context named after the
     /// server, user `<name>-admin`.
-    pub fn admin_config(&self) -> anyhow::Result<Kubeconfig> {
+    pub fn admin_config(&self) -> Result<Kubeconfig, ClientError> {
         self.config_for("admin", &["system:masters"])
     }
 
     /// Writes the admin kubeconfig to `path` atomically (a reader never sees half a file).
-    pub fn write_admin_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
-        fsutil::write_atomic(path, self.admin_kubeconfig()?.as_bytes())
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    pub fn write_admin_kubeconfig(&self, path: &Path) -> Result<(), ClientError> {
+        fsutil::write_atomic(path, self.admin_kubeconfig()?.as_bytes()).map_err(|source| {
+            ClientError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
     }
 
     /// A kubeconfig whose client certificate names `user` with `groups`.
-    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<String> {
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<String, ClientError> {
         Ok(to_yaml(&self.config_for(user, groups)?))
     }
 
-    fn config_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<Kubeconfig> {
-        let cert = self.state.pki.ca.issue(user, groups, &[], false)?;
+    fn config_for(&self, user: &str, groups: &[&str]) -> Result<Kubeconfig, ClientError> {
+        let cert = self
+            .state
+            .pki
+            .ca
+            .issue(user, groups, &[], false)
+            .map_err(ClientError::Certificate)?;
         Ok(self.config_with(
             user,
             Credentials::ClientCertificate {
@@ -219,7 +240,7 @@ impl ApiServer {
     }
 
     /// A kube client for the admin.
-    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+    pub async fn client(&self) -> Result<kube::Client, ClientError> {
         client_from_kubeconfig(&self.admin_kubeconfig()?).await
     }
 
@@ -238,10 +259,12 @@ impl ApiServer {
 }
 
 /// A kube client from kubeconfig YAML.
-pub async fn client_from_kubeconfig(yaml: &str) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    Ok(kube::Client::try_from(config)?)
+pub async fn client_from_kubeconfig(yaml: &str) -> Result<kube::Client, ClientError> {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml).map_err(ClientError::Kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(ClientError::Kubeconfig)?;
+    kube::Client::try_from(config).map_err(ClientError::Build)
 }
 
 fn random_token() -> String {
@@ -250,13 +273,14 @@ fn random_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-fn load_or_create_token(dir: &Path) -> anyhow::Result<String> {
+fn load_or_create_token(dir: &Path) -> Result<String, StartError> {
     let path = dir.join("admin.token");
     if let Ok(token) = std::fs::read_to_string(&path) {
         return Ok(token.trim().to_string());
     }
     let token = random_token();
-    fsutil::write_atomic(&path, token.as_bytes())?;
+    fsutil::write_atomic(&path, token.as_bytes())
+        .map_err(|source| StartError::Token { path, source })?;
     Ok(token)
 }
 
@@ -264,14 +288,17 @@ fn load_or_create_token(dir: &Path) -> anyhow::Result<String> {
 /// `kubernetes` Service), publishes the client CAs in
 /// `kube-system/extension-apiserver-authentication`, and loads stored RBAC objects and CRDs
 /// into memory.
-fn bootstrap(state: &State) -> anyhow::Result<()> {
+fn bootstrap(state: &State) -> Result<(), BootstrapError> {
     let registry = state.registry.read().stored_resources();
     let find = |group: &str, resource: &str| {
         registry
             .iter()
             .find(|r| r.group == group && r.resource == resource)
             .cloned()
-            .ok_or_else(|| anyhow::anyhow!("built-in resource {group}/{resource} missing"))
+            .ok_or_else(|| BootstrapError::MissingResource {
+                group: group.into(),
+                resource: resource.into(),
+            })
     };
     // Stored CRDs and RBAC objects first, so they are served and enforced from the start.
     let (_, crds) = state
@@ -292,22 +319,28 @@ fn bootstrap(state: &State) -> anyhow::Result<()> {
             state.rbac.write().apply(&res.kind, &doc.value());
         }
     }
-    let create_missing = |res: &registry::ResourceInfo, mut obj: Value| -> anyhow::Result<()> {
-        let ns = obj["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
-        if state.store.get(&res.storage_key(), &ns, &name).is_some() {
-            return Ok(());
-        }
-        objects::prepare_create(res, &mut obj);
-        defaults::apply(state, res, &mut obj, None).map_err(|e| anyhow::anyhow!("{e}"))?;
-        state
-            .create_object(res, &ns, &name, &mut obj)
-            .map_err(|e| anyhow::anyhow!("bootstrapping {}/{name}: {e}", res.resource))?;
-        Ok(())
-    };
+    let create_missing =
+        |res: &registry::ResourceInfo, mut obj: Value| -> Result<(), BootstrapError> {
+            let ns = obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if state.store.get(&res.storage_key(), &ns, &name).is_some() {
+                return Ok(());
+            }
+            objects::prepare_create(res, &mut obj);
+            let failed = |source: error::ApiError| BootstrapError::Create {
+                resource: res.resource.clone(),
+                name: name.clone(),
+                source: Box::new(source),
+            };
+            defaults::apply(state, res, &mut obj, None).map_err(failed)?;
+            state
+                .create_object(res, &ns, &name, &mut obj)
+                .map_err(failed)?;
+            Ok(())
+        };
     let namespaces = find("", "namespaces")?;
     for ns in SYSTEM_NAMESPACES {
         create_missing(
@@ -321,7 +354,7 @@ fn bootstrap(state: &State) -> anyhow::Result<()> {
             .iter()
             .find(|r| r.group == "rbac.authorization.k8s.io" && r.kind == kind)
             .cloned()
-            .ok_or_else(|| anyhow::anyhow!("bootstrap policy has unknown kind {kind}"))?;
+            .ok_or_else(|| BootstrapError::UnknownKind(kind.into()))?;
         create_missing(&res, obj)?;
     }
     create_missing(
@@ -329,8 +362,7 @@ fn bootstrap(state: &State) -> anyhow::Result<()> {
         cluster_authentication::reader_role(),
     )?;
     // Rewritten at each start: the kubelet-client CA is new with every process.
-    cluster_authentication::publish(state)
-        .map_err(|e| anyhow::anyhow!("publishing the client CAs: {e}"))?;
+    cluster_authentication::publish(state).map_err(|e| BootstrapError::ClientCas(Box::new(e)))?;
     let services = find("", "services")?;
     create_missing(
         &services,

@@ -286,7 +286,8 @@ impl LabCluster {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
                 Err(e) => {
-                    return Err(e.context(format!("cluster {name}: restarting the API server")));
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("cluster {name}: restarting the API server")));
                 }
             }
         };

@@ -32,14 +32,6 @@ const TEXT_ERRORS_LEFT: &[&str] = &[
 
 /// `crate/path-in-src: function` of the public functions returning anyhow left to fix.
 const ANYHOW_LEFT: &[&str] = &[
-    "apiserver/kubelet_access.rs: KubeletAccess::new",
-    "apiserver/lib.rs: ApiServer::admin_config",
-    "apiserver/lib.rs: ApiServer::admin_kubeconfig",
-    "apiserver/lib.rs: ApiServer::client",
-    "apiserver/lib.rs: ApiServer::kubeconfig_for",
-    "apiserver/lib.rs: ApiServer::start",
-    "apiserver/lib.rs: ApiServer::write_admin_kubeconfig",
-    "apiserver/lib.rs: client_from_kubeconfig",
     "lab/cluster.rs: LabCluster::restart_api_server",
     "lab/cluster.rs: LabCluster::start",
     "lab/controllers/mod.rs: run_all",
