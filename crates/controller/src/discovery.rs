@@ -675,3 +675,96 @@ async fn record_heard(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// What the discovery settings ConfigMap asks for: every shape of its two keys.
+    #[test]
+    fn discovery_settings_table() {
+        let fp = format!("sha256:{}", "ab".repeat(32));
+        let good = format!("id=milan\nv=1\nendpoint=https://milan.example:6443\nfp={fp}\n");
+        struct Case<'a> {
+            what: &'a str,
+            /// The ConfigMap's data (None: no ConfigMap).
+            data: Option<Vec<(&'a str, &'a str)>>,
+            /// The cluster ID advertised.
+            advertises: Option<&'a str>,
+            /// The refusal's text.
+            error: Option<&'a str>,
+            browses: bool,
+        }
+        let case = |what, data, advertises, error, browses| Case {
+            what,
+            data,
+            advertises,
+            error,
+            browses,
+        };
+        let cases = vec![
+            case("no ConfigMap", None, None, None, false),
+            case("empty", Some(vec![]), None, None, false),
+            case(
+                "browse only",
+                Some(vec![(BROWSE_KEY, "true")]),
+                None,
+                None,
+                true,
+            ),
+            case(
+                "browse is only \"true\"",
+                Some(vec![(BROWSE_KEY, "yes")]),
+                None,
+                None,
+                false,
+            ),
+            case(
+                "advertise and browse",
+                Some(vec![(ADVERTISE_KEY, good.as_str()), (BROWSE_KEY, "true")]),
+                Some("milan"),
+                None,
+                true,
+            ),
+            case(
+                "an advertisement that does not read",
+                Some(vec![(ADVERTISE_KEY, "id=Not_A_Label\nv=1")]),
+                None,
+                Some("mdns-advertise of ConfigMap tandem-discovery is not an advertisement"),
+                false,
+            ),
+        ];
+        for Case {
+            what,
+            data,
+            advertises,
+            error,
+            browses,
+        } in cases
+        {
+            let map: Option<BTreeMap<String, String>> = data.map(|d| {
+                d.into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            });
+            let (advertisement, browse) = settings_of(map.as_ref());
+            assert_eq!(browse, browses, "{what}: browse");
+            match (advertisement, advertises, error) {
+                (Ok(ad), want, None) => {
+                    assert_eq!(ad.map(|a| a.cluster_id).as_deref(), want, "{what}")
+                }
+                (Err(e), None, Some(text)) => {
+                    assert!(e.to_string().contains(text), "{what}: {e}");
+                    assert!(
+                        crate::error::chain(&e).contains("id"),
+                        "{what}: the cause names the key: {}",
+                        crate::error::chain(&e)
+                    );
+                }
+                (got, _, _) => panic!("{what}: {got:?}"),
+            }
+        }
+    }
+}
