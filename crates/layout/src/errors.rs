@@ -35,30 +35,13 @@ pub enum Rule {
     AnyhowInPublicApi,
 }
 
+/// `#[test]`, or a `#[cfg(…)]` that names `test`.
 fn is_test_attr(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
-        (a.path().is_ident("cfg") || a.path().is_ident("test"))
-            && a.to_token_stream_string().contains("test")
+        a.path().is_ident("test")
+            || (a.path().is_ident("cfg")
+                && matches!(&a.meta, syn::Meta::List(l) if l.tokens.to_string().contains("test")))
     })
-}
-
-trait AttrText {
-    fn to_token_stream_string(&self) -> String;
-}
-
-impl AttrText for syn::Attribute {
-    fn to_token_stream_string(&self) -> String {
-        quote_free(&self.meta)
-    }
-}
-
-/// The tokens of an attribute's meta as text (without pulling `quote` in).
-fn quote_free(meta: &syn::Meta) -> String {
-    match meta {
-        syn::Meta::Path(p) => path_text(p),
-        syn::Meta::List(l) => format!("{}({})", path_text(&l.path), l.tokens),
-        syn::Meta::NameValue(nv) => path_text(&nv.path),
-    }
 }
 
 fn path_text(path: &syn::Path) -> String {

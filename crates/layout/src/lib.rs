@@ -56,8 +56,8 @@ fn module_name(relative: &Path) -> String {
     parts.join("::")
 }
 
-/// Every `.rs` file under `dir`, in name order.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every `.rs` file under `dir` (appended to `out`), in name order.
+pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())

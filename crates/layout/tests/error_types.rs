@@ -101,21 +101,18 @@ fn library_crates() -> Vec<PathBuf> {
 /// The functions a crate's clap arguments name as `value_parser = f` (their error is the text
 /// clap prints).
 fn value_parsers(src: &Path) -> Vec<String> {
-    let mut files = vec![src.to_path_buf()];
+    let mut files = Vec::new();
+    tandem_layout::rust_files(src, &mut files);
     let mut names = Vec::new();
-    while let Some(path) = files.pop() {
-        if path.is_dir() {
-            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            for (at, _) in text.match_indices("value_parser = ") {
-                let rest = &text[at + "value_parser = ".len()..];
-                let path_end = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
-                    .unwrap_or(rest.len());
-                if let Some(name) = rest[..path_end].rsplit("::").next() {
-                    names.push(name.to_string());
-                }
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (at, _) in text.match_indices("value_parser = ") {
+            let rest = &text[at + "value_parser = ".len()..];
+            let path_end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(rest.len());
+            if let Some(name) = rest[..path_end].rsplit("::").next() {
+                names.push(name.to_string());
             }
         }
     }
