@@ -142,9 +142,10 @@ async fn main() -> anyhow::Result<()> {
                     answered.insert(ip.clone());
                 }
                 Err(e) => failures.push(format!(
-                    "{:.2?} after the Deployment, {:.2?} lost: {e}",
+                    "{:.2?} after the Deployment, {:.2?} lost: {}",
                     tried - t0,
-                    tried.elapsed()
+                    tried.elapsed(),
+                    e.message()
                 )),
             }
         }

@@ -149,7 +149,7 @@ pub fn main() -> std::process::ExitCode {
                 tandem_lab::network::incluster::PID1_ARG,
             ));
         let Err(e) = tandem_lab::network::incluster::enter(&spec, pid1);
-        eprintln!("error: {e}");
+        eprintln!("error: {:#}", anyhow::Error::new(e));
         // What runc answers for a container that cannot start.
         return std::process::ExitCode::from(128);
     }

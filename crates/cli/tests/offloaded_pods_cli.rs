@@ -353,7 +353,8 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
         &["--as=alice"],
     )
     .err()
-    .expect("alice may not port-forward");
+    .expect("alice may not port-forward")
+    .stderr;
     assert!(
         refused.contains("cannot create resource \"pods/portforward\""),
         "{refused}"
@@ -420,7 +421,8 @@ fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
             &[],
         )
         .err()
-        .expect("the provider refuses port-forward");
+        .expect("the provider refuses port-forward")
+        .stderr;
         assert!(
             refused.contains("provider milan") && refused.contains("spec.podAccess.portForward"),
             "websockets: {websockets}: {refused}"

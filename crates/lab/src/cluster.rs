@@ -7,7 +7,9 @@ use std::sync::Arc;
 use tandem_apiserver::{ApiServer, Config};
 use tokio::task::JoinHandle;
 
+use crate::error::LabError;
 use crate::kubelet::HollowNode;
+use crate::network::NetworkError;
 pub use crate::power::NodePower;
 
 /// How to build a lab cluster.
@@ -127,24 +129,56 @@ pub fn nodes_of(config: &LabConfig) -> Vec<HollowNode> {
         .collect()
 }
 
+/// The network-mode description of hollow node `n` (the `i`-th, 0-based).
+fn node_spec(
+    (i, n): (usize, HollowNode),
+) -> Result<crate::network::topology::NodeSpec, NetworkError> {
+    Ok(crate::network::topology::NodeSpec {
+        index: i + 1,
+        ip: n
+            .internal_ip
+            .parse()
+            .map_err(|source| NetworkError::NodeIp {
+                node: n.name.clone(),
+                ip: n.internal_ip.clone(),
+                source,
+            })?,
+        pod_cidr: n.pod_cidr.parse().map_err(|source| NetworkError::PodCidr {
+            node: n.name.clone(),
+            cidr: n.pod_cidr.clone(),
+            source,
+        })?,
+        name: n.name,
+    })
+}
+
+/// Runs one of the cluster's tasks, logging why it stopped if it fails.
+fn spawn_logged<E: std::fmt::Display>(
+    name: &'static str,
+    task: impl std::future::Future<Output = Result<(), E>> + Send + 'static,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = task.await {
+            tracing::error!("lab {name} stopped: {e}");
+        }
+    })
+}
+
 impl LabCluster {
     /// Starts the API server, the hollow nodes and the controllers.
-    pub async fn start(config: LabConfig) -> anyhow::Result<LabCluster> {
+    pub async fn start(config: LabConfig) -> Result<LabCluster, LabError> {
+        let cluster = || config.name.clone();
+        let network_mode = |source| LabError::Network {
+            cluster: cluster(),
+            source,
+        };
         let network = if config.network {
             let nodes = nodes_of(&config)
                 .into_iter()
                 .enumerate()
-                .map(
-                    |(i, n)| -> anyhow::Result<crate::network::topology::NodeSpec> {
-                        Ok(crate::network::topology::NodeSpec {
-                            index: i + 1,
-                            ip: n.internal_ip.parse()?,
-                            pod_cidr: n.pod_cidr.parse()?,
-                            name: n.name,
-                        })
-                    },
-                )
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .map(node_spec)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(network_mode)?;
             Some(
                 crate::network::ClusterNetwork::create(
                     &config.name,
@@ -153,7 +187,7 @@ impl LabCluster {
                     config.tandem_binary.clone(),
                 )
                 .await
-                .map_err(|e| anyhow::anyhow!("cluster {}: network mode: {e:#}", config.name))?,
+                .map_err(network_mode)?,
             )
         } else {
             None
@@ -168,54 +202,47 @@ impl LabCluster {
                 .unwrap_or_default(),
             ..Default::default()
         })
-        .await?;
-        let client = server.client().await?;
+        .await
+        .map_err(|source| LabError::ApiServer {
+            cluster: cluster(),
+            source,
+        })?;
+        let client = server.client().await.map_err(|source| LabError::Admin {
+            cluster: cluster(),
+            source,
+        })?;
         if let Some(network) = &network {
             network
                 .start_services(&server, client.clone())
                 .await
-                .map_err(|e| anyhow::anyhow!("cluster {}: network mode: {e:#}", config.name))?;
+                .map_err(network_mode)?;
         }
         let power = NodePower::default();
         let mut tasks = Vec::new();
-        let spawn =
-            |name: &'static str, fut: futures::future::BoxFuture<'static, anyhow::Result<()>>| {
-                tokio::spawn(async move {
-                    if let Err(e) = fut.await {
-                        tracing::error!("lab {name} stopped: {e:#}");
-                    }
-                })
-            };
         let (nodes_seen, scheduler_nodes_seen) = tokio::sync::watch::channel(0);
-        tasks.push(spawn(
-            "scheduler",
-            Box::pin(crate::scheduler::run(client.clone(), nodes_seen)),
-        ));
-        tasks.push(spawn(
-            "node lifecycle controller",
-            Box::pin(crate::nodelifecycle::run(
-                client.clone(),
-                config.node_monitor_grace_period,
-            )),
-        ));
-        tasks.push(spawn(
+        tasks.push(tokio::spawn(crate::scheduler::run(
+            client.clone(),
+            nodes_seen,
+        )));
+        tasks.push(tokio::spawn(crate::nodelifecycle::run(
+            client.clone(),
+            config.node_monitor_grace_period,
+        )));
+        tasks.push(spawn_logged(
             "controllers",
-            Box::pin(crate::controllers::run_all(
-                client.clone(),
-                server.state().pki.ca.clone(),
-            )),
+            crate::controllers::run_all(client.clone(), server.state().pki.ca.clone()),
         ));
         let kubelet_events = crate::events::Recorder::new(client.clone(), "kubelet");
         for node in nodes_of(&config) {
-            tasks.push(spawn(
+            tasks.push(spawn_logged(
                 "kubelet",
-                Box::pin(crate::kubelet::run(
+                crate::kubelet::run(
                     client.clone(),
                     node,
                     power.clone(),
                     kubelet_events.clone(),
                     network.clone(),
-                )),
+                ),
             ));
         }
         Ok(LabCluster {
@@ -256,16 +283,18 @@ impl LabCluster {
     /// port and certificates. Every client — the lab's own controllers and kubelets, Tandem,
     /// kubectl — reconnects by itself. The cluster needs a data directory (where the store's
     /// log keeps every acknowledged write); hollow mode only.
-    pub async fn restart_api_server(&mut self) -> anyhow::Result<()> {
+    pub async fn restart_api_server(&mut self) -> Result<(), LabError> {
         let name = &self.config.name;
-        anyhow::ensure!(
-            self.config.data_dir.is_some(),
-            "cluster {name}: restarting the API server needs a data directory (LabConfig::data_dir)"
-        );
-        anyhow::ensure!(
-            self.network.is_none(),
-            "cluster {name}: restarting the API server is not supported in network mode"
-        );
+        if self.config.data_dir.is_none() {
+            return Err(LabError::RestartWithoutDataDir {
+                cluster: name.clone(),
+            });
+        }
+        if self.network.is_some() {
+            return Err(LabError::RestartInNetworkMode {
+                cluster: name.clone(),
+            });
+        }
         let mut config = self.server.state().config.clone();
         config.port = self.server.addr().port();
         self.server.stop();
@@ -282,12 +311,18 @@ impl LabCluster {
             match ApiServer::start(config.clone()).await {
                 Ok(s) => break s,
                 Err(e) if tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(cluster = %name, "restarting the API server: {e:#}");
+                    tracing::debug!(
+                        cluster = %name,
+                        "restarting the API server: {:#}",
+                        anyhow::Error::new(e)
+                    );
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                Err(e) => {
-                    return Err(anyhow::Error::new(e)
-                        .context(format!("cluster {name}: restarting the API server")));
+                Err(source) => {
+                    return Err(LabError::Restart {
+                        cluster: name.clone(),
+                        source,
+                    });
                 }
             }
         };

@@ -476,7 +476,7 @@ pub async fn run(
     power: NodePower,
     events: crate::events::Recorder,
     network: Option<Arc<crate::network::ClusterNetwork>>,
-) -> anyhow::Result<()> {
+) -> Result<(), KubeletError> {
     let addresses = PodAddresses::parse(&node.pod_cidr).ok_or_else(|| KubeletError::PodCidr {
         node: node.name.clone(),
         cidr: node.pod_cidr.clone(),
@@ -834,7 +834,12 @@ impl Kubelet {
                             rt.start_errors.extend(errors);
                         }
                     }
-                    Err(e) => tracing::error!(node = %self.node.name, pod = %name, "{e:#}"),
+                    Err(e) => tracing::error!(
+                        node = %self.node.name,
+                        pod = %name,
+                        "{:#}",
+                        anyhow::Error::new(e)
+                    ),
                 }
             }
             for (reason, message) in CONTAINER_START {

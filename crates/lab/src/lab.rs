@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use kube::config::Kubeconfig;
 
 use crate::cluster::{LabCluster, LabConfig};
+use crate::error::LabError;
 
 /// Regions the clusters of a lab are placed in, in order (`topology.kubernetes.io/region`).
 pub const REGIONS: &[&str] = &[
@@ -53,7 +54,7 @@ impl Lab {
     pub async fn start(
         spec: &LabSpec,
         mut progress: impl FnMut(&LabCluster),
-    ) -> anyhow::Result<Lab> {
+    ) -> Result<Lab, LabError> {
         let mut clusters = Vec::with_capacity(spec.clusters);
         for i in 1..=spec.clusters {
             let config = LabConfig {
@@ -61,9 +62,8 @@ impl Lab {
                 tandem_binary: spec.tandem_binary.clone(),
                 ..cluster_config(i, spec.nodes, spec.dir.as_deref())
             };
-            let cluster = LabCluster::start(config)
-                .await
-                .map_err(|e| anyhow::anyhow!("starting cluster lab-{i}: {e:#}"))?;
+            // The error names the cluster.
+            let cluster = LabCluster::start(config).await?;
             progress(&cluster);
             clusters.push(cluster);
         }
@@ -72,14 +72,24 @@ impl Lab {
 
     /// One kubeconfig with a context (and cluster and admin user) per lab cluster, named
     /// after it; the current context is the first cluster.
-    pub fn kubeconfig(&self) -> anyhow::Result<String> {
+    pub fn kubeconfig(&self) -> Result<String, LabError> {
         let mut merged: Option<Kubeconfig> = None;
         for cluster in &self.clusters {
-            let one = cluster.server.admin_config()?;
+            let name = || cluster.config.name.clone();
+            let one = cluster
+                .server
+                .admin_config()
+                .map_err(|source| LabError::Admin {
+                    cluster: name(),
+                    source,
+                })?;
             // kube's merge keeps the first current context and appends the other entries.
             merged = Some(match merged {
                 None => one,
-                Some(m) => m.merge(one)?,
+                Some(m) => m.merge(one).map_err(|source| LabError::MergeKubeconfig {
+                    cluster: name(),
+                    source,
+                })?,
             });
         }
         Ok(tandem_api::kubeconfig::to_yaml(&merged.unwrap_or_default()))

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod controllers;
+pub mod error;
 pub mod events;
 pub mod gate;
 pub mod kubelet;
@@ -17,5 +18,6 @@ pub mod scheduler;
 pub mod testing;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
+pub use error::LabError;
 pub use gate::TcpGate;
 pub use lab::{Lab, LabSpec};

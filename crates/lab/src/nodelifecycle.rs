@@ -235,7 +235,7 @@ where
 
 /// Runs the node lifecycle controller until the process ends; a node whose Lease is not
 /// renewed for `grace` becomes NotReady and unreachable.
-pub async fn run(client: kube::Client, grace: Duration) -> anyhow::Result<()> {
+pub async fn run(client: kube::Client, grace: Duration) {
     let nodes = stream(Api::<Node>::all(client.clone()));
     let leases = stream(Api::<Lease>::namespaced(
         client.clone(),

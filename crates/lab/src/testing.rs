@@ -170,6 +170,14 @@ impl Drop for PortForward {
     }
 }
 
+/// `kubectl port-forward` stopped before it listened; the message is what it wrote on stderr.
+#[derive(Debug, thiserror::Error)]
+#[error("{stderr}")]
+pub struct PortForwardFailed {
+    /// kubectl's stderr.
+    pub stderr: String,
+}
+
 /// Starts `kubectl port-forward pod/POD :REMOTE` in `namespace`; returns once it says where it
 /// listens, or kubectl's error if it stops first. `websockets: false` makes kubectl speak SPDY
 /// to the API server as kubectl before 1.31 did (`KUBECTL_PORT_FORWARD_WEBSOCKETS=false`).
@@ -182,7 +190,7 @@ pub fn port_forward(
     remote: u16,
     websockets: bool,
     extra: &[&str],
-) -> Result<PortForward, String> {
+) -> Result<PortForward, PortForwardFailed> {
     use std::io::{BufRead, BufReader, Read};
     use std::process::{Command, Stdio};
     let mut child = Command::new("kubectl")
@@ -221,7 +229,7 @@ pub fn port_forward(
         let _ = stderr.read_to_string(&mut err);
     }
     let _ = child.wait();
-    Err(err)
+    Err(PortForwardFailed { stderr: err })
 }
 
 /// A network namespace of its own for tests and benchmarks, unnamed: made by a thread's

@@ -126,6 +126,7 @@ async fn fetch(cluster: &LabCluster, url: &str) -> Result<Value, String> {
         .probe_fetch("demo", "probe", url)
         .await
         .map(|t| reply(&t))
+        .map_err(|e| e.message())
 }
 
 /// Who answers `url` over `n` requests, or the first failure.

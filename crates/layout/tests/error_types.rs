@@ -11,41 +11,10 @@ const TEXT_ERRORS_LEFT: &[&str] = &[
     "apimachinery/quantity.rs: validate_non_negative",
     "apimachinery/validation.rs: validate_label_key",
     "controller/enroll.rs: matching_policy",
-    "lab/network/cluster_network.rs: ClusterNetwork::identity",
-    "lab/network/cluster_network.rs: ClusterNetwork::probe_fetch",
-    "lab/network/cluster_network.rs: ClusterNetwork::probe_resolve",
-    "lab/network/cluster_network.rs: ClusterNetwork::start_tandem",
-    "lab/network/dns.rs: parse_corefile",
-    "lab/network/incluster.rs: enter",
-    "lab/network/incluster.rs: plan",
-    "lab/network/incluster.rs: relay",
-    "lab/network/port_forward.rs: negotiate",
-    "lab/network/programs.rs: fetch",
-    "lab/network/programs.rs: probe_fetch",
-    "lab/network/programs.rs: probe_fetch_many",
-    "lab/network/programs.rs: probe_resolve",
-    "lab/network/programs.rs: resolve_in_pod",
-    "lab/network/supervisor.rs: kubernetes_service_ip",
-    "lab/scheduler/volumes.rs: volume_needs",
-    "lab/testing.rs: port_forward",
 ];
 
 /// `crate/path-in-src: function` of the public functions returning anyhow left to fix.
-const ANYHOW_LEFT: &[&str] = &[
-    "lab/cluster.rs: LabCluster::restart_api_server",
-    "lab/cluster.rs: LabCluster::start",
-    "lab/controllers/mod.rs: run_all",
-    "lab/kubelet.rs: run",
-    "lab/lab.rs: Lab::kubeconfig",
-    "lab/lab.rs: Lab::start",
-    "lab/network/cluster_network.rs: ClusterNetwork::create",
-    "lab/network/cluster_network.rs: ClusterNetwork::start_pod",
-    "lab/network/kubelet_server.rs: tls_config",
-    "lab/network/mod.rs: ClusterNetwork::start_services",
-    "lab/network/service_view.rs: ServiceView::start",
-    "lab/nodelifecycle.rs: run",
-    "lab/scheduler/mod.rs: run",
-];
+const ANYHOW_LEFT: &[&str] = &[];
 
 use std::path::{Path, PathBuf};
 

@@ -31,19 +31,28 @@ use tandem_apiserver::pki::CertPair;
 pub use context::Context;
 pub use error::Error;
 
+/// A controller that stopped (they stop only on a bug).
+#[derive(Debug, thiserror::Error)]
+#[error("{controller} stopped")]
+pub struct Stopped {
+    /// Which one (`replicaset controller`, `csr signer`).
+    pub controller: &'static str,
+}
+
 /// Runs every controller until one of them stops (they only stop on a bug).
-pub async fn run_all(client: kube::Client, ca: CertPair) -> anyhow::Result<()> {
-    tokio::select! {
-        () = replicaset::run(client.clone()) => anyhow::bail!("replicaset controller stopped"),
-        () = deployment::run(client.clone()) => anyhow::bail!("deployment controller stopped"),
-        () = daemonset::run(client.clone()) => anyhow::bail!("daemonset controller stopped"),
-        () = disruption::run(client.clone()) => anyhow::bail!("disruption controller stopped"),
-        () = endpoints::run(client.clone()) => anyhow::bail!("endpoints controller stopped"),
-        () = statefulset::run(client.clone()) => anyhow::bail!("statefulset controller stopped"),
-        () = volume::run(client.clone()) => anyhow::bail!("persistentvolume controller stopped"),
-        () = job::run(client.clone()) => anyhow::bail!("job controller stopped"),
-        () = cronjob::run(client.clone()) => anyhow::bail!("cronjob controller stopped"),
-        () = csr::run(client.clone(), ca) => anyhow::bail!("csr signer stopped"),
-        () = serviceaccount::run(client) => anyhow::bail!("serviceaccount controller stopped"),
-    }
+pub async fn run_all(client: kube::Client, ca: CertPair) -> Result<(), Stopped> {
+    let controller = tokio::select! {
+        () = replicaset::run(client.clone()) => "replicaset controller",
+        () = deployment::run(client.clone()) => "deployment controller",
+        () = daemonset::run(client.clone()) => "daemonset controller",
+        () = disruption::run(client.clone()) => "disruption controller",
+        () = endpoints::run(client.clone()) => "endpoints controller",
+        () = statefulset::run(client.clone()) => "statefulset controller",
+        () = volume::run(client.clone()) => "persistentvolume controller",
+        () = job::run(client.clone()) => "job controller",
+        () = cronjob::run(client.clone()) => "cronjob controller",
+        () = csr::run(client.clone(), ca) => "csr signer",
+        () = serviceaccount::run(client) => "serviceaccount controller",
+    };
+    Err(Stopped { controller })
 }

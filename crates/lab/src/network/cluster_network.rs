@@ -10,9 +10,12 @@ use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 
 use super::dns;
+use super::error::NetworkError;
 use super::incluster;
-use super::programs::{self, Log, PodIdentity, Start};
-use super::supervisor::{Exits, ProcessExit, TERMINATION_GRACE, kubernetes_service_ip, supervise};
+use super::programs::{self, Log, PodIdentity, ProbeError, Start};
+use super::supervisor::{
+    Exits, ProcessExit, TERMINATION_GRACE, TandemStartError, kubernetes_service_ip, supervise,
+};
 use super::topology::{self, ClusterNet, Instance, NodeSpec};
 use super::usage::{ContainerUsage, PodUsage};
 
@@ -97,12 +100,14 @@ impl ClusterNetwork {
         index: usize,
         nodes: Vec<NodeSpec>,
         tandem_binary: Option<std::path::PathBuf>,
-    ) -> anyhow::Result<Arc<ClusterNetwork>> {
-        let net = tokio::task::spawn_blocking(move || -> anyhow::Result<ClusterNet> {
-            let instance = Instance::get()?;
-            Ok(ClusterNet::create(instance, index, nodes)?)
-        })
-        .await??;
+    ) -> Result<Arc<ClusterNetwork>, NetworkError> {
+        let net =
+            tokio::task::spawn_blocking(move || ClusterNet::create(Instance::get()?, index, nodes))
+                .await
+                .map_err(|source| NetworkError::Task {
+                    step: "building the cluster's namespaces".into(),
+                    source,
+                })??;
         Ok(Arc::new(ClusterNetwork {
             cluster: cluster.to_string(),
             net: Arc::new(net),
@@ -136,7 +141,7 @@ impl ClusterNetwork {
         node: &str,
         pod: &Pod,
         ip: Ipv4Addr,
-    ) -> anyhow::Result<Vec<(String, ContainerStart)>> {
+    ) -> Result<Vec<(String, ContainerStart)>, NetworkError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
@@ -150,7 +155,10 @@ impl ClusterNetwork {
             // Its node's namespace, which outlives it: nothing is attached, nothing removed.
             self.net
                 .node_ns_of(node)
-                .ok_or_else(|| anyhow::anyhow!("pod {ns}/{name}: {node} is not a lab node"))?
+                .ok_or_else(|| NetworkError::NotALabNode {
+                    pod: format!("{ns}/{name}"),
+                    node: node.to_string(),
+                })?
         } else {
             let (net, node) = (self.net.clone(), node.to_string());
             let (pod_ns, pod_name, pod_uid) = (ns.clone(), name.clone(), uid.clone());
@@ -158,8 +166,15 @@ impl ClusterNetwork {
             tokio::task::spawn_blocking(move || {
                 net.attach_pod(&node, &pod_ns, &pod_name, &pod_uid, ip)
             })
-            .await?
-            .map_err(|e| anyhow::anyhow!("pod {ns}/{name}: creating its network: {e}"))?
+            .await
+            .map_err(|source| NetworkError::Task {
+                step: format!("pod {ns}/{name}: creating its network"),
+                source,
+            })?
+            .map_err(|source| NetworkError::PodNetwork {
+                pod: format!("{ns}/{name}"),
+                source: Box::new(source),
+            })?
         };
         let identity = programs::identity(
             pod,
@@ -189,7 +204,8 @@ impl ClusterNetwork {
                         processes.usage.add(&container.name, usage);
                         ContainerStart::Running
                     }
-                    Err(message) => {
+                    Err(e) => {
+                        let message = e.message();
                         log.line(message.clone());
                         ContainerStart::Failed(message)
                     }
@@ -256,24 +272,28 @@ impl ClusterNetwork {
             tokio::sync::watch::Sender<bool>,
             tokio::task::JoinHandle<()>,
         ),
-        String,
+        TandemStartError,
     > {
         let (client, ca) = self
             .api
             .get()
             .cloned()
-            .ok_or("the cluster's services have not started")?;
+            .ok_or(TandemStartError::ServicesNotStarted)?;
         let twin = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
             .get(&who.namespace)
             .await
-            .map_err(|e| format!("reading namespace {}: {e}", who.namespace))?
+            .map_err(|source| TandemStartError::Namespace {
+                namespace: who.namespace.clone(),
+                source,
+            })?
             .metadata
             .labels
             .is_some_and(|l| l.contains_key(tandem_api::names::TWIN_NAMESPACE_LABEL));
         let launch = incluster::plan(pod, container, twin)?;
-        let binary = self.tandem_binary.clone().ok_or(
-            "this lab was started without a tandem binary to run Tandem's image (LabConfig::tandem_binary)",
-        )?;
+        let binary = self
+            .tandem_binary
+            .clone()
+            .ok_or(TandemStartError::NoBinary)?;
         let sandbox = incluster::Sandbox {
             binary,
             launch,
@@ -334,7 +354,7 @@ impl ClusterNetwork {
     ) -> (String, String, i32) {
         let who = match self.identity(namespace, name) {
             Ok(who) => who,
-            Err(e) => return (String::new(), format!("{e}\n"), 126),
+            Err(e) => return (String::new(), format!("{}\n", e.message()), 126),
         };
         let words: Vec<&str> = command.iter().map(String::as_str).collect();
         let program = words.first().map(|w| w.rsplit('/').next().unwrap_or(w));
@@ -367,7 +387,7 @@ impl ClusterNetwork {
         };
         match outcome {
             Ok(out) => (out, String::new(), 0),
-            Err(e) => (String::new(), format!("{e}\n"), 1),
+            Err(e) => (String::new(), format!("{}\n", e.message()), 1),
         }
     }
 
@@ -386,7 +406,7 @@ impl ClusterNetwork {
         namespace: &str,
         name: &str,
         url: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, ProbeError> {
         let who = self.identity(namespace, name)?;
         programs::probe_fetch(&who, url).await
     }
@@ -397,7 +417,7 @@ impl ClusterNetwork {
         namespace: &str,
         name: &str,
         host: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, ProbeError> {
         let who = self.identity(namespace, name)?;
         programs::probe_resolve(&who, host).await
     }
@@ -411,13 +431,16 @@ impl ClusterNetwork {
             .map(|(uid, p)| (uid.clone(), p.identity.clone()))
     }
 
-    fn identity(&self, namespace: &str, name: &str) -> Result<PodIdentity, String> {
+    fn identity(&self, namespace: &str, name: &str) -> Result<PodIdentity, ProbeError> {
         self.pods
             .lock()
             .values()
             .find(|p| p.identity.namespace == namespace && p.identity.pod == name)
             .map(|p| p.identity.clone())
-            .ok_or_else(|| format!("pod {namespace}/{name} has no running programs here"))
+            .ok_or_else(|| ProbeError::NotRunning {
+                namespace: namespace.to_string(),
+                pod: name.to_string(),
+            })
     }
 }
 

@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use serde_json::json;
 
 use super::dns;
+use super::error::NetworkError;
 
 /// Writes the EndpointSlice of a selector-less Service `ns/name` with one endpoint at `ip`
 /// and `ports` (name, port, protocol), as kube-apiserver keeps the `kubernetes` Service's
@@ -17,7 +18,7 @@ pub(super) async fn endpoints(
     name: &str,
     ports: &[(&str, u16, &str)],
     ip: Ipv4Addr,
-) -> anyhow::Result<()> {
+) -> Result<(), NetworkError> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Patch, PatchParams};
     let ports: Vec<serde_json::Value> = ports
@@ -33,7 +34,11 @@ pub(super) async fn endpoints(
         "addressType": "IPv4",
         "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
         "ports": ports,
-    }))?;
+    }))
+    .map_err(|source| NetworkError::Object {
+        object: format!("EndpointSlice {ns}/{name}"),
+        source,
+    })?;
     kube::Api::<EndpointSlice>::namespaced(client.clone(), ns)
         .patch(
             name,
@@ -41,7 +46,10 @@ pub(super) async fn endpoints(
             &Patch::Apply(&slice),
         )
         .await
-        .map_err(|e| anyhow::anyhow!("writing EndpointSlice {ns}/{name}: {e}"))?;
+        .map_err(|source| NetworkError::Api {
+            step: format!("writing EndpointSlice {ns}/{name}"),
+            source,
+        })?;
     Ok(())
 }
 
@@ -50,7 +58,7 @@ pub(super) async fn endpoints(
 pub(super) async fn ensure_kube_dns(
     client: &kube::Client,
     edge_ip: Ipv4Addr,
-) -> anyhow::Result<()> {
+) -> Result<(), NetworkError> {
     use k8s_openapi::api::core::v1::Service;
     use kube::api::PostParams;
     let service: Service = serde_json::from_value(json!({
@@ -61,12 +69,21 @@ pub(super) async fn ensure_kube_dns(
             {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
             {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
         ]},
-    }))?;
+    }))
+    .map_err(|source| NetworkError::Object {
+        object: "Service kube-system/kube-dns".into(),
+        source,
+    })?;
     let api = kube::Api::<Service>::namespaced(client.clone(), "kube-system");
     match api.create(&PostParams::default(), &service).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => anyhow::bail!("creating Service kube-system/kube-dns: {e}"),
+        Err(source) => {
+            return Err(NetworkError::Api {
+                step: "creating Service kube-system/kube-dns".into(),
+                source,
+            });
+        }
     }
     endpoints(
         client,

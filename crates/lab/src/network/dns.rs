@@ -78,10 +78,34 @@ pub const COREFILE_KEY: &str = "Corefile";
 /// The lab's default Corefile: the cluster zone and nothing else.
 pub const DEFAULT_COREFILE: &str = ".:53 {\n    errors\n    health\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n       pods insecure\n       fallthrough in-addr.arpa ip6.arpa\n    }\n    cache 30\n}\n";
 
+/// Why a Corefile is not one the lab can follow.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CorefileError {
+    /// A line outside any block that does not open a server block.
+    #[error("line {line}: expected a server block (`zone {{`), found {found:?}")]
+    NotABlock {
+        /// The line's number (1-based).
+        line: usize,
+        /// The line, trimmed.
+        found: String,
+    },
+    /// A `forward` to something that is not an address.
+    #[error("line {line}: forward to {target:?}: not an IP address")]
+    NotAnAddress {
+        /// The line's number (1-based).
+        line: usize,
+        /// The target as written.
+        target: String,
+    },
+    /// The file ends inside a block.
+    #[error("the last server block does not close")]
+    Unclosed,
+}
+
 /// Reads the subset of a Corefile the lab honours: server blocks and their `forward`
 /// directive. Other plugins are accepted and ignored; a block that does not close, or a
 /// `forward` to something that is not an address, is an error naming the line.
-pub fn parse_corefile(text: &str) -> Result<Forwarding, String> {
+pub fn parse_corefile(text: &str) -> Result<Forwarding, CorefileError> {
     let mut forwarding = Forwarding::default();
     let mut zones: Option<Vec<String>> = None;
     let mut depth = 0usize;
@@ -90,12 +114,12 @@ pub fn parse_corefile(text: &str) -> Result<Forwarding, String> {
         if line.is_empty() {
             continue;
         }
-        let at = |what: String| format!("line {}: {what}", n + 1);
         if depth == 0 {
             let Some(head) = line.strip_suffix('{') else {
-                return Err(at(format!(
-                    "expected a server block (`zone {{`), found {line:?}"
-                )));
+                return Err(CorefileError::NotABlock {
+                    line: n + 1,
+                    found: line.to_string(),
+                });
             };
             zones = Some(
                 head.split_whitespace()
@@ -128,7 +152,10 @@ pub fn parse_corefile(text: &str) -> Result<Forwarding, String> {
                         addr.parse::<std::net::IpAddr>()
                             .map(|ip| SocketAddr::new(ip, 53))
                     })
-                    .map_err(|_| at(format!("forward to {w:?}: not an IP address")))?;
+                    .map_err(|_| CorefileError::NotAnAddress {
+                        line: n + 1,
+                        target: w.to_string(),
+                    })?;
                 servers.push(parsed);
             }
             for zone in zones.iter().flatten() {
@@ -144,7 +171,7 @@ pub fn parse_corefile(text: &str) -> Result<Forwarding, String> {
         }
     }
     if depth != 0 {
-        return Err("the last server block does not close".into());
+        return Err(CorefileError::Unclosed);
     }
     forwarding
         .stubs
@@ -501,7 +528,9 @@ mod tests {
             parse_corefile(DEFAULT_COREFILE).unwrap(),
             Forwarding::default()
         );
-        let broken = parse_corefile("x {\n forward . nowhere\n}\n").unwrap_err();
+        let broken = parse_corefile("x {\n forward . nowhere\n}\n")
+            .unwrap_err()
+            .to_string();
         assert!(broken.starts_with("line 2:"), "{broken}");
         assert!(parse_corefile(". {\n errors\n").is_err());
     }

@@ -101,16 +101,145 @@ pub struct Launch {
     pub capabilities: Vec<u32>,
 }
 
+/// Why the allow-list refuses a container of Tandem's image: what its status reports.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchRefused {
+    /// The pod is in a twin namespace, where peers create pods.
+    #[error(
+        "Tandem's image may not run in namespace {namespace}: it is a twin namespace, where \
+         peers create pods"
+    )]
+    TwinNamespace {
+        /// The pod's namespace.
+        namespace: String,
+    },
+    /// The command is not the tandem binary.
+    #[error(
+        "exec: \"{command}\": Tandem's image has only the tandem binary (command must be \
+         tandem or left unset)"
+    )]
+    Command {
+        /// The command's first word.
+        command: String,
+    },
+    /// The first argument is not an in-cluster role.
+    #[error(
+        "Tandem's image runs only its in-cluster roles ({}), not {found:?}",
+        role_names()
+    )]
+    Role {
+        /// The first argument ("" when there is none).
+        found: String,
+    },
+    /// An argument that is not one of the role's flags.
+    #[error(
+        "argument {name:?} is not allowed for `tandem {role}` in a pod (allowed: {})",
+        .allowed.join(", ")
+    )]
+    Argument {
+        /// The argument (without its `=value`).
+        name: String,
+        /// The role.
+        role: &'static str,
+        /// The role's flags.
+        allowed: &'static [&'static str],
+    },
+    /// A flag without its value.
+    #[error("argument {name} needs a value")]
+    MissingValue {
+        /// The flag.
+        name: String,
+    },
+    /// `envFrom` is set.
+    #[error("envFrom is not allowed for Tandem's image")]
+    EnvFrom,
+    /// An environment variable outside [`ENV`], or not a literal value.
+    #[error(
+        "environment variable {name} is not allowed for Tandem's image (allowed, as literal \
+         values: {})",
+        ENV.join(", ")
+    )]
+    Env {
+        /// The variable.
+        name: String,
+    },
+    /// `privileged: true`.
+    #[error("privileged containers of Tandem's image are not run")]
+    Privileged,
+    /// `runAsUser` or `runAsGroup` out of the range of ids.
+    #[error("{field} {value} is not a valid id")]
+    InvalidId {
+        /// `runAsUser` or `runAsGroup`.
+        field: &'static str,
+        /// The value given.
+        value: i64,
+    },
+    /// `runAsUser: 0`.
+    #[error(
+        "Tandem's image never runs as root in the lab (runAsUser 0): its roles need at most \
+         the capabilities they declare"
+    )]
+    Root,
+    /// A user or group outside [`IDS`].
+    #[error(
+        "{field} {value} is not allowed for Tandem's image in the lab: it shares the host's \
+         users and groups, so ids must be between {} and {}",
+        IDS.start(),
+        IDS.end()
+    )]
+    IdOutOfRange {
+        /// `runAsUser` or `runAsGroup`.
+        field: &'static str,
+        /// The id.
+        value: u32,
+    },
+    /// A capability the role may not be given.
+    #[error(
+        "capability {name} is not allowed for `tandem {role}` (allowed: {})",
+        or_none(.allowed)
+    )]
+    Capability {
+        /// The capability, without `CAP_`.
+        name: String,
+        /// The role.
+        role: &'static str,
+        /// The capabilities the role may be given.
+        allowed: &'static [&'static str],
+    },
+    /// Capabilities asked for with `allowPrivilegeEscalation: false`, which voids them.
+    #[error(
+        "`tandem {role}` as a non-root user gets its capabilities from the file capability on \
+         Tandem's binary, which allowPrivilegeEscalation: false disables: set it to true"
+    )]
+    NoPrivilegeEscalation {
+        /// The role.
+        role: &'static str,
+    },
+}
+
+/// The in-cluster roles, for messages.
+fn role_names() -> String {
+    ROLES.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
+}
+
+/// `items`, comma-separated, or `none`.
+fn or_none(items: &[&str]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
 /// Checks `container` of `pod` (Tandem's image) against the allow-list; `twin` says whether the
 /// pod's namespace is a twin namespace. The error is what the container's status reports;
 /// nothing runs then.
-pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, String> {
+pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, LaunchRefused> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     if twin {
-        return Err(format!(
-            "Tandem's image may not run in namespace {ns}: it is a twin namespace, where peers \
-             create pods"
-        ));
+        return Err(LaunchRefused::TwinNamespace {
+            namespace: ns.to_string(),
+        });
     }
     let mut words: Vec<String> = Vec::new();
     match container.command.as_deref() {
@@ -119,50 +248,45 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
             words.extend(rest.iter().cloned())
         }
         Some([first, ..]) => {
-            return Err(format!(
-                "exec: \"{first}\": Tandem's image has only the tandem binary (command must be \
-                 tandem or left unset)"
-            ));
+            return Err(LaunchRefused::Command {
+                command: first.clone(),
+            });
         }
     }
     words.extend(container.args.iter().flatten().cloned());
-    let roles = || ROLES.iter().map(|r| r.name).collect::<Vec<_>>().join(", ");
     let Some(role) = words
         .first()
         .and_then(|w| ROLES.iter().find(|r| r.name == w))
     else {
-        return Err(format!(
-            "Tandem's image runs only its in-cluster roles ({}), not {:?}",
-            roles(),
-            words.first().map(String::as_str).unwrap_or("")
-        ));
+        return Err(LaunchRefused::Role {
+            found: words.first().cloned().unwrap_or_default(),
+        });
     };
     let mut rest = words[1..].iter();
     while let Some(word) = rest.next() {
         let name = word.split_once('=').map_or(word.as_str(), |(n, _)| n);
         if !word.starts_with("--") || !role.flags.contains(&name) {
-            return Err(format!(
-                "argument {name:?} is not allowed for `tandem {}` in a pod (allowed: {})",
-                role.name,
-                role.flags.join(", ")
-            ));
+            return Err(LaunchRefused::Argument {
+                name: name.to_string(),
+                role: role.name,
+                allowed: role.flags,
+            });
         }
         if !word.contains('=') && rest.next().is_none_or(|v| v.starts_with("--")) {
-            return Err(format!("argument {name} needs a value"));
+            return Err(LaunchRefused::MissingValue {
+                name: name.to_string(),
+            });
         }
     }
     if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err("envFrom is not allowed for Tandem's image".into());
+        return Err(LaunchRefused::EnvFrom);
     }
     let mut env = Vec::new();
     for var in container.env.iter().flatten() {
         if !ENV.contains(&var.name.as_str()) || var.value_from.is_some() {
-            return Err(format!(
-                "environment variable {} is not allowed for Tandem's image (allowed, as literal \
-                 values: {})",
-                var.name,
-                ENV.join(", ")
-            ));
+            return Err(LaunchRefused::Env {
+                name: var.name.clone(),
+            });
         }
         env.push((var.name.clone(), var.value.clone().unwrap_or_default()));
     }
@@ -170,10 +294,10 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = container.security_context.as_ref();
     if sc.and_then(|s| s.privileged) == Some(true) {
-        return Err("privileged containers of Tandem's image are not run".into());
+        return Err(LaunchRefused::Privileged);
     }
-    let id = |v: Option<i64>, what: &str| -> Result<Option<u32>, String> {
-        v.map(|v| u32::try_from(v).map_err(|_| format!("{what} {v} is not a valid id")))
+    let id = |v: Option<i64>, field: &'static str| -> Result<Option<u32>, LaunchRefused> {
+        v.map(|value| u32::try_from(value).map_err(|_| LaunchRefused::InvalidId { field, value }))
             .transpose()
     };
     let uid = id(
@@ -183,11 +307,7 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
     )?
     .unwrap_or(DEFAULT_UID);
     if uid == 0 {
-        return Err(
-            "Tandem's image never runs as root in the lab (runAsUser 0): its roles need at \
-             most the capabilities they declare"
-                .into(),
-        );
+        return Err(LaunchRefused::Root);
     }
     let gid = id(
         sc.and_then(|s| s.run_as_group)
@@ -195,14 +315,9 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
         "runAsGroup",
     )?
     .unwrap_or(uid);
-    for (what, value) in [("runAsUser", uid), ("runAsGroup", gid)] {
+    for (field, value) in [("runAsUser", uid), ("runAsGroup", gid)] {
         if !IDS.contains(&value) {
-            return Err(format!(
-                "{what} {value} is not allowed for Tandem's image in the lab: it shares the \
-                 host's users and groups, so ids must be between {} and {}",
-                IDS.start(),
-                IDS.end()
-            ));
+            return Err(LaunchRefused::IdOutOfRange { field, value });
         }
     }
     let caps = sc.and_then(|s| s.capabilities.as_ref());
@@ -222,15 +337,11 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
             .ok()
             .filter(|_| role.capabilities.contains(&name.as_str()));
         let Some(number) = number else {
-            return Err(format!(
-                "capability {name} is not allowed for `tandem {}` (allowed: {})",
-                role.name,
-                if role.capabilities.is_empty() {
-                    "none".to_string()
-                } else {
-                    role.capabilities.join(", ")
-                }
-            ));
+            return Err(LaunchRefused::Capability {
+                name,
+                role: role.name,
+                allowed: role.capabilities,
+            });
         };
         capabilities.push(u32::from(number.index()));
     }
@@ -239,11 +350,7 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Stri
     // and no_new_privs — `allowPrivilegeEscalation: false` — voids file capabilities: such a
     // gateway would hold nothing in a real cluster, so the lab does not run it either.
     if !capabilities.is_empty() && sc.and_then(|s| s.allow_privilege_escalation) == Some(false) {
-        return Err(format!(
-            "`tandem {}` as a non-root user gets its capabilities from the file capability on \
-             Tandem's binary, which allowPrivilegeEscalation: false disables: set it to true",
-            role.name
-        ));
+        return Err(LaunchRefused::NoPrivilegeEscalation { role: role.name });
     }
     Ok(Launch {
         args: words,
@@ -314,6 +421,84 @@ const TMPFS: [(&str, &str); 4] = [
     ("/dev/shm", "mode=1777,size=64m"),
 ];
 
+/// Why a sandbox could not be set up, or its relay failed: what the tandem binary reports
+/// before exiting as runc does for a container that cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// [`SANDBOX_ENV`] does not hold a sandbox.
+    #[error("reading the sandbox")]
+    Spec(#[source] serde_json::Error),
+    /// A file (the binary, the pod's network namespace) could not be opened.
+    #[error("sandbox: opening {}", .path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A system call setting the sandbox up failed.
+    #[error("sandbox: {step}")]
+    Step {
+        /// What it was for.
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: nix::Error,
+    },
+    /// A file of the sandbox could not be written.
+    #[error("sandbox: {step}")]
+    Io {
+        /// What it was for.
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The capability sets could not be set.
+    #[error("sandbox: {step}")]
+    Capabilities {
+        /// Which set.
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: caps::errors::CapsError,
+    },
+    /// The lab (the parent process) is gone.
+    #[error("sandbox: the lab stopped while the pod was starting")]
+    LabStopped,
+    /// An argument or environment variable cannot be passed to exec.
+    #[error("sandbox: {value:?} holds a NUL byte")]
+    NulByte {
+        /// The argument or `NAME=value`.
+        value: String,
+    },
+    /// A system call of the relay failed.
+    #[error("sandbox: relay: {step}")]
+    Relay {
+        /// What it was for.
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: nix::Error,
+    },
+    /// The relay could not start or wait for its pid 1.
+    #[error("sandbox: relay: {step} pid 1")]
+    Pid1 {
+        /// `starting` or `waiting for`.
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Names a file of the sandbox that could not be opened.
+fn opening(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError {
+    let path = path.to_path_buf();
+    move |source| SandboxError::Open { path, source }
+}
+
 /// Sets the sandbox up around the calling process and executes the tandem binary's role in
 /// it; returns only on failure. Called by the tandem binary, as root, before it starts any
 /// thread (`tandem __lab-sandbox`, with the sandbox in [`SANDBOX_ENV`]): namespaces belong to
@@ -322,18 +507,16 @@ const TMPFS: [(&str, &str); 4] = [
 /// No crate runs a process like a container without a container runtime (runc and youki want
 /// an OCI bundle with a root filesystem, which the lab has no image for), so the steps are
 /// spelled out here with nix and caps.
-pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String> {
+pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, SandboxError> {
     use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, setns, unshare};
     use nix::unistd::{Gid, Uid};
-    let sandbox: Sandbox =
-        serde_json::from_str(spec).map_err(|e| format!("reading the sandbox: {e}"))?;
+    let sandbox: Sandbox = serde_json::from_str(spec).map_err(SandboxError::Spec)?;
     let lab = nix::unistd::getppid();
-    let step = |what: &'static str| move |e: nix::Error| format!("sandbox: {what}: {e}");
+    let step = |step: &'static str| move |source| SandboxError::Step { step, source };
     // Opened as root: the binary is executed through this descriptor, so the directories of
     // its path need not be searchable by the pod's user.
-    let binary = std::fs::File::open(&sandbox.binary)
-        .map_err(|e| format!("sandbox: opening {}: {e}", sandbox.binary.display()))?;
+    let binary = std::fs::File::open(&sandbox.binary).map_err(opening(&sandbox.binary))?;
     // A role with network capabilities gets its own PID namespace: CAP_NET_ADMIN (in the
     // host's user namespace) could otherwise move a link into any process's network
     // namespace by its pid (IFLA_NET_NS_PID), the host's included. Only a child enters a new
@@ -389,8 +572,7 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String>
         .map_err(step("/dev/net/tun mode"))?;
     } else {
         let netns_path = super::netns::path(&sandbox.netns);
-        let netns = std::fs::File::open(&netns_path)
-            .map_err(|e| format!("sandbox: opening {}: {e}", netns_path.display()))?;
+        let netns = std::fs::File::open(&netns_path).map_err(opening(&netns_path))?;
         setns(&netns, CloneFlags::CLONE_NEWNET).map_err(step("entering the pod's network"))?;
         drop(netns);
         let mut flags =
@@ -439,7 +621,7 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String>
             Some("mode=0755,size=4m"),
         );
     }
-    let io = |what: &'static str| move |e: std::io::Error| format!("sandbox: {what}: {e}");
+    let io = |step: &'static str| move |source| SandboxError::Io { step, source };
     if !sandbox.credentials.is_empty() {
         std::fs::create_dir_all(SERVICE_ACCOUNT_DIR).map_err(io("credentials directory"))?;
         for (name, content) in &sandbox.credentials {
@@ -483,8 +665,7 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String>
         .into_iter()
         .filter(|c| launch.capabilities.contains(&(c.index() as u32)))
         .collect();
-    let cap_err =
-        |what: &'static str| move |e: caps::errors::CapsError| format!("sandbox: {what}: {e}");
+    let cap_err = |step: &'static str| move |source| SandboxError::Capabilities { step, source };
     // Only what this kernel knows: dropping a capability it does not have is an error.
     for cap in caps::runtime::thread_all_supported() {
         if !keep.contains(&cap) {
@@ -513,11 +694,15 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, String>
         .map_err(step("parent-death signal"))?;
     // (Pid 1 of its own PID namespace sees no parent: its relay checks for the lab.)
     if !pid1 && nix::unistd::getppid() != lab {
-        return Err("sandbox: the lab stopped while the pod was starting".into());
+        return Err(SandboxError::LabStopped);
     }
     std::env::set_current_dir("/").map_err(io("cwd"))?;
 
-    let cstr = |s: &str| CString::new(s).map_err(|_| format!("sandbox: {s:?} holds a NUL byte"));
+    let cstr = |s: &str| {
+        CString::new(s).map_err(|_| SandboxError::NulByte {
+            value: s.to_string(),
+        })
+    };
     let mut args = vec![cstr("tandem")?];
     for a in &launch.args {
         args.push(cstr(a)?);
@@ -545,12 +730,12 @@ fn relay(
     sandbox: &Sandbox,
     spec: &str,
     lab: nix::unistd::Pid,
-) -> Result<std::convert::Infallible, String> {
+) -> Result<std::convert::Infallible, SandboxError> {
     use std::os::unix::process::ExitStatusExt as _;
 
     use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
     use nix::unistd::{Gid, Pid, Uid};
-    let step = |what: &'static str| move |e: nix::Error| format!("sandbox: relay: {what}: {e}");
+    let step = |step: &'static str| move |source| SandboxError::Relay { step, source };
     let mut relayed = SigSet::empty();
     for sig in [
         Signal::SIGTERM,
@@ -569,9 +754,12 @@ fn relay(
         .env(SANDBOX_ENV, spec)
         .current_dir("/")
         .spawn()
-        .map_err(|e| format!("sandbox: relay: starting pid 1: {e}"))?;
+        .map_err(|source| SandboxError::Pid1 {
+            step: "starting",
+            source,
+        })?;
     let pid = Pid::from_raw(child.id() as i32);
-    let mut watch = || -> Result<i32, String> {
+    let mut watch = || -> Result<i32, SandboxError> {
         nix::unistd::setgroups(&[]).map_err(step("dropping groups"))?;
         let launch = &sandbox.launch;
         let (uid, gid) = (Uid::from_raw(launch.uid), Gid::from_raw(launch.gid));
@@ -580,15 +768,15 @@ fn relay(
         nix::unistd::setresuid(uid, uid, uid).map_err(step("setting the user"))?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(step("parent-death signal"))?;
         if nix::unistd::getppid() != lab {
-            return Err("sandbox: the lab stopped while the pod was starting".into());
+            return Err(SandboxError::LabStopped);
         }
         loop {
             match relayed.wait().map_err(step("waiting for signals"))? {
                 Signal::SIGCHLD => {
-                    if let Some(status) = child
-                        .try_wait()
-                        .map_err(|e| format!("sandbox: relay: waiting for pid 1: {e}"))?
-                    {
+                    if let Some(status) = child.try_wait().map_err(|source| SandboxError::Pid1 {
+                        step: "waiting for",
+                        source,
+                    })? {
                         return Ok(status
                             .code()
                             .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
@@ -781,7 +969,9 @@ mod tests {
         ];
         for (extra, want) in refused {
             let (p, c) = pod(container(extra.clone()));
-            let err = plan(&p, &c, false).expect_err(&extra.to_string());
+            let err = plan(&p, &c, false)
+                .expect_err(&extra.to_string())
+                .to_string();
             assert!(err.contains(want), "{extra}: {err}");
         }
     }
@@ -850,15 +1040,22 @@ mod tests {
         ];
         for (extra, want) in cases {
             let (p, c) = pod(container(extra.clone()));
-            let err = plan(&p, &c, false).expect_err(&extra.to_string());
+            let err = plan(&p, &c, false)
+                .expect_err(&extra.to_string())
+                .to_string();
             assert!(err.contains(want), "{extra}: {err}");
         }
         let (p, c) = pod(container(json!({"args": ["controller"]})));
-        let err = plan(&p, &c, true).unwrap_err();
+        let err = plan(&p, &c, true).unwrap_err().to_string();
         assert!(err.contains("twin namespace"), "{err}");
         // The pod-level user applies; uid 0 there is refused too.
         let (p, c) = pod(json!({"securityContext": {"runAsUser": 0}, "containers": [
             {"name": "c", "image": "ghcr.io/tandem-dev/tandem", "args": ["controller"]}]}));
-        assert!(plan(&p, &c, false).unwrap_err().contains("root"));
+        assert!(
+            plan(&p, &c, false)
+                .unwrap_err()
+                .to_string()
+                .contains("root")
+        );
     }
 }

@@ -29,6 +29,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::cluster_network::ClusterNetwork;
+use super::error::NetworkError;
 use super::programs::Log;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -42,11 +43,17 @@ pub fn tls_config(
     cert_pem: &str,
     key_pem: &str,
     client_ca_pem: &str,
-) -> anyhow::Result<rustls::ServerConfig> {
+) -> Result<rustls::ServerConfig, NetworkError> {
+    let tls = |step: &'static str| {
+        move |e: rustls::Error| NetworkError::KubeletTls {
+            step,
+            source: Box::new(e),
+        }
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile_certs(client_ca_pem)? {
-        roots.add(cert)?;
+    for cert in pem_certificates(client_ca_pem, "reading the client CA")? {
+        roots.add(cert).map_err(tls("adding the client CA"))?;
     }
     // No certificate still connects, so that the answer is kubelet's 401 rather than a TLS
     // failure; a certificate from any other CA fails the handshake.
@@ -55,25 +62,44 @@ pub fn tls_config(
         provider.clone(),
     )
     .allow_unauthenticated()
-    .build()?;
+    .build()
+    .map_err(|e| NetworkError::KubeletTls {
+        step: "building the client certificate verifier",
+        source: Box::new(e),
+    })?;
     use rustls::pki_types::pem::PemObject;
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-        .map_err(|e| anyhow::anyhow!("kubelet serving key: {e}"))?;
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| {
+            NetworkError::KubeletTls {
+                step: "reading the serving key",
+                source: Box::new(e),
+            }
+        })?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
+        .with_safe_default_protocol_versions()
+        .map_err(tls("choosing the protocol versions"))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(rustls_pemfile_certs(cert_pem)?, key)?;
+        .with_single_cert(
+            pem_certificates(cert_pem, "reading the serving certificate")?,
+            key,
+        )
+        .map_err(tls("using the serving certificate and key"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
 
-fn rustls_pemfile_certs(
+/// The certificates of a PEM bundle; `step` names it in the error.
+fn pem_certificates(
     pem: &str,
-) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    step: &'static str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, NetworkError> {
     use rustls::pki_types::pem::PemObject;
     rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow::anyhow!("certificate PEM: {e}"))
+        .map_err(|e| NetworkError::KubeletTls {
+            step,
+            source: Box::new(e),
+        })
 }
 
 /// Serves the endpoint on `listener` (bound in the node's namespace) until it fails.
@@ -335,7 +361,7 @@ fn port_forward(
         .collect();
     let protocol = match super::port_forward::negotiate(&offered) {
         Ok(p) => p,
-        Err(message) => return text(StatusCode::FORBIDDEN, message),
+        Err(mismatch) => return text(StatusCode::FORBIDDEN, mismatch.to_string()),
     };
     let Some((uid, who)) = network.running(ns, pod) else {
         return text(

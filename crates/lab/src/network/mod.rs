@@ -11,6 +11,7 @@
 pub mod cluster_network;
 mod cluster_services;
 pub mod dns;
+pub mod error;
 pub mod incluster;
 pub mod kubelet_metrics;
 pub mod kubelet_server;
@@ -29,6 +30,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use cluster_network::{ClusterNetwork, ContainerStart};
+pub use error::NetworkError;
 pub use service_view::ServiceView;
 pub use supervisor::ProcessExit;
 
@@ -43,14 +45,17 @@ impl ClusterNetwork {
         self: &Arc<Self>,
         server: &tandem_apiserver::ApiServer,
         client: kube::Client,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), NetworkError> {
         let edge = self.net.edge();
         let _ = self.api.set((client.clone(), server.ca_pem().to_string()));
         let mut tasks = Vec::new();
         for ip in [self.edge_ip(), self.wan_ip()] {
-            let listener = netns::tcp_listener(&edge, SocketAddr::from((ip, 6443)))
-                .await
-                .map_err(|e| anyhow::anyhow!("API server listener on {ip}:6443 in {edge}: {e}"))?;
+            let addr = SocketAddr::from((ip, 6443));
+            let listener = netns::tcp_listener(&edge, addr).await.map_err(listen(
+                "API server listener",
+                addr,
+                &edge,
+            ))?;
             tasks.push(server.serve_also(listener));
         }
         endpoints(
@@ -63,12 +68,16 @@ impl ClusterNetwork {
         .await?;
 
         let dns_addr = dns::listen_addr(self.edge_ip());
-        let udp = netns::udp_socket(&edge, dns_addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("DNS socket {dns_addr} in {edge}: {e}"))?;
-        let tcp = netns::tcp_listener(&edge, dns_addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("DNS listener {dns_addr} in {edge}: {e}"))?;
+        let udp = netns::udp_socket(&edge, dns_addr).await.map_err(listen(
+            "DNS socket",
+            dns_addr,
+            &edge,
+        ))?;
+        let tcp = netns::tcp_listener(&edge, dns_addr).await.map_err(listen(
+            "DNS listener",
+            dns_addr,
+            &edge,
+        ))?;
         let (view, watch) = ServiceView::start(client.clone()).await?;
         tasks.push(watch);
         let zone = dns::Zone::new(view.clone(), Some(edge.clone()));
@@ -115,11 +124,17 @@ impl ClusterNetwork {
                     &[&node.name, &ip],
                     true,
                 )
-                .map_err(|e| anyhow::anyhow!("node {}: serving certificate: {e}", node.name))?;
+                .map_err(|source| NetworkError::ServingCertificate {
+                    node: node.name.clone(),
+                    source,
+                })?;
             let tls = kubelet_server::tls_config(&cert.cert_pem, &cert.key_pem, &client_ca)?;
-            let listener = netns::tcp_listener(&netns, SocketAddr::from((node.ip, 10250)))
-                .await
-                .map_err(|e| anyhow::anyhow!("node {}: kubelet endpoint: {e}", node.name))?;
+            let addr = SocketAddr::from((node.ip, 10250));
+            let listener = netns::tcp_listener(&netns, addr).await.map_err(listen(
+                "kubelet endpoint",
+                addr,
+                &netns,
+            ))?;
             tasks.push(tokio::spawn(kubelet_server::serve(
                 listener,
                 Arc::new(tls),
@@ -133,5 +148,20 @@ impl ClusterNetwork {
         }));
         self.tasks.lock().extend(tasks);
         Ok(())
+    }
+}
+
+/// Names a socket of the cluster's services that could not be opened.
+fn listen(
+    service: &str,
+    addr: SocketAddr,
+    netns: &str,
+) -> impl FnOnce(std::io::Error) -> NetworkError {
+    let (service, netns) = (service.to_string(), netns.to_string());
+    move |source| NetworkError::Listen {
+        service,
+        addr,
+        netns,
+        source,
     }
 }

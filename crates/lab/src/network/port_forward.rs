@@ -32,7 +32,7 @@ const CHUNK: usize = 32 * 1024;
 /// The protocol to answer an upgrade offering `offered` (the `X-Stream-Protocol-Version`
 /// values, each possibly comma-separated), or the 403 message kubelet gives when none fits.
 /// A client offering none at all (Kubernetes 1.0's) is served [`PROTOCOL`].
-pub fn negotiate(offered: &[&str]) -> Result<&'static str, String> {
+pub fn negotiate(offered: &[&str]) -> Result<&'static str, ProtocolMismatch> {
     let protocols: Vec<&str> = offered
         .iter()
         .flat_map(|v| v.split(','))
@@ -42,10 +42,22 @@ pub fn negotiate(offered: &[&str]) -> Result<&'static str, String> {
     if protocols.is_empty() || protocols.contains(&PROTOCOL) {
         return Ok(PROTOCOL);
     }
-    Err(format!(
-        "unable to upgrade: unable to negotiate protocol: client supports [{}], server accepts [{PROTOCOL}]",
-        protocols.join(" ")
-    ))
+    Err(ProtocolMismatch {
+        offered: protocols.into_iter().map(str::to_string).collect(),
+    })
+}
+
+/// A port-forward upgrade offering no protocol the kubelet speaks; the message is kubelet's
+/// 403.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unable to upgrade: unable to negotiate protocol: client supports [{}], server accepts [{}]",
+    .offered.join(" "),
+    PROTOCOL
+)]
+pub struct ProtocolMismatch {
+    /// The protocols the client offered.
+    pub offered: Vec<String>,
 }
 
 /// Which stream of a pair.
@@ -507,7 +519,7 @@ mod tests {
         );
         assert_eq!(negotiate(&[]), Ok(PROTOCOL));
         assert_eq!(
-            negotiate(&["v2.portforward.k8s.io", "v9"]),
+            negotiate(&["v2.portforward.k8s.io", "v9"]).map_err(|e| e.to_string()),
             Err(
                 "unable to upgrade: unable to negotiate protocol: client supports \
                  [v2.portforward.k8s.io v9], server accepts [portforward.k8s.io]"

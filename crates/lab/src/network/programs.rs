@@ -157,6 +157,167 @@ pub struct PodIdentity {
     pub resolv_conf: String,
 }
 
+/// Why a probe (`fetch`, `resolve`) from inside a pod failed. What the probe prints is
+/// [`ProbeError::message`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The pod has no running programs in this cluster's network mode.
+    #[error("pod {namespace}/{pod} has no running programs here")]
+    NotRunning {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+    },
+    /// The pod's network namespace could not be entered.
+    #[error(transparent)]
+    Netns(#[from] std::io::Error),
+    /// `fetch --count N` with N not a number from 1 to 10000.
+    #[error("--count {0}: want a number from 1 to 10000")]
+    Count(String),
+    /// One request of `fetch --count N` failed.
+    #[error("request {index} of {count}")]
+    Request {
+        /// Which request (1-based).
+        index: u32,
+        /// Of how many.
+        count: u32,
+        /// Why it failed.
+        #[source]
+        source: Box<ProbeError>,
+    },
+    /// The pod's resolv.conf names no nameserver.
+    #[error("resolving {name}: no nameserver configured")]
+    NoNameserver {
+        /// The name looked up.
+        name: String,
+    },
+    /// The resolver's socket could not be opened.
+    #[error("resolving {name}")]
+    Socket {
+        /// The name looked up.
+        name: String,
+        /// The socket's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The query could not be encoded.
+    #[error("resolving {name}")]
+    Query {
+        /// The name looked up.
+        name: String,
+        /// The encoder's error.
+        #[source]
+        source: hickory_proto::ProtoError,
+    },
+    /// Sending the query or receiving its answer failed.
+    #[error("resolving {name} via {server}")]
+    Exchange {
+        /// The name looked up.
+        name: String,
+        /// The nameserver asked.
+        server: IpAddr,
+        /// The socket's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The nameserver did not answer.
+    #[error("resolving {name}: no answer from {server}")]
+    NoAnswer {
+        /// The name looked up.
+        name: String,
+        /// The nameserver asked.
+        server: IpAddr,
+    },
+    /// No candidate name has an address.
+    #[error("resolving {name}: no such host")]
+    NoSuchHost {
+        /// The name looked up.
+        name: String,
+    },
+    /// The URL does not parse.
+    #[error("fetching {url}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// Why it does not parse.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// The URL is not `http://`.
+    #[error("fetching {url}: only http:// URLs are supported")]
+    NotHttp {
+        /// The URL.
+        url: String,
+    },
+    /// The URL has no host.
+    #[error("fetching {url}: no host")]
+    NoHost {
+        /// The URL.
+        url: String,
+    },
+    /// The connection was not established within 3 seconds.
+    #[error("fetching {url}: connecting to {addr}: timed out")]
+    ConnectTimeout {
+        /// The URL.
+        url: String,
+        /// The address dialled.
+        addr: SocketAddr,
+    },
+    /// The connection failed.
+    #[error("fetching {url}: connecting to {addr}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// The address dialled.
+        addr: SocketAddr,
+        /// The socket's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error("fetching {url}")]
+    Http {
+        /// The URL.
+        url: String,
+        /// hyper's error.
+        #[source]
+        source: hyper::Error,
+    },
+    /// The request could not be built.
+    #[error("fetching {url}")]
+    Build {
+        /// The URL.
+        url: String,
+        /// http's error.
+        #[source]
+        source: http::Error,
+    },
+    /// No response within 5 seconds.
+    #[error("fetching {url}: timed out")]
+    Timeout {
+        /// The URL.
+        url: String,
+    },
+}
+
+impl ProbeError {
+    /// What the probe prints: its steps, then the cause from outside the lab as that words
+    /// itself (each once).
+    pub fn message(&self) -> String {
+        use std::error::Error as _;
+        match self {
+            ProbeError::Request { source, .. } => format!("{self}: {}", source.message()),
+            // Transparent: the cause is the message.
+            ProbeError::Netns(_) => self.to_string(),
+            _ => match self.source() {
+                Some(cause) => format!("{self}: {cause}"),
+                None => self.to_string(),
+            },
+        }
+    }
+}
+
 /// The ports an echo container serves: its declared TCP containerPorts, 8080 if none.
 pub fn echo_ports(container: &Container) -> Vec<u16> {
     let ports: Vec<u16> = container
@@ -313,18 +474,28 @@ where
 
 /// Resolves `name` through `conf`, trying the search list as glibc does; the addresses of
 /// the first candidate that has any.
-async fn resolve_in_pod(conf: &ResolvConf, name: &str) -> Result<Vec<IpAddr>, String> {
+async fn resolve_in_pod(conf: &ResolvConf, name: &str) -> Result<Vec<IpAddr>, ProbeError> {
     use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
     use hickory_proto::rr::{Name, RData, RecordType};
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(vec![ip]);
     }
-    let Some(server) = conf.nameservers.first() else {
-        return Err(format!("resolving {name}: no nameserver configured"));
+    let Some(server) = conf.nameservers.first().copied() else {
+        return Err(ProbeError::NoNameserver {
+            name: name.to_string(),
+        });
     };
     let socket = tokio::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
         .await
-        .map_err(|e| format!("resolving {name}: {e}"))?;
+        .map_err(|source| ProbeError::Socket {
+            name: name.to_string(),
+            source,
+        })?;
+    let exchange = |source| ProbeError::Exchange {
+        name: name.to_string(),
+        server,
+        source,
+    };
     for candidate in conf.candidates(name) {
         let Ok(qname) = Name::from_ascii(format!("{candidate}.")) else {
             continue;
@@ -336,15 +507,16 @@ async fn resolve_in_pod(conf: &ResolvConf, name: &str) -> Result<Vec<IpAddr>, St
             .set_op_code(OpCode::Query)
             .set_recursion_desired(true)
             .add_query(Query::query(qname, RecordType::A));
-        let bytes = query
-            .to_vec()
-            .map_err(|e| format!("resolving {name}: {e}"))?;
+        let bytes = query.to_vec().map_err(|source| ProbeError::Query {
+            name: name.to_string(),
+            source,
+        })?;
         let mut answer = None;
         for _ in 0..3 {
             socket
-                .send_to(&bytes, SocketAddr::new(*server, 53))
+                .send_to(&bytes, SocketAddr::new(server, 53))
                 .await
-                .map_err(|e| format!("resolving {name} via {server}: {e}"))?;
+                .map_err(exchange)?;
             let mut buf = vec![0u8; 4096];
             match tokio::time::timeout(
                 std::time::Duration::from_secs(2),
@@ -358,12 +530,15 @@ async fn resolve_in_pod(conf: &ResolvConf, name: &str) -> Result<Vec<IpAddr>, St
                         break;
                     }
                 }
-                Ok(Err(e)) => return Err(format!("resolving {name} via {server}: {e}")),
+                Ok(Err(e)) => return Err(exchange(e)),
                 Err(_) => {}
             }
         }
         let Some(answer) = answer else {
-            return Err(format!("resolving {name}: no answer from {server}"));
+            return Err(ProbeError::NoAnswer {
+                name: name.to_string(),
+                server,
+            });
         };
         if answer.response_code() != ResponseCode::NoError {
             continue;
@@ -380,7 +555,9 @@ async fn resolve_in_pod(conf: &ResolvConf, name: &str) -> Result<Vec<IpAddr>, St
             return Ok(ips);
         }
     }
-    Err(format!("resolving {name}: no such host"))
+    Err(ProbeError::NoSuchHost {
+        name: name.to_string(),
+    })
 }
 
 fn rand_id() -> u16 {
@@ -396,7 +573,7 @@ fn rand_id() -> u16 {
 }
 
 /// The probe's `resolve NAME`: the addresses, one per line.
-pub async fn probe_resolve(who: &PodIdentity, name: &str) -> Result<String, String> {
+pub async fn probe_resolve(who: &PodIdentity, name: &str) -> Result<String, ProbeError> {
     let conf = ResolvConf::parse(&who.resolv_conf);
     let name = name.to_string();
     in_pod(&who.netns, move || async move {
@@ -406,54 +583,63 @@ pub async fn probe_resolve(who: &PodIdentity, name: &str) -> Result<String, Stri
                 .collect()
         })
     })
-    .await
-    .map_err(|e| e.to_string())?
+    .await?
 }
 
 /// The probe's `fetch URL` (plain HTTP GET): the response body, or why there is none.
-pub async fn probe_fetch(who: &PodIdentity, url: &str) -> Result<String, String> {
+pub async fn probe_fetch(who: &PodIdentity, url: &str) -> Result<String, ProbeError> {
     let conf = ResolvConf::parse(&who.resolv_conf);
     let url = url.to_string();
-    in_pod(&who.netns, move || async move { fetch(&conf, &url).await })
-        .await
-        .map_err(|e| e.to_string())?
+    in_pod(&who.netns, move || async move { fetch(&conf, &url).await }).await?
 }
 
 /// The probe's `fetch --count N URL`: N GETs one after the other, each on a new connection (so
 /// that a Service's load balancing picks again), their bodies one per line. Stops at the first
 /// failure and says which request failed.
-pub async fn probe_fetch_many(who: &PodIdentity, count: &str, url: &str) -> Result<String, String> {
+pub async fn probe_fetch_many(
+    who: &PodIdentity,
+    count: &str,
+    url: &str,
+) -> Result<String, ProbeError> {
     let count: u32 = count
         .parse()
         .ok()
         .filter(|n| (1..=10_000).contains(n))
-        .ok_or_else(|| format!("--count {count}: want a number from 1 to 10000"))?;
+        .ok_or_else(|| ProbeError::Count(count.to_string()))?;
     let conf = ResolvConf::parse(&who.resolv_conf);
     let url = url.to_string();
     in_pod(&who.netns, move || async move {
         let mut out = String::new();
-        for i in 1..=count {
+        for index in 1..=count {
             let body = fetch(&conf, &url)
                 .await
-                .map_err(|e| format!("request {i} of {count}: {e}"))?;
+                .map_err(|source| ProbeError::Request {
+                    index,
+                    count,
+                    source: Box::new(source),
+                })?;
             out.push_str(body.trim_end());
             out.push('\n');
         }
         Ok(out)
     })
-    .await
-    .map_err(|e| e.to_string())?
+    .await?
 }
 
-async fn fetch(conf: &ResolvConf, url: &str) -> Result<String, String> {
+async fn fetch(conf: &ResolvConf, url: &str) -> Result<String, ProbeError> {
     use http_body_util::{BodyExt, Empty};
-    let uri: http::Uri = url.parse().map_err(|e| format!("fetching {url}: {e}"))?;
+    let uri: http::Uri = url.parse().map_err(|source| ProbeError::Url {
+        url: url.to_string(),
+        source,
+    })?;
     if uri.scheme_str().unwrap_or("http") != "http" {
-        return Err(format!("fetching {url}: only http:// URLs are supported"));
+        return Err(ProbeError::NotHttp {
+            url: url.to_string(),
+        });
     }
-    let host = uri
-        .host()
-        .ok_or_else(|| format!("fetching {url}: no host"))?;
+    let host = uri.host().ok_or_else(|| ProbeError::NoHost {
+        url: url.to_string(),
+    })?;
     let port = uri.port_u16().unwrap_or(80);
     let ips = resolve_in_pod(conf, host.trim_matches(['[', ']'])).await?;
     let addr = SocketAddr::new(ips[0], port);
@@ -462,26 +648,42 @@ async fn fetch(conf: &ResolvConf, url: &str) -> Result<String, String> {
         tokio::net::TcpStream::connect(addr),
     )
     .await
-    .map_err(|_| format!("fetching {url}: connecting to {addr}: timed out"))?
-    .map_err(|e| format!("fetching {url}: connecting to {addr}: {e}"))?;
+    .map_err(|_| ProbeError::ConnectTimeout {
+        url: url.to_string(),
+        addr,
+    })?
+    .map_err(|source| ProbeError::Connect {
+        url: url.to_string(),
+        addr,
+        source,
+    })?;
+    let http_failed = |source| ProbeError::Http {
+        url: url.to_string(),
+        source,
+    };
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .map_err(|e| format!("fetching {url}: {e}"))?;
+            .map_err(http_failed)?;
     tokio::spawn(conn);
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let request = http::Request::get(path)
         .header("host", host)
         .header("user-agent", "tandem-probe")
         .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| format!("fetching {url}: {e}"))?;
+        .map_err(|source| ProbeError::Build {
+            url: url.to_string(),
+            source,
+        })?;
     let response = tokio::time::timeout(std::time::Duration::from_secs(5), async {
         let response = sender.send_request(request).await?;
         response.into_body().collect().await
     })
     .await
-    .map_err(|_| format!("fetching {url}: timed out"))?
-    .map_err(|e| format!("fetching {url}: {e}"))?;
+    .map_err(|_| ProbeError::Timeout {
+        url: url.to_string(),
+    })?
+    .map_err(http_failed)?;
     Ok(String::from_utf8_lossy(&response.to_bytes()).into_owned())
 }
 
@@ -510,7 +712,7 @@ pub async fn run_probe(who: PodIdentity, args: Vec<String>, log: Log) {
             };
             match result {
                 Ok(text) => log.line(format!("{verb} {target}: {}", text.trim_end())),
-                Err(e) => log.line(format!("{verb} {target}: error: {e}")),
+                Err(e) => log.line(format!("{verb} {target}: error: {}", e.message())),
             }
         }
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
@@ -605,6 +807,37 @@ mod tests {
         );
         let one = ResolvConf::parse("search a.b\nnameserver 1.2.3.4\n");
         assert_eq!(one.candidates("x.y"), vec!["x.y", "x.y.a.b"]);
+    }
+
+    #[test]
+    fn probe_messages_say_each_step_and_cause_once() {
+        let refused = ProbeError::Connect {
+            url: "http://echo/".into(),
+            addr: "10.0.0.1:80".parse().unwrap(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused",
+            ),
+        };
+        assert_eq!(
+            refused.to_string(),
+            "fetching http://echo/: connecting to 10.0.0.1:80"
+        );
+        let second = ProbeError::Request {
+            index: 2,
+            count: 5,
+            source: Box::new(refused),
+        };
+        assert_eq!(
+            second.message(),
+            "request 2 of 5: fetching http://echo/: connecting to 10.0.0.1:80: connection refused"
+        );
+        let netns = ProbeError::from(std::io::Error::other("entering lab-1-pod: ENOENT"));
+        assert_eq!(netns.message(), "entering lab-1-pod: ENOENT");
+        let missing = ProbeError::NoSuchHost {
+            name: "hello".into(),
+        };
+        assert_eq!(missing.message(), "resolving hello: no such host");
     }
 
     #[test]

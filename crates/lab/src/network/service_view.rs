@@ -1,6 +1,8 @@
 //! Services and EndpointSlices as kube-proxy and cluster DNS see them: the caches network
 //! mode's proxy, load balancer and DNS server read.
 
+use super::error::NetworkError;
+
 /// Services and EndpointSlices as kube-proxy and cluster DNS see them: two caches kept by
 /// watches, and a counter that moves on every change.
 #[derive(Clone)]
@@ -17,7 +19,7 @@ impl ServiceView {
     /// Starts the watches (stopped with the returned task) and waits for the first lists.
     pub async fn start(
         client: kube::Client,
-    ) -> anyhow::Result<(ServiceView, tokio::task::JoinHandle<()>)> {
+    ) -> Result<(ServiceView, tokio::task::JoinHandle<()>), NetworkError> {
         use futures::StreamExt;
         use k8s_openapi::api::core::v1::Service;
         use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -48,8 +50,15 @@ impl ServiceView {
                 tx.send_modify(|n| *n += 1);
             }
         });
-        services.wait_until_ready().await?;
-        slices.wait_until_ready().await?;
+        let watch = |kind| move |source| NetworkError::Watch { kind, source };
+        services
+            .wait_until_ready()
+            .await
+            .map_err(watch("Services"))?;
+        slices
+            .wait_until_ready()
+            .await
+            .map_err(watch("EndpointSlices"))?;
         Ok((
             ServiceView {
                 services,

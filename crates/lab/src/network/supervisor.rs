@@ -31,15 +31,62 @@ pub(super) type Exits = Arc<Mutex<HashMap<String, ProcessExit>>>;
 /// deletions at once).
 pub(super) const TERMINATION_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Why a container of Tandem's image does not run. What its status and log report is
+/// [`TandemStartError::message`].
+#[derive(Debug, thiserror::Error)]
+pub enum TandemStartError {
+    /// The API server is not reachable for pods yet.
+    #[error("the cluster's services have not started")]
+    ServicesNotStarted,
+    /// The pod's namespace could not be read (to tell whether it is a twin namespace).
+    #[error("reading namespace {namespace}")]
+    Namespace {
+        /// The pod's namespace.
+        namespace: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The pod spec asks for something the allow-list refuses.
+    #[error(transparent)]
+    Refused(#[from] incluster::LaunchRefused),
+    /// The lab has no tandem binary to run.
+    #[error(
+        "this lab was started without a tandem binary to run Tandem's image \
+         (LabConfig::tandem_binary)"
+    )]
+    NoBinary,
+    /// The `kubernetes` Service could not be read.
+    #[error("reading Service default/kubernetes")]
+    KubernetesService(#[source] kube::Error),
+    /// The `kubernetes` Service has no ClusterIP.
+    #[error("Service default/kubernetes has no ClusterIP")]
+    NoClusterIp,
+}
+
+impl TandemStartError {
+    /// What the container's status and log say: the step, then the client error as it words
+    /// itself (each once).
+    pub fn message(&self) -> String {
+        match self {
+            TandemStartError::Namespace { source, .. }
+            | TandemStartError::KubernetesService(source) => format!("{self}: {source}"),
+            _ => self.to_string(),
+        }
+    }
+}
+
 /// The `kubernetes` Service's ClusterIP: where pods reach the API server.
-pub(super) async fn kubernetes_service_ip(client: &kube::Client) -> Result<String, String> {
+pub(super) async fn kubernetes_service_ip(
+    client: &kube::Client,
+) -> Result<String, TandemStartError> {
     kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), "default")
         .get("kubernetes")
         .await
-        .map_err(|e| format!("reading Service default/kubernetes: {e}"))?
+        .map_err(TandemStartError::KubernetesService)?
         .spec
         .and_then(|s| s.cluster_ip)
-        .ok_or_else(|| "Service default/kubernetes has no ClusterIP".to_string())
+        .ok_or(TandemStartError::NoClusterIp)
 }
 
 /// Runs a container of Tandem's image until told to stop: requests its bound token, starts

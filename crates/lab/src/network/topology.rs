@@ -29,43 +29,11 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+pub use super::error::NetworkError;
 use super::netns;
 
 /// Where instances register their owner's pid (cleaned when the owner is gone).
 pub const REGISTRY: &str = "/run/tandem-lab";
-
-/// Why network mode cannot start.
-#[derive(Debug, thiserror::Error)]
-pub enum NetworkError {
-    /// Not root.
-    #[error(
-        "network mode needs root (it creates network namespaces, veth links and nftables rules); \
-         run as root, or leave network mode off for hollow pods"
-    )]
-    NotRoot,
-    /// A tool failed.
-    #[error("{step}: {detail}")]
-    Step {
-        /// What was being done.
-        step: String,
-        /// What went wrong.
-        detail: String,
-    },
-    /// A command network mode runs is not installed.
-    #[error(
-        "network mode needs the `{tool}` command, which is not on PATH: install the Debian \
-         package {package} (the project's .ci/install-deps does)"
-    )]
-    MissingTool {
-        /// The command.
-        tool: &'static str,
-        /// The Debian package that has it.
-        package: &'static str,
-    },
-    /// Two clusters of one instance asked for the same index.
-    #[error("cluster index {0} is already used in this lab instance (node networks would clash)")]
-    IndexInUse(usize),
-}
 
 fn step(step: impl Into<String>, e: impl std::fmt::Display) -> NetworkError {
     NetworkError::Step {

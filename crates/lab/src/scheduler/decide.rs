@@ -35,7 +35,7 @@ pub fn decide(snap: &Snapshot, pod: &PodInfo) -> Result<String, FitError> {
             Ok(needs) => Some(needs),
             Err(reason) => {
                 error.nodes = snap.node_names().count();
-                error.prefilter = Some(reason);
+                error.prefilter = Some(reason.to_string());
                 error.preemption.insert(
                     "Preemption is not helpful for scheduling".to_string(),
                     error.nodes,

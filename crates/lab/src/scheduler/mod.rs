@@ -54,7 +54,7 @@ const BATCH: usize = 512;
 /// Runs the scheduler until the process ends. `nodes_seen` carries the resourceVersion of the
 /// last node event its cache has applied (the lab's resourceVersions are one increasing
 /// counter), so tests can wait until a node change is visible to scheduling decisions.
-pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) -> anyhow::Result<()> {
+pub async fn run(client: kube::Client, nodes_seen: watch::Sender<u64>) {
     let nodes = watcher(Api::<Node>::all(client.clone()));
     let pods = watcher(Api::<Pod>::all(client.clone()));
     let claims = watcher(Api::<PersistentVolumeClaim>::all(client.clone()));

@@ -96,22 +96,59 @@ fn delays_binding(class: Option<&StorageClass>) -> bool {
     class.is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"))
 }
 
+/// Why a pod's claims keep it off every node (VolumeBinding's PreFilter), worded as
+/// kube-scheduler words it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimNotReady {
+    /// The claim of an ephemeral volume is not created yet.
+    #[error(
+        "waiting for ephemeral volume controller to create the persistentvolumeclaim \"{claim}\""
+    )]
+    EphemeralPending {
+        /// The claim's name.
+        claim: String,
+    },
+    /// The claim does not exist.
+    #[error("persistentvolumeclaim \"{claim}\" not found")]
+    NotFound {
+        /// The claim's name.
+        claim: String,
+    },
+    /// The claim's volume is gone (phase Lost).
+    #[error(
+        "persistentvolumeclaim \"{claim}\" bound to non-existent persistentvolume \"{volume}\""
+    )]
+    Lost {
+        /// The claim's name.
+        claim: String,
+        /// The volume it names.
+        volume: String,
+    },
+    /// The claim is being deleted.
+    #[error("persistentvolumeclaim \"{claim}\" is being deleted")]
+    Deleting {
+        /// The claim's name.
+        claim: String,
+    },
+    /// A claim of a class binding immediately is not bound yet.
+    #[error("pod has unbound immediate PersistentVolumeClaims")]
+    UnboundImmediate,
+}
+
 /// VolumeBinding's PreFilter: every claim exists and is usable, and none waits to be bound
 /// by the volume controller; the error is the reason kube-scheduler gives.
 pub(super) fn volume_needs<'a>(
     vols: &'a Volumes,
     pod: &PodInfo,
-) -> Result<VolumeNeeds<'a>, String> {
+) -> Result<VolumeNeeds<'a>, ClaimNotReady> {
     let mut needs = VolumeNeeds::default();
     for c in &pod.claims {
         let Some(claim) = vols.claim(pod.namespace(), &c.name) else {
+            let claim = c.name.clone();
             return Err(if c.ephemeral {
-                format!(
-                    "waiting for ephemeral volume controller to create the persistentvolumeclaim \"{}\"",
-                    c.name
-                )
+                ClaimNotReady::EphemeralPending { claim }
             } else {
-                format!("persistentvolumeclaim \"{}\" not found", c.name)
+                ClaimNotReady::NotFound { claim }
             });
         };
         let volume_name = claim
@@ -120,16 +157,15 @@ pub(super) fn volume_needs<'a>(
             .and_then(|s| s.volume_name.as_deref())
             .unwrap_or("");
         if claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost") {
-            return Err(format!(
-                "persistentvolumeclaim \"{}\" bound to non-existent persistentvolume \"{volume_name}\"",
-                c.name
-            ));
+            return Err(ClaimNotReady::Lost {
+                claim: c.name.clone(),
+                volume: volume_name.to_string(),
+            });
         }
         if claim.metadata.deletion_timestamp.is_some() {
-            return Err(format!(
-                "persistentvolumeclaim \"{}\" is being deleted",
-                c.name
-            ));
+            return Err(ClaimNotReady::Deleting {
+                claim: c.name.clone(),
+            });
         }
         if !volume_name.is_empty() {
             needs
@@ -144,7 +180,7 @@ pub(super) fn volume_needs<'a>(
             .unwrap_or("");
         let class = vols.classes.get(class_name).map(Arc::as_ref);
         if !delays_binding(class) {
-            return Err("pod has unbound immediate PersistentVolumeClaims".into());
+            return Err(ClaimNotReady::UnboundImmediate);
         }
         needs.delayed.push((claim, class));
     }
