@@ -37,6 +37,7 @@ pub mod requests;
 pub mod runtime;
 pub mod settings;
 pub mod shared_watches;
+mod tasks;
 pub mod uninstall;
 pub mod watches;
 

@@ -219,13 +219,7 @@ fn offloadings(ctx: &Ctx) -> (Store<NamespaceOffloading>, tokio::task::JoinHandl
 async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
     let (cache, cache_task) = offloadings(ctx);
     // Stops the cache's watch when the server stops.
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let _cache_task = AbortOnDrop(cache_task);
+    let _cache_task = crate::tasks::AbortOnDrop::new(cache_task);
     let listener = tokio::net::TcpListener::bind(ctx.options.webhook_addr)
         .await
         .map_err(|source| WebhookError::Listen {
@@ -269,7 +263,7 @@ async fn serve(ctx: &Ctx) -> Result<(), WebhookError> {
         current,
         fulfilled,
     ));
-    let _rotation = AbortOnDrop(rotation);
+    let _rotation = crate::tasks::AbortOnDrop::new(rotation);
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,

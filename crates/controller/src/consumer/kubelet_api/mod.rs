@@ -67,6 +67,10 @@ use crate::consumer::kubelet_metrics::ResourceMetrics;
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
 
+mod plan;
+
+use plan::{Refusal, Route, Subresource};
+
 pub use tandem_api::names::{CLIENT_CA_NAMESPACE, CLIENT_CA_READER_ROLE, KUBELET_SERVING_SIGNER};
 pub const CLIENT_CA_CONFIGMAP: &str = "extension-apiserver-authentication";
 const CLIENT_CA_KEY: &str = "client-ca-file";
@@ -76,19 +80,6 @@ const CERT_SECONDS: i32 = 24 * 3600;
 const SIGN_WAIT: Duration = Duration::from_secs(60);
 /// Wait before retrying after a failure to get a certificate.
 const RETRY: Duration = Duration::from_secs(5);
-/// Query parameters of a container log request, as the pod's `log` subresource takes them.
-const LOG_PARAMS: &[&str] = &[
-    "follow",
-    "previous",
-    "sinceSeconds",
-    "sinceTime",
-    "timestamps",
-    "tailLines",
-    "limitBytes",
-];
-/// Query parameters of exec and attach passed on (`command` repeats, for exec).
-const STREAM_PARAMS: &[&str] = &["command", "stdin", "stdout", "stderr", "tty"];
-
 type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// Why the server has no certificate yet.
@@ -155,13 +146,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch, endpoint: watch::Sender<Option<S
         link.clone(),
         node.clone(),
     ));
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let _server = AbortOnDrop(server);
+    let _server = crate::tasks::AbortOnDrop::new(server);
     loop {
         match credentials(&ctx, &node, ip).await {
             Ok((config, valid_for)) => {
@@ -453,6 +438,11 @@ fn text(code: StatusCode, message: impl Into<String>) -> Response<Body> {
         .expect("valid response")
 }
 
+/// The answer a kubelet gives for `refusal`.
+fn refused(refusal: Refusal) -> Response<Body> {
+    text(refusal.status(), refusal.to_string())
+}
+
 async fn handle(
     ctx: &Ctx,
     link: &LinkWatch,
@@ -461,9 +451,21 @@ async fn handle(
     counters: &ResourceMetrics,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let Some(caller) = caller else {
-        return text(StatusCode::UNAUTHORIZED, "Unauthorized");
-    };
+    match answer(ctx, link, node, caller, counters, req).await {
+        Ok(response) => response,
+        Err(refusal) => refused(refusal),
+    }
+}
+
+async fn answer(
+    ctx: &Ctx,
+    link: &LinkWatch,
+    node: &str,
+    caller: Option<&Caller>,
+    counters: &ResourceMetrics,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Refusal> {
+    let caller = caller.ok_or(Refusal::Unauthenticated)?;
     let path: Vec<String> = req
         .uri()
         .path()
@@ -471,86 +473,52 @@ async fn handle(
         .split('/')
         .map(str::to_string)
         .collect();
-    // A kubelet's authorisation: the HTTP method gives the verb, the path the subresource
-    // (`nodes/metrics` for /metrics/…, `nodes/proxy` for logs, exec and attach).
-    let verb = match *req.method() {
-        http::Method::POST => "create",
-        http::Method::PUT => "update",
-        http::Method::DELETE => "delete",
-        _ => "get",
-    };
-    let subresource = if path.first().is_some_and(|p| p == "metrics") {
-        "metrics"
-    } else {
-        "proxy"
-    };
-    match authorized(ctx, caller, verb, subresource, node).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return text(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "Forbidden (user={}, verb={verb}, resource=nodes, subresource={subresource})",
-                    caller.user
-                ),
-            );
-        }
-        Err(e) => {
-            return text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("authorizing the request (SubjectAccessReview): {e}"),
-            );
-        }
+    let (verb, subresource) = plan::attributes(req.method(), &path);
+    let allowed = authorized(ctx, caller, verb, subresource, node)
+        .await
+        .map_err(|e| Refusal::Failed {
+            step: "authorizing the request (SubjectAccessReview)".into(),
+            error: e.to_string(),
+        })?;
+    if !allowed {
+        return Err(Refusal::Forbidden {
+            user: caller.user.clone(),
+            verb,
+            subresource,
+        });
     }
-    if matches!(path.as_slice(), [m, r] if m == "metrics" && r == "resource") {
-        return match link.get() {
-            Some(link) => {
-                let body = counters.render(ctx, &link).await;
-                Response::builder()
-                    .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
-                    .body(
-                        Full::new(Bytes::from(body))
-                            .map_err(|never| match never {})
-                            .boxed_unsync(),
-                    )
-                    .expect("valid response")
-            }
-            None => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("virtual node {node}: the peering with its provider is not established"),
-            ),
-        };
-    }
+    let route = plan::route(&path)?;
+    let not_established = || Refusal::NotEstablished { node: node.into() };
+    let Route::Pod {
+        subresource,
+        namespace: ns,
+        pod,
+        container,
+    } = route
+    else {
+        let link = link.get().ok_or_else(not_established)?;
+        let body = counters.render(ctx, &link).await;
+        return Ok(Response::builder()
+            .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(
+                Full::new(Bytes::from(body))
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+            .expect("valid response"));
+    };
     let params: Vec<(String, String)> =
         form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
             .into_owned()
             .collect();
-    let (kind, ns, pod, container) = match path.as_slice() {
-        [kind, ns, pod, container]
-            if matches!(kind.as_str(), "containerLogs" | "exec" | "attach") =>
-        {
-            (kind.as_str(), ns, pod, Some(container))
+    let link = link.get().ok_or_else(not_established)?;
+    let twin = twin_namespace(ctx, &link, &ns, &pod).await?;
+    match (subresource, container) {
+        (Subresource::Logs, Some(c)) => logs(&link, &twin, &pod, &c, &params).await,
+        (Subresource::Exec | Subresource::Attach, Some(c)) => {
+            stream(&link, subresource, &twin, &pod, &c, &params, req).await
         }
-        // `/portForward/{namespace}/{pod}[/{uid}]`: a pod's ports, not a container's.
-        [kind, ns, pod] | [kind, ns, pod, _] if kind == "portForward" => {
-            (kind.as_str(), ns, pod, None)
-        }
-        _ => return text(StatusCode::NOT_FOUND, "404 page not found"),
-    };
-    let Some(link) = link.get() else {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("virtual node {node}: the peering with its provider is not established"),
-        );
-    };
-    let twin = match twin_namespace(ctx, &link, ns, pod).await {
-        Ok(t) => t,
-        Err(response) => return response,
-    };
-    match container {
-        None => port_forward(&link, &twin, pod, req).await,
-        Some(c) if kind == "containerLogs" => logs(&link, &twin, pod, c, &params).await,
-        Some(c) => stream(&link, kind, &twin, pod, c, &params, req).await,
+        _ => port_forward(&link, &twin, &pod, req).await,
     }
 }
 
@@ -591,116 +559,45 @@ async fn twin_namespace(
     link: &ProviderLink,
     ns: &str,
     pod: &str,
-) -> Result<String, Response<Body>> {
+) -> Result<String, Refusal> {
     let found = Api::<Pod>::namespaced(ctx.client.clone(), ns)
         .get_opt(pod)
         .await
-        .map_err(|e| {
-            text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("reading pod {ns}/{pod}: {e}"),
-            )
+        .map_err(|e| Refusal::Failed {
+            step: format!("reading pod {ns}/{pod}"),
+            error: e.to_string(),
         })?;
-    let bound_here = found
-        .as_ref()
-        .and_then(|p| p.spec.as_ref())
-        .and_then(|s| s.node_name.as_deref())
-        == Some(link.virtual_node.as_str());
-    if !bound_here {
-        return Err(text(
-            StatusCode::NOT_FOUND,
-            format!(
-                "pod {ns}/{pod} is not on virtual node {}",
-                link.virtual_node
-            ),
-        ));
-    }
+    plan::on_node(found.as_ref(), ns, pod, &link.virtual_node)?;
     let offloadings = Api::<NamespaceOffloading>::namespaced(ctx.client.clone(), ns)
         .list(&Default::default())
         .await
-        .map_err(|e| {
-            text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("reading the NamespaceOffloading of {ns}: {e}"),
-            )
+        .map_err(|e| Refusal::Failed {
+            step: format!("reading the NamespaceOffloading of {ns}"),
+            error: e.to_string(),
         })?;
-    offloadings
-        .items
-        .iter()
-        .find_map(|nso| tandem_api::offloading::twin_of(nso, &link.provider_id))
-        .ok_or_else(|| {
-            text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "namespace {ns} has no ready twin namespace on provider {}",
-                    link.provider_id
-                ),
-            )
-        })
+    plan::twin(&offloadings.items, ns, &link.provider_id)
 }
 
-/// The real pod's subresource path on the provider, with the parameters passed on.
-fn provider_path(
-    sub: &str,
-    twin: &str,
-    pod: &str,
-    container: &str,
-    params: &[(String, String)],
-    allowed: &[&str],
-) -> String {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    query.append_pair("container", container);
-    for (k, v) in params.iter().filter(|(k, _)| allowed.contains(&k.as_str())) {
-        query.append_pair(k, v);
-    }
-    format!(
-        "/api/v1/namespaces/{twin}/pods/{pod}/{sub}?{}",
-        query.finish()
-    )
-}
-
-/// A refusal or failure of the provider, as the consumer's user should read it.
-fn provider_error(link: &ProviderLink, what: &str, code: u16, message: &str) -> Response<Body> {
-    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
-    let message = match code {
-        403 => {
-            let field = match what {
-                "exec" => "exec",
-                "attach" => "attach",
-                "port-forward" => "portForward",
-                _ => "logs",
-            };
-            format!(
-                "provider {} does not allow {what} on its pods for this cluster (its policy: \
-                 the Tenant's spec.podAccess.{field}): {message}",
-                link.provider_id
-            )
-        }
-        _ => format!("provider {}: {message}", link.provider_id),
-    };
-    text(status, message)
-}
-
-/// Sends `request` (for `what` on pod `target`) to the provider on the streaming client. A
-/// failure to get an answer, or an answer whose status `accepted` refuses, is returned as the
-/// answer the consumer's API server should get (a refusal naming the provider's policy).
+/// Sends `request` (for `subresource` on pod `target`) to the provider on the streaming
+/// client. A failure to get an answer, or an answer whose status `accepted` refuses, is
+/// returned as the refusal the consumer's API server should get.
 async fn send(
     link: &ProviderLink,
     request: Request<kube::client::Body>,
-    what: &str,
+    subresource: Subresource,
     target: &str,
     accepted: impl Fn(StatusCode) -> bool,
-) -> Result<Response<kube::client::Body>, Response<Body>> {
-    let response = link.stream_client.send(request).await.map_err(|e| {
-        text(
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "provider {} did not answer {what} for {target}: {}",
-                link.provider_id,
-                crate::error::chain(&e)
-            ),
-        )
-    })?;
+) -> Result<Response<kube::client::Body>, Refusal> {
+    let response = link
+        .stream_client
+        .send(request)
+        .await
+        .map_err(|e| Refusal::ProviderSilent {
+            provider: link.provider_id.clone(),
+            subresource,
+            target: target.into(),
+            error: crate::error::chain(&e),
+        })?;
     let status = response.status();
     if accepted(status) {
         return Ok(response);
@@ -711,12 +608,12 @@ async fn send(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    Err(provider_error(
-        link,
-        what,
-        status.as_u16(),
-        &status_message(&body),
-    ))
+    Err(Refusal::ByProvider {
+        provider: link.provider_id.clone(),
+        subresource,
+        code: status.as_u16(),
+        message: plan::status_message(&body),
+    })
 }
 
 async fn logs(
@@ -725,50 +622,42 @@ async fn logs(
     pod: &str,
     container: &str,
     params: &[(String, String)],
-) -> Response<Body> {
-    let path = provider_path("log", twin, pod, container, params, LOG_PARAMS);
+) -> Result<Response<Body>, Refusal> {
+    let path = plan::provider_path(Subresource::Logs, twin, pod, container, params);
     let request = Request::get(path)
         .body(kube::client::Body::empty())
         .expect("valid request");
     let target = format!("{twin}/{pod}");
-    let response = match send(link, request, "logs", &target, |s| s.is_success()).await {
-        Ok(r) => r,
-        Err(answer) => return answer,
-    };
+    let response = send(link, request, Subresource::Logs, &target, |s| {
+        s.is_success()
+    })
+    .await?;
     let status = response.status();
     let mut out = Response::builder().status(status);
     if let Some(t) = response.headers().get(http::header::CONTENT_TYPE) {
         out = out.header(http::header::CONTENT_TYPE, t);
     }
-    out.body(
-        response
-            .into_body()
-            .map_err(std::io::Error::other)
-            .boxed_unsync(),
-    )
-    .expect("valid response")
-}
-
-/// The message of a metav1.Status body, else the body as text.
-fn status_message(body: &[u8]) -> String {
-    serde_json::from_slice::<kube::core::Status>(body)
-        .ok()
-        .map(|s| s.message)
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string())
+    Ok(out
+        .body(
+            response
+                .into_body()
+                .map_err(std::io::Error::other)
+                .boxed_unsync(),
+        )
+        .expect("valid response"))
 }
 
 /// Exec or attach: opens the provider's WebSocket first (so that its refusal is this answer),
 /// then switches the API server's connection to the same subprotocol and relays messages.
 async fn stream(
     link: &ProviderLink,
-    kind: &str,
+    kind: Subresource,
     twin: &str,
     pod: &str,
     container: &str,
     params: &[(String, String)],
     mut req: Request<Incoming>,
-) -> Response<Body> {
+) -> Result<Response<Body>, Refusal> {
     let Some(key) = req
         .headers()
         .get(http::header::SEC_WEBSOCKET_KEY)
@@ -776,19 +665,16 @@ async fn stream(
     else {
         // kubectl falls back to SPDY when the WebSocket upgrade fails (a refusal included):
         // tell it why the WebSocket was refused rather than that SPDY is not spoken here.
-        if let Ok(false) = provider_allows(link, kind, twin).await {
-            return provider_error(
-                link,
-                kind,
-                403,
-                &format!("the peer identity may not create pods/{kind} in {twin}"),
-            );
+        let sub = kind.provider_subresource();
+        if let Ok(false) = provider_allows(link, sub, twin).await {
+            return Err(Refusal::ByProvider {
+                provider: link.provider_id.clone(),
+                subresource: kind,
+                code: 403,
+                message: format!("the peer identity may not create pods/{sub} in {twin}"),
+            });
         }
-        return text(
-            StatusCode::BAD_REQUEST,
-            "only WebSocket streams (v5.channel.k8s.io, v4.channel.k8s.io) are served: use \
-             kubectl 1.30 or later",
-        );
+        return Err(Refusal::NotWebSocket);
     };
     let offered: Vec<String> = req
         .headers()
@@ -798,27 +684,28 @@ async fn stream(
         .flat_map(|v| v.split(','))
         .map(|p| p.trim().to_string())
         .collect();
-    let path = provider_path(kind, twin, pod, container, params, STREAM_PARAMS);
+    let path = plan::provider_path(kind, twin, pod, container, params);
     let (provider, protocol) = match open_websocket(&link.stream_client, &path).await {
         Ok(opened) => opened,
         Err(OpenError::Refused(code, message)) => {
-            return provider_error(link, kind, code, &message);
+            return Err(Refusal::ByProvider {
+                provider: link.provider_id.clone(),
+                subresource: kind,
+                code,
+                message,
+            });
         }
-        Err(OpenError::Failed(e)) => {
-            return text(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "provider {} did not open {kind} on {twin}/{pod}: {e}",
-                    link.provider_id
-                ),
-            );
+        Err(OpenError::Failed(error)) => {
+            return Err(Refusal::ProviderDidNotOpen {
+                provider: link.provider_id.clone(),
+                subresource: kind,
+                target: format!("{twin}/{pod}"),
+                error,
+            });
         }
     };
     if !offered.iter().any(|p| p == protocol) {
-        return text(
-            StatusCode::BAD_REQUEST,
-            format!("the provider speaks {protocol}, which the client did not offer ({offered:?})"),
-        );
+        return Err(Refusal::ProtocolNotOffered { protocol, offered });
     }
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
@@ -829,7 +716,7 @@ async fn stream(
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
         relay(client, provider).await;
     });
-    Response::builder()
+    Ok(Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(http::header::CONNECTION, "Upgrade")
         .header(http::header::UPGRADE, "websocket")
@@ -843,7 +730,7 @@ async fn stream(
                 .map_err(|never| match never {})
                 .boxed_unsync(),
         )
-        .expect("valid response")
+        .expect("valid response"))
 }
 
 /// The stream protocol of port-forward's SPDY session.
@@ -860,17 +747,14 @@ async fn port_forward(
     twin: &str,
     pod: &str,
     mut req: Request<Incoming>,
-) -> Response<Body> {
+) -> Result<Response<Body>, Refusal> {
     let spdy = req
         .headers()
         .get(http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
     if !spdy {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "unable to upgrade: port-forward is served as a SPDY/3.1 upgrade (portforward.k8s.io)",
-        );
+        return Err(Refusal::NotSpdy);
     }
     let mut request = Request::post(format!("/api/v1/namespaces/{twin}/pods/{pod}/portforward"))
         .header(http::header::CONNECTION, "Upgrade")
@@ -887,10 +771,7 @@ async fn port_forward(
         .expect("valid request");
     let target = format!("{twin}/{pod}");
     let accepted = |s| s == StatusCode::SWITCHING_PROTOCOLS;
-    let response = match send(link, request, "port-forward", &target, accepted).await {
-        Ok(r) => r,
-        Err(answer) => return answer,
-    };
+    let response = send(link, request, Subresource::PortForward, &target, accepted).await?;
     let mut out = Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(http::header::CONNECTION, "Upgrade")
@@ -907,12 +788,13 @@ async fn port_forward(
             tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(provider))
                 .await;
     });
-    out.body(
-        http_body_util::Empty::new()
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    )
-    .expect("valid response")
+    Ok(out
+        .body(
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("valid response"))
 }
 
 /// The remote-command subprotocols asked of the provider, preferred first.
@@ -961,7 +843,10 @@ async fn open_websocket(
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        return Err(OpenError::Refused(status.as_u16(), status_message(&body)));
+        return Err(OpenError::Refused(
+            status.as_u16(),
+            plan::status_message(&body),
+        ));
     }
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let headers = response.headers();

@@ -32,13 +32,15 @@ use tandem_core::fence::{self, ProviderLease};
 
 use crate::context::Ctx;
 use crate::provider::shadowpod::PHASE_FENCED;
+use crate::tasks::AbortOnDrop;
+
+mod plan;
+
+use plan::{NonceStep, Step};
 
 /// How often handed-back nonces and deadlines are checked: a deadline is acted on at most this
 /// late (the consumer's margin covers it).
 const TICK: Duration = Duration::from_millis(250);
-/// How often a new nonce is issued when none comes back: a consumer that reads one (a
-/// restarted controller) renews from an issue time at most this old.
-const REISSUE: Duration = Duration::from_secs(2);
 /// Fencing writes in flight at once, and how long each may take: fencing must finish well
 /// within the consumer's margin.
 const PARALLEL_WRITES: usize = 32;
@@ -176,7 +178,7 @@ pub async fn run(ctx: Ctx) {
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
     );
-    let _watches = AbortOnDrop(vec![t, l, s, p, n]);
+    let _watches = AbortOnDrop::all(vec![t, l, s, p, n]);
     let view = View {
         tenants,
         leases,
@@ -221,23 +223,17 @@ pub async fn run(ctx: Ctx) {
             let returned = view
                 .lease(&ns, names::FENCE_LEASE)
                 .and_then(|l| l.annotations().get(names::FENCE_NONCE_ANNOTATION).cloned());
-            let mut renewed = false;
-            if let Some(returned) = returned
-                && consumer.returned.as_deref() != Some(returned.as_str())
-            {
-                renewed = consumer.lease.accept(&returned);
-                consumer.returned = Some(returned);
-            }
-            if renewed {
+            let step = plan::next_nonce(
+                &mut consumer.lease,
+                &mut consumer.returned,
+                returned.as_deref(),
+                now,
+            );
+            if step == NonceStep::Renewed {
                 consumer.fenced.clear();
             }
             // A new nonce after each renewal, and every few seconds without one.
-            if renewed
-                || consumer
-                    .lease
-                    .issued()
-                    .is_none_or(|t| now.saturating_duration_since(t) >= REISSUE)
-            {
+            if step != NonceStep::Keep {
                 consumer.lease.reissue(new_nonce(), Instant::now());
                 consumer.unpublished = true;
             }
@@ -266,17 +262,6 @@ pub async fn run(ctx: Ctx) {
     }
 }
 
-/// Aborts the watches when the fence stops.
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
-        }
-    }
-}
-
 fn status_lists(tenant: &Tenant) -> Vec<String> {
     tenant
         .status
@@ -284,20 +269,6 @@ fn status_lists(tenant: &Tenant) -> Vec<String> {
         .and_then(|s| s.fence.as_ref())
         .map(|f| f.fenced_pods.clone())
         .unwrap_or_default()
-}
-
-/// Whether the object of a fence-labelled `meta` belongs to `consumer` and is past its bound.
-fn due(view: &View, meta: &impl Resource, consumer: &str, lease: &ProviderLease) -> bool {
-    let Some(after) = meta
-        .meta()
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(names::FENCE_AFTER))
-        .and_then(|d| fence::parse(d))
-    else {
-        return false;
-    };
-    view.owner_of(&ns_of(meta)).as_deref() == Some(consumer) && lease.due(after, Instant::now())
 }
 
 /// Runs `writes` concurrently, each bounded in time (a slow one is retried on the next tick).
@@ -318,49 +289,32 @@ async fn fence_due(client: &Client, view: &View, id: &str, consumer: &mut Consum
     let shadows = view.shadows.state();
     let pods = view.pods.state();
     // Marks and deletions the stores show (or whose objects are gone) need no memory.
-    consumer.done.retain(|uid| {
-        shadows.iter().any(|sp| {
-            sp.uid().as_deref() == Some(uid.as_str()) && phase_of(sp) != Some(PHASE_FENCED)
-        }) || pods
-            .iter()
-            .any(|p| p.uid().as_deref() == Some(uid.as_str()))
-    });
-    let to_mark: Vec<_> = shadows
+    plan::forget_settled(&mut consumer.done, &shadows, &pods);
+    let now = Instant::now();
+    let to_mark: Vec<Step> = shadows
         .iter()
-        .filter(|sp| {
-            phase_of(sp) != Some(PHASE_FENCED)
-                && sp.metadata.deletion_timestamp.is_none()
-                && !consumer.done.contains(&sp.uid().unwrap_or_default())
-                && due(view, &***sp, id, &consumer.lease)
+        .filter_map(|sp| {
+            let owner = view.owner_of(&ns_of(&**sp));
+            plan::shadow_pod(
+                sp,
+                owner.as_deref(),
+                id,
+                &consumer.lease,
+                &consumer.done,
+                now,
+            )
+            .ok()
         })
-        .cloned()
         .collect();
     let marked = std::sync::Mutex::new(Vec::new());
     all_bounded(
         to_mark
             .iter()
-            .map(|sp| {
+            .map(|step| {
                 let marked = &marked;
                 async move {
-                    let (ns, name) = (ns_of(&**sp), sp.name_any());
-                    let message = format!(
-                        "fenced: consumer {id} renewed no fence lease for its fenceAfter ({}); \
-                         the pod is stopped and will not run here again",
-                        sp.labels().get(names::FENCE_AFTER).cloned().unwrap_or_default()
-                    );
-                    let patch = json!({"status": {"phase": PHASE_FENCED, "message": message}});
-                    match Api::<ShadowPod>::namespaced(client.clone(), &ns)
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                    {
-                        Ok(_) => marked
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push((sp.uid().unwrap_or_default(), format!("{ns}/{name}"))),
-                        Err(e) if client::is_not_found(&e) => {}
-                        Err(e) => {
-                            tracing::warn!(shadowpod = %format!("{ns}/{name}"), "fencing: marking the shadow pod: {e}")
-                        }
+                    if let Some(done) = act(client, id, step).await {
+                        marked.lock().unwrap_or_else(|e| e.into_inner()).push(done);
                     }
                 }
             })
@@ -370,57 +324,45 @@ async fn fence_due(client: &Client, view: &View, id: &str, consumer: &mut Consum
     let marked = marked.into_inner().unwrap_or_else(|e| e.into_inner());
     let fenced: Vec<String> = marked.iter().map(|(_, key)| key.clone()).collect();
     consumer.done.extend(marked.into_iter().map(|(uid, _)| uid));
-    // The real pods: those of the shadow pods just marked, and any other past its bound —
-    // a shadow pod marked earlier, or gone while its pod shuts down gracefully. A pod whose
-    // shadow pod is not marked yet (its mark failed) waits for it: nothing must start it again.
+    // A pod whose shadow pod is not marked yet (its mark failed) waits for it: nothing must
+    // start it again.
     let unmarked: BTreeSet<String> = to_mark
         .iter()
-        .filter(|sp| !consumer.done.contains(&sp.uid().unwrap_or_default()))
-        .map(|sp| format!("{}/{}", ns_of(&**sp), sp.name_any()))
-        .collect();
-    let to_delete: Vec<_> = pods
-        .iter()
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ) && !consumer.done.contains(&p.uid().unwrap_or_default())
-                && !unmarked.contains(&format!("{}/{}", ns_of(&***p), p.name_any()))
-                && due(view, &***p, id, &consumer.lease)
+        .filter_map(|step| match step {
+            Step::MarkFenced {
+                namespace,
+                name,
+                uid,
+                ..
+            } if !consumer.done.contains(uid) => Some(format!("{namespace}/{name}")),
+            _ => None,
         })
-        .cloned()
+        .collect();
+    let to_delete: Vec<Step> = pods
+        .iter()
+        .filter_map(|p| {
+            let owner = view.owner_of(&ns_of(&**p));
+            plan::real_pod(
+                p,
+                owner.as_deref(),
+                id,
+                &consumer.lease,
+                &consumer.done,
+                &unmarked,
+                now,
+            )
+            .ok()
+        })
         .collect();
     let deleted = std::sync::Mutex::new(Vec::new());
     all_bounded(
         to_delete
             .iter()
-            .map(|p| {
+            .map(|step| {
                 let deleted = &deleted;
                 async move {
-                    let (ns, name) = (ns_of(&**p), p.name_any());
-                    let grace0 = DeleteParams {
-                        grace_period_seconds: Some(0),
-                        preconditions: Some(kube::api::Preconditions {
-                            uid: p.uid(),
-                            resource_version: None,
-                        }),
-                        ..Default::default()
-                    };
-                    match Api::<Pod>::namespaced(client.clone(), &ns)
-                        .delete(&name, &grace0)
-                        .await
-                    {
-                        Ok(_) => {
-                            tracing::warn!(pod = %format!("{ns}/{name}"), consumer = %id, "fenced");
-                            deleted
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push(p.uid().unwrap_or_default());
-                        }
-                        Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => {}
-                        Err(e) => {
-                            tracing::warn!(pod = %format!("{ns}/{name}"), "fencing: deleting the real pod: {e}")
-                        }
+                    if let Some((uid, _)) = act(client, id, step).await {
+                        deleted.lock().unwrap_or_else(|e| e.into_inner()).push(uid);
                     }
                 }
             })
@@ -431,6 +373,65 @@ async fn fence_due(client: &Client, view: &View, id: &str, consumer: &mut Consum
         .done
         .extend(deleted.into_inner().unwrap_or_else(|e| e.into_inner()));
     fenced
+}
+
+/// Makes one write of the fence for consumer `id`; on success, the UID and `namespace/name` of
+/// what it wrote. An object gone already (or replaced) needs nothing more; a failure is logged
+/// and retried on the next tick.
+async fn act(client: &Client, id: &str, step: &Step) -> Option<(String, String)> {
+    match step {
+        Step::MarkFenced {
+            namespace,
+            name,
+            uid,
+            fence_after,
+        } => {
+            let message = format!(
+                "fenced: consumer {id} renewed no fence lease for its fenceAfter ({fence_after}); \
+                 the pod is stopped and will not run here again"
+            );
+            let patch = json!({"status": {"phase": PHASE_FENCED, "message": message}});
+            match Api::<ShadowPod>::namespaced(client.clone(), namespace)
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Some((uid.clone(), format!("{namespace}/{name}"))),
+                Err(e) if client::is_not_found(&e) => None,
+                Err(e) => {
+                    tracing::warn!(shadowpod = %format!("{namespace}/{name}"), "fencing: marking the shadow pod: {e}");
+                    None
+                }
+            }
+        }
+        Step::DeletePod {
+            namespace,
+            name,
+            uid,
+        } => {
+            let grace0 = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match Api::<Pod>::namespaced(client.clone(), namespace)
+                .delete(name, &grace0)
+                .await
+            {
+                Ok(_) => {
+                    tracing::warn!(pod = %format!("{namespace}/{name}"), consumer = %id, "fenced");
+                    Some((uid.clone(), format!("{namespace}/{name}")))
+                }
+                Err(e) if client::is_not_found(&e) || client::is_conflict(&e) => None,
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{namespace}/{name}"), "fencing: deleting the real pod: {e}");
+                    None
+                }
+            }
+        }
+    }
 }
 
 /// Writes the newest nonce, and the base it counts from, into the nonce Lease.
@@ -495,42 +496,13 @@ async fn record_fencing(client: &Client, tenant: &Tenant, fenced: &[String]) {
 /// The Tenant's `Fenced` condition: True with the pods fenced since the consumer last renewed
 /// its lease; False once it renews again (after a fencing: absent before any).
 async fn report(client: &Client, tenant: &Tenant, fenced: &[String], standing: usize) {
-    if !fenced.is_empty() {
-        let message = format!(
-            "consumer {} renewed no fence lease: {} pod(s) stopped ({})",
-            tenant.spec.cluster_id,
-            fenced.len(),
-            fenced.join(", ")
-        );
-        set_condition(
-            client,
-            tenant,
-            ConditionStatus::True,
-            "LeaseExpired",
-            &message,
-        )
-        .await;
-        return;
-    }
     let was_fenced = tenant
         .status
         .as_ref()
         .and_then(|s| conditions::find(&s.conditions, CONDITION))
         .is_some_and(|c| c.status == "True");
-    if was_fenced {
-        let message = format!(
-            "consumer {} renews its fence lease; {standing} pod(s) fenced earlier stay stopped \
-             until it replaces them",
-            tenant.spec.cluster_id
-        );
-        set_condition(
-            client,
-            tenant,
-            ConditionStatus::False,
-            "LeaseRenewed",
-            &message,
-        )
-        .await;
+    if let Some(c) = plan::condition(&tenant.spec.cluster_id, fenced, was_fenced, standing) {
+        set_condition(client, tenant, c.status, c.reason, &c.message).await;
     }
 }
 
