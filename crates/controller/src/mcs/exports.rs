@@ -1,194 +1,82 @@
-//! This cluster's exports in a pass: which ServiceExports are valid, publishing them to every peer, and their statuses.
+//! Acting on the plan's exports: this cluster's records where each peer reads them, and the
+//! status of its ServiceExports.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_api::mcs::{ExportedService, ExportedServiceSpec, ServiceExport, export_condition};
-use tandem_api::{client, conditions};
-use tandem_core::mcs::Merged;
+use tandem_api::client;
+use tandem_api::mcs::{ExportedService, ServiceExport};
 
-use super::pass::*;
+use super::pass::{Pass, SyncError, Verb, Write};
+use super::plan::{Place, Step};
+use super::records::Key;
 
 impl Pass<'_> {
-    /// This cluster's exports as records, and the status each ServiceExport should have
-    /// (before conflicts are known).
-    pub(super) fn own_exports(&self) -> (Records, Vec<(ServiceExport, Verdict)>) {
-        let me = &self.ctx.identity.cluster_id;
-        let mut own = BTreeMap::new();
-        let mut statuses = Vec::new();
-        let mut slices_of: BTreeMap<(String, String), Vec<Arc<EndpointSlice>>> = BTreeMap::new();
-        for slice in self.caches.slices.state() {
-            if label(slice.as_ref(), SLICE_MANAGED_BY_LABEL) != Some(KUBE_SLICE_MANAGER) {
-                continue;
-            }
-            if let (Some(ns), Some(svc)) = (
-                slice.metadata.namespace.clone(),
-                label(slice.as_ref(), "kubernetes.io/service-name"),
-            ) {
-                slices_of
-                    .entry((ns, svc.to_string()))
-                    .or_default()
-                    .push(slice.clone());
-            }
-        }
-        for export in self.caches.exports.state() {
-            if export.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let (ns, name) = key_of(export.as_ref());
-            let service = self.caches.services.get(&ObjectRef::new(&name).within(&ns));
-            let verdict = match &service {
-                None => Err(("NoService", format!("Service {ns}/{name} not found"))),
-                Some(s)
-                    if s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName") =>
-                {
-                    Err((
-                        "InvalidServiceType",
-                        format!(
-                            "Service {ns}/{name} is of type ExternalName, which cannot be exported"
-                        ),
-                    ))
-                }
-                Some(_) => Ok(()),
-            };
-            if let (Some(service), Ok(())) = (&service, &verdict) {
-                let slices = slices_of
-                    .get(&(ns.clone(), name.clone()))
-                    .cloned()
-                    .unwrap_or_default();
-                own.insert(
-                    (ns.clone(), name.clone()),
-                    record(me, &export, service, &slices, self.pod_cidr),
-                );
-            }
-            statuses.push(((*export).clone(), verdict));
-        }
-        (own, statuses)
-    }
-
-    /// Hands this cluster's records to every peer: into our tenant namespace for a consumer
-    /// of ours, into our tenant namespace on a provider of ours (with our identity there).
-    pub(super) async fn publish(
+    /// Makes the steps of this cluster's records at `place`, in order; the first that fails
+    /// ends them (the next pass starts over).
+    pub(super) async fn write_records(
         &self,
-        own: &BTreeMap<(String, String), ExportedServiceSpec>,
-        peers: &[Peer],
+        place: &Place,
+        steps: &[Step],
     ) -> Result<(), SyncError> {
-        let me = &self.ctx.identity.cluster_id;
-        let mut result = Ok(());
-        for peer in peers {
-            if let Some(ns) = &peer.tenant_namespace {
-                let existing: Vec<Arc<ExportedService>> = self
-                    .caches
-                    .records
-                    .state()
-                    .into_iter()
-                    .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
-                    .collect();
-                let api = Api::namespaced(self.ctx.client.clone(), ns);
-                if let Err(e) = sync_records(&api, me, own, &existing).await {
-                    result = Err(e);
-                }
+        let api: Api<ExportedService> = match place {
+            Place::Tenant(ns) => Api::namespaced(self.ctx.client.clone(), ns),
+            Place::Provider(id) => {
+                let Some(link) = self.links.get(id) else {
+                    return Ok(());
+                };
+                Api::namespaced(link.client.clone(), &link.remote_tenant_namespace)
             }
-            if let (Some(link), Some(remote)) =
-                (self.links.get(&peer.id), self.remotes.get(&peer.id))
-            {
-                let api = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
-                if let Err(e) = sync_records(&api, me, own, &remote.store.state()).await {
-                    result = Err(e);
-                }
-            }
-        }
-        result
-    }
-
-    /// Sets Valid, Conflict and Ready on this cluster's ServiceExports.
-    pub(super) async fn export_statuses(
-        &self,
-        statuses: Vec<(ServiceExport, Verdict)>,
-        merged: &BTreeMap<(String, String), Merged>,
-    ) -> Result<(), SyncError> {
-        let mut result = Ok(());
-        for (export, verdict) in statuses {
-            let (ns, name) = key_of(&export);
-            let generation = export.metadata.generation;
-            let before = export.status.clone().unwrap_or_default().conditions;
-            let mut conds = before.clone();
-            let set = |conds: &mut Vec<Condition>, t: &str, s: bool, reason: &str, msg: &str| {
-                conditions::set_condition(conds, t, s.into(), reason, msg, generation);
-            };
-            match &verdict {
-                Err((reason, message)) => {
-                    set(&mut conds, export_condition::VALID, false, reason, message);
-                    set(
-                        &mut conds,
-                        export_condition::READY,
-                        false,
-                        "Failed",
-                        message,
-                    );
-                    conds.retain(|c| c.type_ != export_condition::CONFLICT);
-                }
-                Ok(()) => {
-                    set(
-                        &mut conds,
-                        export_condition::VALID,
-                        true,
-                        "Valid",
-                        "the Service is exported",
-                    );
-                    let m = merged.get(&(ns.clone(), name.clone()));
-                    match m.and_then(Merged::conflict_summary) {
-                        Some((reason, message)) => set(
-                            &mut conds,
-                            export_condition::CONFLICT,
-                            true,
-                            &reason,
-                            &message,
-                        ),
-                        None => set(
-                            &mut conds,
-                            export_condition::CONFLICT,
-                            false,
-                            "NoConflicts",
-                            "the exports of this Service agree",
-                        ),
+        };
+        let ns = api.namespace().unwrap_or_default().to_string();
+        let write = |verb, name: &str| Write::new(verb, "ExportedService", &ns, name);
+        for step in steps {
+            match step {
+                Step::CreateRecord { record, .. } => {
+                    let name = record.metadata.name.as_deref().unwrap_or_default();
+                    match api.create(&PostParams::default(), record).await {
+                        Ok(_) => {}
+                        Err(e) if client::is_conflict(&e) => {}
+                        Err(e) => return Err(write(Verb::Creating, name).failed(e)),
                     }
-                    let clusters = m.map(|m| m.clusters.join(", ")).unwrap_or_default();
-                    set(
-                        &mut conds,
-                        export_condition::READY,
-                        true,
-                        "Exported",
-                        &format!("exported to the peers; imported from {clusters}"),
-                    );
                 }
-            }
-            if same_conditions(&conds, &before) {
-                continue;
-            }
-            let api: Api<ServiceExport> = Api::namespaced(self.ctx.client.clone(), &ns);
-            let patched = api
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"conditions": conds}})),
-                )
-                .await;
-            match patched {
-                Err(source) if !client::is_not_found(&source) => {
-                    result = Err(SyncError {
-                        what: format!("status of ServiceExport {ns}/{name}"),
-                        source,
-                    });
+                Step::ReplaceRecord { record, .. } => {
+                    let name = record.metadata.name.as_deref().unwrap_or_default();
+                    api.replace(name, &PostParams::default(), record)
+                        .await
+                        .map_err(|e| write(Verb::Updating, name).failed(e))?;
+                }
+                Step::DeleteRecord { name, .. } => {
+                    client::delete_if_exists(&api, name, &DeleteParams::default())
+                        .await
+                        .map_err(|e| write(Verb::Deleting, name).failed(e))?;
                 }
                 _ => {}
             }
         }
-        result
+        Ok(())
+    }
+
+    /// Sets the conditions of this cluster's ServiceExport `key` (gone meanwhile: nothing to
+    /// say).
+    pub(super) async fn set_export_status(
+        &self,
+        (ns, name): &Key,
+        conditions: &[Condition],
+    ) -> Result<(), SyncError> {
+        let api: Api<ServiceExport> = Api::namespaced(self.ctx.client.clone(), ns);
+        let patched = api
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": conditions}})),
+            )
+            .await;
+        match patched {
+            Err(e) if !client::is_not_found(&e) => {
+                Err(Write::new(Verb::Status, "ServiceExport", ns, name).failed(e))
+            }
+            _ => Ok(()),
+        }
     }
 }

@@ -27,14 +27,22 @@
 //!
 //! Everything is level-based: one loop recomputes the whole desired state from watched caches
 //! on any change and writes only differences, so it is idempotent and converges after any
-//! restart.
+//! restart. Each pass observes (`pass`, `peers`: the caches as values), decides (`plan`, with
+//! `sources` for the peers' part: pure, the clock passed in) and acts on the plan's steps
+//! (`exports`, `imports`).
 
 pub mod dns;
 mod exports;
+#[cfg(test)]
+mod fixtures;
 mod imports;
+mod observed;
 mod pass;
 mod peers;
+mod plan;
+mod records;
 mod sanitize;
+mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -47,13 +55,15 @@ use kube::runtime::reflector::Store;
 use serde_json::json;
 use tandem_api::mcs::{ClusterProperty, ExportedService};
 use tandem_api::{Tenant, client, names};
-use tandem_core::mcs::{ExportProperties, Merged};
 use tokio::sync::Notify;
 
 use crate::consumer::link::Links;
 use crate::context::Ctx;
-use pass::*;
-pub use pass::{Caches, derived_service_name};
+pub use pass::Caches;
+use pass::{Pass, RemoteRecords, SyncError, cache};
+use plan::{NotOurs, Step, Target};
+pub use records::derived_service_name;
+use sources::{Refusal, RefusalEvent};
 pub use tandem_api::names::{
     MCS_SLICE_MANAGER as SLICE_MANAGER, SLICE_MANAGED_BY_LABEL, SOURCE_SLICES_SELECTOR,
 };
@@ -173,7 +183,7 @@ pub async fn run(ctx: Ctx, links: Links) {
     }
     publish_cluster_id(&ctx).await;
     let mut remotes: BTreeMap<String, RemoteRecords> = BTreeMap::new();
-    let mut reported: BTreeSet<Refusal> = BTreeSet::new();
+    let mut reported: BTreeSet<RefusalEvent> = BTreeSet::new();
     let mut pod_cidr: Option<IpNet> = None;
     let mut last_settings = None::<tokio::time::Instant>;
     loop {
@@ -223,16 +233,12 @@ pub async fn run(ctx: Ctx, links: Links) {
             remotes: &remotes,
             pod_cidr,
             tunnels: &tunnel_health,
-            refused: Default::default(),
         };
-        if let Err(e) = sync.run().await {
+        let (result, refused) = sync.run().await;
+        if let Err(e) = result {
             tracing::warn!("multi-cluster services: {e}");
             failed = true;
         }
-        let refused = sync
-            .refused
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         report_refusals(&ctx, &mut reported, refused).await;
         let wait = if failed {
             Duration::from_secs(1)
@@ -269,13 +275,20 @@ async fn publish_cluster_id(ctx: &Ctx) {
     }
 }
 
-/// Writes an Event for each refusal not reported yet (at most
-/// [`MAX_REFUSAL_EVENTS_PER_PASS`]); `reported` becomes what is reported and still holds, so
-/// a refusal that ends and comes back is reported again.
-async fn report_refusals(ctx: &Ctx, reported: &mut BTreeSet<Refusal>, now: Vec<Refusal>) {
-    let now: BTreeSet<Refusal> = now.into_iter().collect();
+/// Logs the refusals that are not Events, and writes an Event for each other one not
+/// reported yet (at most [`MAX_REFUSAL_EVENTS_PER_PASS`]); `reported` becomes what is
+/// reported and still holds, so a refusal that ends and comes back is reported again.
+async fn report_refusals(ctx: &Ctx, reported: &mut BTreeSet<RefusalEvent>, now: Vec<Refusal>) {
+    for r in &now {
+        match r.log_level() {
+            Some(tracing::Level::WARN) => tracing::warn!("multi-cluster services: {r}"),
+            Some(_) => tracing::debug!("multi-cluster services: {r}"),
+            None => {}
+        }
+    }
+    let now: BTreeSet<RefusalEvent> = now.iter().filter_map(Refusal::event).collect();
     reported.retain(|r| now.contains(r));
-    let fresh: Vec<&Refusal> = now.iter().filter(|r| !reported.contains(*r)).collect();
+    let fresh: Vec<&RefusalEvent> = now.iter().filter(|r| !reported.contains(*r)).collect();
     for r in fresh.into_iter().take(MAX_REFUSAL_EVENTS_PER_PASS) {
         let tenant_ns = names::tenant_namespace(&r.peer);
         tracing::info!("multi-cluster services: {}", r.message);
@@ -295,58 +308,48 @@ async fn report_refusals(ctx: &Ctx, reported: &mut BTreeSet<Refusal>, now: Vec<R
 }
 
 impl Pass<'_> {
-    async fn run(&self) -> Result<(), SyncError> {
+    /// Observes, plans and acts once, one object's steps after another's: the first write
+    /// that failed (the others are still made), and the peers' exports not imported.
+    async fn run(&self) -> (Result<(), SyncError>, Vec<Refusal>) {
+        let plan = plan::plan(&self.observe(), k8s_openapi::jiff::Timestamp::now());
+        for ((ns, name), why) in &plan.not_ours {
+            match why {
+                NotOurs::Import => tracing::debug!("ServiceImport {ns}/{name}: {why}"),
+                NotOurs::DerivedService(_) => tracing::warn!("ServiceImport {ns}/{name}: {why}"),
+            }
+        }
         let mut first_error: Option<SyncError> = None;
-        let mut keep = |r: Result<(), SyncError>| {
-            if let Err(e) = r {
+        for steps in plan.steps.chunk_by(|a, b| a.target() == b.target()) {
+            let written = match steps[0].target() {
+                Target::Records(place) => self.write_records(&place, steps).await,
+                Target::Import(key) => self.write_import(&key, steps).await,
+                Target::Removal(key) => match &steps[0] {
+                    Step::RemoveImport { service, .. } => {
+                        self.remove_import(&key, service.as_deref()).await
+                    }
+                    _ => Ok(()),
+                },
+                Target::Export(key) => match &steps[0] {
+                    Step::SetExportStatus { conditions, .. } => {
+                        self.set_export_status(&key, conditions).await
+                    }
+                    _ => Ok(()),
+                },
+            };
+            if let Err(e) = written {
                 tracing::debug!("multi-cluster services: {e}");
                 first_error.get_or_insert(e);
             }
-        };
-        let (own, statuses) = self.own_exports();
-        let peers = self.peers();
-        keep(self.publish(&own, &peers).await);
-        let mut sources: BTreeMap<(String, String), Vec<Source>> = BTreeMap::new();
-        for (key, spec) in &own {
-            sources.entry(key.clone()).or_default().push(Source {
-                cluster: self.ctx.identity.cluster_id.clone(),
-                props: properties(spec),
-                slices: spec.endpoint_slices.clone(),
-                healthy: true,
-            });
         }
-        for peer in &peers {
-            let from_peer = match self.peer_sources(peer, &own) {
-                Some(fresh) => fresh,
-                None => self.carried_sources(peer, &own),
-            };
-            for (key, source) in from_peer {
-                sources.entry(key).or_default().push(source);
-            }
-        }
-        let mut merged_of: BTreeMap<(String, String), Merged> = BTreeMap::new();
-        for (key, srcs) in &sources {
-            let props: Vec<ExportProperties> = srcs.iter().map(|s| s.props.clone()).collect();
-            if let Some(m) = tandem_core::mcs::merge(&props) {
-                merged_of.insert(key.clone(), m);
-            }
-        }
-        for (key, srcs) in &sources {
-            if let Some(merged) = merged_of.get(key) {
-                keep(self.import(key, srcs, merged).await);
-            }
-        }
-        let all_readable = peers.iter().all(|p| p.readable);
-        keep(self.remove_stale_imports(&sources, all_readable).await);
-        keep(self.export_statuses(statuses, &merged_of).await);
-        first_error.map_or(Ok(()), Err)
+        (first_error.map_or(Ok(()), Err), plan.refused)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use tandem_core::mcs::ImportType;
+    use tandem_core::mcs::{ExportProperties, ImportType};
 
+    use super::sources::export_age;
     use super::*;
 
     fn stored(cluster: &str, created: i64) -> ExportProperties {
