@@ -28,6 +28,9 @@ pub enum QuantityError {
     /// More significant digits than an exact value can carry (kube: "quantity too large").
     #[error("quantity too large")]
     TooLarge,
+    /// Below zero where only zero or more is allowed.
+    #[error("must be greater than or equal to 0")]
+    Negative,
 }
 
 /// A parsed quantity: `(-1)^negative · mantissa · 10^exp10 · 2^pow2`, exact.
@@ -161,10 +164,10 @@ fn parse_exponent(s: &str) -> Result<i32, QuantityError> {
 }
 
 /// Checks that `s` is a quantity of zero or more, with kube's messages.
-pub fn validate_non_negative(s: &str) -> Result<Quantity, String> {
-    let q = Quantity::parse(s).map_err(|e| e.to_string())?;
+pub fn validate_non_negative(s: &str) -> Result<Quantity, QuantityError> {
+    let q = Quantity::parse(s)?;
     if q.is_negative() {
-        return Err("must be greater than or equal to 0".to_string());
+        return Err(QuantityError::Negative);
     }
     Ok(q)
 }
@@ -227,11 +230,13 @@ mod tests {
         assert!(
             validate_non_negative("-5")
                 .unwrap_err()
+                .to_string()
                 .contains("greater than or equal to 0")
         );
         assert!(
             validate_non_negative("abc")
                 .unwrap_err()
+                .to_string()
                 .starts_with("quantities must match")
         );
         assert!(validate_non_negative("-0").is_ok());

@@ -75,61 +75,50 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 }
 
 /// `validation.IsQualifiedName`: `[prefix/]name`, name at most 63 characters.
-pub fn validate_label_key(key: &str) -> Result<(), String> {
-    let mut errs: Vec<String> = Vec::new();
+pub fn validate_label_key(key: &str) -> Result<(), InvalidFormat> {
+    let mut broken = Vec::new();
     let parts: Vec<&str> = key.split('/').collect();
     let name = match parts.as_slice() {
         [name] => *name,
         [prefix, name] => {
             if prefix.is_empty() {
-                errs.push("prefix part must be non-empty".to_string());
+                broken.push(FormatRule::EmptyPart(KeyPart::Prefix));
             } else {
                 if prefix.len() > 253 {
-                    errs.push("prefix part must be no more than 253 characters".to_string());
+                    broken.push(FormatRule::PartMaxLength(KeyPart::Prefix, 253));
                 }
                 if !is_dns1123_subdomain(prefix) {
-                    errs.push(format!(
-                        "prefix part {}",
-                        regex_error(
-                            DNS1123_SUBDOMAIN_ERR,
-                            DNS1123_SUBDOMAIN_FMT,
-                            &["example.com"]
-                        )
-                    ));
+                    broken.push(FormatRule::PrefixDns1123Subdomain);
                 }
             }
             *name
         }
-        _ => {
-            return Err(format!(
-                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
-                regex_error(
-                    QUALIFIED_NAME_ERR,
-                    QUALIFIED_NAME_FMT,
-                    &["MyName", "my.name", "123-abc"]
-                )
-            ));
-        }
+        _ => return InvalidFormat::check(vec![FormatRule::QualifiedName]),
     };
     if name.is_empty() {
-        errs.push("name part must be non-empty".to_string());
+        broken.push(FormatRule::EmptyPart(KeyPart::Name));
     } else if name.len() > 63 {
-        errs.push("name part must be no more than 63 characters".to_string());
+        broken.push(FormatRule::PartMaxLength(KeyPart::Name, 63));
     }
     if !is_qualified_name_part(name) {
-        errs.push(format!(
-            "name part {}",
-            regex_error(
-                QUALIFIED_NAME_ERR,
-                QUALIFIED_NAME_FMT,
-                &["MyName", "my.name", "123-abc"]
-            )
-        ));
+        broken.push(FormatRule::NameQualifiedNamePart);
     }
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs.join("; "))
+    InvalidFormat::check(broken)
+}
+
+/// The part of a qualified name (`prefix/name`) a rule applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyPart {
+    Prefix,
+    Name,
+}
+
+impl std::fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyPart::Prefix => "prefix",
+            KeyPart::Name => "name",
+        })
     }
 }
 
@@ -145,6 +134,16 @@ pub enum FormatRule {
     Dns1123Label,
     /// The characters of a label value.
     LabelValue,
+    /// A qualified name's part is empty.
+    EmptyPart(KeyPart),
+    /// A qualified name's part is longer than this.
+    PartMaxLength(KeyPart, usize),
+    /// A qualified name's prefix is not a DNS-1123 subdomain.
+    PrefixDns1123Subdomain,
+    /// A qualified name's name part has characters a name may not have.
+    NameQualifiedNamePart,
+    /// More than one `/`.
+    QualifiedName,
 }
 
 impl std::fmt::Display for FormatRule {
@@ -161,6 +160,38 @@ impl std::fmt::Display for FormatRule {
                 &format!("({QUALIFIED_NAME_FMT})?"),
                 &["MyValue", "my_value", "12345"],
             )),
+            FormatRule::EmptyPart(part) => write!(f, "{part} part must be non-empty"),
+            FormatRule::PartMaxLength(part, max) => {
+                write!(f, "{part} part must be no more than {max} characters")
+            }
+            FormatRule::PrefixDns1123Subdomain => write!(
+                f,
+                "prefix part {}",
+                regex_error(
+                    DNS1123_SUBDOMAIN_ERR,
+                    DNS1123_SUBDOMAIN_FMT,
+                    &["example.com"]
+                )
+            ),
+            FormatRule::NameQualifiedNamePart => write!(
+                f,
+                "name part {}",
+                regex_error(
+                    QUALIFIED_NAME_ERR,
+                    QUALIFIED_NAME_FMT,
+                    &["MyName", "my.name", "123-abc"]
+                )
+            ),
+            FormatRule::QualifiedName => write!(
+                f,
+                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. \
+                 'example.com/MyName')",
+                regex_error(
+                    QUALIFIED_NAME_ERR,
+                    QUALIFIED_NAME_FMT,
+                    &["MyName", "my.name", "123-abc"]
+                )
+            ),
         }
     }
 }

@@ -720,6 +720,31 @@ pub async fn request(
     .await
 }
 
+/// Why no PeeringPolicy approves a consumer: the near misses, in the order found (none when
+/// no policy names its key or its cluster ID).
+#[derive(Clone, Debug, Default, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.near_misses.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct NoPolicy {
+    pub near_misses: Vec<NearMiss>,
+}
+
+/// A PeeringPolicy that names the consumer yet does not approve it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NearMiss {
+    #[error("PeeringPolicy {policy} matches but expired")]
+    Expired { policy: String },
+    #[error("PeeringPolicy {policy} names this key for cluster {named}, not {claimed}")]
+    OtherCluster {
+        policy: String,
+        named: String,
+        claimed: String,
+    },
+    #[error(
+        "PeeringPolicy {policy} names cluster {cluster} without a key fingerprint, which approves nothing"
+    )]
+    NoKey { policy: String, cluster: String },
+}
+
 /// The PeeringPolicy approving a consumer with key `fingerprint` claiming `cluster_id` at
 /// `now` (Unix seconds), if any; else why none does, for the request's message.
 pub fn matching_policy<'a>(
@@ -727,8 +752,8 @@ pub fn matching_policy<'a>(
     fingerprint: &str,
     cluster_id: &str,
     now: i64,
-) -> Result<&'a PeeringPolicy, String> {
-    let mut notes = Vec::new();
+) -> Result<&'a PeeringPolicy, NoPolicy> {
+    let mut near_misses = Vec::new();
     for p in policies {
         // An expiry that does not read as RFC 3339 counts as passed: a policy never approves
         // for longer than its author wrote.
@@ -738,26 +763,33 @@ pub fn matching_policy<'a>(
         });
         for c in &p.spec.consumers {
             match (&c.key_fingerprint, &c.cluster_id) {
-                (Some(fp), id) if fp == fingerprint && id.as_ref().is_none_or(|i| i == cluster_id) => {
+                (Some(fp), id)
+                    if fp == fingerprint && id.as_ref().is_none_or(|i| i == cluster_id) =>
+                {
                     if expired {
-                        notes.push(format!("PeeringPolicy {} matches but expired", p.name_any()));
+                        near_misses.push(NearMiss::Expired {
+                            policy: p.name_any(),
+                        });
                     } else {
                         return Ok(p);
                     }
                 }
-                (Some(fp), Some(id)) if fp == fingerprint => notes.push(format!(
-                    "PeeringPolicy {} names this key for cluster {id}, not {cluster_id}",
-                    p.name_any()
-                )),
-                (None, Some(id)) if id == cluster_id => notes.push(format!(
-                    "PeeringPolicy {} names cluster {id} without a key fingerprint, which approves nothing",
-                    p.name_any()
-                )),
+                (Some(fp), Some(id)) if fp == fingerprint => {
+                    near_misses.push(NearMiss::OtherCluster {
+                        policy: p.name_any(),
+                        named: id.clone(),
+                        claimed: cluster_id.to_string(),
+                    })
+                }
+                (None, Some(id)) if id == cluster_id => near_misses.push(NearMiss::NoKey {
+                    policy: p.name_any(),
+                    cluster: id.clone(),
+                }),
                 _ => {}
             }
         }
     }
-    Err(notes.join("; "))
+    Err(NoPolicy { near_misses })
 }
 
 #[cfg(test)]
@@ -837,7 +869,9 @@ mod tests {
             ),
         ];
         for (what, policies, want) in cases {
-            let got = matching_policy(&policies, key, "rome", NOW).map(|p| p.name_any());
+            let got = matching_policy(&policies, key, "rome", NOW)
+                .map(|p| p.name_any())
+                .map_err(|e| e.to_string());
             assert_eq!(got.as_deref().map_err(String::as_str), want, "{what}");
         }
     }

@@ -84,7 +84,7 @@ fn requirement(r: &Requirement, at: &str, label_key: bool) -> Result<(), FieldEr
         }
     }
     if label_key && let Err(why) = validate_label_key(&r.key) {
-        return Err(FieldError::invalid(format!("{at}.key"), &r.key, &why));
+        return Err(FieldError::invalid(format!("{at}.key"), &r.key, &why.to_string()));
     }
     Ok(())
 }
@@ -96,7 +96,7 @@ pub fn grant(grant: &BTreeMap<String, Quantity>) -> Result<(), FieldError> {
             return Err(FieldError::invalid(
                 format!("spec.grant.{name}"),
                 &value.0,
-                &why,
+                &why.to_string(),
             ));
         }
     }

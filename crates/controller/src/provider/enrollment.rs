@@ -157,7 +157,7 @@ async fn reconcile(req: Arc<PeeringRequest>, ctx: Ctx) -> Result<Action, Error> 
         (Err(_), _) => None,
     };
     let Some((approved_by, policy)) = approved_by else {
-        let why = matched.err().unwrap_or_default();
+        let why = matched.err().map(|e| e.to_string()).unwrap_or_default();
         let mut message = format!(
             "waiting for approval: `tandem approve {name}` on this cluster, or a PeeringPolicy naming key {fingerprint}"
         );
