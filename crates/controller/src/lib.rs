@@ -10,6 +10,7 @@
 //!
 //! Every cluster — the local one and each provider — is reached only through `kube::Client`.
 
+mod batch;
 pub mod clients;
 pub mod consumer;
 pub mod context;

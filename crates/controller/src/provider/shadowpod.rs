@@ -25,6 +25,7 @@ use tandem_core::pod_admission::{self, PodSecurityLevel, ProviderPodPolicy};
 use tandem_core::pod_resources::{self, ChargePolicy, WithoutRequests};
 use tandem_core::shadow::{self, Resources};
 
+use crate::batch::IndexLoop;
 use crate::context::Ctx;
 use crate::lean::{LeanPod, LeanShadowPod};
 use crate::requests::create_unread;
@@ -38,10 +39,11 @@ pub const PHASE_REJECTED: &str = "Rejected";
 /// it is never run again; the consumer replaces its pod and deletes it.
 pub const PHASE_FENCED: &str = "Fenced";
 
-/// Writes in flight at once.
-const PARALLEL_WRITES: usize = 32;
-/// Events applied before a pass runs, at most.
-const BATCH: usize = 2000;
+/// Events applied before a pass runs, at most, and writes in flight at once.
+const LOOP: IndexLoop = IndexLoop {
+    batch: 2000,
+    parallel: 32,
+};
 /// Full pass period.
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -822,12 +824,10 @@ pub async fn run(ctx: Ctx) {
     let mut warned = false;
     while let Some(ev) = stream.next().await {
         state.apply(ev);
-        for _ in 0..BATCH {
-            match stream.next().now_or_never() {
-                Some(Some(ev)) => state.apply(ev),
-                _ => break,
-            }
-        }
+        LOOP.drain(
+            || stream.next().now_or_never().flatten(),
+            |ev| state.apply(ev),
+        );
         if state.listing.iter().any(|l| *l) {
             if listing_since.elapsed() > LISTING_PATIENCE && !warned {
                 let kinds: Vec<&str> = ["ShadowPods", "Pods", "Namespaces", "Tenants"]
@@ -852,11 +852,7 @@ pub async fn run(ctx: Ctx) {
         if actions.is_empty() {
             continue;
         }
-        let outcomes: Vec<Outcome> = futures::stream::iter(actions)
-            .map(|a| act(client.clone(), a))
-            .buffer_unordered(PARALLEL_WRITES)
-            .collect()
-            .await;
+        let outcomes: Vec<Outcome> = LOOP.act(actions, |a| act(client.clone(), a)).await;
         for o in outcomes {
             match o {
                 Outcome::Done => {}

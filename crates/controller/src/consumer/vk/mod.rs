@@ -49,10 +49,13 @@ pub use pods::KEYS;
 use pods::*;
 pub(crate) use tandem_api::offloading::twin_of;
 
-/// Writes in flight at once.
-const PARALLEL_WRITES: usize = 64;
-/// Messages applied before a pass runs, at most.
-const BATCH: usize = 4000;
+use crate::batch::IndexLoop;
+
+/// Messages applied before a pass runs, at most, and writes in flight at once.
+const LOOP: IndexLoop = IndexLoop {
+    batch: 4000,
+    parallel: 64,
+};
 /// A write not confirmed by a watch within this time is retried.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Full re-decision of every pod (catches failed writes).
@@ -854,7 +857,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         })
     };
     let mut remap = remap_of(&l);
-    let (tx, mut rx) = mpsc::channel::<Msg>(BATCH);
+    let (tx, mut rx) = mpsc::channel::<Msg>(LOOP.batch);
     let mut background = vec![
         tokio::spawn(watch_local(
             ctx.client.clone(),
@@ -923,12 +926,10 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         };
         let mut changes = Vec::new();
         changes.extend(state.apply(msg, &l));
-        for _ in 0..BATCH {
-            match rx.try_recv() {
-                Ok(msg) => changes.extend(state.apply(msg, &l)),
-                Err(_) => break,
-            }
-        }
+        LOOP.drain(
+            || rx.try_recv().ok(),
+            |msg| changes.extend(state.apply(msg, &l)),
+        );
         for change in changes {
             match change {
                 Change::Twin { old, new } => {
@@ -951,8 +952,8 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
         if actions.is_empty() {
             continue;
         }
-        let outcomes: Vec<Outcome> = futures::stream::iter(actions)
-            .map(|a| {
+        let outcomes: Vec<Outcome> = LOOP
+            .act(actions, |a| {
                 act(
                     ctx.client.clone(),
                     l.client.clone(),
@@ -961,8 +962,6 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
                     a,
                 )
             })
-            .buffer_unordered(PARALLEL_WRITES)
-            .collect()
             .await;
         for o in outcomes {
             state.outcome(o);
