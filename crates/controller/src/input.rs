@@ -84,7 +84,11 @@ fn requirement(r: &Requirement, at: &str, label_key: bool) -> Result<(), FieldEr
         }
     }
     if label_key && let Err(why) = validate_label_key(&r.key) {
-        return Err(FieldError::invalid(format!("{at}.key"), &r.key, &why.to_string()));
+        return Err(FieldError::invalid(
+            format!("{at}.key"),
+            &r.key,
+            &why.to_string(),
+        ));
     }
     Ok(())
 }
