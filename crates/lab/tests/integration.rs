@@ -3,6 +3,7 @@
 
 mod controllers;
 mod dns;
+mod hang;
 mod kubectl_e2e;
 mod lab;
 mod metrics;

@@ -69,6 +69,7 @@ pub fn ok(out: Output, what: &str) -> String {
 }
 
 pub fn until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let _waiting = tandem_lab::testing::waiting_for(format!("{what} (polled for up to {limit:?})"));
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = check() {

@@ -4,6 +4,10 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
+mod hang;
+
+pub use hang::{Waiting, waiting_for};
+
 /// Polls `check` every 100 ms until it returns Some, panicking with `what` after `timeout`.
 pub async fn until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
 where
@@ -24,6 +28,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
+    let _waiting = waiting_for(format!("{what} (polled for up to {timeout:?})"));
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         // The check itself is bounded too: a request that never answers fails the wait
@@ -58,6 +63,7 @@ pub async fn kubectl(
     stdin: Option<&str>,
 ) -> (bool, String) {
     use tokio::io::AsyncWriteExt;
+    let _waiting = waiting_for(format!("kubectl {}", args.join(" ")));
     let mut child = tokio::process::Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(kubeconfig)
