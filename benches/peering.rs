@@ -161,7 +161,7 @@ async fn once(n: usize) -> anyhow::Result<Row> {
     let consumer = &sites[0];
     let rome = consumer.cluster.server.client().await?;
     let identity = tandem_controller::identity::ClusterIdentity::load(&rome).await?;
-    let key = tandem_controller::enroll::own_key_fingerprint(&identity.private_key_pem)?;
+    let key = tandem_admin::enroll::own_key_fingerprint(&identity.private_key_pem)?;
     let mut targets = Vec::new();
     for site in &sites[1..] {
         // `tandem advertise --domain` sets up the enrollment credential and prints the CA's
@@ -227,8 +227,8 @@ async fn once(n: usize) -> anyhow::Result<Row> {
     let requests = targets.iter().map(|(endpoint, fingerprint)| {
         let rome = rome.clone();
         async move {
-            let provider = tandem_controller::enroll::fetch_provider(endpoint, fingerprint).await?;
-            tandem_controller::enroll::request(&rome, endpoint, &provider, "endpoint").await?;
+            let provider = tandem_admin::enroll::fetch_provider(endpoint, fingerprint).await?;
+            tandem_admin::enroll::request(&rome, endpoint, &provider, "endpoint").await?;
             anyhow::Ok(())
         }
     });
@@ -332,7 +332,7 @@ async fn watch_progress(
                     tandem_api::conditions::AUTHENTICATED,
                 )
             });
-            (authenticated, tandem_controller::invite::is_established(p))
+            (authenticated, tandem_admin::invite::is_established(p))
         };
         match e.ok()? {
             watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {

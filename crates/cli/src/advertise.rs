@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "off")]
     no_enroll: bool,
     /// How many peering requests filed with the enrollment credential may wait at once.
-    #[arg(long, value_name = "N", default_value_t = tandem_controller::enroll::DEFAULT_MAX_PENDING,
+    #[arg(long, value_name = "N", default_value_t = tandem_admin::enroll::DEFAULT_MAX_PENDING,
           value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "off")]
     max_pending: u32,
     /// How long such a request waits for approval before it is removed. Approved, but its
@@ -75,7 +75,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             !state.contains("announcing"),
             "the controller's mDNS still reports {state:?}"
         );
-        tandem_controller::enroll::disable(&client)
+        tandem_admin::enroll::disable(&client)
             .await
             .context("withdrawing the enrollment credential")?;
         println!(
@@ -98,7 +98,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let mut ad =
         tandem_controller::discovery::advertisement(&target.client, &endpoint, &ca).await?;
     if !args.no_enroll {
-        let enrollment = tandem_controller::enroll::enable(
+        let enrollment = tandem_admin::enroll::enable(
             &target.client,
             &ad.endpoint,
             &ca,
@@ -117,7 +117,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         ad.enroll = Some(enrollment.token);
     } else {
         // Advertised without it, no earlier credential may keep working.
-        tandem_controller::enroll::disable(&target.client)
+        tandem_admin::enroll::disable(&target.client)
             .await
             .context("withdrawing the enrollment credential")?;
     }

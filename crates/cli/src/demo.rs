@@ -149,13 +149,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     step(2, "installing Tandem on both clusters");
     for c in &lab.clusters {
-        let options = tandem_controller::install::InstallOptions {
+        let options = tandem_admin::install::InstallOptions {
             cluster_id: Some(c.config.name.clone()),
             pod_cidr: Some(c.config.pod_cidr.clone()),
             network_fabric: Some(args.network),
             ..Default::default()
         };
-        tandem_controller::install::install(&c.client, &options, &mut |_| {})
+        tandem_admin::install::install(&c.client, &options, &mut |_| {})
             .await
             .with_context(|| format!("installing Tandem on {}", c.config.name))?;
         if args.network {
@@ -186,7 +186,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(url) if args.network => url,
         _ => provider.server.url(),
     };
-    let invite = tandem_controller::invite::create(
+    let invite = tandem_admin::invite::create(
         &provider.client,
         &endpoint,
         provider.server.ca_pem(),
@@ -194,10 +194,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await
     .context("creating the invite on the provider")?;
-    tandem_controller::invite::accept(&consumer.client, &invite)
+    tandem_admin::invite::accept(&consumer.client, &invite)
         .await
         .context("accepting the invite on the consumer")?;
-    tandem_controller::invite::wait_established(
+    tandem_admin::invite::wait_established(
         &consumer.client,
         &provider_id,
         Duration::from_secs(60),

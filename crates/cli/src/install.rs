@@ -62,7 +62,7 @@ pub async fn run(
     cluster: &ClusterArgs,
     output: Option<crate::flags::Output>,
 ) -> anyhow::Result<()> {
-    let options = tandem_controller::install::InstallOptions {
+    let options = tandem_admin::install::InstallOptions {
         cluster_id: args.cluster_id,
         pod_cidr: args.pod_cidr,
         external_cidr: args.external_cidr,
@@ -77,12 +77,12 @@ pub async fn run(
     };
     if args.dry_run {
         let settings = if args.offline {
-            tandem_controller::install::offline_settings(&options)?
+            tandem_admin::install::offline_settings(&options)?
         } else {
             let client = cluster.client().await?;
-            tandem_controller::install::manifest_settings_for(&client, &options).await?
+            tandem_admin::install::manifest_settings_for(&client, &options).await?
         };
-        let objects = tandem_controller::install::manifests(&settings);
+        let objects = tandem_admin::install::manifests(&settings);
         match output {
             Some(crate::flags::Output::Json) => println!(
                 "{}",
@@ -92,14 +92,14 @@ pub async fn run(
             ),
             _ => print!(
                 "{}",
-                tandem_controller::install::manifests_yaml(&objects, DRY_RUN_HEADER)
+                tandem_admin::install::manifests_yaml(&objects, DRY_RUN_HEADER)
             ),
         }
         return Ok(());
     }
     let client = cluster.client().await?;
     let default_image = options.image.is_none();
-    let identity = tandem_controller::install::install(&client, &options, &mut |step| {
+    let identity = tandem_admin::install::install(&client, &options, &mut |step| {
         eprintln!("✓ {step}");
     })
     .await?;
@@ -110,7 +110,7 @@ pub async fn run(
              (ErrImagePull), build it from the repository root and install again with --image:\n  \
              docker build -f deploy/image/Dockerfile -t REGISTRY/tandem:TAG . && docker push \
              REGISTRY/tandem:TAG\n  tandem install --image REGISTRY/tandem:TAG",
-            image = tandem_controller::install::default_image()
+            image = tandem_admin::install::default_image()
         );
     }
     Ok(())

@@ -30,14 +30,14 @@ pub struct Args {
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let target = cluster.target().await?;
     if let Some(id) = args.revoke {
-        tandem_controller::invite::revoke(&target.client, &id).await?;
+        tandem_admin::invite::revoke(&target.client, &id).await?;
         eprintln!("invite {id} revoked");
         return Ok(());
     }
     if args.list {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         let mut t = table::new(["TOKEN", "EXPIRES", "USED BY"]);
-        for i in tandem_controller::invite::list(&target.client).await? {
+        for i in tandem_admin::invite::list(&target.client).await? {
             let expires = if i.expires > now {
                 format!(
                     "in {}",
@@ -55,8 +55,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         .ca_pem
         .ok_or_else(|| anyhow!("the kubeconfig has no certificate-authority for the cluster; consumers could not verify it"))?;
     let endpoint = args.endpoint.unwrap_or(target.server);
-    let invite =
-        tandem_controller::invite::create(&target.client, &endpoint, &ca, args.ttl).await?;
+    let invite = tandem_admin::invite::create(&target.client, &endpoint, &ca, args.ttl).await?;
     eprintln!(
         "invite {} for cluster {} valid for {} (revoke: tandem invite --revoke {})",
         invite.token_id,

@@ -236,10 +236,10 @@ fn run() -> anyhow::Result<()> {
             Command::Peer(args) => peer::run(args, &global.cluster).await,
             Command::Requests(args) => requests::list(args, &global).await,
             Command::Approve(args) => {
-                requests::decide(args, &global, tandem_controller::enroll::Decision::Approve).await
+                requests::decide(args, &global, tandem_admin::enroll::Decision::Approve).await
             }
             Command::Deny(args) => {
-                requests::decide(args, &global, tandem_controller::enroll::Decision::Deny).await
+                requests::decide(args, &global, tandem_admin::enroll::Decision::Deny).await
             }
             Command::Unpeer(args) => unpeer::run(args, &global.cluster).await,
             Command::Offload(args) => offload::offload(args, &global).await,

@@ -74,7 +74,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
                 )
             })?;
             eprintln!("creating an invite on the provider with {}", path.display());
-            tandem_controller::invite::create(
+            tandem_admin::invite::create(
                 &remote.client,
                 &remote.server,
                 &ca,
@@ -86,7 +86,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     };
     let provider = invite.provider_cluster_id.clone();
     let client = cluster.client().await?;
-    tandem_controller::invite::accept(&client, &invite)
+    tandem_admin::invite::accept(&client, &invite)
         .await
         .map_err(|e| {
             anyhow::Error::new(e).context(format!("peering with {provider}: accepting the invite"))
@@ -95,15 +95,11 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         "peering with {provider} at {} (token {})",
         invite.endpoint, invite.token_id
     );
-    let result = tandem_controller::invite::wait_established(
-        &client,
-        &provider,
-        args.timeout,
-        &mut |line| {
+    let result =
+        tandem_admin::invite::wait_established(&client, &provider, args.timeout, &mut |line| {
             eprintln!("✓ {line}");
-        },
-    )
-    .await;
+        })
+        .await;
     match result {
         Ok(p) => {
             let node = p.status.and_then(|s| s.virtual_node).unwrap_or_default();
@@ -111,7 +107,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) => {
-            let cleanup = tandem_controller::invite::abandon(&client, &provider).await;
+            let cleanup = tandem_admin::invite::abandon(&client, &provider).await;
             let hint = peer_hint(&e);
             let cause = format!("{:#}", anyhow::Error::new(e));
             let mut msg = format!("peering with {provider}: establishing: {cause}\nhint: {hint}");
@@ -127,8 +123,8 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
 }
 
 /// What the admin can do about a peering that did not get established.
-fn peer_hint(e: &tandem_controller::invite::InviteError) -> &'static str {
-    use tandem_controller::invite::InviteError;
+fn peer_hint(e: &tandem_admin::invite::InviteError) -> &'static str {
+    use tandem_admin::invite::InviteError;
     match e {
         InviteError::Refused(r) if r.needs_new_invite() => {
             "ask the provider's admin for a new invite (`tandem invite`)"
@@ -143,8 +139,8 @@ fn peer_hint(e: &tandem_controller::invite::InviteError) -> &'static str {
 
 /// `tandem peer --discovered NAME | --endpoint URL`: the CA pinned first, then the request.
 async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    use tandem_admin::enroll;
     use tandem_api::DiscoveredCluster;
-    use tandem_controller::enroll;
     let client = cluster.client().await?;
     let typed = args
         .ca_fingerprint
@@ -237,7 +233,7 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
             });
         };
         uid = peering.metadata.uid.clone();
-        if tandem_controller::invite::is_established(&peering) {
+        if tandem_admin::invite::is_established(&peering) {
             let node = peering
                 .status
                 .and_then(|s| s.virtual_node)

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tandem_controller::enroll::{self, Decision};
+use tandem_admin::enroll::{self, Decision};
 
 use crate::flags::{GlobalArgs, Output};
 use crate::table;

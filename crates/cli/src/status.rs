@@ -266,25 +266,23 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .collect(),
         });
     }
-    status.enrollment = tandem_controller::enroll::token_secret(client)
+    status.enrollment = tandem_admin::enroll::token_secret(client)
         .await
         .context("reading the enrollment credential")?
-        .map(
-            |secret| match tandem_controller::enroll::condition_of(&secret) {
-                Some(c) if c.status == "True" => EnrollmentStatus {
-                    state: "Active".into(),
-                    message: c.message,
-                },
-                Some(c) => EnrollmentStatus {
-                    state: "Withdrawn".into(),
-                    message: c.message,
-                },
-                None => EnrollmentStatus {
-                    state: "Pending".into(),
-                    message: "the controller has not judged the credential's reach yet".into(),
-                },
+        .map(|secret| match tandem_admin::enroll::condition_of(&secret) {
+            Some(c) if c.status == "True" => EnrollmentStatus {
+                state: "Active".into(),
+                message: c.message,
             },
-        );
+            Some(c) => EnrollmentStatus {
+                state: "Withdrawn".into(),
+                message: c.message,
+            },
+            None => EnrollmentStatus {
+                state: "Pending".into(),
+                message: "the controller has not judged the credential's reach yet".into(),
+            },
+        });
     Ok(status)
 }
 

@@ -30,12 +30,12 @@ pub struct Args {
 
 pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let client = cluster.client().await?;
-    let options = tandem_controller::uninstall::UninstallOptions {
+    let options = tandem_admin::uninstall::UninstallOptions {
         force: args.force,
         delete_data: args.delete_data,
         timeout: args.timeout,
     };
-    let kept = tandem_controller::uninstall::uninstall(&client, &options, &mut |step| {
+    let kept = tandem_admin::uninstall::uninstall(&client, &options, &mut |step| {
         eprintln!("✓ {step}");
     })
     .await?;

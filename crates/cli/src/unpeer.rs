@@ -27,12 +27,12 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     eprintln!("unpeering from {}", args.cluster_id);
     let retained = if args.delete_data {
-        tandem_controller::invite::mark_delete_data(&client, &args.cluster_id).await?;
+        tandem_admin::invite::mark_delete_data(&client, &args.cluster_id).await?;
         Vec::new()
     } else {
-        tandem_controller::invite::data_held_with(&client, &args.cluster_id).await?
+        tandem_admin::invite::data_held_with(&client, &args.cluster_id).await?
     };
-    tandem_controller::invite::unpeer(
+    tandem_admin::invite::unpeer(
         &client,
         &args.cluster_id,
         args.force,

@@ -180,8 +180,8 @@ fn a_request_waits_for_approve_and_deny_leaves_nothing_behind() {
     // owns (a request's name is derived from its key), to block rome's own filing: milan
     // removes that request (the request TTL here is an hour), and rome files after it. (How
     // rome takes such a request when it reads one first: `plan::existing_request`'s test.)
-    let rome_name = tandem_controller::enroll::request_name(
-        &tandem_controller::enroll::own_key_fingerprint(&private_key(&c, "lab-2")).unwrap(),
+    let rome_name = tandem_admin::enroll::request_name(
+        &tandem_admin::enroll::own_key_fingerprint(&private_key(&c, "lab-2")).unwrap(),
     );
     let token = c.enrollment_token();
     let squatter = file_request(

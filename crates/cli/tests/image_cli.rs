@@ -141,7 +141,7 @@ fn the_dockerfile_wraps_the_binary_the_tests_run() {
         "the image's USER must be {IMAGE_USER}"
     );
     // The documented build command tags the image `tandem install` uses by default.
-    let default = tandem_controller::install::default_image();
+    let default = tandem_admin::install::default_image();
     assert!(
         file.contains(&format!(
             "docker build -f deploy/image/Dockerfile -t {default} ."

@@ -251,7 +251,7 @@ fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
     );
     assert!(!helm_template(&[]).contains_key(&key));
     let monitored = helm_template(&["--set", "serviceMonitor.enabled=true"]);
-    let expected = tandem_controller::install::service_monitor();
+    let expected = tandem_admin::install::service_monitor();
     assert_eq!(monitored[&key], expected);
     let overlay = tempfile::tempdir().unwrap();
     let dir = netlab::install_overlay(&overlay.path().join("o"), None);

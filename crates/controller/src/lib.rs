@@ -39,7 +39,6 @@ pub mod runtime;
 pub mod settings;
 pub mod shared_watches;
 mod tasks;
-pub mod uninstall;
 pub mod watches;
 
 pub use context::{Context, Options};

@@ -84,7 +84,8 @@ pub enum InstallError {
     Identity(#[from] IdentityError),
 }
 
-pub(crate) fn step(step: &'static str) -> impl FnOnce(kube::Error) -> InstallError {
+/// Maps kube's error of an install step to [`InstallError::Step`] naming it.
+pub fn step(step: &'static str) -> impl FnOnce(kube::Error) -> InstallError {
     move |source| InstallError::Step { step, source }
 }
 

@@ -137,7 +137,7 @@ async fn virtual_node_ready_within_5s_of_peering() {
     let vn = names::virtual_node_name("milan");
 
     let start = tokio::time::Instant::now();
-    tandem_controller::invite::accept(&consumer.client, &invite)
+    tandem_admin::invite::accept(&consumer.client, &invite)
         .await
         .expect("accept invite");
     let deadline = Duration::from_secs(5).saturating_sub(start.elapsed());
@@ -908,7 +908,7 @@ async fn unpeer_leaves_nothing_tandem_owned() {
         );
     }
     // Unpeer with the workload still there.
-    tandem_controller::invite::unpeer(&consumer.client, "milan", false, WAIT, &mut |_| {})
+    tandem_admin::invite::unpeer(&consumer.client, "milan", false, WAIT, &mut |_| {})
         .await
         .expect("unpeer");
 

@@ -68,7 +68,7 @@ async fn the_peer_identity_is_confined_to_its_tenant() {
     let admin = provider.client.clone();
     let tenant_ns = names::tenant_namespace("basel");
     let other_ns = names::tenant_namespace("geneva");
-    tandem_controller::install::apply(
+    tandem_admin::install::apply(
         &Api::all(admin.clone()),
         &serde_json::from_value::<k8s_openapi::api::core::v1::Namespace>(
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other_ns}}),
@@ -83,7 +83,7 @@ async fn the_peer_identity_is_confined_to_its_tenant() {
         "spec": {"clusterID": "geneva", "grant": {"cpu": "1"}},
     }))
     .unwrap();
-    tandem_controller::install::apply(&Api::namespaced(admin.clone(), &other_ns), &other_tenant)
+    tandem_admin::install::apply(&Api::namespaced(admin.clone(), &other_ns), &other_tenant)
         .await
         .unwrap();
 

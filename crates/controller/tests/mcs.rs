@@ -425,7 +425,7 @@ async fn clashing_ports_conflict_on_every_export_and_unpeering_removes_the_peers
     }
 
     // Unpeer: rome's import keeps only its own export, and milan's part is gone from it.
-    tandem_controller::invite::unpeer(
+    tandem_admin::invite::unpeer(
         &rome.client,
         "milan",
         false,

@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use support::{Cluster, tandem_owned, until, until_owned};
+use tandem_admin::invite::{self, UnpeerProgress};
 use tandem_api::{NetworkParameters, Peering, PeeringRequest, Tenant, names};
 use tandem_controller::consumer::peering::UnpeerStep;
-use tandem_controller::invite::{self, UnpeerProgress};
 
 /// How long Tandem's objects may take to settle after a step.
 const OBJECTS_WAIT: Duration = Duration::from_secs(20);

@@ -12,11 +12,11 @@ async fn install_is_idempotent_and_keeps_the_identity() {
     let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), names::SYSTEM_NAMESPACE);
     let before = secrets.get(names::IDENTITY_SECRET).await.unwrap();
     // A second install with the same ID changes nothing; another ID is refused by name.
-    let opts = |id: &str| tandem_controller::install::InstallOptions {
+    let opts = |id: &str| tandem_admin::install::InstallOptions {
         cluster_id: Some(id.to_string()),
         ..Default::default()
     };
-    tandem_controller::install::install(&cluster.client, &opts("smoke"), &mut |_| {})
+    tandem_admin::install::install(&cluster.client, &opts("smoke"), &mut |_| {})
         .await
         .unwrap();
     let after = secrets.get(names::IDENTITY_SECRET).await.unwrap();
@@ -24,13 +24,13 @@ async fn install_is_idempotent_and_keeps_the_identity() {
         before.data, after.data,
         "the key pair survives a re-install"
     );
-    let err = tandem_controller::install::install(&cluster.client, &opts("other"), &mut |_| {})
+    let err = tandem_admin::install::install(&cluster.client, &opts("other"), &mut |_| {})
         .await
         .unwrap_err();
     // The step, then its cause, as `tandem install` prints them.
     let err = tandem_controller::error::chain(&err);
     assert!(err.contains("already installed as \"smoke\""), "{err}");
-    let settings = tandem_controller::install::load_settings(&cluster.client)
+    let settings = tandem_admin::install::load_settings(&cluster.client)
         .await
         .unwrap();
     assert_eq!(

@@ -372,7 +372,7 @@ async fn unpeering_retains_the_providers_claims_unless_asked_to_delete_data() {
     provisioned(&consumer, &drop, "db", &twin_drop, "dropped").await;
 
     // Without --delete-data: reported before, retained after, the consumer's access revoked.
-    let held = tandem_controller::invite::data_held_with(&consumer.client, "milan")
+    let held = tandem_admin::invite::data_held_with(&consumer.client, "milan")
         .await
         .unwrap();
     assert_eq!(
@@ -381,7 +381,7 @@ async fn unpeering_retains_the_providers_claims_unless_asked_to_delete_data() {
             "PersistentVolumeClaim db/kept: its data stays on milan in namespace {twin_keep}"
         )]
     );
-    tandem_controller::invite::unpeer(&consumer.client, "milan", false, WAIT, &mut |_| {})
+    tandem_admin::invite::unpeer(&consumer.client, "milan", false, WAIT, &mut |_| {})
         .await
         .expect("unpeered from milan");
     let on_keep: Api<Namespace> = Api::all(keep.client.clone());
@@ -409,7 +409,7 @@ async fn unpeering_retains_the_providers_claims_unless_asked_to_delete_data() {
             .is_empty(),
         "the unpeered consumer has no access left"
     );
-    let on_provider = tandem_controller::invite::data_held_with(&keep.client, "rome")
+    let on_provider = tandem_admin::invite::data_held_with(&keep.client, "rome")
         .await
         .unwrap();
     assert_eq!(
@@ -420,10 +420,10 @@ async fn unpeering_retains_the_providers_claims_unless_asked_to_delete_data() {
     );
 
     // With --delete-data: the twin namespace goes, data and all.
-    tandem_controller::invite::mark_delete_data(&consumer.client, "turin")
+    tandem_admin::invite::mark_delete_data(&consumer.client, "turin")
         .await
         .unwrap();
-    tandem_controller::invite::unpeer(&consumer.client, "turin", false, WAIT, &mut |_| {})
+    tandem_admin::invite::unpeer(&consumer.client, "turin", false, WAIT, &mut |_| {})
         .await
         .expect("unpeered from turin");
     let on_drop: Api<Namespace> = Api::all(drop.client.clone());

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_admin::enroll;
 use tandem_api::{PeeringRequest, Tenant, names};
-use tandem_controller::enroll;
 
 use crate::support::{self, Cluster, until};
 
@@ -305,7 +305,7 @@ fn renewal_request(consumer: &str, suffix: &str) -> CertificateSigningRequest {
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, names::peer_user(consumer));
-    let own = tandem_controller::enroll::key_fingerprint_der(
+    let own = tandem_admin::enroll::key_fingerprint_der(
         &rcgen::PublicKeyData::subject_public_key_info(&key),
     );
     params
@@ -395,7 +395,7 @@ async fn a_former_peer_certificate_reaches_nothing_and_renews_nothing() {
         "a peer files its renewal"
     );
 
-    tandem_controller::invite::unpeer(
+    tandem_admin::invite::unpeer(
         &admin,
         "tromso",
         false,
@@ -480,7 +480,7 @@ async fn a_certificate_of_an_earlier_peering_reaches_nothing_after_a_re_peer() {
         )
     };
     assert_eq!(tenant_of(earlier.clone()).await, 200, "while it peers");
-    tandem_controller::invite::unpeer(&admin, "lund", false, Duration::from_secs(30), &mut |_| {})
+    tandem_admin::invite::unpeer(&admin, "lund", false, Duration::from_secs(30), &mut |_| {})
         .await
         .unwrap();
     drop(first);

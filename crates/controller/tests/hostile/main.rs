@@ -459,10 +459,10 @@ async fn an_invite_cannot_take_over_a_peered_consumers_identity() {
     // A third cluster claims the consumer's ID with a fresh invite of its own.
     let impostor = Cluster::start("chur", "eu-west", 1).await;
     let invite = support::invite(&provider, Duration::from_secs(3600)).await;
-    tandem_controller::invite::accept(&impostor.client, &invite)
+    tandem_admin::invite::accept(&impostor.client, &invite)
         .await
         .expect("the impostor files its request");
-    let refused = tandem_controller::invite::wait_established(
+    let refused = tandem_admin::invite::wait_established(
         &impostor.client,
         &provider.id,
         Duration::from_secs(30),

@@ -90,12 +90,12 @@ impl Cluster {
         .await
         .expect("lab cluster starts");
         let client = lab.client.clone();
-        let options = tandem_controller::install::InstallOptions {
+        let options = tandem_admin::install::InstallOptions {
             cluster_id: Some(id.to_string()),
             pod_cidr: Some(lab.config.pod_cidr.clone()),
             ..Default::default()
         };
-        tandem_controller::install::install(&client, &options, &mut |_| {})
+        tandem_admin::install::install(&client, &options, &mut |_| {})
             .await
             .expect("tandem install");
         let controller_client = controller_client(&lab).await;
@@ -354,10 +354,10 @@ async fn accept(
     provider: &Cluster,
     invite: &tandem_core::invite::PeeringInvite,
 ) -> Peering {
-    tandem_controller::invite::accept(&consumer.client, invite)
+    tandem_admin::invite::accept(&consumer.client, invite)
         .await
         .expect("accept invite");
-    tandem_controller::invite::wait_established(
+    tandem_admin::invite::wait_established(
         &consumer.client,
         &provider.id,
         Duration::from_secs(30),
@@ -392,7 +392,7 @@ async fn invite_at(
     endpoint: &str,
     ttl: Duration,
 ) -> tandem_core::invite::PeeringInvite {
-    tandem_controller::invite::create(
+    tandem_admin::invite::create(
         &provider.client,
         endpoint,
         provider.lab.server.ca_pem(),

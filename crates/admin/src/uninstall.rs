@@ -130,7 +130,7 @@ pub async fn uninstall(
             Err(e) => {
                 progress(&format!(
                     "{peer} did not take part in unpeering ({}); undoing this side only",
-                    crate::error::chain(&e)
+                    tandem_controller::error::chain(&e)
                 ));
                 crate::invite::unpeer(client, peer, true, options.timeout, &mut |p| {
                     progress(&format!("… unpeering from {peer}: {p}"))
@@ -138,7 +138,10 @@ pub async fn uninstall(
                 .await
                 .map_err(|e| UninstallError::Timeout {
                     step: "unpeering",
-                    what: format!("the peering with {peer} ({})", crate::error::chain(&e)),
+                    what: format!(
+                        "the peering with {peer} ({})",
+                        tandem_controller::error::chain(&e)
+                    ),
                     timeout: options.timeout,
                 })?;
                 progress(&format!("unpeered from {peer} (this side only)"));

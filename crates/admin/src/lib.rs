@@ -1,0 +1,17 @@
+//! Tandem's admin library: what an administrator does to a cluster, as the CLI (`tandem
+//! install`, `invite`, `peer`, `advertise`, `enroll`, `approve`, `unpeer`, `uninstall`) and the
+//! tests do it — beside the controller, never inside it. Each step talks to one cluster through
+//! `kube::Client` and leaves the rest to the controller running there.
+//!
+//! - [`install`]: the manifests (CRDs, RBAC, settings, the controller Deployment) and their
+//!   server-side apply, CoreDNS's stub domain for `clusterset.local`;
+//! - [`invite`]: invites on the provider, accepting one on the consumer, waiting for the
+//!   Peering, unpeering;
+//! - [`enroll`]: the enrollment credential, deciding requests, enrolling with a provider found
+//!   by discovery;
+//! - [`uninstall`]: unpeering from every peer, then removing what `install` created.
+
+pub mod enroll;
+pub mod install;
+pub mod invite;
+pub mod uninstall;
