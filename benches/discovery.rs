@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tandem_controller::mdns::{self, Config, Event};
 use tandem_core::discovery::{Advertisement, fingerprint};
-use tandem_lab::testing::{isolated_lan, lan_host};
+use tandem_testing::{isolated_lan, lan_host};
 use tokio::sync::{mpsc, watch};
 
 const RUNS: usize = 5;

@@ -276,19 +276,19 @@ fn main() -> anyhow::Result<()> {
     let mut throughput_cells = [String::new(), String::new()];
     let body: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     for (i, pod) in ["local", "offloaded"].into_iter().enumerate() {
-        let forward = tandem_lab::testing::port_forward(&kc, "lab-1", "demo", pod, 8080, true, &[])
+        let forward = tandem_testing::port_forward(&kc, "lab-1", "demo", pod, 8080, true, &[])
             .map_err(|e| anyhow::anyhow!("port-forward to {pod}: {e}"))?;
         let times: Vec<Duration> = (0..rounds)
             .map(|_| {
                 let start = Instant::now();
-                let (status, _) = tandem_lab::testing::http(forward.port, "GET", b"");
+                let (status, _) = tandem_testing::http(forward.port, "GET", b"");
                 anyhow::ensure!(status.contains(" 200 "), "port-forward to {pod}: {status}");
                 Ok(start.elapsed())
             })
             .collect::<anyhow::Result<_>>()?;
         request_cells[i] = format!("{:.1} ms", median(times).as_secs_f64() * 1e3);
         let start = Instant::now();
-        let (_, echoed) = tandem_lab::testing::http(forward.port, "POST", &body);
+        let (_, echoed) = tandem_testing::http(forward.port, "POST", &body);
         let took = start.elapsed();
         anyhow::ensure!(
             echoed == body,

@@ -133,7 +133,7 @@ fn running(lab: &netlab::Lab, ctx: &str, app: &str) -> Vec<Value> {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "2", "2");
     let kc = lab.kubeconfig.clone();
@@ -870,7 +870,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn three_clusters_pairs_connect_and_nothing_transits() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = rome_consumes_from_milan_and_turin(home.path());
     let kc = lab.kubeconfig.clone();
@@ -1032,7 +1032,7 @@ fn three_clusters_pairs_connect_and_nothing_transits() {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn demo_network_shows_requests_crossing_clusters() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let dir = home.path().join("demo");
     let out = ok(
@@ -1075,7 +1075,7 @@ fn demo_network_shows_requests_crossing_clusters() {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peered_both_ways_one_tunnel_serves_both_and_survives_unpeering_one() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up_with_nodes(home.path(), "lab", "2", "1");
     let kc = lab.kubeconfig.clone();

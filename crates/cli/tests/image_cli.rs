@@ -51,7 +51,7 @@ fn the_binary_is_static() {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn alone_in_an_empty_root_as_the_images_user_it_talks_to_a_cluster() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = hollow_lab(home.path(), "1");
     // The root: the binary, the kubeconfig, and the /etc/hosts a kubelet would mount.

@@ -90,7 +90,7 @@ fn status_field(pid: u32, field: &str) -> String {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run_that_way() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let dir = home.path().join("lab");
     let mut lab = lab_up(home.path(), "lab", "2");

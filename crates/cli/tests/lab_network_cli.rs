@@ -81,7 +81,7 @@ fn lab_up(dir: &Path) -> (Child, BTreeSet<String>) {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn ctrl_c_removes_everything_and_a_killed_labs_namespaces_go_at_the_next_start() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let dir = tempfile::tempdir().unwrap();
     let (mut child, mine) = lab_up(dir.path());
     nix::sys::signal::kill(

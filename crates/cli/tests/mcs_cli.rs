@@ -79,7 +79,7 @@ fn in_rome(lab: &netlab::Lab, provider: &str, ip: &str) -> String {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn exported_services_are_reached_by_clusterset_names_from_a_peer() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = rome_consumes_from_milan_and_turin(home.path());
     let kc = lab.kubeconfig.clone();

@@ -96,7 +96,7 @@ fn controller_pod(lab: &Lab, ctx: &str) -> Value {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn three_lab_clusters_hear_each_other_over_mdns_on_their_lan() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let home = home.path();
     let lab = lab_up(home, "mdns", "3");

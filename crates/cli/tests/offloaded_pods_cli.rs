@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::netlab;
 use netlab::{json, kubectl, lab_up, offload_hello, ok, tandem, until};
-use tandem_lab::testing::{http, port_forward};
+use tandem_testing::{http, port_forward};
 
 fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -18,7 +18,7 @@ fn stderr_of(out: &std::process::Output) -> String {
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn logs_exec_and_attach_reach_the_offloaded_pod_as_its_provider_allows() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let home = tempfile::tempdir().unwrap();
     let lab = lab_up(home.path(), "lab", "2");
     let kc = lab.kubeconfig.clone();

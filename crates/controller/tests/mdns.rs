@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tandem_controller::discovery::Sighting;
 use tandem_controller::mdns::{self, Config, Event};
 use tandem_core::discovery::{Advertisement, fingerprint};
-use tandem_lab::testing::{IsolatedNetns, isolated_lan, lan_host};
+use tandem_testing::{IsolatedNetns, isolated_lan, lan_host};
 use tokio::sync::{mpsc, watch};
 
 /// The mDNS socket of `ns`, made inside it (it stays there) and driven by the current runtime.
@@ -77,7 +77,7 @@ async fn listen(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn three_clusters_hear_each_other_and_a_goodbye_over_mdns() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let lan = isolated_lan();
     let config = Config {
         interface: None,
@@ -161,7 +161,7 @@ async fn controllers_record_each_other_as_discovered_clusters() {
     use tandem_controller::context::MdnsSocket;
     use tandem_controller::discovery::{ADVERTISE_KEY, BROWSE_KEY, SETTINGS};
 
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let lan = isolated_lan();
     let regions = [
         ("milan", "eu-south"),

@@ -15,7 +15,6 @@ pub mod nodelifecycle;
 pub mod power;
 pub mod runs;
 pub mod scheduler;
-pub mod testing;
 
 pub use cluster::{LabCluster, LabConfig, NodePower};
 pub use error::LabError;

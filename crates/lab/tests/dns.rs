@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_lab::network::{ServiceView, dns};
-use tandem_lab::testing::until;
+use tandem_testing::until;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn query(name: &str, kind: RecordType) -> Message {

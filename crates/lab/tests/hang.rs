@@ -1,11 +1,11 @@
 //! A test the harness terminates says what it was waiting for: the waits of
-//! `tandem_lab::testing` are printed on SIGTERM (nextest's `terminate-after`).
+//! `tandem_testing` are printed on SIGTERM (nextest's `terminate-after`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tandem_lab::testing::{until, waiting_for};
+use tandem_testing::{until, waiting_for};
 
 /// Set in the child: the test below then waits as a hung test would.
 const CHILD: &str = "TANDEM_HANG_CHILD";

@@ -51,7 +51,7 @@ impl Lab {
     }
 
     async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-        tandem_lab::testing::kubectl(&self.kubeconfig, self._dir.path(), args, stdin).await
+        tandem_testing::kubectl(&self.kubeconfig, self._dir.path(), args, stdin).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
-use tandem_lab::testing::{kubectl, needs_root, until, until_every};
 use tandem_lab::{LabCluster, LabConfig};
+use tandem_testing::{kubectl, needs_root, until, until_every};
 
 async fn create(cluster: &LabCluster, objects: Value) {
     for obj in objects.as_array().expect("a list of objects") {

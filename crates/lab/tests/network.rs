@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tandem_lab::testing::until;
 use tandem_lab::{Lab, LabCluster, LabSpec};
+use tandem_testing::until;
 
 /// The host's own addresses, routes and rules, to compare before, during and after.
 fn host_network() -> String {
@@ -150,7 +150,7 @@ async fn try_answerers(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_own() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let _ = tracing_subscriber::fmt()
         .with_env_filter("tandem_lab=info")
         .with_test_writer()
@@ -479,7 +479,7 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let marker = std::env::temp_dir().join(format!("tandem-allow-list-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let cluster = LabCluster::start(tandem_lab::LabConfig {
@@ -549,7 +549,7 @@ async fn pod_specs_cannot_run_anything_outside_the_allow_list() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn the_next_start_removes_instances_of_dead_processes_only() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     use tandem_lab::network::topology::{REGISTRY, cleanup_stale, namespaces};
     let mut dead = Command::new("true").spawn().expect("spawn true");
     let dead_pid = dead.id();
@@ -597,7 +597,7 @@ async fn the_next_start_removes_instances_of_dead_processes_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decides() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     let cluster = LabCluster::start(tandem_lab::LabConfig {
         network: true,
         nodes: 1,
@@ -758,7 +758,7 @@ async fn kubectl_logs_and_exec_reach_pods_through_the_api_server_and_rbac_decide
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 async fn kubectl_attach_streams_new_output_until_the_container_stops() {
-    tandem_lab::testing::needs_root();
+    tandem_testing::needs_root();
     use tokio::io::AsyncBufReadExt;
     let cluster = LabCluster::start(tandem_lab::LabConfig {
         network: true,

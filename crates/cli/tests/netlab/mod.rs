@@ -68,17 +68,8 @@ pub fn ok(out: Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let _waiting = tandem_lab::testing::waiting_for(format!("{what} (polled for up to {limit:?})"));
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
+/// Polls with a deadline (the shared test support's, named here as the CLI's tests call it).
+pub use tandem_testing::until_blocking as until;
 
 pub fn json(lab: &Lab, context: &str, args: &[&str]) -> Value {
     let mut all = args.to_vec();

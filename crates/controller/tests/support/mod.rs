@@ -151,7 +151,7 @@ fn init_tracing() {
         .try_init();
 }
 
-pub use tandem_lab::testing::until;
+pub use tandem_testing::until;
 
 /// Peers `consumer` with `provider` through the real invite flow, the consumer reaching the
 /// provider at `provider_url` (default: its API server; a `TcpGate` for partitions), then sets the

@@ -88,7 +88,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    tandem_lab::testing::until_every(what, DEADLINE, Duration::from_millis(50), check).await
+    tandem_testing::until_every(what, DEADLINE, Duration::from_millis(50), check).await
 }
 
 /// Plays the kubelet: the pod runs with `ip` and is Ready (or not).
@@ -128,5 +128,5 @@ pub async fn kubectl(cluster: &Cluster, args: &[&str]) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     cluster.server.write_admin_kubeconfig(&kubeconfig).unwrap();
-    tandem_lab::testing::kubectl(&kubeconfig, dir.path(), args, None).await
+    tandem_testing::kubectl(&kubeconfig, dir.path(), args, None).await
 }

@@ -42,7 +42,7 @@ impl Lab {
     }
 
     async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-        tandem_lab::testing::kubectl(&self.kubeconfig, self.dir.path(), args, stdin).await
+        tandem_testing::kubectl(&self.kubeconfig, self.dir.path(), args, stdin).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {

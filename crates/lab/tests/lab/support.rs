@@ -18,7 +18,7 @@ pub async fn cluster() -> LabCluster {
     .expect("lab cluster starts")
 }
 
-pub use tandem_lab::testing::until;
+pub use tandem_testing::until;
 
 /// A bare pod in `default` with one container; `extra` is merged into the manifest.
 pub fn pod(name: &str, extra: Value) -> Pod {
@@ -101,7 +101,7 @@ pub async fn kubectl(cluster: &LabCluster, args: &[&str], stdin: Option<&str>) -
         cluster.server.admin_kubeconfig().expect("kubeconfig"),
     )
     .expect("kubeconfig written");
-    tandem_lab::testing::kubectl(&kubeconfig, dir.path(), args, stdin).await
+    tandem_testing::kubectl(&kubeconfig, dir.path(), args, stdin).await
 }
 
 /// Runs `kubectl` and fails the test if it fails; returns its output.

@@ -39,7 +39,7 @@ pub fn waiting_for(what: impl Into<String>) -> Waiting {
 pub fn report() -> String {
     let waits = WAITS.lock().unwrap_or_else(|e| e.into_inner());
     if waits.is_empty() {
-        return "terminated while no wait of tandem_lab::testing was in progress".into();
+        return "terminated while no wait of tandem_testing was in progress".into();
     }
     let mut out = String::from("terminated while waiting for:");
     for (_, what, since) in waits.iter() {

@@ -1,4 +1,8 @@
-//! Helpers for tests that drive lab clusters (this crate's, the controller's, the CLI's).
+//! Test support shared by every crate's tests (the lab's, the controller's, the CLI's, the
+//! benches'): polling with a deadline that names what it waits for ([`until`], and
+//! [`until_blocking`] for tests that drive processes without a runtime), registered while it
+//! lasts so that a test the harness terminates prints its waits ([`waiting_for`]); the real
+//! `kubectl`; root-only markers; HTTP and port forwards; isolated network namespaces.
 
 use std::future::Future;
 use std::path::Path;
@@ -50,6 +54,23 @@ where
             "timed out after {timeout:?} waiting for {what}"
         );
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// [`until`] for tests without a runtime (they drive `tandem` and `kubectl` as processes):
+/// calls `check` every 250 ms until it returns Some, panicking with `what` after `timeout`.
+pub fn until_blocking<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let _waiting = waiting_for(format!("{what} (polled for up to {timeout:?})"));
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
     }
 }
 
