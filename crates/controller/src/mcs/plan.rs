@@ -570,22 +570,15 @@ fn import_status(
     };
     let from = format!("imported from {}", merged.clusters.join(", "));
     set(&mut conds, "Ready", true, "Ready", &from);
-    match merged.conflict_summary() {
-        Some((reason, message)) => set(
-            &mut conds,
-            export_condition::CONFLICT,
-            true,
-            &reason,
-            &message,
-        ),
-        None => set(
-            &mut conds,
-            export_condition::CONFLICT,
-            false,
-            "NoConflicts",
-            &format!("the exports of {ns}/{name} agree"),
-        ),
-    }
+    let (conflict, reason, message) =
+        conflict_condition(Some(merged), &format!("the exports of {ns}/{name} agree"));
+    set(
+        &mut conds,
+        export_condition::CONFLICT,
+        conflict,
+        &reason,
+        &message,
+    );
     if before.clusters == clusters && same_conditions(&conds, &before.conditions) {
         return None;
     }
@@ -596,6 +589,15 @@ fn import_status(
             conditions: conds,
         },
     })
+}
+
+/// The `Conflict` condition the merge of a Service's exports calls for: True with the merge's
+/// reason and message when they disagree, else False (`NoConflicts`) saying `agree`.
+fn conflict_condition(merged: Option<&Merged>, agree: &str) -> (bool, String, String) {
+    match merged.and_then(Merged::conflict_summary) {
+        Some((reason, message)) => (true, reason, message),
+        None => (false, "NoConflicts".into(), agree.into()),
+    }
 }
 
 /// The removal of each import of ours no export backs. An import written before imports
@@ -669,22 +671,15 @@ fn export_status(
                 "Valid",
                 "the Service is exported",
             );
-            match merged.and_then(Merged::conflict_summary) {
-                Some((reason, message)) => set(
-                    &mut conds,
-                    export_condition::CONFLICT,
-                    true,
-                    &reason,
-                    &message,
-                ),
-                None => set(
-                    &mut conds,
-                    export_condition::CONFLICT,
-                    false,
-                    "NoConflicts",
-                    "the exports of this Service agree",
-                ),
-            }
+            let (conflict, reason, message) =
+                conflict_condition(merged, "the exports of this Service agree");
+            set(
+                &mut conds,
+                export_condition::CONFLICT,
+                conflict,
+                &reason,
+                &message,
+            );
             let clusters = merged.map(|m| m.clusters.join(", ")).unwrap_or_default();
             set(
                 &mut conds,
