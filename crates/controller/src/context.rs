@@ -302,11 +302,9 @@ mod tests {
 
     /// Polls `f` every 50 ms until it holds, for at most 30 s.
     async fn until(what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !f() {
-            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let (limit, every) = (Duration::from_secs(30), Duration::from_millis(50));
+        tandem_testing::until_every(what, limit, every, || std::future::ready(f().then_some(())))
+            .await
     }
 
     /// A watch that lists but can never watch (RBAC grants `list` only) must not keep answering

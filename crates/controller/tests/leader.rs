@@ -18,7 +18,7 @@ use tandem_controller::leader::{Elector, LeaderElection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support;
-use support::{Cluster, offload_remote, offloaded_deployment, peer, test_options};
+use support::{Cluster, offload_remote, offloaded_deployment, peer, test_options, until};
 
 /// `GET path` on `addr`: the status code and the body.
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -73,14 +73,6 @@ async fn running_on(consumer: &Cluster, ns: &str, node: &str) -> usize {
                 .count()
         })
         .unwrap_or(0)
-}
-
-async fn until(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// `client` with each request held back by `delay` milliseconds (read per request).
@@ -146,8 +138,8 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
     let a = Controller::start(turin.controller_client.clone(), replica("a"))
         .await
         .unwrap();
-    until("replica a leads", Duration::from_secs(30), async || {
-        a.metrics().started()
+    until("replica a leads", Duration::from_secs(30), || async {
+        a.metrics().started().then_some(())
     })
     .await;
     let b = Controller::start(turin.controller_client.clone(), replica("b"))
@@ -177,11 +169,9 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
         .await
         .unwrap();
     // Scraped during the burst: some pods offloaded, not more than asked for.
-    until(
-        "the burst under way",
-        Duration::from_secs(120),
-        async || running_on(&turin, "shop", "tandem-bern").await >= 20,
-    )
+    until("the burst under way", Duration::from_secs(120), || async {
+        (running_on(&turin, "shop", "tandem-bern").await >= 20).then_some(())
+    })
     .await;
     let (code, during) = get(a_addr, "/metrics").await;
     assert_eq!(code, 200);
@@ -190,18 +180,18 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
     until(
         "200 pods Running on bern",
         Duration::from_secs(180),
-        async || running_on(&turin, "shop", "tandem-bern").await == 200,
+        || async { (running_on(&turin, "shop", "tandem-bern").await == 200).then_some(()) },
     )
     .await;
     // The last status write is counted once its answer is back, just after the list above
     // may have seen it.
-    let mut after = String::new();
-    until(
+    let after = until(
         "every reflection counted",
         Duration::from_secs(30),
-        async || {
-            after = get(a_addr, "/metrics").await.1;
-            sample(&after, "tandem_reflection_lag_seconds_count").unwrap_or(0.0) >= 200.0
+        || async {
+            let after = get(a_addr, "/metrics").await.1;
+            (sample(&after, "tandem_reflection_lag_seconds_count").unwrap_or(0.0) >= 200.0)
+                .then_some(after)
         },
     )
     .await;
@@ -265,8 +255,8 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
     // The leader dies without a word (its pod deleted, its node gone): once the Lease runs
     // out, the follower takes over, and offloading goes on.
     a.shutdown();
-    until("replica b leads", Duration::from_secs(30), async || {
-        b.metrics().started()
+    until("replica b leads", Duration::from_secs(30), || async {
+        b.metrics().started().then_some(())
     })
     .await;
     let holder = lease.get("tandem-controller").await.unwrap().spec.unwrap();
@@ -283,7 +273,7 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
     until(
         "220 pods Running on bern",
         Duration::from_secs(120),
-        async || running_on(&turin, "shop", "tandem-bern").await == 220,
+        || async { (running_on(&turin, "shop", "tandem-bern").await == 220).then_some(()) },
     )
     .await;
     assert!(b.metrics().local_writes() > 0);
@@ -305,16 +295,16 @@ async fn only_the_leader_writes_during_a_burst_and_the_follower_takes_over() {
     b.stop().await;
     let holder = lease.get("tandem-controller").await.unwrap().spec.unwrap();
     assert_ne!(holder.holder_identity.as_deref(), Some("b"), "{holder:?}");
-    until("replica c leads", Duration::from_secs(20), async || {
-        c.metrics().started()
+    until("replica c leads", Duration::from_secs(20), || async {
+        c.metrics().started().then_some(())
     })
     .await;
     let d = Controller::start(turin.controller_client.clone(), long("d"))
         .await
         .unwrap();
     c.stop().await;
-    until("replica d leads", Duration::from_secs(20), async || {
-        d.metrics().started()
+    until("replica d leads", Duration::from_secs(20), || async {
+        d.metrics().started().then_some(())
     })
     .await;
     let holder = lease.get("tandem-controller").await.unwrap().spec.unwrap();
