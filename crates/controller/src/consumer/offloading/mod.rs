@@ -3,33 +3,33 @@
 //! there), reports them in its status, and labels the namespace so the placement webhook sees
 //! its pods. Re-converges when providers come and go; on deletion removes the twins first.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tandem_api::client;
 use tandem_api::conditions::{self, ConditionStatus};
 use tandem_api::{
-    NamespaceMappingStrategy, NamespaceOffloading, PodOffloadingStrategy, RemoteNamespace,
-    RemoteNamespaceSpec, RemoteNamespaceStatus, names,
+    NamespaceOffloading, PodOffloadingStrategy, RemoteNamespace, RemoteNamespaceStatus, names,
 };
-use tandem_core::offloading::{self as rules, NamespaceMapping, PodPlacement, SelectorTerm};
 
 use crate::consumer::link::{Links, ProviderLink};
 use crate::context::Ctx;
 use crate::install::apply;
 
-/// Label on offloaded namespaces (value `enabled`); the placement webhook selects on it.
-pub const OFFLOADING_LABEL: &str = "tandem.dev/offloading";
-pub const OFFLOADING_ENABLED: &str = "enabled";
+mod plan;
+
+pub use plan::{
+    OFFLOADING_ENABLED, OFFLOADING_LABEL, placement, selector_terms, virtual_node_labels,
+};
+use plan::{Removal, Status, Step};
 
 struct State {
     ctx: Ctx,
@@ -80,12 +80,8 @@ async fn reconcile(o: Arc<NamespaceOffloading>, state: Arc<State>) -> Result<Act
     let k = key(&o);
     let ns = o.namespace().unwrap_or_default();
     let api: Api<NamespaceOffloading> = Api::namespaced(state.ctx.client.clone(), &ns);
-    if o.name_any() != names::OFFLOADING_NAME {
-        let message = format!(
-            "ignored: only the NamespaceOffloading named {:?} offloads a namespace",
-            names::OFFLOADING_NAME
-        );
-        write_status(&api, &o, "Ignored", Vec::new(), "WrongName", &message).await?;
+    if let Err(refusal) = plan::heeded(&o) {
+        write_status(&api, &o, refusal.status(&o)).await?;
         return Ok(Action::await_change());
     }
     finalizer(&api, names::FINALIZER, o, |event| async {
@@ -100,45 +96,6 @@ async fn reconcile(o: Arc<NamespaceOffloading>, state: Arc<State>) -> Result<Act
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(k, Box::new(other)),
     })
-}
-
-/// The labels a provider's virtual node carries, which the cluster selector matches.
-pub fn virtual_node_labels(link: &ProviderLink) -> BTreeMap<String, String> {
-    let mut labels = link.node_labels.clone();
-    labels.insert(
-        names::NODE_TYPE_LABEL.to_string(),
-        names::VIRTUAL_NODE_TYPE.to_string(),
-    );
-    labels.insert(
-        names::REMOTE_CLUSTER_LABEL.to_string(),
-        link.provider_id.clone(),
-    );
-    labels
-}
-
-/// The cluster selector's terms in core's shape.
-pub fn selector_terms(o: &NamespaceOffloading) -> Vec<SelectorTerm> {
-    o.spec
-        .cluster_selector
-        .as_ref()
-        .map(|s| serde_json::from_value(json!(s.node_selector_terms)).unwrap_or_default())
-        .unwrap_or_default()
-}
-
-pub fn placement(s: PodOffloadingStrategy) -> PodPlacement {
-    match s {
-        PodOffloadingStrategy::Local => PodPlacement::Local,
-        PodOffloadingStrategy::Remote => PodPlacement::Remote,
-        PodOffloadingStrategy::LocalAndRemote => PodPlacement::LocalAndRemote,
-    }
-}
-
-fn mapping(s: NamespaceMappingStrategy) -> NamespaceMapping {
-    match s {
-        NamespaceMappingStrategy::DefaultName => NamespaceMapping::DefaultName,
-        NamespaceMappingStrategy::EnforceSameName => NamespaceMapping::EnforceSameName,
-        NamespaceMappingStrategy::SelectedName => NamespaceMapping::SelectedName,
-    }
 }
 
 async fn set_namespace_label(
@@ -171,38 +128,21 @@ async fn converge(
     let terms = selector_terms(o);
     // A selector the API server let through but that means nothing is reported, and changes
     // nothing: no twin namespace is added or removed on its account.
-    if let Err(problem) = crate::input::cluster_selector(&terms) {
-        let current = o.status.clone().unwrap_or_default().remote_namespaces;
-        write_status(
-            api,
-            o,
-            "Failed",
-            current,
-            "InvalidClusterSelector",
-            &problem.to_string(),
-        )
-        .await?;
+    if let Err(refusal) = plan::usable_selector(&terms) {
+        write_status(api, o, refusal.status(o)).await?;
         return Ok(Action::await_change());
     }
     set_namespace_label(state, o, Some(OFFLOADING_ENABLED)).await?;
-    let twin = rules::twin_namespace_name(
-        mapping(o.spec.namespace_mapping_strategy),
-        &ns,
-        &state.ctx.identity.cluster_id,
-        o.spec.remote_namespace_name.as_deref(),
-    );
-    let twin = match twin {
+    let twin = match plan::twin_name(o, &ns, &state.ctx.identity.cluster_id) {
         Ok(t) => t,
-        Err(e) => {
-            write_status(api, o, "Failed", Vec::new(), "InvalidName", &e.to_string()).await?;
+        Err(refusal) => {
+            write_status(api, o, refusal.status(o)).await?;
             return Ok(Action::await_change());
         }
     };
     let mut entries = Vec::new();
     for (id, link) in state.links.snapshot() {
-        let selected = o.spec.pod_offloading_strategy != PodOffloadingStrategy::Local
-            && rules::cluster_selected(&terms, &virtual_node_labels(&link));
-        if !selected {
+        if plan::selection(o, &terms, &link.provider_id, &link.node_labels).is_err() {
             if let Err(e) = remove_twin(&link, &ns, false).await {
                 tracing::warn!(offloading = %key(o), provider = %id, error = %e, "removing an unselected twin namespace");
             }
@@ -211,10 +151,7 @@ async fn converge(
         let (phase, message) =
             match ensure_twin(&link, &ns, &twin, o.spec.pod_offloading_strategy).await {
                 Ok(pm) => pm,
-                Err(e) => (
-                    "Pending".to_string(),
-                    Some(format!("requesting the twin namespace: {e}")),
-                ),
+                Err(e) => plan::failed_answer(e),
             };
         entries.push(RemoteNamespaceStatus {
             cluster_id: id,
@@ -223,43 +160,10 @@ async fn converge(
             message,
         });
     }
-    let phase = if entries.iter().all(|e| e.phase == "Ready") {
-        "Ready"
-    } else if entries.iter().any(|e| e.phase == "Failed") {
-        "Failed"
-    } else {
-        "Pending"
-    };
-    let (reason, message) = match phase {
-        "Ready" => (
-            "Offloaded",
-            format!("twin namespace ready on {} provider(s)", entries.len()),
-        ),
-        _ => {
-            let waiting: Vec<String> = entries
-                .iter()
-                .filter(|e| e.phase != "Ready")
-                .map(|e| {
-                    format!(
-                        "{} ({}{})",
-                        e.cluster_id,
-                        e.phase,
-                        e.message
-                            .as_ref()
-                            .map(|m| format!(": {m}"))
-                            .unwrap_or_default()
-                    )
-                })
-                .collect();
-            ("TwinNamespacesNotReady", waiting.join("; "))
-        }
-    };
-    write_status(api, o, phase, entries, reason, &message).await?;
-    Ok(Action::requeue(if phase == "Ready" {
-        Duration::from_secs(30)
-    } else {
-        Duration::from_secs(1)
-    }))
+    let status = plan::converged(entries);
+    let requeue = status.requeue();
+    write_status(api, o, status).await?;
+    Ok(Action::requeue(requeue))
 }
 
 /// Ensures the RemoteNamespace for `ns` on `link`'s provider asks for `twin`; returns the
@@ -269,52 +173,21 @@ async fn ensure_twin(
     ns: &str,
     twin: &str,
     pods: PodOffloadingStrategy,
-) -> Result<(String, Option<String>), kube::Error> {
+) -> Result<plan::Answer, kube::Error> {
     let api: Api<RemoteNamespace> =
         Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
-    if let Some(existing) = api.get_opt(ns).await? {
-        if existing.metadata.deletion_timestamp.is_some() {
-            return Ok((
-                "Pending".into(),
-                Some("previous twin namespace terminating".into()),
-            ));
-        }
-        if existing.spec.namespace != twin {
-            // A renamed twin: the old namespace goes first, then the new one is requested.
+    let step = plan::twin_step(api.get_opt(ns).await?.as_ref(), twin);
+    match &step {
+        Step::AwaitTerminating => {}
+        Step::DeletePrevious { .. } => {
             api.delete(ns, &DeleteParams::default()).await?;
-            return Ok((
-                "Pending".into(),
-                Some(format!(
-                    "removing previous twin namespace {}",
-                    existing.spec.namespace
-                )),
-            ));
+        }
+        Step::RequestTwin => {
+            let applied = apply(&api, &plan::desired_twin(ns, twin, pods)).await?;
+            return Ok(plan::applied_answer(applied.status));
         }
     }
-    let mut rn = RemoteNamespace::new(
-        ns,
-        RemoteNamespaceSpec {
-            namespace: twin.to_string(),
-            origin_namespace: ns.to_string(),
-            pod_offloading_strategy: Some(pods),
-        },
-    );
-    rn.meta_mut().labels = Some(
-        [
-            (
-                names::MANAGED_BY_LABEL.to_string(),
-                names::MANAGED_BY.to_string(),
-            ),
-            (names::ORIGIN_NAMESPACE_LABEL.to_string(), ns.to_string()),
-        ]
-        .into(),
-    );
-    let applied = apply(&api, &rn).await?;
-    let status = applied.status.unwrap_or_default();
-    Ok((
-        status.phase.unwrap_or_else(|| "Pending".into()),
-        status.message,
-    ))
+    Ok(step.answer().unwrap_or_default())
 }
 
 /// Deletes the RemoteNamespace for `ns` on `link`'s provider; Ok(true) once it is gone. With
@@ -327,14 +200,10 @@ async fn remove_twin(
 ) -> Result<bool, kube::Error> {
     let api: Api<RemoteNamespace> =
         Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
-    match api.get_opt(ns).await? {
-        None => Ok(true),
-        Some(existing) => {
-            if delete_data
-                && !existing
-                    .annotations()
-                    .contains_key(names::DELETE_DATA_ANNOTATION)
-            {
+    match plan::removal(api.get_opt(ns).await?.as_ref(), delete_data) {
+        Removal::Gone => Ok(true),
+        Removal::Remove { annotate, delete } => {
+            if annotate {
                 api.patch(
                     ns,
                     &PatchParams::default(),
@@ -343,7 +212,7 @@ async fn remove_twin(
                 )
                 .await?;
             }
-            if existing.metadata.deletion_timestamp.is_none() {
+            if delete {
                 match api.delete(ns, &DeleteParams::default()).await {
                     Ok(_) => {}
                     Err(e) if client::is_not_found(&e) => return Ok(true),
@@ -361,27 +230,13 @@ async fn cleanup(
     o: &NamespaceOffloading,
 ) -> Result<Action, Error> {
     let ns = o.namespace().unwrap_or_default();
-    let current = o.status.clone().unwrap_or_default();
-    if current.phase.as_deref() != Some("Terminating") {
-        write_status(
-            api,
-            o,
-            "Terminating",
-            current.remote_namespaces.clone(),
-            "Unoffloading",
-            "removing twin namespaces",
-        )
-        .await?;
+    if let Some(status) = plan::terminating(o) {
+        write_status(api, o, status).await?;
     }
     let delete_data = o.annotations().contains_key(names::DELETE_DATA_ANNOTATION);
     let mut waiting = Vec::new();
     for (id, link) in state.links.snapshot() {
-        let twin = current
-            .remote_namespaces
-            .iter()
-            .find(|r| r.cluster_id == id)
-            .map(|r| r.namespace.clone());
-        if let Some(twin) = &twin {
+        if let Some(twin) = plan::known_twin(o, &id) {
             match settle_data(state, o, &link, twin, delete_data).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -422,34 +277,20 @@ async fn settle_data(
     twin: &str,
     delete_data: bool,
 ) -> Result<bool, kube::Error> {
-    if delete_data {
+    if plan::lists_claims(delete_data).is_err() {
         return Ok(true);
     }
     let claims = crate::consumer::storage::remote_claims(link, twin).await?;
-    if claims.is_empty() {
-        return Ok(true);
-    }
     let ns = o.namespace().unwrap_or_default();
-    let message = format!(
-        "retained on provider {} in namespace {twin}: PersistentVolumeClaims {} (unoffload with --delete-data, or delete the claims here, to delete them)",
-        link.provider_id,
-        claims.join(", ")
-    );
-    tracing::info!(offloading = %key(o), provider = %link.provider_id, %twin, claims = %claims.join(","), "claims retained");
-    let name = format!("{ns}.tandem-dataretained-{}", link.provider_id);
-    let event = json!({
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": name, "namespace": ns,
-                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
-        "involvedObject": {"apiVersion": "v1", "kind": "Namespace", "name": ns},
-        "reason": "DataRetained", "message": message, "type": "Warning",
-        "source": {"component": names::CONTROLLER_NAME},
-    });
+    let Ok(report) = plan::data_retained(&ns, &link.provider_id, twin, &claims) else {
+        return Ok(true);
+    };
+    tracing::info!(offloading = %key(o), provider = %link.provider_id, %twin, claims = %report.claims, "claims retained");
     if let Err(e) = Api::<CoreEvent>::namespaced(state.ctx.client.clone(), &ns)
         .patch(
-            &name,
+            &report.name,
             &PatchParams::apply(names::FIELD_MANAGER).force(),
-            &Patch::Apply(&event),
+            &Patch::Apply(&report.event),
         )
         .await
     {
@@ -458,14 +299,18 @@ async fn settle_data(
     Ok(true)
 }
 
+/// Writes what the plan says the status of `o` is, unless it says so already.
 async fn write_status(
     api: &Api<NamespaceOffloading>,
     o: &NamespaceOffloading,
-    phase: &str,
-    remote_namespaces: Vec<RemoteNamespaceStatus>,
-    reason: &str,
-    message: &str,
+    want: Status,
 ) -> Result<(), Error> {
+    let Status {
+        phase,
+        remote_namespaces,
+        reason,
+        message,
+    } = want;
     let mut status = o.status.clone().unwrap_or_default();
     let mut changed = status.phase.as_deref() != Some(phase);
     status.phase = Some(phase.to_string());
@@ -478,7 +323,7 @@ async fn write_status(
         conditions::READY,
         ConditionStatus::from(phase == "Ready"),
         reason,
-        message,
+        &message,
         o.metadata.generation,
     );
     if !changed {

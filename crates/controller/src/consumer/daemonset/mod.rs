@@ -9,62 +9,18 @@
 //! safety net, the virtual kubelet refuses to offload a DaemonSet pod that does not carry the
 //! opt-in (one created before Tandem was installed, say), with the reason in its status.
 //!
-//! Objects are JSON here (as the webhook receives them); nothing is sent from this module.
+//! Objects are JSON here (as the webhook receives them); nothing is sent from this module: what
+//! to do is decided in `plan`, and turned here into the JSON patch the webhook answers and the
+//! message the virtual kubelet writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 use tandem_api::names;
-use tandem_core::offloading::tolerates_virtual_nodes;
 
-use crate::node_marks::MARKS;
+mod plan;
 
-/// Reason in the status of a DaemonSet pod the virtual kubelet will not offload.
-pub const REFUSED_REASON: &str = "DaemonSetNotOptedIn";
-
-fn annotated(meta: &Value) -> bool {
-    meta["annotations"][names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION] == "true"
-}
-
-/// Whether a pod spec's nodeSelector or required node affinity names virtual nodes: the
-/// virtual-node type label (In), or a provider's cluster-ID label.
-pub fn names_virtual_nodes(pod_spec: &Value) -> bool {
-    if pod_spec["nodeSelector"][MARKS.type_label] == MARKS.type_value
-        || pod_spec["nodeSelector"][names::REMOTE_CLUSTER_LABEL].is_string()
-    {
-        return true;
-    }
-    let terms = &pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        ["nodeSelectorTerms"];
-    terms.as_array().into_iter().flatten().any(|term| {
-        term["matchExpressions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|r| {
-                let values = r["values"].as_array();
-                let has = |v: &str| values.is_some_and(|vs| vs.iter().any(|x| x == v));
-                match (r["key"].as_str(), r["operator"].as_str()) {
-                    (Some(k), Some("In")) if k == MARKS.type_label => has(MARKS.type_value),
-                    (Some(k), Some("In" | "Exists")) => k == names::REMOTE_CLUSTER_LABEL,
-                    _ => false,
-                }
-            })
-    })
-}
-
-/// Whether a DaemonSet (JSON) opts into virtual nodes: the annotation on it or on its pod
-/// template, or a pod template whose node affinity names virtual nodes.
-pub fn opted_in(ds: &Value) -> bool {
-    let template = &ds["spec"]["template"];
-    annotated(&ds["metadata"])
-        || annotated(&template["metadata"])
-        || names_virtual_nodes(&template["spec"])
-}
-
-/// The requirement that keeps pods off virtual nodes.
-fn off_virtual_nodes() -> Value {
-    json!({"key": MARKS.type_label, "operator": "NotIn", "values": [MARKS.type_value]})
-}
+use plan::{Missing, Step};
+pub use plan::{REFUSED_REASON, names_virtual_nodes, opted_in};
 
 /// The JSON patch (RFC 6902) the webhook answers for a DaemonSet being created or updated:
 /// - opted in: the annotation on the pod template too, so that each pod carries its opt-in
@@ -74,96 +30,44 @@ fn off_virtual_nodes() -> Value {
 ///   is none; an empty term, which matches no node, stays empty);
 /// - else nothing (the taint already keeps its pods off).
 pub fn admission_patch(ds: &Value) -> Vec<Value> {
-    let template = &ds["spec"]["template"];
-    if !template["spec"].is_object() {
-        return Vec::new();
+    match plan::admission(ds) {
+        Ok(step) => vec![patch(step)],
+        Err(_) => Vec::new(),
     }
-    if opted_in(ds) {
-        if annotated(&template["metadata"]) {
-            return Vec::new();
-        }
-        let key = names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION
-            .replace('~', "~0")
-            .replace('/', "~1");
-        return vec![if template["metadata"]["annotations"].is_object() {
+}
+
+/// The one JSON patch operation that makes `step`.
+fn patch(step: Step) -> Value {
+    match step {
+        Step::CarryOptIn(Missing::Annotation) => {
+            let key = names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION
+                .replace('~', "~0")
+                .replace('/', "~1");
             json!({"op": "add", "path": format!("/spec/template/metadata/annotations/{key}"), "value": "true"})
-        } else if template["metadata"].is_object() {
+        }
+        Step::CarryOptIn(Missing::Annotations) => {
             json!({"op": "add", "path": "/spec/template/metadata/annotations",
                    "value": {names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION: "true"}})
-        } else {
+        }
+        Step::CarryOptIn(Missing::Metadata) => {
             json!({"op": "add", "path": "/spec/template/metadata",
                    "value": {"annotations": {names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION: "true"}}})
-        }];
-    }
-    if !tolerates_virtual_nodes(&json!({"spec": template["spec"]}), MARKS) {
-        return Vec::new();
-    }
-    let mut affinity = match &template["spec"]["affinity"] {
-        Value::Object(a) => Value::Object(a.clone()),
-        _ => json!({}),
-    };
-    let required = &mut affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
-    let requirement = off_virtual_nodes();
-    let mut changed = false;
-    match required["nodeSelectorTerms"].as_array_mut() {
-        Some(terms) if !terms.is_empty() => {
-            for term in terms {
-                let exprs = term["matchExpressions"].as_array().map_or(0, Vec::len);
-                let fields = term["matchFields"].as_array().map_or(0, Vec::len);
-                if exprs + fields == 0 {
-                    continue;
-                }
-                if term["matchExpressions"].is_null() {
-                    term["matchExpressions"] = json!([]);
-                }
-                if let Some(list) = term["matchExpressions"].as_array_mut()
-                    && !list.contains(&requirement)
-                {
-                    list.push(requirement.clone());
-                    changed = true;
-                }
-            }
         }
-        _ => {
-            required["nodeSelectorTerms"] = json!([{"matchExpressions": [requirement]}]);
-            changed = true;
+        Step::KeepOffVirtualNodes { affinity } => {
+            json!({"op": "add", "path": "/spec/template/spec/affinity", "value": affinity})
         }
     }
-    if !changed {
-        return Vec::new();
-    }
-    vec![json!({"op": "add", "path": "/spec/template/spec/affinity", "value": affinity})]
 }
 
 /// Why the virtual kubelet must not offload a pod: it belongs to a DaemonSet and does not
 /// carry the opt-in annotation. None for every other pod.
 pub fn refusal(meta: &ObjectMeta) -> Option<String> {
-    let owner = meta
-        .owner_references
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .find(|r| r.controller == Some(true))?;
-    if owner.kind != "DaemonSet" || !owner.api_version.starts_with("apps/") {
-        return None;
-    }
-    let opted = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION))
-        .is_some_and(|v| v == "true");
-    (!opted).then(|| {
-        format!(
-            "pod of DaemonSet {} not offloaded: DaemonSets run on virtual nodes only when they opt in \
-             (annotation {}: \"true\", or a node affinity naming virtual nodes)",
-            owner.name,
-            names::DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION
-        )
-    })
+    plan::pod(meta).err().map(plan::Refusal::message)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::plan::off_virtual_nodes;
     use super::*;
 
     fn ds(annotations: Value, template_annotations: Value, spec: Value) -> Value {

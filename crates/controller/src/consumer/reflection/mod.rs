@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tandem_api::client;
 use tandem_api::{NamespaceOffloading, names};
-use tandem_core::offloading::{EndpointView, endpoint_address_there};
+use tandem_core::offloading::EndpointView;
 
 use crate::consumer::link::LinkWatch;
 use crate::consumer::link::ProviderLink;
@@ -31,39 +31,16 @@ use crate::context::Ctx;
 use crate::error::{RequestError, request};
 use crate::lean::PodStatusRef;
 
-/// Annotation on reflected objects: the source's resourceVersion they were made from.
-pub const SOURCE_VERSION_ANNOTATION: &str = "tandem.dev/source-resource-version";
+mod plan;
+
+use plan::{
+    EventTarget, Reflections, Skip, Step, desired_config_map, desired_endpoint_slice,
+    desired_secret, desired_service, twin_for,
+};
+pub use plan::{Kind, SLICE_MANAGER, SOURCE_VERSION_ANNOTATION};
+
 /// Field manager of reflected objects.
 const MANAGER: &str = "tandem-reflection";
-/// `endpointslice.kubernetes.io/managed-by` of reflected slices (the provider's EndpointSlice
-/// controller leaves slices it does not manage alone).
-pub const SLICE_MANAGER: &str = "reflection.tandem.dev";
-
-/// What a reflected object is; the value of its `tandem.dev/reflected` label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
-    ConfigMap,
-    Secret,
-    Service,
-    EndpointSlice,
-}
-
-impl Kind {
-    const ALL: [Kind; 4] = [
-        Kind::ConfigMap,
-        Kind::Secret,
-        Kind::Service,
-        Kind::EndpointSlice,
-    ];
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::ConfigMap => "configmap",
-            Kind::Secret => "secret",
-            Kind::Service => "service",
-            Kind::EndpointSlice => "endpointslice",
-        }
-    }
-}
 
 /// Runs while the provider is linked: one reflector per namespace offloaded to it.
 pub async fn run(ctx: Ctx, mut link: LinkWatch) {
@@ -150,20 +127,6 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     }
 }
 
-/// The twin namespace on `provider` of an offloading, if reflection should run for it.
-fn twin_for(o: &NamespaceOffloading, provider: &str) -> Option<(String, String)> {
-    if o.name_any() != names::OFFLOADING_NAME || o.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let entry = o
-        .status
-        .as_ref()?
-        .remote_namespaces
-        .iter()
-        .find(|r| r.cluster_id == provider && r.phase == "Ready")?;
-    Some((o.namespace()?, entry.namespace.clone()))
-}
-
 /// How addresses translate into `link`'s provider (the local pod CIDR from the install
 /// settings; with no negotiated network, local addresses pass unchanged).
 async fn endpoint_view(ctx: &Ctx, link: &ProviderLink) -> EndpointView {
@@ -172,22 +135,10 @@ async fn endpoint_view(ctx: &Ctx, link: &ProviderLink) -> EndpointView {
         .await
         .ok()
         .and_then(|s| s.pod_cidr.parse().ok());
-    match &link.network {
-        Some(n) => EndpointView {
-            local_pod_cidr: local,
-            local_pod_cidr_there: n.local_pod_cidr_there.or(local),
-            remote_pod_cidr_here: Some(n.remote_pod_cidr_here),
-            remote_pod_cidr: Some(n.remote_pod_cidr),
-        },
-        None => EndpointView {
-            local_pod_cidr: local,
-            local_pod_cidr_there: local,
-            remote_pod_cidr_here: None,
-            remote_pod_cidr: None,
-        },
-    }
+    plan::endpoint_view(local, link.network.as_ref())
 }
 
+/// What wakes a namespace's reflector.
 enum Trigger {
     Changed(Kind),
     RemoteEvent(Box<CoreEvent>),
@@ -352,10 +303,7 @@ impl NamespaceReflector {
 
     /// Copies an Event of a provider pod onto the consumer's pod of the same name.
     async fn reflect_event(&mut self, e: &CoreEvent) -> Result<(), RequestError> {
-        if e.involved_object.kind.as_deref() != Some("Pod") {
-            return Ok(());
-        }
-        let Some(pod_name) = e.involved_object.name.as_deref() else {
+        let Some(pod_name) = plan::event_pod(e) else {
             return Ok(());
         };
         let provider_uid = e.involved_object.uid.clone().unwrap_or_default();
@@ -384,28 +332,17 @@ impl NamespaceReflector {
             }
         };
         let name = e.name_any();
-        let mut event = json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": name, "namespace": self.namespace, "labels": {
-                names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                names::REFLECTED_LABEL: "event",
-                names::REMOTE_CLUSTER_LABEL: self.link.provider_id,
-            }},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                               "namespace": self.namespace, "uid": uid,
-                               "fieldPath": e.involved_object.field_path},
-            "reason": e.reason, "message": e.message, "type": e.type_,
-            "count": e.count, "firstTimestamp": e.first_timestamp, "lastTimestamp": e.last_timestamp,
-            "eventTime": e.event_time, "action": e.action,
-            "reportingComponent": e.reporting_component.clone().unwrap_or_default(),
-            "reportingInstance": self.link.provider_id,
-            // `kubectl describe` shows only the component: it names the provider too.
-            "source": {"component": format!("{}@{}",
-                           e.source.as_ref().and_then(|s| s.component.as_deref()).unwrap_or("tandem"),
-                           self.link.provider_id),
-                       "host": self.link.virtual_node},
-        });
-        strip_nulls(&mut event);
+        let event = plan::reflected_event(
+            e,
+            &EventTarget {
+                namespace: &self.namespace,
+                name: &name,
+                pod_name,
+                uid: &uid,
+                provider: &self.link.provider_id,
+                virtual_node: &self.link.virtual_node,
+            },
+        );
         // The Event written is not read back (a burst brings several Events per pod).
         let events =
             kube::core::Request::new(CoreEvent::url_path(&(), Some(self.namespace.as_str())));
@@ -417,17 +354,6 @@ impl NamespaceReflector {
         crate::requests::send_unread(&self.ctx.client, write)
             .await
             .map_err(request(format!("writing Event {}/{name}", self.namespace)))
-    }
-}
-
-fn strip_nulls(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            map.retain(|_, v| !v.is_null());
-            map.values_mut().for_each(strip_nulls);
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip_nulls),
-        _ => {}
     }
 }
 
@@ -459,40 +385,37 @@ where
             "listing {}s in the twin namespace",
             kind.label()
         )))?;
-    // name → (reflected by us, source version it was made from)
-    let there: BTreeMap<String, (bool, Option<String>)> = existing
-        .items
-        .iter()
-        .map(|o| {
-            let ours =
-                o.labels().get(names::REFLECTED_LABEL).map(String::as_str) == Some(kind.label());
-            let version = o.annotations().get(SOURCE_VERSION_ANNOTATION).cloned();
-            (o.name_any(), (ours, version))
-        })
-        .collect();
+    let mut reflections = Reflections::new(kind, &existing.items, rewrite);
     drop(existing);
-    let mut wanted = BTreeSet::new();
     for source in &sources.items {
-        let Some(mut object) = desired(source) else {
-            continue;
-        };
-        let name = source.name_any();
-        wanted.insert(name.clone());
-        let version = source_version(&source.resource_version().unwrap_or_default(), context);
-        match there.get(&name) {
-            Some((false, _)) => {
+        match reflections.write(source, desired(source), context) {
+            Ok(step) => send(&local, &remote, kind, step, Some(source)).await?,
+            Err(Skip::NotOurs { name }) => {
                 tracing::warn!(kind = kind.label(), %name, "not reflected: an object of that name exists in the twin namespace and was not created by Tandem");
-                continue;
             }
-            Some((true, Some(v))) if *v == version && !rewrite => continue,
-            _ => {}
+            Err(Skip::NotReflected | Skip::UpToDate) => {}
         }
-        let metadata = &mut object["metadata"];
-        metadata["name"] = json!(name);
-        metadata["labels"][names::REFLECTED_LABEL] = json!(kind.label());
-        metadata["labels"][names::MANAGED_BY_LABEL] = json!(names::MANAGED_BY);
-        metadata["annotations"][SOURCE_VERSION_ANNOTATION] = json!(version);
-        match remote
+    }
+    for step in reflections.deletions() {
+        send(&local, &remote, kind, step, None).await?;
+    }
+    Ok(())
+}
+
+/// Sends `step` into the twin namespace (`remote`); `source` is the source of an applied
+/// reflection.
+async fn send<K>(
+    local: &Api<K>,
+    remote: &Api<K>,
+    kind: Kind,
+    step: Step,
+    source: Option<&K>,
+) -> Result<(), RequestError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+{
+    match step {
+        Step::Apply { name, object } => match remote
             .patch(
                 &name,
                 &PatchParams::apply(MANAGER).force(),
@@ -500,230 +423,34 @@ where
             )
             .await
         {
-            Ok(_) => {}
+            Ok(_) => Ok(()),
             // The provider decides what a peer may write there (an ExternalName Service, say,
             // only if its Tenant allows it): said on the source, and the others go on.
-            Err(kube::Error::Api(ae)) if refused_by_provider(&ae) => {
-                let namespace = source.namespace().unwrap_or_default();
-                crate::events::record(
-                    &local.clone().into_client(),
-                    &namespace,
-                    json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
-                           "namespace": namespace, "name": name, "uid": source.uid()}),
-                    "NotReflected",
-                    &format!(
-                        "not reflected to the provider, which refuses it: {}",
-                        ae.message
-                    ),
-                    true,
-                )
-                .await;
-            }
-            Err(e) => return Err(request(format!("reflecting {} {name}", kind.label()))(e)),
-        }
-    }
-    for (name, (ours, _)) in there {
-        if ours && !wanted.contains(&name) {
-            match remote.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(e) if client::is_not_found(&e) => {}
-                Err(e) => {
-                    return Err(request(format!(
-                        "deleting reflected {} {name}",
-                        kind.label()
-                    ))(e));
+            Err(kube::Error::Api(ae)) if plan::refused_by_provider(&ae) => {
+                if let Some(source) = source {
+                    let namespace = source.namespace().unwrap_or_default();
+                    crate::events::record(
+                        &local.clone().into_client(),
+                        &namespace,
+                        json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+                               "namespace": namespace, "name": name, "uid": source.uid()}),
+                        "NotReflected",
+                        &plan::refusal_message(&ae),
+                        true,
+                    )
+                    .await;
                 }
+                Ok(())
             }
-        }
-    }
-    Ok(())
-}
-
-/// Whether the provider's check of what peers write (`provider::peer_writes`, its validating
-/// webhook) refused a write.
-fn refused_by_provider(e: &kube::core::Status) -> bool {
-    e.code == 403 && e.message.contains("\"peer-writes.tandem.dev\"")
-}
-
-/// What the source-version annotation records: the source's resourceVersion, and a digest of
-/// the context when there is one.
-fn source_version(resource_version: &str, context: &str) -> String {
-    if context.is_empty() {
-        return resource_version.to_string();
-    }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(context.as_bytes());
-    let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{resource_version}-{short}")
-}
-
-/// The source's labels and annotations, minus what only means something locally.
-fn copied_metadata<K: Resource>(source: &K) -> Value {
-    let mut annotations = source.meta().annotations.clone().unwrap_or_default();
-    annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
-    json!({"labels": source.meta().labels.clone().unwrap_or_default(), "annotations": annotations})
-}
-
-fn desired_config_map(cm: &ConfigMap) -> Option<Value> {
-    if cm.name_any() == "kube-root-ca.crt" {
-        return None;
-    }
-    let mut v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": copied_metadata(cm),
-                       "data": cm.data, "binaryData": cm.binary_data});
-    strip_nulls(&mut v);
-    Some(v)
-}
-
-fn desired_secret(s: &Secret) -> Option<Value> {
-    if s.type_.as_deref() == Some("kubernetes.io/service-account-token") {
-        return None;
-    }
-    let mut v = json!({"apiVersion": "v1", "kind": "Secret", "metadata": copied_metadata(s),
-                       "type": s.type_, "data": s.data});
-    strip_nulls(&mut v);
-    Some(v)
-}
-
-/// A Service as the provider should hold it: no cluster IPs or node ports (the provider
-/// allocates its own) and no selector, so the provider's endpoint controller leaves its
-/// (reflected) EndpointSlices alone.
-fn desired_service(svc: &Service) -> Option<Value> {
-    let spec = svc.spec.clone().unwrap_or_default();
-    let type_ = match spec.type_.as_deref() {
-        Some("ExternalName") => "ExternalName",
-        _ => "ClusterIP",
-    };
-    let ports: Vec<Value> = spec
-        .ports
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| {
-            json!({"name": p.name, "port": p.port, "targetPort": p.target_port,
-                   "protocol": p.protocol, "appProtocol": p.app_protocol})
-        })
-        .collect();
-    let mut v = json!({"apiVersion": "v1", "kind": "Service", "metadata": copied_metadata(svc),
-        "spec": {"type": type_, "ports": ports, "externalName": spec.external_name,
-                 "sessionAffinity": spec.session_affinity,
-                 "publishNotReadyAddresses": spec.publish_not_ready_addresses}});
-    strip_nulls(&mut v);
-    Some(v)
-}
-
-/// An EndpointSlice with its addresses in the provider's view (see
-/// [`endpoint_address_there`]); endpoints with no address left are dropped.
-fn desired_endpoint_slice(
-    slice: &EndpointSlice,
-    view: &EndpointView,
-    virtual_node: &str,
-) -> Option<Value> {
-    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-        return None;
-    }
-    let service = slice.labels().get("kubernetes.io/service-name")?.clone();
-    let endpoints: Vec<Value> = slice
-        .endpoints
-        .iter()
-        .filter_map(|ep| {
-            let on_provider = ep.node_name.as_deref() == Some(virtual_node);
-            let addresses: Vec<String> = ep
-                .addresses
-                .iter()
-                .filter_map(|a| a.parse().ok())
-                .filter_map(|a| endpoint_address_there(view, a, on_provider))
-                .map(|a| a.to_string())
-                .collect();
-            (!addresses.is_empty()).then(
-                || json!({"addresses": addresses, "conditions": ep.conditions, "zone": ep.zone}),
-            )
-        })
-        .collect();
-    let mut metadata = copied_metadata(slice);
-    metadata["labels"]["endpointslice.kubernetes.io/managed-by"] = json!(SLICE_MANAGER);
-    metadata["labels"]["kubernetes.io/service-name"] = json!(service);
-    let mut v = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": metadata, "addressType": slice.address_type,
-        "endpoints": endpoints, "ports": slice.ports});
-    strip_nulls(&mut v);
-    Some(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn view() -> EndpointView {
-        let p = |s: &str| s.parse().ok();
-        EndpointView {
-            local_pod_cidr: p("10.244.0.0/16"),
-            local_pod_cidr_there: p("10.245.0.0/16"),
-            remote_pod_cidr_here: p("10.246.0.0/16"),
-            remote_pod_cidr: p("10.244.0.0/16"),
-        }
-    }
-
-    #[test]
-    fn endpoint_slices_in_the_provider_view() {
-        let slice: EndpointSlice = serde_json::from_value(json!({
-            "metadata": {"name": "web-abc", "labels": {"kubernetes.io/service-name": "web",
-                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv4",
-            "endpoints": [
-                {"addresses": ["10.244.1.5"], "nodeName": "node-1", "conditions": {"ready": true},
-                 "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "app"}},
-                {"addresses": ["10.246.0.9"], "nodeName": "tandem-milan", "conditions": {"ready": true}},
-                {"addresses": ["10.247.0.9"], "nodeName": "tandem-paris", "conditions": {"ready": true}},
-            ],
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        }))
-        .unwrap();
-        let got = desired_endpoint_slice(&slice, &view(), "tandem-milan").unwrap();
-        assert_eq!(
-            got["endpoints"],
-            json!([
-                {"addresses": ["10.245.1.5"], "conditions": {"ready": true}},
-                {"addresses": ["10.244.0.9"], "conditions": {"ready": true}},
-            ]),
-            "node names and target refs dropped, other providers' pods dropped"
-        );
-        assert_eq!(
-            got["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"],
-            SLICE_MANAGER
-        );
-        assert_eq!(got["ports"][0]["port"], 8080);
-        let mut fqdn = slice.clone();
-        fqdn.address_type = "FQDN".into();
-        assert!(desired_endpoint_slice(&fqdn, &view(), "tandem-milan").is_none());
-    }
-
-    #[test]
-    fn services_lose_cluster_ips_node_ports_and_selectors() {
-        let svc: Service = serde_json::from_value(json!({
-            "metadata": {"name": "web", "annotations": {
-                "kubectl.kubernetes.io/last-applied-configuration": "{}", "team": "shop"}},
-            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
-                     "selector": {"app": "web"},
-                     "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080, "protocol": "TCP"}]},
-        }))
-        .unwrap();
-        let got = desired_service(&svc).unwrap();
-        assert_eq!(
-            got["spec"],
-            json!({"type": "ClusterIP", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]})
-        );
-        assert_eq!(got["metadata"]["annotations"], json!({"team": "shop"}));
-    }
-
-    #[test]
-    fn skipped_sources() {
-        let root: ConfigMap =
-            serde_json::from_value(json!({"metadata": {"name": "kube-root-ca.crt"}})).unwrap();
-        assert!(desired_config_map(&root).is_none());
-        let token: Secret = serde_json::from_value(json!({"metadata": {"name": "t"},
-            "type": "kubernetes.io/service-account-token"}))
-        .unwrap();
-        assert!(desired_secret(&token).is_none());
-        assert_eq!(source_version("42", ""), "42");
-        assert_ne!(source_version("42", "a"), source_version("42", "b"));
+            Err(e) => Err(request(format!("reflecting {} {name}", kind.label()))(e)),
+        },
+        Step::Delete { name } => match remote.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if client::is_not_found(&e) => Ok(()),
+            Err(e) => Err(request(format!(
+                "deleting reflected {} {name}",
+                kind.label()
+            ))(e)),
+        },
     }
 }
