@@ -7,20 +7,20 @@
 //! was copied, stops authenticating), the token Secret's condition and a Warning Event name
 //! the binding, and the token is switched back on once the binding is gone.
 
+mod plan;
+
 use std::time::Duration;
 
 use base64::Engine;
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::context::Ctx;
 use crate::enroll;
 use crate::invite::InviteError;
-
-/// The Secret key switching a bootstrap token on and off for authentication.
-const USAGE_KEY: &str = "usage-bootstrap-authentication";
+use plan::{Step, USAGE_KEY};
 
 /// Judges the credential's reach every 2 s while there is one.
 pub async fn run(ctx: Ctx) {
@@ -34,68 +34,47 @@ pub async fn run(ctx: Ctx) {
     }
 }
 
+/// Observes the token Secret and what the credential reaches, then writes the switch the plan
+/// decides: the Secret (its usage and condition), the log line, then the Event.
 async fn pass(ctx: &Ctx) -> Result<(), InviteError> {
     let Some(secret) = enroll::token_secret(&ctx.client).await? else {
         return Ok(());
     };
-    let data = secret.data.clone().unwrap_or_default();
-    let get = |k: &str| {
-        data.get(k)
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    let token_id = get("token-id");
+    let token_id = plan::token_id(&secret);
     let reach = enroll::credential_reach(&ctx.client, token_id.as_deref()).await?;
-    let verdict = tandem_core::enrollment::verdict(&reach);
-    let mut conditions: Vec<_> = enroll::condition_of(&secret).into_iter().collect();
-    let changed = tandem_api::conditions::set_condition(
-        &mut conditions,
-        enroll::CONFINED,
-        if verdict.enabled {
-            tandem_api::conditions::ConditionStatus::True
-        } else {
-            tandem_api::conditions::ConditionStatus::False
-        },
-        verdict.reason,
-        &verdict.message,
-        None,
-    );
-    let usage = if verdict.enabled { "true" } else { "false" };
-    if !changed && get(USAGE_KEY).as_deref() == Some(usage) {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let Ok(step) = plan::next_step(&secret, &reach, &now) else {
         return Ok(());
-    }
-    let name = secret.name_any();
-    let condition = serde_json::to_string(&conditions[0]).expect("a condition serializes");
+    };
+    let switch = step.switch();
+    let name = &switch.secret;
+    let condition = serde_json::to_string(&switch.condition).expect("a condition serializes");
     Api::<Secret>::namespaced(ctx.client.clone(), "kube-system")
         .patch(
-            &name,
+            name,
             &PatchParams::default(),
             &Patch::Merge(json!({
                 "metadata": {"annotations": {enroll::CONDITION_ANNOTATION: condition}},
-                "data": {USAGE_KEY: base64::engine::general_purpose::STANDARD.encode(usage)},
+                "data": {USAGE_KEY: base64::engine::general_purpose::STANDARD.encode(step.usage())},
             })),
         )
         .await
         .map_err(crate::invite::api(format!(
             "switching the enrollment credential (Secret kube-system/{name}) {}",
-            if verdict.enabled { "on" } else { "off" }
+            step.direction()
         )))?;
-    if verdict.enabled {
-        tracing::info!("enrollment credential confined again: resumed");
-    } else {
-        tracing::warn!("{}", verdict.message);
+    match &step {
+        Step::Resume(_) => tracing::info!("enrollment credential confined again: resumed"),
+        Step::Withdraw(s) => tracing::warn!("{}", s.message),
     }
     crate::events::record(
         &ctx.client,
         "kube-system",
         json!({"apiVersion": "v1", "kind": "Secret", "namespace": "kube-system",
-               "name": name, "uid": secret.uid()}),
-        if verdict.enabled {
-            "EnrollmentResumed"
-        } else {
-            "EnrollmentWithdrawn"
-        },
-        &verdict.message,
-        !verdict.enabled,
+               "name": name, "uid": switch.uid}),
+        step.event_reason(),
+        &switch.message,
+        !step.enabled(),
     )
     .await;
     Ok(())
