@@ -16,14 +16,18 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::{client, names};
-use tandem_core::fence::{self, Receipt};
+use tandem_core::fence::Receipt;
 
 use crate::consumer::link::{LinkWatch, ProviderLink};
 use crate::context::Ctx;
+
+mod plan;
+
+use plan::Step;
 
 /// Runs the fence of `link`'s provider until the task is aborted.
 pub async fn run(ctx: Ctx, mut link: LinkWatch) {
@@ -40,28 +44,22 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             _ = tokio::time::sleep(l.probe_period) => {}
             _ = link.changed() => continue,
         }
-        if let Some(answer) = read_nonce(&l).await {
-            last_answer = Some(Instant::now());
-            if let Some(nonce) = answer {
-                receipt.receive(&nonce, Instant::now());
-            }
-        }
-        if let Some(nonce) = receipt.nonce()
-            && handed_back.as_deref() != Some(nonce)
-        {
-            match hand_back(&l, nonce).await {
-                Ok(()) => handed_back = Some(nonce.to_string()),
+        let answer = read_nonce(&l).await;
+        plan::note_answer(&mut receipt, &mut last_answer, answer, Instant::now());
+        if let Ok(Step::HandBack { nonce }) = plan::hand_back(&receipt, handed_back.as_deref()) {
+            match hand_back(&l, &nonce).await {
+                Ok(()) => handed_back = Some(nonce),
                 Err(e) => {
                     tracing::debug!(provider = %l.provider_id, "handing back the fence nonce: {e}")
                 }
             }
         }
-        // A fresh receipt confirms nothing: the pods are only listed once it is older than the
-        // least any pod waits.
-        if receipt
-            .age(Instant::now())
-            .is_some_and(|age| age >= ctx.options.fence_margin)
-            && let Err(e) = confirm_stopped(&ctx, &l, &receipt, last_answer).await
+        if let Ok(Step::ListPods) = plan::list_pods(
+            &receipt,
+            last_answer,
+            ctx.options.fence_margin,
+            Instant::now(),
+        ) && let Err(e) = confirm_stopped(&ctx, &l, &receipt, last_answer).await
         {
             tracing::warn!(provider = %l.provider_id, "fencing: listing the pods on {}: {e}", l.virtual_node);
         }
@@ -78,9 +76,7 @@ fn io_timeout(link: &ProviderLink) -> Duration {
 async fn read_nonce(link: &ProviderLink) -> Option<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
     match tokio::time::timeout(io_timeout(link), leases.get_opt(names::FENCE_NONCE_LEASE)).await {
-        Ok(Ok(l)) => {
-            Some(l.and_then(|l| l.annotations().get(names::FENCE_NONCE_ANNOTATION).cloned()))
-        }
+        Ok(Ok(l)) => Some(plan::nonce_of(l.as_ref())),
         _ => None,
     }
 }
@@ -88,17 +84,11 @@ async fn read_nonce(link: &ProviderLink) -> Option<Option<String>> {
 /// Writes `nonce` into our fence Lease on the provider.
 async fn hand_back(link: &ProviderLink, nonce: &str) -> Result<(), kube::Error> {
     let leases: Api<Lease> = Api::namespaced(link.client.clone(), &link.remote_tenant_namespace);
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+    let lease = plan::fence_lease(
+        &link.consumer_id,
+        nonce,
         k8s_openapi::jiff::Timestamp::now(),
     );
-    let lease = json!({
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": names::FENCE_LEASE,
-                     "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY,
-                                names::FENCE_LEASE_LABEL: "consumer"},
-                     "annotations": {names::FENCE_NONCE_ANNOTATION: nonce}},
-        "spec": {"holderIdentity": link.consumer_id, "renewTime": now},
-    });
     let params = PatchParams::apply(names::FIELD_MANAGER).force();
     let patch = Patch::Apply(&lease);
     crate::requests::within(
@@ -110,38 +100,33 @@ async fn hand_back(link: &ProviderLink, nonce: &str) -> Result<(), kube::Error> 
 }
 
 /// Deletes (grace 0) the pods on the virtual node whose fence bound has passed since the newest
-/// nonce arrived — and since the provider last answered at all: a provider that answers but
-/// issues no nonce has no fence running (its controller is down), so nothing is confirmed
-/// stopped there; its pods are shown as they are until it is back.
+/// nonce arrived — and since the provider last answered at all (see [`plan::pod`]).
 async fn confirm_stopped(
     ctx: &Ctx,
     link: &ProviderLink,
     receipt: &Receipt,
     last_answer: Option<Instant>,
 ) -> kube::Result<()> {
-    let silent_for = |wait: Duration| {
-        last_answer.is_none_or(|t| Instant::now().saturating_duration_since(t) >= wait)
-    };
-    if !silent_for(ctx.options.fence_margin) {
-        return Ok(());
-    }
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={}", link.virtual_node));
     for pod in pods.list(&on_node).await? {
-        let Some(after) = pod
-            .annotations()
-            .get(names::FENCE_AFTER)
-            .and_then(|d| fence::parse(d))
-        else {
-            continue;
-        };
-        if !receipt.confirms_stopped(after, ctx.options.fence_margin, Instant::now())
-            || !silent_for(fence::consumer_wait(after, ctx.options.fence_margin))
+        let decided = plan::pod(
+            &pod,
+            &link.provider_id,
+            receipt,
+            last_answer,
+            ctx.options.fence_margin,
+            Instant::now(),
+        );
+        if let Ok(Step::DeletePod {
+            namespace,
+            name,
+            uid,
+            message,
+        }) = decided
         {
-            continue;
+            delete_fenced(&ctx.client, link, &namespace, &name, uid, &message).await;
         }
-        let silent = receipt.age(Instant::now()).unwrap_or_default();
-        delete_fenced(&ctx.client, link, &pod, after, silent).await;
     }
     Ok(())
 }
@@ -149,22 +134,21 @@ async fn confirm_stopped(
 async fn delete_fenced(
     client: &Client,
     link: &ProviderLink,
-    pod: &Pod,
-    after: Duration,
-    silent: Duration,
+    ns: &str,
+    name: &str,
+    uid: Option<String>,
+    message: &str,
 ) {
-    let ns = pod.namespace().unwrap_or_default();
-    let name = pod.name_any();
     let grace0 = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
-            uid: pod.uid(),
+            uid: uid.clone(),
             resource_version: None,
         }),
         ..Default::default()
     };
-    match Api::<Pod>::namespaced(client.clone(), &ns)
-        .delete(&name, &grace0)
+    match Api::<Pod>::namespaced(client.clone(), ns)
+        .delete(name, &grace0)
         .await
     {
         Ok(_) => {}
@@ -174,20 +158,13 @@ async fn delete_fenced(
             return;
         }
     }
-    let message = format!(
-        "provider {} has not been heard from for {}s: its fence (fenceAfter {}s) has stopped \
-         the pod there; deleted here so that its controller replaces it",
-        link.provider_id,
-        silent.as_secs(),
-        after.as_secs_f64()
-    );
     tracing::warn!(pod = %format!("{ns}/{name}"), provider = %link.provider_id, "{message}");
     crate::events::record(
         client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": pod.uid()}),
+        ns,
+        json!({"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": uid}),
         "FenceConfirmed",
-        &message,
+        message,
         true,
     )
     .await;
