@@ -24,11 +24,9 @@ use tandem_api::{PeeringPolicy, PeeringRequest, Tenant, names};
 use crate::context::Ctx;
 use crate::enroll;
 use crate::provider::peering_request::{
-    Error, approve, check_csr, csr_name, ensure_tenant_with, set_status_in,
+    DENIED_GRACE_SECS, Error, approve, check_csr, csr_name, ensure_tenant_with, set_status_in,
 };
 
-/// How long a denied request stays for the consumer to read the reason.
-const DENIED_GRACE_SECS: i64 = 30;
 /// An approved request not used within this (or within the request TTL, if shorter) is
 /// removed anyway, with the Tenant its approval made.
 const APPROVED_GRACE_SECS: i64 = 600;

@@ -26,9 +26,9 @@ use crate::rbac;
 
 mod plan;
 
-pub(crate) use plan::csr_name;
-use plan::{CsrProgress, Verdict};
 pub use plan::{CsrError, check_csr};
+use plan::{CsrProgress, Verdict};
+pub(crate) use plan::{DENIED_GRACE_SECS, csr_name};
 
 /// Name of the RoleBinding giving a consumer's identity its tenant namespace.
 pub const PEER_ROLE_BINDING: &str = "tandem:peer";

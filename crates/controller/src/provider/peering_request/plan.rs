@@ -22,7 +22,7 @@ use tandem_core::protocol::Unsupported;
 use crate::credentials::INVITE_USED_ANNOTATION;
 
 /// How long a denied request (and its spent invite) stays for the consumer to read the reason.
-pub(super) const DENIED_GRACE_SECS: i64 = 30;
+pub(crate) const DENIED_GRACE_SECS: i64 = 30;
 
 /// Annotation on a peering request's CSR naming the request (`namespace/name`).
 pub(super) const REQUEST_ANNOTATION: &str = "tandem.dev/peering-request";
