@@ -350,7 +350,16 @@ struct ReviewKind {
 #[derive(Default, Deserialize)]
 #[serde(default)]
 struct PlacementFields {
+    metadata: PlacementMetadata,
     spec: PlacementSpec,
+}
+
+/// Whether the pod has annotations, which the fence's bound is added to rather than replacing
+/// them; their contents are skipped, not decoded.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct PlacementMetadata {
+    annotations: Option<serde::de::IgnoredAny>,
 }
 
 /// What `placement_patch`, `tolerates_virtual_nodes` and `local_claims` read of a pod.
@@ -363,6 +372,13 @@ struct PlacementSpec {
 }
 
 impl ReviewRequest {
+    /// Whether the pod under review has annotations.
+    fn has_annotations(&self) -> bool {
+        self.object
+            .as_ref()
+            .is_some_and(|o| o.metadata.annotations.is_some())
+    }
+
     /// The pod as far as placement goes (absent fields read as null, as in the whole pod).
     fn pod(&self) -> Value {
         let spec = self.object.as_ref().map(|o| &o.spec);
@@ -617,7 +633,7 @@ impl Placing {
         // Fencing: the pod carries its bound, which the virtual kubelet passes on to the provider
         // (as a label of its ShadowPod) and the consumer's fence reads back.
         if let Some(fence_after) = offloading.spec.fence_after() {
-            patch.push(if pod["metadata"]["annotations"].is_object() {
+            patch.push(if request.has_annotations() {
                 json!({"op": "add",
                     "path": format!("/metadata/annotations/{}", names::FENCE_AFTER.replace('/', "~1")),
                     "value": fence_after})

@@ -65,6 +65,10 @@ impl PodFixture {
     fn ephemeral(self, volume: &str) -> Self {
         self.volume(json!({"name": volume, "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}))
     }
+    fn annotated(mut self, key: &str, value: &str) -> Self {
+        self.0["metadata"]["annotations"] = json!({key: value});
+        self
+    }
     fn volume(mut self, volume: Value) -> Self {
         match self.0["spec"]["volumes"].as_array_mut() {
             Some(list) => list.push(volume),
@@ -549,6 +553,36 @@ fn placement_patch_values() {
             [0]["matchExpressions"][0]["key"],
         names::NODE_TYPE_LABEL
     );
+}
+
+/// A pod of a fenced namespace keeps the annotations it was created with: the webhook adds its
+/// bound beside them (a JSON Patch `add` of the whole map would replace them), and a pod
+/// without any gets the map.
+#[test]
+fn a_fenced_pod_keeps_its_own_annotations() {
+    let cases = [
+        (
+            "annotated",
+            PodFixture::new().annotated("team", "shop"),
+            json!({"team": "shop", names::FENCE_AFTER: tandem_api::offloading::DEFAULT_FENCE_AFTER}),
+        ),
+        (
+            "without annotations",
+            PodFixture::new(),
+            json!({names::FENCE_AFTER: tandem_api::offloading::DEFAULT_FENCE_AFTER}),
+        ),
+    ];
+    for (case, pod, want) in cases {
+        let offloading = OffloadingFixture::new(Remote).fenced();
+        let request = decoded(&pod.review("Pod", Some(NAMESPACE)));
+        let answer = Placing::new(NAMESPACE, &request, Ok::<_, &str>(Some(offloading.0)))
+            .unwrap()
+            .admission(Ok::<_, &str>(Vec::new()))
+            .response(&request.uid);
+        let admitted = tandem_apimachinery::patch::json_patch(&pod.0, &answered_patch(&answer))
+            .unwrap_or_else(|e| panic!("{case}: the patch applies: {e}"));
+        assert_eq!(admitted["metadata"]["annotations"], want, "{case}");
+    }
 }
 
 #[test]
