@@ -50,6 +50,72 @@ async fn pods(client: &kube::Client, ns: &str) -> Vec<Pod> {
         .unwrap_or_default()
 }
 
+/// One line on a consumer pod, for timeout messages.
+fn describe(p: &Pod) -> String {
+    format!(
+        "{}/{}: uid {:?} node {:?} phase {:?} ready {} deleting {}",
+        p.namespace().unwrap_or_default(),
+        p.name_any(),
+        p.uid(),
+        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        p.status.as_ref().and_then(|s| s.phase.clone()),
+        ready(p),
+        p.metadata.deletion_timestamp.is_some()
+    )
+}
+
+/// One line per ShadowPod in `provider`'s twin of `ns`, for timeout messages.
+async fn shadow_pods_state(provider: &Cluster, ns: &str) -> Vec<String> {
+    Api::<ShadowPod>::namespaced(provider.client.clone(), &twin(ns))
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .map(|sp| {
+            format!(
+                "ShadowPod {}/{}: deleting {} finalizers {:?} status {:?}",
+                provider.id,
+                sp.name_any(),
+                sp.metadata.deletion_timestamp.is_some(),
+                sp.metadata.finalizers,
+                sp.status
+            )
+        })
+        .collect()
+}
+
+/// Waits up to `timeout` for every pod of both namespaces (4 in `ledger`, 3 in `cache`) to be
+/// Ready and not deleting. On timeout it names what it saw last: each consumer pod, and the
+/// ShadowPods on both providers.
+async fn every_pod_ready(hub: &Cluster, providers: &[Cluster], what: &str, timeout: Duration) {
+    let seen = Arc::new(Mutex::new(String::new()));
+    let waiting = until(what, timeout + Duration::from_secs(10), || async {
+        let ledger = pods(&hub.client, LEDGER).await;
+        let cache = pods(&hub.client, CACHE).await;
+        let mut state: Vec<String> = ledger.iter().chain(&cache).map(describe).collect();
+        for p in providers {
+            for ns in [LEDGER, CACHE] {
+                state.extend(shadow_pods_state(p, ns).await);
+            }
+        }
+        *seen.lock().unwrap() = state.join("\n");
+        (ledger.len() == 4
+            && cache.len() == 3
+            && ledger
+                .iter()
+                .chain(&cache)
+                .all(|p| ready(p) && p.metadata.deletion_timestamp.is_none()))
+        .then_some(())
+    });
+    if tokio::time::timeout(timeout, waiting).await.is_err() {
+        panic!(
+            "timed out after {timeout:?} waiting for {what}; last seen:\n{}",
+            seen.lock().unwrap()
+        );
+    }
+}
+
 /// The faults of one round, in order.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -170,21 +236,11 @@ async fn soak_under_faults_keeps_every_invariant() {
             .await
             .unwrap();
     }
-    let all_ready = |client: kube::Client| async move {
-        let ledger = pods(&client, LEDGER).await;
-        let cache = pods(&client, CACHE).await;
-        (ledger.len() == 4
-            && cache.len() == 3
-            && ledger
-                .iter()
-                .chain(&cache)
-                .all(|p| ready(p) && p.metadata.deletion_timestamp.is_none()))
-        .then_some(())
-    };
-    until(
+    every_pod_ready(
+        &hub,
+        &providers,
         "every pod Ready on the providers",
         Duration::from_secs(60),
-        || all_ready(hub.client.clone()),
     )
     .await;
     support::cordon_local_nodes(&hub, false).await;
@@ -281,9 +337,12 @@ async fn soak_under_faults_keeps_every_invariant() {
     writer.abort();
 
     // Convergence.
-    until("every pod Ready again", Duration::from_secs(120), || {
-        all_ready(hub.client.clone())
-    })
+    every_pod_ready(
+        &hub,
+        &providers,
+        "every pod Ready again",
+        Duration::from_secs(120),
+    )
     .await;
     until("no orphaned object", Duration::from_secs(120), || async {
         orphans(&hub, &providers).await.is_empty().then_some(())
@@ -348,7 +407,6 @@ async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)>
     let target = names::virtual_node_name(&provider.id);
     support::cordon_all_but(hub, &target, true).await;
     let pods_api: Api<Pod> = Api::namespaced(hub.client.clone(), LEDGER);
-    let shadows: Api<ShadowPod> = Api::namespaced(provider.client.clone(), &twin(LEDGER));
     let on_target =
         |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(target.as_str());
     let seen = Arc::new(Mutex::new(String::new()));
@@ -359,14 +417,7 @@ async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)>
         for ordinal in ORDINALS {
             let p = pods_api.get(ordinal).await;
             state.push(match &p {
-                Ok(p) => format!(
-                    "{ordinal}: uid {:?} node {:?} phase {:?} ready {} deleting {}",
-                    p.uid(),
-                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                    p.status.as_ref().and_then(|s| s.phase.clone()),
-                    ready(p),
-                    p.metadata.deletion_timestamp.is_some()
-                ),
+                Ok(p) => describe(p),
                 Err(e) => format!("{ordinal}: {e}"),
             });
             let Ok(p) = p else { continue };
@@ -385,21 +436,7 @@ async fn ordinals_on(hub: &Cluster, provider: &Cluster) -> Vec<(String, String)>
                 placed.push((ordinal.to_string(), p.uid().unwrap_or_default()));
             }
         }
-        for sp in shadows
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            state.push(format!(
-                "ShadowPod {}/{}: deleting {} finalizers {:?} status {:?}",
-                provider.id,
-                sp.name_any(),
-                sp.metadata.deletion_timestamp.is_some(),
-                sp.metadata.finalizers,
-                sp.status
-            ));
-        }
+        state.extend(shadow_pods_state(provider, LEDGER).await);
         *seen.lock().unwrap() = state.join("\n");
         (placed.len() == ORDINALS.len()).then_some(placed)
     });
