@@ -54,7 +54,7 @@ async fn create_all(clients: &[kube::Client], prefix: &str, total: usize) -> any
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+pub async fn main() -> anyhow::Result<()> {
     let creates = env("BENCH_CREATES", 20_000);
     let watchers = env("BENCH_WATCHERS", 100);
     let watch_events = env("BENCH_WATCH_EVENTS", 1_000);
@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
                      "labels": {"app": "bench", "tier": "x"}, "creationTimestamp": "2026-01-01T00:00:00Z", "resourceVersion": "1000000"},
         "data": {"payload": "x".repeat(700)},
     }))?;
-    let before = tandem_benches::rss_bytes();
+    let before = crate::rss_bytes();
     for i in 0..objects {
         let mut obj = serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -177,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
             .create("/configmaps", "default", &format!("m-{i:06}"), &mut obj)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
-    let after = tandem_benches::rss_bytes();
+    let after = crate::rss_bytes();
     let per_object = (after.saturating_sub(before)) as f64 / objects as f64;
     println!(
         "memory: {objects} objects of {} B JSON: {:.0} B each in RSS = {:.0} B overhead per object",

@@ -80,7 +80,7 @@ async fn once(n: u8) -> Duration {
     worst
 }
 
-fn main() -> anyhow::Result<()> {
+pub fn main() -> anyhow::Result<()> {
     if !is_root() {
         eprintln!("skipped: the discovery benchmark makes network namespaces (run as root)");
         return Ok(());

@@ -14,9 +14,6 @@
 //!
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench failover`.
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -25,14 +22,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_lab::TcpGate;
 
-use tandem_benches::{sites, tandem};
+use crate::{sites, tandem};
 
 const VIRTUAL_NODE: &str = "tandem-milan";
 const REPLICAS: usize = 30;
 /// Partitions for the detection time.
 const DETECTIONS: usize = 5;
 
-fn main() -> anyhow::Result<()> {
+pub fn main() -> anyhow::Result<()> {
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

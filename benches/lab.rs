@@ -44,7 +44,7 @@ async fn until(
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+pub async fn main() -> anyhow::Result<()> {
     let pods = env("BENCH_PODS", 10_000);
     let nodes = env("BENCH_NODES", 100);
     let sched_pods = env("BENCH_SCHED_PODS", 5_000);
@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
         "tandem-lab benchmark ({} cores)",
         std::thread::available_parallelism()?.get()
     );
-    let baseline = tandem_benches::rss_bytes();
+    let baseline = crate::rss_bytes();
 
     // 1. Scheduler throughput: bare pods created as fast as 8 clients can, until all bound.
     let cluster = LabCluster::start(config(nodes)).await?;
@@ -132,7 +132,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // 3. Memory of this process, which now holds one lab cluster with `pods` pods.
-    let rss = tandem_benches::rss_bytes();
+    let rss = crate::rss_bytes();
     println!(
         "memory: lab cluster with {nodes} nodes and {pods} pods: {:.0} MiB RSS ({:.0} MiB above the process baseline)",
         rss as f64 / (1 << 20) as f64,

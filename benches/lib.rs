@@ -1,4 +1,15 @@
-//! Shared helpers for Tandem's benchmarks.
+//! Tandem's benchmarks, one module each (`cargo bench -p tandem-benches --bench <module>`
+//! runs its `main`; results in `benches/README.md`), and the helpers they share.
+
+pub mod apiserver;
+pub mod discovery;
+pub mod failover;
+pub mod lab;
+pub mod mcs;
+pub mod network;
+pub mod offload;
+pub mod peering;
+pub mod virtual_kubelet;
 
 /// Resident set size of this process, in bytes (Linux).
 pub fn rss_bytes() -> u64 {

@@ -9,15 +9,12 @@
 //! `tandem controller` processes; peering goes through the real CLI.
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench mcs`.
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 
-use tandem_benches::{sites, tandem};
+use crate::{sites, tandem};
 
 async fn create(
     client: &kube::Client,
@@ -135,7 +132,7 @@ async fn export_service(client: &kube::Client, ns: &str, name: &str) -> anyhow::
     .await
 }
 
-fn main() -> anyhow::Result<()> {
+pub fn main() -> anyhow::Result<()> {
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

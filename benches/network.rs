@@ -19,7 +19,7 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+pub async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(
         nix_is_root(),
         "the network-mode benchmark needs root (it creates network namespaces)"

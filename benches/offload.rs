@@ -17,10 +17,6 @@
 //! that is not offloaded (local only), then in one offloaded with `LocalAndRemote` (bursting),
 //! timed from the create until the Job is Complete with 300 succeeded.
 
-// The same allocator as the `tandem` binary, whose `tandem lab` these lab clusters stand for.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,7 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tandem_lab::{LabCluster, LabConfig};
 
-use tandem_benches::{Controller, tandem, tandem_bin};
+use crate::{Controller, tandem, tandem_bin};
 
 /// CPU seconds (user + system) used so far by process `pid`.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -249,7 +245,7 @@ async fn serve(spec: &str) -> anyhow::Result<()> {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+pub async fn main() -> anyhow::Result<()> {
     if let Ok(spec) = std::env::var("BENCH_SERVE") {
         return serve(&spec).await;
     }

@@ -11,18 +11,15 @@
 //!
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench peering`.
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use tandem_benches::sites;
+use crate::sites;
 
-fn main() -> anyhow::Result<()> {
+pub fn main() -> anyhow::Result<()> {
     // `BENCH_API_LOG=FILE` logs every request the lab API servers answer (verb, path, user,
     // remote address) and every TLS connection they accept into FILE: to count what a peering
     // costs each side.
@@ -93,9 +90,9 @@ async fn run() -> anyhow::Result<()> {
 }
 
 /// CPU ticks so far of this process, rome's controller and the providers' controllers.
-fn cpu_split(sites: &[tandem_benches::Site]) -> (u64, u64, u64) {
+fn cpu_split(sites: &[crate::Site]) -> (u64, u64, u64) {
     (
-        tandem_benches::own_cpu_ticks(),
+        crate::own_cpu_ticks(),
         sites[0].controller.cpu_ticks(),
         sites[1..].iter().map(|s| s.controller.cpu_ticks()).sum(),
     )
@@ -166,7 +163,7 @@ async fn once(n: usize) -> anyhow::Result<Row> {
     for site in &sites[1..] {
         // `tandem advertise --domain` sets up the enrollment credential and prints the CA's
         // fingerprint on stderr; the endpoint is the kubeconfig's server.
-        let out = std::process::Command::new(tandem_benches::tandem_bin())
+        let out = std::process::Command::new(crate::tandem_bin())
             .args([
                 "advertise",
                 "--domain",
@@ -277,7 +274,7 @@ async fn once(n: usize) -> anyhow::Result<Row> {
     // Stop every cluster: a dropped LabCluster keeps its API server, scheduler, hollow nodes
     // and their connections (about a hundred sockets each) running in this process, loading
     // every later run and, over many runs, running out of file descriptors.
-    for tandem_benches::Site {
+    for crate::Site {
         cluster,
         controller,
         ..

@@ -65,7 +65,7 @@ fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
-fn main() -> anyhow::Result<()> {
+pub fn main() -> anyhow::Result<()> {
     anyhow::ensure!(
         std::fs::read_to_string("/proc/self/status")?
             .lines()
