@@ -28,6 +28,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{Cluster, until};
 use tandem_api::{ShadowPod, Tenant, names};
+use tandem_testing::until_every;
 
 const LEDGER: &str = "ledger";
 const CACHE: &str = "cache";
@@ -87,12 +88,23 @@ async fn shadow_pods_state(provider: &Cluster, ns: &str) -> Vec<String> {
 
 /// Waits up to `timeout` for every pod of both namespaces (4 in `ledger`, 3 in `cache`) to be
 /// Ready and not deleting. On timeout it names what it saw last: each consumer pod, and the
-/// ShadowPods on both providers.
+/// ShadowPods on both providers (listed only while the pods are not all Ready, every 500 ms, to
+/// keep the wait's own load off the clusters it waits for).
 async fn every_pod_ready(hub: &Cluster, providers: &[Cluster], what: &str, timeout: Duration) {
     let seen = Arc::new(Mutex::new(String::new()));
-    let waiting = until(what, timeout + Duration::from_secs(10), || async {
+    let every = Duration::from_millis(500);
+    let waiting = until_every(what, timeout + Duration::from_secs(10), every, || async {
         let ledger = pods(&hub.client, LEDGER).await;
         let cache = pods(&hub.client, CACHE).await;
+        let all_ready = ledger.len() == 4
+            && cache.len() == 3
+            && ledger
+                .iter()
+                .chain(&cache)
+                .all(|p| ready(p) && p.metadata.deletion_timestamp.is_none());
+        if all_ready {
+            return Some(());
+        }
         let mut state: Vec<String> = ledger.iter().chain(&cache).map(describe).collect();
         for p in providers {
             for ns in [LEDGER, CACHE] {
@@ -100,13 +112,7 @@ async fn every_pod_ready(hub: &Cluster, providers: &[Cluster], what: &str, timeo
             }
         }
         *seen.lock().unwrap() = state.join("\n");
-        (ledger.len() == 4
-            && cache.len() == 3
-            && ledger
-                .iter()
-                .chain(&cache)
-                .all(|p| ready(p) && p.metadata.deletion_timestamp.is_none()))
-        .then_some(())
+        None
     });
     if tokio::time::timeout(timeout, waiting).await.is_err() {
         panic!(
