@@ -192,13 +192,7 @@ impl State {
                     });
                 }
             }
-            Msg::NodeReady(ready) => {
-                if ready != self.node_ready {
-                    self.node_ready = ready;
-                    self.dirty_all();
-                    return Some(Change::Readiness(ready));
-                }
-            }
+            Msg::NodeReady(ready) => return self.set_node_ready(ready),
             Msg::ShadowApply(twin, name, mut s) => {
                 self.mark(&twin, &name);
                 let key = (twin, name);
@@ -233,6 +227,26 @@ impl State {
             Msg::Tick => self.dirty_all(),
         }
         None
+    }
+
+    /// The virtual node turned Ready or NotReady. Ready again, every consumer pod's status is
+    /// written again once the provider is re-listed (`Change::Readiness(true)`): while the node
+    /// was out, the node lifecycle controller may have marked the pods NotReady itself (kube's
+    /// does once the node's Lease expires), which the record of what this kubelet wrote does
+    /// not show — kubelet's status manager likewise reconciles with the API server's copy. An
+    /// outage seen only by its end (NotReady and Ready again in one batch) is one too.
+    fn set_node_ready(&mut self, ready: bool) -> Option<Change> {
+        if ready == self.node_ready {
+            return None;
+        }
+        self.node_ready = ready;
+        if ready {
+            for local in self.local.values_mut() {
+                local.written = 0;
+            }
+        }
+        self.dirty_all();
+        Some(Change::Readiness(ready))
     }
 
     fn mark(&mut self, twin: &str, name: &str) {
@@ -1333,6 +1347,36 @@ mod tests {
         assert!(pod["affinity"].is_null(), "the pin is gone: {pod}");
         assert!(pod["nodeName"].is_null());
         assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    }
+
+    #[test]
+    fn statuses_are_written_again_when_the_node_is_ready_again() {
+        let mut s = world();
+        s.local.insert(
+            key(),
+            LocalPod {
+                written: 7,
+                ..local("u1")
+            },
+        );
+        s.shadows.insert(rkey(), shadow("u1"));
+        s.reals.insert(rkey(), real("u1"));
+        s.dirty.insert(key());
+        assert!(
+            s.decide("milan", Instant::now()).is_empty(),
+            "already written"
+        );
+        // An outage seen only by its end, both in one batch: no MarkUnready went out, but the
+        // node lifecycle controller may have marked the pod NotReady meanwhile.
+        assert!(s.set_node_ready(false).is_some());
+        assert!(s.set_node_ready(true).is_some());
+        assert!(s.set_node_ready(true).is_none(), "no change, nothing to do");
+        let actions: Vec<String> = s
+            .decide("milan", Instant::now())
+            .iter()
+            .map(summary)
+            .collect();
+        assert_eq!(actions, ["status Running"]);
     }
 
     #[test]
