@@ -13,8 +13,9 @@
 //! - a consumer pod being deleted loses its shadow pod; once the real pod is gone too, the
 //!   consumer pod is deleted with grace 0 (the virtual kubelet's part of graceful deletion);
 //! - while the virtual node is NotReady (provider unreachable) nothing is written to the provider
-//!   and the consumer pods are marked not Ready; when it is Ready again the provider is re-listed
-//!   and everything re-converges.
+//!   and the consumer pods are marked not Ready; when it is Ready again the provider is re-listed,
+//!   every pod's status is written again (the node lifecycle controller may have marked them
+//!   NotReady too) and everything re-converges.
 //!
 //! Memory: per pod only a small record (UIDs, flags, a hash of the last status written); full
 //! pod specs and statuses are held only until the write they feed is done.
