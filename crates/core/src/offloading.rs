@@ -232,8 +232,7 @@ pub fn placement_patch(
     }
     let required =
         &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
-    let own: Vec<SelectorTerm> =
-        serde_json::from_value(required["nodeSelectorTerms"].clone()).unwrap_or_default();
+    let own = own_terms(required);
     let terms = and_terms(&own, &ours);
     let selector = json!({"nodeSelectorTerms": terms});
     if !required.is_null() {
@@ -261,6 +260,16 @@ pub fn tolerates_virtual_nodes(pod: &Value, marks: VirtualNodeMarks<'_>) -> bool
     })
 }
 
+/// The node selector terms of a pod's required node affinity (`required`, which may be
+/// `null`); none when it has none or they do not parse. (A pod without affinity is the common
+/// case, on every pod admitted: it is not turned into a deserialization error first.)
+pub fn own_terms(required: &Value) -> Vec<SelectorTerm> {
+    match &required["nodeSelectorTerms"] {
+        Value::Null => Vec::new(),
+        terms => serde_json::from_value(terms.clone()).unwrap_or_default(),
+    }
+}
+
 /// Keeps `pod` (a Pod as JSON, changed in place) off virtual nodes if it tolerates their taint:
 /// the Local strategy's required node affinity, ANDed with the pod's own. Pods that do not
 /// tolerate the taint are left as they are (the taint keeps them off).
@@ -270,8 +279,7 @@ pub fn keep_off_virtual_nodes(pod: &mut Value, marks: VirtualNodeMarks<'_>) {
     }
     let (_, ours) = placement_terms(PodPlacement::Local, &[], marks);
     let required = &mut pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
-    let own: Vec<SelectorTerm> =
-        serde_json::from_value(required["nodeSelectorTerms"].clone()).unwrap_or_default();
+    let own = own_terms(required);
     *required = json!({"nodeSelectorTerms": and_terms(&own, &ours)});
 }
 

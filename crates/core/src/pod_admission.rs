@@ -12,7 +12,7 @@
 use serde_json::{Map, Value, json};
 use tandem_apimachinery::pod_security;
 
-use crate::offloading::{Requirement, SelectorTerm, and_terms};
+use crate::offloading::{Requirement, SelectorTerm, and_terms, own_terms};
 
 /// The Pod Security Standards level a provider holds a consumer's pods to (`baseline` by
 /// default; a peering is never `privileged`).
@@ -291,8 +291,7 @@ fn keep_off_control_plane(spec: &mut Map<String, Value>) {
         *affinity = json!({});
     }
     let required = &mut affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
-    let own: Vec<SelectorTerm> =
-        serde_json::from_value(required["nodeSelectorTerms"].clone()).unwrap_or_default();
+    let own = own_terms(required);
     *required = json!({"nodeSelectorTerms": and_terms(&own, &ours)});
 }
 
