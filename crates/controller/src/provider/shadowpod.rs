@@ -27,7 +27,7 @@ use tandem_core::shadow::{self, Resources};
 
 use crate::batch::IndexLoop;
 use crate::context::Ctx;
-use crate::lean::{LeanPod, LeanShadowPod};
+use crate::lean::{LeanShadowPod, PodRequestsView};
 use crate::requests::create_unread;
 use crate::watches::watch_events;
 
@@ -94,7 +94,7 @@ struct State {
 #[allow(clippy::large_enum_variant)] // one event at a time, straight from a watch
 enum Ev {
     Shadow(watcher::Event<LeanShadowPod>),
-    Pod(watcher::Event<LeanPod>),
+    Pod(watcher::Event<PodRequestsView>),
     Ns(watcher::Event<Namespace>),
     Tenant(watcher::Event<Tenant>),
     /// Periodic full pass (retries failed writes).
@@ -141,11 +141,11 @@ fn twin_consumer(ns: &Namespace) -> Option<String> {
 /// The record of `pod`; `known` is its current record, whose requests are reused when it is the
 /// same pod (a pod's requests do not change, and parsing its spec on every status update
 /// would be most of what a burst costs here).
-fn pod_record(pod: &LeanPod, known: Option<&PodRecord>) -> PodRecord {
+fn pod_record(pod: &PodRequestsView, known: Option<&PodRecord>) -> PodRecord {
     let uid = pod.uid().unwrap_or_default();
     let requests = match known {
         Some(k) if k.uid == uid => k.requests.clone(),
-        _ => shadow::pod_requests(&pod.spec_value()),
+        _ => shadow::pod_requests(&pod.requests_spec()),
     };
     let phase = pod.phase();
     PodRecord {
@@ -787,7 +787,7 @@ pub async fn run(ctx: Ctx) {
         .boxed(),
         watch_events(
             "shadow pod controller",
-            Api::<LeanPod>::all(client.clone()),
+            Api::<PodRequestsView>::all(client.clone()),
             watcher::Config::default().labels(names::ORIGIN_CLUSTER_LABEL),
         )
         .map(Ev::Pod)
