@@ -1,5 +1,6 @@
 //! What every virtual kubelet of the cluster watches together: the NamespaceOffloadings and
-//! the virtual nodes, each kept by one watch.
+//! the virtual nodes, each kept by one watch; and what the virtual kubelets learn of the
+//! providers' real pods that the reflectors need ([`RealPodOrigins`]).
 
 use std::sync::Arc;
 
@@ -22,6 +23,54 @@ pub struct SharedWatches {
     pub(crate) offloadings: tokio::sync::watch::Receiver<SharedMap<NamespaceOffloading>>,
     /// The virtual nodes, by name.
     pub(crate) nodes: tokio::sync::watch::Receiver<SharedMap<Node>>,
+    /// The consumer pod of each real pod, as the virtual kubelets see the real pods.
+    pub(crate) origins: RealPodOrigins,
+}
+
+/// Which consumer pod each real pod of every provider runs: the real pod's UID → the consumer
+/// pod's UID (the origin annotation the virtual kubelet reads on every real pod it watches).
+/// An Event a provider records about a real pod is written onto the consumer pod with that
+/// pod's UID (what `kubectl describe pod` selects by); with this map the reflector needs no
+/// read of the consumer pod per offloaded pod (a request per pod in a burst, on both the
+/// controller and its API server). A real pod not in it yet is read as before.
+#[derive(Clone, Default)]
+pub struct RealPodOrigins(Arc<std::sync::RwLock<std::collections::HashMap<String, String>>>);
+
+impl RealPodOrigins {
+    /// The UID of the consumer pod that the real pod `real_uid` runs, if known.
+    pub fn get(&self, real_uid: &str) -> Option<String> {
+        // (A panic elsewhere while holding the lock leaves the map itself whole.)
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        map.get(real_uid).cloned()
+    }
+
+    /// Records that the real pod `real_uid` runs the consumer pod `origin_uid` (an empty UID
+    /// on either side records nothing).
+    pub(crate) fn set(&self, real_uid: &str, origin_uid: &str) {
+        if real_uid.is_empty() || origin_uid.is_empty() {
+            return;
+        }
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        map.insert(real_uid.to_string(), origin_uid.to_string());
+    }
+
+    /// Forgets the real pods of `real_uids` (gone from the provider).
+    pub(crate) fn forget<'a>(&self, real_uids: impl IntoIterator<Item = &'a str>) {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        for uid in real_uids {
+            map.remove(uid);
+        }
+    }
+
+    /// Real pods recorded.
+    pub fn len(&self) -> usize {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no real pod is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl SharedWatches {
@@ -52,7 +101,14 @@ impl SharedWatches {
         let run = async move {
             futures::join!(watch_offloadings, watch_nodes);
         };
-        (SharedWatches { offloadings, nodes }, run)
+        (
+            SharedWatches {
+                offloadings,
+                nodes,
+                origins: RealPodOrigins::default(),
+            },
+            run,
+        )
     }
 }
 

@@ -308,8 +308,11 @@ impl NamespaceReflector {
         };
         let provider_uid = e.involved_object.uid.clone().unwrap_or_default();
         // (An Event naming no UID is never cached: the empty key is never stored.)
-        let uid = match self.pod_uids.get(&provider_uid) {
-            Some(uid) => uid.clone(),
+        // The virtual kubelet has most likely seen the real pod, and its origin annotation.
+        let known = (self.ctx.shared.origins.get(&provider_uid))
+            .or_else(|| self.pod_uids.get(&provider_uid).cloned());
+        let uid = match known {
+            Some(uid) => uid,
             None => {
                 // Read lean: the metadata without managedFields, the spec skipped.
                 let pods: Api<PodStatusRef> =

@@ -79,6 +79,8 @@ struct State {
     /// How long a pod the provider fenced waits before it is replaced (the controller's
     /// `fence_margin`).
     fence_margin: Duration,
+    /// Each real pod's consumer pod, kept for the reflectors as `reals` changes.
+    real_origins: crate::shared_watches::RealPodOrigins,
 }
 
 enum Action {
@@ -212,19 +214,9 @@ impl State {
                 self.shadows_synced.insert(twin);
                 self.dirty_all();
             }
-            Msg::RealApply(twin, name, p) => {
-                self.mark(&twin, &name);
-                self.reals.insert((twin, name), p);
-            }
-            Msg::RealDelete(twin, name) => {
-                self.mark(&twin, &name);
-                self.reals.remove(&(twin, name));
-            }
-            Msg::RealRelisted(twin, list) => {
-                replace_twin(&mut self.reals, &twin, list);
-                self.reals_synced.insert(twin);
-                self.dirty_all();
-            }
+            Msg::RealApply(twin, name, p) => self.set_real(twin, name, p),
+            Msg::RealDelete(twin, name) => self.remove_real(twin, name),
+            Msg::RealRelisted(twin, list) => self.relist_reals(twin, list),
             Msg::Tick => self.dirty_all(),
         }
         None
@@ -250,6 +242,38 @@ impl State {
         Some(Change::Readiness(ready))
     }
 
+    /// A real pod created or changed; its origin is recorded for the reflectors.
+    fn set_real(&mut self, twin: String, name: String, p: RemotePod) {
+        self.mark(&twin, &name);
+        let key = (twin, name);
+        let known = self.reals.get(&key);
+        if !known.is_some_and(|k| k.uid == p.uid && k.origin_uid == p.origin_uid) {
+            if let Some(k) = known {
+                self.real_origins.forget([k.uid.as_str()]);
+            }
+            self.real_origins.set(&p.uid, &p.origin_uid);
+        }
+        self.reals.insert(key, p);
+    }
+
+    fn remove_real(&mut self, twin: String, name: String) {
+        self.mark(&twin, &name);
+        if let Some(p) = self.reals.remove(&(twin, name)) {
+            self.real_origins.forget([p.uid.as_str()]);
+        }
+    }
+
+    /// The real pods of `twin` listed afresh: they replace what was known of that twin.
+    fn relist_reals(&mut self, twin: String, list: Vec<(String, RemotePod)>) {
+        self.forget_origins_of(&twin);
+        for (_, p) in &list {
+            self.real_origins.set(&p.uid, &p.origin_uid);
+        }
+        replace_twin(&mut self.reals, &twin, list);
+        self.reals_synced.insert(twin);
+        self.dirty_all();
+    }
+
     fn mark(&mut self, twin: &str, name: &str) {
         if let Some(k) = self.local_key_of(twin, name) {
             self.dirty.insert(k);
@@ -266,7 +290,18 @@ impl State {
         self.dirty.extend(remote);
     }
 
+    /// Forgets the origins of the real pods of `twin` (about to be replaced or dropped).
+    fn forget_origins_of(&self, twin: &str) {
+        self.real_origins.forget(
+            self.reals
+                .iter()
+                .filter(|(k, _)| k.0 == twin)
+                .map(|(_, p)| p.uid.as_str()),
+        );
+    }
+
     fn forget_twin(&mut self, twin: &str) {
+        self.forget_origins_of(twin);
         self.shadows.retain(|k, _| k.0 != twin);
         self.reals.retain(|k, _| k.0 != twin);
         self.shadows_synced.remove(twin);
@@ -278,16 +313,19 @@ impl State {
     fn decide(&mut self, provider: &str, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
         let keys: Vec<Key> = self.dirty.drain().collect();
+        let (ready, local_synced) = (self.node_ready, self.local_synced);
+        // The provider-side key, its strings reused: every RESYNC decides every pod again, and
+        // copying keys and records per pod was most of what a pass cost.
+        let mut rkey = Key::default();
         for key in keys {
-            let Some(twin) = self.twins.get(&key.0).cloned() else {
+            let Some(twin) = self.twins.get(&key.0) else {
                 continue;
             };
-            let rkey = (twin.clone(), key.1.clone());
-            let synced = self.shadows_synced.contains(&twin) && self.reals_synced.contains(&twin);
-            let shadow = self.shadows.get(&rkey).cloned();
-            let real = self.reals.get(&rkey).cloned();
-            let ready = self.node_ready;
-            let local_synced = self.local_synced;
+            rkey.0.clone_from(twin);
+            rkey.1.clone_from(&key.1);
+            let synced = self.shadows_synced.contains(twin) && self.reals_synced.contains(twin);
+            let shadow = self.shadows.get(&rkey);
+            let real = self.reals.get(&rkey);
             let Some(local) = self.local.get_mut(&key) else {
                 // No consumer pod: a shadow pod here is an orphan.
                 if let Some(s) = shadow
@@ -296,9 +334,9 @@ impl State {
                     && !s.deleting
                 {
                     actions.push(Action::DeleteShadow {
-                        twin,
+                        twin: twin.clone(),
                         name: key.1.clone(),
-                        uid: s.uid,
+                        uid: s.uid.clone(),
                     });
                 }
                 continue;
@@ -306,8 +344,8 @@ impl State {
             let recently = local
                 .requested
                 .is_some_and(|t| now.saturating_duration_since(t) < RETRY_AFTER);
-            let own_shadow = shadow.as_ref().filter(|s| s.origin_uid == local.uid);
-            let own_real = real.as_ref().filter(|p| p.origin_uid == local.uid);
+            let own_shadow = shadow.filter(|s| s.origin_uid == local.uid);
+            let own_real = real.filter(|p| p.origin_uid == local.uid);
             if own_shadow.is_some() {
                 local.shadow_spec = None;
             }
@@ -324,11 +362,11 @@ impl State {
                 continue;
             }
             if local.deleting {
-                match &shadow {
+                match shadow {
                     Some(s) if !s.deleting && !recently => {
                         local.requested = Some(now);
                         actions.push(Action::DeleteShadow {
-                            twin,
+                            twin: twin.clone(),
                             name: key.1.clone(),
                             uid: s.uid.clone(),
                         });
@@ -345,13 +383,13 @@ impl State {
                 }
                 continue;
             }
-            match (&shadow, own_shadow) {
+            match (shadow, own_shadow) {
                 (Some(s), None) => {
                     // The shadow pod of an earlier pod of the same name: make way.
                     if !s.deleting && !recently {
                         local.requested = Some(now);
                         actions.push(Action::DeleteShadow {
-                            twin,
+                            twin: twin.clone(),
                             name: key.1.clone(),
                             uid: s.uid.clone(),
                         });
@@ -387,7 +425,7 @@ impl State {
                         local.requested = Some(now);
                         actions.push(Action::CreateShadow {
                             key: key.clone(),
-                            twin,
+                            twin: twin.clone(),
                             spec: local.shadow_spec.clone(),
                         });
                     }
@@ -917,6 +955,7 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
     let mut twins: HashMap<String, TwinWatch> = HashMap::new();
     let mut state = State {
         fence_margin: ctx.options.fence_margin,
+        real_origins: ctx.shared.origins.clone(),
         ..State::default()
     };
     loop {
@@ -1028,6 +1067,7 @@ mod tests {
 
     fn real(origin_uid: &str) -> RemotePod {
         RemotePod {
+            uid: format!("real-of-{origin_uid}"),
             origin_uid: origin_uid.into(),
             hash: 7,
             news: true,
@@ -1378,6 +1418,36 @@ mod tests {
             .map(summary)
             .collect();
         assert_eq!(actions, ["status Running"]);
+    }
+
+    #[test]
+    fn the_reflectors_learn_each_real_pods_consumer_pod_from_the_real_pods_seen() {
+        let mut s = world();
+        let origins = s.real_origins.clone();
+        s.set_real(TWIN.into(), "web".into(), real("u1"));
+        assert_eq!(origins.get("real-of-u1").as_deref(), Some("u1"));
+        // A status update changes nothing; a real pod made again under the same name (for a
+        // new consumer pod) replaces the old one's entry.
+        s.set_real(TWIN.into(), "web".into(), real("u1"));
+        s.set_real(TWIN.into(), "web".into(), real("u2"));
+        assert_eq!(origins.get("real-of-u1"), None);
+        assert_eq!(origins.get("real-of-u2").as_deref(), Some("u2"));
+        // Without an origin annotation, nothing is recorded (the reflector reads the pod).
+        s.set_real(TWIN.into(), "bare".into(), real(""));
+        assert_eq!(origins.len(), 1);
+        s.remove_real(TWIN.into(), "web".into());
+        assert!(origins.is_empty());
+        // A relisting replaces the twin's entries, and leaves other twins' alone.
+        s.set_real("other-twin".into(), "db".into(), real("u9"));
+        s.set_real(TWIN.into(), "old".into(), real("u3"));
+        s.relist_reals(TWIN.into(), vec![("new".into(), real("u4"))]);
+        assert_eq!(origins.get("real-of-u3"), None);
+        assert_eq!(origins.get("real-of-u4").as_deref(), Some("u4"));
+        assert_eq!(origins.get("real-of-u9").as_deref(), Some("u9"));
+        // A twin no longer watched takes its entries with it.
+        s.forget_twin("other-twin");
+        assert_eq!(origins.get("real-of-u9"), None);
+        assert_eq!(origins.len(), 1);
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub(super) struct RemoteShadow {
 /// A real pod on the provider.
 #[derive(Clone, Debug)]
 pub(super) struct RemotePod {
+    /// The real pod's own UID.
+    pub(super) uid: String,
     pub(super) origin_uid: String,
     pub(super) hash: u64,
     /// The status tells the consumer something (see `shadow::status_is_news`); a real pod that
@@ -128,6 +130,7 @@ pub(super) fn remote_pod(pod: &PodStatusRef, remap: Option<IpRemap>) -> RemotePo
     remap.hash(&mut h);
     let status = shadow::consumer_status(pod.status_value(), remap);
     RemotePod {
+        uid: pod.uid().unwrap_or_default(),
         origin_uid: pod
             .annotations()
             .get(shadow::ORIGIN_UID_ANNOTATION)
