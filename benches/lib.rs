@@ -9,6 +9,7 @@ pub mod mcs;
 pub mod network;
 pub mod offload;
 pub mod peering;
+pub mod stages;
 pub mod virtual_kubelet;
 
 /// Resident set size of this process, in bytes (Linux).

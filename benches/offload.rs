@@ -10,7 +10,8 @@
 //! Peering goes through the real CLI (`tandem install`, `invite`, `peer`, `offload`).
 //! Run: `cargo build --release -p tandem-cli && cargo bench -p tandem-benches --bench offload`
 //! (BENCH_SIZES=10,100 and BENCH_NODES to resize; BENCH_REPEAT=3 runs each size three times
-//! and prints the median ratio).
+//! and prints the median ratio; BENCH_STAGES=1 prints when the pods reached each stage, see
+//! `stages`).
 //!
 //! BENCH_WORKLOAD=job runs the batch-bursting comparison instead: a consumer with 2 nodes whose
 //! 400m pods fit 40 at a time, a 300-completion Job (parallelism 100) run first in a namespace
@@ -27,6 +28,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tandem_lab::{LabCluster, LabConfig};
 
+use crate::stages::{Place, Stages, Watched};
 use crate::{Controller, tandem, tandem_bin};
 
 /// CPU seconds (user + system) used so far by process `pid`.
@@ -114,8 +116,20 @@ async fn until(
 /// Creates the Deployment and returns the time until all its replicas are Ready, as a watch
 /// of the Deployment sees it (a poll would add up to its period: at 100 pods a burst lasts
 /// a few tenths of a second).
-async fn burst(client: &kube::Client, ns: &str, name: &str, n: usize) -> anyhow::Result<Duration> {
+/// With `stages`, also when the pods reached each stage, as watches of those places saw it
+/// (see [`crate::stages`]).
+async fn burst(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    n: usize,
+    stages: Option<Vec<Place>>,
+) -> anyhow::Result<(Duration, Option<String>)> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let watches = match stages {
+        Some(places) => Some(Stages::watch(places).await?),
+        None => None,
+    };
     let started = Instant::now();
     api.create(&PostParams::default(), &deployment(name, n)?)
         .await?;
@@ -126,7 +140,22 @@ async fn burst(client: &kube::Client, ns: &str, name: &str, n: usize) -> anyhow:
     tokio::time::timeout(Duration::from_secs(900), ready)
         .await
         .map_err(|_| anyhow::anyhow!("{ns}/{name} Ready: not done after 15 minutes"))??;
-    Ok(started.elapsed())
+    let took = started.elapsed();
+    let report = match watches {
+        Some(w) => Some(w.report(started).await),
+        None => None,
+    };
+    Ok((took, report))
+}
+
+/// The pods of `ns` in `client`'s cluster, for [`burst`]'s stages.
+fn pods_of(label: &'static str, client: &kube::Client, ns: &str) -> Place {
+    Place {
+        label,
+        client: client.clone(),
+        namespace: ns.into(),
+        what: Watched::Pods,
+    }
 }
 
 /// Deletes the Deployment and waits until its pods are gone from every given cluster.
@@ -369,6 +398,7 @@ pub async fn main() -> anyhow::Result<()> {
         return job_bursting(&consumer.client).await;
     }
     let twin = "bench-consumer";
+    let with_stages = std::env::var("BENCH_STAGES").is_ok_and(|v| v == "1");
     let idle_rss = consumer_ctl.rss_bytes();
     let pids = [
         provider.pid,
@@ -394,12 +424,36 @@ pub async fn main() -> anyhow::Result<()> {
     for n in sizes.iter().flat_map(|&n| std::iter::repeat_n(n, repeat)) {
         settle(pids).await;
         let c0 = cpu(pids);
-        let vanilla = burst(&provider.client, "vanilla", &format!("v{n}"), n).await?;
+        let watch = |places: Vec<Place>| with_stages.then_some(places);
+        let (vanilla, vanilla_stages) = burst(
+            &provider.client,
+            "vanilla",
+            &format!("v{n}"),
+            n,
+            watch(vec![pods_of("pods", &provider.client, "vanilla")]),
+        )
+        .await?;
         let c1 = cpu(pids);
         teardown(&provider.client, "vanilla", &format!("v{n}"), &[]).await?;
         settle(pids).await;
         let c2 = cpu(pids);
-        let offloaded = burst(&consumer.client, "bench", &format!("o{n}"), n).await?;
+        let (offloaded, offloaded_stages) = burst(
+            &consumer.client,
+            "bench",
+            &format!("o{n}"),
+            n,
+            watch(vec![
+                pods_of("consumer pods", &consumer.client, "bench"),
+                Place {
+                    label: "shadow pods",
+                    client: provider.client.clone(),
+                    namespace: twin.into(),
+                    what: Watched::ShadowPods,
+                },
+                pods_of("real pods", &provider.client, twin),
+            ]),
+        )
+        .await?;
         let c3 = cpu(pids);
         let rss = consumer_ctl.rss_bytes();
         teardown(
@@ -420,6 +474,11 @@ pub async fn main() -> anyhow::Result<()> {
             cpu_delta(&c0, &c1),
             cpu_delta(&c2, &c3),
         );
+        for (which, stages) in [("vanilla", vanilla_stages), ("offloaded", offloaded_stages)] {
+            if let Some(stages) = stages {
+                println!("  {which} {}", stages.trim_start_matches(' '));
+            }
+        }
         if n >= 1000 {
             println!(
                 "  consumer controller: {:.1} MiB idle, {:.2} MiB per 1,000 offloaded pods",
