@@ -29,10 +29,13 @@ pub struct Place {
     pub what: Watched,
 }
 
+/// Each stage of one place (`real pods ready`, ...) and when each object reached it.
+type StageTimes = Vec<(String, Vec<Duration>)>;
+
 /// The stage times of one burst, filled by its watches.
 pub struct Stages {
     started: Instant,
-    tasks: Vec<tokio::task::JoinHandle<Vec<(String, Vec<Duration>)>>>,
+    tasks: Vec<tokio::task::JoinHandle<StageTimes>>,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -115,7 +118,7 @@ async fn follow(
     started: Instant,
     listed: tokio::sync::oneshot::Sender<()>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Vec<(String, Vec<Duration>)> {
+) -> StageTimes {
     let mut listed = Some(listed);
     let mut seen: HashMap<String, [Option<Duration>; 3]> = HashMap::new();
     let mut note = |uid: String, reached: [bool; 3]| {
