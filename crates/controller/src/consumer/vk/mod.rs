@@ -1080,6 +1080,19 @@ mod tests {
         ("app".into(), "web".into())
     }
 
+    /// A pod running on the provider whose status (hash 7, the real pod's) is written.
+    fn running_and_written(s: &mut State) {
+        s.local.insert(
+            key(),
+            LocalPod {
+                written: 7,
+                ..local("u1")
+            },
+        );
+        s.shadows.insert(rkey(), shadow("u1"));
+        s.reals.insert(rkey(), real("u1"));
+    }
+
     fn rkey() -> Key {
         (TWIN.into(), "web".into())
     }
@@ -1214,17 +1227,7 @@ mod tests {
             ),
             (
                 "a status already written is not written again",
-                |s, _, _| {
-                    s.local.insert(
-                        key(),
-                        LocalPod {
-                            written: 7,
-                            ..local("u1")
-                        },
-                    );
-                    s.shadows.insert(rkey(), shadow("u1"));
-                    s.reals.insert(rkey(), real("u1"));
-                },
+                |s, _, _| running_and_written(s),
                 &[],
             ),
             (
@@ -1393,15 +1396,7 @@ mod tests {
     #[test]
     fn statuses_are_written_again_when_the_node_is_ready_again() {
         let mut s = world();
-        s.local.insert(
-            key(),
-            LocalPod {
-                written: 7,
-                ..local("u1")
-            },
-        );
-        s.shadows.insert(rkey(), shadow("u1"));
-        s.reals.insert(rkey(), real("u1"));
+        running_and_written(&mut s);
         s.dirty.insert(key());
         assert!(
             s.decide("milan", Instant::now()).is_empty(),
