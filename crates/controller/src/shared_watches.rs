@@ -28,30 +28,39 @@ pub struct SharedWatches {
 }
 
 /// Which consumer pod each real pod of every provider runs: the real pod's UID → the consumer
-/// pod's UID (the origin annotation the virtual kubelet reads on every real pod it watches).
+/// pod's namespace, name and UID (from the origin annotation the virtual kubelet reads on every
+/// real pod it watches, recorded only when the consumer pod of that name has that UID).
 /// An Event a provider records about a real pod is written onto the consumer pod with that
 /// pod's UID (what `kubectl describe pod` selects by); with this map the reflector needs no
 /// read of the consumer pod per offloaded pod (a request per pod in a burst, on both the
 /// controller and its API server). A real pod not in it yet is read as before.
 #[derive(Clone, Default)]
-pub struct RealPodOrigins(Arc<std::sync::RwLock<std::collections::HashMap<String, String>>>);
+pub struct RealPodOrigins(Arc<std::sync::RwLock<std::collections::HashMap<String, Origin>>>);
+
+/// A consumer pod: namespace, name, UID.
+type Origin = (String, String, String);
 
 impl RealPodOrigins {
-    /// The UID of the consumer pod that the real pod `real_uid` runs, if known.
-    pub fn get(&self, real_uid: &str) -> Option<String> {
+    /// The UID of the consumer pod `namespace`/`name` if the real pod `real_uid` runs it.
+    /// The UIDs are the providers' word (any provider can report any UID, and an Event any
+    /// pod name): an entry for another pod than the one named is not an answer.
+    pub fn get(&self, real_uid: &str, namespace: &str, name: &str) -> Option<String> {
         // (A panic elsewhere while holding the lock leaves the map itself whole.)
         let map = self.0.read().unwrap_or_else(|e| e.into_inner());
-        map.get(real_uid).cloned()
+        map.get(real_uid)
+            .filter(|(ns, n, _)| ns == namespace && n == name)
+            .map(|(_, _, uid)| uid.clone())
     }
 
-    /// Records that the real pod `real_uid` runs the consumer pod `origin_uid` (an empty UID
-    /// on either side records nothing).
-    pub(crate) fn set(&self, real_uid: &str, origin_uid: &str) {
+    /// Records that the real pod `real_uid` runs the consumer pod `pod` (namespace, name),
+    /// whose UID is `origin_uid` (an empty UID on either side records nothing).
+    pub(crate) fn set(&self, real_uid: &str, pod: &(String, String), origin_uid: &str) {
         if real_uid.is_empty() || origin_uid.is_empty() {
             return;
         }
         let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
-        map.insert(real_uid.to_string(), origin_uid.to_string());
+        let origin = (pod.0.clone(), pod.1.clone(), origin_uid.to_string());
+        map.insert(real_uid.to_string(), origin);
     }
 
     /// Forgets the real pods of `real_uids` (gone from the provider).

@@ -70,6 +70,32 @@ pub struct ProviderLink {
     pub not_ready_after: Duration,
 }
 
+impl ProviderLink {
+    /// The link of the consumer `rome` to `provider`, with a client never used to connect
+    /// (made in a Tokio runtime).
+    #[cfg(test)]
+    pub(crate) fn for_tests(provider: &str) -> ProviderLink {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client");
+        ProviderLink {
+            provider_id: provider.into(),
+            consumer_id: "rome".into(),
+            client: client.clone(),
+            stream_client: client,
+            remote_tenant_namespace: "tandem-tenant-rome".into(),
+            local_tenant_namespace: format!("tandem-tenant-{provider}"),
+            virtual_node: format!("tandem-{provider}"),
+            grant: BTreeMap::new(),
+            node_labels: BTreeMap::new(),
+            network: None,
+            gateway_status: None,
+            identity_version: "1".into(),
+            probe_period: Duration::from_secs(2),
+            not_ready_after: Duration::from_secs(10),
+        }
+    }
+}
+
 impl std::fmt::Debug for ProviderLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProviderLink")
@@ -356,24 +382,9 @@ mod tests {
     use super::*;
 
     fn link(provider: &str, grant_cpu: &str) -> ProviderLink {
-        // Never used to connect.
-        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-            .expect("a client");
         ProviderLink {
-            provider_id: provider.into(),
-            consumer_id: "rome".into(),
-            client: client.clone(),
-            stream_client: client,
-            remote_tenant_namespace: "tandem-tenant-rome".into(),
-            local_tenant_namespace: format!("tandem-tenant-{provider}"),
-            virtual_node: format!("tandem-{provider}"),
             grant: [("cpu".to_string(), Quantity(grant_cpu.into()))].into(),
-            node_labels: BTreeMap::new(),
-            network: None,
-            gateway_status: None,
-            identity_version: "1".into(),
-            probe_period: Duration::from_secs(2),
-            not_ready_after: Duration::from_secs(10),
+            ..ProviderLink::for_tests(provider)
         }
     }
 

@@ -271,3 +271,78 @@ async fn a_hostile_providers_pod_ips_outside_its_grant_are_ignored() {
     .await;
     provider.lab.power.power_on(&real_node);
 }
+
+/// A provider that names another consumer pod in a real pod's origin annotation (the UID the
+/// consumer's virtual kubelet learns each real pod's consumer pod from) does not get that real
+/// pod's Events put on the other pod: the Events of the real pod `web-a` land on the consumer's
+/// `web-a`, under its own UID, never under `web-b`'s.
+#[tokio::test]
+async fn a_hostile_providers_origin_annotation_moves_no_event_to_another_pod() {
+    let provider = Cluster::start("odda", "eu-north", 1).await;
+    let consumer = Cluster::start("alta", "eu-north", 1).await;
+    support::peer(&consumer, &provider).await;
+    let twin = support::offload(&consumer, &provider, "shop", "LocalAndRemote").await;
+    for name in ["web-a", "web-b"] {
+        create_pod(
+            &consumer.client,
+            json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "main", "image": "nginx"}],
+                     "tolerations": [{"key": names::VIRTUAL_NODE_TAINT, "operator": "Exists",
+                                      "effect": "NoExecute"}],
+                     "nodeSelector": {names::NODE_TYPE_LABEL: names::VIRTUAL_NODE_TYPE}}}),
+        )
+        .await;
+    }
+    let pods: Api<Pod> = Api::namespaced(consumer.client.clone(), "shop");
+    let real_pods: Api<Pod> = Api::namespaced(provider.client.clone(), &twin);
+    let running = |api: Api<Pod>, name: &'static str| async move {
+        until(&format!("{name} Running"), WAIT, || async {
+            let p = api.get(name).await.ok()?;
+            let phase = p.status.as_ref()?.phase.clone();
+            (phase.as_deref() == Some("Running")).then_some(p.uid()?)
+        })
+        .await
+    };
+    let uid_a = running(pods.clone(), "web-a").await;
+    let uid_b = running(pods.clone(), "web-b").await;
+    let real_a = running(real_pods.clone(), "web-a").await;
+
+    // The provider's admin rewrites the real pod's origin to web-b's UID, then records an Event
+    // of that real pod, named by its UID as kubelet does.
+    let forged =
+        json!({"metadata": {"annotations": {tandem_core::shadow::ORIGIN_UID_ANNOTATION: uid_b}}});
+    real_pods
+        .patch("web-a", &PatchParams::default(), &Patch::Merge(forged))
+        .await
+        .unwrap();
+    // The consumer's watch of the real pods sees the change first (the Event comes later).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let event: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
+        "metadata": {"name": "web-a.forged"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "web-a",
+                           "namespace": twin, "uid": real_a},
+        "reason": "Forged", "message": "whose pod is this", "type": "Warning",
+        "count": 1, "source": {"component": "kubelet"}}))
+    .unwrap();
+    Api::namespaced(provider.client.clone(), &twin)
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
+
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(consumer.client.clone(), "shop");
+    let reflected = until("the forged Event reflected", WAIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Forged"))
+    })
+    .await;
+    assert_eq!(
+        reflected.involved_object.uid.as_deref(),
+        Some(uid_a.as_str()),
+        "the Event names web-a by its own UID, not web-b's ({uid_b}): {:?}",
+        reflected.involved_object
+    );
+    assert_eq!(reflected.involved_object.name.as_deref(), Some("web-a"));
+}

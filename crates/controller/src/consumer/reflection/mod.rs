@@ -309,7 +309,8 @@ impl NamespaceReflector {
         let provider_uid = e.involved_object.uid.clone().unwrap_or_default();
         // (An Event naming no UID is never cached: the empty key is never stored.)
         // The virtual kubelet has most likely seen the real pod, and its origin annotation.
-        let known = (self.ctx.shared.origins.get(&provider_uid))
+        let origins = &self.ctx.shared.origins;
+        let known = (origins.get(&provider_uid, &self.namespace, pod_name))
             .or_else(|| self.pod_uids.get(&provider_uid).cloned());
         let uid = match known {
             Some(uid) => uid,

@@ -134,6 +134,12 @@ impl State {
                 uid: uid.clone(),
                 ..Default::default()
             };
+            // A real pod seen before its consumer pod (both listed afresh) is vouched for now.
+            let twin = self.twins.get(&key.0);
+            let real = twin.and_then(|t| self.reals.get(&(t.clone(), key.1.clone())));
+            if let Some(p) = real.filter(|p| p.origin_uid == uid) {
+                self.real_origins.set(&p.uid, &key, &uid);
+            }
         }
         entry.deleting = pod.metadata.deletion_timestamp.is_some();
         entry.started = pod.started();
@@ -242,16 +248,28 @@ impl State {
         Some(Change::Readiness(ready))
     }
 
-    /// A real pod created or changed; its origin is recorded for the reflectors.
+    /// The consumer pod that `twin`/`name` mirrors, if its UID is the one the real pod's
+    /// origin annotation names. The annotation is the provider's word: a hostile provider could
+    /// name another consumer pod's UID, and the reflectors would then put this pod's Events on
+    /// that one. Only a real pod vouched for by the consumer's own pod is recorded; for any
+    /// other, the reflector reads the pod of that name itself.
+    fn vouched(&self, twin: &str, name: &str, p: &RemotePod) -> Option<Key> {
+        let key = self.local_key_of(twin, name)?;
+        let local = self.local.get(&key)?;
+        (!p.origin_uid.is_empty() && local.uid == p.origin_uid).then_some(key)
+    }
+
+    /// A real pod created or changed; its origin, if vouched for, is recorded for the
+    /// reflectors.
     fn set_real(&mut self, twin: String, name: String, p: RemotePod) {
         self.mark(&twin, &name);
+        let vouched = self.vouched(&twin, &name, &p);
         let key = (twin, name);
-        let known = self.reals.get(&key);
-        if !known.is_some_and(|k| k.uid == p.uid && k.origin_uid == p.origin_uid) {
-            if let Some(k) = known {
-                self.real_origins.forget([k.uid.as_str()]);
-            }
-            self.real_origins.set(&p.uid, &p.origin_uid);
+        if let Some(k) = self.reals.get(&key) {
+            self.real_origins.forget([k.uid.as_str()]);
+        }
+        if let Some(local) = vouched {
+            self.real_origins.set(&p.uid, &local, &p.origin_uid);
         }
         self.reals.insert(key, p);
     }
@@ -266,8 +284,10 @@ impl State {
     /// The real pods of `twin` listed afresh: they replace what was known of that twin.
     fn relist_reals(&mut self, twin: String, list: Vec<(String, RemotePod)>) {
         self.forget_origins_of(&twin);
-        for (_, p) in &list {
-            self.real_origins.set(&p.uid, &p.origin_uid);
+        for (name, p) in &list {
+            if let Some(local) = self.vouched(&twin, name, p) {
+                self.real_origins.set(&p.uid, &local, &p.origin_uid);
+            }
         }
         replace_twin(&mut self.reals, &twin, list);
         self.reals_synced.insert(twin);
@@ -1419,33 +1439,91 @@ mod tests {
     fn the_reflectors_learn_each_real_pods_consumer_pod_from_the_real_pods_seen() {
         let mut s = world();
         let origins = s.real_origins.clone();
+        let at = |uid: &str, name: &str| origins.get(uid, "app", name);
+        let pod = |s: &mut State, name: &str, uid: &str| {
+            let key = ("app".to_string(), name.to_string());
+            s.local.insert(key, local(uid));
+        };
+        pod(&mut s, "web", "u1");
         s.set_real(TWIN.into(), "web".into(), real("u1"));
-        assert_eq!(origins.get("real-of-u1").as_deref(), Some("u1"));
+        assert_eq!(at("real-of-u1", "web").as_deref(), Some("u1"));
+        assert_eq!(at("real-of-u1", "db"), None, "an Event naming another pod");
+        assert_eq!(origins.get("real-of-u1", "other", "web"), None);
         // A status update changes nothing; a real pod made again under the same name (for a
         // new consumer pod) replaces the old one's entry.
         s.set_real(TWIN.into(), "web".into(), real("u1"));
+        pod(&mut s, "web", "u2");
         s.set_real(TWIN.into(), "web".into(), real("u2"));
-        assert_eq!(origins.get("real-of-u1"), None);
-        assert_eq!(origins.get("real-of-u2").as_deref(), Some("u2"));
+        assert_eq!(at("real-of-u1", "web"), None);
+        assert_eq!(at("real-of-u2", "web").as_deref(), Some("u2"));
         // Without an origin annotation, nothing is recorded (the reflector reads the pod).
+        pod(&mut s, "bare", "u5");
         s.set_real(TWIN.into(), "bare".into(), real(""));
         assert_eq!(origins.len(), 1);
         s.remove_real(TWIN.into(), "web".into());
         assert!(origins.is_empty());
         // A relisting replaces the twin's entries, and leaves other twins' alone.
+        s.origins.insert("other-twin".into(), "app".into());
+        pod(&mut s, "db", "u9");
         s.set_real("other-twin".into(), "db".into(), real("u9"));
+        pod(&mut s, "old", "u3");
         s.set_real(TWIN.into(), "old".into(), real("u3"));
+        pod(&mut s, "new", "u4");
         s.relist_reals(TWIN.into(), vec![("new".into(), real("u4"))]);
-        assert_eq!(origins.get("real-of-u3"), None);
-        assert_eq!(origins.get("real-of-u4").as_deref(), Some("u4"));
-        assert_eq!(origins.get("real-of-u9").as_deref(), Some("u9"));
+        assert_eq!(at("real-of-u3", "old"), None);
+        assert_eq!(at("real-of-u4", "new").as_deref(), Some("u4"));
+        assert_eq!(at("real-of-u9", "db").as_deref(), Some("u9"));
         // A twin no longer watched takes its entries with it.
         s.forget_twin("other-twin");
-        assert_eq!(origins.get("real-of-u9"), None);
+        assert_eq!(at("real-of-u9", "db"), None);
         assert_eq!(origins.len(), 1);
     }
 
     #[test]
+    fn a_real_pod_claiming_another_consumer_pod_is_not_believed() {
+        let mut s = world();
+        let origins = s.real_origins.clone();
+        s.local.insert(key(), local("u1"));
+        let db = ("app".to_string(), "db".to_string());
+        s.local.insert(db, local("u2"));
+        // The provider's real pod `web` says it runs `db` (UID u2); so does a real pod for a
+        // consumer pod that does not exist, and one seen in a twin no namespace maps to.
+        s.set_real(TWIN.into(), "web".into(), real("u2"));
+        s.set_real(TWIN.into(), "ghost".into(), real("u2"));
+        s.set_real("unknown-twin".into(), "db".into(), real("u2"));
+        s.relist_reals(TWIN.into(), vec![("web".into(), real("u2"))]);
+        assert!(origins.is_empty(), "none recorded");
+        // A real pod that turns to claim another pod loses the entry it had.
+        s.set_real(TWIN.into(), "web".into(), real("u1"));
+        assert_eq!(
+            origins.get("real-of-u1", "app", "web").as_deref(),
+            Some("u1")
+        );
+        let mut turned = real("u2");
+        turned.uid = "real-of-u1".into();
+        s.set_real(TWIN.into(), "web".into(), turned);
+        assert!(origins.is_empty(), "forgotten");
+    }
+
+    #[tokio::test]
+    async fn a_real_pod_seen_before_its_consumer_pod_is_recorded_once_the_pod_is_seen() {
+        let mut s = world();
+        let origins = s.real_origins.clone();
+        s.set_real(TWIN.into(), "web".into(), real("u1"));
+        assert!(origins.is_empty());
+        let pod: LeanPod = serde_json::from_value(json!({
+            "metadata": {"namespace": "app", "name": "web", "uid": "u1"},
+            "spec": {"containers": [{"name": "a", "image": "a:1"}]},
+        }))
+        .unwrap();
+        let link = ProviderLink::for_tests("milan");
+        s.set_local(&pod, &link);
+        assert_eq!(
+            origins.get("real-of-u1", "app", "web").as_deref(),
+            Some("u1")
+        );
+    }
+
     fn a_create_is_retried_only_after_the_retry_delay() {
         let start = Instant::now();
         let mut s = world();
