@@ -1524,6 +1524,7 @@ mod tests {
         );
     }
 
+    #[test]
     fn a_create_is_retried_only_after_the_retry_delay() {
         let start = Instant::now();
         let mut s = world();
