@@ -99,6 +99,10 @@ pub struct Launch {
     pub gid: u32,
     /// Capability numbers the process keeps (nothing else, not even in its bounding set).
     pub capabilities: Vec<u32>,
+    /// Whether the container mounts the node's `/dev/net/tun` (a hostPath volume of that
+    /// path, at that path): the only way a container gets it, as runc creates no such device.
+    #[serde(default)]
+    pub tun: bool,
 }
 
 /// Why the allow-list refuses a container of Tandem's image: what its status reports.
@@ -205,6 +209,19 @@ pub enum LaunchRefused {
         role: &'static str,
         /// The capabilities the role may be given.
         allowed: &'static [&'static str],
+    },
+    /// A hostPath volume other than the node's TUN device, or that device elsewhere.
+    #[error(
+        "hostPath volume {volume} ({path} at {mount_path}) is not allowed for Tandem's image \
+         in the lab: only {TUN_DEVICE} at {TUN_DEVICE}, of type CharDevice, is"
+    )]
+    HostPath {
+        /// The volume's name.
+        volume: String,
+        /// Its path on the node.
+        path: String,
+        /// Where the container mounts it ("" when it does not).
+        mount_path: String,
     },
     /// Capabilities asked for with `allowPrivilegeEscalation: false`, which voids them.
     #[error(
@@ -352,13 +369,48 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Laun
     if !capabilities.is_empty() && sc.and_then(|s| s.allow_privilege_escalation) == Some(false) {
         return Err(LaunchRefused::NoPrivilegeEscalation { role: role.name });
     }
+    let tun = tun_mounted(pod, container)?;
     Ok(Launch {
         args: words,
         env,
         uid,
         gid,
         capabilities,
+        tun,
     })
+}
+
+/// The node's TUN device, the one host path Tandem's image may mount.
+pub const TUN_DEVICE: &str = "/dev/net/tun";
+
+/// Whether `container` mounts the node's TUN device; an error for any other hostPath volume of
+/// the pod (mounted or not), or that device typed otherwise or mounted elsewhere.
+fn tun_mounted(pod: &Pod, container: &Container) -> Result<bool, LaunchRefused> {
+    let mut tun = false;
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    for volume in volumes.into_iter().flatten() {
+        let Some(host) = &volume.host_path else {
+            continue;
+        };
+        let mount_path = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == volume.name)
+            .map(|m| m.mount_path.clone())
+            .unwrap_or_default();
+        let typed = matches!(host.type_.as_deref(), None | Some("" | "CharDevice"));
+        if host.path != TUN_DEVICE || !typed || !(mount_path.is_empty() || mount_path == TUN_DEVICE)
+        {
+            return Err(LaunchRefused::HostPath {
+                volume: volume.name.clone(),
+                path: host.path.clone(),
+                mount_path,
+            });
+        }
+        tun |= mount_path == TUN_DEVICE;
+    }
+    Ok(tun)
 }
 
 fn normalise_capability(name: &str) -> String {
@@ -464,6 +516,11 @@ pub enum SandboxError {
         #[source]
         source: caps::errors::CapsError,
     },
+    /// The pod mounts the node's TUN device, which the node does not have.
+    #[error(
+        "sandbox: hostPath type check failed: {TUN_DEVICE} is not a character device on the node"
+    )]
+    NoTun,
     /// The lab (the parent process) is gone.
     #[error("sandbox: the lab stopped while the pod was starting")]
     LabStopped,
@@ -491,6 +548,52 @@ pub enum SandboxError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The sandbox's `/dev/net`: empty, or holding the node's TUN device when the pod mounts it
+/// (`tun`). No runtime creates `/dev/net/tun` in a container (runc only allows c 10:200 in
+/// the device cgroup): a pod has it only from a hostPath volume, which kubelet checks is a
+/// character device on the node (`type: CharDevice`) before the container starts. The lab
+/// shares the host's /dev, so it hides the host's /dev/net behind a tmpfs, then makes a node
+/// with the host device's number and mode there (a bind mount of it, in effect).
+fn tun_device(tun: bool) -> Result<(), SandboxError> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::stat::{Mode, SFlag};
+    let step = |step: &'static str| move |source| SandboxError::Step { step, source };
+    let host = nix::sys::stat::stat(TUN_DEVICE);
+    let device = match host {
+        Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR => {
+            Some((st.st_rdev, Mode::from_bits_truncate(st.st_mode)))
+        }
+        _ => None,
+    };
+    if tun && device.is_none() {
+        return Err(SandboxError::NoTun);
+    }
+    if !std::path::Path::new("/dev/net").is_dir() {
+        return Ok(());
+    }
+    mount(
+        Some("tmpfs"),
+        "/dev/net",
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(step("a private /dev/net"))?;
+    if let (true, Some((rdev, mode))) = (tun, device) {
+        nix::sys::stat::mknod(TUN_DEVICE, SFlag::S_IFCHR, mode, rdev)
+            .map_err(step("/dev/net/tun"))?;
+        // mknod's mode is cut by the umask.
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            TUN_DEVICE,
+            mode,
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(step("/dev/net/tun mode"))?;
+    }
+    Ok(())
 }
 
 /// Names a file of the sandbox that could not be opened.
@@ -544,32 +647,6 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, Sandbox
             None::<&str>,
         )
         .map_err(step("a /proc of the pod's own PID namespace"))?;
-        // The TUN device a network role opens, as a runtime gives a container
-        // `/dev/net/tun` (runc allows c 10:200 by default): a node of its own in a private
-        // /dev/net, usable by the pod's user, whatever the host's node allows.
-        mount(
-            Some("tmpfs"),
-            "/dev/net",
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("mode=0755,size=64k"),
-        )
-        .map_err(step("a private /dev/net"))?;
-        nix::sys::stat::mknod(
-            "/dev/net/tun",
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(10, 200),
-        )
-        .map_err(step("/dev/net/tun"))?;
-        // mknod's mode is cut by the umask.
-        nix::sys::stat::fchmodat(
-            nix::fcntl::AT_FDCWD,
-            "/dev/net/tun",
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::FchmodatFlags::FollowSymlink,
-        )
-        .map_err(step("/dev/net/tun mode"))?;
     } else {
         let netns_path = super::netns::path(&sandbox.netns);
         let netns = std::fs::File::open(&netns_path).map_err(opening(&netns_path))?;
@@ -594,6 +671,7 @@ pub fn enter(spec: &str, pid1: bool) -> Result<std::convert::Infallible, Sandbox
             return Err(e);
         }
     }
+    tun_device(sandbox.launch.tun)?;
     // Where the host's resolv.conf really is: when it links into /run (systemd-resolved),
     // the pod's file goes there, inside the private tmpfs.
     let resolv_target = std::fs::canonicalize("/etc/resolv.conf")
@@ -973,6 +1051,60 @@ mod tests {
                 .expect_err(&extra.to_string())
                 .to_string();
             assert!(err.contains(want), "{extra}: {err}");
+        }
+    }
+
+    /// The node's TUN device reaches a container only through a hostPath volume of exactly
+    /// that device, at that path (runc creates none); any other host path is refused.
+    #[test]
+    fn the_tun_device_comes_only_from_its_host_path_and_no_other_host_path_is_run() {
+        let gateway = |volumes: serde_json::Value, mounts: serde_json::Value| {
+            let mut spec = container(json!({"args": ["gateway", "--peer", "milan"],
+                "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
+                "volumeMounts": mounts}));
+            spec["volumes"] = volumes;
+            pod(spec)
+        };
+        let tun = |kind: &str| json!([{"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": kind}}]);
+        let at = |path: &str| json!([{"name": "tun", "mountPath": path}]);
+        let (p, c) = gateway(json!([]), json!([]));
+        assert!(
+            !plan(&p, &c, false).unwrap().tun,
+            "NET_ADMIN alone gives no device"
+        );
+        for kind in ["CharDevice", ""] {
+            let (p, c) = gateway(tun(kind), at("/dev/net/tun"));
+            assert!(plan(&p, &c, false).unwrap().tun, "{kind:?}");
+        }
+        // Declared but not mounted by this container: nothing, and nothing refused.
+        let (p, c) = gateway(tun("CharDevice"), json!([]));
+        assert!(!plan(&p, &c, false).unwrap().tun);
+        let refused = [
+            (tun("CharDevice"), at("/dev/tun")),
+            (tun("Directory"), at("/dev/net/tun")),
+            (
+                json!([{"name": "tun", "hostPath": {"path": "/dev/net"}}]),
+                at("/dev/net"),
+            ),
+            (
+                json!([{"name": "tun", "hostPath": {"path": "/"}}]),
+                json!([]),
+            ),
+            (
+                json!([{"name": "tun", "hostPath": {"path": "/var/run/netns"}}]),
+                at("/var/run/netns"),
+            ),
+        ];
+        for (volumes, mounts) in refused {
+            let (p, c) = gateway(volumes.clone(), mounts);
+            let err = plan(&p, &c, false)
+                .expect_err(&volumes.to_string())
+                .to_string();
+            assert!(
+                err.contains("hostPath volume tun")
+                    && err.contains("only /dev/net/tun at /dev/net/tun"),
+                "{volumes}: {err}"
+            );
         }
     }
 
