@@ -24,6 +24,17 @@ pub use config::{GatewayArgs, GatewayConfig, generate_private_key, public_key};
 pub use gateway::{run_gateway, run_gateway_until};
 pub use tandem_netspec::SpecError;
 
+/// What to do about a TUN device that could not be opened for want of `/dev/net/tun`: no
+/// container runtime creates it, a pod mounts the node's.
+fn tun_hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        " (/dev/net/tun is missing: in a pod, mount the node's with a hostPath volume of \
+         type CharDevice; on a host, load the tun module)"
+    } else {
+        ""
+    }
+}
+
 /// Why the gateway could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -31,7 +42,7 @@ pub enum GatewayError {
     #[error(transparent)]
     Config(#[from] SpecError),
     /// Creating or configuring the TUN device failed.
-    #[error("TUN device `{interface}`: {source}")]
+    #[error("TUN device `{interface}`: {source}{}", tun_hint(source))]
     Tun {
         /// Interface name.
         interface: String,
@@ -79,4 +90,28 @@ pub enum GatewayError {
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tun_device_says_how_a_pod_gets_it() {
+        let missing = GatewayError::Tun {
+            interface: "tdm0".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let said = missing.to_string();
+        assert!(
+            said.starts_with("TUN device `tdm0`: ")
+                && said.contains("hostPath volume of type CharDevice"),
+            "{said}"
+        );
+        let denied = GatewayError::Tun {
+            interface: "tdm0".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        assert!(!denied.to_string().contains("hostPath"), "{denied}");
+    }
 }

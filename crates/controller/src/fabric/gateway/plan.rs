@@ -334,11 +334,17 @@ pub fn gateway_objects(peer: &str, port: u16, image: &str) -> Vec<Manifest> {
                         "affinity": not_on_virtual_nodes(),
                         "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
                                             "runAsGroup": 65532},
+                        // The tunnel's TUN device: the node's, as no container runtime
+                        // creates /dev/net/tun in a container (runc only allows it); kubelet
+                        // checks that the node has it before the container starts.
+                        "volumes": [{"name": "dev-net-tun",
+                                     "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}}],
                         "containers": [{
                             "name": "gateway", "image": image,
                             "args": ["gateway", "--peer", peer],
                             "ports": [{"name": "wireguard", "containerPort": port,
                                        "protocol": "UDP"}],
+                            "volumeMounts": [{"name": "dev-net-tun", "mountPath": "/dev/net/tun"}],
                             // The non-root process gets NET_ADMIN from the file capability
                             // on Tandem's binary (deploy/image/Dockerfile), which
                             // no_new_privs (allowPrivilegeEscalation: false) would void; it

@@ -366,6 +366,15 @@ fn a_gateway_is_five_objects_named_after_its_peer() {
         container["securityContext"]["capabilities"],
         json!({"drop": ["ALL"], "add": ["NET_ADMIN"]})
     );
+    // The node's TUN device, which no runtime creates in a container.
+    assert_eq!(
+        pod["volumes"],
+        json!([{"name": "dev-net-tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}}])
+    );
+    assert_eq!(
+        container["volumeMounts"],
+        json!([{"name": "dev-net-tun", "mountPath": "/dev/net/tun"}])
+    );
     assert_eq!(
         pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
             [0]["matchExpressions"][0]["values"],
