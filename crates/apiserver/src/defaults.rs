@@ -471,6 +471,126 @@ fn service(state: &State, obj: &mut Value, old: Option<&Value>) -> ApiResult<()>
     spec.insert("clusterIPs".into(), json!([ip]));
     default(spec, "ipFamilies", json!(["IPv4"]));
     default(spec, "ipFamilyPolicy", json!("SingleStack"));
+    node_ports(state, obj, old)
+}
+
+/// kube-apiserver's `--service-node-port-range` default.
+const NODE_PORTS: std::ops::RangeInclusive<i64> = 30000..=32767;
+
+/// The node ports of a NodePort or LoadBalancer Service, as kube-apiserver allocates them: a
+/// port that names none keeps the one it had (same port and protocol) or gets a free one from
+/// [`NODE_PORTS`]; one named must be in the range and not another Service's. A
+/// LoadBalancer Service with `externalTrafficPolicy: Local` gets a health check node port
+/// too. Another type holds none.
+fn node_ports(state: &State, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {
+    let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let namespace = obj["metadata"]["namespace"].as_str().unwrap_or("");
+    let me = format!("{namespace}/{name}");
+    let spec = object_at(obj, "spec");
+    let kind = spec["type"].as_str().unwrap_or("ClusterIP").to_string();
+    let balanced = kind == "LoadBalancer";
+    if balanced {
+        default(spec, "allocateLoadBalancerNodePorts", json!(true));
+    }
+    let wants =
+        kind == "NodePort" || balanced && spec["allocateLoadBalancerNodePorts"] != json!(false);
+    if kind == "NodePort" || balanced {
+        default(spec, "externalTrafficPolicy", json!("Cluster"));
+    } else {
+        spec.remove("externalTrafficPolicy");
+        spec.remove("healthCheckNodePort");
+        for p in spec
+            .get_mut("ports")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(p) = p.as_object_mut() {
+                p.remove("nodePort");
+            }
+        }
+        return Ok(());
+    }
+    // Every node port another Service holds.
+    let (_, services) = state.store.list("/services", None, None);
+    let mut used: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    for d in &services {
+        let v = d.value();
+        let m = &v["metadata"];
+        if format!(
+            "{}/{}",
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap_or("")
+        ) == me
+        {
+            continue;
+        }
+        let s = &v["spec"];
+        used.extend(
+            s["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["nodePort"].as_i64()),
+        );
+        used.extend(s["healthCheckNodePort"].as_i64());
+    }
+    let old_ports: Vec<Value> = old
+        .and_then(|o| o["spec"]["ports"].as_array().cloned())
+        .unwrap_or_default();
+    let invalid = |field: String, message: String| {
+        ApiError::invalid_field("", "Service", &name, &field, &message)
+    };
+    let mut mine: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    let mut free = NODE_PORTS.filter(|p| !used.contains(p));
+    let ports = spec.get_mut("ports").and_then(Value::as_array_mut);
+    for (i, p) in ports.into_iter().flatten().enumerate() {
+        let asked = p["nodePort"].as_i64().filter(|n| *n != 0);
+        let kept = old_ports
+            .iter()
+            .find(|o| o["port"] == p["port"] && o["protocol"] == p["protocol"])
+            .and_then(|o| o["nodePort"].as_i64());
+        let port = match asked.or(kept) {
+            Some(n) if !NODE_PORTS.contains(&n) => {
+                return Err(invalid(
+                    format!("spec.ports[{i}].nodePort"),
+                    format!(
+                        "Invalid value: {n}: provided port is not in the valid range. The range of valid ports is {}-{}",
+                        NODE_PORTS.start(),
+                        NODE_PORTS.end()
+                    ),
+                ));
+            }
+            Some(n) if used.contains(&n) => {
+                return Err(invalid(
+                    format!("spec.ports[{i}].nodePort"),
+                    format!("Invalid value: {n}: provided port is already allocated"),
+                ));
+            }
+            Some(n) => n,
+            None if !wants => continue,
+            // One port number may serve two protocols of the same Service (kube's allocator
+            // allows that too); a new one is never one this Service already holds.
+            None => free.by_ref().find(|n| !mine.contains(n)).ok_or_else(|| {
+                ApiError::internal("failed to allocate a nodePort: range is full")
+            })?,
+        };
+        mine.insert(port);
+        p["nodePort"] = json!(port);
+    }
+    if balanced
+        && spec["externalTrafficPolicy"] == "Local"
+        && spec["healthCheckNodePort"].as_i64().is_none()
+    {
+        let kept = old.and_then(|o| o["spec"]["healthCheckNodePort"].as_i64());
+        let port = match kept {
+            Some(n) => n,
+            None => free.find(|n| !mine.contains(n)).ok_or_else(|| {
+                ApiError::internal("failed to allocate a nodePort: range is full")
+            })?,
+        };
+        spec.insert("healthCheckNodePort".into(), json!(port));
+    }
     Ok(())
 }
 

@@ -132,6 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             dir: Some(dir.clone()),
             network: args.network,
             tandem_binary: args.network.then(std::env::current_exe).transpose()?,
+            profile: Default::default(),
         },
         |c| {
             eprintln!(

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::config::Kubeconfig;
 use serde::Serialize;
-use tandem_lab::{Lab, LabSpec};
+use tandem_lab::{Lab, LabProfile, LabSpec};
 
 use crate::flags::{ClusterArgs, GlobalArgs, Output};
 use crate::table;
@@ -25,7 +25,7 @@ pub struct Args {
 enum Command {
     /// Start N lab clusters on 127.0.0.1 and run them until interrupted.
     #[command(
-        after_help = "Example:\n  tandem lab up --clusters 3\n  kubectl --kubeconfig ~/.tandem/lab/kubeconfig --context lab-2 get nodes\n\nAll clusters use the pod CIDR 10.244.0.0/16 and differ in region\n(topology.kubernetes.io/region: eu-west, us-east, ap-south, …). Restarting on the\nsame --dir keeps every object.\n\nWith --network (root only) pods get real network namespaces: images tandem.dev/echo\n(an HTTP server answering who it is) and tandem.dev/probe run as built-in programs,\nServices route (nftables), and cluster DNS answers cluster.local. Nodes sit on\n172.<17+N>.0.0/16 per cluster; clusters reach each other's API servers on the lab\nWAN (198.18.N.2:6443). Nothing is added to the host's own network namespace, and\nCtrl-C removes every namespace (`ip netns list` shows them as lab-<instance>-…)."
+        after_help = "Example:\n  tandem lab up --clusters 3\n  kubectl --kubeconfig ~/.tandem/lab/kubeconfig --context lab-2 get nodes\n\nAll clusters use the pod CIDR 10.244.0.0/16 and differ in region\n(topology.kubernetes.io/region: eu-west, us-east, ap-south, …). Restarting on the\nsame --dir keeps every object.\n\nWith --network (root only) pods get real network namespaces: images tandem.dev/echo\n(an HTTP server answering who it is) and tandem.dev/probe run as built-in programs,\nServices route (nftables), and cluster DNS answers cluster.local. Nodes sit on\n172.<17+N>.0.0/16 per cluster; clusters reach each other's API servers on the lab\nWAN (198.18.N.2:6443). --profile kind models kind instead of k3s: no load balancer\n(LoadBalancer Services stay <pending>) and every cluster's nodes on one network,\nreachable from the other clusters' nodes and pods. Nothing is added to the host's own network namespace, and\nCtrl-C removes every namespace (`ip netns list` shows them as lab-<instance>-…)."
     )]
     Up {
         /// Number of clusters (contexts lab-1 … lab-N).
@@ -40,6 +40,12 @@ enum Command {
         /// Network mode: real pod networking, built-in programs, Services and DNS (root).
         #[arg(long)]
         network: bool,
+        /// The distribution network mode behaves as where they differ: k3s (ServiceLB gives
+        /// LoadBalancer Services the cluster's WAN address; nodes behind the cluster's NAT)
+        /// or kind (no load balancer; every cluster's nodes on one shared network).
+        #[arg(long, requires = "network", default_value = "k3s", value_name = "k3s|kind",
+              value_parser = |s: &str| s.parse::<LabProfile>())]
+        profile: LabProfile,
     },
     /// Show the clusters of a running lab and their health.
     Status {
@@ -65,11 +71,12 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             nodes,
             dir,
             network,
+            profile,
         } => {
             up(
                 clusters,
                 nodes,
-                network,
+                network.then_some(profile),
                 dir.unwrap_or(default.clone()),
                 &default,
             )
@@ -81,13 +88,16 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `network`: network mode, as the distribution given; None: hollow.
 async fn up(
     clusters: usize,
     nodes: usize,
-    network: bool,
+    network: Option<LabProfile>,
     dir: PathBuf,
     default: &Path,
 ) -> anyhow::Result<()> {
+    let profile = network.unwrap_or_default();
+    let network = network.is_some();
     anyhow::ensure!(clusters >= 1, "--clusters must be at least 1");
     if network {
         tandem_lab::network::topology::require_root()?;
@@ -100,6 +110,7 @@ async fn up(
         network,
         // Pods of Tandem's image run this very binary.
         tandem_binary: network.then(std::env::current_exe).transpose()?,
+        profile,
     };
     eprintln!(
         "starting {clusters} lab cluster(s) with {nodes} node(s) each in {}",

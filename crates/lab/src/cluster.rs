@@ -11,6 +11,7 @@ use crate::error::LabError;
 use crate::kubelet::HollowNode;
 use crate::network::NetworkError;
 pub use crate::power::NodePower;
+pub use crate::profile::LabProfile;
 
 /// How to build a lab cluster.
 #[derive(Clone, Debug)]
@@ -45,6 +46,8 @@ pub struct LabConfig {
     /// The `tandem` binary network mode runs for pods of Tandem's image
     /// (`ghcr.io/tandem-dev/tandem`); None: such pods fail to start, saying so.
     pub tandem_binary: Option<PathBuf>,
+    /// Which real distribution network mode models where they differ (see [`LabProfile`]).
+    pub profile: LabProfile,
 }
 
 impl Default for LabConfig {
@@ -63,6 +66,7 @@ impl Default for LabConfig {
             index: 1,
             network: false,
             tandem_binary: None,
+            profile: LabProfile::default(),
         }
     }
 }
@@ -185,6 +189,7 @@ impl LabCluster {
                     config.index,
                     nodes,
                     config.tandem_binary.clone(),
+                    config.profile,
                 )
                 .await
                 .map_err(network_mode)?,

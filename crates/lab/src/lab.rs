@@ -27,6 +27,8 @@ pub struct LabSpec {
     /// The `tandem` binary network mode runs for Tandem's image (see
     /// [`LabConfig::tandem_binary`]).
     pub tandem_binary: Option<PathBuf>,
+    /// The distribution network mode models (see [`LabConfig::profile`]).
+    pub profile: crate::profile::LabProfile,
 }
 
 /// A running lab.
@@ -60,6 +62,7 @@ impl Lab {
             let config = LabConfig {
                 network: spec.network,
                 tandem_binary: spec.tandem_binary.clone(),
+                profile: spec.profile,
                 ..cluster_config(i, spec.nodes, spec.dir.as_deref())
             };
             // The error names the cluster.

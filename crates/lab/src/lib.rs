@@ -13,6 +13,7 @@ pub mod lab;
 pub mod network;
 pub mod nodelifecycle;
 pub mod power;
+pub mod profile;
 pub mod runs;
 pub mod scheduler;
 
@@ -20,3 +21,4 @@ pub use cluster::{LabCluster, LabConfig, NodePower};
 pub use error::LabError;
 pub use gate::TcpGate;
 pub use lab::{Lab, LabSpec};
+pub use profile::LabProfile;

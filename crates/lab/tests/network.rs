@@ -164,6 +164,7 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
             dir: None,
             network: true,
             tandem_binary: None,
+            profile: Default::default(),
         },
         |_| {},
     )
@@ -465,6 +466,80 @@ async fn two_clusters_on_one_pod_cidr_route_pods_services_and_names_each_on_its_
     let left: Vec<String> = namespaces()
         .into_iter()
         .filter(|n| n.starts_with(&format!("{instance}-")) || n == &format!("{instance}-wan"))
+        .collect();
+    assert!(left.is_empty(), "namespaces left after shutdown: {left:?}");
+    assert_eq!(
+        host_network(),
+        host_before,
+        "the host's network is as it was"
+    );
+}
+
+/// The kind profile: no load balancer answers (a LoadBalancer Service keeps no ingress), and
+/// the clusters' nodes share one network, so a pod of lab-1 reaches a NodePort of lab-2 at
+/// lab-2's node address; the k3s profile keeps nodes behind each cluster's NAT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
+async fn a_kind_lab_has_no_load_balancer_and_its_clusters_share_the_node_network() {
+    tandem_testing::needs_root();
+    let host_before = host_network();
+    let before = namespaces();
+    let lab = Lab::start(
+        &LabSpec {
+            clusters: 2,
+            nodes: 1,
+            dir: None,
+            network: true,
+            tandem_binary: None,
+            profile: tandem_lab::LabProfile::Kind,
+        },
+        |_| {},
+    )
+    .await
+    .expect("a kind-profile lab starts");
+    let (one, two) = (&lab.clusters[0], &lab.clusters[1]);
+    let mut objects = demo(1);
+    objects[2]["spec"]["type"] = json!("LoadBalancer");
+    apply(two, objects).await;
+    apply(one, demo(0)).await;
+    apply(one, probe_pod(&one.node_names()[0])).await;
+    let services = Api::<Service>::namespaced(two.client.clone(), "demo");
+    let node_port = until(
+        "lab-2's Service with a node port",
+        Duration::from_secs(30),
+        || async {
+            let svc = services.get("hello").await.ok()?;
+            svc.spec?.ports?.first()?.node_port
+        },
+    )
+    .await;
+    let node_ip = tandem_lab::network::topology::node_ip(two.config.index, 1);
+    let url = format!("http://{node_ip}:{node_port}/");
+    let r = until(
+        "lab-1's probe reaching lab-2's NodePort at lab-2's node address",
+        Duration::from_secs(60),
+        || async { fetch(one, &url).await.ok() },
+    )
+    .await;
+    assert_eq!(r["cluster"], "lab-2", "{r}");
+    // By now ServiceLB (the k3s profile) would long have given it lab-2's WAN address.
+    let svc = services.get("hello").await.unwrap();
+    let ingress = svc
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|l| l.ingress)
+        .unwrap_or_default();
+    assert!(ingress.is_empty(), "no load balancer on kind: {ingress:?}");
+
+    let instance_of = |n: &String| n.strip_suffix("-wan").map(str::to_string);
+    let instance = namespaces()
+        .difference(&before)
+        .find_map(instance_of)
+        .expect("a WAN namespace");
+    lab.shutdown();
+    let left: Vec<String> = namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{instance}-")))
         .collect();
     assert!(left.is_empty(), "namespaces left after shutdown: {left:?}");
     assert_eq!(

@@ -273,3 +273,128 @@ async fn malformed_fields_of_built_in_kinds_are_refused_by_name() {
         get(&cluster.client, obj).await.expect("stored");
     }
 }
+
+/// NodePort and LoadBalancer Services get node ports as kube-apiserver hands them out: from
+/// 30000–32767, kept across updates that name none, never one another Service holds, and
+/// dropped when the Service turns ClusterIP.
+#[tokio::test]
+async fn node_ports_are_allocated_kept_unique_and_released() {
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let cluster = Cluster::start().await;
+    let services: Api<Service> = Api::namespaced(cluster.client.clone(), "default");
+    let svc = |name: &str, spec: Value| -> Service {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    };
+    let node_ports = |s: &Service| -> Vec<i32> {
+        let ports = s
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.clone())
+            .unwrap_or_default();
+        ports.iter().filter_map(|p| p.node_port).collect()
+    };
+    let pp = PostParams::default();
+    let lb = services
+        .create(
+            &pp,
+            &svc(
+                "lb",
+                json!({"type": "LoadBalancer", "ports": [
+            {"name": "wg", "port": 51820, "protocol": "UDP"},
+            {"name": "http", "port": 80}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let lb_ports = node_ports(&lb);
+    assert_eq!(lb_ports.len(), 2, "{lb:?}");
+    assert!(lb_ports.iter().all(|p| (30000..=32767).contains(p)) && lb_ports[0] != lb_ports[1]);
+    let spec = lb.spec.as_ref().unwrap();
+    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Cluster"));
+    assert_eq!(spec.allocate_load_balancer_node_ports, Some(true));
+
+    // Another Service asking for a port already held is refused, naming the field.
+    let taken = services
+        .create(
+            &pp,
+            &svc(
+                "np",
+                json!({"type": "NodePort",
+            "ports": [{"port": 53, "protocol": "UDP", "nodePort": lb_ports[0]}]}),
+            ),
+        )
+        .await;
+    let status = api_status(taken);
+    assert_eq!(status.code, 422);
+    assert!(
+        status.message.contains("spec.ports[0].nodePort")
+            && status
+                .message
+                .contains("provided port is already allocated"),
+        "{}",
+        status.message
+    );
+    let outside = services
+        .create(
+            &pp,
+            &svc(
+                "np",
+                json!({"type": "NodePort", "ports": [{"port": 53, "nodePort": 8080}]}),
+            ),
+        )
+        .await;
+    assert!(
+        api_status(outside)
+            .message
+            .contains("not in the valid range")
+    );
+    let np = services
+        .create(
+            &pp,
+            &svc("np", json!({"type": "NodePort", "ports": [{"port": 53}]})),
+        )
+        .await
+        .unwrap();
+    assert!(!lb_ports.contains(&node_ports(&np)[0]), "a port of its own");
+
+    // An apply that names no node port keeps the ones allocated.
+    let applied = services
+        .patch(
+            "lb",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lb"},
+                "spec": {"type": "LoadBalancer", "ports": [
+                    {"name": "wg", "port": 51820, "protocol": "UDP"},
+                    {"name": "http", "port": 80}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(node_ports(&applied), lb_ports);
+    // ClusterIP holds none, and the port is free for another Service again.
+    let plain = services
+        .patch(
+            "lb",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lb"},
+                "spec": {"type": "ClusterIP", "ports": [{"name": "http", "port": 80}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(node_ports(&plain).is_empty(), "{plain:?}");
+    services
+        .create(
+            &pp,
+            &svc(
+                "again",
+                json!({"type": "NodePort",
+            "ports": [{"port": 53, "nodePort": lb_ports[0]}]}),
+            ),
+        )
+        .await
+        .expect("a released port is free again");
+}

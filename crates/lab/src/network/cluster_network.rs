@@ -86,6 +86,8 @@ pub struct ClusterNetwork {
     pub(super) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The `tandem` binary run for Tandem's image; None: that image fails to start.
     tandem_binary: Option<std::path::PathBuf>,
+    /// The distribution the cluster behaves as.
+    pub profile: crate::profile::LabProfile,
     /// The API server as pods see it (client for token requests and namespace checks, CA),
     /// once the services have started.
     pub(super) api: std::sync::OnceLock<(kube::Client, String)>,
@@ -100,20 +102,24 @@ impl ClusterNetwork {
         index: usize,
         nodes: Vec<NodeSpec>,
         tandem_binary: Option<std::path::PathBuf>,
+        profile: crate::profile::LabProfile,
     ) -> Result<Arc<ClusterNetwork>, NetworkError> {
-        let net =
-            tokio::task::spawn_blocking(move || ClusterNet::create(Instance::get()?, index, nodes))
-                .await
-                .map_err(|source| NetworkError::Task {
-                    step: "building the cluster's namespaces".into(),
-                    source,
-                })??;
+        let shared = profile == crate::profile::LabProfile::Kind;
+        let net = tokio::task::spawn_blocking(move || {
+            ClusterNet::create(Instance::get()?, index, nodes, shared)
+        })
+        .await
+        .map_err(|source| NetworkError::Task {
+            step: "building the cluster's namespaces".into(),
+            source,
+        })??;
         Ok(Arc::new(ClusterNetwork {
             cluster: cluster.to_string(),
             net: Arc::new(net),
             pods: Mutex::new(HashMap::new()),
             tasks: Mutex::new(Vec::new()),
             tandem_binary,
+            profile,
             api: std::sync::OnceLock::new(),
             exits: Exits::default(),
         }))

@@ -103,11 +103,14 @@ impl ClusterNetwork {
             node_ip: None,
             wan_ip: Some(self.wan_ip()),
         });
-        tasks.push(tokio::spawn(servicelb::run(
-            view.clone(),
-            client.clone(),
-            self.wan_ip(),
-        )));
+        // kind runs no load balancer: LoadBalancer Services stay pending there.
+        if self.profile == crate::profile::LabProfile::K3s {
+            tasks.push(tokio::spawn(servicelb::run(
+                view.clone(),
+                client.clone(),
+                self.wan_ip(),
+            )));
+        }
         tasks.push(tokio::spawn(proxy::run(view, targets)));
 
         // Kubelet endpoints on each node, and the API server reaching them from the edge.

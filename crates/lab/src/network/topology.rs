@@ -338,6 +338,9 @@ pub fn cleanup_stale() {
     }
 }
 
+/// Every cluster's node network (see [`node_net`]).
+const NODE_NETWORKS: &str = "172.16.0.0/12";
+
 /// The node network of cluster `index`: its prefix's first two octets.
 fn node_net(index: usize) -> (u8, u8) {
     (172, (17 + index).min(31) as u8)
@@ -390,15 +393,21 @@ pub struct ClusterNet {
     /// The cluster's index in the instance (1-based).
     pub index: usize,
     nodes: Vec<NodeSpec>,
+    /// Whether the nodes are on the network every such cluster's nodes share (kind's docker
+    /// bridge), rather than behind the cluster's NAT.
+    shared: bool,
     pods: Mutex<BTreeMap<String, String>>,
 }
 
 impl ClusterNet {
     /// Builds the edge and node namespaces of cluster `index`, and joins it to the WAN.
+    /// `shared`: its node network is routed, unNATed, to and from the other clusters' that
+    /// are shared too (as kind's clusters share one docker bridge).
     pub fn create(
         instance: Arc<Instance>,
         index: usize,
         nodes: Vec<NodeSpec>,
+        shared: bool,
     ) -> Result<ClusterNet, NetworkError> {
         if !(1..=14).contains(&index) {
             return Err(step(
@@ -417,6 +426,7 @@ impl ClusterNet {
             instance,
             index,
             nodes,
+            shared,
             pods: Mutex::new(BTreeMap::new()),
         };
         net.build()?;
@@ -482,14 +492,37 @@ impl ClusterNet {
             Some(&edge),
             &format!("route add 198.18.0.0/16 via 198.18.{c}.1\n"),
         )?;
+        // A shared node network (kind's): the WAN router routes it to this edge, the edge
+        // routes the other shared ones through the WAN, and traffic between nodes keeps its
+        // addresses; anything else leaving for the WAN is masqueraded, as before (a pod's
+        // traffic to another cluster's node leaves from an address that cluster can answer,
+        // as kindnet masquerades what pods send off the pod network).
+        let (a, b) = node_net(c);
+        let mut keep = String::new();
+        if self.shared {
+            ip_batch(
+                Some(&wan),
+                &format!(
+                    "route add {a}.{b}.0.0/16 via {wan_ip}\n",
+                    wan_ip = wan_ip(c)
+                ),
+            )?;
+            ip_batch(
+                Some(&edge),
+                &format!("route add {NODE_NETWORKS} via 198.18.{c}.1\n"),
+            )?;
+            keep = format!("ip saddr {NODE_NETWORKS} ip daddr {NODE_NETWORKS} accept\n\t\t");
+        }
         nft(
             &edge,
-            "table ip lab-edge {\n\
-             \tchain postrouting {\n\
-             \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-             \t\toifname \"wan0\" masquerade\n\
-             \t}\n\
-             }\n",
+            &format!(
+                "table ip lab-edge {{\n\
+                 \tchain postrouting {{\n\
+                 \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+                 \t\t{keep}oifname \"wan0\" masquerade\n\
+                 \t}}\n\
+                 }}\n"
+            ),
         )?;
         // The site LAN: each node's `lan0`, its peer on the WAN namespace's bridge.
         let lan: String = self
