@@ -39,6 +39,9 @@ pub struct InstallOptions {
     /// What a peer may open connections to through the tunnel; kept when already installed,
     /// [`NetworkExposure::Peering`] when never set.
     pub network_exposure: Option<NetworkExposure>,
+    /// How peers reach this cluster's gateways; kept when already installed,
+    /// [`GatewayServiceType::Auto`] when never set.
+    pub gateway_service_type: Option<GatewayServiceType>,
 }
 
 /// Port of the pod-placement webhook in the controller's pod.
@@ -82,6 +85,7 @@ pub struct ManifestSettings {
     pub share_percent: u32,
     pub network_fabric: bool,
     pub network_exposure: NetworkExposure,
+    pub gateway_service_type: GatewayServiceType,
     /// Tandem's image: the controller's, and the pods it creates (gateways, node agent).
     pub image: String,
 }
@@ -96,6 +100,7 @@ impl Default for ManifestSettings {
             share_percent: DEFAULT_SHARE_PERCENT,
             network_fabric: false,
             network_exposure: NetworkExposure::default(),
+            gateway_service_type: GatewayServiceType::default(),
             image: default_image(),
         }
     }
@@ -172,6 +177,7 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         "sharePercent": settings.share_percent.to_string(),
         "networkFabric": settings.network_fabric.to_string(),
         "networkExposure": settings.network_exposure.as_str(),
+        "gatewayServiceType": settings.gateway_service_type.as_str(),
         "image": settings.image,
     });
     if let Some(cidr) = &settings.pod_cidr {
@@ -598,6 +604,7 @@ pub fn offline_settings(options: &InstallOptions) -> Result<ManifestSettings, In
         share_percent: options.share_percent.unwrap_or(defaults.share_percent),
         network_fabric: options.network_fabric.unwrap_or(defaults.network_fabric),
         network_exposure: options.network_exposure.unwrap_or_default(),
+        gateway_service_type: options.gateway_service_type.unwrap_or_default(),
         image: options.image.clone().unwrap_or(defaults.image),
     };
     check_settings(&settings)?;
@@ -653,6 +660,10 @@ pub async fn manifest_settings_for(
         network_exposure: options
             .network_exposure
             .or(stored.as_ref().map(|s| s.network_exposure))
+            .unwrap_or_default(),
+        gateway_service_type: options
+            .gateway_service_type
+            .or(stored.as_ref().map(|s| s.gateway_service_type))
             .unwrap_or_default(),
         image: options.image.clone().unwrap_or_else(default_image),
     };

@@ -39,6 +39,10 @@ pub const NETWORK_NEGOTIATED: &str = "NetworkNegotiated";
 /// NetworkParameters (the consumer's, on the provider): the provider granted the prefixes it
 /// declares. False names the refused prefix and its class (loopback, public, ...).
 pub const PREFIXES_GRANTED: &str = "PrefixesGranted";
+/// Peering (with the network fabric on): this cluster's gateway to the provider has an
+/// endpoint the provider can reach; the message says which and how it was chosen, or, False,
+/// why there is none yet (a load balancer that never answers, on kind or bare metal).
+pub const GATEWAY_EXPOSED: &str = "GatewayExposed";
 /// Peering: the provider's API answered recently.
 pub const PROVIDER_REACHABLE: &str = "ProviderReachable";
 /// Peering: the virtual node exists and is Ready.

@@ -25,8 +25,8 @@ pub struct Args {
     #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
     /// Build the network fabric for each peering: a WireGuard gateway per peer (a hostNetwork
-    /// pod with NET_ADMIN behind a LoadBalancer Service) and the node agent routing to it
-    /// [default: kept if installed, else off].
+    /// pod with NET_ADMIN behind a Service, see --gateway-service-type) and the node agent
+    /// routing to it [default: kept if installed, else off].
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     network_fabric: Option<bool>,
     /// What a peer may open connections to through the tunnel: `peering` (least exposure: a
@@ -35,6 +35,14 @@ pub struct Args {
     /// if installed, else peering].
     #[arg(long, value_name = "MODE", value_parser = ["peering", "pod-cidr"])]
     network_exposure: Option<String>,
+    /// How peers reach this cluster's gateways: `auto` (a LoadBalancer Service's address or
+    /// host name when it gets one; until then, after 10 s, the gateway's node address and
+    /// port, as on kind or bare metal, which have no load balancer), `LoadBalancer` (only
+    /// that: pending until a load balancer answers) or `NodePort` (the gateway's node address
+    /// and its node port, `externalTrafficPolicy: Local`) [default: kept if installed, else
+    /// auto].
+    #[arg(long, value_name = "TYPE", value_parser = ["auto", "LoadBalancer", "NodePort"])]
+    gateway_service_type: Option<String>,
     /// Print what would be applied (YAML, or a v1 List with `-o json`) and change nothing.
     /// The settings are resolved as for an install: the flags, else what the cluster stores,
     /// else the defaults and the pod CIDR detected from the Nodes.
@@ -71,6 +79,11 @@ pub async fn run(
         network_fabric: args.network_fabric,
         network_exposure: args
             .network_exposure
+            .map(|m| m.parse())
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        gateway_service_type: args
+            .gateway_service_type
             .map(|m| m.parse())
             .transpose()
             .map_err(anyhow::Error::msg)?,

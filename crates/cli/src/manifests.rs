@@ -69,12 +69,13 @@ fn crd_kustomization(what: &str, files: &[String]) -> String {
 
 /// A Helm value's placeholder in the template source, and how the template says it: a string
 /// value, quoted; an optional one, the whole line only when set; an object, as YAML.
-const HELM_VALUES: [(&str, &str); 6] = [
+const HELM_VALUES: [(&str, &str); 7] = [
     ("HELM_IMAGE", "image"),
     ("HELM_EXTERNAL_CIDR", "externalCIDR"),
     ("HELM_SHARE_PERCENT", "sharePercent"),
     ("HELM_NETWORK_FABRIC", "networkFabric"),
     ("HELM_NETWORK_EXPOSURE", "networkExposure"),
+    ("HELM_GATEWAY_SERVICE_TYPE", "gatewayServiceType"),
     ("HELM_RESOURCES", "resources"),
 ];
 const HELM_OPTIONAL: [(&str, &str); 2] = [
@@ -102,6 +103,7 @@ fn helm_template() -> String {
             o["data"]["sharePercent"] = "HELM_SHARE_PERCENT".into();
             o["data"]["networkFabric"] = "HELM_NETWORK_FABRIC".into();
             o["data"]["networkExposure"] = "HELM_NETWORK_EXPOSURE".into();
+            o["data"]["gatewayServiceType"] = "HELM_GATEWAY_SERVICE_TYPE".into();
         }
         if o["kind"] == "Deployment" {
             o["spec"]["template"]["spec"]["containers"][0]["resources"] = "HELM_RESOURCES".into();
@@ -172,6 +174,9 @@ fn helm_values() -> String {
          networkFabric: {fabric}\n\
          # What a peer may open connections to through the tunnel: peering or pod-cidr.\n\
          networkExposure: {exposure}\n\
+         # How peers reach the gateways: auto (the LoadBalancer's address, else the node's),\n\
+         # LoadBalancer, or NodePort.\n\
+         gatewayServiceType: {gateway_service_type}\n\
          # A ServiceMonitor for the controller's /metrics (needs the Prometheus Operator's CRDs).\n\
          serviceMonitor:\n  enabled: false\n\
          # The controller container's resources.\n\
@@ -181,6 +186,7 @@ fn helm_values() -> String {
         share = defaults.share_percent,
         fabric = defaults.network_fabric,
         exposure = defaults.network_exposure.as_str(),
+        gateway_service_type = defaults.gateway_service_type.as_str(),
     )
 }
 

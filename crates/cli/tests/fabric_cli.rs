@@ -867,6 +867,100 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
 /// (lab-3). Pods of each peered pair reach each other; milan's pods never reach turin's (no
 /// transit through rome); rome's pods reach nothing of a provider outside the twin namespaces
 /// (kube-system, tandem-system), whichever address they try.
+/// On kind no load balancer answers: the gateways' LoadBalancer Services stay pending, and
+/// with the default `--gateway-service-type auto` each side publishes its gateway's node
+/// address instead (kind's clusters share one node network), says so in the Peering, and the
+/// tunnel comes up with no flag beyond the fabric's.
+#[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
+fn on_kind_the_pending_load_balancer_gives_way_to_the_node_address() {
+    tandem_testing::needs_root();
+    let home = tempfile::tempdir().unwrap();
+    let lab = netlab::lab_up_as(home.path(), "lab", "2", "1", "kind");
+    let kc = lab.kubeconfig.clone();
+    install_with_fabric(home.path(), &kc, &[("lab-1", "rome"), ("lab-2", "milan")]);
+    invite_and_peer(home.path(), &kc);
+
+    let params = until(
+        "both gateway endpoints in the NetworkParameters",
+        Duration::from_secs(120),
+        || {
+            let np = json(
+                &lab,
+                "lab-2",
+                &["-n", "tandem-tenant-rome", "get", "networkparameters"],
+            );
+            let items = np["items"].as_array()?.clone();
+            (items.len() == 2
+                && items
+                    .iter()
+                    .all(|p| p["spec"]["gatewayEndpoint"].is_string()))
+            .then_some(items)
+        },
+    );
+    for p in &params {
+        let endpoint = p["spec"]["gatewayEndpoint"].as_str().unwrap();
+        assert!(
+            endpoint.starts_with("172.18.0.") || endpoint.starts_with("172.19.0."),
+            "the endpoint is the gateway's node address: {p}"
+        );
+    }
+    for ctx in ["lab-1", "lab-2"] {
+        let services = json(&lab, ctx, &["-n", "tandem-system", "get", "services"]);
+        let gateway = services["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| {
+                s["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("tandem-gateway-")
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("{ctx}'s gateway Service: {services}"));
+        assert_eq!(gateway["spec"]["type"], "LoadBalancer", "{gateway}");
+        assert!(
+            gateway["status"]["loadBalancer"]["ingress"].is_null(),
+            "no load balancer on kind: {gateway}"
+        );
+    }
+    // The consumer's Peering says where the provider reaches its gateway, and why there.
+    let exposed = until(
+        "the Peering's GatewayExposed condition",
+        Duration::from_secs(60),
+        || {
+            let peering = json(&lab, "lab-1", &["get", "peering", "milan"]);
+            peering["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "GatewayExposed" && c["status"] == "True")
+                .cloned()
+        },
+    );
+    let message = exposed["message"].as_str().unwrap();
+    assert!(
+        message.contains("172.18.0.") && message.contains("no load balancer answered"),
+        "{exposed}"
+    );
+    until(
+        "the virtual node's NetworkUnavailable False: tunnel connected",
+        Duration::from_secs(60),
+        || {
+            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+            node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| {
+                    c["type"] == "NetworkUnavailable"
+                        && c["status"] == "False"
+                        && c["reason"] == "TunnelConnected"
+                })
+                .then_some(())
+        },
+    );
+}
+
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn three_clusters_pairs_connect_and_nothing_transits() {

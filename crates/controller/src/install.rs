@@ -14,8 +14,8 @@ use crate::identity::ClusterIdentity;
 pub use crate::objects::{add_finalizer, apply, remove_finalizer};
 use crate::settings::step;
 pub use crate::settings::{
-    ClusterSettings, DEFAULT_EXTERNAL_CIDR, DEFAULT_SHARE_PERCENT, InstallError, NetworkExposure,
-    default_image, load_settings, settings_from,
+    ClusterSettings, DEFAULT_EXTERNAL_CIDR, DEFAULT_SHARE_PERCENT, GatewayServiceType,
+    InstallError, NetworkExposure, default_image, load_settings, settings_from,
 };
 
 /// What the controller does on its first start where `tandem install` did it before: detects

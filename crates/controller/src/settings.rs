@@ -45,6 +45,51 @@ impl std::str::FromStr for NetworkExposure {
     }
 }
 
+/// How peers reach this cluster's gateways (`tandem install --gateway-service-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GatewayServiceType {
+    /// A LoadBalancer Service, whose ingress (address or host name) is the endpoint whenever
+    /// it has one; while it has none (kind, bare metal: no load balancer answers), after
+    /// [`AUTO_LOAD_BALANCER_WAIT`], the gateway's node address and its own port (the gateway
+    /// listens on the node network: no NAT on the way in).
+    #[default]
+    Auto,
+    /// A LoadBalancer Service only: pending until a load balancer answers.
+    LoadBalancer,
+    /// A NodePort Service with `externalTrafficPolicy: Local` (kube-proxy keeps the peer's
+    /// address, which WireGuard's roaming relies on): the gateway's node address and its node
+    /// port, for networks that open only the NodePort range.
+    NodePort,
+}
+
+/// How long `auto` waits for a load balancer before it publishes the node address.
+pub const AUTO_LOAD_BALANCER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl GatewayServiceType {
+    /// The value in the `tandem-config` ConfigMap and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GatewayServiceType::Auto => "auto",
+            GatewayServiceType::LoadBalancer => "LoadBalancer",
+            GatewayServiceType::NodePort => "NodePort",
+        }
+    }
+}
+
+impl std::str::FromStr for GatewayServiceType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GatewayServiceType::Auto),
+            "LoadBalancer" => Ok(GatewayServiceType::LoadBalancer),
+            "NodePort" => Ok(GatewayServiceType::NodePort),
+            other => Err(format!(
+                "gateway Service type {other:?} is none of \"auto\", \"LoadBalancer\", \"NodePort\""
+            )),
+        }
+    }
+}
+
 /// Settings the controller reads from the `tandem-config` ConfigMap.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSettings {
@@ -57,6 +102,8 @@ pub struct ClusterSettings {
     pub image: String,
     /// What peers may open connections to through the tunnel.
     pub network_exposure: NetworkExposure,
+    /// How peers reach this cluster's gateways.
+    pub gateway_service_type: GatewayServiceType,
 }
 
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
@@ -112,7 +159,18 @@ pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
             ))
         })
     };
+    let parsed = |key: &str, e: String| {
+        InstallError::Settings(format!(
+            "ConfigMap {}/{}: {key}: {e}",
+            names::SYSTEM_NAMESPACE,
+            names::CONFIG_MAP
+        ))
+    };
     Ok(ClusterSettings {
+        gateway_service_type: match data.get("gatewayServiceType") {
+            None => GatewayServiceType::default(),
+            Some(v) => v.parse().map_err(|e| parsed("gatewayServiceType", e))?,
+        },
         pod_cidr: get("podCIDR")?,
         external_cidr: get("externalCIDR")?,
         share_percent: get("sharePercent")?

@@ -89,12 +89,19 @@ pub fn lab_up(home: &Path, name: &str, clusters: &str) -> Lab {
 
 /// [`lab_up`] with `nodes` nodes per cluster.
 pub fn lab_up_with_nodes(home: &Path, name: &str, clusters: &str, nodes: &str) -> Lab {
+    lab_up_as(home, name, clusters, nodes, "k3s")
+}
+
+/// [`lab_up_with_nodes`] in lab profile `profile` (`k3s`, `kind`).
+pub fn lab_up_as(home: &Path, name: &str, clusters: &str, nodes: &str, profile: &str) -> Lab {
     let dir = home.join(name);
     let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args([
             "lab",
             "up",
             "--network",
+            "--profile",
+            profile,
             "--clusters",
             clusters,
             "--nodes",

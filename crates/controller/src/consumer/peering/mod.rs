@@ -573,8 +573,31 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
     if !plan::apply_tenant_answer(status, &answer, &place) {
         return Action::requeue(RESYNC);
     }
-    // Network.
-    match negotiate_network(ctx, &client, &remote_ns, &provider).await {
+    // Network: where the provider reaches our gateway, then the parameters.
+    let endpoint = match ctx.settings().await {
+        Ok(settings) if settings.network_fabric => {
+            let exposed = settings.gateway_service_type;
+            match crate::fabric::gateway::exposure(ctx, &provider, exposed).await {
+                Ok(crate::fabric::gateway::plan::Exposure::At { endpoint, how }) => {
+                    let msg =
+                        format!("provider {provider} reaches our gateway at {endpoint}: {how}");
+                    set(status, conditions::GATEWAY_EXPOSED, true, "Exposed", &msg);
+                    Some(endpoint)
+                }
+                Ok(crate::fabric::gateway::plan::Exposure::Pending(why)) => {
+                    set(status, conditions::GATEWAY_EXPOSED, false, "Pending", &why);
+                    None
+                }
+                Err(e) => {
+                    let msg = format!("reading this side's gateway Service: {e}");
+                    set(status, conditions::GATEWAY_EXPOSED, false, "Failed", &msg);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    match negotiate_network(ctx, &client, &remote_ns, &provider, endpoint).await {
         Ok(Some(network)) => {
             let msg = format!(
                 "provider pods {} are {} here; our pods are {} there",
@@ -625,17 +648,17 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
     }
 }
 
+/// Publishes this side's network parameters (with our gateway's `endpoint`, once it has one)
+/// and reads the provider's.
 async fn negotiate_network(
     ctx: &Ctx,
     client: &Client,
     remote_ns: &str,
     provider: &str,
+    endpoint: Option<String>,
 ) -> Result<Option<tandem_api::peering::PeeringNetwork>, NegotiationError> {
     let settings = ctx.settings().await?;
     let key = crate::fabric::gateway_key(ctx, provider).await?;
-    let endpoint = crate::fabric::gateway::local_endpoint(ctx, provider)
-        .await
-        .map_err(request("reading this side's gateway Service".to_string()))?;
     let api: Api<NetworkParameters> = Api::namespaced(client.clone(), remote_ns);
     let mut ours = json!({"clusterID": ctx.identity.cluster_id, "podCIDR": settings.pod_cidr,
                           "externalCIDR": settings.external_cidr, "publicKey": key.public_key});

@@ -44,6 +44,7 @@ pub(super) fn settings() -> ClusterSettings {
         network_fabric: true,
         image: IMAGE.into(),
         network_exposure: NetworkExposure::Peering,
+        gateway_service_type: Default::default(),
     }
 }
 
@@ -301,16 +302,33 @@ impl ServiceFixture {
         })
     }
     /// Its load balancer's ingress is `ip`.
-    pub(super) fn ingress(mut self, ip: &str) -> Self {
+    pub(super) fn ingress(self, ip: &str) -> Self {
+        self.ingress_of(LoadBalancerIngress {
+            ip: Some(ip.into()),
+            ..Default::default()
+        })
+    }
+    /// Its load balancer's ingress is the host name `name` (as on EKS).
+    pub(super) fn ingress_hostname(self, name: &str) -> Self {
+        self.ingress_of(LoadBalancerIngress {
+            hostname: Some(name.into()),
+            ..Default::default()
+        })
+    }
+    fn ingress_of(mut self, ingress: LoadBalancerIngress) -> Self {
         self.0.status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
-                ingress: Some(vec![LoadBalancerIngress {
-                    ip: Some(ip.into()),
-                    ..Default::default()
-                }]),
+                ingress: Some(vec![ingress]),
             }),
             ..Default::default()
         });
+        self
+    }
+    /// Its port's node port is `port`.
+    pub(super) fn node_port(mut self, port: i32) -> Self {
+        if let Some(p) = self.0.spec.as_mut().and_then(|s| s.ports.as_mut()) {
+            p[0].node_port = Some(port);
+        }
         self
     }
 }

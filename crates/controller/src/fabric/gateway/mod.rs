@@ -318,12 +318,17 @@ async fn port_of(ctx: &Ctx, peer: &str) -> Result<u16, FabricError> {
     plan::port(peer, &all.items).ok_or(FabricError::NoPort)
 }
 
-/// `ip:port` of this side's gateway to `peer` as the peer reaches it: the load balancer's
-/// ingress of the gateway's Service, once it has one.
+/// Where `peer` reaches this side's gateway to it, as `exposed` says ([`plan::exposure`]), or
+/// why it cannot yet.
 ///
-/// Read from the watched Services (the provider's network sweep asks for every Tenant every
-/// second), or from the API until the watch has listed them.
-pub async fn local_endpoint(ctx: &Ctx, peer: &str) -> Result<Option<String>, kube::Error> {
+/// The Service is read from the watched Services (the provider's network sweep asks for every
+/// Tenant every second), or from the API until the watch has listed them; the gateway's pods
+/// only when a node address is wanted.
+pub async fn exposure(
+    ctx: &Ctx,
+    peer: &str,
+    exposed: crate::settings::GatewayServiceType,
+) -> Result<plan::Exposure, kube::Error> {
     let svc = match ctx.gateways.services.get(&gateway_secret(peer)) {
         Some(svc) => svc,
         None => system_api::<Service>(&ctx.client)
@@ -331,7 +336,44 @@ pub async fn local_endpoint(ctx: &Ctx, peer: &str) -> Result<Option<String>, kub
             .await?
             .map(std::sync::Arc::new),
     };
-    Ok(svc.and_then(|svc| plan::endpoint(&svc)))
+    let age = svc
+        .as_ref()
+        .and_then(|s| s.metadata.creation_timestamp.as_ref())
+        .map(|t| {
+            let ms = k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond();
+            Duration::from_millis(ms.max(0) as u64)
+        })
+        .unwrap_or_default();
+    let without_node = plan::exposure(svc.as_deref(), None, exposed, age);
+    let needs_node = matches!(&without_node, plan::Exposure::Pending(_))
+        && exposed != crate::settings::GatewayServiceType::LoadBalancer;
+    if !needs_node {
+        return Ok(without_node);
+    }
+    let pods = system_api::<k8s_openapi::api::core::v1::Pod>(&ctx.client)
+        .list(&ListParams::default().labels(&format!(
+            "{NAME_LABEL}={GATEWAY_APP},{}={peer}",
+            names::REMOTE_CLUSTER_LABEL
+        )))
+        .await?;
+    let node_ip = plan::running_host(&pods.items);
+    Ok(plan::exposure(
+        svc.as_deref(),
+        node_ip.as_deref(),
+        exposed,
+        age,
+    ))
+}
+
+/// `host:port` of this side's gateway to `peer` as the peer reaches it, once it has one (see
+/// [`exposure`]).
+pub async fn local_endpoint(
+    ctx: &Ctx,
+    peer: &str,
+    exposed: crate::settings::GatewayServiceType,
+) -> Result<Option<String>, kube::Error> {
+    let exposure = exposure(ctx, peer, exposed).await?;
+    Ok(exposure.endpoint().map(str::to_string))
 }
 
 /// Where the status API of this cluster's gateway to `peer` answers (`hostIP:port`: the
@@ -410,7 +452,9 @@ pub async fn reconcile(
     let port = port_of(ctx, peer).await?;
     let ns = names::SYSTEM_NAMESPACE;
     let client = &ctx.client;
-    for manifest in plan::gateway_objects(peer, port, &settings.image) {
+    for manifest in
+        plan::gateway_objects(peer, port, &settings.image, settings.gateway_service_type)
+    {
         ensure(client, &manifest).await.map_err(api_err(format!(
             "gateway {} {ns}/{}",
             manifest.kind, manifest.name
@@ -420,6 +464,30 @@ pub async fn reconcile(
     let allowed = allowed_destinations(ctx, settings, view)
         .await
         .map_err(api_err("listing the pods the peer may reach"))?;
+    // A peer's endpoint that is a host name (a cloud load balancer's) is resolved here, on
+    // every pass: the gateway takes addresses only.
+    let resolved;
+    let view = match view.peer_endpoint.as_deref() {
+        Some(e) if e.parse::<std::net::SocketAddr>().is_err() => {
+            let address = tokio::net::lookup_host(e)
+                .await
+                .ok()
+                .and_then(|mut a| a.next());
+            if address.is_none() {
+                tracing::warn!(
+                    peer,
+                    endpoint = e,
+                    "the peer's gateway endpoint does not resolve"
+                );
+            }
+            resolved = PeerView {
+                peer_endpoint: address.map(|a| a.to_string()),
+                ..view.clone()
+            };
+            &resolved
+        }
+        _ => view,
+    };
     // Not before the peer's key and the NAT are known.
     let Ok(args) = plan::gateway_args(view, &key.private_key, port, allowed) else {
         return Ok(());

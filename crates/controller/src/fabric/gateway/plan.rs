@@ -13,7 +13,7 @@ use tandem_api::names::{self, gateway_secret};
 use tandem_api::{NetworkParameters, Peering, Tenant};
 use tandem_core::nat::{ClusterPrefixes, NatPlanInput};
 
-use crate::settings::ClusterSettings;
+use crate::settings::{AUTO_LOAD_BALANCER_WAIT, ClusterSettings, GatewayServiceType};
 
 pub use tandem_api::names::{AGENT, GATEWAY_APP, ROUTES_CONFIG_MAP, ROUTES_KEY};
 /// The first gateway port.
@@ -274,12 +274,25 @@ fn manifest(kind: Kind, name: &str, body: serde_json::Value) -> Manifest {
 
 /// The objects of `peer`'s gateway, in the order they are applied, all named
 /// `tandem-gateway-<peer>`: a ServiceAccount whose Role may only `get` the gateway's own
-/// Secret, a LoadBalancer Service on its UDP `port`, and a Deployment of one pod of `image`
-/// on the node network.
-pub fn gateway_objects(peer: &str, port: u16, image: &str) -> Vec<Manifest> {
+/// Secret, a Service on its UDP `port` (LoadBalancer, or NodePort as `exposed` says), and a
+/// Deployment of one pod of `image` on the node network.
+pub fn gateway_objects(
+    peer: &str,
+    port: u16,
+    image: &str,
+    exposed: GatewayServiceType,
+) -> Vec<Manifest> {
     let name = gateway_secret(peer);
     let ns = names::SYSTEM_NAMESPACE;
     let selector = json!({NAME_LABEL: GATEWAY_APP, names::REMOTE_CLUSTER_LABEL: peer});
+    let mut service = json!({"type": "LoadBalancer", "selector": selector,
+        "ports": [{"name": "wireguard", "port": port, "targetPort": port, "protocol": "UDP"}]});
+    if exposed == GatewayServiceType::NodePort {
+        // kube-proxy keeps the peer's address (no SNAT to another node's): WireGuard learns
+        // its peer's endpoint from it.
+        service["type"] = json!("NodePort");
+        service["externalTrafficPolicy"] = json!("Local");
+    }
     vec![
         manifest(
             Kind::ServiceAccount,
@@ -309,9 +322,7 @@ pub fn gateway_objects(peer: &str, port: u16, image: &str) -> Vec<Manifest> {
             &name,
             json!({"apiVersion": "v1", "kind": "Service",
                    "metadata": {"name": name, "namespace": ns, "labels": labels(peer)},
-                   "spec": {"type": "LoadBalancer", "selector": selector,
-                            "ports": [{"name": "wireguard", "port": port, "targetPort": port,
-                                       "protocol": "UDP"}]}}),
+                   "spec": service}),
         ),
         manifest(
             Kind::Deployment,
@@ -485,8 +496,8 @@ pub fn gateway_args(
         listen: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
         private_key: private_key.to_string(),
         peer_public_key,
-        // An endpoint that is not an address (a host name) is not used: the peer then
-        // contacts this side, and roaming learns its address.
+        // A host name is resolved before (`reconcile`); one that does not resolve is not used:
+        // the peer then contacts this side, and roaming learns its address.
         peer_endpoint: view.peer_endpoint.as_deref().and_then(|e| e.parse().ok()),
         persistent_keepalive_secs: 25,
         mtu: 1420,
@@ -590,25 +601,99 @@ pub fn port(peer: &str, services: &[Service]) -> Option<u16> {
     (PORT_BASE..=u16::MAX).find(|p| !used.contains(p))
 }
 
-/// `ip:port` of the gateway Service `svc` as the peer reaches it: its load balancer's ingress,
-/// once it has one.
-pub fn endpoint(svc: &Service) -> Option<String> {
-    let port = svc
+/// Where peers reach a gateway, or why they cannot yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exposure {
+    /// `endpoint` (`host:port`), and how it was chosen.
+    At { endpoint: String, how: String },
+    /// Not reachable yet: why, and what to do.
+    Pending(String),
+}
+
+impl Exposure {
+    /// The endpoint, if there is one.
+    pub fn endpoint(&self) -> Option<&str> {
+        match self {
+            Exposure::At { endpoint, .. } => Some(endpoint),
+            Exposure::Pending(_) => None,
+        }
+    }
+}
+
+/// Where peers reach the gateway of Service `svc` (None: not created yet) as `exposed` says;
+/// `node_ip` is the address of the node its pod runs on, if one runs; `age` how long the
+/// Service has existed.
+pub fn exposure(
+    svc: Option<&Service>,
+    node_ip: Option<&str>,
+    exposed: GatewayServiceType,
+    age: std::time::Duration,
+) -> Exposure {
+    let name = svc
+        .and_then(|s| s.metadata.name.clone())
+        .unwrap_or_default();
+    let service = format!("Service {}/{name}", names::SYSTEM_NAMESPACE);
+    let Some(svc) = svc else {
+        return Exposure::Pending("the gateway's Service does not exist yet".into());
+    };
+    let first = svc
         .spec
         .as_ref()
-        .and_then(|s| s.ports.as_ref()?.first().map(|p| p.port));
-    let ip = svc.status.as_ref().and_then(|s| {
-        s.load_balancer
-            .as_ref()?
-            .ingress
-            .as_ref()?
-            .first()?
-            .ip
-            .clone()
+        .and_then(|s| s.ports.as_ref()?.first().cloned());
+    let (port, node_port) = (
+        first.as_ref().map(|p| p.port),
+        first.and_then(|p| p.node_port),
+    );
+    let ingress = svc.status.as_ref().and_then(|s| {
+        let first = s.load_balancer.as_ref()?.ingress.as_ref()?.first()?;
+        first.ip.clone().or_else(|| first.hostname.clone())
     });
-    match (ip, port) {
-        (Some(ip), Some(port)) => Some(format!("{ip}:{port}")),
-        _ => None,
+    let at = |host: &str, port: i32, how: String| Exposure::At {
+        endpoint: format!("{host}:{port}"),
+        how,
+    };
+    let Some(port) = port else {
+        return Exposure::Pending(format!("{service} has no port"));
+    };
+    if exposed != GatewayServiceType::NodePort
+        && let Some(ingress) = &ingress
+    {
+        return at(ingress, port, format!("the load balancer of {service}"));
+    }
+    let no_pod = "no pod of the gateway runs yet, so its node's address is not known";
+    match exposed {
+        GatewayServiceType::LoadBalancer => Exposure::Pending(format!(
+            "{service} has no load-balancer address yet: kind and bare-metal clusters run no \
+             load balancer (reinstall with --gateway-service-type auto or NodePort there)"
+        )),
+        GatewayServiceType::NodePort => match (node_ip, node_port) {
+            (Some(ip), Some(node_port)) => at(
+                ip,
+                node_port,
+                format!("the node port of {service} on the gateway's node"),
+            ),
+            (None, _) => Exposure::Pending(no_pod.into()),
+            (_, None) => Exposure::Pending(format!("{service} has no node port yet")),
+        },
+        GatewayServiceType::Auto if age < AUTO_LOAD_BALANCER_WAIT => Exposure::Pending(format!(
+            "waiting up to {}s for a load balancer to answer {service}",
+            AUTO_LOAD_BALANCER_WAIT.as_secs()
+        )),
+        GatewayServiceType::Auto => match node_ip {
+            Some(ip) => at(
+                ip,
+                port,
+                format!(
+                    "no load balancer answered {service} within {}s (kind and bare-metal \
+                     clusters run none): the gateway's node address, its own port",
+                    AUTO_LOAD_BALANCER_WAIT.as_secs()
+                ),
+            ),
+            None => Exposure::Pending(format!(
+                "no load balancer answered {service} within {}s, and {no_pod}",
+                AUTO_LOAD_BALANCER_WAIT.as_secs()
+            )),
+        },
     }
 }
 

@@ -202,7 +202,9 @@ pub async fn consumer_published(
 pub async fn ensure_provider_parameters(ctx: &Ctx, consumer: &str) -> Result<(), IpamError> {
     let settings = ctx.settings().await?;
     let key = crate::fabric::gateway_key(ctx, consumer).await?;
-    let endpoint = crate::fabric::gateway::local_endpoint(ctx, consumer).await?;
+    let endpoint =
+        crate::fabric::gateway::local_endpoint(ctx, consumer, settings.gateway_service_type)
+            .await?;
     publish(
         ctx,
         consumer,
@@ -407,7 +409,9 @@ async fn sweep(
         let consumer = tenant.spec.cluster_id.clone();
         let parameters_of = |name: &str| parameters(&ns, name);
         let public_key = crate::fabric::gateway_key(ctx, &consumer).await?.public_key;
-        let endpoint = crate::fabric::gateway::local_endpoint(ctx, &consumer).await?;
+        let endpoint =
+            crate::fabric::gateway::local_endpoint(ctx, &consumer, settings.gateway_service_type)
+                .await?;
         let wanted = ours(ctx, &settings, &public_key, endpoint.as_deref());
         if let Ok(Step::Publish(spec)) = plan::publish(
             parameters_of(PROVIDER_NETWORK_PARAMETERS).as_deref(),

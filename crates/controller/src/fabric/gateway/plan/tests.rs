@@ -278,7 +278,7 @@ fn write_config_table() {
 
 #[test]
 fn apply_table() {
-    let m = gateway_objects(MILAN, PORT_BASE, IMAGE).remove(0);
+    let m = gateway_objects(MILAN, PORT_BASE, IMAGE, Default::default()).remove(0);
     let hash = applied_hash(&m.body);
     let cases = [
         ("no object yet", None, true),
@@ -309,7 +309,7 @@ fn apply_table() {
         }
     }
     // Another image is another hash: the Deployment is applied again on upgrade.
-    let deployment = |image| gateway_objects(MILAN, PORT_BASE, image).remove(4);
+    let deployment = |image| gateway_objects(MILAN, PORT_BASE, image, Default::default()).remove(4);
     assert_ne!(
         applied_hash(&deployment("a").body),
         applied_hash(&deployment("b").body)
@@ -318,7 +318,7 @@ fn apply_table() {
 
 #[test]
 fn a_gateway_is_five_objects_named_after_its_peer() {
-    let objects = gateway_objects(MILAN, 51821, IMAGE);
+    let objects = gateway_objects(MILAN, 51821, IMAGE, Default::default());
     let kinds: Vec<Kind> = objects.iter().map(|m| m.kind).collect();
     assert_eq!(
         kinds,
@@ -387,7 +387,7 @@ fn a_gateway_is_five_objects_named_after_its_peer() {
         assert_eq!(&pod_labels(&objects[4])[k], v);
     }
     assert_ne!(
-        gateway_objects("paris", 51821, IMAGE)[3].body["spec"]["selector"],
+        gateway_objects("paris", 51821, IMAGE, Default::default())[3].body["spec"]["selector"],
         *selector
     );
 }
@@ -514,23 +514,158 @@ fn port_table() {
     assert_eq!(port(MILAN, &all), None, "every port taken");
 }
 
+/// (what, the Service, the gateway's node, the mode, the Service's age, the endpoint or a
+/// part of why there is none).
+type ExposureCase<'a> = (
+    &'a str,
+    Option<Service>,
+    Option<&'a str>,
+    crate::settings::GatewayServiceType,
+    std::time::Duration,
+    Result<&'a str, &'a str>,
+);
+
+/// Where peers reach the gateway, for each way of exposing it: a load balancer's address
+/// or host name whenever there is one (but in NodePort mode), else what the mode falls back
+/// to, or why there is nothing yet.
 #[test]
-fn the_endpoint_is_the_load_balancers_ingress() {
-    let svc = ServiceFixture::gateway(MILAN, Some(51821));
-    assert_eq!(endpoint(&svc.0), None, "no ingress yet");
-    assert_eq!(
-        endpoint(&svc.ingress("203.0.113.7").0).as_deref(),
-        Some("203.0.113.7:51821")
-    );
-    assert_eq!(
-        endpoint(
-            &ServiceFixture::gateway(MILAN, None)
-                .ingress("203.0.113.7")
-                .0
+fn exposure_table() {
+    use crate::settings::GatewayServiceType::{Auto, LoadBalancer, NodePort};
+    let svc = || ServiceFixture::gateway(MILAN, Some(51821));
+    let soon = std::time::Duration::from_secs(2);
+    let later = std::time::Duration::from_secs(60);
+    let node = Some("172.18.0.3");
+    let cases: Vec<ExposureCase> = vec![
+        (
+            "LB: the ingress address",
+            Some(svc().ingress("203.0.113.7").0),
+            node,
+            LoadBalancer,
+            soon,
+            Ok("203.0.113.7:51821"),
         ),
-        None,
-        "no port"
-    );
+        (
+            "LB: a host name (EKS)",
+            Some(svc().ingress_hostname("gw.elb.example").0),
+            None,
+            LoadBalancer,
+            soon,
+            Ok("gw.elb.example:51821"),
+        ),
+        (
+            "LB: pending, forever",
+            Some(svc().0),
+            node,
+            LoadBalancer,
+            later,
+            Err("no load-balancer address yet"),
+        ),
+        (
+            "auto: the ingress first",
+            Some(svc().ingress("203.0.113.7").0),
+            node,
+            Auto,
+            later,
+            Ok("203.0.113.7:51821"),
+        ),
+        (
+            "auto: waits a little for one",
+            Some(svc().0),
+            node,
+            Auto,
+            soon,
+            Err("waiting up to 10s"),
+        ),
+        (
+            "auto: then the node address, the gateway's own port",
+            Some(svc().node_port(31820).0),
+            node,
+            Auto,
+            later,
+            Ok("172.18.0.3:51821"),
+        ),
+        (
+            "auto: no pod, no node",
+            Some(svc().0),
+            None,
+            Auto,
+            later,
+            Err("no pod of the gateway runs"),
+        ),
+        (
+            "NodePort: the node port on the gateway's node",
+            Some(svc().node_port(31820).ingress("203.0.113.7").0),
+            node,
+            NodePort,
+            soon,
+            Ok("172.18.0.3:31820"),
+        ),
+        (
+            "NodePort: none allocated yet",
+            Some(svc().0),
+            node,
+            NodePort,
+            soon,
+            Err("no node port yet"),
+        ),
+        (
+            "no Service yet",
+            None,
+            node,
+            Auto,
+            later,
+            Err("does not exist yet"),
+        ),
+        (
+            "no port",
+            Some(
+                ServiceFixture::gateway(MILAN, None)
+                    .ingress("203.0.113.7")
+                    .0,
+            ),
+            node,
+            Auto,
+            later,
+            Err("has no port"),
+        ),
+    ];
+    for (what, svc, node_ip, exposed, age, want) in cases {
+        let got = exposure(svc.as_ref(), node_ip, exposed, age);
+        match (want, &got) {
+            (Ok(endpoint), Exposure::At { endpoint: e, how }) => {
+                assert_eq!(e, endpoint, "{what}");
+                assert!(
+                    how.contains("tandem-system/tandem-gateway-milan") || what.starts_with("no"),
+                    "{what}: {how}"
+                );
+            }
+            (Err(why), Exposure::Pending(said)) => assert!(said.contains(why), "{what}: {said}"),
+            _ => panic!("{what}: {got:?}"),
+        }
+    }
+}
+
+/// NodePort mode exposes the gateway through a NodePort Service that keeps the peer's address.
+#[test]
+fn node_port_mode_makes_a_node_port_service_keeping_the_source() {
+    let svc = gateway_objects(
+        MILAN,
+        51821,
+        IMAGE,
+        crate::settings::GatewayServiceType::NodePort,
+    )
+    .remove(3);
+    assert_eq!(svc.body["spec"]["type"], "NodePort");
+    assert_eq!(svc.body["spec"]["externalTrafficPolicy"], "Local");
+    let lb = gateway_objects(
+        MILAN,
+        51821,
+        IMAGE,
+        crate::settings::GatewayServiceType::Auto,
+    )
+    .remove(3);
+    assert_eq!(lb.body["spec"]["type"], "LoadBalancer");
+    assert!(lb.body["spec"]["externalTrafficPolicy"].is_null());
 }
 
 #[test]
