@@ -12,6 +12,7 @@
 //! - [`rotate`]: a new webhook serving certificate or new WireGuard keys, now;
 //! - [`uninstall`]: unpeering from every peer, then removing what `install` created.
 
+pub mod endpoint;
 pub mod enroll;
 pub mod install;
 pub mod invite;

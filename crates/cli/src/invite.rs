@@ -16,7 +16,9 @@ pub struct Args {
     /// How long the invite is valid.
     #[arg(long, default_value = "1h", value_parser = duration)]
     ttl: Duration,
-    /// The API endpoint consumers should use [default: the kubeconfig's server].
+    /// The API endpoint consumers should use [default: the kubeconfig's server; when that is
+    /// a loopback address (kind, k3s's own k3s.yaml), the address the API server advertises
+    /// in the `kubernetes` Service's endpoints, said on stderr].
     #[arg(long)]
     endpoint: Option<String>,
     /// Revoke the invite with this token ID instead.
@@ -54,7 +56,16 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
     let ca = target
         .ca_pem
         .ok_or_else(|| anyhow!("the kubeconfig has no certificate-authority for the cluster; consumers could not verify it"))?;
-    let endpoint = args.endpoint.unwrap_or(target.server);
+    let endpoint = match args.endpoint {
+        Some(e) => e,
+        None => {
+            let chosen = tandem_admin::endpoint::for_invite(&target.client, &target.server).await?;
+            if let Some(note) = chosen.note {
+                eprintln!("note: {note}");
+            }
+            chosen.endpoint
+        }
+    };
     let invite = tandem_admin::invite::create(&target.client, &endpoint, &ca, args.ttl).await?;
     eprintln!(
         "invite {} for cluster {} valid for {} (revoke: tandem invite --revoke {})",

@@ -130,6 +130,27 @@ fn running(lab: &netlab::Lab, ctx: &str, app: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Waits until lab-1's virtual node `tandem-milan` says its tunnel is connected
+/// (NetworkUnavailable False, TunnelConnected).
+fn tunnel_connected(lab: &netlab::Lab) {
+    until(
+        "the virtual node's NetworkUnavailable False: tunnel connected",
+        Duration::from_secs(60),
+        || {
+            let node = json(lab, "lab-1", &["get", "node", "tandem-milan"]);
+            node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| {
+                    c["type"] == "NetworkUnavailable"
+                        && c["status"] == "False"
+                        && c["reason"] == "TunnelConnected"
+                })
+                .then_some(())
+        },
+    );
+}
+
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
@@ -185,22 +206,7 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
     }
 
     // The virtual node's NetworkUnavailable follows the tunnel, with no address to configure.
-    until(
-        "the virtual node's NetworkUnavailable False: tunnel connected",
-        Duration::from_secs(60),
-        || {
-            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
-            node["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| {
-                    c["type"] == "NetworkUnavailable"
-                        && c["status"] == "False"
-                        && c["reason"] == "TunnelConnected"
-                })
-                .then_some(())
-        },
-    );
+    tunnel_connected(&lab);
 
     // `tandem status` shows the tunnel: its state, RTT and the bytes through it (pods' traffic
     // only: none yet).
@@ -867,10 +873,11 @@ fn peering_builds_the_fabric_and_a_consumer_pod_reaches_an_offloaded_pod() {
 /// (lab-3). Pods of each peered pair reach each other; milan's pods never reach turin's (no
 /// transit through rome); rome's pods reach nothing of a provider outside the twin namespaces
 /// (kube-system, tandem-system), whichever address they try.
-/// On kind no load balancer answers: the gateways' LoadBalancer Services stay pending, and
-/// with the default `--gateway-service-type auto` each side publishes its gateway's node
-/// address instead (kind's clusters share one node network), says so in the Peering, and the
-/// tunnel comes up with no flag beyond the fabric's.
+/// On kind the kubeconfig's server is a loopback address, and no load balancer answers: the
+/// invite names the API server's advertised address instead; the gateways' LoadBalancer
+/// Services stay pending, and with the default `--gateway-service-type auto` each side
+/// publishes its gateway's node address instead (kind's clusters share one node network),
+/// says so in the Peering, and the tunnel comes up with no flag beyond the fabric's.
 #[test]
 #[cfg_attr(not(tandem_root), ignore = "needs root")]
 fn on_kind_the_pending_load_balancer_gives_way_to_the_node_address() {
@@ -879,7 +886,32 @@ fn on_kind_the_pending_load_balancer_gives_way_to_the_node_address() {
     let lab = netlab::lab_up_as(home.path(), "lab", "2", "1", "kind");
     let kc = lab.kubeconfig.clone();
     install_with_fabric(home.path(), &kc, &[("lab-1", "rome"), ("lab-2", "milan")]);
-    invite_and_peer(home.path(), &kc);
+    // The kubeconfig's server is a loopback address, as kind's is: the invite names the
+    // address lab-2's API server advertises on the node network instead, and says so.
+    let out = tandem(
+        home.path(),
+        &["invite", "--kubeconfig", &kc, "--context", "lab-2"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let invite = ok(out, "invite without --endpoint");
+    assert!(
+        stderr.contains("is a loopback address; the invite names https://172.19.0.1:6443"),
+        "{stderr}"
+    );
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer through the derived endpoint",
+    );
 
     let params = until(
         "both gateway endpoints in the NetworkParameters",
@@ -943,22 +975,7 @@ fn on_kind_the_pending_load_balancer_gives_way_to_the_node_address() {
         message.contains("172.18.0.") && message.contains("no load balancer answered"),
         "{exposed}"
     );
-    until(
-        "the virtual node's NetworkUnavailable False: tunnel connected",
-        Duration::from_secs(60),
-        || {
-            let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
-            node["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| {
-                    c["type"] == "NetworkUnavailable"
-                        && c["status"] == "False"
-                        && c["reason"] == "TunnelConnected"
-                })
-                .then_some(())
-        },
-    );
+    tunnel_connected(&lab);
 }
 
 #[test]

@@ -221,6 +221,15 @@ impl LabCluster {
                 .start_services(&server, client.clone())
                 .await
                 .map_err(network_mode)?;
+        } else {
+            // Reached from this host only: what it advertises says so (see `tandem invite`).
+            crate::network::advertise_api_server(
+                &client,
+                std::net::Ipv4Addr::LOCALHOST,
+                server.addr().port(),
+            )
+            .await
+            .map_err(network_mode)?;
         }
         let power = NodePower::default();
         let mut tasks = Vec::new();

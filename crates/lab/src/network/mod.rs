@@ -36,6 +36,24 @@ pub use supervisor::ProcessExit;
 
 use cluster_services::{endpoints, ensure_kube_dns};
 
+/// Writes the `kubernetes` Service's EndpointSlice: the API server at `ip:port`, where it says
+/// it is reachable (kube-apiserver's advertise address). A hollow lab, reached only from this
+/// host, says 127.0.0.1 and its port; network mode, the edge's address and 6443.
+pub(crate) async fn advertise_api_server(
+    client: &kube::Client,
+    ip: std::net::Ipv4Addr,
+    port: u16,
+) -> Result<(), NetworkError> {
+    endpoints(
+        client,
+        "default",
+        "kubernetes",
+        &[("https", port, "TCP")],
+        ip,
+    )
+    .await
+}
+
 impl ClusterNetwork {
     /// Starts the cluster's services: the API server also listening on the edge and WAN
     /// addresses (port 6443), its `kubernetes` Service endpoints, cluster DNS behind the
@@ -58,14 +76,7 @@ impl ClusterNetwork {
             ))?;
             tasks.push(server.serve_also(listener));
         }
-        endpoints(
-            &client,
-            "default",
-            "kubernetes",
-            &[("https", 6443, "TCP")],
-            self.edge_ip(),
-        )
-        .await?;
+        advertise_api_server(&client, self.edge_ip(), 6443).await?;
 
         let dns_addr = dns::listen_addr(self.edge_ip());
         let udp = netns::udp_socket(&edge, dns_addr).await.map_err(listen(
