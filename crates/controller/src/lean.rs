@@ -104,6 +104,20 @@ impl<S> PodView<S> {
         self.status_fields().and_then(|s| s.phase)
     }
 
+    /// Whether `status.startTime` is set, and the status of the Ready condition (None when
+    /// there is none): read in one pass.
+    pub fn started_and_ready(&self) -> (bool, Option<bool>) {
+        let Some(s) = self.status_fields() else {
+            return (false, None);
+        };
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status == "True");
+        (s.start_time.is_some(), ready)
+    }
+
     fn status_fields(&self) -> Option<StatusFields> {
         serde_json::from_str(self.status.as_deref()?.get()).ok()
     }
@@ -117,6 +131,16 @@ struct StatusFields {
     start_time: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     phase: Option<String>,
+    #[serde(default)]
+    conditions: Vec<ConditionFields>,
+}
+
+/// A condition's type and status.
+#[derive(Deserialize)]
+struct ConditionFields {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
 }
 
 fn parse_raw(raw: Option<&RawValue>) -> Value {

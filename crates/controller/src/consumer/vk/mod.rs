@@ -81,6 +81,8 @@ struct State {
     fence_margin: Duration,
     /// Each real pod's consumer pod, kept for the reflectors as `reals` changes.
     real_origins: crate::shared_watches::RealPodOrigins,
+    /// The provider's real pods must be listed again (a status to write again was dropped).
+    relist: bool,
 }
 
 enum Action {
@@ -113,7 +115,8 @@ enum Action {
 
 enum Outcome {
     Done,
-    Written(Key, u64),
+    /// Written: the hash and the Ready condition of the status written.
+    Written(Key, u64, Option<bool>),
     MarkedUnready(Key),
     Failed(Key),
 }
@@ -142,7 +145,7 @@ impl State {
             }
         }
         entry.deleting = pod.metadata.deletion_timestamp.is_some();
-        entry.started = pod.started();
+        (entry.started, entry.ready_seen) = pod.started_and_ready();
         entry.refused = daemonset::refusal(&pod.metadata).map(Arc::from);
         let has_shadow = self
             .twins
@@ -468,6 +471,17 @@ impl State {
                 (Some(_), Some(s)) => {
                     local.requested = None;
                     if let Some(p) = own_real {
+                        if local.contradicted(now) {
+                            // Someone else changed the pod's readiness since this kubelet wrote
+                            // it (the node lifecycle controller marks a lost node's pods
+                            // NotReady, and may do so just after this kubelet's writes of the
+                            // node's return): written again, as kubelet's status manager
+                            // reconciles with the API server's copy. The status is re-read
+                            // from the provider when it was dropped after writing.
+                            local.written = 0;
+                            local.written_at = Some(now);
+                            self.relist |= p.status.is_none();
+                        }
                         if (local.unready || p.news && p.hash != local.written)
                             && let Some(status) = &p.status
                         {
@@ -500,10 +514,12 @@ impl State {
     fn outcome(&mut self, o: Outcome) {
         match o {
             Outcome::Done => {}
-            Outcome::Written(key, hash) => {
+            Outcome::Written(key, hash, ready) => {
                 if let Some(l) = self.local.get_mut(&key) {
                     l.written = hash;
                     l.unready = false;
+                    l.ready_written = ready;
+                    l.written_at = Some(Instant::now());
                 }
                 if let Some(twin) = self.twins.get(&key.0)
                     && let Some(p) = self.reals.get_mut(&(twin.clone(), key.1.clone()))
@@ -525,6 +541,13 @@ impl State {
             }
         }
     }
+}
+
+/// The Ready condition of a pod `status` (None: none).
+fn ready_of(status: &Value) -> Option<bool> {
+    let conditions = status["conditions"].as_array()?;
+    let ready = conditions.iter().find(|c| c["type"] == "Ready")?;
+    Some(ready["status"] == "True")
 }
 
 /// What the main loop must do besides writing.
@@ -636,7 +659,7 @@ async fn act(
                     if let Some(seen) = seen {
                         metrics.reflected(seen.into_std());
                     }
-                    Outcome::Written(key, hash)
+                    Outcome::Written(key, hash, ready_of(&status))
                 }
                 Err(e) if client::is_not_found(&e) => Outcome::Done,
                 Err(e) => {
@@ -1023,6 +1046,9 @@ pub async fn run(ctx: Ctx, mut link: LinkWatch) {
             }
         }
         let actions = state.decide(&l.provider_id, Instant::now());
+        if std::mem::take(&mut state.relist) {
+            watch_twins_again(&mut twins, &l, remap, &tx);
+        }
         if actions.is_empty() {
             continue;
         }
@@ -1433,6 +1459,60 @@ mod tests {
             .map(summary)
             .collect();
         assert_eq!(actions, ["status Running"]);
+    }
+
+    /// The node lifecycle controller marked the pod NotReady after this kubelet wrote it Ready
+    /// (a lost node's pods, just after its return): once the watch has had time to catch up,
+    /// the status is written again — from a fresh list of the provider when it was dropped.
+    #[test]
+    fn a_readiness_changed_behind_its_back_is_written_again() {
+        let now = Instant::now();
+        let mut s = world();
+        running_and_written(&mut s);
+        let written = |s: &mut State, ago: Duration, seen: Option<bool>| {
+            let l = s.local.get_mut(&key()).unwrap();
+            l.ready_written = Some(true);
+            l.written_at = Some(now - ago);
+            l.ready_seen = seen;
+        };
+        let decide = |s: &mut State| -> Vec<String> {
+            s.dirty.insert(key());
+            s.decide("milan", now).iter().map(summary).collect()
+        };
+        // As written, or seen before the write's own event: nothing to do.
+        written(&mut s, Duration::from_secs(60), Some(true));
+        assert!(decide(&mut s).is_empty(), "agrees");
+        written(&mut s, Duration::from_secs(1), Some(false));
+        assert!(
+            decide(&mut s).is_empty(),
+            "an older event, within the watch's lag"
+        );
+        written(&mut s, Duration::from_secs(60), None);
+        assert!(
+            decide(&mut s).is_empty(),
+            "no Ready condition seen: nothing to contradict"
+        );
+        // Contradicted for longer: written again, the status still at hand.
+        written(&mut s, RETRY_AFTER, Some(false));
+        assert_eq!(decide(&mut s), ["status Running"]);
+        assert!(!s.relist);
+        // The status was dropped after writing: the provider is listed again first.
+        running_and_written(&mut s);
+        written(&mut s, RETRY_AFTER, Some(false));
+        s.reals.get_mut(&rkey()).unwrap().status = None;
+        assert!(decide(&mut s).is_empty());
+        assert!(s.relist, "the provider is listed again");
+        s.reals.insert(rkey(), real("u1"));
+        assert_eq!(decide(&mut s), ["status Running"], "then written");
+        // Marked unready by this kubelet itself: its own write, not a contradiction.
+        running_and_written(&mut s);
+        written(&mut s, RETRY_AFTER, Some(false));
+        s.local.get_mut(&key()).unwrap().unready = true;
+        assert_eq!(
+            decide(&mut s),
+            ["status Running"],
+            "the usual rewrite, once"
+        );
     }
 
     #[test]

@@ -44,12 +44,33 @@ pub(super) struct LocalPod {
     pub(super) shadow_spec: Option<Arc<Value>>,
     /// Hash of the status last written.
     pub(super) written: u64,
+    /// The Ready condition of the status last written (None: none), and when it was written.
+    pub(super) ready_written: Option<bool>,
+    pub(super) written_at: Option<Instant>,
+    /// The Ready condition as the pod's watch last showed it.
+    pub(super) ready_seen: Option<bool>,
     /// Marked not Ready for an unreachable provider.
     pub(super) unready: bool,
     /// Why the pod must not be offloaded (a DaemonSet pod without the opt-in), if so.
     pub(super) refused: Option<Arc<str>>,
     /// When the last create or delete was sent (awaiting its watch event).
     pub(super) requested: Option<Instant>,
+}
+
+impl LocalPod {
+    /// Whether the pod's readiness, as its watch shows it, has contradicted what this kubelet
+    /// last wrote for longer than a watch takes to catch up ([`super::RETRY_AFTER`]): an
+    /// event older than the write is not a contradiction.
+    pub(super) fn contradicted(&self, now: Instant) -> bool {
+        !self.unready
+            && self.written != 0
+            && self.ready_written.is_some()
+            && self.ready_seen.is_some()
+            && self.ready_seen != self.ready_written
+            && self
+                .written_at
+                .is_some_and(|t| now.saturating_duration_since(t) >= super::RETRY_AFTER)
+    }
 }
 
 /// A shadow pod on the provider.
