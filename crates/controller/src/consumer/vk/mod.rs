@@ -471,7 +471,8 @@ impl State {
                 (Some(_), Some(s)) => {
                     local.requested = None;
                     if let Some(p) = own_real {
-                        if local.contradicted(now) {
+                        // (A watch catches up well within the retry delay.)
+                        if local.contradicted(now, RETRY_AFTER) {
                             // Someone else changed the pod's readiness since this kubelet wrote
                             // it (the node lifecycle controller marks a lost node's pods
                             // NotReady, and may do so just after this kubelet's writes of the

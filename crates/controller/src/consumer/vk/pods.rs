@@ -59,9 +59,9 @@ pub(super) struct LocalPod {
 
 impl LocalPod {
     /// Whether the pod's readiness, as its watch shows it, has contradicted what this kubelet
-    /// last wrote for longer than a watch takes to catch up ([`super::RETRY_AFTER`]): an
-    /// event older than the write is not a contradiction.
-    pub(super) fn contradicted(&self, now: Instant) -> bool {
+    /// last wrote for longer than `lag`, what a watch takes to catch up: an event older than
+    /// the write is not a contradiction.
+    pub(super) fn contradicted(&self, now: Instant, lag: std::time::Duration) -> bool {
         !self.unready
             && self.written != 0
             && self.ready_written.is_some()
@@ -69,7 +69,7 @@ impl LocalPod {
             && self.ready_seen != self.ready_written
             && self
                 .written_at
-                .is_some_and(|t| now.saturating_duration_since(t) >= super::RETRY_AFTER)
+                .is_some_and(|t| now.saturating_duration_since(t) >= lag)
     }
 }
 
