@@ -268,11 +268,17 @@ impl State {
         self.mark(&twin, &name);
         let vouched = self.vouched(&twin, &name, &p);
         let key = (twin, name);
-        if let Some(k) = self.reals.get(&key) {
-            self.real_origins.forget([k.uid.as_str()]);
-        }
-        if let Some(local) = vouched {
-            self.real_origins.set(&p.uid, &local, &p.origin_uid);
+        let known = self.reals.get(&key);
+        // A status update of a real pod already recorded takes no lock: recorded when it was
+        // first vouched for, here or when its consumer pod was seen (`set_local`).
+        let same = known.is_some_and(|k| k.uid == p.uid && k.origin_uid == p.origin_uid);
+        if !(same && vouched.is_some()) {
+            if let Some(k) = known {
+                self.real_origins.forget([k.uid.as_str()]);
+            }
+            if let Some(local) = vouched {
+                self.real_origins.set(&p.uid, &local, &p.origin_uid);
+            }
         }
         self.reals.insert(key, p);
     }
