@@ -16,5 +16,6 @@ pub mod endpoint;
 pub mod enroll;
 pub mod install;
 pub mod invite;
+pub mod rollout;
 pub mod rotate;
 pub mod uninstall;

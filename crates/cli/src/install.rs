@@ -43,6 +43,14 @@ pub struct Args {
     /// auto].
     #[arg(long, value_name = "TYPE", value_parser = ["auto", "LoadBalancer", "NodePort"])]
     gateway_service_type: Option<String>,
+    /// Wait until the controller is Ready; fail at once, naming the image or the exit, when
+    /// its pod cannot pull its image or keeps crashing. `--wait=false` returns once applied.
+    #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
+          value_name = "BOOL", action = clap::ArgAction::Set)]
+    wait: bool,
+    /// How long --wait waits for the controller ("90s", "5m").
+    #[arg(long, default_value = "5m", value_parser = crate::flags::duration, value_name = "DURATION")]
+    timeout: std::time::Duration,
     /// Print what would be applied (YAML, or a v1 List with `-o json`) and change nothing.
     /// The settings are resolved as for an install: the flags, else what the cluster stores,
     /// else the defaults and the pod CIDR detected from the Nodes.
@@ -116,15 +124,32 @@ pub async fn run(
         eprintln!("✓ {step}");
     })
     .await?;
-    eprintln!("Tandem is installed as cluster {:?}", identity.cluster_id);
-    if default_image {
+    if !args.wait {
         eprintln!(
-            "The controller runs the default image {image}. If your nodes cannot pull it \
-             (ErrImagePull), build it from the repository root and install again with --image:\n  \
-             docker build -f deploy/image/Dockerfile -t REGISTRY/tandem:TAG . && docker push \
-             REGISTRY/tandem:TAG\n  tandem install --image REGISTRY/tandem:TAG",
-            image = tandem_admin::install::default_image()
+            "Tandem is applied as cluster {:?}; not waiting for the controller (`kubectl -n {} \
+             rollout status deployment/{}` does)",
+            identity.cluster_id,
+            tandem_api::names::SYSTEM_NAMESPACE,
+            tandem_api::names::CONTROLLER_NAME
         );
+        if default_image {
+            eprintln!(
+                "The controller runs the default image {}: if your nodes cannot pull it, load \
+                 it onto them or install again with --image.",
+                tandem_admin::install::default_image()
+            );
+        }
+        return Ok(());
     }
+    eprintln!(
+        "… waiting for the controller to be Ready (up to {}; --wait=false skips this)",
+        humantime::format_duration(args.timeout)
+    );
+    tandem_admin::rollout::wait_for_controller(&client, args.timeout, &mut |waiting| {
+        eprintln!("  … {waiting}");
+    })
+    .await?;
+    eprintln!("✓ controller Ready");
+    eprintln!("Tandem is installed as cluster {:?}", identity.cluster_id);
     Ok(())
 }

@@ -47,6 +47,21 @@ enum Command {
               value_parser = |s: &str| s.parse::<LabProfile>())]
         profile: LabProfile,
     },
+    /// Load images onto the lab's nodes, as `kind load docker-image` loads them onto kind's.
+    #[command(
+        after_help = "Example:\n  tandem lab load-image ghcr.io/tandem-dev/tandem:0.1.0\n  tandem lab load-image localhost/tandem:dev --cluster lab-2\n\nIn the kind profile (`tandem lab up --network --profile kind`) no registry answers:\na pod runs only the lab's built-in images (tandem.dev/echo, tandem.dev/probe) and the\nimages loaded here; any other fails to pull (ErrImagePull, then ImagePullBackOff), as\non kind. Like kind, a loaded image whose tag is `latest` (or absent) still needs\nimagePullPolicy IfNotPresent or Never. The lab has no container engine: the image's\ncontents are not copied; Tandem's image runs the lab's own tandem binary, any other\nimage stays hollow. The k3s profile and hollow labs pull every image, so loading\nchanges nothing there. A running lab sees loaded images at its next pull attempt."
+    )]
+    LoadImage {
+        /// The images, as pods name them (`nginx` stands for docker.io/library/nginx:latest).
+        #[arg(required = true, value_name = "IMAGE")]
+        images: Vec<String>,
+        /// The clusters to load them onto (lab-1, …) [default: every cluster of the lab].
+        #[arg(long = "cluster", value_name = "NAME")]
+        clusters: Vec<String>,
+        /// The lab's directory [default: ~/.tandem/lab].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Show the clusters of a running lab and their health.
     Status {
         /// The lab's directory [default: ~/.tandem/lab].
@@ -82,6 +97,11 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
             )
             .await
         }
+        Command::LoadImage {
+            images,
+            clusters,
+            dir,
+        } => load_images(&dir.unwrap_or(default), &images, &clusters),
         Command::Status { dir } => {
             status(dir.unwrap_or(default), global.output.unwrap_or_default()).await
         }
@@ -162,6 +182,52 @@ async fn up(
     interrupted.await;
     eprintln!("stopping the lab");
     lab.shutdown();
+    Ok(())
+}
+
+/// `tandem lab load-image`: records each image in the data directory of each chosen cluster
+/// (every cluster of the lab's kubeconfig when none is named).
+fn load_images(dir: &Path, images: &[String], clusters: &[String]) -> anyhow::Result<()> {
+    let path = dir.join("kubeconfig");
+    let kubeconfig = Kubeconfig::read_from(&path).with_context(|| {
+        format!(
+            "reading {} (is a lab there? start one with `tandem lab up --dir {}`)",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    let known: Vec<String> = kubeconfig.contexts.iter().map(|c| c.name.clone()).collect();
+    let chosen = if clusters.is_empty() {
+        known.clone()
+    } else {
+        for c in clusters {
+            anyhow::ensure!(
+                known.contains(c),
+                "the lab in {} has no cluster {c:?} (it has {})",
+                dir.display(),
+                known.join(", ")
+            );
+        }
+        clusters.to_vec()
+    };
+    for cluster in &chosen {
+        let data = dir.join(cluster);
+        anyhow::ensure!(
+            data.is_dir(),
+            "cluster {cluster} keeps no data in {} (was the lab started with --dir {}?)",
+            data.display(),
+            dir.display()
+        );
+        for image in images {
+            tandem_lab::images::load_into(&data, image).with_context(|| {
+                format!("loading image {image} onto {cluster} ({})", data.display())
+            })?;
+            eprintln!(
+                "✓ image {} loaded onto {cluster}'s nodes",
+                tandem_lab::images::normalize(image)
+            );
+        }
+    }
     Ok(())
 }
 

@@ -885,6 +885,7 @@ fn on_kind_the_pending_load_balancer_gives_way_to_the_node_address() {
     let home = tempfile::tempdir().unwrap();
     let lab = netlab::lab_up_as(home.path(), "lab", "2", "1", "kind");
     let kc = lab.kubeconfig.clone();
+    netlab::load_tandem_image(home.path(), "lab");
     install_with_fabric(home.path(), &kc, &[("lab-1", "rome"), ("lab-2", "milan")]);
     // The kubeconfig's server is a loopback address, as kind's is: the invite names the
     // address lab-2's API server advertises on the node network instead, and says so.

@@ -10,6 +10,7 @@ mod enroll_cli;
 mod fabric_cli;
 mod image_cli;
 mod incluster_cli;
+mod kind_cli;
 mod lab_cli;
 mod lab_network_cli;
 mod manifests_cli;

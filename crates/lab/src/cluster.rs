@@ -85,6 +85,7 @@ pub struct LabCluster {
     pub network: Option<Arc<crate::network::ClusterNetwork>>,
     scheduler_nodes_seen: tokio::sync::watch::Receiver<u64>,
     tasks: Vec<JoinHandle<()>>,
+    images: crate::images::NodeImages,
 }
 
 /// The hollow nodes a configuration describes.
@@ -247,6 +248,12 @@ impl LabCluster {
             crate::controllers::run_all(client.clone(), server.state().pki.ca.clone()),
         ));
         let kubelet_events = crate::events::Recorder::new(client.clone(), "kubelet");
+        // kind's nodes reach no registry here: only built-in and loaded images run.
+        let images = if config.network && config.profile == LabProfile::Kind {
+            crate::images::NodeImages::loaded_only(config.data_dir.clone())
+        } else {
+            crate::images::NodeImages::from_registry()
+        };
         for node in nodes_of(&config) {
             tasks.push(spawn_logged(
                 "kubelet",
@@ -256,6 +263,7 @@ impl LabCluster {
                     power.clone(),
                     kubelet_events.clone(),
                     network.clone(),
+                    images.clone(),
                 ),
             ));
         }
@@ -267,6 +275,7 @@ impl LabCluster {
             network,
             scheduler_nodes_seen,
             tasks,
+            images,
         })
     }
 
@@ -276,6 +285,12 @@ impl LabCluster {
         self.network
             .as_ref()
             .map(|n| format!("https://{}:6443", n.wan_ip()))
+    }
+
+    /// Loads `image` onto every node, as `kind load docker-image` does (it matters in the kind
+    /// profile only, where nothing else pulls).
+    pub fn load_image(&self, image: &str) {
+        self.images.load(image);
     }
 
     /// Names of the cluster's hollow nodes.

@@ -34,6 +34,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use crate::images::{NodeImages, PullFailure};
 use crate::power::NodePower;
 
 /// Pod annotation that chooses what a hollow container does (see the module documentation).
@@ -420,17 +421,20 @@ fn status_key(status: Option<&PodStatus>) -> String {
         .map(|c| format!("{}={}", c.type_, c.status))
         .collect();
     let containers: Vec<String> = s
-        .container_statuses
+        .init_container_statuses
         .iter()
         .flatten()
+        .chain(s.container_statuses.iter().flatten())
         .map(|c| {
             let state = c.state.as_ref().map(|st| {
                 if st.running.is_some() {
-                    "running"
+                    "running".to_string()
                 } else if st.terminated.is_some() {
-                    "terminated"
+                    "terminated".to_string()
                 } else {
-                    "waiting"
+                    // ErrImagePull turning ImagePullBackOff is a change to write.
+                    let waiting = st.waiting.as_ref().and_then(|w| w.reason.as_deref());
+                    format!("waiting/{}", waiting.unwrap_or_default())
                 }
             });
             format!("{}:{}:{}:{state:?}", c.name, c.ready, c.restart_count)
@@ -459,7 +463,29 @@ struct Kubelet {
     node_uid: Option<String>,
     events: crate::events::Recorder,
     network: Option<Arc<crate::network::ClusterNetwork>>,
+    images: NodeImages,
+    /// Pods waiting for an image that is not on the node (kind profile), by UID.
+    pulls: HashMap<String, Pulling>,
 }
+
+/// A pod whose containers' images are not all on the node: what kubelet reports and when it
+/// tries again.
+#[derive(Clone, Debug)]
+struct Pulling {
+    /// The failing containers (init containers included), by name.
+    failures: BTreeMap<String, PullFailure>,
+    /// Pull attempts so far.
+    attempts: i32,
+    /// When the last attempt failed.
+    failed_at: Instant,
+    /// When the next attempt is due.
+    next: Instant,
+    /// Whether the back-off was reported (status ImagePullBackOff, event BackOff).
+    backing_off: bool,
+}
+
+/// How long a failed pull shows as `ErrImagePull` before kubelet reports the back-off.
+const PULL_ERROR_SHOWN: Duration = Duration::from_secs(1);
 
 /// The events a kubelet records when it starts a pod's containers, in order (`{}` is the
 /// container's name; Pulled names the image instead).
@@ -476,6 +502,7 @@ pub async fn run(
     power: NodePower,
     events: crate::events::Recorder,
     network: Option<Arc<crate::network::ClusterNetwork>>,
+    images: NodeImages,
 ) -> Result<(), KubeletError> {
     let addresses = PodAddresses::parse(&node.pod_cidr).ok_or_else(|| KubeletError::PodCidr {
         node: node.name.clone(),
@@ -494,6 +521,8 @@ pub async fn run(
         seen: HashSet::new(),
         ready_since: Timestamp::now(),
         node_uid: None,
+        images,
+        pulls: HashMap::new(),
     };
     loop {
         while !power.is_on(&kubelet.node.name) {
@@ -704,6 +733,121 @@ impl Kubelet {
         }
     }
 
+    /// Whether every image of `pod` is on the node, trying to pull the missing ones when their
+    /// back-off has passed (kubelet's `ErrImagePull`, then `ImagePullBackOff`, with events).
+    fn images_pulled(&mut self, pod: &Pod) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let now = Instant::now();
+        if self.pulls.get(&uid).is_some_and(|p| now < p.next) {
+            return false;
+        }
+        let spec = pod.spec.as_ref();
+        let containers = spec
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .chain(spec.map(|s| s.containers.as_slice()).unwrap_or_default());
+        let failures: BTreeMap<String, PullFailure> = containers
+            .filter_map(|c| {
+                let image = c.image.as_deref().unwrap_or_default();
+                let failure = self.images.pull(image, c.image_pull_policy.as_deref())?;
+                Some((c.name.clone(), failure))
+            })
+            .collect();
+        if failures.is_empty() {
+            self.pulls.remove(&uid);
+            return true;
+        }
+        let attempts = self.pulls.get(&uid).map_or(0, |p| p.attempts) + 1;
+        for (container, f) in &failures {
+            let path = Some(format!("spec.containers{{{container}}}"));
+            let event = |reason, type_, message| crate::events::PodEvent {
+                reason,
+                type_,
+                message,
+                component: "kubelet",
+                action: "",
+            };
+            if f.reason == "ErrImagePull" {
+                let pulling = format!("Pulling image \"{}\"", f.image);
+                self.events
+                    .pod(pod, path.clone(), event("Pulling", "Normal", pulling));
+            }
+            let failed = format!("Failed to pull image \"{}\": {}", f.image, f.message);
+            self.events
+                .pod(pod, path.clone(), event("Failed", "Warning", failed));
+            let error = format!("Error: {}", f.reason);
+            self.events
+                .pod(pod, path, event("Failed", "Warning", error));
+        }
+        self.pulls.insert(
+            uid,
+            Pulling {
+                failures,
+                attempts,
+                failed_at: now,
+                next: now + restart_backoff(attempts - 1),
+                backing_off: false,
+            },
+        );
+        false
+    }
+
+    /// Reports the back-off of pulls that failed a moment ago, and tries again those whose
+    /// back-off has passed.
+    async fn pulls_due(&mut self, now: Instant) {
+        let backing_off: Vec<String> = self
+            .pulls
+            .iter_mut()
+            .filter(|(_, p)| !p.backing_off && now >= p.failed_at + PULL_ERROR_SHOWN)
+            .map(|(uid, p)| {
+                p.backing_off = true;
+                uid.clone()
+            })
+            .collect();
+        for uid in backing_off {
+            if let (Some(pod), Some(pulling)) = (self.pods.get(&uid), self.pulls.get(&uid)) {
+                for (container, f) in pulling
+                    .failures
+                    .iter()
+                    .filter(|(_, f)| f.reason == "ErrImagePull")
+                {
+                    let path = Some(format!("spec.containers{{{container}}}"));
+                    for (reason, type_, message) in [
+                        (
+                            "BackOff",
+                            "Normal",
+                            format!("Back-off pulling image \"{}\"", f.image),
+                        ),
+                        ("Failed", "Warning", "Error: ImagePullBackOff".to_string()),
+                    ] {
+                        self.events.pod(
+                            pod,
+                            path.clone(),
+                            crate::events::PodEvent {
+                                reason,
+                                type_,
+                                message,
+                                component: "kubelet",
+                                action: "",
+                            },
+                        );
+                    }
+                }
+            }
+            self.report(&uid).await;
+        }
+        let retry: Vec<Pod> = self
+            .pulls
+            .iter()
+            .filter(|(_, p)| now >= p.next)
+            .filter_map(|(uid, _)| self.pods.get(uid).cloned())
+            .collect();
+        for pod in retry {
+            self.sync(pod).await;
+        }
+    }
+
     async fn forget(&mut self, uid: &str) {
         if let Some(network) = &self.network {
             network.stop_pod(uid).await;
@@ -711,6 +855,7 @@ impl Kubelet {
         crate::runs::stopped(uid);
         self.pods.remove(uid);
         self.deleting.remove(uid);
+        self.pulls.remove(uid);
         if let Some(ip) = self.runtimes.remove(uid).and_then(|rt| rt.ip) {
             self.addresses.release(ip);
         }
@@ -726,6 +871,7 @@ impl Kubelet {
             if !self.deleting.insert(uid.clone()) {
                 return;
             }
+            self.pulls.remove(&uid);
             if let Some(rt) = self.runtimes.get_mut(&uid) {
                 rt.next_restart = None;
                 rt.exits_at = None;
@@ -780,6 +926,11 @@ impl Kubelet {
                 self.addresses.release(ip);
             }
             self.pods.insert(uid, pod);
+            return;
+        }
+        if !self.runtimes.contains_key(&uid) && !self.images_pulled(&pod) {
+            self.pods.insert(uid.clone(), pod);
+            self.report(&uid).await;
             return;
         }
         if !self.runtimes.contains_key(&uid) {
@@ -853,10 +1004,14 @@ impl Kubelet {
 
     /// Writes the pod's status if it differs from what its runtime says.
     async fn report(&mut self, uid: &str) {
-        let (Some(pod), Some(rt)) = (self.pods.get(uid), self.runtimes.get(uid)) else {
+        let Some(pod) = self.pods.get(uid) else {
             return;
         };
-        let desired = desired_status(pod, rt, &self.node.internal_ip, Timestamp::now());
+        let desired = match (self.runtimes.get(uid), self.pulls.get(uid)) {
+            (Some(rt), _) => desired_status(pod, rt, &self.node.internal_ip, Timestamp::now()),
+            (None, Some(pulling)) => pulling_status(pod, pulling, &self.node.internal_ip),
+            (None, None) => return,
+        };
         let desired_typed: Option<PodStatus> = serde_json::from_value(desired.clone()).ok();
         if status_key(desired_typed.as_ref()) == status_key(pod.status.as_ref()) {
             return;
@@ -879,6 +1034,7 @@ impl Kubelet {
     /// that have run their time.
     async fn restart_due(&mut self) {
         let now = Instant::now();
+        self.pulls_due(now).await;
         // Real processes the network restarted: their count and last exit, as kubelet reports.
         if let Some(network) = &self.network {
             let restarted: Vec<String> = self
@@ -927,6 +1083,70 @@ impl Kubelet {
             self.report(&uid).await;
         }
     }
+}
+
+/// The status kubelet reports while a pod's images fail to pull: Pending, the failing
+/// containers waiting with `ErrImagePull` (just after an attempt) or `ImagePullBackOff`, the
+/// others with `ContainerCreating`.
+fn pulling_status(pod: &Pod, pulling: &Pulling, host_ip: &str) -> Value {
+    let now = Time(Timestamp::now());
+    let spec = pod.spec.as_ref();
+    let waiting = |c: &k8s_openapi::api::core::v1::Container| {
+        let image = c.image.clone().unwrap_or_default();
+        let state = match pulling.failures.get(&c.name) {
+            Some(f) if pulling.backing_off && f.reason == "ErrImagePull" => json!({
+                "reason": "ImagePullBackOff",
+                "message": format!("Back-off pulling image \"{}\": {}: {}", f.image, f.reason,
+                                   f.message)}),
+            Some(f) => json!({"reason": f.reason, "message": f.message}),
+            None => json!({"reason": "ContainerCreating"}),
+        };
+        json!({"name": c.name, "image": image, "imageID": "", "ready": false,
+               "restartCount": 0, "started": false, "state": {"waiting": state},
+               "lastState": {}})
+    };
+    let statuses = |cs: Option<&[k8s_openapi::api::core::v1::Container]>| -> Vec<Value> {
+        cs.unwrap_or_default().iter().map(waiting).collect()
+    };
+    let names = |cs: &[Value]| {
+        cs.iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let init = statuses(spec.and_then(|s| s.init_containers.as_deref()));
+    let regular = statuses(spec.map(|s| s.containers.as_slice()));
+    let condition = |kind: &str, ok: bool, reason: Option<&str>, message: Option<String>| {
+        let mut c = json!({"type": kind, "status": if ok { "True" } else { "False" },
+                           "lastProbeTime": null, "lastTransitionTime": now});
+        if let (Some(r), Some(m)) = (reason, message) {
+            c["reason"] = json!(r);
+            c["message"] = json!(m);
+        }
+        c
+    };
+    let unready = format!("containers with unready status: [{}]", names(&regular));
+    let mut status = json!({
+        "phase": "Pending",
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "startTime": pod.status.as_ref().and_then(|s| s.start_time.clone()).unwrap_or_else(|| now.clone()),
+        "qosClass": pod.status.as_ref().and_then(|s| s.qos_class.clone())
+            .unwrap_or_else(|| "BestEffort".into()),
+        "conditions": [
+            condition("PodReadyToStartContainers", true, None, None),
+            condition("Initialized", init.is_empty(), Some("ContainersNotInitialized"),
+                      Some(format!("containers with incomplete status: [{}]", names(&init)))),
+            condition("ContainersReady", false, Some("ContainersNotReady"), Some(unready.clone())),
+            condition("Ready", false, Some("ContainersNotReady"), Some(unready)),
+            condition("PodScheduled", true, None, None),
+        ],
+        "containerStatuses": regular,
+    });
+    if !init.is_empty() {
+        status["initContainerStatuses"] = json!(init);
+    }
+    status
 }
 
 /// Status of a pod whose hollow containers were stopped for deletion.

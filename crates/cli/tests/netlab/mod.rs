@@ -128,6 +128,25 @@ pub fn lab_up_as(home: &Path, name: &str, clusters: &str, nodes: &str, profile: 
     lab
 }
 
+/// `tandem lab load-image` of Tandem's default image onto every cluster of the lab in
+/// `home/name`: what a kind-profile lab needs before Tandem is installed, as kind does.
+pub fn load_tandem_image(home: &Path, name: &str) {
+    let dir = home.join(name);
+    ok(
+        tandem(
+            home,
+            &[
+                "lab",
+                "load-image",
+                &tandem_admin::install::default_image(),
+                "--dir",
+                &dir.to_string_lossy(),
+            ],
+        ),
+        "lab load-image",
+    );
+}
+
 /// In lab-1 (rome, peered with milan): creates namespace `demo`, offloads it, and runs the
 /// `tandem.dev/echo` pod `hello` on the virtual node `tandem-milan` (placed by the webhook).
 pub fn offload_hello(home: &Path, lab: &Lab) {

@@ -143,9 +143,16 @@ impl Cluster {
 }
 
 fn init_tracing() {
+    init_tracing_at("warn");
+}
+
+/// Logs at `default` (unless RUST_LOG says otherwise); the first call in a test process wins.
+/// Tests that cause faults on purpose log less, so that what fails stays in sight.
+pub fn init_tracing_at(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default.into()),
         )
         .with_test_writer()
         .try_init();
