@@ -297,7 +297,10 @@ mod tests {
             "lastState": {"terminated": {"exitCode": 2, "message": "bad flag"}}}]),
         );
         let e = stuck(&p).unwrap_err().to_string();
-        assert!(e.contains("last exit code 2: bad flag"), "{e}");
+        assert!(
+            e.contains("(CrashLoopBackOff, last exit code 2): bad flag"),
+            "{e}"
+        );
         assert!(
             e.contains("logs tandem-controller-abc -c controller --previous"),
             "{e}"
