@@ -34,7 +34,8 @@ pub struct InstallOptions {
     /// Controller image of the Deployment (also the gateway's and the node agent's).
     pub image: Option<String>,
     /// Whether the controller builds the network fabric (gateways, node agent) for each
-    /// peering; kept when already installed, off when never set.
+    /// peering; kept when already installed, on when never set (a hollow lab cluster, whose
+    /// pods have no network, leaves it off whatever the setting, and says so).
     pub network_fabric: Option<bool>,
     /// What a peer may open connections to through the tunnel; kept when already installed,
     /// [`NetworkExposure::Peering`] when never set.
@@ -98,7 +99,7 @@ impl Default for ManifestSettings {
             pod_cidr: None,
             external_cidr: DEFAULT_EXTERNAL_CIDR.to_string(),
             share_percent: DEFAULT_SHARE_PERCENT,
-            network_fabric: false,
+            network_fabric: true,
             network_exposure: NetworkExposure::default(),
             gateway_service_type: GatewayServiceType::default(),
             image: default_image(),
@@ -656,7 +657,7 @@ pub async fn manifest_settings_for(
         network_fabric: options
             .network_fabric
             .or(stored.as_ref().map(|s| s.network_fabric))
-            .unwrap_or(false),
+            .unwrap_or(true),
         network_exposure: options
             .network_exposure
             .or(stored.as_ref().map(|s| s.network_exposure))

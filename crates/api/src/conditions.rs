@@ -43,6 +43,10 @@ pub const PREFIXES_GRANTED: &str = "PrefixesGranted";
 /// endpoint the provider can reach; the message says which and how it was chosen, or, False,
 /// why there is none yet (a load balancer that never answers, on kind or bare metal).
 pub const GATEWAY_EXPOSED: &str = "GatewayExposed";
+/// Peering: whether this cluster's network fabric runs (True, reason `On`), or why not (False:
+/// `Disabled` by the settings, `HollowCluster` in a lab cluster whose pods have no network);
+/// without it pods offload but no traffic crosses the peering.
+pub const NETWORK_FABRIC: &str = "NetworkFabric";
 /// Peering: the provider's API answered recently.
 pub const PROVIDER_REACHABLE: &str = "ProviderReachable";
 /// Peering: the virtual node exists and is Ready.

@@ -38,6 +38,9 @@ pub const VIRTUAL_NODE_TAINT: &str = "virtual-node.tandem.dev/not-allowed";
 /// `"true"`. Without it Tandem keeps DaemonSet pods off virtual nodes; with it, one pod per
 /// virtual node runs in its provider.
 pub const DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION: &str = "tandem.dev/daemonset-on-virtual-nodes";
+/// Label a hollow lab cluster (pods without processes or network) puts on its `kube-system`
+/// Namespace, value `"true"`: Tandem leaves the network fabric off there, and says why.
+pub const HOLLOW_CLUSTER_LABEL: &str = "lab.tandem.dev/hollow-pods";
 /// Label on reflected objects: the kind of reflection that owns them.
 pub const REFLECTED_LABEL: &str = "tandem.dev/reflected";
 /// Annotation on invite bootstrap-token Secrets: what the invite is for.

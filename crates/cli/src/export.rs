@@ -116,6 +116,7 @@ pub async fn export(args: ExportArgs, global: &GlobalArgs) -> anyhow::Result<()>
                 eprintln!("… {}", ready.message);
             }
             println!("{name}.{ns}.svc.{CLUSTERSET_DOMAIN} exported");
+            crate::status::warn_if_fabric_off(&client).await;
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {

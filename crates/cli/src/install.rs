@@ -26,7 +26,9 @@ pub struct Args {
     image: Option<String>,
     /// Build the network fabric for each peering: a WireGuard gateway per peer (a hostNetwork
     /// pod with NET_ADMIN behind a Service, see --gateway-service-type) and the node agent
-    /// routing to it [default: kept if installed, else off].
+    /// routing to it [default: kept if installed, else on; `--network-fabric=false` turns it
+    /// off: pods still offload, but no traffic crosses the peering]. A hollow lab cluster
+    /// (pods without network) leaves it off whatever this says, and `tandem status` says so.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     network_fabric: Option<bool>,
     /// What a peer may open connections to through the tunnel: `peering` (least exposure: a

@@ -104,6 +104,7 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         Ok(p) => {
             let node = p.status.and_then(|s| s.virtual_node).unwrap_or_default();
             eprintln!("peering with {provider} established; virtual node {node}");
+            crate::status::warn_if_fabric_off(&client).await;
             Ok(())
         }
         Err(e) => {
@@ -239,6 +240,7 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
                 .and_then(|s| s.virtual_node)
                 .unwrap_or_default();
             eprintln!("peering with {id} established; virtual node {node}");
+            crate::status::warn_if_fabric_off(&client).await;
             return Ok(());
         }
         let status = peering.status.clone().unwrap_or_default();

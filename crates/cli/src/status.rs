@@ -26,6 +26,8 @@ pub struct Args {}
 pub struct Status {
     #[serde(rename = "clusterID")]
     pub cluster_id: String,
+    /// Whether this cluster's network fabric runs, and why not.
+    pub network_fabric: FabricStatus,
     /// Providers this cluster offloads to.
     pub providers: Vec<ProviderStatus>,
     /// Consumers this cluster provides for.
@@ -37,6 +39,25 @@ pub struct Status {
     pub imported_services: Vec<ImportedServiceStatus>,
     /// The enrollment credential (`tandem advertise`), when there is one.
     pub enrollment: Option<EnrollmentStatus>,
+}
+
+/// Whether the network fabric runs here.
+#[derive(Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FabricStatus {
+    pub on: bool,
+    /// Why it is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Says on stderr that the network fabric is off here, and why (what `peer` and `export` add
+/// to their output: without it no traffic crosses the peering). Silent when it runs, or when
+/// it cannot be read (the command has done its job either way).
+pub async fn warn_if_fabric_off(client: &Client) {
+    if let Ok(Some(why)) = tandem_controller::settings::fabric_off(client).await {
+        eprintln!("warning: {why}");
+    }
 }
 
 /// Whether the published enrollment credential works, as the controller judged its reach.
@@ -128,8 +149,15 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
     let identity = tandem_controller::identity::ClusterIdentity::load(client)
         .await
         .context("reading the cluster identity")?;
+    let off = tandem_controller::settings::fabric_off(client)
+        .await
+        .context("reading whether the network fabric runs")?;
     let mut status = Status {
         cluster_id: identity.cluster_id.clone(),
+        network_fabric: FabricStatus {
+            on: off.is_none(),
+            reason: off.map(str::to_string),
+        },
         ..Default::default()
     };
     let pods: Api<Pod> = Api::all(client.clone());
@@ -323,6 +351,10 @@ fn tunnel(node: &Node) -> Option<String> {
 
 fn table(s: &Status) -> String {
     let mut out = format!("Cluster {}\n", s.cluster_id);
+    match &s.network_fabric.reason {
+        None => out.push_str("Network fabric: on\n"),
+        Some(why) => out.push_str(&format!("Network fabric: OFF — {why}\n")),
+    }
     let res = |g: &BTreeMap<String, String>| {
         ["cpu", "memory", "pods"]
             .iter()

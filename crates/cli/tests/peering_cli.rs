@@ -126,6 +126,12 @@ fn install_invite_peer_status_through_the_cli() {
     let (_, err) = text(&out);
     assert!(out.status.success(), "peer: {err}");
     assert!(err.contains("established"), "{err}");
+    // The fabric is on by default, but a hollow lab's pods have no network: peer says that no
+    // traffic will cross, and why.
+    assert!(
+        err.contains("warning: the network fabric is off: this is a hollow lab cluster"),
+        "{err}"
+    );
 
     // The same invite again: refused, naming the cause.
     let out = tandem(
@@ -162,6 +168,13 @@ fn install_invite_peer_status_through_the_cli() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(status["clusterID"], "rome");
+    assert_eq!(status["networkFabric"]["on"], false, "{status}");
+    assert!(
+        status["networkFabric"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("hollow lab cluster")),
+        "{status}"
+    );
     assert_eq!(status["providers"][0]["clusterID"], "milan");
     assert_eq!(status["providers"][0]["phase"], "Established");
     assert_eq!(status["providers"][0]["virtualNode"], "tandem-milan");
@@ -176,6 +189,10 @@ fn install_invite_peer_status_through_the_cli() {
     let (table, _) = text(&out);
     assert!(
         table.contains("CONSUMERS") && table.contains("rome"),
+        "{table}"
+    );
+    assert!(
+        table.contains("Network fabric: OFF — the network fabric is off: this is a hollow lab"),
         "{table}"
     );
 

@@ -132,6 +132,8 @@ impl Context {
 pub struct SettingsCache {
     store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
     health: Health,
+    /// Whether this is a hollow lab cluster (read once: a cluster does not change its kind).
+    hollow: Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl SettingsCache {
@@ -147,7 +149,15 @@ impl SettingsCache {
         let config = kube::runtime::watcher::Config::default()
             .fields(&format!("metadata.name={}", tandem_api::names::CONFIG_MAP));
         let (store, health, run) = tracked_reflector(api, config, "the cluster's settings");
-        (SettingsCache { store, health }, run)
+        let hollow = Arc::default();
+        (
+            SettingsCache {
+                store,
+                health,
+                hollow,
+            },
+            run,
+        )
     }
 
     /// The settings as watched, or read through `client` until the watch has listed them.
@@ -155,9 +165,32 @@ impl SettingsCache {
         &self,
         client: &Client,
     ) -> Result<crate::settings::ClusterSettings, crate::settings::InstallError> {
-        match self.watched() {
+        let mut settings = match self.watched() {
             Some(settings) => settings,
             None => crate::settings::load_settings(client).await,
+        }?;
+        if settings.network_fabric {
+            settings.hollow_cluster = self.hollow(client).await;
+        }
+        Ok(settings)
+    }
+
+    /// Whether the cluster's `kube-system` Namespace carries the label of a hollow lab cluster,
+    /// whose pods have no network (see [`names::HOLLOW_CLUSTER_LABEL`]). A failed read counts as
+    /// not hollow, and is tried again next time.
+    ///
+    /// [`names::HOLLOW_CLUSTER_LABEL`]: tandem_api::names::HOLLOW_CLUSTER_LABEL
+    async fn hollow(&self, client: &Client) -> bool {
+        let read = self
+            .hollow
+            .get_or_try_init(|| crate::settings::is_hollow_cluster(client))
+            .await;
+        match read {
+            Ok(hollow) => *hollow,
+            Err(e) => {
+                tracing::debug!("reading kube-system's labels: {e}");
+                false
+            }
         }
     }
 

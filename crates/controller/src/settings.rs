@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
+use kube::ResourceExt;
 use kube::api::Api;
 use tandem_api::names;
 
@@ -96,8 +97,12 @@ pub struct ClusterSettings {
     pub pod_cidr: String,
     pub external_cidr: String,
     pub share_percent: u32,
-    /// Whether peerings get a gateway and the node agent routes to it.
+    /// Whether peerings get a gateway and the node agent routes to it (as set; see
+    /// [`ClusterSettings::fabric_off`] for whether it runs).
     pub network_fabric: bool,
+    /// Whether this is a hollow lab cluster (its pods have no network): the fabric stays off
+    /// whatever the setting. Not a setting: the controller finds it out.
+    pub hollow_cluster: bool,
     /// Tandem's image, for the pods the controller creates (gateways).
     pub image: String,
     /// What peers may open connections to through the tunnel.
@@ -105,6 +110,29 @@ pub struct ClusterSettings {
     /// How peers reach this cluster's gateways.
     pub gateway_service_type: GatewayServiceType,
 }
+
+impl ClusterSettings {
+    /// Why the network fabric does not run here; None when it does.
+    pub fn fabric_off(&self) -> Option<&'static str> {
+        if !self.network_fabric {
+            Some(FABRIC_OFF_BY_SETTING)
+        } else if self.hollow_cluster {
+            Some(FABRIC_OFF_IN_HOLLOW_LAB)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why the fabric is off when the setting says so.
+pub const FABRIC_OFF_BY_SETTING: &str = "the network fabric is off in this cluster's settings \
+    (networkFabric: \"false\"; `tandem install --network-fabric` turns it on): pods run across \
+    the peering, but no traffic flows between the clusters' pods and clusterset.local names \
+    do not answer from the other cluster";
+/// Why the fabric is off in a hollow lab cluster.
+pub const FABRIC_OFF_IN_HOLLOW_LAB: &str = "the network fabric is off: this is a hollow lab \
+    cluster, whose pods have no network (kube-system is labelled lab.tandem.dev/hollow-pods); \
+    `tandem lab up --network` runs clusters with one";
 
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
 
@@ -134,6 +162,31 @@ pub enum InstallError {
 /// Maps kube's error of an install step to [`InstallError::Step`] naming it.
 pub fn step(step: &'static str) -> impl FnOnce(kube::Error) -> InstallError {
     move |source| InstallError::Step { step, source }
+}
+
+/// Whether the cluster's `kube-system` Namespace carries the label of a hollow lab cluster,
+/// whose pods have no network ([`names::HOLLOW_CLUSTER_LABEL`]).
+pub async fn is_hollow_cluster(client: &Client) -> Result<bool, kube::Error> {
+    let ns = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get_opt("kube-system")
+        .await?;
+    Ok(ns.is_some_and(|ns| {
+        ns.labels()
+            .get(names::HOLLOW_CLUSTER_LABEL)
+            .is_some_and(|v| v == "true")
+    }))
+}
+
+/// Why the network fabric does not run in the cluster of `client` (None: it does), read as
+/// the controller reads it: its settings, and whether the cluster is a hollow lab's.
+pub async fn fabric_off(client: &Client) -> Result<Option<&'static str>, InstallError> {
+    let mut settings = load_settings(client).await?;
+    if settings.network_fabric {
+        settings.hollow_cluster = is_hollow_cluster(client)
+            .await
+            .map_err(step("reading kube-system's labels"))?;
+    }
+    Ok(settings.fabric_off())
 }
 
 /// Reads the `tandem-config` ConfigMap.
@@ -178,6 +231,7 @@ pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
             .unwrap_or(DEFAULT_SHARE_PERCENT),
         // Settings written before these keys existed: no fabric, this build's image.
         network_fabric: data.get("networkFabric").is_some_and(|v| v == "true"),
+        hollow_cluster: false,
         image: data.get("image").cloned().unwrap_or_else(default_image),
         network_exposure: match data.get("networkExposure") {
             None => NetworkExposure::default(),

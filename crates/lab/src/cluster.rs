@@ -4,6 +4,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tandem_api::names;
 use tandem_apiserver::{ApiServer, Config};
 use tokio::task::JoinHandle;
 
@@ -231,6 +235,19 @@ impl LabCluster {
             )
             .await
             .map_err(network_mode)?;
+            // Its pods have no network: Tandem, seeing this, leaves the fabric off and says so.
+            let label = json!({"metadata": {"labels": {names::HOLLOW_CLUSTER_LABEL: "true"}}});
+            Api::<Namespace>::all(client.clone())
+                .patch(
+                    "kube-system",
+                    &PatchParams::default(),
+                    &Patch::Merge(&label),
+                )
+                .await
+                .map_err(|source| LabError::MarkHollow {
+                    cluster: cluster(),
+                    source,
+                })?;
         }
         let power = NodePower::default();
         let mut tasks = Vec::new();

@@ -58,6 +58,15 @@ pub enum LabError {
         #[source]
         source: StartError,
     },
+    /// The hollow cluster could not label its kube-system Namespace as hollow.
+    #[error("cluster {cluster}: marking kube-system as a hollow cluster's")]
+    MarkHollow {
+        /// The cluster's name.
+        cluster: String,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
     /// A cluster's kubeconfig could not be merged into the lab's.
     #[error("cluster {cluster}: merging its kubeconfig into the lab's")]
     MergeKubeconfig {

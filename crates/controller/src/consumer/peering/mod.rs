@@ -574,8 +574,28 @@ async fn negotiate(ctx: &Ctx, peering: &Peering, status: &mut PeeringStatus) -> 
         return Action::requeue(RESYNC);
     }
     // Network: where the provider reaches our gateway, then the parameters.
-    let endpoint = match ctx.settings().await {
-        Ok(settings) if settings.network_fabric => {
+    let settings = ctx.settings().await;
+    if let Ok(settings) = &settings {
+        match settings.fabric_off() {
+            None => set(
+                status,
+                conditions::NETWORK_FABRIC,
+                true,
+                "On",
+                "this cluster's network fabric runs: a gateway per peer, routes from every node",
+            ),
+            Some(why) => {
+                let reason = if settings.network_fabric {
+                    "HollowCluster"
+                } else {
+                    "Disabled"
+                };
+                set(status, conditions::NETWORK_FABRIC, false, reason, why);
+            }
+        }
+    }
+    let endpoint = match settings {
+        Ok(settings) if settings.fabric_off().is_none() => {
             let exposed = settings.gateway_service_type;
             match crate::fabric::gateway::exposure(ctx, &provider, exposed).await {
                 Ok(crate::fabric::gateway::plan::Exposure::At { endpoint, how }) => {

@@ -42,6 +42,7 @@ pub(super) fn settings() -> ClusterSettings {
         external_cidr: EXTERNAL_CIDR.into(),
         share_percent: 50,
         network_fabric: true,
+        hollow_cluster: false,
         image: IMAGE.into(),
         network_exposure: NetworkExposure::Peering,
         gateway_service_type: Default::default(),

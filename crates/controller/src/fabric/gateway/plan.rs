@@ -236,10 +236,9 @@ pub enum Skip {
 
 /// Whether the sweep runs at all.
 pub fn fabric_on(settings: &ClusterSettings) -> Result<(), Skip> {
-    if settings.network_fabric {
-        Ok(())
-    } else {
-        Err(Skip::FabricOff)
+    match settings.fabric_off() {
+        None => Ok(()),
+        Some(_) => Err(Skip::FabricOff),
     }
 }
 
