@@ -127,7 +127,7 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         [rbac::controller_role(), rbac::controller_tenant_role()]
             .into_iter()
             .chain(rbac::peer_roles())
-            .chain([rbac::peer_renewal_role()])
+            .chain([rbac::peer_renewal_role(), rbac::viewer_role()])
             .map(|r| to_value(&r)),
     );
     // The right to renew is bound per consumer, with its Tenant (`rbac::peer_renewal_binding`):

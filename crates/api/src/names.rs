@@ -38,6 +38,8 @@ pub const VIRTUAL_NODE_TAINT: &str = "virtual-node.tandem.dev/not-allowed";
 /// `"true"`. Without it Tandem keeps DaemonSet pods off virtual nodes; with it, one pod per
 /// virtual node runs in its provider.
 pub const DAEMONSET_ON_VIRTUAL_NODES_ANNOTATION: &str = "tandem.dev/daemonset-on-virtual-nodes";
+/// The ClusterRole that lets a user run `tandem status` and nothing more.
+pub const VIEWER_ROLE: &str = "tandem-viewer";
 /// Label a hollow lab cluster (pods without processes or network) puts on its `kube-system`
 /// Namespace, value `"true"`: Tandem leaves the network fabric off there, and says why.
 pub const HOLLOW_CLUSTER_LABEL: &str = "lab.tandem.dev/hollow-pods";

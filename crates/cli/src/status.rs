@@ -111,7 +111,8 @@ pub struct ProviderStatus {
     pub tunnel_rx_bytes: Option<u64>,
     pub tunnel_tx_bytes: Option<u64>,
     pub granted: BTreeMap<String, String>,
-    pub pods: usize,
+    /// Pods on the virtual node; null where this user may not list pods.
+    pub pods: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -121,7 +122,8 @@ pub struct ConsumerStatus {
     pub cluster_id: String,
     pub tenant_namespace: String,
     pub granted: BTreeMap<String, String>,
-    pub pods: usize,
+    /// The consumer's pods here; null where neither pods nor the Tenant's status say.
+    pub pods: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -146,14 +148,12 @@ pub async fn run(_args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
 
 /// Reads the status from the local cluster.
 pub async fn collect(client: &Client) -> anyhow::Result<Status> {
-    let identity = tandem_controller::identity::ClusterIdentity::load(client)
-        .await
-        .context("reading the cluster identity")?;
+    let cluster_id = cluster_id(client).await?;
     let off = tandem_controller::settings::fabric_off(client)
         .await
         .context("reading whether the network fabric runs")?;
     let mut status = Status {
-        cluster_id: identity.cluster_id.clone(),
+        cluster_id,
         network_fabric: FabricStatus {
             on: off.is_none(),
             reason: off.map(str::to_string),
@@ -162,6 +162,17 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
     };
     let pods: Api<Pod> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
+    // How many pods match `lp`; None where this user may not list pods (`tandem-viewer`).
+    let count = |lp: ListParams| {
+        let pods = pods.clone();
+        async move {
+            match pods.list_metadata(&lp).await {
+                Ok(list) => Ok(Some(list.items.len())),
+                Err(e) if tandem_api::client::status_code(&e) == Some(403) => Ok(None),
+                Err(e) => Err(anyhow::Error::new(e).context("counting pods")),
+            }
+        }
+    };
 
     let peerings: Api<Peering> = Api::all(client.clone());
     for p in peerings
@@ -171,13 +182,13 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
     {
         let st = p.status.clone().unwrap_or_default();
         let vn = st.virtual_node.clone();
-        let (node, count) = match &vn {
+        let (node, on_node) = match &vn {
             Some(vn) => {
                 let node = nodes.get_opt(vn).await?;
                 let lp = ListParams::default().fields(&format!("spec.nodeName={vn}"));
-                (node, pods.list_metadata(&lp).await?.items.len())
+                (node, count(lp).await?)
             }
-            None => (None, 0),
+            None => (None, Some(0)),
         };
         let report: Option<serde_json::Value> = node
             .as_ref()
@@ -206,7 +217,7 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.0.clone()))
                 .collect(),
-            pods: count,
+            pods: on_node,
         });
     }
 
@@ -230,7 +241,16 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.0.clone()))
                 .collect(),
-            pods: pods.list_metadata(&lp).await?.items.len(),
+            // Where pods cannot be listed, the Tenant's count of the consumer's running pods.
+            pods: match count(lp).await? {
+                Some(n) => Some(n),
+                None => t
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.used.get("pods"))
+                    .and_then(|q| tandem_core::shadow::parse_quantity(&q.0))
+                    .map(|milli| (milli / 1000) as usize),
+            },
         });
     }
 
@@ -294,10 +314,16 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 .collect(),
         });
     }
-    status.enrollment = tandem_admin::enroll::token_secret(client)
-        .await
-        .context("reading the enrollment credential")?
-        .map(|secret| match tandem_admin::enroll::condition_of(&secret) {
+    let credential = match tandem_admin::enroll::token_secret(client).await {
+        Err(e) if forbidden(&e) => Err(()),
+        read => Ok(read.context("reading the enrollment credential")?),
+    };
+    status.enrollment = match credential {
+        Err(()) => Some(EnrollmentStatus {
+            state: "Unknown".into(),
+            message: "this user may not read Secrets, where the credential is kept".into(),
+        }),
+        Ok(secret) => secret.map(|secret| match tandem_admin::enroll::condition_of(&secret) {
             Some(c) if c.status == "True" => EnrollmentStatus {
                 state: "Active".into(),
                 message: c.message,
@@ -310,8 +336,46 @@ pub async fn collect(client: &Client) -> anyhow::Result<Status> {
                 state: "Pending".into(),
                 message: "the controller has not judged the credential's reach yet".into(),
             },
-        });
+        }),
+    };
     Ok(status)
+}
+
+/// This cluster's ID: the ClusterProperty the controller publishes (readable by
+/// `tandem-viewer`), else the identity Secret (an install whose controller has not run yet).
+async fn cluster_id(client: &Client) -> anyhow::Result<String> {
+    let properties: Api<tandem_api::mcs::ClusterProperty> = Api::all(client.clone());
+    let property = tandem_api::client::ok_if_not_found(
+        properties.get(tandem_api::mcs::CLUSTER_ID_PROPERTY).await,
+    );
+    match property {
+        Ok(Some(p)) if !p.spec.value.is_empty() => return Ok(p.spec.value),
+        Err(e) if tandem_api::client::status_code(&e) != Some(403) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "reading ClusterProperty {}",
+                tandem_api::mcs::CLUSTER_ID_PROPERTY
+            )));
+        }
+        _ => {}
+    }
+    let identity = tandem_controller::identity::ClusterIdentity::load(client)
+        .await
+        .context("reading the cluster identity")?;
+    Ok(identity.cluster_id)
+}
+
+/// Whether `e` comes of the API server's 403 Forbidden.
+fn forbidden(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(k) = e.downcast_ref::<kube::Error>()
+            && tandem_api::client::status_code(k) == Some(403)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// Whether the node's Ready condition is True.
@@ -407,7 +471,7 @@ fn table(s: &Status) -> String {
                     _ => "-".into(),
                 },
                 res(&p.granted),
-                p.pods.to_string(),
+                p.pods.map_or("-".into(), |n| n.to_string()),
                 if not_true.is_empty() {
                     "-".to_string()
                 } else {
@@ -427,7 +491,7 @@ fn table(s: &Status) -> String {
                 c.cluster_id.clone(),
                 c.tenant_namespace.clone(),
                 res(&c.granted),
-                c.pods.to_string(),
+                c.pods.map_or("-".into(), |n| n.to_string()),
             ]);
         }
         out.push_str(&table::render(t, 2));

@@ -196,6 +196,97 @@ fn install_invite_peer_status_through_the_cli() {
         "{table}"
     );
 
+    // A user bound only to the tandem-viewer ClusterRole the install ships runs `tandem
+    // status`: no Secret (the identity is read from the cluster's ClusterProperty), no listing
+    // of every pod (the counts it may not see are null).
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .args(["--kubeconfig", kc, "--context", "lab-1"])
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "kubectl {args:?}: {stderr}");
+        stdout
+    };
+    kubectl(&["create", "serviceaccount", "viewer"]);
+    kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "viewer-tandem",
+        "--clusterrole",
+        tandem_api::names::VIEWER_ROLE,
+        "--serviceaccount",
+        "default:viewer",
+    ]);
+    let viewer = "system:serviceaccount:default:viewer";
+    for (verb, what) in [("list", "pods"), ("get", "secrets")] {
+        let out = Command::new("kubectl")
+            .args([
+                "--kubeconfig",
+                kc,
+                "--context",
+                "lab-1",
+                "auth",
+                "can-i",
+                verb,
+                what,
+            ])
+            .args(["-A", "--as", viewer])
+            .output()
+            .unwrap();
+        assert_eq!(text(&out).0.trim(), "no", "the viewer may {verb} {what}");
+    }
+    let token = kubectl(&["create", "token", "viewer"]);
+    let viewer_kc = dir.path().join("viewer-kubeconfig");
+    std::fs::copy(&kubeconfig, &viewer_kc).unwrap();
+    let vkc = viewer_kc.to_str().unwrap();
+    for args in [
+        vec![
+            "config",
+            "set-credentials",
+            "viewer",
+            "--token",
+            token.trim(),
+        ],
+        vec![
+            "config",
+            "set-context",
+            "viewer",
+            "--cluster",
+            "lab-1",
+            "--user",
+            "viewer",
+        ],
+    ] {
+        let out = Command::new("kubectl")
+            .args(["--kubeconfig", vkc])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "kubectl {args:?}: {}", text(&out).1);
+    }
+    let out = tandem(
+        dir.path(),
+        &[
+            "status",
+            "-o",
+            "json",
+            "--kubeconfig",
+            vkc,
+            "--context",
+            "viewer",
+        ],
+    );
+    let (json, err) = text(&out);
+    assert!(out.status.success(), "status as tandem-viewer: {err}");
+    let seen: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(seen["clusterID"], "rome", "{seen}");
+    assert_eq!(seen["providers"][0]["clusterID"], "milan", "{seen}");
+    assert_eq!(seen["providers"][0]["phase"], "Established", "{seen}");
+    assert!(seen["providers"][0]["pods"].is_null(), "{seen}");
+    assert_eq!(seen["networkFabric"]["on"], false, "{seen}");
+
     // kubectl's global flags before or after the verb, the kubeconfig from $KUBECONFIG.
     for (args, cluster) in [
         (["--context", "lab-1", "status"], "rome"),

@@ -296,6 +296,40 @@ pub fn peer_roles() -> Vec<ClusterRole> {
 /// in (tenant, twin and offloaded namespaces) are only known at run time; what it does in fixed
 /// namespaces is in [`controller_namespaced_roles`]. `tandem install`, which runs as the
 /// administrator, creates what the controller cannot (CRDs, these roles, its Deployment).
+/// `tandem-viewer`: what `tandem status` reads, for a user who should see the peerings and
+/// nothing more. Bind it with a ClusterRoleBinding (`kubectl create clusterrolebinding
+/// alice-tandem --clusterrole tandem-viewer --user alice`). No Secrets (not the cluster's
+/// identity, not the enrollment credential) and no listing of Pods: status shows the cluster
+/// ID from its ClusterProperty, and pod counts only where the user may list pods anyway.
+pub fn viewer_role() -> ClusterRole {
+    const READ: &[&str] = &["get", "list", "watch"];
+    let mut settings = rule("", &["configmaps"], &["get"]);
+    settings.resource_names = Some(vec![names::CONFIG_MAP.to_string()]);
+    let mut kube_system = rule("", &["namespaces"], &["get"]);
+    kube_system.resource_names = Some(vec!["kube-system".to_string()]);
+    cluster_role(
+        names::VIEWER_ROLE,
+        vec![
+            rule(
+                tandem_api::GROUP,
+                &["peerings", "tenants", "namespaceoffloadings"],
+                READ,
+            ),
+            rule(
+                tandem_api::mcs::MCS_GROUP,
+                &["serviceexports", "serviceimports"],
+                READ,
+            ),
+            rule(tandem_api::mcs::ABOUT_GROUP, &["clusterproperties"], READ),
+            // Virtual nodes: readiness, cordoning, the tunnel's report.
+            rule("", &["nodes"], READ),
+            // Whether the network fabric runs: the settings, and a hollow lab's mark.
+            settings,
+            kube_system,
+        ],
+    )
+}
+
 pub fn controller_role() -> ClusterRole {
     const WATCH: &[&str] = &["get", "list", "watch"];
     cluster_role(
