@@ -635,3 +635,164 @@ pub async fn abandon(client: &Client, provider: &str) -> Result<(), InviteError>
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Why an established peering's virtual node does not take pods yet.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the peering with {provider} is established, but its virtual node {node} takes no pods \
+     yet after {after:?}: {waiting}. The peering stays; `tandem status` shows when it can \
+     (pods created meanwhile are placed on local nodes only)"
+)]
+pub struct NotSchedulable {
+    pub provider: String,
+    pub node: String,
+    pub after: Duration,
+    /// What it still waits for.
+    pub waiting: String,
+    /// The error reading the node, when that is what failed.
+    #[source]
+    pub source: Option<kube::Error>,
+}
+
+/// Waits until the virtual node of the established `peering` can take pods — it exists, is
+/// Ready, its network is not unavailable (with the fabric on: the tunnel is up) and no taint
+/// but Tandem's own keeps pods off it — telling `progress` what it waits for as that changes.
+pub async fn wait_schedulable(
+    client: &Client,
+    peering: &Peering,
+    timeout: Duration,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), NotSchedulable> {
+    let provider = peering.name_any();
+    let node = peering
+        .status
+        .as_ref()
+        .and_then(|s| s.virtual_node.clone())
+        .unwrap_or_else(|| names::virtual_node_name(&provider));
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut said = String::new();
+    loop {
+        let waiting = match nodes.get_opt(&node).await {
+            Ok(n) => match n.as_ref().map(why_unschedulable) {
+                None => format!("the virtual node {node} does not exist yet"),
+                Some(None) => return Ok(()),
+                Some(Some(why)) => why,
+            },
+            Err(source) => {
+                return Err(NotSchedulable {
+                    provider,
+                    node: node.clone(),
+                    after: timeout,
+                    waiting: format!("reading Node {node}"),
+                    source: Some(source),
+                });
+            }
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(NotSchedulable {
+                provider,
+                node,
+                after: timeout,
+                waiting,
+                source: None,
+            });
+        }
+        if waiting != said {
+            progress(&waiting);
+            said = waiting;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What keeps pods off `node`; None when the scheduler may place pods of an offloaded
+/// namespace there (they tolerate Tandem's own taint).
+pub fn why_unschedulable(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    let name = node.name_any();
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let find = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let said = |c: &k8s_openapi::api::core::v1::NodeCondition| {
+        format!(
+            "{}: {}",
+            c.reason.as_deref().unwrap_or("-"),
+            c.message.as_deref().unwrap_or("")
+        )
+    };
+    match find("Ready") {
+        Some(c) if c.status == "True" => {}
+        Some(c) => {
+            return Some(format!(
+                "the virtual node {name} is not Ready ({})",
+                said(c)
+            ));
+        }
+        None => {
+            return Some(format!(
+                "the virtual node {name} has not reported Ready yet"
+            ));
+        }
+    }
+    if let Some(c) = find("NetworkUnavailable").filter(|c| c.status == "True") {
+        return Some(format!(
+            "waiting for the tunnel: the virtual node {name} is NetworkUnavailable ({})",
+            said(c)
+        ));
+    }
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    let blocking: Vec<String> = taints
+        .iter()
+        .filter(|t| t.key != names::VIRTUAL_NODE_TAINT && t.effect != "PreferNoSchedule")
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect();
+    (!blocking.is_empty())
+        .then(|| format!("the virtual node {name} is tainted {}", blocking.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(
+        conditions: serde_json::Value,
+        taints: serde_json::Value,
+    ) -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(json!({"metadata": {"name": "tandem-milan"},
+            "spec": {"taints": taints}, "status": {"conditions": conditions}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_virtual_node_takes_pods_once_ready_with_its_tunnel_up_and_only_tandems_taint() {
+        let ready = json!({"type": "Ready", "status": "True"});
+        let own = json!([{"key": names::VIRTUAL_NODE_TAINT, "effect": "NoExecute"}]);
+        assert_eq!(why_unschedulable(&node(json!([ready]), own.clone())), None);
+        let down = json!({"type": "NetworkUnavailable", "status": "True",
+                          "reason": "TunnelDown", "message": "no handshake yet"});
+        let why = why_unschedulable(&node(json!([ready, down]), own.clone())).unwrap();
+        assert!(
+            why.contains("waiting for the tunnel") && why.contains("TunnelDown"),
+            "{why}"
+        );
+        let not_ready = json!({"type": "Ready", "status": "False", "reason": "ProviderUnreachable",
+                               "message": "x"});
+        let why = why_unschedulable(&node(json!([not_ready]), own)).unwrap();
+        assert!(why.contains("is not Ready (ProviderUnreachable"), "{why}");
+        let tainted = json!([{"key": "node.kubernetes.io/network-unavailable",
+                              "effect": "NoSchedule"}]);
+        let why = why_unschedulable(&node(json!([ready]), tainted)).unwrap();
+        assert!(
+            why.contains("node.kubernetes.io/network-unavailable:NoSchedule"),
+            "{why}"
+        );
+    }
+}

@@ -102,10 +102,14 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
         .await;
     match result {
         Ok(p) => {
-            let node = p.status.and_then(|s| s.virtual_node).unwrap_or_default();
+            let node = p
+                .status
+                .clone()
+                .and_then(|s| s.virtual_node)
+                .unwrap_or_default();
             eprintln!("peering with {provider} established; virtual node {node}");
             crate::status::warn_if_fabric_off(&client).await;
-            Ok(())
+            until_schedulable(&client, &p, args.timeout).await
         }
         Err(e) => {
             let cleanup = tandem_admin::invite::abandon(&client, &provider).await;
@@ -121,6 +125,22 @@ pub async fn run(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()> {
             Err(anyhow!(msg))
         }
     }
+}
+
+/// Returns once the established peering's virtual node takes pods (with the fabric on, once
+/// the tunnel is up), saying what it waits for meanwhile; an error naming what it still waits
+/// for after `timeout` (the peering stays).
+async fn until_schedulable(
+    client: &kube::Client,
+    peering: &tandem_api::Peering,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    tandem_admin::invite::wait_schedulable(client, peering, timeout, &mut |waiting| {
+        eprintln!("… {waiting}");
+    })
+    .await?;
+    eprintln!("✓ the virtual node takes pods");
+    Ok(())
 }
 
 /// What the admin can do about a peering that did not get established.
@@ -237,11 +257,12 @@ async fn run_enrollment(args: Args, cluster: &ClusterArgs) -> anyhow::Result<()>
         if tandem_admin::invite::is_established(&peering) {
             let node = peering
                 .status
+                .clone()
                 .and_then(|s| s.virtual_node)
                 .unwrap_or_default();
             eprintln!("peering with {id} established; virtual node {node}");
             crate::status::warn_if_fabric_off(&client).await;
-            return Ok(());
+            return until_schedulable(&client, &peering, args.timeout).await;
         }
         let status = peering.status.clone().unwrap_or_default();
         let auth =

@@ -899,19 +899,39 @@ fn on_kind_the_pending_load_balancer_gives_way_to_the_node_address() {
         stderr.contains("is a loopback address; the invite names https://172.19.0.1:6443"),
         "{stderr}"
     );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                "peer",
-                invite.trim(),
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "peer through the derived endpoint",
+    let out = tandem(
+        home.path(),
+        &[
+            "peer",
+            invite.trim(),
+            "--kubeconfig",
+            &kc,
+            "--context",
+            "lab-1",
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "peer through the derived endpoint");
+    // peer returns once the virtual node takes pods: the tunnel is up, nothing taints it, so
+    // a Deployment created now may land there.
+    assert!(said.contains("✓ the virtual node takes pods"), "{said}");
+    let node = json(&lab, "lab-1", &["get", "node", "tandem-milan"]);
+    let network = node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "NetworkUnavailable")
+        .cloned();
+    assert_eq!(
+        network.as_ref().map(|c| c["status"].clone()),
+        Some(Value::from("False")),
+        "{node}"
+    );
+    assert!(
+        !node["spec"]["taints"]
+            .to_string()
+            .contains("network-unavailable"),
+        "{node}"
     );
 
     let params = until(
