@@ -8,6 +8,7 @@ pub mod controllers;
 pub mod error;
 pub mod events;
 pub mod gate;
+pub mod image_pulls;
 pub mod images;
 pub mod kubelet;
 pub mod lab;
