@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -66,6 +65,18 @@ pub fn storage_class() -> serde_json::Value {
     })
 }
 
+/// The label `tandem version` reads the installed controller's version from.
+pub const VERSION_LABEL: &str = "app.kubernetes.io/version";
+
+/// `labels` and the version of the manifests (this build's).
+fn versioned(mut labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels.insert(
+        VERSION_LABEL.to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    labels
+}
+
 fn labels() -> BTreeMap<String, String> {
     [(
         names::MANAGED_BY_LABEL.to_string(),
@@ -119,9 +130,18 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
         .chain(tandem_api::crds::upstream())
         .map(|crd| to_value(&crd))
         .collect();
+    // Pod Security: the gateways and the node agent run on the node network with NET_ADMIN and
+    // the TUN device, which only the privileged level admits; said explicitly, so that a
+    // cluster whose default level is stricter (a hardened one, or an admission configuration
+    // with `defaults.enforce: baseline`) still runs them.
+    let mut ns_labels = labels();
+    ns_labels.insert(
+        "pod-security.kubernetes.io/enforce".to_string(),
+        "privileged".to_string(),
+    );
     out.push(json!({
         "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "metadata": {"name": names::SYSTEM_NAMESPACE, "labels": ns_labels},
     }));
     out.extend(
         [rbac::controller_role(), rbac::controller_tenant_role()]
@@ -194,7 +214,8 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
     }));
     out.push(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
+        "metadata": {"name": names::CONTROLLER_NAME, "namespace": names::SYSTEM_NAMESPACE,
+                     "labels": versioned(labels())},
         "spec": {
             "replicas": 1,
             // One controller at a time, even across an upgrade: two would each renew and
@@ -465,81 +486,6 @@ pub const METRICS_PORT: u16 = 8080;
 /// 5353, which is mDNS's: the controller announces its cluster there with `tandem advertise
 /// --mdns`).
 pub const DNS_PORT: u16 = 10053;
-/// The Service (in tandem-system) in front of it, port 53.
-pub const DNS_SERVICE: &str = "tandem-dns";
-/// The markers around the stub domain Tandem keeps in CoreDNS's Corefile.
-const STUB_BEGIN: &str = "# BEGIN tandem: clusterset.local (multi-cluster services)";
-const STUB_END: &str = "# END tandem";
-
-/// The Corefile server block that sends `clusterset.local` to `dns_ip`.
-pub fn stub_domain_block(dns_ip: &str) -> String {
-    format!(
-        "{STUB_BEGIN}\n{}:53 {{\n    errors\n    cache 5\n    forward . {dns_ip}\n}}\n{STUB_END}\n",
-        tandem_api::mcs::CLUSTERSET_DOMAIN
-    )
-}
-
-/// `corefile` with Tandem's stub domain set to `dns_ip` (replacing an earlier one).
-pub fn with_stub_domain(corefile: &str, dns_ip: &str) -> String {
-    let mut out = without_stub_domain(corefile);
-    if !out.ends_with("\n\n") && !out.is_empty() {
-        out.push('\n');
-    }
-    out + &stub_domain_block(dns_ip)
-}
-
-/// `corefile` without Tandem's stub domain (what `tandem uninstall` leaves).
-pub fn without_stub_domain(corefile: &str) -> String {
-    let mut out = String::new();
-    let mut skipping = false;
-    let mut removed = false;
-    for line in corefile.lines() {
-        if line.trim() == STUB_BEGIN {
-            skipping = true;
-            removed = true;
-        } else if skipping && line.trim() == STUB_END {
-            skipping = false;
-        } else if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    // The blank line `with_stub_domain` put before the block.
-    while removed && out.ends_with("\n\n") {
-        out.pop();
-    }
-    out
-}
-
-/// Rewrites CoreDNS's Corefile (`kube-system/coredns`) with `edit`: None when there is no such
-/// ConfigMap (another cluster DNS), else whether the Corefile changed.
-pub async fn edit_corefile(
-    client: &Client,
-    edit: impl FnOnce(&str) -> String,
-) -> Result<Option<bool>, kube::Error> {
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    let Some(cm) = maps.get_opt("coredns").await? else {
-        return Ok(None);
-    };
-    let corefile = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get("Corefile"))
-        .cloned()
-        .unwrap_or_default();
-    let updated = edit(&corefile);
-    if updated == corefile {
-        return Ok(Some(false));
-    }
-    maps.patch(
-        "coredns",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"Corefile": updated}})),
-    )
-    .await?;
-    Ok(Some(true))
-}
-
 /// Points the cluster DNS at `clusterset.local`: the stub domain in CoreDNS's Corefile
 /// (`kube-system/coredns`, which CoreDNS's `reload` plugin and the lab's DNS follow); where
 /// there is no such ConfigMap, what to add by hand. Idempotent. Returns what was done.

@@ -120,6 +120,56 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
         ),
         "install on lab-2",
     );
+    // The clusterset.local stub domain is the controller's to keep: rome, installed without
+    // `tandem install`, gets it in CoreDNS's Corefile, and gets it back when something
+    // rewrites the Corefile (as k3s does on every restart).
+    let corefile = || {
+        let out = kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                "configmap",
+                "coredns",
+                "-o",
+                "jsonpath={.data.Corefile}",
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stub = "# BEGIN tandem: clusterset.local";
+    let with_stub = until(
+        "rome's controller adding the stub domain to the Corefile",
+        Duration::from_secs(90),
+        || Some(corefile()).filter(|c| c.contains(stub)),
+    );
+    let original = tandem_admin::install::without_stub_domain(&with_stub);
+    let patch = serde_json::json!({"data": {"Corefile": original}}).to_string();
+    ok(
+        kubectl(
+            &lab,
+            "lab-1",
+            &[
+                "-n",
+                "kube-system",
+                "patch",
+                "configmap",
+                "coredns",
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ],
+        ),
+        "rewriting the Corefile without the stub",
+    );
+    until(
+        "the stub domain back in the rewritten Corefile",
+        Duration::from_secs(60),
+        || corefile().contains(stub).then_some(()),
+    );
     // Each controller is its Deployment's pod, and says who the API server knows it as.
     for ctx in ["lab-1", "lab-2"] {
         let log = until(

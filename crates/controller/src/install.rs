@@ -10,6 +10,10 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::names;
 
+pub use crate::coredns::{
+    DNS_SERVICE, STUB_BEGIN, STUB_END, edit_corefile, stub_domain_block, with_stub_domain,
+    without_stub_domain,
+};
 use crate::identity::ClusterIdentity;
 pub use crate::objects::{add_finalizer, apply, remove_finalizer};
 use crate::settings::step;

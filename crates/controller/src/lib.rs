@@ -14,6 +14,7 @@ mod batch;
 pub mod clients;
 pub mod consumer;
 pub mod context;
+pub mod coredns;
 pub mod credentials;
 pub mod discovery;
 pub mod enroll;

@@ -648,6 +648,14 @@ pub fn controller_namespaced_roles() -> Vec<Role> {
             ],
         ),
         role(
+            "kube-system",
+            // The clusterset.local stub domain it keeps in CoreDNS's Corefile.
+            vec![named(
+                rule("", &["configmaps"], &["get", "patch"]),
+                "coredns",
+            )],
+        ),
+        role(
             LEASE_NAMESPACE,
             // Virtual nodes' heartbeats.
             vec![rule(

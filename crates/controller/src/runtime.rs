@@ -170,5 +170,6 @@ fn run_reconcilers(
     crate::consumer::spawn(&ctx, tasks);
     tasks.spawn(crate::fabric::gateway::run(ctx.clone()));
     tasks.spawn(crate::discovery::run(ctx.clone()));
+    tasks.spawn(crate::coredns::run(ctx.clone()));
     tracing::info!(cluster_id = %ctx.identity.cluster_id, "controller started");
 }
