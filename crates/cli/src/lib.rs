@@ -11,6 +11,7 @@ mod advertise;
 mod agent;
 mod apiserver;
 mod cluster;
+mod completion;
 mod controller;
 mod crds;
 mod dashboard;
@@ -34,6 +35,7 @@ mod status;
 mod table;
 mod uninstall;
 mod unpeer;
+mod version;
 mod workdir;
 
 use clap::{Parser, Subcommand};
@@ -103,6 +105,10 @@ enum Command {
     Unexport(export::UnexportArgs),
     /// Print Tandem's CustomResourceDefinitions (YAML).
     Crds(crds::Args),
+    /// Print a shell completion script (bash, zsh, fish).
+    Completion(completion::Args),
+    /// Print this CLI's version and the installed controller's.
+    Version(version::Args),
     /// Write the install manifests of `deploy/` (kustomize) from the same source as `tandem
     /// install`.
     #[command(hide = true)]
@@ -193,20 +199,25 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let prints_objects = match &cli.command {
-        Command::Status(_) | Command::Discover(_) | Command::Requests(_) => true,
+        Command::Status(_) | Command::Discover(_) | Command::Requests(_) | Command::Version(_) => {
+            true
+        }
         Command::Lab(args) => args.prints_objects(),
         Command::Install(args) => args.prints_objects(),
         _ => false,
     };
     if let (Some(output), false) = (cli.global.output, prints_objects) {
         anyhow::bail!(
-            "-o/--output {} does not apply to this command; `tandem status`, `tandem discover`, `tandem lab status` and `tandem install --dry-run` take it",
+            "-o/--output {} does not apply to this command; `tandem status`, `tandem version`, `tandem discover`, `tandem lab status` and `tandem install --dry-run` take it",
             clap::ValueEnum::to_possible_value(&output)
                 .map_or_else(String::new, |v| v.get_name().to_string())
         );
     }
     if let Command::Crds(args) = cli.command {
         return crds::run(args);
+    }
+    if let Command::Completion(args) = cli.command {
+        return completion::run(args);
     }
     if let Command::Manifests(args) = cli.command {
         return manifests::run(args);
@@ -225,6 +236,7 @@ fn run() -> anyhow::Result<()> {
             Command::Lab(args) => lab::run(args, &global).await,
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,
+            Command::Version(args) => version::run(args, &global).await,
             Command::Dashboard(args) => dashboard::run(args, &global.cluster).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Install(args) => install::run(args, &global.cluster, global.output).await,
@@ -249,7 +261,9 @@ fn run() -> anyhow::Result<()> {
             Command::Drain(args) => drain::drain(args, &global.cluster).await,
             Command::Export(args) => export::export(args, &global).await,
             Command::Unexport(args) => export::unexport(args, &global).await,
-            Command::Crds(_) | Command::Manifests(_) => unreachable!("handled above"),
+            Command::Crds(_) | Command::Manifests(_) | Command::Completion(_) => {
+                unreachable!("handled above")
+            }
         }
     })
 }

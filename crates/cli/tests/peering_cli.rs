@@ -196,6 +196,45 @@ fn install_invite_peer_status_through_the_cli() {
         "{table}"
     );
 
+    // `tandem version`: this CLI's and the installed controller's, from its Deployment.
+    let out = tandem(
+        dir.path(),
+        &[
+            "version",
+            "-o",
+            "json",
+            "--kubeconfig",
+            kc,
+            "--context",
+            "lab-1",
+        ],
+    );
+    let (json, err) = text(&out);
+    assert!(out.status.success(), "version: {err}");
+    let versions: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(versions["client"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        versions["controller"]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{versions}"
+    );
+    assert_eq!(
+        versions["controller"]["image"],
+        tandem_admin::install::default_image(),
+        "{versions}"
+    );
+    let out = tandem(dir.path(), &["version", "--client"]);
+    let (table, err) = text(&out);
+    assert!(out.status.success(), "version --client: {err}");
+    assert_eq!(
+        table.trim(),
+        format!(
+            "Client:     tandem {} (peering protocol v{})",
+            env!("CARGO_PKG_VERSION"),
+            tandem_core::protocol::VERSION
+        )
+    );
+
     // A user bound only to the tandem-viewer ClusterRole the install ships runs `tandem
     // status`: no Secret (the identity is read from the cluster's ClusterProperty), no listing
     // of every pod (the counts it may not see are null).
