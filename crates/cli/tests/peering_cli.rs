@@ -24,6 +24,16 @@ fn tandem(dir: &Path, args: &[&str]) -> Output {
         .expect("tandem runs")
 }
 
+/// `tandem ARGS -o json`, which must succeed: what it printed.
+fn tandem_json(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let out = tandem(dir, &all);
+    let (json, err) = text(&out);
+    assert!(out.status.success(), "tandem {args:?}: {err}");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("tandem {args:?}: {e}: {json}"))
+}
+
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -143,28 +153,14 @@ fn install_invite_peer_status_through_the_cli() {
     // `tandem status -o json` on both sides, and as a kubectl plugin.
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        let out = tandem(
+        let v = tandem_json(
             dir.path(),
-            &[
-                "status",
-                "-o",
-                "json",
-                "--kubeconfig",
-                kc,
-                "--context",
-                "lab-1",
-            ],
+            &["status", "--kubeconfig", kc, "--context", "lab-1"],
         );
-        let (json, err) = text(&out);
-        assert!(out.status.success(), "status: {err}");
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         if v["providers"][0]["virtualNodeReady"] == true {
             break v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "virtual node never Ready: {json}"
-        );
+        assert!(Instant::now() < deadline, "virtual node never Ready: {v}");
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(status["clusterID"], "rome");
@@ -197,21 +193,10 @@ fn install_invite_peer_status_through_the_cli() {
     );
 
     // `tandem version`: this CLI's and the installed controller's, from its Deployment.
-    let out = tandem(
+    let versions = tandem_json(
         dir.path(),
-        &[
-            "version",
-            "-o",
-            "json",
-            "--kubeconfig",
-            kc,
-            "--context",
-            "lab-1",
-        ],
+        &["version", "--kubeconfig", kc, "--context", "lab-1"],
     );
-    let (json, err) = text(&out);
-    assert!(out.status.success(), "version: {err}");
-    let versions: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(versions["client"]["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(
         versions["controller"]["version"],
@@ -305,21 +290,10 @@ fn install_invite_peer_status_through_the_cli() {
             .unwrap();
         assert!(out.status.success(), "kubectl {args:?}: {}", text(&out).1);
     }
-    let out = tandem(
+    let seen = tandem_json(
         dir.path(),
-        &[
-            "status",
-            "-o",
-            "json",
-            "--kubeconfig",
-            vkc,
-            "--context",
-            "viewer",
-        ],
+        &["status", "--kubeconfig", vkc, "--context", "viewer"],
     );
-    let (json, err) = text(&out);
-    assert!(out.status.success(), "status as tandem-viewer: {err}");
-    let seen: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(seen["clusterID"], "rome", "{seen}");
     assert_eq!(seen["providers"][0]["clusterID"], "milan", "{seen}");
     assert_eq!(seen["providers"][0]["phase"], "Established", "{seen}");
