@@ -478,6 +478,11 @@ pub fn controller_role() -> ClusterRole {
                 ),
                 ..rule("rbac.authorization.k8s.io", &["clusterroles"], &["bind"])
             },
+            // Its own ClusterRole, read for its UID: the owner of its webhook configurations.
+            named(
+                rule("rbac.authorization.k8s.io", &["clusterroles"], &["get"]),
+                names::CONTROLLER_NAME,
+            ),
             // A peer's client certificate: filed, approved, then removed; and the requests
             // renewing one (listed to find them).
             rule(

@@ -216,3 +216,56 @@ async fn the_serving_certificate_rotates_on_schedule_and_on_request_and_no_pod_c
     let (_, _, _, rotated) = current(&hooks).await;
     assert_eq!(rotated, request);
 }
+
+/// Removing Tandem the way Helm or `kubectl delete -k` does — the controller and its
+/// ClusterRole go, nothing asks the controller — takes the fail-closed webhooks with it: they
+/// are owned by the controller's ClusterRole, and the garbage collector deletes them, so pod
+/// creation in a once-offloaded namespace is not blocked by a webhook with no server.
+#[tokio::test]
+async fn the_webhooks_go_with_the_controllers_cluster_role() {
+    let mut cluster = Cluster::start("rome", "eu-west", 1).await;
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(cluster.client.clone());
+    let validating: Api<
+        k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+    > = Api::all(cluster.client.clone());
+    let role = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(cluster.client.clone())
+        .get(names::CONTROLLER_NAME)
+        .await
+        .unwrap();
+    let owned_by_role =
+        |refs: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
+            refs.unwrap_or_default()
+                .iter()
+                .any(|r| r.kind == "ClusterRole" && Some(&r.uid) == role.metadata.uid.as_ref())
+        };
+    until(
+        "both webhook configurations owned by the controller's ClusterRole",
+        Duration::from_secs(30),
+        || async {
+            let m = mutating.get_opt(WEBHOOK_CONFIGURATION).await.ok()??;
+            let v = validating
+                .get_opt(names::PEER_WRITES_WEBHOOK)
+                .await
+                .ok()??;
+            (owned_by_role(m.metadata.owner_references)
+                && owned_by_role(v.metadata.owner_references))
+            .then_some(())
+        },
+    )
+    .await;
+    cluster.kill_controller();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(cluster.client.clone())
+        .delete(names::CONTROLLER_NAME, &Default::default())
+        .await
+        .unwrap();
+    until(
+        "the webhook configurations gone with the ClusterRole",
+        Duration::from_secs(30),
+        || async {
+            let m = mutating.get_opt(WEBHOOK_CONFIGURATION).await.ok()?;
+            let v = validating.get_opt(names::PEER_WRITES_WEBHOOK).await.ok()?;
+            (m.is_none() && v.is_none()).then_some(())
+        },
+    )
+    .await;
+}

@@ -262,17 +262,52 @@ async fn apply_configurations(
     ca_pem: &str,
     annotations: &Value,
 ) -> Result<(), WebhookError> {
-    apply(hooks, &configuration(target, ca_pem, annotations))
+    let client = hooks.clone().into_client();
+    let owner = install_anchor(&client).await;
+    let mut mutating = configuration(target, ca_pem, annotations);
+    mutating.metadata.owner_references = owner.clone();
+    apply(hooks, &mutating)
         .await
         .map_err(WebhookError::Configuration)?;
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(hooks.clone().into_client());
-    apply(
-        &validating,
-        &peer_writes::configuration(target.client_config(peer_writes::PATH, ca_pem)),
-    )
-    .await
-    .map(drop)
-    .map_err(WebhookError::ValidatingConfiguration)
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client);
+    let mut checking = peer_writes::configuration(target.client_config(peer_writes::PATH, ca_pem));
+    checking.metadata.owner_references = owner;
+    apply(&validating, &checking)
+        .await
+        .map(drop)
+        .map_err(WebhookError::ValidatingConfiguration)
+}
+
+/// The owner of the webhook configurations: the controller's ClusterRole, which every way of
+/// installing Tandem creates and every way of removing it deletes (`helm uninstall`, `kubectl
+/// delete -k`, `tandem uninstall`), so that the garbage collector removes the fail-closed
+/// webhooks with it instead of leaving them to block pod creation in offloaded namespaces
+/// with no server behind them. (A cluster-scoped object can only be owned by a cluster-scoped
+/// one: not by the Deployment.) None when it cannot be read: the configurations are applied
+/// unowned, as before.
+async fn install_anchor(
+    client: &kube::Client,
+) -> Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>> {
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    match roles.get_opt(names::CONTROLLER_NAME).await {
+        Ok(Some(role)) => Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "rbac.authorization.k8s.io/v1".into(),
+                kind: "ClusterRole".into(),
+                name: names::CONTROLLER_NAME.into(),
+                uid: role.metadata.uid?,
+                ..Default::default()
+            },
+        ]),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(
+                "reading ClusterRole {} (the webhooks' owner): {e}",
+                names::CONTROLLER_NAME
+            );
+            None
+        }
+    }
 }
 
 /// An HTTP answer carrying the AdmissionReview `answer`.
