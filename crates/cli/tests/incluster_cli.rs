@@ -123,22 +123,7 @@ fn install_runs_the_controller_as_its_pod_and_peering_works_with_controllers_run
     // The clusterset.local stub domain is the controller's to keep: rome, installed without
     // `tandem install`, gets it in CoreDNS's Corefile, and gets it back when something
     // rewrites the Corefile (as k3s does on every restart).
-    let corefile = || {
-        let out = kubectl(
-            &lab,
-            "lab-1",
-            &[
-                "-n",
-                "kube-system",
-                "get",
-                "configmap",
-                "coredns",
-                "-o",
-                "jsonpath={.data.Corefile}",
-            ],
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let corefile = || netlab::corefile(&lab, "lab-1");
     let stub = "# BEGIN tandem: clusterset.local";
     let with_stub = until(
         "rome's controller adding the stub domain to the Corefile",

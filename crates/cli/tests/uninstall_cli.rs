@@ -143,20 +143,7 @@ fn uninstall_on_both_sides_of_a_peering_leaves_nothing_and_pods_still_start() {
             );
         }
         // (A hollow lab has no CoreDNS: the stub domain's removal is a unit test of install.)
-        let corefile = kubectl(
-            &lab,
-            ctx,
-            &[
-                "-n",
-                "kube-system",
-                "get",
-                "configmap",
-                "coredns",
-                "-o",
-                "jsonpath={.data.Corefile}",
-            ],
-        );
-        let corefile = String::from_utf8_lossy(&corefile.stdout);
+        let corefile = netlab::corefile(&lab, ctx);
         assert!(!corefile.contains("tandem"), "{ctx}: {corefile}");
     }
     // Pods are created (no webhook in the way) and run, in the namespace that was offloaded.

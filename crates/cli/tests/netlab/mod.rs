@@ -128,6 +128,24 @@ pub fn lab_up_as(home: &Path, name: &str, clusters: &str, nodes: &str, profile: 
     lab
 }
 
+/// CoreDNS's Corefile in cluster `ctx` (ConfigMap kube-system/coredns); empty without one.
+pub fn corefile(lab: &Lab, ctx: &str) -> String {
+    let out = kubectl(
+        lab,
+        ctx,
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "configmap",
+            "coredns",
+            "-o",
+            "jsonpath={.data.Corefile}",
+        ],
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `tandem lab load-image` of Tandem's default image onto every cluster of the lab in
 /// `home/name`: what a kind-profile lab needs before Tandem is installed, as kind does.
 pub fn load_tandem_image(home: &Path, name: &str) {
