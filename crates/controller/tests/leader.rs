@@ -49,11 +49,15 @@ fn sample(scrape: &str, name: &str) -> Option<f64> {
 fn replica(name: &str) -> tandem_controller::Options {
     tandem_controller::Options {
         metrics_addr: Some(([127, 0, 0, 1], 0).into()),
+        // Deadlines a starved CI machine meets: with 2 s to renew, the one replica left lost
+        // its Lease in a clean-clone run (both cores busy with another test) and, stopping as
+        // a leader must, left nobody to finish the burst. Taking over still waits for the
+        // Lease to run out (10 s), well inside the 30 s the test allows.
         leader_election: Some(LeaderElection {
             identity: name.to_string(),
-            lease_duration: Duration::from_secs(3),
-            renew_deadline: Duration::from_secs(2),
-            retry_period: Duration::from_millis(500),
+            lease_duration: Duration::from_secs(10),
+            renew_deadline: Duration::from_secs(8),
+            retry_period: Duration::from_secs(1),
         }),
         ..test_options()
     }
