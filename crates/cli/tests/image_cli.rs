@@ -1,8 +1,10 @@
-//! Tandem's image (`deploy/image/Dockerfile`) wraps one statically linked binary. No container
-//! engine is available here, so what is tested is that binary, the one every other test runs:
-//! it has no program interpreter, and alone in an otherwise empty root, as the image's user, it
-//! runs and talks to a lab cluster (TLS, the kube client, name resolution through the
-//! `/etc/hosts` a kubelet mounts). The Dockerfile is checked against what it must agree with.
+//! Tandem's image (`deploy/image/Dockerfile`) wraps one statically linked binary. What is
+//! tested is that binary, the one every other test runs: it has no program interpreter, and
+//! alone in an otherwise empty root, as the image's user, it runs and talks to a lab cluster
+//! (TLS, the kube client, name resolution through the `/etc/hosts` a kubelet mounts). The image
+//! itself is built without a registry (`deploy/image/build-from-binary`, Debian's buildah) and
+//! run: `tandem version` and `nft`, as the image's user, and the binary's file capability. The
+//! Dockerfile is checked against what it must agree with.
 
 use std::path::Path;
 use std::process::Command;
@@ -130,8 +132,9 @@ fn the_dockerfile_wraps_the_binary_the_tests_run() {
         "the tests run {tested}"
     );
     assert!(
-        file.contains("cargo build --release --locked -p tandem-cli")
-            && file.contains("target/x86_64-unknown-linux-gnu/release/tandem"),
+        file.contains("cargo build --release --locked -p tandem-cli --target \"$target\"")
+            && file.contains("amd64|\"\") target=x86_64-unknown-linux-gnu")
+            && file.contains("install -D -m 0755 \"target/$target/release/tandem\" /out/tandem"),
         "the Dockerfile must build and copy the release binary of tandem-cli"
     );
     // Runs as the user the manifests and the lab give Tandem's pods, never root.
@@ -156,4 +159,157 @@ fn the_dockerfile_wraps_the_binary_the_tests_run() {
         file.contains("setcap cap_net_admin+p /usr/local/bin/tandem"),
         "the binary must carry NET_ADMIN as a permitted file capability"
     );
+}
+
+/// `buildah` with its own storage in `dir`, so that the test's images and containers live and
+/// die with its temporary directory (vfs: no overlay mount to leave behind).
+fn buildah(dir: &Path) -> Command {
+    let mut c = Command::new("buildah");
+    c.arg("--root")
+        .arg(dir.join("root"))
+        .arg("--runroot")
+        .arg(dir.join("run"))
+        .args(["--storage-driver", "vfs"]);
+    c
+}
+
+/// Removes the test's containers and images, even when an assertion fails first.
+struct BuildahStore(tempfile::TempDir);
+
+impl Drop for BuildahStore {
+    fn drop(&mut self) {
+        let _ = buildah(self.0.path()).args(["rm", "--all"]).output();
+        let _ = buildah(self.0.path())
+            .args(["rmi", "--all", "--force"])
+            .output();
+    }
+}
+
+#[test]
+#[cfg_attr(not(tandem_root), ignore = "needs root")]
+fn the_image_builds_without_a_registry_and_runs_tandem_version_against_a_lab() {
+    tandem_testing::needs_root();
+    let store = BuildahStore(tempfile::tempdir().unwrap());
+    let dir = store.0.path();
+    let opts = format!(
+        "--root {} --runroot {} --storage-driver vfs",
+        dir.join("root").display(),
+        dir.join("run").display()
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/image/build-from-binary");
+    let image = "localhost/tandem:test";
+    ok(
+        Command::new(&script)
+            .args([env!("CARGO_BIN_EXE_tandem"), image])
+            .env("BUILDAH_OPTS", &opts)
+            .output()
+            .unwrap(),
+        "deploy/image/build-from-binary",
+    );
+    // The image's configuration: the image's user, the binary as entrypoint, the controller
+    // as the default role.
+    let config = ok(
+        buildah(dir)
+            .args(["inspect", "--type", "image", image])
+            .output()
+            .unwrap(),
+        "buildah inspect",
+    );
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    let config = &config["OCIv1"]["config"];
+    assert_eq!(
+        config["User"],
+        format!("{IMAGE_USER}:{IMAGE_USER}"),
+        "{config}"
+    );
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/tandem"]),
+        "{config}"
+    );
+    assert_eq!(config["Cmd"], serde_json::json!(["controller"]), "{config}");
+    let ctr = ok(
+        buildah(dir).args(["from", image]).output().unwrap(),
+        "buildah from",
+    );
+    let ctr = ctr.trim();
+    // The file capability the gateway and node agent raise NET_ADMIN from, permitted only.
+    let root = ok(
+        buildah(dir).args(["mount", ctr]).output().unwrap(),
+        "buildah mount",
+    );
+    let caps = ok(
+        Command::new("getcap")
+            .arg(Path::new(root.trim()).join("usr/local/bin/tandem"))
+            .output()
+            .unwrap(),
+        "getcap",
+    );
+    assert!(
+        caps.trim_end().ends_with("cap_net_admin=p"),
+        "getcap: {caps}"
+    );
+    // A hollow lab with Tandem installed: `tandem version` in the image shows the CLI's
+    // version and the installed controller's.
+    let home = tempfile::tempdir().unwrap();
+    let lab = hollow_lab(home.path(), "1");
+    ok(
+        tandem(
+            home.path(),
+            &[
+                "--kubeconfig",
+                &lab.kubeconfig,
+                "--context",
+                "lab-1",
+                "install",
+                "--cluster-id",
+                "rome",
+                "--wait=false",
+            ],
+        ),
+        "install",
+    );
+    let kubeconfig = Path::new(root.trim()).join("kubeconfig");
+    std::fs::copy(&lab.kubeconfig, &kubeconfig).unwrap();
+    nix::unistd::chown(
+        &kubeconfig,
+        Some(nix::unistd::Uid::from_raw(IMAGE_USER)),
+        None,
+    )
+    .unwrap();
+    // chroot isolation: no OCI runtime (crun refuses this machine's hybrid cgroups), the
+    // host's network, which the lab's API server listens on.
+    let run = |args: &[&str]| {
+        buildah(dir)
+            .args(["run", "--isolation", "chroot", "--user"])
+            .arg(format!("{IMAGE_USER}:{IMAGE_USER}"))
+            .args([ctr, "--"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let version = ok(
+        run(&[
+            "/usr/local/bin/tandem",
+            "version",
+            "--kubeconfig",
+            "/kubeconfig",
+            "--context",
+            "lab-1",
+        ]),
+        "tandem version in the image",
+    );
+    let ours = env!("CARGO_PKG_VERSION");
+    assert!(
+        version.contains(&format!("Client:     tandem {ours}"))
+            && version.contains(&format!("Controller: tandem {ours}")),
+        "tandem version in the image: {version}"
+    );
+    // nft runs with the libraries the image carries (listing needs NET_ADMIN, which the
+    // image's user holds only in a gateway's or node agent's pod).
+    let nft = ok(
+        run(&["/usr/sbin/nft", "--version"]),
+        "nft --version in the image",
+    );
+    assert!(nft.starts_with("nftables v"), "{nft}");
 }
