@@ -68,6 +68,24 @@ pub enum RolloutError {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "the controller now running (pod {namespace}/{holder}, image {image}, tandem {version}) \
+         speaks peering protocol v{theirs}, and this tandem {ours_version} speaks v{ours}: it \
+         would misread what this CLI and its peers write. Tandem is applied but must not be \
+         used this way: install again with an image of tandem {ours_version} or newer \
+         (tandem install --image REPOSITORY/tandem:{ours_version}), or use the CLI of the \
+         controller's version",
+        namespace = names::SYSTEM_NAMESPACE,
+        version = version.as_deref().unwrap_or("(unknown version)"),
+        ours = tandem_core::protocol::VERSION,
+        ours_version = env!("CARGO_PKG_VERSION")
+    )]
+    OlderProtocol {
+        holder: String,
+        image: String,
+        version: Option<String>,
+        theirs: u32,
+    },
     #[error("reading the controller's {what} in {namespace}", namespace = names::SYSTEM_NAMESPACE)]
     Read {
         what: &'static str,
@@ -152,6 +170,120 @@ pub async fn wait_for_controller(
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// What the controller holding the leader Lease says of itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningController {
+    /// The Lease's holder: a pod's name in the cluster (the host's name for a controller a
+    /// hollow lab's user runs on the host).
+    pub holder: String,
+    pub version: Option<String>,
+    /// A controller from before the annotation speaks the first version.
+    pub protocol: u32,
+}
+
+/// The controller holding the leader Lease, once one of the Deployment's current pods holds it
+/// (any holder in a hollow lab cluster, whose pods run no process), waiting at most `timeout`.
+/// None when there is no Lease (the controller runs without `--leader-elect`) or no current
+/// pod took it in time.
+pub async fn running_controller(
+    client: &Client,
+    timeout: Duration,
+) -> Result<Option<RunningController>, RolloutError> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), names::SYSTEM_NAMESPACE);
+    let hollow = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get_opt("kube-system")
+        .await
+        .map_err(|source| RolloutError::Read {
+            what: "kube-system Namespace",
+            source,
+        })?
+        .is_some_and(|ns| {
+            ns.labels()
+                .get(names::HOLLOW_CLUSTER_LABEL)
+                .is_some_and(|v| v == "true")
+        });
+    let selector = format!("app.kubernetes.io/name={}", names::CONTROLLER_NAME);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let lease = leases
+            .get_opt(names::CONTROLLER_NAME)
+            .await
+            .map_err(|source| RolloutError::Read {
+                what: "leader Lease",
+                source,
+            })?;
+        let Some(lease) = lease else { return Ok(None) };
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty());
+        if let Some(identity) = holder {
+            // A replica's identity is its pod's name (its hostname) and a random suffix, as
+            // client-go's leader election makes it: `<pod>_<hex>`.
+            let holder = match identity.rsplit_once('_') {
+                Some((pod, _)) => pod.to_string(),
+                None => identity,
+            };
+            let current = hollow
+                || pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(|source| RolloutError::Read {
+                        what: "pods",
+                        source,
+                    })?
+                    .items
+                    .iter()
+                    .any(|p| p.metadata.deletion_timestamp.is_none() && p.name_any() == holder);
+            if current {
+                let said = |key: &str| lease.annotations().get(key).cloned();
+                return Ok(Some(RunningController {
+                    holder,
+                    version: said(names::CONTROLLER_VERSION_ANNOTATION),
+                    protocol: said(names::PEERING_PROTOCOL_ANNOTATION)
+                        .and_then(|p| p.parse().ok())
+                        .unwrap_or_else(tandem_core::protocol::unversioned),
+                }));
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Refuses a running controller that speaks an older peering protocol than this CLI: what it
+/// would do with the objects this CLI writes (invites, peering requests) is not known.
+/// Returns what was checked (None: nothing could be, see [`running_controller`]).
+pub async fn check_controller_protocol(
+    client: &Client,
+    timeout: Duration,
+) -> Result<Option<RunningController>, RolloutError> {
+    let Some(running) = running_controller(client, timeout).await? else {
+        return Ok(None);
+    };
+    if running.protocol >= tandem_core::protocol::VERSION {
+        return Ok(Some(running));
+    }
+    let image = Api::<Deployment>::namespaced(client.clone(), names::SYSTEM_NAMESPACE)
+        .get_opt(names::CONTROLLER_NAME)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|d| d.spec?.template.spec?.containers.first()?.image.clone())
+        .unwrap_or_else(|| "-".into());
+    Err(RolloutError::OlderProtocol {
+        holder: running.holder,
+        image,
+        version: running.version,
+        theirs: running.protocol,
+    })
 }
 
 /// Whether `pod` was created before `t` (with a second's grace for clock skew).

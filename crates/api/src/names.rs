@@ -90,6 +90,12 @@ pub const FENCE_LEASE_LABEL: &str = "tandem.dev/fence-lease";
 /// Annotation of a virtual node: its gateway's last report of the tunnel, JSON
 /// (`{"state", "rttMs", "rxBytes", "txBytes"}`), refreshed with the node's status.
 pub const TUNNEL_ANNOTATION: &str = "tandem.dev/tunnel";
+/// Annotations of the controller's leader Lease (`tandem-system/tandem-controller`): the
+/// version and the peering protocol of the replica holding it, written with every renewal. An
+/// image's version is known only once it runs: `tandem install` and `tandem version` read them
+/// here.
+pub const CONTROLLER_VERSION_ANNOTATION: &str = "tandem.dev/controller-version";
+pub const PEERING_PROTOCOL_ANNOTATION: &str = "tandem.dev/peering-protocol";
 /// Name a NamespaceOffloading must have (one per namespace).
 pub const OFFLOADING_NAME: &str = "offloading";
 /// Field manager used by every Tandem writer.

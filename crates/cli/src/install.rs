@@ -147,11 +147,27 @@ pub async fn run(
         "… waiting for the controller to be Ready (up to {}; --wait=false skips this)",
         humantime::format_duration(args.timeout)
     );
+    let started = std::time::Instant::now();
     tandem_admin::rollout::wait_for_controller(&client, args.timeout, &mut |waiting| {
         eprintln!("  … {waiting}");
     })
     .await?;
     eprintln!("✓ controller Ready");
+    // What the image really runs is known only now: an older controller is refused.
+    let left = args.timeout.saturating_sub(started.elapsed());
+    match tandem_admin::rollout::check_controller_protocol(&client, left).await? {
+        Some(running) => eprintln!(
+            "✓ controller {} speaks peering protocol v{}",
+            running.version.as_deref().unwrap_or("(unknown version)"),
+            running.protocol
+        ),
+        None => eprintln!(
+            "! the controller's peering protocol is not known (no leader Lease {}/{} held by \
+             one of its pods)",
+            tandem_api::names::SYSTEM_NAMESPACE,
+            tandem_api::names::CONTROLLER_NAME
+        ),
+    }
     eprintln!("Tandem is installed as cluster {:?}", identity.cluster_id);
     Ok(())
 }

@@ -19,6 +19,14 @@ pub struct Args {
     client: bool,
 }
 
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Running {
+    pub pod: String,
+    pub version: Option<String>,
+    pub peering_protocol: u32,
+}
+
 /// What `tandem version` reports.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -45,6 +53,10 @@ pub struct ControllerVersion {
     pub image: Option<String>,
     /// Ready/desired replicas.
     pub ready: Option<String>,
+    /// What the replica holding the leader Lease says it runs (the image's real version and
+    /// protocol); None when no current pod holds it or it cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<Running>,
     /// Why it is not known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -81,6 +93,14 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
                         c.ready.as_deref().unwrap_or("-")
                     ),
                 }
+                if let Some(r) = &c.running {
+                    println!(
+                        "Running:    tandem {} (peering protocol v{}), leader {}",
+                        r.version.as_deref().unwrap_or("(unknown version)"),
+                        r.peering_protocol,
+                        r.pod
+                    );
+                }
             }
         }
     }
@@ -94,12 +114,23 @@ async fn controller(global: &GlobalArgs) -> ControllerVersion {
         version: None,
         image: None,
         ready: None,
+        running: None,
         error: Some(error),
     };
     let client = match global.cluster.client().await {
         Ok(c) => c,
         Err(e) => return unknown(format!("{e:#}")),
     };
+    // Not waited for: what holds the Lease now, if a current pod does.
+    let running = tandem_admin::rollout::running_controller(&client, std::time::Duration::ZERO)
+        .await
+        .ok()
+        .flatten()
+        .map(|r| Running {
+            pod: r.holder,
+            version: r.version,
+            peering_protocol: r.protocol,
+        });
     let deployments: Api<Deployment> = Api::namespaced(client, names::SYSTEM_NAMESPACE);
     match deployments.get_opt(names::CONTROLLER_NAME).await {
         Ok(Some(d)) => ControllerVersion {
@@ -123,6 +154,7 @@ async fn controller(global: &GlobalArgs) -> ControllerVersion {
                     .unwrap_or(0),
                 d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
             )),
+            running,
             error: None,
         },
         Ok(None) => unknown(format!(

@@ -52,6 +52,21 @@ impl LeaderElection {
 /// The Lease's name (in tandem-system).
 pub const LEASE_NAME: &str = names::CONTROLLER_NAME;
 
+/// What the holder says of itself on the Lease: its version and peering protocol.
+fn holder_annotations() -> std::collections::BTreeMap<String, String> {
+    [
+        (
+            names::CONTROLLER_VERSION_ANNOTATION.to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+        (
+            names::PEERING_PROTOCOL_ANNOTATION.to_string(),
+            tandem_core::protocol::VERSION.to_string(),
+        ),
+    ]
+    .into()
+}
+
 fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
@@ -161,7 +176,8 @@ impl Elector {
         let Some(current) = self.api.get_opt(LEASE_NAME).await? else {
             let lease: Lease = serde_json::from_value(json!({
                 "metadata": {"name": LEASE_NAME, "namespace": names::SYSTEM_NAMESPACE,
-                             "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY}},
+                             "labels": {names::MANAGED_BY_LABEL: names::MANAGED_BY},
+                             "annotations": holder_annotations()},
                 "spec": {"holderIdentity": me, "leaseDurationSeconds": duration,
                          "acquireTime": now(), "renewTime": now(), "leaseTransitions": 0},
             }))
@@ -196,6 +212,11 @@ impl Elector {
             Some(now())
         };
         let mut lease = current.clone();
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .extend(holder_annotations());
         lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
             holder_identity: Some(me),
             lease_duration_seconds: Some(duration),

@@ -115,7 +115,20 @@ async fn a_slow_renewal_within_the_deadline_keeps_the_lease() {
     // A renewal is a GET and a PUT: 2 x 450 ms, nearly twice the retry period.
     delay.store(450, Ordering::Relaxed);
     let lease: Api<Lease> = Api::namespaced(turin.client.clone(), names::SYSTEM_NAMESPACE);
-    let before = lease.get("tandem-controller").await.unwrap().spec.unwrap();
+    let written = lease.get("tandem-controller").await.unwrap();
+    // The holder says which version and protocol it runs (what `tandem install` checks).
+    let said = written.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        said.get(names::PEERING_PROTOCOL_ANNOTATION),
+        Some(&tandem_core::protocol::VERSION.to_string()),
+        "{said:?}"
+    );
+    assert_eq!(
+        said.get(names::CONTROLLER_VERSION_ANNOTATION)
+            .map(String::as_str),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    let before = written.spec.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_secs(8), elector.keep())
             .await
