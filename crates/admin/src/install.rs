@@ -32,6 +32,9 @@ pub struct InstallOptions {
     pub share_percent: Option<u32>,
     /// Controller image of the Deployment (also the gateway's and the node agent's).
     pub image: Option<String>,
+    /// Secrets in tandem-system to pull that image with (the controller's pod, the gateways,
+    /// the node agent); kept when already installed, none when never set.
+    pub image_pull_secrets: Option<Vec<String>>,
     /// Whether the controller builds the network fabric (gateways, node agent) for each
     /// peering; kept when already installed, on when never set (a hollow lab cluster, whose
     /// pods have no network, leaves it off whatever the setting, and says so).
@@ -100,6 +103,8 @@ pub struct ManifestSettings {
     pub gateway_service_type: GatewayServiceType,
     /// Tandem's image: the controller's, and the pods it creates (gateways, node agent).
     pub image: String,
+    /// Secrets in tandem-system the pods pull `image` with.
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl Default for ManifestSettings {
@@ -114,6 +119,7 @@ impl Default for ManifestSettings {
             network_exposure: NetworkExposure::default(),
             gateway_service_type: GatewayServiceType::default(),
             image: default_image(),
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -207,6 +213,9 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
     if let Some(id) = &settings.cluster_id {
         data["clusterID"] = json!(id);
     }
+    if !settings.image_pull_secrets.is_empty() {
+        data["imagePullSecrets"] = json!(settings.image_pull_secrets.join(","));
+    }
     out.push(json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": names::CONFIG_MAP, "namespace": names::SYSTEM_NAMESPACE, "labels": labels()},
@@ -257,6 +266,14 @@ pub fn manifests(settings: &ManifestSettings) -> Vec<serde_json::Value> {
             },
         },
     }));
+    if !settings.image_pull_secrets.is_empty() {
+        let deployment = out.last_mut().expect("the Deployment, just pushed");
+        deployment["spec"]["template"]["spec"]["imagePullSecrets"] = settings
+            .image_pull_secrets
+            .iter()
+            .map(|name| json!({"name": name}))
+            .collect();
+    }
     // A drain evicts one replica at a time (with more than one, the others take over).
     out.push(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
@@ -553,6 +570,7 @@ pub fn offline_settings(options: &InstallOptions) -> Result<ManifestSettings, In
         network_exposure: options.network_exposure.unwrap_or_default(),
         gateway_service_type: options.gateway_service_type.unwrap_or_default(),
         image: options.image.clone().unwrap_or(defaults.image),
+        image_pull_secrets: options.image_pull_secrets.clone().unwrap_or_default(),
     };
     check_settings(&settings)?;
     Ok(settings)
@@ -564,6 +582,24 @@ fn check_settings(settings: &ManifestSettings) -> Result<(), InstallError> {
             "share percent {} must be between 1 and 100",
             settings.share_percent
         )));
+    }
+    for secret in &settings.image_pull_secrets {
+        // A Secret's name: a DNS subdomain (a comma would split the ConfigMap's list).
+        let valid = secret.len() <= 253
+            && secret.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            });
+        if !valid {
+            return Err(InstallError::Settings(format!(
+                "image pull secret {secret:?} is not a Secret name (lowercase letters, digits, \
+                 '-' and '.')"
+            )));
+        }
     }
     if let Some(id) = &settings.cluster_id {
         names::validate_cluster_id(id)
@@ -613,6 +649,11 @@ pub async fn manifest_settings_for(
             .or(stored.as_ref().map(|s| s.gateway_service_type))
             .unwrap_or_default(),
         image: options.image.clone().unwrap_or_else(default_image),
+        image_pull_secrets: options
+            .image_pull_secrets
+            .clone()
+            .or(stored.as_ref().map(|s| s.image_pull_secrets.clone()))
+            .unwrap_or_default(),
     };
     check_settings(&settings)?;
     Ok(settings)
@@ -634,6 +675,30 @@ fn validate_cidr(what: &str, cidr: &str) -> Result<String, InstallError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pull_secret_that_is_not_a_secret_name_is_refused() {
+        let with = |secrets: &[&str]| {
+            offline_settings(&InstallOptions {
+                image_pull_secrets: Some(secrets.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            with(&["regcred", "mirror.example"])
+                .unwrap()
+                .image_pull_secrets
+                .len(),
+            2
+        );
+        for bad in ["Regcred", "a,b", "-x", "x..y", ""] {
+            let e = with(&[bad]).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("image pull secret {bad:?} is not a Secret name")),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn the_stub_domain_is_replaced_once_and_removed_without_a_trace() {

@@ -45,6 +45,11 @@ pub struct Args {
     /// auto].
     #[arg(long, value_name = "TYPE", value_parser = ["auto", "LoadBalancer", "NodePort"])]
     gateway_service_type: Option<String>,
+    /// A Secret in tandem-system (type kubernetes.io/dockerconfigjson, created beforehand) to
+    /// pull --image with, for the controller's pod, the gateways and the node agent;
+    /// repeatable; `--image-pull-secret=` clears them [default: kept if installed, else none].
+    #[arg(long = "image-pull-secret", value_name = "SECRET", action = clap::ArgAction::Append)]
+    image_pull_secrets: Option<Vec<String>>,
     /// Wait until the controller is Ready; fail at once, naming the image or the exit, when
     /// its pod cannot pull its image or keeps crashing. `--wait=false` returns once applied.
     #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
@@ -86,6 +91,9 @@ pub async fn run(
         external_cidr: args.external_cidr,
         share_percent: args.share_percent,
         image: args.image,
+        image_pull_secrets: args
+            .image_pull_secrets
+            .map(|s| s.into_iter().filter(|s| !s.is_empty()).collect()),
         network_fabric: args.network_fabric,
         network_exposure: args
             .network_exposure

@@ -69,8 +69,7 @@ fn crd_kustomization(what: &str, files: &[String]) -> String {
 
 /// A Helm value's placeholder in the template source, and how the template says it: a string
 /// value, quoted; an optional one, the whole line only when set; an object, as YAML.
-const HELM_VALUES: [(&str, &str); 7] = [
-    ("HELM_IMAGE", "image"),
+const HELM_VALUES: [(&str, &str); 6] = [
     ("HELM_EXTERNAL_CIDR", "externalCIDR"),
     ("HELM_SHARE_PERCENT", "sharePercent"),
     ("HELM_NETWORK_FABRIC", "networkFabric"),
@@ -83,6 +82,9 @@ const HELM_OPTIONAL: [(&str, &str); 2] = [
     ("HELM_POD_CIDR", "podCIDR"),
 ];
 
+/// How the chart's templates say Tandem's image (`toString`: `--set image.tag=1` is a number).
+const HELM_IMAGE: &str = "{{ printf \"%s:%s\" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) | quote }}";
+
 /// The chart's template: the objects `tandem install` applies (but the CRDs, in the chart's
 /// `crds/`), with the settings turned into values.
 fn helm_template() -> String {
@@ -92,6 +94,7 @@ fn helm_template() -> String {
         pod_cidr: Some("HELM_POD_CIDR".into()),
         external_cidr: "HELM_EXTERNAL_CIDR".into(),
         image: "HELM_IMAGE".into(),
+        image_pull_secrets: vec!["HELM_PULL_SECRETS".into()],
         ..Default::default()
     };
     let mut objects: Vec<serde_json::Value> = manifests(&placeholders)
@@ -116,10 +119,40 @@ fn helm_template() -> String {
             .as_str(),
     );
     let mut out = String::new();
-    for line in yaml.lines() {
+    let mut lines = yaml.lines().peekable();
+    while let Some(line) = lines.next() {
         let indent = line.len() - line.trim_start().len();
         let key = line.trim_start().split(':').next().unwrap_or_default();
-        if let Some((_, value)) = HELM_OPTIONAL.iter().find(|(p, _)| line.contains(p)) {
+        if line.contains("HELM_IMAGE") {
+            // image.repository and image.tag (the chart's appVersion when empty); the
+            // controller's container also takes image.pullPolicy when set.
+            out.push_str(&line.replace("HELM_IMAGE", HELM_IMAGE));
+            out.push('\n');
+            if line.trim_start().starts_with("- ") || key == "image" && indent > 2 {
+                let at = indent + usize::from(line.trim_start().starts_with("- ")) * 2;
+                out.push_str(&format!(
+                    "{{{{- with .Values.image.pullPolicy }}}}\n{:at$}imagePullPolicy: {{{{ . }}}}\n{{{{- end }}}}\n",
+                    ""
+                ));
+            }
+        } else if line.contains("HELM_PULL_SECRETS") {
+            // The ConfigMap's comma-separated list, for the pods the controller creates.
+            out.push_str(&format!(
+                "{{{{- with .Values.imagePullSecrets }}}}\n{:indent$}{key}: \"{{{{ range $i, $s := . }}}}{{{{ if $i }}}},{{{{ end }}}}{{{{ $s.name }}}}{{{{ end }}}}\"\n{{{{- end }}}}\n",
+                ""
+            ));
+        } else if key == "imagePullSecrets"
+            && lines
+                .peek()
+                .is_some_and(|l| l.contains("HELM_PULL_SECRETS"))
+        {
+            // The Deployment's pod spec: the list as given.
+            lines.next();
+            out.push_str(&format!(
+                "{{{{- with .Values.imagePullSecrets }}}}\n{:indent$}{key}:\n{:indent$}{{{{- toYaml . | nindent {indent} }}}}\n{{{{- end }}}}\n",
+                "", ""
+            ));
+        } else if let Some((_, value)) = HELM_OPTIONAL.iter().find(|(p, _)| line.contains(p)) {
             out.push_str(&format!(
                 "{{{{- with .Values.{value} }}}}\n{:indent$}{key}: {{{{ . | quote }}}}\n{{{{- end }}}}\n",
                 ""
@@ -157,10 +190,16 @@ fn helm_values() -> String {
          #   helm install tandem deploy/helm/tandem --set clusterID=rome\n\
          #\n\
          # (The objects go to namespace tandem-system, which the chart creates: do not pass\n\
-         # --create-namespace for it.)\n\
+         # --create-namespace for it. The controller's namespace is fixed: its peers address it\n\
+         # there.)\n\
          \n\
          # Tandem's image: the controller's, and that of the pods it creates (gateways, node agent).\n\
-         image: {image}\n\
+         image:\n  repository: {repository}\n\
+         \x20 # Empty: the chart's appVersion.\n  tag: \"\"\n\
+         \x20 # The controller container's imagePullPolicy; empty: Kubernetes' default.\n  pullPolicy: \"\"\n\
+         # Secrets in tandem-system to pull the image with (the controller, gateways and node\n\
+         # agent), as `tandem install --image-pull-secret NAME`: [{{name: regcred}}].\n\
+         imagePullSecrets: []\n\
          # This cluster's ID in its peerings; empty: the controller generates one on first start.\n\
          clusterID: \"\"\n\
          # The cluster's pod CIDR; empty: the controller detects it from the Nodes' spec.podCIDR\n\
@@ -178,10 +217,15 @@ fn helm_values() -> String {
          # LoadBalancer, or NodePort.\n\
          gatewayServiceType: {gateway_service_type}\n\
          # A ServiceMonitor for the controller's /metrics (needs the Prometheus Operator's CRDs).\n\
-         serviceMonitor:\n  enabled: false\n\
+         # labels: added to the ServiceMonitor's, for a Prometheus that selects by label\n\
+         # (kube-prometheus-stack's default: {{release: <its Helm release>}}).\n\
+         serviceMonitor:\n  enabled: false\n  labels: {{}}\n\
          # The controller container's resources.\n\
          {resources}",
-        image = defaults.image,
+        repository = defaults
+            .image
+            .rsplit_once(':')
+            .map_or(defaults.image.as_str(), |(r, _)| r),
         external = defaults.external_cidr,
         share = defaults.share_percent,
         fabric = defaults.network_fabric,
@@ -436,6 +480,10 @@ pub fn files() -> Vec<(PathBuf, String)> {
                 tandem_admin::install::manifests_yaml(
                     &[tandem_admin::install::service_monitor()],
                     "The Prometheus Operator's ServiceMonitor (serviceMonitor.enabled).",
+                )
+                .replace(
+                    "\n  labels:\n",
+                    "\n  labels:\n{{- with .Values.serviceMonitor.labels }}\n    {{- toYaml . | nindent 4 }}\n{{- end }}\n",
                 )
             ),
         ),

@@ -225,7 +225,8 @@ fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
         &helm_template(&[
             "--set",
             "clusterID=rome,podCIDR=10.244.0.0/16,externalCIDR=10.80.0.0/16,sharePercent=30,\
-             networkFabric=true,networkExposure=pod-cidr,image=registry.example.org/tandem:1",
+             networkFabric=true,networkExposure=pod-cidr,image.repository=registry.example.org/tandem,\
+             image.tag=1,imagePullSecrets[0].name=regcred,imagePullSecrets[1].name=mirror",
         ]),
         &dry_run(&[
             "--cluster-id",
@@ -241,7 +242,42 @@ fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
             "pod-cidr",
             "--image",
             "registry.example.org/tandem:1",
+            "--image-pull-secret",
+            "regcred",
+            "--image-pull-secret",
+            "mirror",
         ]),
+    );
+    // The pull secrets reach the controller's pod and, through its settings, the pods it
+    // creates (gateways, node agent).
+    let with_secrets = helm_template(&["--set", "imagePullSecrets[0].name=regcred"]);
+    let deployment = &with_secrets[&(
+        "Deployment".into(),
+        "tandem-system".into(),
+        "tandem-controller".into(),
+    )];
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["imagePullSecrets"],
+        serde_json::json!([{"name": "regcred"}])
+    );
+    let settings = &with_secrets[&(
+        "ConfigMap".into(),
+        "tandem-system".into(),
+        tandem_api::names::CONFIG_MAP.into(),
+    )];
+    assert_eq!(settings["data"]["imagePullSecrets"], "regcred");
+    // The tag defaults to the chart's appVersion: the image `tandem install` uses.
+    let image = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(image["image"], tandem_admin::install::default_image());
+    assert!(image.get("imagePullPolicy").is_none(), "{image}");
+    let pulled = helm_template(&["--set", "image.pullPolicy=Always"]);
+    assert_eq!(
+        pulled[&(
+            "Deployment".into(),
+            "tandem-system".into(),
+            "tandem-controller".into(),
+        )]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"],
+        "Always"
     );
     // The ServiceMonitor is optional, in the chart and as a kustomize component.
     let key = (
@@ -253,6 +289,14 @@ fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
     let monitored = helm_template(&["--set", "serviceMonitor.enabled=true"]);
     let expected = tandem_admin::install::service_monitor();
     assert_eq!(monitored[&key], expected);
+    // kube-prometheus-stack's Prometheus selects ServiceMonitors by its release's label.
+    let selected = helm_template(&[
+        "--set",
+        "serviceMonitor.enabled=true,serviceMonitor.labels.release=kube-prometheus-stack",
+    ]);
+    let mut labelled = expected.clone();
+    labelled["metadata"]["labels"]["release"] = "kube-prometheus-stack".into();
+    assert_eq!(selected[&key], labelled);
     let overlay = tempfile::tempdir().unwrap();
     let dir = netlab::install_overlay(&overlay.path().join("o"), None);
     let kustomization = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();

@@ -105,6 +105,8 @@ pub struct ClusterSettings {
     pub hollow_cluster: bool,
     /// Tandem's image, for the pods the controller creates (gateways).
     pub image: String,
+    /// Secrets (in tandem-system) the pods it creates pull that image with.
+    pub image_pull_secrets: Vec<String>,
     /// What peers may open connections to through the tunnel.
     pub network_exposure: NetworkExposure,
     /// How peers reach this cluster's gateways.
@@ -233,6 +235,16 @@ pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
         network_fabric: data.get("networkFabric").is_some_and(|v| v == "true"),
         hollow_cluster: false,
         image: data.get("image").cloned().unwrap_or_else(default_image),
+        image_pull_secrets: data
+            .get("imagePullSecrets")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default(),
         network_exposure: match data.get("networkExposure") {
             None => NetworkExposure::default(),
             Some(v) => v.parse().map_err(|e: String| {
@@ -244,4 +256,41 @@ pub fn settings_from(map: &ConfigMap) -> Result<ClusterSettings, InstallError> {
             })?,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(data: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pull_secrets_are_read_from_the_settings_comma_separated() {
+        let base = [
+            ("podCIDR", "10.244.0.0/16"),
+            ("externalCIDR", "10.70.0.0/16"),
+            ("sharePercent", "50"),
+        ];
+        assert!(
+            settings_from(&map(&base))
+                .unwrap()
+                .image_pull_secrets
+                .is_empty()
+        );
+        let mut with = base.to_vec();
+        with.push(("imagePullSecrets", "regcred, mirror,"));
+        assert_eq!(
+            settings_from(&map(&with)).unwrap().image_pull_secrets,
+            ["regcred", "mirror"]
+        );
+    }
 }

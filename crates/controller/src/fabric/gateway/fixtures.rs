@@ -44,6 +44,7 @@ pub(super) fn settings() -> ClusterSettings {
         network_fabric: true,
         hollow_cluster: false,
         image: IMAGE.into(),
+        image_pull_secrets: Vec::new(),
         network_exposure: NetworkExposure::Peering,
         gateway_service_type: Default::default(),
     }

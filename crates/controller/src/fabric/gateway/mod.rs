@@ -452,9 +452,10 @@ pub async fn reconcile(
     let port = port_of(ctx, peer).await?;
     let ns = names::SYSTEM_NAMESPACE;
     let client = &ctx.client;
-    for manifest in
-        plan::gateway_objects(peer, port, &settings.image, settings.gateway_service_type)
-    {
+    for manifest in plan::with_pull_secrets(
+        plan::gateway_objects(peer, port, &settings.image, settings.gateway_service_type),
+        &settings.image_pull_secrets,
+    ) {
         ensure(client, &manifest).await.map_err(api_err(format!(
             "gateway {} {ns}/{}",
             manifest.kind, manifest.name
@@ -518,7 +519,10 @@ pub async fn reconcile_agent(
     views: &[PeerView],
 ) -> Result<(), FabricError> {
     let ns = names::SYSTEM_NAMESPACE;
-    for manifest in plan::agent_objects(views, &settings.image) {
+    for manifest in plan::with_pull_secrets(
+        plan::agent_objects(views, &settings.image),
+        &settings.image_pull_secrets,
+    ) {
         ensure(&ctx.client, &manifest)
             .await
             .map_err(api_err(format!("{} {ns}/{}", manifest.kind, manifest.name)))?;

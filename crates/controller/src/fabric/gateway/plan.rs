@@ -383,6 +383,21 @@ pub fn routes(views: &[PeerView]) -> BTreeMap<&str, Vec<IpNet>> {
         .collect()
 }
 
+/// `manifests` with `secrets` as the image pull secrets of every pod template among them (the
+/// settings' `imagePullSecrets`: Tandem's image from a private registry).
+pub fn with_pull_secrets(mut manifests: Vec<Manifest>, secrets: &[String]) -> Vec<Manifest> {
+    if secrets.is_empty() {
+        return manifests;
+    }
+    let refs: Vec<serde_json::Value> = secrets.iter().map(|s| json!({"name": s})).collect();
+    for m in &mut manifests {
+        if let Some(spec) = m.body.pointer_mut("/spec/template/spec") {
+            spec["imagePullSecrets"] = json!(refs);
+        }
+    }
+    manifests
+}
+
 /// The node agent's objects for `views`, in the order they are applied: its routes
 /// ConfigMap, a ServiceAccount, Role and RoleBinding, and a DaemonSet of `image` on every
 /// real node.

@@ -701,3 +701,27 @@ fn the_status_api_answers_on_a_running_gateways_node() {
         assert_eq!(running_host(&pods).as_deref(), want, "{what}");
     }
 }
+
+#[test]
+fn the_settings_pull_secrets_go_on_the_gateway_and_agent_pods_only() {
+    let secrets = vec!["regcred".to_string()];
+    let gateway = with_pull_secrets(
+        gateway_objects(MILAN, PORT_BASE, IMAGE, Default::default()),
+        &secrets,
+    );
+    let agent = with_pull_secrets(agent_objects(&[], IMAGE), &secrets);
+    for m in gateway.iter().chain(&agent) {
+        let pulls = &m.body["spec"]["template"]["spec"]["imagePullSecrets"];
+        match m.kind {
+            Kind::Deployment | Kind::DaemonSet => {
+                assert_eq!(*pulls, json!([{"name": "regcred"}]), "{}", m.name)
+            }
+            _ => assert!(pulls.is_null(), "{} {}", m.kind, m.name),
+        }
+    }
+    // None set: the templates are left as they were.
+    assert_eq!(
+        with_pull_secrets(agent_objects(&[], IMAGE), &[]),
+        agent_objects(&[], IMAGE)
+    );
+}
