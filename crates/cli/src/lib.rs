@@ -29,6 +29,7 @@ mod lab;
 mod manifests;
 mod offload;
 mod peer;
+mod probe;
 mod requests;
 mod rotate;
 mod status;
@@ -119,6 +120,8 @@ enum Command {
     Gateway(gateway::Args),
     /// Run the network fabric's node agent (routes to the gateways; in-cluster only).
     Agent(agent::Args),
+    /// Run the connectivity probe `tandem check` starts in pods (in-cluster only).
+    Probe(probe::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
     Lab(lab::Args),
     /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
@@ -186,6 +189,7 @@ fn run() -> anyhow::Result<()> {
         Command::Controller(_)
             | Command::Gateway(_)
             | Command::Agent(_)
+            | Command::Probe(_)
             | Command::Lab(_)
             | Command::Apiserver(_)
     );
@@ -233,6 +237,7 @@ fn run() -> anyhow::Result<()> {
             Command::Apiserver(args) => apiserver::run(args).await,
             Command::Gateway(args) => gateway::run(args, &global.cluster).await,
             Command::Agent(args) => agent::run(args, &global.cluster).await,
+            Command::Probe(args) => probe::run(args).await,
             Command::Lab(args) => lab::run(args, &global).await,
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,

@@ -37,6 +37,9 @@ struct Role {
     /// network capabilities needs its own PID namespace too: NET_ADMIN in the host's user
     /// namespace can reach any network namespace through a pid (IFLA_NET_NS_PID).
     capabilities: &'static [&'static str],
+    /// Whether the role may run in a twin namespace, where peers create pods: only one that
+    /// holds no credential and no capability.
+    in_twin: bool,
 }
 
 /// The in-cluster roles of Tandem's image. No flag that points the binary at other credentials
@@ -56,6 +59,7 @@ const ROLES: &[Role] = &[
             "--webhook-certificate-lifetime",
         ],
         capabilities: &[],
+        in_twin: false,
     },
     // The network fabric's data plane: the gateway to one peer and the node agent, both on
     // the node network (hostNetwork: the node's namespace, which is the lab's, never the
@@ -64,11 +68,21 @@ const ROLES: &[Role] = &[
         name: "gateway",
         flags: &["--peer"],
         capabilities: &["NET_ADMIN"],
+        in_twin: false,
     },
     Role {
         name: "agent",
         flags: &[],
         capabilities: &["NET_ADMIN"],
+        in_twin: false,
+    },
+    // `tandem check`'s probe: an HTTP answer and fetches, on both sides of a peering (an
+    // offloaded pod runs in a twin namespace), with nothing to protect.
+    Role {
+        name: "probe",
+        flags: &["--serve", "--fetch", "--within"],
+        capabilities: &[],
+        in_twin: true,
     },
 ];
 /// The users and groups Tandem's image may run as: none of the host's system or login
@@ -110,8 +124,8 @@ pub struct Launch {
 pub enum LaunchRefused {
     /// The pod is in a twin namespace, where peers create pods.
     #[error(
-        "Tandem's image may not run in namespace {namespace}: it is a twin namespace, where \
-         peers create pods"
+        "Tandem's image may not run in namespace {namespace} but as `tandem probe`: it is a twin \
+         namespace, where peers create pods"
     )]
     TwinNamespace {
         /// The pod's namespace.
@@ -253,11 +267,6 @@ fn or_none(items: &[&str]) -> String {
 /// nothing runs then.
 pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, LaunchRefused> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-    if twin {
-        return Err(LaunchRefused::TwinNamespace {
-            namespace: ns.to_string(),
-        });
-    }
     let mut words: Vec<String> = Vec::new();
     match container.command.as_deref() {
         None | Some([]) => {}
@@ -279,6 +288,11 @@ pub fn plan(pod: &Pod, container: &Container, twin: bool) -> Result<Launch, Laun
             found: words.first().cloned().unwrap_or_default(),
         });
     };
+    if twin && !role.in_twin {
+        return Err(LaunchRefused::TwinNamespace {
+            namespace: ns.to_string(),
+        });
+    }
     let mut rest = words[1..].iter();
     while let Some(word) = rest.next() {
         let name = word.split_once('=').map_or(word.as_str(), |(n, _)| n);
@@ -1180,6 +1194,31 @@ mod tests {
         let (p, c) = pod(container(json!({"args": ["controller"]})));
         let err = plan(&p, &c, true).unwrap_err().to_string();
         assert!(err.contains("twin namespace"), "{err}");
+        // Of the roles, only the probe runs in a twin namespace, and only as it is: no
+        // capability, no other role's flag.
+        let (p, c) = pod(container(json!({"args": ["probe", "--serve=8080"]})));
+        assert_eq!(plan(&p, &c, true).unwrap().capabilities, Vec::<u32>::new());
+        for (extra, want) in [
+            (
+                json!({"args": ["probe", "--serve=8080"],
+                       "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}),
+                "capability NET_ADMIN is not allowed for `tandem probe` (allowed: none)",
+            ),
+            (
+                json!({"args": ["probe", "--peer=milan"]}),
+                "argument \"--peer\" is not allowed for `tandem probe`",
+            ),
+            (
+                json!({"args": ["gateway", "--peer=milan"]}),
+                "twin namespace",
+            ),
+        ] {
+            let (p, c) = pod(container(extra.clone()));
+            let err = plan(&p, &c, true)
+                .expect_err(&extra.to_string())
+                .to_string();
+            assert!(err.contains(want), "{extra}: {err}");
+        }
         // The pod-level user applies; uid 0 there is refused too.
         let (p, c) = pod(json!({"securityContext": {"runAsUser": 0}, "containers": [
             {"name": "c", "image": "ghcr.io/tandem-dev/tandem", "args": ["controller"]}]}));
