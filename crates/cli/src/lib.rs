@@ -10,6 +10,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod advertise;
 mod agent;
 mod apiserver;
+mod check;
 mod cluster;
 mod completion;
 mod controller;
@@ -104,6 +105,9 @@ enum Command {
     Export(export::ExportArgs),
     /// Stop exporting a Service.
     Unexport(export::UnexportArgs),
+    /// On a consumer: test connectivity across a peering (pods both ways, the node,
+    /// Services by ClusterIP and clusterset.local name, the tunnel), each path ✓ or ✗.
+    Check(check::Args),
     /// Print Tandem's CustomResourceDefinitions (YAML).
     Crds(crds::Args),
     /// Print a shell completion script (bash, zsh, fish).
@@ -203,16 +207,18 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let prints_objects = match &cli.command {
-        Command::Status(_) | Command::Discover(_) | Command::Requests(_) | Command::Version(_) => {
-            true
-        }
+        Command::Status(_)
+        | Command::Discover(_)
+        | Command::Requests(_)
+        | Command::Version(_)
+        | Command::Check(_) => true,
         Command::Lab(args) => args.prints_objects(),
         Command::Install(args) => args.prints_objects(),
         _ => false,
     };
     if let (Some(output), false) = (cli.global.output, prints_objects) {
         anyhow::bail!(
-            "-o/--output {} does not apply to this command; `tandem status`, `tandem version`, `tandem discover`, `tandem lab status` and `tandem install --dry-run` take it",
+            "-o/--output {} does not apply to this command; `tandem status`, `tandem version`, `tandem check`, `tandem discover`, `tandem lab status` and `tandem install --dry-run` take it",
             clap::ValueEnum::to_possible_value(&output)
                 .map_or_else(String::new, |v| v.get_name().to_string())
         );
@@ -265,6 +271,7 @@ fn run() -> anyhow::Result<()> {
             Command::Uncordon(args) => drain::cordon(args, &global.cluster, false).await,
             Command::Drain(args) => drain::drain(args, &global.cluster).await,
             Command::Export(args) => export::export(args, &global).await,
+            Command::Check(args) => check::run(args, &global).await,
             Command::Unexport(args) => export::unexport(args, &global).await,
             Command::Crds(_) | Command::Manifests(_) | Command::Completion(_) => {
                 unreachable!("handled above")

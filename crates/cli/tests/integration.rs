@@ -3,6 +3,7 @@
 
 mod advertise_cli;
 mod apiserver_crash;
+mod check_cli;
 mod completion_cli;
 mod controller_sigkill;
 mod dashboard_cli;

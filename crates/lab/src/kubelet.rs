@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use crate::image_pulls::{PULL_ERROR_SHOWN, Pulling, pulling_status};
 use crate::images::{NodeImages, PullFailure};
 use crate::power::NodePower;
+use crate::restart::{restart_policy, restarts};
 
 /// Pod annotation that chooses what a hollow container does (see the module documentation).
 pub const BEHAVIOR_ANNOTATION: &str = "lab.tandem.dev/behavior";
@@ -225,6 +226,9 @@ pub struct PodRuntime {
     /// Exit code of the last exit of a real process (network mode, Tandem's image), which
     /// the lab restarted: the containers' `lastState`.
     pub process_exit: Option<i32>,
+    /// Exit code of a real process that exited for good (its restart policy keeps it
+    /// terminated): the pod's phase is then Succeeded or Failed.
+    pub process_final: Option<i32>,
 }
 
 /// Whether a pod belongs to a Job: its controller is a Job, or it carries the
@@ -252,22 +256,6 @@ pub fn restart_backoff(restarts: i32) -> Duration {
     Duration::from_secs(1u64 << restarts.clamp(0, 4)).min(Duration::from_secs(10))
 }
 
-/// Whether a container that exited with `code` is restarted under `policy`.
-fn restarts(policy: &str, code: i32) -> bool {
-    match policy {
-        "Never" => false,
-        "OnFailure" => code != 0,
-        _ => true,
-    }
-}
-
-fn restart_policy(pod: &Pod) -> &str {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .unwrap_or("Always")
-}
-
 /// Whether the pod's containers, doing `behavior`, have exited for good under the pod's
 /// restart policy.
 fn exited_for_good(pod: &Pod, behavior: Behavior) -> Option<i32> {
@@ -284,7 +272,7 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
     let name = pod.metadata.name.as_deref().unwrap_or("");
     let started = Time(rt.started);
     let finished = Time(rt.last_exit);
-    let final_code = exited_for_good(pod, behavior);
+    let final_code = exited_for_good(pod, behavior).or(rt.process_final);
     let containers = pod
         .spec
         .as_ref()
@@ -313,7 +301,7 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
             let (state, last, ready, started_flag) = if let Some(failed) = start_error {
                 failed
             } else {
-                match (behavior.exit_code(), final_code) {
+                match (behavior.exit_code().or(rt.process_final), final_code) {
                     (Some(_), Some(code)) => (
                         json!({"terminated": {"exitCode": code,
                         "reason": if code == 0 { "Completed" } else { "Error" },
@@ -337,7 +325,8 @@ pub fn desired_status(pod: &Pod, rt: &PodRuntime, host_ip: &str, now: Timestamp)
                     (None, _) => (
                         json!({"running": {"startedAt": started}}),
                         rt.process_exit.map_or(Value::Null, |code| {
-                            json!({"terminated": {"exitCode": code, "reason": "Error",
+                            json!({"terminated": {"exitCode": code,
+                            "reason": if code == 0 { "Completed" } else { "Error" },
                             "finishedAt": finished}})
                         }),
                         behavior != Behavior::NeverReady,
@@ -897,9 +886,9 @@ impl Kubelet {
             Some("Succeeded" | "Failed")
         );
         if terminal {
-            // Terminal pods keep their status but give their address back.
+            // Terminal pods keep their status and logs but give their address back.
             if let Some(network) = &self.network {
-                network.stop_pod(&uid).await;
+                network.finish_pod(&uid).await;
             }
             crate::runs::stopped(&uid);
             if let Some(rt) = self.runtimes.get_mut(&uid)
@@ -954,6 +943,7 @@ impl Kubelet {
                     completed: false,
                     start_errors: BTreeMap::new(),
                     process_exit: None,
+                    process_final: None,
                 },
             );
             if let (Some(network), Some(ip)) = (&self.network, ip) {
@@ -1024,6 +1014,15 @@ impl Kubelet {
                 .iter_mut()
                 .filter_map(|(uid, rt)| {
                     let exit = network.process_exits(uid)?;
+                    if exit.last {
+                        // Exited for good: terminated, and not counted as a restart.
+                        return rt.process_final.is_none().then(|| {
+                            rt.restarts = exit.count - 1;
+                            rt.last_exit = exit.at;
+                            rt.process_final = Some(exit.code);
+                            uid.clone()
+                        });
+                    }
                     (exit.count != rt.restarts).then(|| {
                         rt.restarts = exit.count;
                         rt.last_exit = exit.at;
@@ -1157,6 +1156,7 @@ mod tests {
             completed: false,
             start_errors: BTreeMap::new(),
             process_exit: None,
+            process_final: None,
         };
         for (behavior, policy, phase, ready, state) in cases {
             let status = desired_status(&pod(behavior, policy), &rt, "172.18.0.3", now);
@@ -1181,6 +1181,30 @@ mod tests {
             let typed: PodStatus = serde_json::from_value(status).expect("PodStatus");
             assert!(!status_key(Some(&typed)).is_empty());
         }
+        // A real process (network mode) that exited for good under its policy: terminated,
+        // Completed or Error, and the pod Succeeded or Failed, as kubelet reports a Job's pod.
+        for (code, phase, reason) in [(0, "Succeeded", "Completed"), (2, "Failed", "Error")] {
+            let done = PodRuntime {
+                process_final: Some(code),
+                ..rt.clone()
+            };
+            let status = desired_status(&pod(None, "Never"), &done, "172.18.0.3", now);
+            assert_eq!(status["phase"], phase, "{status}");
+            let terminated = &status["containerStatuses"][0]["state"]["terminated"];
+            assert_eq!(terminated["exitCode"], code, "{status}");
+            assert_eq!(terminated["reason"], reason, "{status}");
+        }
+        // One the lab restarted: running again, the last exit said as kubelet says it.
+        let restarted = PodRuntime {
+            process_exit: Some(0),
+            ..rt.clone()
+        };
+        let status = desired_status(&pod(None, "Always"), &restarted, "172.18.0.3", now);
+        assert_eq!(status["phase"], "Running");
+        let c = &status["containerStatuses"][0];
+        assert_eq!(c["lastState"]["terminated"]["reason"], "Completed", "{c}");
+        assert!(restarts("Always", 0) && restarts("OnFailure", 1));
+        assert!(!restarts("Never", 1) && !restarts("OnFailure", 0));
     }
 
     #[test]
@@ -1221,6 +1245,7 @@ mod tests {
                 completed: over,
                 start_errors: BTreeMap::new(),
                 process_exit: None,
+                process_final: None,
             };
             let case = format!("job={job} {behavior:?} over={over}");
             let status = desired_status(&p, &rt, "172.18.0.3", now);

@@ -16,6 +16,7 @@ pub mod network;
 pub mod nodelifecycle;
 pub mod power;
 pub mod profile;
+pub mod restart;
 pub mod runs;
 pub mod scheduler;
 

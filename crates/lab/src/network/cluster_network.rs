@@ -33,6 +33,9 @@ pub(super) struct PodProcesses {
     pub(super) usage: PodUsage,
 }
 
+/// A finished pod's identity and its containers' logs.
+type FinishedLogs = (PodIdentity, HashMap<String, Log>);
+
 impl PodProcesses {
     /// Stops the real processes: SIGTERM, then SIGKILL after `grace`; waits for them.
     async fn stop_processes(&mut self, grace: std::time::Duration) {
@@ -93,6 +96,9 @@ pub struct ClusterNetwork {
     pub(super) api: std::sync::OnceLock<(kube::Client, String)>,
     /// Exits of real processes, by pod uid, for the kubelet's restartCount.
     exits: Exits,
+    /// The logs of pods that finished (Succeeded or Failed), by uid, until they are deleted:
+    /// kubelet serves a terminated container's log as long as its pod exists.
+    finished: Mutex<HashMap<String, FinishedLogs>>,
 }
 
 impl ClusterNetwork {
@@ -122,6 +128,7 @@ impl ClusterNetwork {
             profile,
             api: std::sync::OnceLock::new(),
             exits: Exits::default(),
+            finished: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -321,8 +328,27 @@ impl ClusterNetwork {
         Ok((stop, task))
     }
 
-    /// Stops a pod's programs and removes its namespace.
+    /// Stops a pod's programs and removes its namespace, keeping its containers' logs until
+    /// [`ClusterNetwork::stop_pod`]: for a pod that finished (Succeeded or Failed).
+    pub async fn finish_pod(&self, uid: &str) {
+        let logs = self
+            .pods
+            .lock()
+            .get(uid)
+            .map(|p| (p.identity.clone(), p.logs.clone()));
+        if let Some(logs) = logs {
+            self.finished.lock().insert(uid.to_string(), logs);
+        }
+        self.stop_pod_keeping_logs(uid).await;
+    }
+
+    /// Stops a pod's programs and removes its namespace and logs.
     pub async fn stop_pod(&self, uid: &str) {
+        self.finished.lock().remove(uid);
+        self.stop_pod_keeping_logs(uid).await;
+    }
+
+    async fn stop_pod_keeping_logs(&self, uid: &str) {
         let removed = self.pods.lock().remove(uid);
         self.exits.lock().remove(uid);
         if let Some(mut pod) = removed {
@@ -341,10 +367,18 @@ impl ClusterNetwork {
     /// The log of `container` of pod `namespace/name` (while the pod runs here).
     pub fn log_of(&self, namespace: &str, name: &str, container: &str) -> Option<Log> {
         let pods = self.pods.lock();
-        pods.values()
+        let running = pods
+            .values()
             .find(|p| p.identity.namespace == namespace && p.identity.pod == name)
-            .and_then(|p| p.logs.get(container))
-            .cloned()
+            .map(|p| &p.logs);
+        let finished = self.finished.lock();
+        let done = || {
+            finished
+                .values()
+                .find(|(who, _)| who.namespace == namespace && who.pod == name)
+                .map(|(_, logs)| logs)
+        };
+        running.or_else(done)?.get(container).cloned()
     }
 
     /// Runs `command` in pod `namespace/name` as `kubectl exec` asks: only built-in commands,

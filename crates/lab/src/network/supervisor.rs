@@ -15,8 +15,11 @@ use super::usage::ContainerUsage;
 /// How often a pod's real processes exited, and the last exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessExit {
-    /// Exits so far (each followed by a restart).
+    /// Exits so far (each followed by a restart, but a final one).
     pub count: i32,
+    /// Whether the last exit is for good: the pod's restartPolicy does not restart it
+    /// (`Never`; `OnFailure` and exit code 0), as kubelet decides.
+    pub last: bool,
     /// The last exit code (128 + the signal for a killed process, as runtimes report it).
     pub code: i32,
     /// When it exited.
@@ -209,6 +212,7 @@ pub(super) async fn supervise(
                         128
                     }
                 };
+                let last = !crate::restart::restarts(crate::restart::restart_policy(&pod), code);
                 let mut exits = exits.lock();
                 let count = exits.get(&uid).map_or(0, |e| e.count) + 1;
                 exits.insert(
@@ -216,9 +220,15 @@ pub(super) async fn supervise(
                     ProcessExit {
                         count,
                         code,
+                        last,
                         at: k8s_openapi::jiff::Timestamp::now(),
                     },
                 );
+                if last {
+                    // Not restarted: the container stays terminated, the pod Succeeded or
+                    // Failed.
+                    return;
+                }
             }
         }
         if started.elapsed() > std::time::Duration::from_secs(600) {
