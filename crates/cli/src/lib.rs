@@ -11,6 +11,7 @@ mod advertise;
 mod agent;
 mod apiserver;
 mod check;
+mod cleanup;
 mod cluster;
 mod completion;
 mod controller;
@@ -124,6 +125,9 @@ enum Command {
     Gateway(gateway::Args),
     /// Run the network fabric's node agent (routes to the gateways; in-cluster only).
     Agent(agent::Args),
+    /// Remove the controller's CoreDNS stub after `helm uninstall` (the chart's post-delete
+    /// hook; in-cluster only).
+    Cleanup(cleanup::Args),
     /// Run the connectivity probe `tandem check` starts in pods (in-cluster only).
     Probe(probe::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
@@ -244,6 +248,7 @@ fn run() -> anyhow::Result<()> {
             Command::Gateway(args) => gateway::run(args, &global.cluster).await,
             Command::Agent(args) => agent::run(args, &global.cluster).await,
             Command::Probe(args) => probe::run(args).await,
+            Command::Cleanup(args) => cleanup::run(args, &global.cluster).await,
             Command::Lab(args) => lab::run(args, &global).await,
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,

@@ -13,6 +13,7 @@ mod fabric_cli;
 mod image_cli;
 mod incluster_cli;
 mod kind_cli;
+mod kind_e2e;
 mod lab_cli;
 mod lab_network_cli;
 mod manifests_cli;

@@ -76,6 +76,13 @@ const ROLES: &[Role] = &[
         capabilities: &["NET_ADMIN"],
         in_twin: false,
     },
+    // The Helm chart's post-delete hook: removes the CoreDNS stub, with its own Role.
+    Role {
+        name: "cleanup",
+        flags: &[],
+        capabilities: &[],
+        in_twin: false,
+    },
     // `tandem check`'s probe: an HTTP answer and fetches, on both sides of a peering (an
     // offloaded pod runs in a twin namespace), with nothing to protect.
     Role {
