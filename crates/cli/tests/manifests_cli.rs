@@ -175,8 +175,9 @@ fn kustomize_renders_exactly_what_install_applies() {
     assert!(!out.status.success());
 }
 
-/// `helm template` of deploy/helm/tandem with `args`, by kind, namespace and name.
-fn helm_template(args: &[&str]) -> BTreeMap<(String, String, String), Value> {
+/// `helm template` of deploy/helm/tandem with `args`, by kind, namespace and name: the
+/// release's objects (`hooks` false) or its hooks' (true).
+fn helm_rendered(args: &[&str], hooks: bool) -> BTreeMap<(String, String, String), Value> {
     let out = Command::new("helm")
         .args(["template", "tandem"])
         .arg(deploy_dir().join("helm/tandem"))
@@ -184,7 +185,17 @@ fn helm_template(args: &[&str]) -> BTreeMap<(String, String, String), Value> {
         .args(args)
         .output()
         .expect("helm runs (.ci/install-deps installs it)");
-    by_key(yaml_documents(&ok(out, "helm template")))
+    by_key(
+        yaml_documents(&ok(out, "helm template"))
+            .into_iter()
+            .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_string() == hooks)
+            .collect(),
+    )
+}
+
+/// The release's objects `helm template` renders.
+fn helm_template(args: &[&str]) -> BTreeMap<(String, String, String), Value> {
+    helm_rendered(args, false)
 }
 
 fn dry_run(args: &[&str]) -> BTreeMap<(String, String, String), Value> {
@@ -319,6 +330,30 @@ fn the_helm_chart_renders_what_install_applies_with_the_same_settings() {
         "kubectl kustomize with the servicemonitor component",
     )));
     assert_eq!(rendered[&key], expected);
+    // The post-delete hook: a Job of the same image, with the same pull secrets, running
+    // `tandem cleanup` under a ServiceAccount that may only get and patch CoreDNS's ConfigMap.
+    let hooks = helm_rendered(&["--set", "imagePullSecrets[0].name=regcred"], true);
+    let job = &hooks[&("Job".into(), "default".into(), "tandem-cleanup".into())];
+    assert_eq!(
+        job["metadata"]["annotations"]["helm.sh/hook"],
+        "post-delete"
+    );
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"],
+        tandem_admin::install::default_image()
+    );
+    assert_eq!(pod["containers"][0]["args"], serde_json::json!(["cleanup"]));
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!([{"name": "regcred"}])
+    );
+    let role = &hooks[&("Role".into(), "kube-system".into(), "tandem-cleanup".into())];
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["configmaps"],
+                            "resourceNames": ["coredns"], "verbs": ["get", "patch"]}])
+    );
     // Resources are the chart's own setting.
     let custom = helm_template(&["--set", "resources.requests.cpu=250m"]);
     let deployment = &custom[&(
