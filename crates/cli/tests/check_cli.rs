@@ -63,31 +63,13 @@ fn check_passes_every_path_of_a_working_peering_and_leaves_nothing() {
     let kc = lab.kubeconfig.clone();
     netlab::install_with_fabric(home.path(), &kc, &[("lab-1", "rome"), ("lab-2", "milan")]);
     netlab::peer_with(home.path(), &kc, "lab-1", 2);
-    let out = tandem(
-        home.path(),
-        &[
-            "check",
-            "--kubeconfig",
-            &kc,
-            "--context",
-            "lab-1",
-            "-o",
-            "json",
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("check printed no JSON ({e}): {stderr}"));
+    let report = netlab::check_passes(home.path(), &kc, "lab-1");
     let got = paths(&report);
     assert_eq!(
         got.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
         PATHS,
         "{report}"
     );
-    for (path, passed, detail) in &got {
-        assert!(passed, "{path}: {detail}\n{report}\n{stderr}");
-    }
-    assert!(out.status.success(), "{stderr}");
     assert_eq!(report["peer"], "milan");
     // The offloaded server answered from the provider, the local one from here.
     let detail = |name: &str| &got.iter().find(|p| p.0 == name).unwrap().2;
@@ -141,27 +123,7 @@ fn without_the_fabric_every_path_fails_with_the_reason() {
         );
     }
     // A hollow lab's controllers run on the host: the invite's endpoint is the kubeconfig's.
-    let invite = ok(
-        tandem(
-            home.path(),
-            &["invite", "--kubeconfig", &kc, "--context", "lab-2"],
-        ),
-        "invite",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                "peer",
-                invite.trim(),
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "peer",
-    );
+    netlab::peer_as_invited(home.path(), &kc);
     let out = tandem(
         home.path(),
         &["check", "--kubeconfig", &kc, "--context", "lab-1"],

@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 
 use crate::netlab;
 use netlab::{json, kubectl, ok, tandem, until};
@@ -256,25 +255,7 @@ fn on_kind_helm_and_kustomize_installs_peer_pass_check_and_uninstall_to_nothing(
     assert_eq!(answer["cluster"], "lab-2", "{answer}");
 
     // The connectivity test, from the consumer alone.
-    let out = tandem(
-        h,
-        &[
-            "check",
-            "--kubeconfig",
-            &kc,
-            "--context",
-            "lab-1",
-            "-o",
-            "json",
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("check printed no JSON ({e}): {stderr}"));
-    for path in report["paths"].as_array().unwrap() {
-        assert_eq!(path["ok"], true, "{path}\n{report}\n{stderr}");
-    }
-    assert!(out.status.success(), "{stderr}");
+    netlab::check_passes(h, &kc, "lab-1");
 
     // Undo it all: unpeer, helm uninstall on rome, tandem uninstall on milan.
     ok(

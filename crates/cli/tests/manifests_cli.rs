@@ -529,27 +529,7 @@ fn clusters_installed_with_kubectl_apply_k_peer_and_offload() {
     assert_eq!(after["clusterID"], provider_id.as_str());
 
     // Peering by invite, then an offloaded pod running in the provider.
-    let invite = ok(
-        tandem(
-            home.path(),
-            &["invite", "--kubeconfig", &kc, "--context", "lab-2"],
-        ),
-        "invite",
-    );
-    ok(
-        tandem(
-            home.path(),
-            &[
-                "peer",
-                invite.trim(),
-                "--kubeconfig",
-                &kc,
-                "--context",
-                "lab-1",
-            ],
-        ),
-        "peer",
-    );
+    netlab::peer_as_invited(home.path(), &kc);
     until("the virtual node Ready", Duration::from_secs(60), || {
         let v = status("lab-1")?;
         (v["providers"][0]["virtualNodeReady"] == true

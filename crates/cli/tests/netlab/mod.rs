@@ -247,6 +247,58 @@ pub fn peer_with(home: &Path, kubeconfig: &str, consumer: &str, provider: u8) ->
     invite
 }
 
+/// `tandem invite` on lab-2 with the endpoint it derives itself, then `tandem peer` on
+/// lab-1: how a hollow lab's clusters peer (their controllers run on the host, which reaches
+/// the kubeconfig's address).
+pub fn peer_as_invited(home: &Path, kubeconfig: &str) {
+    let invite = ok(
+        tandem(
+            home,
+            &["invite", "--kubeconfig", kubeconfig, "--context", "lab-2"],
+        ),
+        "invite",
+    );
+    ok(
+        tandem(
+            home,
+            &[
+                "peer",
+                invite.trim(),
+                "--kubeconfig",
+                kubeconfig,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "peer",
+    );
+}
+
+/// `tandem check -o json` on `ctx`: asserts that every path passed and the command
+/// succeeded; returns the report.
+pub fn check_passes(home: &Path, kubeconfig: &str, ctx: &str) -> Value {
+    let out = tandem(
+        home,
+        &[
+            "check",
+            "--kubeconfig",
+            kubeconfig,
+            "--context",
+            ctx,
+            "-o",
+            "json",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("check printed no JSON ({e}): {stderr}"));
+    for path in report["paths"].as_array().expect("paths") {
+        assert_eq!(path["ok"], true, "{path}\n{report}\n{stderr}");
+    }
+    assert!(out.status.success(), "{stderr}");
+    report
+}
+
 /// What the echo server at `url` answered `kubectl exec POD -- probe fetch URL` in lab-1's
 /// namespace `ns`; None while it fails.
 pub fn probe_fetch(lab: &Lab, ns: &str, pod: &str, url: &str) -> Option<Value> {
