@@ -8,6 +8,8 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod advertise;
+// Linux only (network namespaces, TUN, nftables, capabilities): see Cargo.toml.
+#[cfg(target_os = "linux")]
 mod agent;
 mod apiserver;
 mod check;
@@ -17,16 +19,22 @@ mod completion;
 mod controller;
 mod crds;
 mod dashboard;
+// Linux only (network namespaces, TUN, nftables, capabilities): see Cargo.toml.
+#[cfg(target_os = "linux")]
 mod demo;
 mod discover;
 mod drain;
 mod error;
 mod export;
 mod flags;
+// Linux only (network namespaces, TUN, nftables, capabilities): see Cargo.toml.
+#[cfg(target_os = "linux")]
 mod gateway;
 mod host;
 mod install;
 mod invite;
+// Linux only (network namespaces, TUN, nftables, capabilities): see Cargo.toml.
+#[cfg(target_os = "linux")]
 mod lab;
 mod manifests;
 mod offload;
@@ -62,6 +70,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Two lab clusters peered, a namespace offloaded, an app running in both.
+    #[cfg(target_os = "linux")]
     Demo(demo::Args),
     /// Install (or upgrade) Tandem in a cluster and create its identity.
     Install(install::Args),
@@ -122,8 +131,10 @@ enum Command {
     /// Run Tandem's controller (the cluster agent) against a cluster.
     Controller(controller::Args),
     /// Run the per-peer network gateway (WireGuard tunnel, prefix NAT, routes).
+    #[cfg(target_os = "linux")]
     Gateway(gateway::Args),
     /// Run the network fabric's node agent (routes to the gateways; in-cluster only).
+    #[cfg(target_os = "linux")]
     Agent(agent::Args),
     /// Remove the controller's CoreDNS stub after `helm uninstall` (the chart's post-delete
     /// hook; in-cluster only).
@@ -131,6 +142,7 @@ enum Command {
     /// Run the connectivity probe `tandem check` starts in pods (in-cluster only).
     Probe(probe::Args),
     /// Run lab clusters (API server, scheduler, hollow nodes, controllers) on 127.0.0.1.
+    #[cfg(target_os = "linux")]
     Lab(lab::Args),
     /// Run an embedded Kubernetes-compatible API server on 127.0.0.1.
     Apiserver(apiserver::Args),
@@ -155,6 +167,7 @@ fn interrupt() -> std::io::Result<impl Future<Output = ()>> {
 pub fn main() -> std::process::ExitCode {
     // A network-mode lab starts pods of Tandem's image as `tandem __lab-sandbox`: set the
     // sandbox up while this process has one thread, then become the pod's role.
+    #[cfg(target_os = "linux")]
     if std::env::args_os().nth(1).as_deref()
         == Some(std::ffi::OsStr::new(
             tandem_lab::network::incluster::SANDBOX_ARG,
@@ -192,15 +205,12 @@ fn run() -> anyhow::Result<()> {
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&command.get_matches())?;
     // Servers log what they do; one-shot commands speak through their own output and only
     // log warnings (RUST_LOG overrides both).
-    let servers = matches!(
-        cli.command,
-        Command::Controller(_)
-            | Command::Gateway(_)
-            | Command::Agent(_)
-            | Command::Probe(_)
-            | Command::Lab(_)
-            | Command::Apiserver(_)
-    );
+    let servers = match &cli.command {
+        Command::Controller(_) | Command::Probe(_) | Command::Apiserver(_) => true,
+        #[cfg(target_os = "linux")]
+        Command::Gateway(_) | Command::Agent(_) | Command::Lab(_) => true,
+        _ => false,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -216,6 +226,7 @@ fn run() -> anyhow::Result<()> {
         | Command::Requests(_)
         | Command::Version(_)
         | Command::Check(_) => true,
+        #[cfg(target_os = "linux")]
         Command::Lab(args) => args.prints_objects(),
         Command::Install(args) => args.prints_objects(),
         _ => false,
@@ -236,6 +247,7 @@ fn run() -> anyhow::Result<()> {
     if let Command::Manifests(args) = cli.command {
         return manifests::run(args);
     }
+    #[cfg(target_os = "linux")]
     if matches!(cli.command, Command::Gateway(_) | Command::Agent(_)) {
         // Before the runtime starts its threads: capabilities belong to threads.
         tandem_node::keep_capabilities_across_exec();
@@ -245,15 +257,19 @@ fn run() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Apiserver(args) => apiserver::run(args).await,
+            #[cfg(target_os = "linux")]
             Command::Gateway(args) => gateway::run(args, &global.cluster).await,
+            #[cfg(target_os = "linux")]
             Command::Agent(args) => agent::run(args, &global.cluster).await,
             Command::Probe(args) => probe::run(args).await,
             Command::Cleanup(args) => cleanup::run(args, &global.cluster).await,
+            #[cfg(target_os = "linux")]
             Command::Lab(args) => lab::run(args, &global).await,
             Command::Controller(args) => controller::run(args, &global.cluster).await,
             Command::Status(args) => status::run(args, &global).await,
             Command::Version(args) => version::run(args, &global).await,
             Command::Dashboard(args) => dashboard::run(args, &global.cluster).await,
+            #[cfg(target_os = "linux")]
             Command::Demo(args) => demo::run(args).await,
             Command::Install(args) => install::run(args, &global.cluster, global.output).await,
             Command::Uninstall(args) => uninstall::run(args, &global.cluster).await,
