@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-
 use crate::netlab;
 use netlab::{json, kubectl, ok, tandem, until};
 
