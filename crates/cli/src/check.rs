@@ -171,10 +171,31 @@ const CLIENT_PATHS: [(&str, &[(&str, &str)]); 3] = [
 ];
 
 fn failed(path: &str, why: &str) -> PathResult {
+    verdict(path, false, why)
+}
+
+/// A path's verdict. The detail may quote what the provider reports (an offloaded pod's
+/// status and log, its server's answer): it is cut to a line's length and stripped of control
+/// characters, so that nothing a peer writes can move the terminal's cursor or colours.
+fn verdict(path: &str, ok: bool, detail: &str) -> PathResult {
+    const MAX: usize = 300;
+    let mut shown: String = detail
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX)
+        .collect();
+    if detail
+        .chars()
+        .filter(|c| !c.is_control())
+        .nth(MAX)
+        .is_some()
+    {
+        shown.push('…');
+    }
     PathResult {
         path: path.to_string(),
-        ok: false,
-        detail: why.to_string(),
+        ok,
+        detail: shown,
     }
 }
 
@@ -414,16 +435,16 @@ async fn check_paths(
                 Err(why) => failed(path, why),
                 Ok(v) => match v.iter().find(|v| v["check"] == *check) {
                     None => failed(path, &format!("pod {client_pod} printed no verdict for it")),
-                    Some(v) if v["ok"] == true => PathResult {
-                        path: path.to_string(),
-                        ok: true,
-                        detail: format!(
+                    Some(v) if v["ok"] == true => verdict(
+                        path,
+                        true,
+                        &format!(
                             "{} answered in {:.1} ms ({})",
                             v["answer"]["pod"].as_str().unwrap_or("?"),
                             v["ms"].as_f64().unwrap_or_default(),
                             v["url"].as_str().unwrap_or_default()
                         ),
-                    },
+                    ),
                     Some(v) => failed(
                         path,
                         &format!(
@@ -536,8 +557,14 @@ async fn finished_verdicts(pods: &Api<Pod>, name: &str) -> Result<Vec<Value>, St
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // An offloaded client's log comes from the provider: bounded (its verdicts take a few
+    // hundred bytes).
+    let bounded = LogParams {
+        limit_bytes: Some(64 * 1024),
+        ..Default::default()
+    };
     let log = pods
-        .logs(name, &LogParams::default())
+        .logs(name, &bounded)
         .await
         .map_err(|e| format!("reading the log of pod {name}: {e}"))?;
     Ok(log
@@ -574,11 +601,11 @@ async fn tunnel(client: &Client, peer: &Peering) -> PathResult {
         .as_f64()
         .map(|ms| format!(", round trip {ms:.1} ms"))
         .unwrap_or_default();
-    PathResult {
-        path: "tunnel".into(),
-        ok: state == "connected",
-        detail: format!("{state}{rtt} (virtual node {node_name})"),
-    }
+    verdict(
+        "tunnel",
+        state == "connected",
+        &format!("{state}{rtt} (virtual node {node_name})"),
+    )
 }
 
 async fn remove_namespace(client: &Client, ns: &str) {
@@ -597,6 +624,16 @@ async fn remove_namespace(client: &Client, ns: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_peer_reports_is_shown_without_control_characters_and_cut() {
+        let v = verdict("tunnel", true, "connected\u{1b}[2J\u{1b}]0;owned\u{7}\n");
+        assert_eq!(v.detail, "connected[2J]0;owned");
+        let long = verdict("pod → offloaded pod", false, &"x".repeat(1000));
+        assert_eq!(long.detail.chars().count(), 301);
+        assert!(long.detail.ends_with('…'));
+        assert_eq!(verdict("p", false, "short").detail, "short");
+    }
 
     #[test]
     fn a_pod_address_is_moved_to_where_the_peer_sees_this_cluster() {
