@@ -105,20 +105,21 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         } else {
             remove_namespace(&client, &ns).await;
         }
-        match outcome {
-            Ok(result) => result?,
-            Err(_) => {
-                let done: Vec<String> = paths.iter().map(|p| p.path.clone()).collect();
-                for (path, _) in CLIENT_PATHS.iter().flat_map(|(_, p)| p.iter()) {
-                    if !done.iter().any(|d| d == path) {
-                        paths.push(failed(
-                            path,
-                            &format!(
-                                "not checked within --timeout {}",
-                                humantime::format_duration(args.timeout)
-                            ),
-                        ));
-                    }
+        // A step that failed, or the time running out, fails every path not yet checked,
+        // with the reason.
+        let unchecked = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(_) => Some(format!(
+                "not checked within --timeout {}",
+                humantime::format_duration(args.timeout)
+            )),
+        };
+        if let Some(why) = unchecked {
+            let done: Vec<String> = paths.iter().map(|p| p.path.clone()).collect();
+            for (path, _) in CLIENT_PATHS.iter().flat_map(|(_, p)| p.iter()) {
+                if !done.iter().any(|d| d == path) {
+                    paths.push(failed(path, &why));
                 }
             }
         }
@@ -368,8 +369,9 @@ async fn check_paths(
         .await
         .with_context(|| format!("exporting Service {ns}/server-local"))?;
     eprintln!("… waiting for the probe servers on a local node and on {provider}'s virtual node");
-    let local_ip = running_ip(&pods, "server-local").await?;
-    let remote_ip = running_ip(&pods, "server-remote").await?;
+    let offloadings: Api<NamespaceOffloading> = Api::namespaced(client.clone(), ns);
+    let local_ip = running_ip(&pods, "server-local", None).await?;
+    let remote_ip = running_ip(&pods, "server-remote", Some(&offloadings)).await?;
     // The provider sees this cluster's pods in the range the peering assigned them there.
     let local_cidr = tandem_controller::settings::load_settings(client)
         .await?
@@ -432,7 +434,7 @@ async fn check_paths(
         let verdicts = finished_verdicts(&pods, client_pod).await;
         for (path, check) in checks {
             paths.push(match &verdicts {
-                Err(why) => failed(path, why),
+                Err(e) => failed(path, &chain(e)),
                 Ok(v) => match v.iter().find(|v| v["check"] == *check) {
                     None => failed(path, &format!("pod {client_pod} printed no verdict for it")),
                     Some(v) if v["ok"] == true => verdict(
@@ -474,8 +476,19 @@ fn seen_from(ip: &str, local: &str, there: &str) -> Option<String> {
 }
 
 /// Waits until `name` runs and has an IP; fails naming why it cannot (unschedulable, image).
-async fn running_ip(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
+/// With `offloading` (a pod for the provider), a failed offloading of the namespace fails it
+/// at once, with the provider's reason (a twin namespace it refuses, say).
+async fn running_ip(
+    pods: &Api<Pod>,
+    name: &str,
+    offloading: Option<&Api<NamespaceOffloading>>,
+) -> anyhow::Result<String> {
     loop {
+        if let Some(api) = offloading
+            && let Some(why) = offloading_failed(api).await?
+        {
+            bail!("probe server {name} cannot run on the provider: {why}");
+        }
         let pod = pods.get(name).await?;
         let status = pod.status.clone().unwrap_or_default();
         if status.phase.as_deref() == Some("Running")
@@ -488,6 +501,41 @@ async fn running_ip(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// An error and its causes, as one line (`a: b: c`).
+fn chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Why the namespace's offloading failed, as its status says; None while it has not.
+async fn offloading_failed(api: &Api<NamespaceOffloading>) -> anyhow::Result<Option<String>> {
+    let Some(status) = api
+        .get_opt(names::OFFLOADING_NAME)
+        .await?
+        .and_then(|o| o.status)
+    else {
+        return Ok(None);
+    };
+    if status.phase.as_deref() != Some("Failed") {
+        return Ok(None);
+    }
+    let reasons: Vec<String> = status
+        .remote_namespaces
+        .iter()
+        .filter_map(|r| Some(format!("{}: {}", r.cluster_id, r.message.as_deref()?)))
+        .collect();
+    Ok(Some(format!(
+        "offloading the namespace failed ({})",
+        if reasons.is_empty() {
+            "no reason given".into()
+        } else {
+            reasons.join("; ")
+        }
+    )))
 }
 
 /// Why `pod` will not run without a change (an image that cannot be pulled, a refused
@@ -537,21 +585,28 @@ fn stuck(pod: &Pod) -> Option<String> {
 }
 
 /// The verdicts client `name` printed, once it has finished; why there are none otherwise.
-async fn finished_verdicts(pods: &Api<Pod>, name: &str) -> Result<Vec<Value>, String> {
+async fn finished_verdicts(pods: &Api<Pod>, name: &str) -> Result<Vec<Value>, ClientFailed> {
+    let pod_name = || name.to_string();
     loop {
-        let pod = pods
-            .get(name)
-            .await
-            .map_err(|e| format!("reading pod {name}: {e}"))?;
+        let pod = pods.get(name).await.map_err(|source| ClientFailed::Read {
+            pod: pod_name(),
+            source,
+        })?;
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
         match phase.as_deref() {
             Some("Succeeded") => break,
             Some("Failed") => {
-                return Err(stuck(&pod).unwrap_or_else(|| format!("pod {name} failed")));
+                return Err(ClientFailed::Failed {
+                    pod: pod_name(),
+                    why: stuck(&pod).unwrap_or_else(|| "the pod failed".into()),
+                });
             }
             _ => {
                 if let Some(why) = stuck(&pod) {
-                    return Err(format!("pod {name} cannot run: {why}"));
+                    return Err(ClientFailed::CannotRun {
+                        pod: pod_name(),
+                        why,
+                    });
                 }
             }
         }
@@ -566,12 +621,36 @@ async fn finished_verdicts(pods: &Api<Pod>, name: &str) -> Result<Vec<Value>, St
     let log = pods
         .logs(name, &bounded)
         .await
-        .map_err(|e| format!("reading the log of pod {name}: {e}"))?;
+        .map_err(|source| ClientFailed::Log {
+            pod: pod_name(),
+            source,
+        })?;
     Ok(log
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v.get("check").is_some())
         .collect())
+}
+
+/// Why a client pod gave no verdicts.
+#[derive(Debug, thiserror::Error)]
+enum ClientFailed {
+    #[error("reading pod {pod}")]
+    Read {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pod {pod} failed: {why}")]
+    Failed { pod: String, why: String },
+    #[error("pod {pod} cannot run: {why}")]
+    CannotRun { pod: String, why: String },
+    #[error("reading the log of pod {pod}")]
+    Log {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// The tunnel as the virtual node reports it (its gateway's last report).

@@ -95,6 +95,51 @@ fn check_passes_every_path_of_a_working_peering_and_leaves_nothing() {
     for path in PATHS {
         assert!(table.contains(&format!("✓ {path}")), "{table}");
     }
+    // milan's admin now allows rome only same-name twins: the check's offloading fails, and
+    // every path says why at once (not after the timeout), the tunnel still ✓.
+    ok(
+        netlab::kubectl(
+            &lab,
+            "lab-2",
+            &[
+                "-n",
+                "tandem-tenant-rome",
+                "patch",
+                "tenant",
+                "rome",
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"allowedNamespaceMappingStrategies":["EnforceSameName"]}}"#,
+            ],
+        ),
+        "restrict rome's twins",
+    );
+    let out = tandem(
+        home.path(),
+        &[
+            "check",
+            "--kubeconfig",
+            &kc,
+            "--context",
+            "lab-1",
+            "--timeout",
+            "2m",
+        ],
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("✗ pod → offloaded pod")
+            && stdout.contains("probe server server-remote cannot run on the provider: offloading the namespace failed (milan: ")
+            && stdout.contains("not allowed"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("✓ tunnel"), "{stdout}");
+    assert!(stderr.contains("6 of 7 paths to milan failed"), "{stderr}");
+    no_check_namespace(&lab, "lab-1");
 }
 
 /// A hollow lab's pods have no network, so the fabric stays off: every path is ✗ with that
