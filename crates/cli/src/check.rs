@@ -95,16 +95,23 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         let ns = format!("connectivity-check-{}", random_suffix());
         namespace.clone_from(&ns);
         eprintln!("… checking the peering with {provider} in namespace {ns} (image {image})");
-        let outcome = tokio::time::timeout(
-            args.timeout,
-            check_paths(&client, &peer, &ns, &image, &mut paths),
-        )
-        .await;
+        // Ctrl-C stops the check, and its namespace still goes.
+        let interrupted = crate::interrupt()?;
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout(
+                args.timeout,
+                check_paths(&client, &peer, &ns, &image, &mut paths),
+            ) => Some(outcome),
+            () = interrupted => None,
+        };
         if args.keep {
             eprintln!("namespace {ns} kept (`kubectl delete namespace {ns}` removes it)");
         } else {
             remove_namespace(&client, &ns).await;
         }
+        let Some(outcome) = outcome else {
+            bail!("interrupted");
+        };
         // A step that failed, or the time running out, fails every path not yet checked,
         // with the reason.
         let unchecked = match outcome {
@@ -126,16 +133,17 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
     }
     paths.push(tunnel(&client, &peer).await);
     let failures = paths.iter().filter(|p| !p.ok).count();
+    let total = paths.len();
     let report = Report {
         peer: provider.clone(),
         namespace,
-        paths: paths.clone(),
+        paths,
     };
     match global.output.unwrap_or_default() {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Output::Yaml => print!("{}", serde_saphyr::to_string(&report)?),
         Output::Table => {
-            for p in &paths {
+            for p in &report.paths {
                 println!(
                     "{} {:<28} {}",
                     if p.ok { "✓" } else { "✗" },
@@ -146,7 +154,7 @@ pub async fn run(args: Args, global: &GlobalArgs) -> anyhow::Result<()> {
         }
     }
     if failures > 0 {
-        bail!("{failures} of {} paths to {provider} failed", paths.len());
+        bail!("{failures} of {total} paths to {provider} failed");
     }
     Ok(())
 }

@@ -35,22 +35,25 @@ fn paths(report: &Value) -> Vec<(String, bool, String)> {
         .collect()
 }
 
+/// The check's namespaces in `ctx`.
+fn names_of_checks(lab: &netlab::Lab, ctx: &str) -> Vec<String> {
+    let list = json(lab, ctx, &["get", "namespaces"]);
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .filter(|n| n.starts_with("connectivity-check-"))
+        .map(String::from)
+        .collect()
+}
+
 /// No namespace of the check is left in `ctx`.
 fn no_check_namespace(lab: &netlab::Lab, ctx: &str) {
     until(
         &format!("no connectivity-check-* namespace in {ctx}"),
         Duration::from_secs(60),
-        || {
-            let list = json(lab, ctx, &["get", "namespaces"]);
-            let left: Vec<&str> = list["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|n| n["metadata"]["name"].as_str())
-                .filter(|n| n.starts_with("connectivity-check-"))
-                .collect();
-            left.is_empty().then_some(())
-        },
+        || names_of_checks(lab, ctx).is_empty().then_some(()),
     );
 }
 
@@ -95,6 +98,30 @@ fn check_passes_every_path_of_a_working_peering_and_leaves_nothing() {
     for path in PATHS {
         assert!(table.contains(&format!("✓ {path}")), "{table}");
     }
+    // Ctrl-C during the check: it stops, says so, and its namespace still goes.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["check", "--kubeconfig", &kc, "--context", "lab-1"])
+        .env("HOME", home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    until("the check's namespace", Duration::from_secs(60), || {
+        names_of_checks(&lab, "lab-1").first().cloned()
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("removed") && stderr.contains("error: interrupted"),
+        "{stderr}"
+    );
+    no_check_namespace(&lab, "lab-1");
     // milan's admin now allows rome only same-name twins: the check's offloading fails, and
     // every path says why at once (not after the timeout), the tunnel still ✓.
     ok(
