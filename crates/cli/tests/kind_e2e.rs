@@ -2,8 +2,8 @@
 //! beyond the cluster IDs and Tandem's image loaded onto the nodes: Helm on one cluster,
 //! kustomize on the other, an invite whose endpoint is derived (the kubeconfig points at a
 //! loopback address only the host reaches), the tunnel to the gateway's node address (kind has no
-//! load balancer), a provider's export reached by its clusterset.local name, `tandem check`
-//! all ✓, then `helm uninstall` and `tandem uninstall` leaving nothing of Tandem's but the
+//! load balancer), a provider's export reached by its clusterset.local name, a namespace
+//! offloaded and its pod reached on the provider, `tandem check` all ✓, then `helm uninstall` and `tandem uninstall` leaving nothing of Tandem's but the
 //! CRDs Helm never deletes.
 
 use std::time::Duration;
@@ -253,10 +253,63 @@ fn on_kind_helm_and_kustomize_installs_peer_pass_check_and_uninstall_to_nothing(
     );
     assert_eq!(answer["cluster"], "lab-2", "{answer}");
 
+    // rome offloads demo to milan: a pod created now runs there, and rome's probe reaches it
+    // through the tunnel.
+    ok(
+        tandem(
+            h,
+            &[
+                "offload",
+                "namespace",
+                "demo",
+                "--pod-offloading-strategy",
+                "Remote",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "offload",
+    );
+    let web = netlab::run_pod(&lab, "lab-1", "demo", "web", "echo", None);
+    let pod = json(&lab, "lab-1", &["-n", "demo", "get", "pod", "web"]);
+    assert_eq!(pod["spec"]["nodeName"], "tandem-milan", "{pod}");
+    let answer = until(
+        "the offloaded echo answering rome's probe",
+        Duration::from_secs(90),
+        || {
+            netlab::probe_fetch_in(
+                &lab,
+                "lab-1",
+                "demo",
+                "probe",
+                &format!("http://{web}:8080/"),
+            )
+        },
+    );
+    assert_eq!(answer["cluster"], "lab-2", "{answer}");
+
     // The connectivity test, from the consumer alone.
     netlab::check_passes(h, &kc, "lab-1");
 
-    // Undo it all: unpeer, helm uninstall on rome, tandem uninstall on milan.
+    // Undo it all: unoffload, unpeer, helm uninstall on rome, tandem uninstall on milan.
+    ok(
+        tandem(
+            h,
+            &[
+                "-n",
+                "demo",
+                "unoffload",
+                "namespace",
+                "--kubeconfig",
+                &kc,
+                "--context",
+                "lab-1",
+            ],
+        ),
+        "unoffload",
+    );
     ok(
         tandem(
             h,
